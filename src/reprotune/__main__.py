@@ -1,0 +1,6 @@
+"""``python -m reprotune``."""
+
+from reprotune._cli import entry_point
+
+if __name__ == "__main__":
+    entry_point()

@@ -1,0 +1,86 @@
+"""The command line. ``main(argv)`` is the one place exceptions become messages and exit codes.
+
+Each subcommand lives in its own module here with two functions, ``add_arguments(parser)`` and
+``run(args) -> int``. Those modules import nothing heavy at import time: commands that need no
+model (split, check-split, compare, report) must never import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+import traceback
+from collections.abc import Sequence
+
+from reprotune._errors import ReprotuneError
+from reprotune._version import __version__
+
+# name -> (module, one-line help). Order is the order shown in --help.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "split": ("reprotune._cli.split", "make a frozen, seeded train/validation/test split manifest"),
+    "check-split": ("reprotune._cli.check_split", "check data against a split manifest; find leakage"),
+    "run": ("reprotune._cli.run", "run a reproducible LoRA fine-tune from a config"),
+    "resume": ("reprotune._cli.resume", "resume an interrupted run from its latest valid checkpoint"),
+    "verify": ("reprotune._cli.verify", "prove a config reproduces: reference, rerun, negative control"),
+    "compare": ("reprotune._cli.compare", "compare two runs step by step; say where and why they differ"),
+    "rerun": ("reprotune._cli.rerun", "reproduce a recorded run from its record alone"),
+    "doctor": ("reprotune._cli.doctor", "audit this setup for what can break reproducibility"),
+    "report": ("reprotune._cli.report", "write an HTML report of runs: curves, divergence, differences"),
+}
+
+
+def _available_commands() -> dict[str, tuple[str, str]]:
+    """The commands whose module exists in this build."""
+    found = {}
+    for name, (module, help_text) in COMMANDS.items():
+        if importlib.util.find_spec(module) is not None:
+            found[name] = (module, help_text)
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser, with one subparser per available command."""
+    parser = argparse.ArgumentParser(
+        prog="reprotune",
+        description="Reproducible LLM fine-tuning, proven: seeds, splits, records and step-by-step comparison.",
+    )
+    parser.add_argument("--version", action="version", version=f"reprotune {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in _available_commands().items():
+        command = importlib.import_module(module)
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        command.add_arguments(sub_parser)
+        sub_parser.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the reprotune CLI on ``argv``; return the exit code (0 ok, 1 finding, 2 bad input)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
+        return int(exc.code) if isinstance(exc.code, int) else 2
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    command = importlib.import_module(args._module)
+    try:
+        return int(command.run(args))
+    except ReprotuneError as exc:
+        print(f"reprotune {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"reprotune {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception:  # a bug, not bad input: show everything
+        traceback.print_exc()
+        print(f"reprotune {args.command}: internal error (please report it)", file=sys.stderr)
+        return 1
+
+
+def entry_point() -> None:
+    """Console-script entry: ``sys.exit(main())``."""
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""The exceptions reprotune raises. Only the CLI turns them into messages and exit codes."""
+
+from __future__ import annotations
+
+
+class ReprotuneError(Exception):
+    """Base of every error reprotune raises on purpose.
+
+    Args:
+        message: what is wrong, naming the bad value.
+        source: where the value came from (file, line, column or key path), if known.
+        fix: what the user can do about it.
+    """
+
+    exit_code: int = 2
+
+    def __init__(self, message: str, *, source: str | None = None, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.source = source
+        self.fix = fix
+
+    def __str__(self) -> str:
+        parts = [f"{self.source}: {self.message}" if self.source else self.message]
+        if self.fix:
+            parts.append(f"fix: {self.fix}")
+        return "\n".join(parts)
+
+
+class InputError(ReprotuneError):
+    """Bad input or usage: a missing file, malformed data, an invalid option. Exit code 2."""
+
+    exit_code = 2
+
+
+class ConfigError(InputError):
+    """The experiment config is invalid; carries every problem found, not just the first."""
+
+    def __init__(self, problems: list[str], *, source: str | None = None) -> None:
+        self.problems = list(problems)
+        noun = "problem" if len(problems) == 1 else "problems"
+        body = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"invalid config ({len(problems)} {noun}):\n{body}", source=source)
+
+
+class SchemaVersionError(InputError):
+    """A file written by reprotune carries a schema version this version cannot read."""
+
+
+class RunFailedError(ReprotuneError):
+    """A run (training, verification) failed for a reason that is not bad input. Exit code 1."""
+
+    exit_code = 1

@@ -1,0 +1,86 @@
+"""Canonical JSON, atomic writes and file hashes: how every reprotune file reaches the disk."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+_CHUNK = 1 << 20
+
+
+def canonical_dumps(obj: Any, *, indent: int | None = 1) -> str:
+    """Serialize ``obj`` as canonical JSON: sorted keys, no NaN, UTF-8, trailing newline.
+
+    The same object gives the same text on any machine and in any process, so the sha256 of
+    a manifest or a record is a stable identity.
+    """
+    text = json.dumps(
+        obj,
+        sort_keys=True,
+        ensure_ascii=False,
+        allow_nan=False,
+        indent=indent,
+        separators=(",", ": ") if indent is not None else (",", ":"),
+    )
+    return text + "\n"
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` so that a reader (or a crash) sees the old file or the new one.
+
+    The bytes go to a temporary file in the same directory, are fsynced, then renamed over
+    ``path``; the directory is fsynced so the rename itself survives a power cut.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(target.parent)
+    return target
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 1) -> str:
+    """Write ``obj`` as canonical JSON atomically; return the sha256 of the bytes written."""
+    data = canonical_dumps(obj, indent=indent).encode("utf-8")
+    write_bytes_atomic(path, data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Flush a directory entry to disk (a no-op where the OS does not allow it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of every byte of the file at ``path``."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()

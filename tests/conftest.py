@@ -1,0 +1,52 @@
+"""Shared test fixtures: every test leaves global state (env vars, torch flags) as it found it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# Pinned: timings and some reductions vary with the thread count. Tests that check that a
+# command does not import torch do so in a subprocess.
+torch.set_num_threads(2)
+
+
+def _torch_flags() -> dict[str, Any]:
+    return {
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _restore_torch_flags(flags: dict[str, Any]) -> None:
+    torch.use_deterministic_algorithms(flags["deterministic"], warn_only=flags["deterministic_warn_only"])
+    torch.backends.cudnn.deterministic = flags["cudnn_deterministic"]
+    torch.backends.cudnn.benchmark = flags["cudnn_benchmark"]
+    torch.backends.cudnn.allow_tf32 = flags["cudnn_allow_tf32"]
+    torch.backends.cuda.matmul.allow_tf32 = flags["matmul_allow_tf32"]
+    torch.set_num_threads(flags["threads"])
+
+
+@pytest.fixture(autouse=True)
+def _restore_global_state() -> Iterator[None]:
+    """Restore environment variables and torch's global flags after each test."""
+    env = dict(os.environ)
+    flags = _torch_flags()
+    yield
+    _restore_torch_flags(flags)
+    os.environ.clear()
+    os.environ.update(env)
