@@ -1,0 +1,123 @@
+"""The ledger: one canonical JSON line per optimizer step, exact bits for every number that matters.
+
+Format in docs/run-directory.md. Lines are appended and flushed one at a time, so a crash leaves at
+worst one partial last line; ``read_ledger(..., repair=True)`` drops it, and resume truncates the
+ledger back to the checkpoint's step before recomputing what came after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from reprotune._errors import InputError
+from reprotune._jsonio import canonical_dumps, fsync_dir
+
+LEDGER_FILE = "ledger.jsonl"
+
+
+def hexf(value: float) -> str:
+    """A float as its exact bits (``float.hex``), the way the ledger stores numbers."""
+    return float(value).hex()
+
+
+def batch_sha256(row_ids: list[int]) -> str:
+    """sha256 of the dataset row indices of one optimizer step, in order, as ``"i,j,k"``."""
+    import hashlib
+
+    return hashlib.sha256(",".join(map(str, row_ids)).encode("ascii")).hexdigest()
+
+
+class LedgerWriter:
+    """Appends ledger lines to ``path``, flushing each one to the OS.
+
+    Args:
+        path: the ledger file; created if missing, appended to otherwise.
+        fsync_every: also fsync after this many lines (0: only on ``sync()`` and ``close()``).
+            A flush is enough to survive a killed process; fsync guards against a power cut.
+    """
+
+    def __init__(self, path: Path, *, fsync_every: int = 0) -> None:
+        self.path = path
+        self._handle: IO[str] = open(path, "a", encoding="utf-8")
+        self._fsync_every = fsync_every
+        self._since_sync = 0
+
+    def write(self, entry: dict[str, Any]) -> None:
+        """Append one entry as a canonical JSON line."""
+        self._handle.write(canonical_dumps(entry, indent=None))
+        self._handle.flush()
+        self._since_sync += 1
+        if self._fsync_every and self._since_sync >= self._fsync_every:
+            self.sync()
+
+    def sync(self) -> None:
+        """Make every line written so far durable."""
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._since_sync = 0
+
+    def close(self) -> None:
+        """Sync and close the file."""
+        if not self._handle.closed:
+            self.sync()
+            self._handle.close()
+
+    def __enter__(self) -> LedgerWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def iter_ledger(path: Path, *, repair: bool = False) -> Iterator[dict[str, Any]]:
+    """Yield the ledger's entries in order.
+
+    Args:
+        path: the ledger file.
+        repair: tolerate one partial last line (a crash mid-append) by ignoring it.
+
+    Raises:
+        InputError: a line that is not a JSON object (with its line number), or a partial last line
+            when ``repair`` is false.
+    """
+    with open(path, "rb") as handle:
+        lines = handle.read().split(b"\n")
+    last = len(lines) - 1
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            entry = json.loads(raw)
+            if not isinstance(entry, dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            is_partial_tail = number - 1 == last  # no newline after it: an interrupted append
+            if repair and is_partial_tail:
+                return
+            raise InputError(
+                f"ledger line {number} is not a complete JSON object ({exc})",
+                source=f"{path}:{number}",
+                fix="the ledger was truncated or edited; resume the run or rerun it",
+            ) from None
+        yield entry
+
+
+def truncate_ledger(path: Path, *, keep_through_step: int) -> int:
+    """Rewrite the ledger keeping only entries with ``step <= keep_through_step``; return how many.
+
+    Used on resume: what the lost steps wrote is dropped and recomputed. The rewrite is atomic.
+    """
+    kept = [e for e in iter_ledger(path, repair=True) if int(e.get("step", 0)) <= keep_through_step]
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        for entry in kept:
+            handle.write(canonical_dumps(entry, indent=None))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    return len(kept)

@@ -1,0 +1,49 @@
+"""Optimizer and learning-rate schedule, built from the ``train`` section of the config."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+
+def build_optimizer(
+    params: Iterable[torch.nn.Parameter], *, name: str, learning_rate: float, weight_decay: float
+) -> torch.optim.Optimizer:
+    """AdamW or SGD over ``params``. ``foreach=False`` keeps the update order fixed across builds."""
+    params = list(params)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay, foreach=False)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=learning_rate, weight_decay=weight_decay, foreach=False)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+def lr_factor(step: int, *, schedule: str, warmup_steps: int, total_steps: int) -> float:
+    """Multiplier of the base learning rate for optimizer step ``step`` (counting from 0).
+
+    Linear warmup over ``warmup_steps``, then constant, linear decay to 0, or cosine decay to 0 at
+    ``total_steps``.
+    """
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    decay_steps = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    if schedule == "linear":
+        return 1.0 - progress
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown scheduler {schedule!r}")
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, *, schedule: str, warmup_steps: int, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR`` following :func:`lr_factor`; its state dict is plain numbers (safe to reload)."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: lr_factor(step, schedule=schedule, warmup_steps=warmup_steps, total_steps=total_steps),
+    )

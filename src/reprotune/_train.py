@@ -1,0 +1,507 @@
+"""``reprotune run``: a LoRA fine-tune in which every source of randomness is explicit and every
+optimizer step is written to the ledger with exact bits.
+
+Read top to bottom: prepare (seeds, determinism, data and split, fingerprints, model, LoRA),
+then the loop (one optimizer step = ``grad_accum_steps`` micro-batches), then the outputs
+(adapter, record). The run directory layout is in docs/run-directory.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from reprotune._checkpoint import (
+    CheckpointState,
+    latest_valid_checkpoint,
+    restore_checkpoint,
+    save_checkpoint,
+)
+from reprotune._config import ExperimentConfig, config_sha256, dump_config_yaml
+from reprotune._data_order import ORDER_VERSION, DataOrder
+from reprotune._determinism import apply_determinism
+from reprotune._errors import InputError
+from reprotune._fingerprint import code_fingerprint, environment_fingerprint
+from reprotune._formatting import collate, encode_example
+from reprotune._jsonio import sha256_file, write_bytes_atomic
+from reprotune._ledger import LEDGER_FILE, LedgerWriter, batch_sha256, hexf, truncate_ledger
+from reprotune._lora import apply_lora, lora_config_dict, save_adapter, tensors_sha256, trainable_tensors
+from reprotune._model import load_base_model
+from reprotune._optim import build_optimizer, build_scheduler
+from reprotune._record import load_record, write_record
+from reprotune._rundata import RunData, prepare_data
+from reprotune._seeding import derive_seeds
+from reprotune._trackers import MlflowTracker, RunDescription, TrackerSet, flatten_params
+from reprotune._version import __version__
+
+RECORD_FILE = "record.json"
+CONFIG_FILE = "config.yaml"
+MANIFEST_FILE = "split.json"
+ADAPTER_DIR = "adapter"
+PATCH_FILE = "code.patch"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run, beyond what the config says.
+
+    Args:
+        run_dir: where to write; default ``runs/<run-id>`` under the current directory.
+        progress: show a progress bar on stderr.
+        tracking: mirror to the trackers the config enables (False: none, e.g. in verify's legs).
+        stop_after_step: stop after this optimizer step as if interrupted (verify's resume leg),
+            leaving the run resumable.
+        restore_rng_on_resume: False only for verify's negative control of the resume leg.
+        code_dir: the directory whose git state is recorded.
+    """
+
+    run_dir: Path | None = None
+    progress: bool = True
+    tracking: bool = True
+    stop_after_step: int | None = None
+    restore_rng_on_resume: bool = True
+    code_dir: Path = field(default_factory=Path.cwd)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a finished (or deliberately stopped) run produced."""
+
+    run_dir: Path
+    record: dict[str, Any]
+    status: str
+    steps_done: int
+    adapter_sha256: str | None
+    final_val_loss: float | None
+
+
+def _utcnow() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def new_run_dir(cfg: ExperimentConfig, base: Path = Path("runs")) -> Path:
+    """``runs/<YYYYmmdd-HHMMSS>-<config sha256[:8]>``, with a suffix if that exists already."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    candidate = base / f"{stamp}-{config_sha256(cfg)[:8]}"
+    suffix = 1
+    while candidate.exists():
+        suffix += 1
+        candidate = base / f"{stamp}-{config_sha256(cfg)[:8]}-{suffix}"
+    return candidate
+
+
+def _claim_run_dir(run_dir: Path) -> None:
+    """Create ``run_dir`` for a new run, refusing one that already holds a run."""
+    record = run_dir / RECORD_FILE
+    if record.exists():
+        status = load_record(record).get("status")
+        if status == "completed":
+            raise InputError(
+                f"run directory {run_dir} already holds a completed run",
+                source=str(record),
+                fix="choose a new directory with --run-dir, or leave it out for a fresh runs/<id>",
+            )
+        raise InputError(
+            f"run directory {run_dir} holds an unfinished run (status {status!r})",
+            source=str(record),
+            fix=f"continue it with `reprotune resume {run_dir}`, or choose a new directory with --run-dir",
+        )
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise InputError(
+            f"run directory {run_dir} exists and is not empty",
+            fix="choose a new directory with --run-dir",
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise InputError(
+            "determinism.device is 'cuda' but torch sees no CUDA device",
+            source="determinism.device",
+            fix="set determinism.device to 'cpu' or 'auto'",
+        )
+    return torch.device(name)
+
+
+def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """Sum of next-token cross-entropy over the labelled (response) tokens, and their count."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    labels = batch["labels"][:, 1:]
+    shifted = logits[:, :-1, :]
+    loss = F.cross_entropy(
+        shifted.reshape(-1, shifted.shape[-1]).float(), labels.reshape(-1), ignore_index=-100, reduction="sum"
+    )
+    return loss, int((labels != -100).sum())
+
+
+class Examples:
+    """Tokenised rows, encoded on first use and cached (tokenisation happens after the split)."""
+
+    def __init__(self, data: RunData, tokenizer: Any, cfg: ExperimentConfig) -> None:
+        self._data = data
+        self._tokenizer = tokenizer
+        self._cfg = cfg
+        self._cache: dict[int, tuple[list[int], list[int]]] = {}
+
+    def get(self, row: int) -> tuple[list[int], list[int]]:
+        hit = self._cache.get(row)
+        if hit is None:
+            prompt, response = self._data.prompt_response(row)
+            hit = encode_example(
+                self._tokenizer,
+                prompt,
+                response,
+                system_prompt=self._cfg.data.system_prompt,
+                prompt_template=self._cfg.data.prompt_template,
+                max_length=self._cfg.model.max_length,
+                row_index=row,
+            )
+            self._cache[row] = hit
+        return hit
+
+    def batch(self, rows: list[int], *, pad_token_id: int, padding_side: str) -> dict[str, torch.Tensor]:
+        return collate([self.get(r) for r in rows], pad_token_id=pad_token_id, padding_side=padding_side)
+
+
+def _micro_batches(rows: list[int], size: int) -> Iterator[list[int]]:
+    for start in range(0, len(rows), size):
+        yield rows[start : start + size]
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module,
+    examples: Examples,
+    rows: list[int],
+    *,
+    batch_size: int,
+    pad_token_id: int,
+    padding_side: str,
+    device: torch.device,
+    precision: str,
+) -> tuple[float, int]:
+    """Mean token loss over ``rows`` (summed in float64, so the batch size barely matters)."""
+    was_training = model.training
+    model.eval()
+    total, tokens = 0.0, 0
+    for chunk in _micro_batches(rows, batch_size):
+        batch = {k: v.to(device) for k, v in examples.batch(chunk, pad_token_id=pad_token_id,
+                                                             padding_side=padding_side).items()}
+        with _autocast(precision, device):
+            loss_sum, n = token_loss_sum(model, batch)
+        total += float(loss_sum)
+        tokens += n
+    model.train(was_training)
+    return (total / tokens if tokens else math.nan), tokens
+
+
+def _progress(total: int, initial: int, enabled: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total, initial=initial, unit="step", desc="train", file=sys.stderr, disable=not enabled,
+        dynamic_ncols=True, mininterval=0.5,
+    )
+
+
+def _trackers(cfg: ExperimentConfig, options: RunOptions, report: Callable[[str], None]) -> TrackerSet:
+    trackers: list[Any] = []
+    if options.tracking and cfg.tracking.mlflow:
+        trackers.append(MlflowTracker(cfg.tracking.uri, cfg.tracking.artifact_location, cfg.tracking.experiment))
+    return TrackerSet(trackers, report=report)
+
+
+def _write_record(run_dir: Path, record: dict[str, Any]) -> None:
+    write_record(run_dir / RECORD_FILE, record)
+
+
+def run_experiment(cfg: ExperimentConfig, options: RunOptions = RunOptions()) -> RunResult:
+    """Run the experiment ``cfg`` in a new run directory. See the module docstring.
+
+    Raises:
+        InputError: bad data, model or config discovered while preparing (the record says failed).
+    """
+    run_dir = options.run_dir or new_run_dir(cfg)
+    _claim_run_dir(run_dir)
+    return _execute(cfg, run_dir, options, resume=False)
+
+
+def resume_run(run_dir: Path, options: RunOptions = RunOptions()) -> RunResult:
+    """Continue the unfinished run in ``run_dir`` from its latest valid checkpoint."""
+    from reprotune._config import config_from_dict
+
+    record_path = run_dir / RECORD_FILE
+    if not record_path.exists():
+        raise InputError(
+            f"{run_dir} is not a run directory (no {RECORD_FILE})",
+            source=str(run_dir),
+            fix="point at a directory written by `reprotune run`",
+        )
+    record = load_record(record_path)
+    if record.get("status") == "completed":
+        raise InputError(
+            f"the run in {run_dir} is already complete; nothing to resume",
+            source=str(record_path),
+            fix=f"compare it with `reprotune compare`, or start a new one with `reprotune rerun {run_dir}`",
+        )
+    cfg = config_from_dict(record["config"], source=str(record_path))
+    return _execute(cfg, run_dir, options, resume=True, previous=record)
+
+
+def _execute(
+    cfg: ExperimentConfig,
+    run_dir: Path,
+    options: RunOptions,
+    *,
+    resume: bool,
+    previous: dict[str, Any] | None = None,
+) -> RunResult:
+    started = time.perf_counter()
+    seeds = derive_seeds(cfg.seed.root, dict(cfg.seed.overrides))
+    record: dict[str, Any] = dict(previous) if previous else {
+        "run_id": run_dir.name,
+        "reprotune_version": __version__,
+        "config": cfg.resolved(),
+        "config_sha256": config_sha256(cfg),
+        "seeds": seeds,
+        "timings": {"started_at": _utcnow()},
+        "attempts": [],
+    }
+    record["status"] = "running"
+    record["error"] = None
+    record.setdefault("attempts", []).append({"started_at": _utcnow(), "resumed": resume})
+    if not resume:
+        dump_config_yaml(cfg, run_dir / CONFIG_FILE)
+    _write_record(run_dir, record)
+
+    messages: list[str] = []
+
+    def report(line: str) -> None:
+        messages.append(line)
+        print(line, file=sys.stderr, flush=True)
+
+    trackers = _trackers(cfg, options, report)
+    bar = None
+    try:
+        device = _device(cfg.determinism.device)
+        record["determinism"] = apply_determinism(cfg.determinism.mode, cfg.determinism.threads, device.type)
+
+        manifest_path = run_dir / MANIFEST_FILE
+        data = prepare_data(cfg, seeds, manifest_path, reuse_manifest=resume)
+        record["data"] = data.describe()
+
+        code = code_fingerprint(options.code_dir)
+        record["code"] = code.to_record(patch_file=PATCH_FILE if code.dirty else None)
+        if code.dirty and code.diff is not None:
+            write_bytes_atomic(run_dir / PATCH_FILE, code.diff)
+        record["environment"] = environment_fingerprint()
+
+        loaded = load_base_model(
+            cfg.model.name,
+            revision=cfg.model.revision,
+            dtype=cfg.model.dtype,
+            pad_token_id=cfg.model.pad_token_id,
+            padding_side=cfg.model.padding_side,
+            device=str(device),
+        )
+        record["model"] = {**loaded.info, "max_length": cfg.model.max_length,
+                           "padding_side": cfg.model.padding_side}
+        pad_token_id = int(loaded.info["pad_token_id"])
+        lora_kwargs = dict(
+            r=cfg.lora.r, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
+            target_modules=list(cfg.lora.target_modules), bias=cfg.lora.bias,
+        )
+        model = apply_lora(loaded.model, seed=seeds["lora_init"], **lora_kwargs)  # type: ignore[arg-type]
+        model.to(device)
+        record["lora"] = lora_config_dict(**lora_kwargs)  # type: ignore[arg-type]
+
+        rows_per_step = cfg.train.batch_size * cfg.train.grad_accum_steps
+        order = DataOrder(seeds["data_order"], data.split_rows("train"), rows_per_step)
+        total_steps = (
+            cfg.train.max_steps if cfg.train.max_steps is not None else order.steps_for_epochs(cfg.train.epochs)
+        )
+        record["data"]["order"] = {"version": ORDER_VERSION, "rows_per_step": rows_per_step,
+                                   "total_steps": total_steps}
+        val_rows = data.eval_rows(seeds["eval"])
+        examples = Examples(data, loaded.tokenizer, cfg)
+
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = build_optimizer(trainable, name=cfg.train.optimizer, learning_rate=cfg.train.learning_rate,
+                                    weight_decay=cfg.train.weight_decay)
+        scheduler = build_scheduler(optimizer, schedule=cfg.train.scheduler, warmup_steps=cfg.train.warmup_steps,
+                                    total_steps=total_steps)
+        scaler = torch.amp.GradScaler(device.type) if cfg.train.precision == "fp16" else None
+
+        ledger_path = run_dir / LEDGER_FILE
+        checkpoint_dir = run_dir / "checkpoints"
+        start_step = 0
+        if resume:
+            found = latest_valid_checkpoint(checkpoint_dir, report=report)
+            if found is None:
+                # Nothing to restore: start over, from a clean ledger.
+                ledger_path.unlink(missing_ok=True)
+            else:
+                state = restore_checkpoint(
+                    found, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                    restore_rng=options.restore_rng_on_resume,
+                )
+                start_step = state.step
+                truncate_ledger(ledger_path, keep_through_step=start_step)
+                report(f"resuming {run_dir} from step {start_step} ({found.name})")
+        else:
+            ledger_path.unlink(missing_ok=True)
+        if start_step == 0:
+            # Dropout (and anything else drawing from torch's global generator) gets its own seed.
+            torch.manual_seed(seeds["dropout"])
+
+        run_info = RunDescription(
+            run_id=record["run_id"], run_dir=run_dir, params=flatten_params(record["config"]),
+            tags=_tracker_tags(record),
+        )
+        trackers.start(run_info)
+        _write_record(run_dir, record)
+
+        model.train()
+        step_times: list[float] = []
+        final_val: float | None = None
+        bar = _progress(total_steps, start_step, options.progress)
+        with LedgerWriter(ledger_path) as ledger:
+            if start_step == 0:
+                ledger.write({"kind": "init", "step": 0, "weights_sha256": tensors_sha256(trainable_tensors(model))})
+            for step in range(start_step + 1, total_steps + 1):
+                t0 = time.perf_counter()
+                rows = order.step_rows(step)
+                epoch, _ = order.position(step)
+                batches = [
+                    {k: v.to(device) for k, v in examples.batch(chunk, pad_token_id=pad_token_id,
+                                                                 padding_side=cfg.model.padding_side).items()}
+                    for chunk in _micro_batches(rows, cfg.train.batch_size)
+                ]
+                n_tokens = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
+                lr = optimizer.param_groups[0]["lr"]
+                step_loss = 0.0
+                for batch in batches:
+                    with _autocast(cfg.train.precision, device):
+                        loss_sum, _ = token_loss_sum(model, batch)
+                    loss = loss_sum / max(n_tokens, 1)
+                    (scaler.scale(loss) if scaler else loss).backward()
+                    step_loss += float(loss.detach())
+                if scaler:
+                    scaler.unscale_(optimizer)
+                max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm is not None else math.inf
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, max_norm))
+                if scaler:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                ledger.write({
+                    "kind": "train", "step": step, "epoch": epoch, "batch_sha256": batch_sha256(rows),
+                    "n_rows": len(rows), "n_tokens": n_tokens, "loss": hexf(step_loss), "lr": hexf(lr),
+                    "grad_norm": hexf(grad_norm), "weights_sha256": tensors_sha256(trainable_tensors(model)),
+                })
+                metrics = {"train_loss": step_loss, "lr": lr, "grad_norm": grad_norm}
+                is_last = step == total_steps
+                if val_rows and ((cfg.train.eval_every and step % cfg.train.eval_every == 0) or is_last):
+                    final_val, val_tokens = evaluate(
+                        model, examples, val_rows, batch_size=cfg.eval.batch_size, pad_token_id=pad_token_id,
+                        padding_side=cfg.model.padding_side, device=device, precision=cfg.train.precision,
+                    )
+                    ledger.write({"kind": "val", "step": step, "loss": hexf(final_val), "n_rows": len(val_rows),
+                                  "n_tokens": val_tokens})
+                    metrics["val_loss"] = final_val
+                trackers.log_metrics(step, metrics)
+                if cfg.train.save_every and step % cfg.train.save_every == 0 and not is_last:
+                    ledger.sync()
+                    save_checkpoint(
+                        checkpoint_dir,
+                        CheckpointState(step=step, epoch=epoch, position=order.position(step + 1)),
+                        model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                        keep=cfg.train.keep_checkpoints,
+                    )
+                step_times.append(time.perf_counter() - t0)
+                bar.set_postfix(loss=f"{step_loss:.4f}", tok_s=f"{n_tokens / step_times[-1]:.0f}", refresh=False)
+                bar.update(1)
+                if options.stop_after_step is not None and step >= options.stop_after_step and not is_last:
+                    bar.close()
+                    record["status"] = "stopped"
+                    record["timings"].update(_timings(started, step_times, step))
+                    trackers.finish("stopped")
+                    _write_record(run_dir, record)
+                    return RunResult(run_dir, record, "stopped", step, None, final_val)
+        bar.close()
+
+        adapter_files = save_adapter(model, run_dir / ADAPTER_DIR)
+        record["outputs"] = {
+            "adapter_files": adapter_files,
+            "adapter_sha256": adapter_files.get("adapter_model.safetensors"),
+            "ledger_sha256": sha256_file(ledger_path),
+            "final_val_loss": hexf(final_val) if final_val is not None else None,
+        }
+        record["timings"].update(_timings(started, step_times, total_steps))
+        record["status"] = "completed"
+        _write_record(run_dir, record)
+        trackers.log_artifacts({
+            "": run_dir / RECORD_FILE, "ledger": ledger_path, "adapter": run_dir / ADAPTER_DIR,
+            "split": manifest_path, "config": run_dir / CONFIG_FILE,
+        })
+        record["trackers"] = trackers.finish("completed")
+        _write_record(run_dir, record)
+        return RunResult(run_dir, record, "completed", total_steps, record["outputs"]["adapter_sha256"], final_val)
+    except BaseException as exc:
+        if bar is not None:
+            bar.close()
+        record["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        record["error"] = {"type": type(exc).__name__, "message": str(exc)}
+        record["timings"]["ended_at"] = _utcnow()
+        with contextlib.suppress(Exception):
+            record["trackers"] = trackers.finish("failed")
+        _write_record(run_dir, record)
+        raise
+
+
+def _timings(started: float, step_times: list[float], steps_done: int) -> dict[str, Any]:
+    return {
+        "ended_at": _utcnow(),
+        "duration_s": round(time.perf_counter() - started, 3),
+        "steps_done": steps_done,
+        "step_time_s_mean": round(float(np.mean(step_times)), 6) if step_times else None,
+    }
+
+
+def _tracker_tags(record: dict[str, Any]) -> dict[str, str]:
+    code, data, model = record.get("code", {}), record.get("data", {}), record.get("model", {})
+    return {
+        "reprotune.version": __version__,
+        "reprotune.run_id": record["run_id"],
+        "git.commit": str(code.get("commit")),
+        "git.dirty": str(code.get("dirty")),
+        "data.sha256": str(data.get("file_sha256")),
+        "data.manifest_sha256": str(data.get("manifest_sha256")),
+        "model.source": str(model.get("source")),
+        "model.weights_sha256": str(model.get("weights_sha256")),
+        "config.sha256": record["config_sha256"],
+    }
