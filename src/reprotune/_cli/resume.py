@@ -1,0 +1,22 @@
+"""``reprotune resume RUN_DIR``: continue an interrupted run from its latest valid checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, help="the run directory of an unfinished run")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-tracking", action="store_true", help="do not mirror the run to MLflow")
+
+
+def run(args: argparse.Namespace) -> int:
+    from reprotune._cli.run import print_summary
+    from reprotune._train import RunOptions, resume_run
+
+    options = RunOptions(run_dir=args.run_dir, progress=not args.no_progress, tracking=not args.no_tracking)
+    result = resume_run(args.run_dir, options)
+    print_summary(result)
+    return 0

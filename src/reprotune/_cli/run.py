@@ -1,0 +1,46 @@
+"""``reprotune run CONFIG``: a reproducible LoRA fine-tune."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", type=Path, help="experiment config (YAML)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+        help="override a config value, e.g. --set train.max_steps=10 (repeatable)",
+    )
+    parser.add_argument("--run-dir", type=Path, default=None, help="run directory (default: runs/<run-id>)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-tracking", action="store_true", help="do not mirror the run to MLflow")
+
+
+def print_summary(result: Any) -> None:
+    """The closing lines of a run: where it is, what it produced, how to look at it."""
+    record = result.record
+    print(f"run {record['run_id']}: {result.status} after {result.steps_done} steps")
+    print(f"  run directory   {result.run_dir}")
+    if result.adapter_sha256:
+        print(f"  adapter sha256  {result.adapter_sha256}")
+    if result.final_val_loss is not None:
+        print(f"  final val loss  {result.final_val_loss:.6f}")
+    mlflow = (record.get("trackers") or {}).get("mlflow")
+    if mlflow and mlflow.get("ok"):
+        print(f"  MLflow run      {mlflow['mlflow_run_id']} in experiment {mlflow['experiment']!r}")
+        print(f"  open MLflow     mlflow ui --backend-store-uri {mlflow['tracking_uri']}")
+    elif mlflow:
+        print(f"  MLflow          failed and was switched off: {mlflow.get('error')}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from reprotune._config import load_config
+    from reprotune._train import RunOptions, run_experiment
+
+    cfg = load_config(args.config, args.overrides)
+    options = RunOptions(run_dir=args.run_dir, progress=not args.no_progress, tracking=not args.no_tracking)
+    result = run_experiment(cfg, options)
+    print_summary(result)
+    return 0
