@@ -68,12 +68,18 @@ class RunData:
 
 
 def prepare_data(
-    cfg: ExperimentConfig, seeds: Mapping[str, int], manifest_out: Path, *, reuse_manifest: bool = False
+    cfg: ExperimentConfig,
+    seeds: Mapping[str, int],
+    manifest_out: Path,
+    *,
+    reuse_manifest: bool = False,
+    manifest: Path | None = None,
 ) -> RunData:
     """Load the data, then take the split from the configured manifest or make it with the split seed.
 
     The manifest used is written to ``manifest_out`` (the run directory's ``split.json``). With
-    ``reuse_manifest`` (a resumed run) the one already there is used.
+    ``reuse_manifest`` (a resumed run) the one already there is used; ``manifest`` overrides the
+    config's split (a rerun of a recorded run).
 
     Raises:
         InputError: missing fields, or a manifest made from other data.
@@ -86,12 +92,13 @@ def prepare_data(
             source="data.prompt_field / data.response_field",
             fix="set data.prompt_field and data.response_field to existing columns",
         )
+    given = manifest if manifest is not None else cfg.split.manifest
     if reuse_manifest and manifest_out.exists():
-        manifest, source = load_manifest(manifest_out), "run directory (resumed)"
-    elif cfg.split.manifest is not None:
-        manifest, source = load_manifest(cfg.split.manifest), str(cfg.split.manifest)
+        loaded, source = load_manifest(manifest_out), "run directory (resumed)"
+    elif given is not None:
+        loaded, source = load_manifest(given), str(given)
     else:
-        manifest = split_table(
+        loaded = split_table(
             table,
             ratios=tuple(cfg.split.ratios),
             seed=seeds["split"],
@@ -100,22 +107,24 @@ def prepare_data(
             rare_class_policy=cfg.split.rare_class_policy,
         )
         source = "made for this run with the derived split seed"
-    if manifest.dataset_sha256 != table.file_sha256:
+    if loaded.dataset_sha256 != table.file_sha256:
         raise InputError(
             f"the split manifest was made from other data (manifest dataset sha256 "
-            f"{manifest.dataset_sha256[:12]}..., data {table.file_sha256[:12]}...)",
-            source=f"split.manifest = {cfg.split.manifest}",
-            fix=f"run `reprotune check-split {cfg.split.manifest} {cfg.data.path}` to see what changed, "
+            f"{loaded.dataset_sha256[:12]}..., data {table.file_sha256[:12]}...)",
+            source=f"split manifest {given}",
+            fix=f"run `reprotune check-split {given} {cfg.data.path}` to see what changed, "
             "then make a new manifest or restore the data",
         )
-    if source.startswith("made"):
-        write_manifest(manifest, manifest_out)
-    elif not manifest_out.exists():
+    if reuse_manifest and manifest_out.exists():
+        pass  # the resumed run keeps the manifest it started with
+    elif given is None:
+        write_manifest(loaded, manifest_out)
+    else:
         # Keep the user's file byte for byte, so the recorded sha256 is the one they hold.
-        copy_manifest(Path(str(cfg.split.manifest)), manifest_out)
+        copy_manifest(Path(given), manifest_out)
     return RunData(
         table=table,
-        manifest=manifest,
+        manifest=loaded,
         manifest_sha256=sha256_file(manifest_out),
         manifest_source=source,
         prompt_field=cfg.data.prompt_field,

@@ -63,6 +63,8 @@ class RunOptions:
         stop_after_step: stop after this optimizer step as if interrupted (verify's resume leg),
             leaving the run resumable.
         restore_rng_on_resume: False only for verify's negative control of the resume leg.
+        manifest: train on this split manifest instead of the config's split (rerun uses the
+            recorded run's ``split.json``; the config, and so its hash, stay as recorded).
         code_dir: the directory whose git state is recorded.
     """
 
@@ -71,6 +73,7 @@ class RunOptions:
     tracking: bool = True
     stop_after_step: int | None = None
     restore_rng_on_resume: bool = True
+    manifest: Path | None = None
     code_dir: Path = field(default_factory=Path.cwd)
 
 
@@ -308,7 +311,7 @@ def _execute(
         record["determinism"] = apply_determinism(cfg.determinism.mode, cfg.determinism.threads, device.type)
 
         manifest_path = run_dir / MANIFEST_FILE
-        data = prepare_data(cfg, seeds, manifest_path, reuse_manifest=resume)
+        data = prepare_data(cfg, seeds, manifest_path, reuse_manifest=resume, manifest=options.manifest)
         record["data"] = data.describe()
 
         code = code_fingerprint(options.code_dir)

@@ -10,13 +10,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, help="the run directory of an unfinished run")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-tracking", action="store_true", help="do not mirror the run to MLflow")
+    # verify's negative control only: a resume that forgets the RNG states must diverge.
+    parser.add_argument("--skip-rng-restore", action="store_true", help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
     from reprotune._cli.run import print_summary
     from reprotune._train import RunOptions, resume_run
 
-    options = RunOptions(run_dir=args.run_dir, progress=not args.no_progress, tracking=not args.no_tracking)
+    options = RunOptions(
+        run_dir=args.run_dir,
+        progress=not args.no_progress,
+        tracking=not args.no_tracking,
+        restore_rng_on_resume=not args.skip_rng_restore,
+    )
     result = resume_run(args.run_dir, options)
     print_summary(result)
     return 0

@@ -16,6 +16,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", type=Path, default=None, help="run directory (default: runs/<run-id>)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-tracking", action="store_true", help="do not mirror the run to MLflow")
+    # For verify's resume leg: stop after this step, as if interrupted, leaving a resumable run.
+    parser.add_argument("--stop-after-step", type=int, default=None, help=argparse.SUPPRESS)
+    # For rerun: train on this manifest (a recorded run's split.json) instead of the config's split.
+    parser.add_argument("--manifest", type=Path, default=None, help=argparse.SUPPRESS)
 
 
 def print_summary(result: Any) -> None:
@@ -40,7 +44,13 @@ def run(args: argparse.Namespace) -> int:
     from reprotune._train import RunOptions, run_experiment
 
     cfg = load_config(args.config, args.overrides)
-    options = RunOptions(run_dir=args.run_dir, progress=not args.no_progress, tracking=not args.no_tracking)
+    options = RunOptions(
+        run_dir=args.run_dir,
+        progress=not args.no_progress,
+        tracking=not args.no_tracking,
+        stop_after_step=args.stop_after_step,
+        manifest=args.manifest,
+    )
     result = run_experiment(cfg, options)
     print_summary(result)
     return 0
