@@ -1,0 +1,65 @@
+"""The ledger survives a crash at any byte and truncates back to a checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from reprotune._errors import InputError
+from reprotune._ledger import LedgerWriter, batch_sha256, hexf, iter_ledger, truncate_ledger
+
+
+def _write(path: Path, steps: int) -> None:
+    with LedgerWriter(path) as ledger:
+        ledger.write({"kind": "init", "step": 0, "weights_sha256": "0" * 64})
+        for step in range(1, steps + 1):
+            ledger.write({"kind": "train", "step": step, "loss": hexf(1.0 / step)})
+
+
+def test_round_trip_exact_bits(tmp_path: Path) -> None:
+    """Losses come back bit for bit from their hex form."""
+    path = tmp_path / "ledger.jsonl"
+    _write(path, 5)
+    entries = list(iter_ledger(path))
+    assert [e["step"] for e in entries] == [0, 1, 2, 3, 4, 5]
+    assert float.fromhex(entries[3]["loss"]) == 1.0 / 3
+
+
+def test_partial_last_line(tmp_path: Path) -> None:
+    """A crash mid-append leaves a partial line: refused by default, dropped with repair."""
+    path = tmp_path / "ledger.jsonl"
+    _write(path, 3)
+    with open(path, "ab") as handle:
+        handle.write(b'{"kind":"train","st')
+    with pytest.raises(InputError, match="line 5"):
+        list(iter_ledger(path))
+    assert [e["step"] for e in iter_ledger(path, repair=True)] == [0, 1, 2, 3]
+
+
+def test_corrupt_middle_line_is_never_repaired(tmp_path: Path) -> None:
+    """A broken line that is not the last one is an error even with repair."""
+    path = tmp_path / "ledger.jsonl"
+    _write(path, 3)
+    lines = path.read_bytes().split(b"\n")
+    lines[1] = b"{broken"
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(InputError, match="line 2"):
+        list(iter_ledger(path, repair=True))
+
+
+def test_truncate_back_to_checkpoint(tmp_path: Path) -> None:
+    """Truncation keeps lines through the checkpoint step and drops a partial tail."""
+    path = tmp_path / "ledger.jsonl"
+    _write(path, 6)
+    with open(path, "ab") as handle:
+        handle.write(b'{"kind"')
+    assert truncate_ledger(path, keep_through_step=4) == 5
+    assert [e["step"] for e in iter_ledger(path)] == [0, 1, 2, 3, 4]
+
+
+def test_batch_hash_depends_on_order() -> None:
+    """The batch hash covers the row ids in order."""
+    assert batch_sha256([1, 2, 3]) != batch_sha256([3, 2, 1])
+    assert batch_sha256([1, 2, 3]) == batch_sha256([1, 2, 3])
+    assert batch_sha256([12, 3]) != batch_sha256([1, 23])
