@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from reprotune._faults import kill_point
+
 _CHUNK = 1 << 20
 
 
@@ -43,6 +45,7 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        kill_point(f"replace:{target.name}")
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from reprotune import _faults as faults
 from reprotune._errors import InputError
 from reprotune._jsonio import canonical_dumps, fsync_dir
 
@@ -48,7 +49,13 @@ class LedgerWriter:
 
     def write(self, entry: dict[str, Any]) -> None:
         """Append one entry as a canonical JSON line."""
-        self._handle.write(canonical_dumps(entry, indent=None))
+        line = canonical_dumps(entry, indent=None)
+        if faults.enabled():  # crash tests: die with half a line on disk
+            self._handle.write(line[: len(line) // 2])
+            self._handle.flush()
+            faults.kill_point("ledger-append")
+            line = line[len(line) // 2 :]
+        self._handle.write(line)
         self._handle.flush()
         self._since_sync += 1
         if self._fsync_every and self._since_sync >= self._fsync_every:

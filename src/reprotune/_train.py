@@ -32,6 +32,7 @@ from reprotune._config import ExperimentConfig, config_sha256, dump_config_yaml
 from reprotune._data_order import ORDER_VERSION, DataOrder
 from reprotune._determinism import apply_determinism
 from reprotune._errors import InputError
+from reprotune._faults import kill_point
 from reprotune._fingerprint import code_fingerprint, environment_fingerprint
 from reprotune._formatting import collate, encode_example
 from reprotune._jsonio import sha256_file, write_bytes_atomic
@@ -65,6 +66,8 @@ class RunOptions:
         restore_rng_on_resume: False only for verify's negative control of the resume leg.
         manifest: train on this split manifest instead of the config's split (rerun uses the
             recorded run's ``split.json``; the config, and so its hash, stay as recorded).
+        recording: False only for the overhead benchmark: the same loop without per-step ledger
+            lines, weights hashes or tracker metrics.
         code_dir: the directory whose git state is recorded.
     """
 
@@ -74,6 +77,7 @@ class RunOptions:
     stop_after_step: int | None = None
     restore_rng_on_resume: bool = True
     manifest: Path | None = None
+    recording: bool = True
     code_dir: Path = field(default_factory=Path.cwd)
 
 
@@ -421,11 +425,12 @@ def _execute(
                     optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
-                ledger.write({
-                    "kind": "train", "step": step, "epoch": epoch, "batch_sha256": batch_sha256(rows),
-                    "n_rows": len(rows), "n_tokens": n_tokens, "loss": hexf(step_loss), "lr": hexf(lr),
-                    "grad_norm": hexf(grad_norm), "weights_sha256": tensors_sha256(trainable_tensors(model)),
-                })
+                if options.recording:
+                    ledger.write({
+                        "kind": "train", "step": step, "epoch": epoch, "batch_sha256": batch_sha256(rows),
+                        "n_rows": len(rows), "n_tokens": n_tokens, "loss": hexf(step_loss), "lr": hexf(lr),
+                        "grad_norm": hexf(grad_norm), "weights_sha256": tensors_sha256(trainable_tensors(model)),
+                    })
                 metrics = {"train_loss": step_loss, "lr": lr, "grad_norm": grad_norm}
                 is_last = step == total_steps
                 if val_rows and ((cfg.train.eval_every and step % cfg.train.eval_every == 0) or is_last):
@@ -436,7 +441,8 @@ def _execute(
                     ledger.write({"kind": "val", "step": step, "loss": hexf(final_val), "n_rows": len(val_rows),
                                   "n_tokens": val_tokens})
                     metrics["val_loss"] = final_val
-                trackers.log_metrics(step, metrics)
+                if options.recording:
+                    trackers.log_metrics(step, metrics)
                 if cfg.train.save_every and step % cfg.train.save_every == 0 and not is_last:
                     ledger.sync()
                     save_checkpoint(
@@ -445,6 +451,7 @@ def _execute(
                         model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                         keep=cfg.train.keep_checkpoints,
                     )
+                kill_point("step-end")
                 step_times.append(time.perf_counter() - t0)
                 bar.set_postfix(loss=f"{step_loss:.4f}", tok_s=f"{n_tokens / step_times[-1]:.0f}", refresh=False)
                 bar.update(1)
