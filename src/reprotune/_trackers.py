@@ -125,11 +125,15 @@ class MlflowTracker:
         uri: tracking URI, e.g. ``sqlite:///mlflow.db`` (relative paths resolve against the cwd).
         artifact_location: folder for the experiment's artifacts (created if missing).
         experiment: experiment name (created if missing).
+        flush_interval_s: the worker sends what has queued up at most this often, so that its
+            SQLite writes (and the GIL they hold) stay out of the training loop's way.
     """
 
     name = "mlflow"
 
-    def __init__(self, uri: str, artifact_location: str | Path, experiment: str) -> None:
+    def __init__(
+        self, uri: str, artifact_location: str | Path, experiment: str, *, flush_interval_s: float = 1.0
+    ) -> None:
         self.uri = resolve_tracking_uri(uri)
         self.artifact_location = Path(artifact_location).resolve()
         self.experiment = experiment
@@ -138,6 +142,7 @@ class MlflowTracker:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self.metrics_sent = 0
+        self._flush_interval_s = flush_interval_s
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -232,6 +237,7 @@ class MlflowTracker:
             self._flush(client, run_id, pending)
             if stop:
                 return
+            time.sleep(self._flush_interval_s)
 
     def _flush(self, client: Any, run_id: str, pending: list[Any]) -> None:
         while pending:
