@@ -1,0 +1,36 @@
+"""``reprotune report RUN_DIR [RUN_DIR ...] -o report.html``: one self-contained HTML report.
+
+Imports nothing heavy here: matplotlib is imported when the command runs, and never torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add report's arguments to its subparser."""
+    parser.add_argument(
+        "run_dirs",
+        type=Path,
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run directories; the first is the reference the others are compared with",
+    )
+    parser.add_argument(
+        "-o",
+        "--out",
+        type=Path,
+        default=Path("report.html"),
+        help="the HTML file to write (default: report.html)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the report and print its path; return 0."""
+    from reprotune._report import write_report
+
+    path = write_report(args.run_dirs, args.out)
+    print(f"report written to {path}")
+    return 0
