@@ -1,0 +1,282 @@
+"""LoRA through PEFT: a seeded init, the trainable tensors and their hash, the adapter on disk.
+
+PEFT draws the LoRA A matrices from torch's *global* RNG (``nn.Linear``'s own init, then
+``kaiming_uniform_`` in ``LoraLayer.reset_lora_parameters``; B starts at zero). "LoRA weights
+differ between runs" comes from building the adapter at whatever point the global RNG happens
+to be. :func:`apply_lora` seeds the init itself, inside a forked RNG, so the init is a function
+of its seed alone and the caller's RNG stream goes on as if nothing had happened.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args
+
+from reprotune._errors import InputError
+from reprotune._jsonio import fsync_dir, sha256_file
+
+if TYPE_CHECKING:
+    import torch
+    from peft import LoraConfig, PeftModel
+
+LoraBias = Literal["none", "all", "lora_only"]
+
+# Layer types PEFT's LoRA can wrap, by class name (transformers' GPT-2 style Conv1D included).
+_LORA_LAYER_TYPES = frozenset({"Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d", "Conv1D"})
+
+
+def target_module_names(model: torch.nn.Module) -> list[str]:
+    """Short names of the model's layers LoRA can target (``q_proj``, ``v_proj``, ``lm_head``, ...).
+
+    Returns:
+        Sorted, deduplicated last components of the names of leaf modules of a type LoRA supports.
+    """
+    names = {
+        name.rsplit(".", 1)[-1]
+        for name, module in model.named_modules()
+        if name and type(module).__name__ in _LORA_LAYER_TYPES and not any(True for _ in module.children())
+    }
+    return sorted(names)
+
+
+def _unmatched_targets(model: torch.nn.Module, target_modules: Sequence[str]) -> list[str]:
+    """The entries of ``target_modules`` that match no module (PEFT's suffix rule for lists)."""
+    module_names = [name for name, _ in model.named_modules() if name]
+    return [key for key in target_modules if not any(n == key or n.endswith(f".{key}") for n in module_names)]
+
+
+def build_lora_config(
+    *, r: int, alpha: float, dropout: float, target_modules: Sequence[str], bias: str
+) -> LoraConfig:
+    """A PEFT ``LoraConfig`` for a causal LM, with every argument checked.
+
+    Args:
+        r: the LoRA rank (>= 1).
+        alpha: the LoRA scaling numerator (> 0); the update is scaled by ``alpha / r``.
+        dropout: dropout on the LoRA input, in [0, 1).
+        target_modules: module names (or suffixes) to wrap, e.g. ``["q_proj", "v_proj"]``,
+            or ``["all-linear"]``.
+        bias: ``none``, ``all`` or ``lora_only``.
+
+    Raises:
+        InputError: a value out of range; a target list that is empty or not a list of strings.
+    """
+    from peft import LoraConfig
+
+    problems = []
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        problems.append(("lora.r", f"rank {r!r} must be a whole number >= 1", "use e.g. r: 8"))
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
+        problems.append(("lora.alpha", f"alpha {alpha!r} must be a number > 0", "use e.g. alpha: 16"))
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        problems.append(("lora.dropout", f"dropout {dropout!r} must be in [0, 1)", "use e.g. dropout: 0.05"))
+    if bias not in get_args(LoraBias):
+        problems.append(("lora.bias", f"bias {bias!r} is not supported", "use one of: none, all, lora_only"))
+    if (
+        isinstance(target_modules, str)
+        or not target_modules
+        or not all(isinstance(t, str) and t for t in target_modules)
+    ):
+        problems.append(
+            (
+                "lora.target_modules",
+                f"target modules {target_modules!r} must be a non-empty list of names",
+                'use e.g. target_modules: ["q_proj", "v_proj"]',
+            )
+        )
+    if problems:
+        source, message, fix = problems[0]
+        extra = "".join(f"; also {s}: {m}" for s, m, _ in problems[1:])
+        raise InputError(message + extra, source=source, fix=fix)
+    modules: str | list[str] = (
+        "all-linear" if list(target_modules) == ["all-linear"] else list(target_modules)
+    )
+    return LoraConfig(
+        r=r,
+        lora_alpha=alpha,  # type: ignore[arg-type]  # annotated int in PEFT, used as a number
+        lora_dropout=float(dropout),
+        target_modules=modules,
+        bias=cast(LoraBias, bias),
+        task_type="CAUSAL_LM",
+    )
+
+
+def apply_lora(
+    model: torch.nn.Module,
+    *,
+    r: int,
+    alpha: float,
+    dropout: float,
+    target_modules: Sequence[str],
+    bias: str,
+    seed: int,
+) -> PeftModel:
+    """Wrap ``model`` with LoRA adapters whose init is drawn from ``seed`` alone.
+
+    The adapter is created inside ``torch.random.fork_rng`` (the CPU generator, and the CUDA
+    generators of the model's devices) after ``torch.manual_seed(seed)``: the same seed gives
+    the same LoRA weights whatever ran before, and the caller's global RNG state is the same
+    after the call as before it. ``model`` itself is modified in place (PEFT injects the layers).
+
+    Args:
+        model: a transformers causal LM (not yet wrapped).
+        r, alpha, dropout, target_modules, bias: as :func:`build_lora_config`.
+        seed: the LoRA-init seed (0 <= seed < 2**63), derived by the caller from the root seed.
+
+    Returns:
+        The ``PeftModel``; only LoRA (and, per ``bias``, bias) parameters require grad.
+
+    Raises:
+        InputError: a bad LoRA setting, or target modules that match no module (the message
+            lists the names that can be targeted).
+    """
+    import torch
+    from peft import get_peft_model
+
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise InputError(
+            f"LoRA-init seed {seed!r} is out of range", source="seeds.lora_init", fix="use 0 <= seed < 2**63"
+        )
+    config = build_lora_config(r=r, alpha=alpha, dropout=dropout, target_modules=target_modules, bias=bias)
+    if config.target_modules != "all-linear":
+        unmatched = _unmatched_targets(model, list(target_modules))
+        if unmatched:
+            raise InputError(
+                f"target modules {unmatched} match no module of this model",
+                source="lora.target_modules",
+                fix=f"choose among the model's layer names: {', '.join(target_module_names(model))}",
+            )
+    cuda_devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+    with torch.random.fork_rng(devices=cuda_devices):
+        torch.manual_seed(seed)
+        try:
+            peft_model = get_peft_model(model, config)
+        except ValueError as exc:  # e.g. a name that matches a module of a type LoRA cannot wrap
+            raise InputError(
+                f"PEFT cannot apply LoRA to target modules {list(target_modules)}: {exc}",
+                source="lora.target_modules",
+                fix=f"choose among the model's layer names: {', '.join(target_module_names(model))}",
+            ) from exc
+    return peft_model
+
+
+def trainable_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters that require grad, by full name, detached (no copy)."""
+    return {name: param.detach() for name, param in model.named_parameters() if param.requires_grad}
+
+
+def tensors_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
+    """One sha256 over named tensors: in sorted name order, each tensor's header then its bytes.
+
+    The header is ``f"{name}\\0{dtype}\\0{shape}\\0{nbytes}\\0"`` in UTF-8 (``dtype`` as torch
+    prints it, e.g. ``torch.float32``; ``shape`` as a comma-separated list, e.g. ``8,64``); the
+    bytes are the tensor's elements in row-major order, native (little-endian) byte order. The
+    same tensors give the same digest on CPU or GPU. Fast enough to run after every step: the
+    bytes are hashed in place on CPU, and tensors on a GPU are packed into one buffer and copied
+    to the host once.
+
+    Args:
+        tensors: name -> tensor; any dtype, any device.
+
+    Returns:
+        The hex digest.
+    """
+    import torch
+
+    names = sorted(tensors)
+    digest = hashlib.sha256()
+    flat = [tensors[name].detach().reshape(-1).contiguous() for name in names]
+    raw = [t.view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8) for t in flat]
+    accelerator = next((t.device for t in raw if t.device.type != "cpu"), None)
+    if accelerator is not None:
+        # One device-to-host copy instead of one per tensor (each copy synchronises).
+        packed = torch.cat([t.to(accelerator) for t in raw]).cpu()
+        views, offset = [], 0
+        for t in raw:
+            views.append(packed[offset : offset + t.numel()])
+            offset += t.numel()
+        raw = views
+    for name, tensor, data in zip(names, flat, raw, strict=True):
+        shape = ",".join(str(size) for size in tensors[name].shape)
+        digest.update(f"{name}\0{tensor.dtype}\0{shape}\0{data.numel()}\0".encode())
+        digest.update(data.numpy().data)
+    return digest.hexdigest()
+
+
+def save_adapter(model: PeftModel, directory: str | os.PathLike[str]) -> dict[str, str]:
+    """Save the LoRA adapter alone (safetensors) to ``directory``, atomically.
+
+    PEFT writes ``adapter_model.safetensors`` and ``adapter_config.json`` into a temporary
+    folder beside ``directory`` which then replaces it in one rename (an existing ``directory``
+    is moved aside first and removed after). PEFT's boilerplate ``README.md`` model card is not
+    kept. Equal weights give byte-identical ``adapter_model.safetensors``.
+
+    Args:
+        model: the ``PeftModel`` from :func:`apply_lora`.
+        directory: the adapter folder to (re)write.
+
+    Returns:
+        File name -> sha256 of every file in the adapter folder.
+    """
+    target = Path(directory)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    old: Path | None = None
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes 0700; an adapter is meant to be shared
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        (tmp / "README.md").unlink(missing_ok=True)
+        hashes = {path.name: sha256_file(path) for path in sorted(tmp.iterdir()) if path.is_file()}
+        fsync_dir(tmp)
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            os.replace(target, old / target.name)
+        os.replace(tmp, target)
+        fsync_dir(target.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    return hashes
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with sets sorted into lists, enums as their values, dataclasses as dicts."""
+    if isinstance(value, enum.Enum):
+        return _json_safe(value.value)
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        return sorted(_json_safe(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if is_dataclass(value) and not isinstance(value, type):
+        return _json_safe(asdict(value))
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)  # e.g. a Path: keep it readable rather than fail the record
+
+
+def lora_config_dict(config: LoraConfig | PeftModel, adapter_name: str = "default") -> dict[str, Any]:
+    """The LoRA config PEFT received, as JSON-safe data for the record.
+
+    Args:
+        config: a ``LoraConfig``, or the ``PeftModel`` (its config for ``adapter_name``).
+        adapter_name: which adapter of a ``PeftModel``.
+
+    Returns:
+        ``LoraConfig.to_dict()`` with sets as sorted lists and enums as strings.
+    """
+    peft_config = getattr(config, "peft_config", None)
+    if peft_config is not None:
+        config = peft_config[adapter_name]
+    return cast(dict[str, Any], _json_safe(config.to_dict()))
