@@ -1,0 +1,42 @@
+"""``reprotune doctor [CONFIG] [--json] [--set KEY=VALUE]``: audit a setup for reproducibility.
+
+Exit 1 when an error-level finding exists, 0 otherwise, 2 for bad input (an invalid config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add doctor's arguments to its subparser."""
+    parser.add_argument("config", nargs="?", help="experiment config (YAML); default: audit the defaults")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set determinism.mode=warn (repeatable)")
+    parser.add_argument("--code-dir", default=".", metavar="DIR",
+                        help="directory whose git state is checked (default: the current directory)")
+    parser.add_argument("--no-probe", action="store_true", help="skip the empirical forward/backward probe")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the audit and print the report; return 1 if an error-level finding exists, else 0."""
+    from reprotune._config import config_from_dict, load_config
+    from reprotune._doctor import format_report, run_doctor
+    from reprotune._jsonio import canonical_dumps
+
+    if args.config is not None:
+        config = load_config(args.config, args.overrides)
+        source = args.config
+    elif args.overrides:
+        config = config_from_dict({}, source="--set", overrides=args.overrides)
+        source = "default config with --set"
+    else:
+        config, source = None, None
+    report = run_doctor(config, config_source=source, code_dir=args.code_dir, probe=not args.no_probe)
+    if args.json:
+        sys.stdout.write(canonical_dumps(report.to_dict()))
+    else:
+        print(format_report(report))
+    return report.exit_code
