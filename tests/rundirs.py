@@ -45,15 +45,23 @@ class RunSpec:
     commit: str = "0123456789abcdef0123456789abcdef01234567"
     config: dict[str, Any] = field(default_factory=dict)  # merged into the resolved config
     environment: dict[str, Any] = field(default_factory=dict)  # merged into the environment
+    seed_overrides: dict[str, int] = field(default_factory=dict)  # a derived seed set by hand
     noise_from_step: int | None = None  # numbers perturbed from this step on
     noise: float = 1e-6
     status: str = "completed"
+    adapter_extra: int = 0  # elements of an extra adapter tensor, for benchmarks
     run_id: str = "20260101-000000-abcdef01"
 
 
 def derive_seed(root: int, name: str) -> int:
     """The seed a consumer gets from the root seed, by name."""
     return int(hashlib.sha256(f"{root}:{name}".encode()).hexdigest()[:8], 16)
+
+
+def seeds_of(spec: RunSpec) -> dict[str, int]:
+    """The root seed and every derived seed of a run, with the spec's overrides."""
+    derived = {name: derive_seed(spec.seed, name) for name in SEED_NAMES}
+    return {"root": spec.seed, **derived, **spec.seed_overrides}
 
 
 def row_feature(row: str) -> float:
@@ -64,7 +72,7 @@ def row_feature(row: str) -> float:
 def make_split(spec: RunSpec) -> dict[str, list[int]]:
     """train/validation/test row indices from the split seed (4:1:1)."""
     n = len(spec.rows)
-    perm = np.random.default_rng(derive_seed(spec.seed, "split")).permutation(n).tolist()
+    perm = np.random.default_rng(seeds_of(spec)["split"]).permutation(n).tolist()
     n_val = n_test = n // 6
     return {
         "train": sorted(perm[n_val + n_test :]),
@@ -76,7 +84,7 @@ def make_split(spec: RunSpec) -> dict[str, list[int]]:
 def batches(spec: RunSpec) -> list[list[int]]:
     """The row indices of each step's batch, epoch after epoch, in the data-order seed's order."""
     train = make_split(spec)["train"]
-    rng = np.random.default_rng(derive_seed(spec.seed, "data_order"))
+    rng = np.random.default_rng(seeds_of(spec)["data_order"])
     order: list[int] = []
     while len(order) < spec.steps * spec.batch_size:
         order.extend(rng.permutation(train).tolist())
@@ -113,14 +121,14 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
         "file_sha256": sha256_bytes(data_bytes),
         "n_rows": len(spec.rows),
         "row_sha256": [hashlib.sha256(r.encode()).hexdigest() for r in spec.rows],
-        "seed": derive_seed(spec.seed, "split"),
+        "seed": seeds_of(spec)["split"],
         **split,
     }
     manifest_sha = write_json_atomic(path / "split.json", manifest)
 
     features = np.array([row_feature(r) for r in spec.rows])
-    w = np.random.default_rng(derive_seed(spec.seed, "lora_init")).standard_normal(WIDTH) * 0.1
-    dropout = np.random.default_rng(derive_seed(spec.seed, "dropout"))
+    w = np.random.default_rng(seeds_of(spec)["lora_init"]).standard_normal(WIDTH) * 0.1
+    dropout = np.random.default_rng(seeds_of(spec)["dropout"])
     lines = [{"kind": "init", "step": 0, "weights_sha256": _weights_sha(w)}]
     steps_per_epoch = len(split["train"]) // spec.batch_size
     for step, rows in enumerate(batches(spec), start=1):
@@ -167,9 +175,12 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
         ).astype(np.float32),
         "base_model.model.layers.0.self_attn.q_proj.lora_B.weight": w.reshape(4, 4).astype(np.float32),
     }
+    if spec.adapter_extra:
+        ramp = np.arange(spec.adapter_extra, dtype=np.float64) * 1e-6
+        tensors["base_model.model.extra.lora_B.weight"] = (w.mean() + ramp).astype(np.float32)
     save_file(tensors, str(path / "adapter" / "adapter_model.safetensors"))
 
-    seeds = {"root": spec.seed, **{name: derive_seed(spec.seed, name) for name in SEED_NAMES}}
+    seeds = seeds_of(spec)
     config = _merge(
         {
             "seed": spec.seed,

@@ -83,6 +83,8 @@ def render_report(runs: Sequence[RunDir], comparisons: Sequence[Comparison]) -> 
     divergences = [(labels[i + 1], c.where.first_divergence_step) for i, c in enumerate(comparisons)]
     train_png = _plot(runs, labels, divergences, kind="train")
     val_png = _plot(runs, labels, divergences, kind="val")
+    parted = [f"{label} parts from {labels[0]} at step {at}" for label, at in divergences if at is not None]
+    marks = f"; dashed vertical lines: {', '.join(parted)}" if parted else ""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -99,8 +101,8 @@ def render_report(runs: Sequence[RunDir], comparisons: Sequence[Comparison]) -> 
             ),
         ),
         "<h2>Loss</h2>",
-        _figure(train_png, "Training loss of every run by optimizer step"),
-        _figure(val_png, "Validation loss of every run by optimizer step"),
+        _figure(train_png, "Training loss of every run by optimizer step" + marks),
+        _figure(val_png, "Validation loss of every run by optimizer step" + marks),
     ]
     if comparisons:
         parts.append("<h2>Comparisons</h2>")
