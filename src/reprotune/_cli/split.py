@@ -1,0 +1,104 @@
+"""``reprotune split DATA --out MANIFEST``: make a frozen, seeded split manifest.
+
+Imports only the standard library at module level; the data and split modules (NumPy, no torch)
+are imported when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+from reprotune._errors import InputError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the command's arguments."""
+    parser.add_argument("data", metavar="DATA", help="JSONL, CSV or Parquet file, or builtin:chatterbot-en")
+    parser.add_argument("--out", required=True, metavar="MANIFEST", help="where to write the manifest (JSON)")
+    parser.add_argument("--format", default="auto", help="auto (from the extension), jsonl, csv or parquet")
+    parser.add_argument("--stratify-by", metavar="COL", help="keep the proportions of this column's classes")
+    parser.add_argument(
+        "--group-by", metavar="COL", help="keep all rows sharing this column's value together"
+    )
+    parser.add_argument(
+        "--ratios",
+        default="0.8,0.1,0.1",
+        help="train,validation,test shares summing to 1 (default 0.8,0.1,0.1)",
+    )
+    parser.add_argument("--seed", default="0", help="non-negative integer (default 0)")
+    parser.add_argument(
+        "--rare-class-policy",
+        default="train",
+        help="classes too small for every split: train (keep in train, warn; default), drop, error",
+    )
+
+
+def parse_ratios(text: str) -> tuple[float, float, float]:
+    """Parse ``--ratios`` (``"0.8,0.1,0.1"``).
+
+    Raises:
+        InputError: not three numbers, negative, or not summing to 1.
+    """
+    from reprotune._split import check_ratios
+
+    values = []
+    for part in text.split(","):
+        try:
+            values.append(float(part))
+        except ValueError:
+            raise InputError(
+                f"ratio {part.strip()!r} in {text!r} is not a number",
+                source="--ratios",
+                fix="give three numbers that sum to 1, e.g. --ratios 0.8,0.1,0.1",
+            ) from None
+    return check_ratios(values, source="--ratios")
+
+
+def parse_seed(text: str) -> int:
+    """Parse ``--seed``: digits only, so ``-1``, ``1.5`` and ``abc`` are refused.
+
+    Raises:
+        InputError: not a non-negative integer.
+    """
+    if not text.strip().isdigit():
+        raise InputError(
+            f"seed {text!r} is not a non-negative integer",
+            source="--seed",
+            fix="pass a whole number >= 0, e.g. --seed 42",
+        )
+    return int(text)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Split the data, write the manifest, print a summary. Returns 0."""
+    from reprotune._data import load_table
+    from reprotune._manifest import write_manifest
+    from reprotune._split import RareClassWarning, split_table
+
+    ratios = parse_ratios(args.ratios)
+    seed = parse_seed(args.seed)
+    out = Path(args.out)
+    if out.is_dir():
+        raise InputError(
+            f"--out {args.out!r} is a directory", source="--out", fix="give a file path such as split.json"
+        )
+    table = load_table(args.data, args.format)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RareClassWarning)
+        manifest = split_table(
+            table,
+            ratios=ratios,
+            seed=seed,
+            stratify_by=args.stratify_by,
+            group_by=args.group_by,
+            rare_class_policy=args.rare_class_policy,
+        )
+    for warning in caught:
+        print(f"reprotune split: warning: {warning.message}", file=sys.stderr)
+    digest = write_manifest(manifest, out)
+    print(manifest.summary())
+    print(f"wrote {out} (sha256 {digest})")
+    return 0
