@@ -14,6 +14,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
@@ -157,7 +158,12 @@ def apply_lora(
     with torch.random.fork_rng(devices=cuda_devices):
         torch.manual_seed(seed)
         try:
-            peft_model = get_peft_model(model, config)
+            with warnings.catch_warnings():
+                # PEFT 0.21 calls an attribute transformers 5 deprecated; nothing for users to do.
+                warnings.filterwarnings(
+                    "ignore", message=".*is_gradient_checkpointing", category=FutureWarning
+                )
+                peft_model = get_peft_model(model, config)
         except ValueError as exc:  # e.g. a name that matches a module of a type LoRA cannot wrap
             raise InputError(
                 f"PEFT cannot apply LoRA to target modules {list(target_modules)}: {exc}",
