@@ -64,6 +64,12 @@ def seeds_of(spec: RunSpec) -> dict[str, int]:
     return {"root": spec.seed, **derived, **spec.seed_overrides}
 
 
+def row_sha256(row: str) -> str:
+    """The row hash docs/manifest.md defines, for a row ``{"text": row}``."""
+    canonical = json.dumps({"text": row}, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def row_feature(row: str) -> float:
     """A number in [0, 1) that stands for a row's content."""
     return int(hashlib.sha256(row.encode()).hexdigest()[:8], 16) / 2**32
@@ -115,14 +121,33 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     split = make_split(spec)
     data_bytes = "".join(json.dumps({"text": r}) + "\n" for r in spec.rows).encode()
+    n = len(spec.rows)
+    # The split manifest as docs/manifest.md writes it (row hashes inline).
     manifest = {
-        "schema": "reprotune/split",
+        "schema": "reprotune/split-manifest",
         "schema_version": 1,
-        "file_sha256": sha256_bytes(data_bytes),
-        "n_rows": len(spec.rows),
-        "row_sha256": [hashlib.sha256(r.encode()).hexdigest() for r in spec.rows],
+        "algorithm": {"name": "reprotune-split", "version": 1},
+        "dataset": {
+            "source": "data.jsonl",
+            "format": "jsonl",
+            "sha256": sha256_bytes(data_bytes),
+            "n_rows": n,
+            "columns": ["text"],
+        },
         "seed": seeds_of(spec)["split"],
+        "ratios": {"train": 4 / 6, "validation": 1 / 6, "test": 1 / 6},
+        "strategy": "random",
+        "stratify_by": None,
+        "group_by": None,
+        "rare_class_policy": "train",
+        "sizes": {**{name: len(rows) for name, rows in split.items()}, "dropped": 0},
+        "classes": [],
+        "rare_classes": [],
+        "groups": None,
+        "warnings": [],
+        "row_hashes": {"algorithm": "sha256", "inline": [row_sha256(r) for r in spec.rows]},
         **split,
+        "dropped": [],
     }
     manifest_sha = write_json_atomic(path / "split.json", manifest)
 
@@ -236,7 +261,7 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
         },
         "data": {
             "source": "data.jsonl",
-            "file_sha256": manifest["file_sha256"],
+            "file_sha256": sha256_bytes(data_bytes),
             "n_rows": len(spec.rows),
             "manifest_sha256": manifest_sha,
             "manifest_file": "split.json",

@@ -88,7 +88,7 @@ def test_unknown_schema_exit_2(tmp_path: Path, ref: Path, capsys: pytest.Capture
     (other / "record.json").write_text(json.dumps(record))
     assert main(["compare", str(ref), str(other)]) == 2
     err = capsys.readouterr().err
-    assert "unknown record schema 'reprotune/record' version 9" in err
+    assert "record schema_version 9 is not supported" in err
     assert str(other / "record.json") in err
 
 

@@ -53,19 +53,32 @@ def test_parent_of_runs_suggests_children(run: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("schema", "version"),
-    [("reprotune/manifest", 1), ("reprotune/record", 2), (None, None)],
+    ("schema", "version", "message"),
+    [
+        ("reprotune/manifest", 1, "schema is 'reprotune/manifest', expected 'reprotune/record'"),
+        ("reprotune/record", 2, "record schema_version 2 is not supported"),
+        (None, None, "schema is None, expected 'reprotune/record'"),
+    ],
     ids=["other-schema", "future-version", "no-schema"],
 )
-def test_unknown_record_schema(run: Path, schema: str | None, version: int | None) -> None:
-    """A record of another schema or version raises SchemaVersionError naming both."""
+def test_unknown_record_schema(run: Path, schema: str | None, version: int | None, message: str) -> None:
+    """A record of another schema or version raises SchemaVersionError naming the file and what it found."""
     path = run / "record.json"
     record = json.loads(path.read_text())
     record["schema"], record["schema_version"] = schema, version
     path.write_text(json.dumps(record))
-    with pytest.raises(
-        SchemaVersionError, match=re.escape(f"unknown record schema {schema!r} version {version!r}")
-    ):
+    with pytest.raises(SchemaVersionError, match=re.escape(message)) as info:
+        open_run_dir(run)
+    assert info.value.source == str(path)
+
+
+def test_invalid_record(run: Path) -> None:
+    """A record whose fields break the schema is bad input, naming the key."""
+    path = run / "record.json"
+    record = json.loads(path.read_text())
+    record["status"] = "finished"
+    path.write_text(json.dumps(record))
+    with pytest.raises(InputError, match="status"):
         open_run_dir(run)
 
 

@@ -184,7 +184,6 @@ class SplitDiff:
     content_changed: tuple[int, ...]  # rows whose content hash differs
     moved: tuple[RowMove, ...]  # rows in different splits (or in a split in one run only)
     reordered: tuple[str, ...]  # splits with the same rows in a different order
-    row_hashes_compared: bool
 
     @property
     def rows_differing(self) -> int:
@@ -449,14 +448,10 @@ def _compare_manifests(ma: SplitManifest | None, mb: SplitManifest | None) -> Sp
     if ma is None or mb is None:
         return None
     if ma.sha256 == mb.sha256:
-        return SplitDiff(ma.sha256, mb.sha256, (), (), (), row_hashes_compared=ma.row_hashes is not None)
-    changed: tuple[int, ...] = ()
-    hashes = ma.row_hashes is not None and mb.row_hashes is not None
-    if ma.row_hashes is not None and mb.row_hashes is not None:
-        ha, hb = ma.row_hashes, mb.row_hashes
-        changed = tuple(
-            i for i in range(max(len(ha), len(hb))) if i >= len(ha) or i >= len(hb) or ha[i] != hb[i]
-        )
+        return SplitDiff(ma.sha256, mb.sha256, (), (), ())
+    ha, hb = ma.row_hashes, mb.row_hashes
+    # Rows past the end of the shorter dataset count as changed: they exist in one run only.
+    changed = tuple(i for i in range(max(len(ha), len(hb))) if i >= len(ha) or i >= len(hb) or ha[i] != hb[i])
     where_a = {row: name for name, rows in ma.splits.items() for row in rows}
     where_b = {row: name for name, rows in mb.splits.items() for row in rows}
     moved = tuple(
@@ -466,11 +461,10 @@ def _compare_manifests(ma: SplitManifest | None, mb: SplitManifest | None) -> Sp
     )
     reordered = tuple(
         name
-        for name in ma.splits
-        if ma.splits[name] != mb.splits.get(name)
-        and sorted(ma.splits[name]) == sorted(mb.splits.get(name, ()))
+        for name, rows in ma.splits.items()
+        if rows != mb.splits.get(name) and sorted(rows) == sorted(mb.splits.get(name, ()))
     )
-    return SplitDiff(ma.sha256, mb.sha256, changed, moved, reordered, row_hashes_compared=hashes)
+    return SplitDiff(ma.sha256, mb.sha256, changed, moved, reordered)
 
 
 def _incomparable_reasons(
@@ -612,8 +606,6 @@ def _format_lines(c: Comparison) -> Iterable[str]:
             yield f"  ... and {len(s.moved) - 20} more rows in another split"
         if s.reordered:
             yield f"  same rows, another order: {', '.join(s.reordered)}"
-        if not s.row_hashes_compared:
-            yield "  (row content hashes missing from a manifest: content changes not checked)"
     for note in c.notes:
         yield f"note: {note}"
 

@@ -18,15 +18,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from reprotune._errors import InputError, SchemaVersionError
+from reprotune._errors import InputError
 from reprotune._jsonio import sha256_bytes, sha256_file
 
 RECORD_FILE = "record.json"
 LEDGER_FILE = "ledger.jsonl"
 MANIFEST_FILE = "split.json"
 ADAPTER_FILE = Path("adapter") / "adapter_model.safetensors"
-RECORD_SCHEMA = "reprotune/record"
-RECORD_SCHEMA_VERSION = 1
 
 EntryKind = Literal["init", "train", "val"]
 
@@ -106,18 +104,17 @@ class SplitManifest:
         path: the manifest file.
         sha256: sha256 of its bytes.
         splits: split name -> the dataset row indices in it, in manifest order.
-        row_hashes: one content hash per dataset row (index -> hash), or None when the
-            manifest (and its sidecar) carries none.
-        file_sha256: the dataset file's sha256 as the manifest records it, if it does.
-        n_rows: the dataset's row count as the manifest records it, if it does.
+        row_hashes: one content hash per dataset row (index -> hash).
+        file_sha256: the dataset's sha256 as the manifest records it.
+        n_rows: the dataset's row count.
     """
 
     path: Path
     sha256: str
     splits: Mapping[str, tuple[int, ...]]
-    row_hashes: tuple[str, ...] | None
-    file_sha256: str | None
-    n_rows: int | None
+    row_hashes: tuple[str, ...]
+    file_sha256: str
+    n_rows: int
 
 
 @dataclass(frozen=True)
@@ -126,7 +123,7 @@ class RunDir:
 
     Attributes:
         path: the directory.
-        record: ``record.json`` as a JSON object (schema checked).
+        record: ``record.json`` as a JSON object (validated by ``reprotune._record``).
         ledger: the checked ledger.
         manifest: the split manifest, or None when the directory has no ``split.json``.
         adapter_path: ``adapter/adapter_model.safetensors``, or None when it is missing
@@ -213,42 +210,21 @@ def _check_is_run_dir(root: Path) -> None:
 
 
 def load_record_json(path: Path) -> dict[str, Any]:
-    """Read ``record.json`` and check its schema.
+    """Read ``record.json``, validated against the record schema (``reprotune._record``).
 
     Args:
         path: the record file.
 
     Returns:
-        The record as a JSON object.
+        The record as a JSON object, exactly as on disk.
 
     Raises:
-        InputError: the file is unreadable, not JSON, or not a JSON object.
+        InputError: the file is unreadable, not JSON (with line and column) or not a valid record.
         SchemaVersionError: ``schema`` is not ``reprotune/record`` or ``schema_version`` is not 1.
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read the record: {exc}", source=str(path)) from None
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"the record is not valid JSON: {exc.msg}",
-            source=f"{path}:{exc.lineno}:{exc.colno}",
-            fix="record.json is written atomically by `reprotune run`; a broken one was edited "
-            "or copied incompletely: restore it from a copy of the run directory",
-        ) from None
-    if not isinstance(record, dict):
-        raise InputError(f"the record is a JSON {type(record).__name__}, not an object", source=str(path))
-    schema, version = record.get("schema"), record.get("schema_version")
-    if schema != RECORD_SCHEMA or version != RECORD_SCHEMA_VERSION:
-        raise SchemaVersionError(
-            f"unknown record schema {schema!r} version {version!r}; this reprotune reads "
-            f"{RECORD_SCHEMA!r} version {RECORD_SCHEMA_VERSION}",
-            source=f"{path} (keys 'schema', 'schema_version')",
-            fix="compare runs written by the same reprotune version, or upgrade reprotune",
-        )
-    return record
+    from reprotune._record import load_record
+
+    return load_record(path)
 
 
 def read_ledger(path: Path) -> Ledger:
@@ -279,8 +255,8 @@ def read_ledger(path: Path) -> Ledger:
     init: LedgerEntry | None = None
     train: list[LedgerEntry] = []
     val: list[LedgerEntry] = []
-    for number, raw in enumerate(lines[:-1], start=1):
-        entry = _parse_entry(path, number, raw)
+    for entry in _parse_entries(path, lines[:-1]):
+        number = entry.line
         where = f"{path}:{number}"
         if entry.kind == "init":
             if number != 1 or entry.step != 0:
@@ -317,6 +293,61 @@ def read_ledger(path: Path) -> Ledger:
                 )
             val.append(entry)
     return Ledger(path=path, init=init, train=tuple(train), val=tuple(val), sha256=sha256_bytes(data))
+
+
+def _parse_entries(path: Path, lines: list[bytes]) -> list[LedgerEntry]:
+    """Parse and check every ledger line, fast when all is well, precise when it is not.
+
+    The fast path parses the whole file in one ``json.loads`` and checks each field's shape over
+    all lines at once (one regular expression per shape). Anything it does not accept sends the
+    ledger through the line-by-line path, which finds and names the first bad line.
+    """
+    try:
+        objs = json.loads(b"[" + b",".join(lines) + b"]")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        objs = None
+    # A line holding "1, 2" would add two items: the count guards the one-item-per-line mapping.
+    if isinstance(objs, list) and len(objs) == len(lines) and _all_well_formed(objs):
+        return [
+            LedgerEntry(kind=obj["kind"], step=obj["step"], line=number, fields=obj)
+            for number, obj in enumerate(objs, start=1)
+        ]
+    return [_parse_entry(path, number, raw) for number, raw in enumerate(lines, start=1)]
+
+
+# One pattern per shape, matched against all values of that shape joined by newlines.
+_JOINED = {
+    "sha256": re.compile(r"(?:[0-9a-f]{64}\n)*[0-9a-f]{64}"),
+    "hexfloat": re.compile(rf"(?:(?:{_HEX_FLOAT.pattern})\n)*(?:{_HEX_FLOAT.pattern})"),
+}
+
+
+def _all_well_formed(objs: list[Any]) -> bool:
+    """Whether every object has a known kind and every required field the right shape."""
+    values: dict[str, list[Any]] = {"int": [], "sha256": [], "hexfloat": []}
+    for obj in objs:
+        if type(obj) is not dict:
+            return False
+        fields = _LEDGER_FIELDS.get(obj.get("kind"))  # type: ignore[arg-type]
+        if fields is None:
+            return False
+        for key, shape in fields.items():
+            if key not in obj:
+                return False
+            values[shape].append(obj[key])
+    if not all(type(v) is int and v >= 0 for v in values["int"]):
+        return False
+    for shape in ("sha256", "hexfloat"):
+        strings = values[shape]
+        if not strings:
+            continue
+        if not all(type(v) is str for v in strings):
+            return False
+        joined = "\n".join(strings)
+        # A value holding a newline would pass as two: the count of separators rules that out.
+        if joined.count("\n") != len(strings) - 1 or _JOINED[shape].fullmatch(joined) is None:
+            return False
+    return True
 
 
 def _parse_entry(path: Path, number: int, raw: bytes) -> LedgerEntry:
@@ -368,81 +399,29 @@ def _shape_problem(value: Any, shape: _FieldType) -> str | None:
 
 
 def read_manifest(path: Path) -> SplitManifest:
-    """Read the parts of a split manifest that compare needs.
-
-    Accepts the split lists at the top level (``train``, ``validation``, ``test``) or under
-    ``splits``; per-row hashes under ``row_sha256``/``row_hashes`` or in a sidecar file the
-    manifest names (``row_hashes_file``), as a JSON list or one hash per line.
+    """Read the parts of a split manifest that compare needs, validated by ``load_manifest``.
 
     Args:
-        path: the manifest file.
+        path: the manifest file (``split.json``); a row-hash sidecar it names is read too.
 
     Returns:
-        The split indices, row hashes (if any), dataset hash and row count.
+        The split indices (``dropped`` included), one content hash per row, dataset hash and size.
 
     Raises:
-        InputError: the file is not JSON, or a split is not a list of non-negative integers.
+        InputError: the manifest or its sidecar is missing, malformed or inconsistent.
+        SchemaVersionError: a manifest schema version this reprotune cannot read.
     """
-    data = path.read_bytes()
-    try:
-        obj = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(
-            f"the split manifest is not valid JSON ({exc})",
-            source=str(path),
-            fix="restore split.json from the run directory's copy, or rerun the run",
-        ) from None
-    if not isinstance(obj, dict):
-        raise InputError("the split manifest is not a JSON object", source=str(path))
-    holder = obj["splits"] if isinstance(obj.get("splits"), dict) else obj
-    splits: dict[str, tuple[int, ...]] = {}
-    for name in ("train", "validation", "test"):
-        indices = holder.get(name, [])
-        if isinstance(indices, dict):  # {"indices": [...], ...} per split
-            indices = indices.get("indices", [])
-        if not isinstance(indices, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices
-        ):
-            raise InputError(
-                f"split {name!r} is not a list of row indices",
-                source=f"{path} (key {name!r})",
-                fix="split.json is written by `reprotune split`; regenerate it",
-            )
-        splits[name] = tuple(indices)
-    row_hashes = _manifest_row_hashes(path, obj)
-    file_sha = obj.get("file_sha256") or obj.get("dataset_sha256")
-    n_rows = obj.get("n_rows")
+    from reprotune._manifest import LISTS, load_manifest
+
+    manifest = load_manifest(path)
     return SplitManifest(
         path=path,
-        sha256=sha256_bytes(data),
-        splits=splits,
-        row_hashes=row_hashes,
-        file_sha256=file_sha if isinstance(file_sha, str) else None,
-        n_rows=n_rows if isinstance(n_rows, int) else None,
+        sha256=sha256_file(path),
+        splits={name: tuple(manifest.index_arrays[name].tolist()) for name in LISTS},
+        row_hashes=tuple(manifest.row_hashes.hex_list()),
+        file_sha256=manifest.dataset_sha256,
+        n_rows=manifest.n_rows,
     )
-
-
-def _manifest_row_hashes(path: Path, obj: Mapping[str, Any]) -> tuple[str, ...] | None:
-    """The per-row content hashes, from the manifest itself or the sidecar it names."""
-    for key in ("row_sha256", "row_hashes"):
-        value = obj.get(key)
-        if isinstance(value, list) and all(isinstance(h, str) for h in value):
-            return tuple(value)
-    sidecar = obj.get("row_hashes_file")
-    if not isinstance(sidecar, str):
-        return None
-    sidecar_path = path.parent / sidecar
-    if not sidecar_path.is_file():
-        raise InputError(
-            f"the manifest names a row-hash file {sidecar!r} that does not exist",
-            source=f"{path} (key 'row_hashes_file')",
-            fix="copy the sidecar file along with split.json",
-        )
-    text = sidecar_path.read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
-        value = json.loads(text)
-        return tuple(str(h) for h in value)
-    return tuple(line for line in text.splitlines() if line)
 
 
 def load_adapter(path: Path) -> dict[str, np.ndarray]:
