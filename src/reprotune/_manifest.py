@@ -190,41 +190,67 @@ class Manifest:
 _LUT4 = np.frombuffer("".join(f"{i:04d}" for i in range(10000)).encode("ascii"), dtype="<u4")
 
 
+def _digit_runs(values: np.ndarray) -> list[tuple[int, int, int]]:
+    """``(start, stop, digits)`` of each run of equal digit count in an ascending array."""
+    runs = []
+    n, start, digits = int(values.shape[0]), 0, 1
+    while start < n:
+        stop = n if digits >= 19 else int(np.searchsorted(values, 10**digits, side="left"))
+        if stop > start:
+            runs.append((start, stop, digits))
+        start, digits = max(start, stop), digits + 1
+    return runs
+
+
+def _list_size(runs: list[tuple[int, int, int]], level: int) -> int:
+    if not runs:
+        return 2  # []
+    body = sum((stop - start) * (level + digits + 3) for start, stop, digits in runs)
+    return 1 + body - 1 + level + 2  # "[", lines less the last comma, "\n" + indent + "]"
+
+
+def _render_into(buffer: np.ndarray, at: int, values: np.ndarray, level: int) -> int:
+    """Write ``values`` as :func:`render_index_list` does into ``buffer`` at ``at``; return the end."""
+    runs = _digit_runs(values)
+    if not runs:
+        buffer[at : at + 2] = np.frombuffer(b"[]", dtype=np.uint8)
+        return at + 2
+    pad = level + 1
+    buffer[at] = ord("[")
+    at += 1
+    for start, stop, digits in runs:
+        rows, chunks = stop - start, (digits + 3) // 4
+        # Each line has the same width within a run, so the run is a (rows, width) byte matrix.
+        lines = buffer[at : at + rows * (pad + digits + 2)].reshape(rows, pad + digits + 2)
+        lines[:, 0] = ord("\n")
+        lines[:, 1 : 1 + pad] = ord(" ")
+        lines[:, -1] = ord(",")
+        # Four digits at a time from a 10,000-entry table of their ASCII bytes.
+        x: np.ndarray = values[start:stop].astype(np.uint32 if digits <= 9 else np.uint64)
+        quads = np.empty((rows, chunks), dtype="<u4")
+        for k in range(chunks - 1, 0, -1):
+            high = x // 10000
+            quads[:, k] = _LUT4[x - high * 10000]
+            x = high
+        quads[:, 0] = _LUT4[x]
+        lines[:, 1 + pad : 1 + pad + digits] = quads.view(np.uint8).reshape(rows, 4 * chunks)[:, -digits:]
+        at += lines.size
+    closing = np.frombuffer(b"\n" + b" " * level + b"]", dtype=np.uint8)
+    at -= 1  # no comma after the last number
+    buffer[at : at + closing.size] = closing
+    return at + closing.size
+
+
 def render_index_list(values: np.ndarray, level: int) -> bytes:
     """Exactly ``json.dumps(values.tolist(), indent=1)`` nested at depth ``level``, but vectorised.
 
     ``values`` must be non-negative and ascending (every manifest list is), so numbers of the
     same digit count are contiguous and each run renders as one fixed-width byte matrix.
     """
-    n = int(values.shape[0])
-    if n == 0:
-        return b"[]"
-    pad = level + 1
-    parts = [b"["]
-    start, digits = 0, 1
-    while start < n:
-        end = n if digits >= 19 else int(np.searchsorted(values, 10**digits, side="left"))
-        if end > start:
-            x: np.ndarray = values[start:end].astype(np.uint32 if digits <= 9 else np.uint64)
-            rows, chunks = end - start, (digits + 3) // 4
-            # Four digits at a time from a 10,000-entry table of their ASCII bytes.
-            quads = np.empty((rows, chunks), dtype="<u4")
-            for k in range(chunks - 1, 0, -1):
-                high = x // 10000
-                quads[:, k] = _LUT4[x - high * 10000]
-                x = high
-            quads[:, 0] = _LUT4[x]
-            text = quads.view(np.uint8).reshape(rows, 4 * chunks)[:, 4 * chunks - digits :]
-            line = np.empty((rows, pad + digits + 2), dtype=np.uint8)
-            line[:, 0] = ord("\n")
-            line[:, 1 : 1 + pad] = ord(" ")
-            line[:, 1 + pad : 1 + pad + digits] = text
-            line[:, -1] = ord(",")
-            parts.append(line.tobytes())
-        start, digits = max(start, end), digits + 1
-    parts[-1] = parts[-1][:-1]  # no comma after the last number
-    parts.append(b"\n" + b" " * level + b"]")
-    return b"".join(parts)
+    values = np.asarray(values)
+    buffer = np.empty(_list_size(_digit_runs(values), level), dtype=np.uint8)
+    end = _render_into(buffer, 0, values, level)
+    return buffer[:end].tobytes()
 
 
 def manifest_bytes(manifest: Manifest, *, row_hashes: Any = None) -> bytes:
@@ -232,8 +258,8 @@ def manifest_bytes(manifest: Manifest, *, row_hashes: Any = None) -> bytes:
     if manifest.n_rows <= _SMALL:
         return canonical_dumps(manifest.to_json_obj(row_hashes=row_hashes)).encode("utf-8")
     # Large: dump everything but the index lists with canonical_dumps (whose indented encoder is
-    # pure Python, ~1 s per million numbers), then put the lists, rendered by the vectorised
-    # writer, in place of placeholder strings.
+    # pure Python, ~1 s per million numbers), then render the lists, vectorised, into one buffer
+    # in place of placeholder strings.
     obj: dict[str, Any] = manifest._header_obj(row_hashes)
     tokens = {name: f"\x00reprotune-index-list:{name}\x00" for name in LISTS}
     obj.update(tokens)
@@ -241,14 +267,22 @@ def manifest_bytes(manifest: Manifest, *, row_hashes: Any = None) -> bytes:
     quoted = {name: json.dumps(token) for name, token in tokens.items()}
     if any(text.count(q) != 1 for q in quoted.values()):  # a data value holds a token: be plain
         return canonical_dumps(manifest.to_json_obj(row_hashes=row_hashes)).encode("utf-8")
-    out: list[bytes] = []
+    pieces: list[bytes | np.ndarray] = []
     rest = text
     for name in sorted(LISTS, key=lambda n: text.index(quoted[n])):
         before, _, rest = rest.partition(quoted[name])
-        out.append(before.encode("utf-8"))
-        out.append(render_index_list(np.asarray(manifest.index_arrays[name]), level=1))
-    out.append(rest.encode("utf-8"))
-    return b"".join(out)
+        pieces += [before.encode("utf-8"), np.asarray(manifest.index_arrays[name])]
+    pieces.append(rest.encode("utf-8"))
+    size = sum(len(p) if isinstance(p, bytes) else _list_size(_digit_runs(p), 1) for p in pieces)
+    buffer = np.empty(size, dtype=np.uint8)
+    at = 0
+    for piece in pieces:
+        if isinstance(piece, bytes):
+            buffer[at : at + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
+            at += len(piece)
+        else:
+            at = _render_into(buffer, at, piece, level=1)
+    return buffer.tobytes()
 
 
 def sidecar_path(manifest_path: str | Path) -> Path:

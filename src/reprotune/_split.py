@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import warnings
 from collections.abc import Sequence
 from fractions import Fraction
@@ -129,29 +130,47 @@ def _ordered_codes(table: Table, column: str, option: str) -> tuple[list[Any], n
     return [uniques[u] for u in order], rank[codes]
 
 
-def _first_k(keys: np.ndarray, k: int) -> np.ndarray:
-    """Mask of the ``k`` smallest ``keys``, ties broken by position (so the result is unique)."""
-    n = keys.shape[0]
-    mask = np.zeros(n, dtype=bool)
-    if k <= 0:
-        return mask
-    if k >= n:
-        mask[:] = True
-        return mask
-    threshold = np.partition(keys, k - 1)[k - 1]
-    mask = keys < threshold
-    ties = np.flatnonzero(keys == threshold)
-    mask[ties[: k - int(mask.sum())]] = True
-    return mask
+def rank_labels(codes: np.ndarray, keys: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Split labels by rank within class: 0 (train) below ``bounds[c, 0]``, 1 (validation) below
+    ``bounds[c, 1]``, else 2 (test), where a row's rank is its position in its class ordered by
+    (key, row index).
 
+    Exact, in linear time without sorting every row: rows are bucketed by their key's top bits
+    per class; only rows in the one bucket of each class that holds a boundary are sorted.
 
-def _assign_class(keys: np.ndarray, counts: tuple[int, int, int]) -> np.ndarray:
-    """Split labels (0, 1, 2) for one class's rows, given their keys in ascending row order."""
-    labels = np.full(keys.shape[0], 2, dtype=np.int8)
-    train = _first_k(keys, counts[0])
-    labels[train] = 0
-    rest = np.flatnonzero(~train)
-    labels[rest[_first_k(keys[rest], counts[1])]] = 1
+    Args:
+        codes: ``(n,)`` class of each row, ``0 .. k-1``.
+        keys: ``(n,)`` uint64 key of each row.
+        bounds: ``(k, 2)`` integer rank bounds per class (``0 <= b0 <= b1 <= class size``).
+    """
+    n, k = codes.shape[0], bounds.shape[0]
+    labels = np.full(n, 2, dtype=np.int8)
+    if n == 0:
+        return labels
+    # Buckets per class: enough to make boundary buckets small, few enough that k * buckets
+    # stays within a few times n.
+    bits = int(min(12, max(0, math.floor(math.log2(max(n // max(k, 1), 1))))))
+    width = 1 << bits
+    # The key's top 16 bits, read in place (fresh large arrays are what costs time here).
+    top = keys.view(np.uint16)[3::4] if sys.byteorder == "little" else keys.view(np.uint16)[0::4]
+    bucket = top >> np.uint16(16 - bits)
+    cell = codes.astype(np.intp) * width + bucket
+    inclusive = np.cumsum(np.bincount(cell, minlength=k * width).reshape(k, width), axis=1)
+    exclusive = inclusive - np.diff(inclusive, axis=1, prepend=0)
+    # For each class and bound, the bucket holding that rank (width when past the class's end).
+    holding = [(inclusive <= bounds[:, j : j + 1]).sum(axis=1).astype(np.uint16) for j in (0, 1)]
+    low, high = holding[0][codes], holding[1][codes]
+    labels[bucket < high] = 1
+    labels[bucket < low] = 0
+    pending = np.flatnonzero((bucket == low) | (bucket == high))
+    if pending.size:
+        order = np.lexsort((pending, keys[pending], cell[pending]))
+        rows, cells = pending[order], cell[pending][order]
+        run_start = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]])
+        position = np.arange(rows.size) - np.repeat(run_start, np.diff(np.r_[run_start, rows.size]))
+        rank = exclusive.ravel()[cells] + position
+        klass = codes[rows]
+        labels[rows] = np.where(rank < bounds[klass, 0], 0, np.where(rank < bounds[klass, 1], 1, 2))
     return labels
 
 
@@ -225,7 +244,8 @@ def split_table(
     else:
         strategy = "random"
         counts, _ = allocate(table.n_rows, ratio_values)
-        labels = _assign_class(keys, counts)
+        bounds = np.array([[counts[0], counts[0] + counts[1]]], dtype=np.int64)
+        labels = rank_labels(np.zeros(table.n_rows, dtype=np.uint8), keys, bounds)
     arrays = {name: np.flatnonzero(labels == position) for position, name in enumerate(LISTS)}
     for name, ratio in zip(SPLITS, ratio_values, strict=True):
         if ratio > 0 and arrays[name].size == 0:
@@ -269,28 +289,23 @@ def _split_stratified(
 ) -> tuple[np.ndarray, tuple[ClassSummary, ...]]:
     values, codes = _ordered_codes(table, column, "--stratify-by")
     sizes = np.bincount(codes, minlength=len(values))
-    # Rows of each class, ascending, one class after another (a radix sort for small codes).
-    order = np.argsort(codes, kind="stable")
-    class_keys = keys[order]
-    labels_sorted = np.empty(table.n_rows, dtype=np.int8)
+    bounds = np.zeros((len(values), 2), dtype=np.int64)
+    dropped = np.zeros(len(values), dtype=bool)
     summaries: list[ClassSummary] = []
     rare: list[tuple[Any, int]] = []
-    start = 0
-    for value, size in zip(values, sizes.tolist(), strict=True):
-        stop = start + size
+    for position, (value, size) in enumerate(zip(values, sizes.tolist(), strict=True)):
         counts, reaches_all = allocate(size, ratios)
         if reaches_all:
-            labels_sorted[start:stop] = _assign_class(class_keys[start:stop], counts)
+            bounds[position] = (counts[0], counts[0] + counts[1])
             summaries.append(ClassSummary(value, size, *counts, decision="split"))
+        elif policy == "drop":
+            rare.append((value, size))
+            dropped[position] = True
+            summaries.append(ClassSummary(value, size, 0, 0, 0, decision="drop"))
         else:
             rare.append((value, size))
-            if policy == "drop":
-                labels_sorted[start:stop] = 3
-                summaries.append(ClassSummary(value, size, 0, 0, 0, decision="drop"))
-            else:
-                labels_sorted[start:stop] = 0
-                summaries.append(ClassSummary(value, size, size, 0, 0, decision="train"))
-        start = stop
+            bounds[position] = (size, size)  # every rank below the train bound: all in train
+            summaries.append(ClassSummary(value, size, size, 0, 0, decision="train"))
     if rare:
         listed = ", ".join(f"{v!r} ({n} row{'s' if n != 1 else ''})" for v, n in rare)
         if policy == "error":
@@ -302,8 +317,9 @@ def _split_stratified(
             )
         where = "kept in train only" if policy == "train" else "dropped from every split"
         notes.append(f"{len(rare)} class(es) of {column!r} too small for every split, {where}: {listed}")
-    labels = np.empty(table.n_rows, dtype=np.int8)
-    labels[order] = labels_sorted
+    labels = rank_labels(codes, keys, bounds)
+    if dropped.any():
+        labels[dropped[codes]] = 3
     return labels, tuple(summaries)
 
 
