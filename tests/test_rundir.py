@@ -203,3 +203,34 @@ def test_broken_adapter(tmp_path: Path) -> None:
     with pytest.raises(InputError) as info:
         load_adapter(path)
     assert info.value.source == str(path)
+
+
+def test_fast_and_line_by_line_checks_agree(run: Path) -> None:
+    """The one-pass check and the line-by-line check read a valid ledger to the same entries."""
+    from reprotune._rundir import _parse_entries, _parse_entry
+
+    path = run / "ledger.jsonl"
+    lines = path.read_bytes().split(b"\n")[:-1]
+    fast = _parse_entries(path, lines)
+    slow = [_parse_entry(path, number, raw) for number, raw in enumerate(lines, start=1)]
+    assert fast == slow
+    assert len(fast) == 1 + 12 + 3
+
+
+def test_value_with_newline_is_refused(run: Path) -> None:
+    """A hash holding an escaped newline (two valid hashes) is refused, not split in two."""
+    entry = _line(run, 3)
+    entry["batch_sha256"] = "a" * 64 + "\n" + "b" * 64
+    _replace_line(run, 3, json.dumps(entry))
+    with pytest.raises(InputError, match="not a sha256"):
+        open_run_dir(run)
+
+
+def test_broken_manifest(run: Path) -> None:
+    """A split.json of an unknown schema version is refused by the manifest loader."""
+    path = run / "split.json"
+    manifest = json.loads(path.read_text())
+    manifest["schema_version"] = 7
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(SchemaVersionError, match="manifest schema_version 7 is not supported"):
+        open_run_dir(run)

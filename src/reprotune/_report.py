@@ -32,7 +32,7 @@ _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
 h1 { font-size: 1.6em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ccc; }
 table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.92em; max-width: 100%; }
-td { overflow-wrap: anywhere; }
+td { overflow-wrap: anywhere; } table.diffs td:nth-child(2) { white-space: nowrap; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 code, td.val { font-family: ui-monospace, monospace; word-break: break-all; }
@@ -188,10 +188,11 @@ def _figure(png: bytes, caption: str) -> str:
     )
 
 
-def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]], css: str = "") -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(_cell(value) for value in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    attr = f' class="{css}"' if css else ""
+    return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _cell(value: Any) -> str:
@@ -261,6 +262,7 @@ def _comparison_html(ref: str, label: str, c: Comparison) -> Iterable[str]:
                 (d.category, d.key, _show(d.a, d.change == "added"), _show(d.b, d.change == "removed"))
                 for d in c.differences
             ),
+            css="diffs",
         )
     else:
         yield "<p>Nothing recorded differs (config, seeds, code, data, model, LoRA, environment).</p>"
