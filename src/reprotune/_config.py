@@ -59,10 +59,11 @@ class _Section(BaseModel):
 class SeedConfig(_Section):
     """Seeds: one root, every consumer's seed derived from it by name."""
 
-    root: Int = Field(42, ge=0, lt=SEED_LIMIT, description="root seed, an integer in [0, 2**63)")
+    root: Int = Field(default=42, ge=0, lt=SEED_LIMIT, description="root seed, an integer in [0, 2**63)")
     overrides: dict[str, Int] = Field(
         default_factory=dict,
-        description=f"consumer -> explicit seed, replacing its derived seed; consumers: {', '.join(CONSUMERS)}",
+        description="consumer -> explicit seed, replacing its derived seed; consumers: "
+        + ", ".join(CONSUMERS),
     )
 
     @field_validator("overrides")
@@ -83,17 +84,19 @@ class DataConfig(_Section):
     """The dataset and how a row becomes a prompt."""
 
     path: Str = Field(
-        "builtin:chatterbot-en",
+        default="builtin:chatterbot-en",
         min_length=1,
         description="file path (jsonl/csv/parquet) or builtin:NAME; relative paths resolve against "
         "the config file's directory",
     )
-    format: Literal["auto", "jsonl", "csv", "parquet"] = Field("auto", description="file format; auto = by suffix")
-    prompt_field: Str = Field("prompt", min_length=1, description="column holding the prompt")
-    response_field: Str = Field("response", min_length=1, description="column holding the response")
-    system_prompt: Str | None = Field(None, description="optional system message for chat templates")
+    format: Literal["auto", "jsonl", "csv", "parquet"] = Field(
+        default="auto", description="file format; auto = by suffix"
+    )
+    prompt_field: Str = Field(default="prompt", min_length=1, description="column holding the prompt")
+    response_field: Str = Field(default="response", min_length=1, description="column holding the response")
+    system_prompt: Str | None = Field(default=None, description="optional system message for chat templates")
     prompt_template: Str = Field(
-        "### Question:\n{prompt}\n### Answer:\n",
+        default="### Question:\n{prompt}\n### Answer:\n",
         description="used only when the tokenizer has no chat template; must contain {prompt} and "
         "no other {field}",
     )
@@ -109,7 +112,9 @@ class DataConfig(_Section):
         try:
             fields = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
         except ValueError as exc:
-            raise ValueError(f"not a valid format string: {exc} (got {value!r}); fix: write braces as {{{{ }}}}") from None
+            raise ValueError(
+                f"not a valid format string: {exc} (got {value!r}); fix: write braces as {{{{ }}}}"
+            ) from None
         if fields != {"prompt"}:
             extra = sorted(fields - {"prompt"})
             problem = f"unknown placeholder(s) {extra}" if extra else "does not contain {prompt}"
@@ -121,27 +126,37 @@ class SplitConfig(_Section):
     """How the data is split into train, validation and test."""
 
     manifest: Str | None = Field(
-        None, description="path to an existing split manifest; when set, the options below are ignored"
+        default=None,
+        description="path to an existing split manifest; when set, the options below are ignored",
     )
-    ratios: tuple[Float, ...] = Field((0.8, 0.1, 0.1), description="train, validation, test fractions; sum to 1")
-    stratify_by: Str | None = Field(None, description="column whose class proportions each split keeps")
-    group_by: Str | None = Field(None, description="column whose groups never straddle two splits")
+    ratios: tuple[Float, ...] = Field(
+        default=(0.8, 0.1, 0.1), description="train, validation, test fractions; sum to 1"
+    )
+    stratify_by: Str | None = Field(
+        default=None, description="column whose class proportions each split keeps"
+    )
+    group_by: Str | None = Field(default=None, description="column whose groups never straddle two splits")
     rare_class_policy: Literal["train", "drop", "error"] = Field(
-        "train", description="what to do with a class too small to appear in every split"
+        default="train", description="what to do with a class too small to appear in every split"
     )
 
     @field_validator("ratios")
     @classmethod
     def _valid_ratios(cls, value: tuple[float, ...]) -> tuple[float, ...]:
         if len(value) != 3:
-            raise ValueError(f"needs 3 fractions: train, validation, test (got {list(value)}); "
-                             "fix: e.g. [0.8, 0.1, 0.1]")
+            raise ValueError(
+                f"needs 3 fractions: train, validation, test (got {list(value)}); fix: e.g. [0.8, 0.1, 0.1]"
+            )
         if any(not 0.0 <= r <= 1.0 for r in value) or value[0] <= 0 or value[1] <= 0:
-            raise ValueError(f"each fraction must be in [0, 1], train and validation > 0 (got {list(value)}); "
-                             "fix: e.g. [0.8, 0.1, 0.1]")
+            raise ValueError(
+                f"each fraction must be in [0, 1], train and validation > 0 (got {list(value)}); "
+                "fix: e.g. [0.8, 0.1, 0.1]"
+            )
         if not math.isclose(math.fsum(value), 1.0, rel_tol=0, abs_tol=1e-9):
-            raise ValueError(f"fractions must sum to 1 (got {list(value)}, sum {math.fsum(value)!r}); "
-                             "fix: e.g. [0.8, 0.1, 0.1]")
+            raise ValueError(
+                f"fractions must sum to 1 (got {list(value)}, sum {math.fsum(value)!r}); "
+                "fix: e.g. [0.8, 0.1, 0.1]"
+            )
         return value
 
 
@@ -149,14 +164,20 @@ class ModelConfig(_Section):
     """The base model and its tokenizer settings."""
 
     name: Str = Field(
-        "builtin:smollm2-135m-instruct", min_length=1, description="hub id, local directory, or builtin:NAME"
+        default="builtin:smollm2-135m-instruct",
+        min_length=1,
+        description="hub id, local directory, or builtin:NAME",
     )
-    revision: Str | None = Field(None, description="hub revision; pin a commit sha")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="dtype the weights load in")
-    max_length: Int = Field(256, ge=8, description="tokenizer max_length (>= 8)")
-    padding_side: Literal["right", "left"] = Field("right", description="tokenizer padding side")
+    revision: Str | None = Field(default=None, description="hub revision; pin a commit sha")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="dtype the weights load in"
+    )
+    max_length: Int = Field(default=256, ge=8, description="tokenizer max_length (>= 8)")
+    padding_side: Literal["right", "left"] = Field(default="right", description="tokenizer padding side")
     pad_token_id: Int | None = Field(
-        None, ge=0, description="null -> the tokenizer's pad token, else its eos token; the resolved id is recorded"
+        default=None,
+        ge=0,
+        description="null -> the tokenizer's pad token, else its eos token; the resolved id is recorded",
     )
 
     @field_validator("name")
@@ -168,42 +189,52 @@ class ModelConfig(_Section):
 class LoraConfig(_Section):
     """The LoRA adapter, as PEFT receives it."""
 
-    r: Int = Field(8, ge=1, description="rank")
-    alpha: Float = Field(16.0, gt=0, description="scaling numerator (scale = alpha / r)")
-    dropout: Float = Field(0.05, ge=0, lt=1, description="dropout on the LoRA input, in [0, 1)")
+    r: Int = Field(default=8, ge=1, description="rank")
+    alpha: Float = Field(default=16.0, gt=0, description="scaling numerator (scale = alpha / r)")
+    dropout: Float = Field(default=0.05, ge=0, lt=1, description="dropout on the LoRA input, in [0, 1)")
     target_modules: tuple[Str, ...] = Field(
-        ("q_proj", "v_proj"), min_length=1, description="names of the modules that get an adapter"
+        default=("q_proj", "v_proj"), min_length=1, description="names of the modules that get an adapter"
     )
-    bias: Literal["none", "all", "lora_only"] = Field("none", description="which biases train")
+    bias: Literal["none", "all", "lora_only"] = Field(default="none", description="which biases train")
 
     @field_validator("target_modules")
     @classmethod
     def _unique_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if any(not name for name in value) or len(set(value)) != len(value):
-            raise ValueError(f"names must be non-empty and unique (got {list(value)}); fix: e.g. [q_proj, v_proj]")
+            raise ValueError(
+                f"names must be non-empty and unique (got {list(value)}); fix: e.g. [q_proj, v_proj]"
+            )
         return value
 
 
 class TrainConfig(_Section):
     """The optimisation: optimizer, schedule, batch, length, checkpoints, precision."""
 
-    optimizer: Literal["adamw", "sgd"] = Field("adamw", description="optimizer")
-    learning_rate: Float = Field(2.0e-4, gt=0, description="peak learning rate (> 0)")
-    scheduler: Literal["constant", "linear", "cosine"] = Field("linear", description="learning-rate schedule")
-    warmup_steps: Int = Field(0, ge=0, description="linear warmup steps (<= max_steps)")
-    weight_decay: Float = Field(0.0, ge=0, description="decoupled weight decay")
-    batch_size: Int = Field(8, ge=1, description="rows per micro-batch")
-    grad_accum_steps: Int = Field(1, ge=1, description="micro-batches per optimizer step")
-    max_steps: Int | None = Field(
-        100, ge=1, description="optimizer steps; exactly one of max_steps and epochs (setting epochs "
-        "alone clears this default)"
+    optimizer: Literal["adamw", "sgd"] = Field(default="adamw", description="optimizer")
+    learning_rate: Float = Field(default=2.0e-4, gt=0, description="peak learning rate (> 0)")
+    scheduler: Literal["constant", "linear", "cosine"] = Field(
+        default="linear", description="learning-rate schedule"
     )
-    epochs: Int | None = Field(None, ge=1, description="passes over the training split, instead of max_steps")
-    max_grad_norm: Float | None = Field(1.0, gt=0, description="gradient clipping norm; null = no clipping")
-    eval_every: Int = Field(25, ge=0, description="validate every N steps; 0 = only at the end")
-    save_every: Int = Field(0, ge=0, description="checkpoint every N steps; 0 = never")
-    keep_checkpoints: Int = Field(2, ge=1, description="how many latest checkpoints to keep")
-    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="compute precision")
+    warmup_steps: Int = Field(default=0, ge=0, description="linear warmup steps (<= max_steps)")
+    weight_decay: Float = Field(default=0.0, ge=0, description="decoupled weight decay")
+    batch_size: Int = Field(default=8, ge=1, description="rows per micro-batch")
+    grad_accum_steps: Int = Field(default=1, ge=1, description="micro-batches per optimizer step")
+    max_steps: Int | None = Field(
+        default=100,
+        ge=1,
+        description="optimizer steps; exactly one of max_steps and epochs (setting epochs "
+        "alone clears this default)",
+    )
+    epochs: Int | None = Field(
+        default=None, ge=1, description="passes over the training split, instead of max_steps"
+    )
+    max_grad_norm: Float | None = Field(
+        default=1.0, gt=0, description="gradient clipping norm; null = no clipping"
+    )
+    eval_every: Int = Field(default=25, ge=0, description="validate every N steps; 0 = only at the end")
+    save_every: Int = Field(default=0, ge=0, description="checkpoint every N steps; 0 = never")
+    keep_checkpoints: Int = Field(default=2, ge=1, description="how many latest checkpoints to keep")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(default="fp32", description="compute precision")
 
     @model_validator(mode="before")
     @classmethod
@@ -217,23 +248,30 @@ class TrainConfig(_Section):
     @model_validator(mode="after")
     def _one_length(self) -> TrainConfig:
         if self.max_steps is None and self.epochs is None:
-            raise _field_error("max_steps", "neither max_steps nor epochs is set (got null, null); "
-                               "fix: set one, e.g. max_steps: 100")
+            raise _field_error(
+                "max_steps",
+                "neither max_steps nor epochs is set (got null, null); fix: set one, e.g. max_steps: 100",
+            )
         if self.max_steps is not None and self.epochs is not None:
-            raise _field_error("epochs", f"max_steps ({self.max_steps}) and epochs ({self.epochs}) are both set; "
-                               "fix: keep one and set the other to null")
+            raise _field_error(
+                "epochs",
+                f"max_steps ({self.max_steps}) and epochs ({self.epochs}) are both set; "
+                "fix: keep one and set the other to null",
+            )
         if self.max_steps is not None and self.warmup_steps > self.max_steps:
-            raise _field_error("warmup_steps", f"exceeds max_steps {self.max_steps} (got {self.warmup_steps}); "
-                               "fix: lower warmup_steps")
+            raise _field_error(
+                "warmup_steps",
+                f"exceeds max_steps {self.max_steps} (got {self.warmup_steps}); fix: lower warmup_steps",
+            )
         return self
 
 
 class EvalConfig(_Section):
     """Validation during and after training."""
 
-    batch_size: Int = Field(8, ge=1, description="rows per validation batch")
+    batch_size: Int = Field(default=8, ge=1, description="rows per validation batch")
     max_rows: Int | None = Field(
-        None, ge=1, description="cap the validation rows (sampled with the eval seed); null = all"
+        default=None, ge=1, description="cap the validation rows (sampled with the eval seed); null = all"
     )
 
 
@@ -241,36 +279,42 @@ class DeterminismConfig(_Section):
     """How hard torch is held to deterministic computation."""
 
     mode: Literal["strict", "warn", "off"] = Field(
-        "strict", description="strict = raise on nondeterministic ops; warn = warn; off = torch defaults"
+        default="strict",
+        description="strict = raise on nondeterministic ops; warn = warn; off = torch defaults",
     )
-    threads: Int | None = Field(2, ge=1, description="torch intra-op threads; null = leave unpinned")
-    device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="compute device; auto = cuda if present")
+    threads: Int | None = Field(default=2, ge=1, description="torch intra-op threads; null = leave unpinned")
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        default="cpu", description="compute device; auto = cuda if present"
+    )
 
 
 class TrackingConfig(_Section):
     """Trackers: observers that mirror the record."""
 
-    mlflow: Bool = Field(True, description="log params, metrics and artifacts to MLflow")
+    mlflow: Bool = Field(default=True, description="log params, metrics and artifacts to MLflow")
     uri: Str = Field(
-        "sqlite:///mlflow.db", min_length=1, description="tracking URI; relative sqlite paths resolve "
-        "against the current directory"
+        default="sqlite:///mlflow.db",
+        min_length=1,
+        description="tracking URI; relative sqlite paths resolve against the current directory",
     )
-    artifact_location: Str = Field("mlartifacts", min_length=1, description="where MLflow stores artifacts")
-    experiment: Str = Field("reprotune", min_length=1, description="MLflow experiment name")
+    artifact_location: Str = Field(
+        default="mlartifacts", min_length=1, description="where MLflow stores artifacts"
+    )
+    experiment: Str = Field(default="reprotune", min_length=1, description="MLflow experiment name")
 
 
 class ExperimentConfig(_Section):
     """A whole experiment. Every field has a default; see docs/config.md."""
 
-    seed: SeedConfig = Field(default_factory=SeedConfig, description="seeds")
-    data: DataConfig = Field(default_factory=DataConfig, description="data")
-    split: SplitConfig = Field(default_factory=SplitConfig, description="split")
-    model: ModelConfig = Field(default_factory=ModelConfig, description="base model")
-    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter")
-    train: TrainConfig = Field(default_factory=TrainConfig, description="training")
-    eval: EvalConfig = Field(default_factory=EvalConfig, description="evaluation")
-    determinism: DeterminismConfig = Field(default_factory=DeterminismConfig, description="determinism")
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="tracking")
+    seed: SeedConfig = Field(default=SeedConfig(), description="seeds")
+    data: DataConfig = Field(default=DataConfig(), description="data")
+    split: SplitConfig = Field(default=SplitConfig(), description="split")
+    model: ModelConfig = Field(default=ModelConfig(), description="base model")
+    lora: LoraConfig = Field(default=LoraConfig(), description="LoRA adapter")
+    train: TrainConfig = Field(default=TrainConfig(), description="training")
+    eval: EvalConfig = Field(default=EvalConfig(), description="evaluation")
+    determinism: DeterminismConfig = Field(default=DeterminismConfig(), description="determinism")
+    tracking: TrackingConfig = Field(default=TrackingConfig(), description="tracking")
 
     def resolved(self) -> dict[str, Any]:
         """The config with every default written out, as JSON-safe data (lists, not tuples)."""
@@ -284,7 +328,7 @@ def config_sha256(cfg: ExperimentConfig) -> str:
 
 def _check_builtin(value: str, known: tuple[str, ...]) -> str:
     if value.startswith(BUILTIN_PREFIX):
-        name = value[len(BUILTIN_PREFIX):]
+        name = value[len(BUILTIN_PREFIX) :]
         if name not in known:
             raise ValueError(
                 f"unknown builtin {name!r} (got {value!r}); fix: {_did_you_mean(name, known)}"
@@ -360,8 +404,10 @@ def _collect_marks(node: Any, path: tuple[str | int, ...], marks: _Marks, proble
             key = str(key_node.value)
             sub = (*path, key)
             if key in seen:
-                problems.append(f"{_dotted(sub)}: duplicate key [{_where(key_node.start_mark)}, first at "
-                                f"{_where(seen[key])}]; fix: keep one")
+                problems.append(
+                    f"{_dotted(sub)}: duplicate key [{_where(key_node.start_mark)}, first at "
+                    f"{_where(seen[key])}]; fix: keep one"
+                )
             seen[key] = key_node.start_mark
             marks[sub] = (key_node.start_mark, value_node.start_mark)
             _collect_marks(value_node, sub, marks, problems)
@@ -389,7 +435,8 @@ def _parse_yaml(text: str, source: str) -> tuple[Any, _Marks]:
         where = f" [{_where(mark)}]" if mark is not None else ""
         problem = exc.problem or exc.context or "malformed YAML"
         raise ConfigError(
-            [f"malformed YAML: {problem}{where}; fix: check indentation, colons and quotes there"], source=source
+            [f"malformed YAML: {problem}{where}; fix: check indentation, colons and quotes there"],
+            source=source,
         ) from None
     except yaml.YAMLError as exc:
         raise ConfigError([f"malformed YAML: {exc}; fix: check the file is YAML"], source=source) from None
@@ -406,7 +453,9 @@ def parse_yaml_value(text: str) -> Any:
     try:
         return yaml.load(text, Loader=_Loader) if text.strip() else ""
     except yaml.YAMLError as exc:
-        raise InputError(f"value {text!r} is not valid YAML: {exc}", fix="quote it, e.g. key='a: b'") from None
+        raise InputError(
+            f"value {text!r} is not valid YAML: {exc}", fix="quote it, e.g. key='a: b'"
+        ) from None
 
 
 # --- schema walking ----------------------------------------------------------------------------
@@ -433,25 +482,32 @@ def _check_key_path(parts: Sequence[str]) -> str | None:
         fields = model.model_fields
         if part not in fields:
             where = _dotted(parts[:depth]) if depth else "the top level"
-            return (f"no key {part!r} in {where}; fix: {_did_you_mean(part, list(fields))}"
-                    f"valid keys: {', '.join(fields)}")
+            return (
+                f"no key {part!r} in {where}; fix: {_did_you_mean(part, list(fields))}"
+                f"valid keys: {', '.join(fields)}"
+            )
         annotation = fields[part].annotation
         sub = _submodel(annotation)
-        rest = parts[depth + 1:]
+        rest = parts[depth + 1 :]
         if sub is not None:
             if not rest:
-                return f"{_dotted(parts)} is a section; fix: set one of its keys, e.g. {_dotted(parts)}.{next(iter(sub.model_fields))}=..."
+                example = f"{_dotted(parts)}.{next(iter(sub.model_fields))}"
+                return f"{_dotted(parts)} is a section; fix: set one of its keys, e.g. {example}=..."
             model = sub
             continue
         if typing.get_origin(annotation) is dict and len(rest) <= 1:
-            return None  # a mapping field: its own key (e.g. seed.overrides.lora_init) is checked by validation
+            # A mapping field: its own key (e.g. seed.overrides.lora_init) is checked by validation.
+            return None
         if rest:
-            return f"{_dotted(parts[:depth + 1])} is a value, not a section; fix: --set {_dotted(parts[:depth + 1])}=VALUE"
+            value = _dotted(parts[: depth + 1])
+            return f"{value} is a value, not a section; fix: --set {value}=VALUE"
         return None
     return None
 
 
-def _apply_overrides(data: dict[str, Any], overrides: Sequence[str], problems: list[str]) -> set[tuple[str, ...]]:
+def _apply_overrides(
+    data: dict[str, Any], overrides: Sequence[str], problems: list[str]
+) -> set[tuple[str, ...]]:
     """Apply ``KEY.PATH=VALUE`` overrides to ``data`` in place; return the paths set."""
     applied: set[tuple[str, ...]] = set()
     for item in overrides:
@@ -475,8 +531,10 @@ def _apply_overrides(data: dict[str, Any], overrides: Sequence[str], problems: l
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                problems.append(f"--set {key}: {part} is not a mapping in the config (got {child!r}); "
-                                f"fix: make {part} a mapping first")
+                problems.append(
+                    f"--set {key}: {part} is not a mapping in the config (got {child!r}); "
+                    f"fix: make {part} a mapping first"
+                )
                 break
             node = child
         else:
@@ -519,7 +577,7 @@ def _format_error(error: Mapping[str, Any], marks: _Marks, overridden: set[tuple
     if kind == "value_error":
         message = message.removeprefix("Value error, ")
         if message.startswith(_FIELD_TAG):
-            field, _, message = message[len(_FIELD_TAG):].partition("\x00")
+            field, _, message = message[len(_FIELD_TAG) :].partition("\x00")
             loc = (*loc, field)
         problem, _, fix = message.partition("; fix: ")
         got = ""
@@ -579,8 +637,13 @@ def config_from_dict(
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise ConfigError([f"<top level>: expected a mapping of sections (got {_short(data)}); "
-                           "fix: start the file with sections like `train:`"], source=source)
+        raise ConfigError(
+            [
+                f"<top level>: expected a mapping of sections (got {_short(data)}); "
+                "fix: start the file with sections like `train:`"
+            ],
+            source=source,
+        )
     raw = _deep_copy(dict(data))
     overridden = _apply_overrides(raw, overrides, problems)
     try:
@@ -625,10 +688,17 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentCo
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read config file: {exc}", source=str(path), fix="pass a UTF-8 YAML file") from None
+        raise InputError(
+            f"cannot read config file: {exc}", source=str(path), fix="pass a UTF-8 YAML file"
+        ) from None
     data, marks = _parse_yaml(text, str(path))
     return config_from_dict(
-        data, source=str(path), base_dir=file.resolve().parent, overrides=overrides, check_paths=True, _marks=marks
+        data,
+        source=str(path),
+        base_dir=file.resolve().parent,
+        overrides=overrides,
+        check_paths=True,
+        _marks=marks,
     )
 
 
@@ -639,7 +709,9 @@ def dump_config_yaml(cfg: ExperimentConfig, path: str | Path) -> Path:
         The path written.
     """
     header = f"# reprotune resolved config: every default written out. sha256 {config_sha256(cfg)}\n"
-    body = yaml.dump(cfg.resolved(), Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False)
+    body = yaml.dump(
+        cfg.resolved(), Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False
+    )
     return write_bytes_atomic(path, (header + body).encode("utf-8"))
 
 
@@ -661,8 +733,14 @@ def config_keys() -> list[ConfigKey]:
         model = _submodel(section_field.annotation)
         assert model is not None  # every top-level field is a section, by construction
         for name, field in model.model_fields.items():
-            keys.append(ConfigKey(f"{section}.{name}", _type_name(field.annotation),
-                                  defaults[section][name], field.description or ""))
+            keys.append(
+                ConfigKey(
+                    f"{section}.{name}",
+                    _type_name(field.annotation),
+                    defaults[section][name],
+                    field.description or "",
+                )
+            )
     return keys
 
 
@@ -724,13 +802,19 @@ def _resolve_paths(cfg: ExperimentConfig, base_dir: Path) -> ExperimentConfig:
 def _missing_paths(cfg: ExperimentConfig) -> list[str]:
     problems = []
     if not cfg.data.path.startswith(BUILTIN_PREFIX) and not Path(cfg.data.path).is_file():
-        problems.append(f"data.path: file not found (got {cfg.data.path!r}); fix: {_file_hint(Path(cfg.data.path))}")
+        problems.append(
+            f"data.path: file not found (got {cfg.data.path!r}); fix: {_file_hint(Path(cfg.data.path))}"
+        )
     if cfg.split.manifest is not None and not Path(cfg.split.manifest).is_file():
-        problems.append(f"split.manifest: file not found (got {cfg.split.manifest!r}); "
-                        f"fix: {_file_hint(Path(cfg.split.manifest))}")
+        problems.append(
+            f"split.manifest: file not found (got {cfg.split.manifest!r}); "
+            f"fix: {_file_hint(Path(cfg.split.manifest))}"
+        )
     if Path(cfg.model.name).is_absolute() and not Path(cfg.model.name).is_dir():
-        problems.append(f"model.name: local model directory not found (got {cfg.model.name!r}); "
-                        "fix: point it at a directory with config.json and weights, or use a hub id")
+        problems.append(
+            f"model.name: local model directory not found (got {cfg.model.name!r}); "
+            "fix: point it at a directory with config.json and weights, or use a hub id"
+        )
     return problems
 
 

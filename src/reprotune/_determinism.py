@@ -73,10 +73,15 @@ def apply_determinism(mode: Mode, threads: int | None, device: str) -> dict[str,
     import torch
 
     if mode not in ("strict", "warn", "off"):
-        raise InputError(f"unknown determinism mode {mode!r}", source="determinism.mode", fix="use strict, warn or off")
+        raise InputError(
+            f"unknown determinism mode {mode!r}", source="determinism.mode", fix="use strict, warn or off"
+        )
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise InputError(f"thread count must be an integer >= 1 (got {threads!r})", source="determinism.threads",
-                         fix="use e.g. 2, or null to leave it unpinned")
+        raise InputError(
+            f"thread count must be an integer >= 1 (got {threads!r})",
+            source="determinism.threads",
+            fix="use e.g. 2, or null to leave it unpinned",
+        )
     concrete = resolve_device(device)
     enforce = mode != "off"
     torch.use_deterministic_algorithms(enforce, warn_only=mode == "warn")
@@ -112,7 +117,10 @@ def determinism_flags() -> dict[str, Any]:
     return {
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
-        "fill_uninitialized_memory": bool(torch.utils.deterministic.fill_uninitialized_memory),
+        # An attribute set by a module-level hook, which type checkers do not see.
+        "fill_uninitialized_memory": bool(
+            getattr(torch.utils.deterministic, "fill_uninitialized_memory", False)
+        ),
         "cudnn_available": bool(torch.backends.cudnn.is_available()),
         "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),

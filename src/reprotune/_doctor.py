@@ -51,7 +51,13 @@ class Finding:
 
     def to_dict(self) -> dict[str, str]:
         """JSON-safe form."""
-        return {"code": self.code, "severity": self.severity, "title": self.title, "why": self.why, "fix": self.fix}
+        return {
+            "code": self.code,
+            "severity": self.severity,
+            "title": self.title,
+            "why": self.why,
+            "fix": self.fix,
+        }
 
 
 @dataclass(frozen=True)
@@ -115,22 +121,40 @@ def check_config(ctx: _Context) -> list[Finding]:
     """No config: say that the defaults were audited."""
     if ctx.has_config:
         return []
-    return [Finding("no-config", "info", "no config given: audited the default config",
-                    "config-specific checks (model revision, data, precision) describe the defaults only",
-                    "run `reprotune doctor CONFIG` on the config you will train with")]
+    return [
+        Finding(
+            "no-config",
+            "info",
+            "no config given: audited the default config",
+            "config-specific checks (model revision, data, precision) describe the defaults only",
+            "run `reprotune doctor CONFIG` on the config you will train with",
+        )
+    ]
 
 
 def check_device(ctx: _Context) -> list[Finding]:
     """The configured device exists, and does not depend on the machine."""
     requested = ctx.cfg.determinism.device
     if not ctx.device_ok:
-        return [Finding("device-unavailable", "error", f"determinism.device is {requested!r} but torch sees no GPU",
-                        "the run would fail; numbers on another device differ in their last bits anyway",
-                        "use --set determinism.device=cpu, or run on a machine with a CUDA build of torch")]
+        return [
+            Finding(
+                "device-unavailable",
+                "error",
+                f"determinism.device is {requested!r} but torch sees no GPU",
+                "the run would fail; numbers on another device differ in their last bits anyway",
+                "use --set determinism.device=cpu, or run on a machine with a CUDA build of torch",
+            )
+        ]
     if requested == "auto":
-        return [Finding("device-auto", "warning", f"determinism.device is 'auto' (here: {ctx.device})",
-                        "the same config trains on GPU on one machine and CPU on another, and the numbers differ",
-                        f"pin it: --set determinism.device={ctx.device}")]
+        return [
+            Finding(
+                "device-auto",
+                "warning",
+                f"determinism.device is 'auto' (here: {ctx.device})",
+                "the same config trains on GPU on one machine and CPU on another, and the numbers differ",
+                f"pin it: --set determinism.device={ctx.device}",
+            )
+        ]
     return []
 
 
@@ -138,16 +162,26 @@ def check_mode(ctx: _Context) -> list[Finding]:
     """Deterministic algorithms on, and raising rather than warning."""
     mode, on_gpu = ctx.cfg.determinism.mode, ctx.device == "cuda"
     if not ctx.flags.get("deterministic_algorithms"):
-        return [Finding("deterministic-algorithms-off", "error" if on_gpu else "warning",
-                        f"torch deterministic algorithms are off (determinism.mode: {mode})",
-                        "torch may pick nondeterministic kernels (atomics on GPU: scatter, index_add, embedding "
-                        "backward), so two runs can differ in their bits",
-                        "set determinism.mode: strict")]
+        return [
+            Finding(
+                "deterministic-algorithms-off",
+                "error" if on_gpu else "warning",
+                f"torch deterministic algorithms are off (determinism.mode: {mode})",
+                "torch may pick nondeterministic kernels (atomics on GPU: scatter, index_add, embedding "
+                "backward), so two runs can differ in their bits",
+                "set determinism.mode: strict",
+            )
+        ]
     if ctx.flags.get("deterministic_warn_only"):
-        return [Finding("deterministic-warn-only", "warning" if on_gpu else "info",
-                        "determinism.mode is 'warn': nondeterministic ops only warn",
-                        "a run that uses an op without a deterministic implementation goes on and may not repeat",
-                        "set determinism.mode: strict to fail on such an op instead")]
+        return [
+            Finding(
+                "deterministic-warn-only",
+                "warning" if on_gpu else "info",
+                "determinism.mode is 'warn': nondeterministic ops only warn",
+                "a run that uses an op without a deterministic implementation goes on and may not repeat",
+                "set determinism.mode: strict to fail on such an op instead",
+            )
+        ]
     return []
 
 
@@ -157,20 +191,40 @@ def check_gpu_flags(ctx: _Context) -> list[Finding]:
         return []
     flags, found = ctx.flags, []
     if flags.get("cudnn_benchmark"):
-        found.append(Finding("cudnn-benchmark-on", "error", "torch.backends.cudnn.benchmark is on",
-                             "cuDNN times candidate kernels and picks the fastest, which can change between runs",
-                             "set determinism.mode: strict (reprotune turns benchmark off)"))
+        found.append(
+            Finding(
+                "cudnn-benchmark-on",
+                "error",
+                "torch.backends.cudnn.benchmark is on",
+                "cuDNN times candidate kernels and picks the fastest, which can change between runs",
+                "set determinism.mode: strict (reprotune turns benchmark off)",
+            )
+        )
     if not flags.get("cudnn_deterministic"):
-        found.append(Finding("cudnn-nondeterministic", "error", "torch.backends.cudnn.deterministic is off",
-                             "cuDNN may use nondeterministic convolution algorithms",
-                             "set determinism.mode: strict"))
-    for key, name in (("matmul_allow_tf32", "torch.backends.cuda.matmul.allow_tf32"),
-                      ("cudnn_allow_tf32", "torch.backends.cudnn.allow_tf32")):
+        found.append(
+            Finding(
+                "cudnn-nondeterministic",
+                "error",
+                "torch.backends.cudnn.deterministic is off",
+                "cuDNN may use nondeterministic convolution algorithms",
+                "set determinism.mode: strict",
+            )
+        )
+    for key, name in (
+        ("matmul_allow_tf32", "torch.backends.cuda.matmul.allow_tf32"),
+        ("cudnn_allow_tf32", "torch.backends.cudnn.allow_tf32"),
+    ):
         if flags.get(key):
-            found.append(Finding(f"tf32-{key.split('_')[0]}-on", "error", f"{name} is on",
-                                 "TF32 rounds float32 inputs to 10 mantissa bits on Ampere and later GPUs: results "
-                                 "then differ from other GPUs and from CPU",
-                                 "set determinism.mode: strict (reprotune turns TF32 off)"))
+            found.append(
+                Finding(
+                    f"tf32-{key.split('_')[0]}-on",
+                    "error",
+                    f"{name} is on",
+                    "TF32 rounds float32 inputs to 10 mantissa bits on Ampere and later GPUs: results "
+                    "then differ from other GPUs and from CPU",
+                    "set determinism.mode: strict (reprotune turns TF32 off)",
+                )
+            )
     return found
 
 
@@ -181,10 +235,16 @@ def check_cublas(ctx: _Context) -> list[Finding]:
     value = ctx.flags.get("cublas_workspace_config")
     if value in CUBLAS_DETERMINISTIC_VALUES:
         return []
-    return [Finding("cublas-workspace-unset", "error", f"{CUBLAS_ENV} is {value!r}",
-                    "without a fixed cuBLAS workspace, CUDA >= 10.2 matmuls are not reproducible, and strict mode "
-                    "raises on the first one",
-                    f"export {CUBLAS_ENV}=:4096:8 before starting Python (reprotune sets it in strict and warn modes)")]
+    return [
+        Finding(
+            "cublas-workspace-unset",
+            "error",
+            f"{CUBLAS_ENV} is {value!r}",
+            "without a fixed cuBLAS workspace, CUDA >= 10.2 matmuls are not reproducible, and strict mode "
+            "raises on the first one",
+            f"export {CUBLAS_ENV}=:4096:8 before starting Python (strict and warn modes set it)",
+        )
+    ]
 
 
 def check_precision(ctx: _Context) -> list[Finding]:
@@ -192,10 +252,16 @@ def check_precision(ctx: _Context) -> list[Finding]:
     cfg, found = ctx.cfg, []
     if cfg.train.precision == "fp16" or cfg.model.dtype == "float16":
         what = "train.precision: fp16" if cfg.train.precision == "fp16" else "model.dtype: float16"
-        found.append(Finding("fp16", "warning", f"{what} chosen",
-                             "fp16 needs loss scaling: overflow skips steps, and tiny hardware or library "
-                             "differences then change which steps are skipped, so runs part early",
-                             "use fp32 (exact) or bf16 (no loss scaling) instead"))
+        found.append(
+            Finding(
+                "fp16",
+                "warning",
+                f"{what} chosen",
+                "fp16 needs loss scaling: overflow skips steps, and tiny hardware or library "
+                "differences then change which steps are skipped, so runs part early",
+                "use fp32 (exact) or bf16 (no loss scaling) instead",
+            )
+        )
     return found
 
 
@@ -203,22 +269,32 @@ def check_threads(ctx: _Context) -> list[Finding]:
     """The torch thread count is pinned."""
     if ctx.cfg.determinism.threads is not None:
         return []
-    return [Finding("threads-unpinned", "warning",
-                    f"determinism.threads is null (torch uses {ctx.flags.get('torch_num_threads')} here)",
-                    "CPU reductions split work by thread count, so a machine with another core count sums in "
-                    "another order and gets other bits",
-                    "pin it, e.g. determinism.threads: 2, and use the same value everywhere")]
+    return [
+        Finding(
+            "threads-unpinned",
+            "warning",
+            f"determinism.threads is null (torch uses {ctx.flags.get('torch_num_threads')} here)",
+            "CPU reductions split work by thread count, so a machine with another core count sums in "
+            "another order and gets other bits",
+            "pin it, e.g. determinism.threads: 2, and use the same value everywhere",
+        )
+    ]
 
 
 def check_workers(ctx: _Context) -> list[Finding]:
     """DataLoader worker seeding: reprotune's own loader is seeded; say what other code needs."""
-    return [Finding("dataloader-workers", "info",
-                    "reprotune draws the data order from its own generator (seed data_order) and seeds DataLoader "
-                    "workers with seed_worker",
-                    "a DataLoader with workers but no worker_init_fn or generator gives each worker the same "
-                    "NumPy/Python RNG stream, or an unseeded one",
-                    "in your own loaders pass worker_init_fn=reprotune._seeding.seed_worker and "
-                    "generator=torch_generator(seed)")]
+    return [
+        Finding(
+            "dataloader-workers",
+            "info",
+            "reprotune draws the data order from its own generator (seed data_order) and seeds DataLoader "
+            "workers with seed_worker",
+            "a DataLoader with workers but no worker_init_fn or generator gives each worker the same "
+            "NumPy/Python RNG stream, or an unseeded one",
+            "in your own loaders pass worker_init_fn=reprotune._seeding.seed_worker and "
+            "generator=torch_generator(seed)",
+        )
+    ]
 
 
 def check_revision(ctx: _Context) -> list[Finding]:
@@ -227,13 +303,25 @@ def check_revision(ctx: _Context) -> list[Finding]:
     if model.name.startswith(BUILTIN_PREFIX) or Path(model.name).is_absolute() or Path(model.name).is_dir():
         return []
     if model.revision is None:
-        return [Finding("model-revision-unpinned", "error", f"model.name {model.name!r} has no revision",
-                        "the hub serves the latest commit: new weights or tokenizer files can arrive between two runs",
-                        "set model.revision to a 40-hex commit sha from the model's page (Files -> History)")]
+        return [
+            Finding(
+                "model-revision-unpinned",
+                "error",
+                f"model.name {model.name!r} has no revision",
+                "the hub serves the latest commit: new weights or tokenizer files can come between two runs",
+                "set model.revision to a 40-hex commit sha from the model's page (Files -> History)",
+            )
+        ]
     if not _SHA_RE.match(model.revision):
-        return [Finding("model-revision-not-sha", "warning", f"model.revision {model.revision!r} is not a commit sha",
-                        "a branch or tag can be moved to other weights",
-                        "use the 40-hex commit sha it points to now")]
+        return [
+            Finding(
+                "model-revision-not-sha",
+                "warning",
+                f"model.revision {model.revision!r} is not a commit sha",
+                "a branch or tag can be moved to other weights",
+                "use the 40-hex commit sha it points to now",
+            )
+        ]
     return []
 
 
@@ -244,19 +332,31 @@ def check_git(ctx: _Context) -> list[Finding]:
     code = code_fingerprint(ctx.code_dir)
     ctx.extra["code"] = code.to_record()
     if not code.in_git:
-        return [Finding("git-absent", "warning", f"{ctx.code_dir} is not in a git work tree",
-                        "the record cannot name the code a run used, so a rerun cannot check it",
-                        "run from a git repository (git init && git commit)")]
+        return [
+            Finding(
+                "git-absent",
+                "warning",
+                f"{ctx.code_dir} is not in a git work tree",
+                "the record cannot name the code a run used, so a rerun cannot check it",
+                "run from a git repository (git init && git commit)",
+            )
+        ]
     if code.dirty:
         parts = []
         if code.diff:
             parts.append("uncommitted changes")
         if code.untracked:
             parts.append(f"{len(code.untracked)} untracked file(s), e.g. {code.untracked[0]}")
-        return [Finding("git-dirty", "warning", f"the git tree at {code.root} is dirty: {', '.join(parts)}",
-                        "a commit alone will not reproduce the run; reprotune saves the diff as code.patch, "
-                        "but not untracked files",
-                        "commit (or stash) your changes before the runs you want to reproduce")]
+        return [
+            Finding(
+                "git-dirty",
+                "warning",
+                f"the git tree at {code.root} is dirty: {', '.join(parts)}",
+                "a commit alone will not reproduce the run; reprotune saves the diff as code.patch, "
+                "but not untracked files",
+                "commit (or stash) your changes before the runs you want to reproduce",
+            )
+        ]
     return []
 
 
@@ -266,34 +366,64 @@ def check_data(ctx: _Context) -> list[Finding]:
     builtin = cfg.data.path.startswith(BUILTIN_PREFIX)
     if cfg.split.manifest is None:
         if builtin:
-            return [Finding("data-no-manifest", "info", f"{cfg.data.path} is split at run time (no split.manifest)",
-                            "the split is recomputed from the split seed; builtin data is pinned with the package",
-                            "freeze it with `reprotune split` and set split.manifest to compare splits across runs")]
-        return [Finding("data-no-manifest", "warning", f"data file {cfg.data.path} is not covered by a split manifest",
-                        "the split is recomputed each run: if the file changes, rows move between train and test "
-                        "without notice",
-                        f"run `reprotune split {cfg.data.path} --out split.json` and set split.manifest")]
+            return [
+                Finding(
+                    "data-no-manifest",
+                    "info",
+                    f"{cfg.data.path} is split at run time (no split.manifest)",
+                    "the split is recomputed from the split seed; builtin data is pinned with the package",
+                    "freeze it with `reprotune split` and set split.manifest to compare splits across runs",
+                )
+            ]
+        return [
+            Finding(
+                "data-no-manifest",
+                "warning",
+                f"data file {cfg.data.path} is not covered by a split manifest",
+                "the split is recomputed each run: if the file changes, rows move between train and test "
+                "without notice",
+                f"run `reprotune split {cfg.data.path} --out split.json` and set split.manifest",
+            )
+        ]
     manifest = Path(cfg.split.manifest)
     try:
         meta = json.loads(manifest.read_text(encoding="utf-8"))
         expected = meta["dataset_sha256"] if isinstance(meta, dict) else None
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
-        return [Finding("data-manifest-unreadable", "error", f"split manifest {manifest} cannot be read: {exc}",
-                        "the run cannot check that the data is the data the split was made from",
-                        "point split.manifest at a manifest written by `reprotune split`")]
+        return [
+            Finding(
+                "data-manifest-unreadable",
+                "error",
+                f"split manifest {manifest} cannot be read: {exc}",
+                "the run cannot check that the data is the data the split was made from",
+                "point split.manifest at a manifest written by `reprotune split`",
+            )
+        ]
     if builtin:
         return []  # the run resolves builtin data and checks it against the manifest itself
     try:
         actual = sha256_file(cfg.data.path)
     except OSError as exc:
-        return [Finding("data-unreadable", "error", f"data file {cfg.data.path} cannot be read: {exc}",
-                        "the run would fail", "fix data.path")]
+        return [
+            Finding(
+                "data-unreadable",
+                "error",
+                f"data file {cfg.data.path} cannot be read: {exc}",
+                "the run would fail",
+                "fix data.path",
+            )
+        ]
     if expected != actual:
-        return [Finding("data-manifest-mismatch", "error",
-                        f"data file {cfg.data.path} (sha256 {actual[:12]}...) is not the file manifest {manifest} "
-                        f"was made from (sha256 {str(expected)[:12]}..., {meta.get('n_rows', '?')} rows)",
-                        "the split indices would point at different rows",
-                        f"run `reprotune check-split {manifest} {cfg.data.path}` to see what changed")]
+        return [
+            Finding(
+                "data-manifest-mismatch",
+                "error",
+                f"data file {cfg.data.path} (sha256 {actual[:12]}...) is not the file manifest {manifest} "
+                f"was made from (sha256 {str(expected)[:12]}..., {meta.get('n_rows', '?')} rows)",
+                "the split indices would point at different rows",
+                f"run `reprotune check-split {manifest} {cfg.data.path}` to see what changed",
+            )
+        ]
     return []
 
 
@@ -301,15 +431,27 @@ def check_tokenizers(ctx: _Context) -> list[Finding]:
     """TOKENIZERS_PARALLELISM."""
     value = ctx.env.get("TOKENIZERS_PARALLELISM")
     if value is None:
-        return [Finding("tokenizers-parallelism-unset", "info", "TOKENIZERS_PARALLELISM is not set",
-                        "tokenization gives the same ids either way, but the Rust tokenizer's threads compete with "
-                        "torch's and it warns (or deadlocks) when the process forks",
-                        "export TOKENIZERS_PARALLELISM=false")]
+        return [
+            Finding(
+                "tokenizers-parallelism-unset",
+                "info",
+                "TOKENIZERS_PARALLELISM is not set",
+                "tokenization gives the same ids either way, but the Rust tokenizer's threads compete with "
+                "torch's and it warns (or deadlocks) when the process forks",
+                "export TOKENIZERS_PARALLELISM=false",
+            )
+        ]
     if value.strip().lower() in ("1", "true", "yes", "on"):
-        return [Finding("tokenizers-parallelism-on", "warning", f"TOKENIZERS_PARALLELISM={value}",
-                        "the Rust tokenizer's threads oversubscribe the cores torch was pinned to, and forked "
-                        "workers can deadlock",
-                        "export TOKENIZERS_PARALLELISM=false")]
+        return [
+            Finding(
+                "tokenizers-parallelism-on",
+                "warning",
+                f"TOKENIZERS_PARALLELISM={value}",
+                "the Rust tokenizer's threads oversubscribe the cores torch was pinned to, and forked "
+                "workers can deadlock",
+                "export TOKENIZERS_PARALLELISM=false",
+            )
+        ]
     return []
 
 
@@ -317,26 +459,65 @@ def check_hash_seed(ctx: _Context) -> list[Finding]:
     """PYTHONHASHSEED: str hashing is randomized per process unless set."""
     if ctx.env.get("PYTHONHASHSEED") not in (None, "random"):
         return []
-    return [Finding("pythonhashseed-random", "info", "PYTHONHASHSEED is not fixed",
-                    "iteration order of sets of strings changes between processes; reprotune never relies on it, "
-                    "but custom code might",
-                    "export PYTHONHASHSEED=0 if your own code iterates over sets")]
+    return [
+        Finding(
+            "pythonhashseed-random",
+            "info",
+            "PYTHONHASHSEED is not fixed",
+            "iteration order of sets of strings changes between processes; reprotune never relies on it, "
+            "but custom code might",
+            "export PYTHONHASHSEED=0 if your own code iterates over sets",
+        )
+    ]
 
 
 #: Every static check, in report order.
 CHECKS: tuple[Check, ...] = (
-    check_config, check_device, check_mode, check_gpu_flags, check_cublas, check_precision, check_threads,
-    check_workers, check_revision, check_git, check_data, check_tokenizers, check_hash_seed,
+    check_config,
+    check_device,
+    check_mode,
+    check_gpu_flags,
+    check_cublas,
+    check_precision,
+    check_threads,
+    check_workers,
+    check_revision,
+    check_git,
+    check_data,
+    check_tokenizers,
+    check_hash_seed,
 )
 
 #: Every finding code the doctor can emit (docs/doctor.md documents each one).
 FINDING_CODES: tuple[str, ...] = (
-    "no-config", "device-unavailable", "device-auto", "deterministic-algorithms-off", "deterministic-warn-only",
-    "cudnn-benchmark-on", "cudnn-nondeterministic", "tf32-matmul-on", "tf32-cudnn-on", "cublas-workspace-unset",
-    "fp16", "threads-unpinned", "dataloader-workers", "model-revision-unpinned", "model-revision-not-sha",
-    "git-absent", "git-dirty", "data-no-manifest", "data-manifest-unreadable", "data-unreadable",
-    "data-manifest-mismatch", "tokenizers-parallelism-unset", "tokenizers-parallelism-on",
-    "pythonhashseed-random", "probe-identical", "probe-differs", "probe-failed", "probe-skipped",
+    "no-config",
+    "device-unavailable",
+    "device-auto",
+    "deterministic-algorithms-off",
+    "deterministic-warn-only",
+    "cudnn-benchmark-on",
+    "cudnn-nondeterministic",
+    "tf32-matmul-on",
+    "tf32-cudnn-on",
+    "cublas-workspace-unset",
+    "fp16",
+    "threads-unpinned",
+    "dataloader-workers",
+    "model-revision-unpinned",
+    "model-revision-not-sha",
+    "git-absent",
+    "git-dirty",
+    "data-no-manifest",
+    "data-manifest-unreadable",
+    "data-unreadable",
+    "data-manifest-mismatch",
+    "tokenizers-parallelism-unset",
+    "tokenizers-parallelism-on",
+    "pythonhashseed-random",
+    "probe-identical",
+    "probe-differs",
+    "probe-failed",
+    "probe-skipped",
 )
 
 
@@ -385,23 +566,38 @@ def run_probe(device: str) -> tuple[dict[str, Any], Finding]:
         second = _probe_pass(device)
     except RuntimeError as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return ({"device": device, "status": "failed", "error": message},
-                Finding("probe-failed", "error", f"the probe failed on {device}: {message}",
-                        "an op the training step needs raised under this mode: a real run would fail the same way",
-                        "read the message: strict mode names the op without a deterministic implementation"))
-    result = {"device": device, "status": "identical" if first == second else "differs",
-              "loss": [first[0], second[0]], "grads_sha256": [first[1], second[1]]}
+        return (
+            {"device": device, "status": "failed", "error": message},
+            Finding(
+                "probe-failed",
+                "error",
+                f"the probe failed on {device}: {message}",
+                "an op the training step needs raised under this mode: a real run would fail the same way",
+                "read the message: strict mode names the op without a deterministic implementation",
+            ),
+        )
+    result = {
+        "device": device,
+        "status": "identical" if first == second else "differs",
+        "loss": [first[0], second[0]],
+        "grads_sha256": [first[1], second[1]],
+    }
     if first == second:
-        return result, Finding("probe-identical", "info",
-                               f"probe: two forward+backward passes on {device} gave identical bits "
-                               f"(loss {first[0]})",
-                               "the numeric stack repeats itself on this machine under this mode",
-                               "nothing to do")
-    return result, Finding("probe-differs", "error",
-                           f"probe: two identical forward+backward passes on {device} gave different bits "
-                           f"(loss {first[0]} vs {second[0]})",
-                           "this setup does not repeat itself: two runs of the same config will differ",
-                           "set determinism.mode: strict and fix the other error-level findings, then rerun doctor")
+        return result, Finding(
+            "probe-identical",
+            "info",
+            f"probe: two forward+backward passes on {device} gave identical bits (loss {first[0]})",
+            "the numeric stack repeats itself on this machine under this mode",
+            "nothing to do",
+        )
+    return result, Finding(
+        "probe-differs",
+        "error",
+        f"probe: two identical forward+backward passes on {device} gave different bits "
+        f"(loss {first[0]} vs {second[0]})",
+        "this setup does not repeat itself: two runs of the same config will differ",
+        "set determinism.mode: strict and fix the other error-level findings, then rerun doctor",
+    )
 
 
 # --- the doctor ----------------------------------------------------------------------------------
@@ -412,10 +608,17 @@ def _torch_state_preserved() -> Iterator[None]:
     """Restore torch's determinism flags, thread count and CUBLAS_WORKSPACE_CONFIG afterwards."""
     import torch
 
-    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32,
-             torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision(), torch.get_num_threads(),
-             os.environ.get(CUBLAS_ENV))
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.get_float32_matmul_precision(),
+        torch.get_num_threads(),
+        os.environ.get(CUBLAS_ENV),
+    )
     try:
         yield
     finally:
@@ -467,31 +670,57 @@ def run_doctor(
         except InputError:
             device, device_ok = det.device, False
         flags = apply_determinism(det.mode, det.threads, device if device_ok else "cpu")
-        ctx = _Context(cfg=cfg, has_config=config is not None, device=device, device_ok=device_ok, flags=flags,
-                       env=os.environ if env is None else env, code_dir=Path(code_dir))
+        ctx = _Context(
+            cfg=cfg,
+            has_config=config is not None,
+            device=device,
+            device_ok=device_ok,
+            flags=flags,
+            env=os.environ if env is None else env,
+            code_dir=Path(code_dir),
+        )
         findings = [finding for check in CHECKS for finding in check(ctx)]
         probe_result: dict[str, Any] | None = None
         if probe and device_ok:
             probe_result, finding = run_probe(device)
             findings.append(finding)
         elif probe:
-            findings.append(Finding("probe-skipped", "info", f"probe skipped: device {device!r} is not available",
-                                    "the probe runs on the configured device only", "fix device-unavailable first"))
+            findings.append(
+                Finding(
+                    "probe-skipped",
+                    "info",
+                    f"probe skipped: device {device!r} is not available",
+                    "the probe runs on the configured device only",
+                    "fix device-unavailable first",
+                )
+            )
     order = {s: i for i, s in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: order[f.severity])  # stable: check order within a severity
-    return DoctorReport(findings=tuple(findings), config_source=config_source, mode=det.mode, device=device,
-                        flags=flags, probe=probe_result)
+    return DoctorReport(
+        findings=tuple(findings),
+        config_source=config_source,
+        mode=det.mode,
+        device=device,
+        flags=flags,
+        probe=probe_result,
+    )
 
 
 def format_report(report: DoctorReport) -> str:
     """The human-readable report: one block per finding, most severe first, then a summary line."""
-    lines = [f"reprotune doctor: {report.config_source or 'default config'} "
-             f"(mode {report.mode}, device {report.device})", ""]
+    lines = [
+        f"reprotune doctor: {report.config_source or 'default config'} "
+        f"(mode {report.mode}, device {report.device})",
+        "",
+    ]
     for f in report.findings:
         lines.append(f"{f.severity.upper():7} {f.code}: {f.title}")
         lines.append(f"        why: {f.why}")
         lines.append(f"        fix: {f.fix}")
     counts = {s: sum(f.severity == s for f in report.findings) for s in SEVERITIES}
     verdict = "FAIL" if report.exit_code else "OK"
-    lines += ["", f"{verdict}: {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info"]
+    lines += [
+        "",
+        f"{verdict}: {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info",
+    ]
     return "\n".join(lines)

@@ -30,10 +30,32 @@ REDACTED = "***REDACTED***"
 
 #: Environment variables whose name starts with one of these (or equals one) are recorded.
 ENV_PREFIXES: tuple[str, ...] = (
-    "CUDA_", "CUBLAS_", "CUBLASLT_", "CUDNN_", "NCCL_", "NVIDIA_", "PYTHONHASHSEED", "PYTHONPATH",
-    "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOTO_", "TOKENIZERS_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_",
-    "ACCELERATE_", "SAFETENSORS_", "MLFLOW_", "WANDB_", "TORCH_", "PYTORCH_", "TORCHINDUCTOR_",
-    "REPROTUNE_", "LD_PRELOAD",
+    "CUDA_",
+    "CUBLAS_",
+    "CUBLASLT_",
+    "CUDNN_",
+    "NCCL_",
+    "NVIDIA_",
+    "PYTHONHASHSEED",
+    "PYTHONPATH",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "KMP_",
+    "GOTO_",
+    "TOKENIZERS_",
+    "HF_",
+    "HUGGINGFACE_",
+    "TRANSFORMERS_",
+    "ACCELERATE_",
+    "SAFETENSORS_",
+    "MLFLOW_",
+    "WANDB_",
+    "TORCH_",
+    "PYTORCH_",
+    "TORCHINDUCTOR_",
+    "REPROTUNE_",
+    "LD_PRELOAD",
 )
 
 # A name is secret when one of its words (split on _ . -) ends with one of the suffixes or is one
@@ -51,8 +73,16 @@ _SECRET_QUERY = re.compile(
 #: Model weight files, and tokenizer files, as found in a Hugging Face model directory.
 WEIGHT_PATTERNS: tuple[str, ...] = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.index.json")
 TOKENIZER_PATTERNS: tuple[str, ...] = (
-    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "merges.txt",
-    "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
 )
 
 
@@ -76,7 +106,7 @@ def redact_value(value: str) -> str:
 
 def _mask_url_credentials(match: re.Match[str]) -> str:
     scheme = match.group("scheme")
-    has_password = ":" in match.group(0)[len(scheme):]
+    has_password = ":" in match.group(0)[len(scheme) :]
     return f"{scheme}***:***@" if has_password else f"{scheme}***@"
 
 
@@ -130,14 +160,20 @@ def _nvidia_smi() -> dict[str, Any] | None:
     try:
         result = subprocess.run(
             [exe, "--query-gpu=name,driver_version,uuid", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=False,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
         )
     except (OSError, subprocess.SubprocessError):
         return None
     if result.returncode != 0:
         return None
-    gpus = [dict(zip(("name", "driver_version", "uuid"), (p.strip() for p in line.split(",")), strict=False))
-            for line in result.stdout.splitlines() if line.strip()]
+    gpus = [
+        dict(zip(("name", "driver_version", "uuid"), (p.strip() for p in line.split(",")), strict=False))
+        for line in result.stdout.splitlines()
+        if line.strip()
+    ]
     return {"driver_version": gpus[0].get("driver_version") if gpus else None, "gpus": gpus}
 
 
@@ -148,8 +184,14 @@ def _torch_info() -> dict[str, Any]:
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
-            gpus.append({"index": index, "name": props.name, "capability": f"{props.major}.{props.minor}",
-                         "total_memory": int(props.total_memory)})
+            gpus.append(
+                {
+                    "index": index,
+                    "name": props.name,
+                    "capability": f"{props.major}.{props.minor}",
+                    "total_memory": int(props.total_memory),
+                }
+            )
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     return {
         "version": torch.__version__,
@@ -202,8 +244,15 @@ def environment_fingerprint(env: Mapping[str, str] | None = None) -> dict[str, A
         "threads": {
             "torch_intra_op": intra,
             "torch_inter_op": inter,
-            **{name.lower(): environ.get(name) for name in
-               ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TOKENIZERS_PARALLELISM")},
+            **{
+                name.lower(): environ.get(name)
+                for name in (
+                    "OMP_NUM_THREADS",
+                    "MKL_NUM_THREADS",
+                    "OPENBLAS_NUM_THREADS",
+                    "TOKENIZERS_PARALLELISM",
+                )
+            },
         },
         "determinism": determinism_flags(),
         "env": redact_env(environ),
@@ -261,8 +310,14 @@ class CodeInfo:
 def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess[bytes]:
     # GIT_OPTIONAL_LOCKS=0: reading status must not take index.lock from people working here.
     env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}
-    return subprocess.run(["git", "-c", "core.quotepath=off", *args], cwd=cwd, capture_output=True,
-                          env=env, timeout=60, check=False)
+    return subprocess.run(
+        ["git", "-c", "core.quotepath=off", *args],
+        cwd=cwd,
+        capture_output=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
 
 
 def code_fingerprint(path: str | os.PathLike[str] = ".") -> CodeInfo:
@@ -293,8 +348,19 @@ def code_fingerprint(path: str | os.PathLike[str] = ".") -> CodeInfo:
         diff = b""
         if commit is not None:
             # Pinned options so the patch bytes do not depend on the user's git config.
-            diff_run = _git(["diff", "HEAD", "--binary", "--no-color", "--no-ext-diff", "--no-renames",
-                             "--src-prefix=a/", "--dst-prefix=b/"], Path(root))
+            diff_run = _git(
+                [
+                    "diff",
+                    "HEAD",
+                    "--binary",
+                    "--no-color",
+                    "--no-ext-diff",
+                    "--no-renames",
+                    "--src-prefix=a/",
+                    "--dst-prefix=b/",
+                ],
+                Path(root),
+            )
             diff = diff_run.stdout if diff_run.returncode == 0 else b""
         else:
             # No commit yet: every file is uncommitted; record what is staged.
@@ -327,8 +393,11 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     try:
         return sha256_file(path)
     except OSError as exc:
-        raise InputError(f"cannot hash {str(path)!r}: {exc.strerror or exc}", source=str(path),
-                         fix="check the path exists and is readable") from None
+        raise InputError(
+            f"cannot hash {str(path)!r}: {exc.strerror or exc}",
+            source=str(path),
+            fix="check the path exists and is readable",
+        ) from None
 
 
 def dir_file_hashes(path: str | os.PathLike[str], patterns: Iterable[str] = ("*",)) -> dict[str, str]:
@@ -368,8 +437,11 @@ def dir_sha256(path: str | os.PathLike[str], patterns: Iterable[str] = ("*",)) -
         raise InputError(f"{str(path)!r} is not a directory", source=str(path), fix="pass a model directory")
     hashes = dir_file_hashes(root, globs)
     if not hashes:
-        raise InputError(f"no file in {str(path)!r} matches {list(globs)}", source=str(path),
-                         fix="check this is a model directory with weights and tokenizer files")
+        raise InputError(
+            f"no file in {str(path)!r} matches {list(globs)}",
+            source=str(path),
+            fix="check this is a model directory with weights and tokenizer files",
+        )
     digest = hashlib.sha256()
     for name, sha in hashes.items():
         digest.update(f"{name}\0{sha}\n".encode())

@@ -22,7 +22,7 @@ import os
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -32,8 +32,8 @@ from reprotune._jsonio import write_json_atomic
 from reprotune._seeding import derive_seeds
 from reprotune._version import __version__
 
-SCHEMA = "reprotune/record"
-SCHEMA_VERSION = 1
+SCHEMA: Final = "reprotune/record"
+SCHEMA_VERSION: Final = 1
 
 Status = Literal["running", "completed", "failed", "stopped", "interrupted"]
 
@@ -223,13 +223,25 @@ def fail_record(
     return _ended(record, "failed", info, record.outputs or Outputs(), steps_done, step_time_s_mean, ended_at)
 
 
-def _ended(record: RunRecord, status: Status, error: ErrorInfo | None, outputs: Outputs | Mapping[str, Any],
-           steps_done: int, step_time_s_mean: float | None, ended_at: str | None) -> RunRecord:
+def _ended(
+    record: RunRecord,
+    status: Status,
+    error: ErrorInfo | None,
+    outputs: Outputs | Mapping[str, Any],
+    steps_done: int,
+    step_time_s_mean: float | None,
+    ended_at: str | None,
+) -> RunRecord:
     end = ended_at or utc_now()
     duration = (_parse_time(end) - _parse_time(record.timings.started_at)).total_seconds()
-    timings = record.timings.model_copy(update={
-        "ended_at": end, "duration_s": duration, "steps_done": steps_done, "step_time_s_mean": step_time_s_mean,
-    })
+    timings = record.timings.model_copy(
+        update={
+            "ended_at": end,
+            "duration_s": duration,
+            "steps_done": steps_done,
+            "step_time_s_mean": step_time_s_mean,
+        }
+    )
     out = outputs if isinstance(outputs, Outputs) else Outputs.model_validate(dict(outputs))
     return record.model_copy(update={"status": status, "error": error, "timings": timings, "outputs": out})
 
@@ -257,13 +269,18 @@ def write_record(path: str | os.PathLike[str], record: RunRecord | Mapping[str, 
     if isinstance(record, RunRecord):
         data = record.to_dict()
     else:
-        data = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "reprotune_version": __version__,
-                **dict(record)}
+        data = {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "reprotune_version": __version__,
+            **dict(record),
+        }
         try:
             RunRecord.model_validate(data)
         except ValidationError as exc:
-            raise ValueError(f"refusing to write an invalid record to {os.fspath(path)}: "
-                             f"{_problems(exc)}") from None
+            raise ValueError(
+                f"refusing to write an invalid record to {os.fspath(path)}: {_problems(exc)}"
+            ) from None
     return write_json_atomic(path, data)
 
 
@@ -275,12 +292,16 @@ def parse_record(data: Any, source: str = "<dict>") -> RunRecord:
         InputError: the data is not a valid record (every problem listed).
     """
     if not isinstance(data, dict):
-        raise InputError(f"a record must be a JSON object (got {type(data).__name__})", source=source,
-                         fix="pass the record.json of a reprotune run")
+        raise InputError(
+            f"a record must be a JSON object (got {type(data).__name__})",
+            source=source,
+            fix="pass the record.json of a reprotune run",
+        )
     schema, version = data.get("schema"), data.get("schema_version")
     if schema != SCHEMA:
         raise SchemaVersionError(
-            f"not a reprotune run record: schema is {schema!r}, expected {SCHEMA!r}", source=source,
+            f"not a reprotune run record: schema is {schema!r}, expected {SCHEMA!r}",
+            source=source,
             fix="pass the record.json of a reprotune run directory",
         )
     if version != SCHEMA_VERSION:
@@ -321,20 +342,27 @@ def _read_json(path: str | os.PathLike[str]) -> tuple[Any, str]:
     try:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InputError(f"record file {str(file)!r} not found", source=str(file),
-                         fix="pass a run directory (runs/<run-id>) or its record.json") from None
+        raise InputError(
+            f"record file {str(file)!r} not found",
+            source=str(file),
+            fix="pass a run directory (runs/<run-id>) or its record.json",
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read record: {exc}", source=str(file), fix="check the file") from None
     try:
         return json.loads(text), str(file)
     except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON: {exc.msg}", source=f"{file}:{exc.lineno}:{exc.colno}",
-                         fix="the record may be truncated or edited; restore it or rerun") from None
+        raise InputError(
+            f"not valid JSON: {exc.msg}",
+            source=f"{file}:{exc.lineno}:{exc.colno}",
+            fix="the record may be truncated or edited; restore it or rerun",
+        ) from None
 
 
 def _problems(exc: ValidationError) -> str:
     return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or '<top level>'}: {err['msg']} (got {err.get('input')!r:.60})"
+        f"{'.'.join(str(p) for p in err['loc']) or '<top level>'}: {err['msg']} "
+        f"(got {err.get('input')!r:.60})"
         for err in exc.errors()
     )
 
@@ -343,8 +371,11 @@ def _validate(data: Mapping[str, Any], source: str) -> RunRecord:
     try:
         return RunRecord.model_validate(dict(data))
     except ValidationError as exc:
-        raise InputError(f"invalid run record ({len(exc.errors())} problem(s)): {_problems(exc)}", source=source,
-                         fix="the record was edited or written by another tool; rerun to regenerate it") from None
+        raise InputError(
+            f"invalid run record ({len(exc.errors())} problem(s)): {_problems(exc)}",
+            source=source,
+            fix="the record was edited or written by another tool; rerun to regenerate it",
+        ) from None
 
 
 def _jsonable(value: Any) -> Any:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 from reprotune._errors import InputError
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    OwnedGenerator = Union[torch.Generator, np.random.Generator, random.Random]
+    OwnedGenerator = torch.Generator | np.random.Generator | random.Random
 
 #: The consumers of randomness that get their own derived seed, in recording order.
 CONSUMERS: tuple[str, ...] = ("split", "data_order", "lora_init", "dropout", "eval")
@@ -316,8 +316,10 @@ def _encode_value(value: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any
         tensors[key] = torch.tensor(value, dtype=torch.int64)
         return {"$int_tuple": key}
     if isinstance(value, (tuple, list)):
-        return {"$seq": [_encode_value(v, f"{key}.{i}", tensors) for i, v in enumerate(value)],
-                "tuple": isinstance(value, tuple)}
+        return {
+            "$seq": [_encode_value(v, f"{key}.{i}", tensors) for i, v in enumerate(value)],
+            "tuple": isinstance(value, tuple),
+        }
     if isinstance(value, dict):
         return {"$dict": {str(k): _encode_value(v, f"{key}.{k}", tensors) for k, v in value.items()}}
     raise InputError(f"cannot serialise RNG state component {key!r} of type {type(value).__name__}")

@@ -13,10 +13,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add doctor's arguments to its subparser."""
     parser.add_argument("config", nargs="?", help="experiment config (YAML); default: audit the defaults")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key, e.g. --set determinism.mode=warn (repeatable)")
-    parser.add_argument("--code-dir", default=".", metavar="DIR",
-                        help="directory whose git state is checked (default: the current directory)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set determinism.mode=warn (repeatable)",
+    )
+    parser.add_argument(
+        "--code-dir",
+        default=".",
+        metavar="DIR",
+        help="directory whose git state is checked (default: the current directory)",
+    )
     parser.add_argument("--no-probe", action="store_true", help="skip the empirical forward/backward probe")
 
 
