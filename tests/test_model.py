@@ -194,6 +194,34 @@ def test_files_sha256_orders_by_name(tmp_path: Path) -> None:
     assert files_sha256(tmp_path, ["a"])[0] != files_sha256(tmp_path, ["b"])[0]
 
 
+def _converted(folder: Path, marker: str) -> Path:
+    """A stand-in converted folder: valid metadata and one file saying who wrote it."""
+    folder.mkdir(parents=True)
+    meta = {"schema": model_mod.BUILTIN_META_SCHEMA, "schema_version": model_mod.BUILTIN_META_VERSION}
+    (folder / model_mod.BUILTIN_META).write_text(json.dumps({**meta, "by": marker}))
+    (folder / "model.safetensors").write_text(marker)
+    return folder
+
+
+def test_publish_folder_first_rename_wins(tmp_path: Path) -> None:
+    """Of two conversions published to one target, the first stays and the second is discarded."""
+    target = tmp_path / "models" / "smollm2-135m-instruct-abc"
+    first = model_mod.publish_folder(_converted(tmp_path / "models" / ".a.tmp", "first"), target)
+    second = model_mod.publish_folder(_converted(tmp_path / "models" / ".b.tmp", "second"), target)
+    assert first["by"] == second["by"] == "first"
+    assert (target / "model.safetensors").read_text() == "first"
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [target.name]
+
+
+def test_publish_folder_over_invalid_target_fails(tmp_path: Path) -> None:
+    """A target without valid metadata is not taken for a finished conversion."""
+    target = tmp_path / "models" / "x"
+    target.mkdir(parents=True)
+    (target / "model.safetensors").write_text("half")
+    with pytest.raises(OSError):
+        model_mod.publish_folder(_converted(tmp_path / "models" / ".a.tmp", "mine"), target)
+
+
 # ---------------------------------------------------------------------------------------------
 # the embedded SmolLM2 (converted once per test session: about 25 s on 2 cores)
 

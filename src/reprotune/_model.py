@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from reprotune._errors import InputError
-from reprotune._jsonio import sha256_bytes, sha256_file, write_json_atomic
+from reprotune._jsonio import fsync_dir, sha256_bytes, sha256_file, write_json_atomic
 
 if TYPE_CHECKING:
     import torch
@@ -396,18 +396,38 @@ def convert_gguf(gguf: Path, target: Path, *, gguf_sha256: str, name: str) -> di
             },
         }
         write_json_atomic(tmp / BUILTIN_META, meta)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if _read_meta(target / BUILTIN_META) is None:
-                raise
-            # Another process finished the same conversion first; its copy wins.
-            shutil.rmtree(tmp, ignore_errors=True)
-            return _read_meta(target / BUILTIN_META) or meta
-        return meta
+        return publish_folder(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def publish_folder(tmp: Path, target: Path) -> dict[str, Any]:
+    """Rename a complete converted folder ``tmp`` to ``target``, or defer to one already there.
+
+    ``os.rename`` onto an existing non-empty folder fails, so when two processes convert at
+    once exactly one rename wins; the loser removes its copy and uses the winner's.
+
+    Returns:
+        The metadata of the folder now at ``target``.
+
+    Raises:
+        OSError: the rename failed and ``target`` holds no valid conversion either.
+    """
+    try:
+        fsync_dir(tmp)
+        os.rename(tmp, target)
+        fsync_dir(target.parent)
+    except OSError:
+        winner = _read_meta(target / BUILTIN_META)
+        if winner is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        return winner
+    published = _read_meta(target / BUILTIN_META)
+    if published is None:  # cannot happen: the metadata was written before the rename
+        raise OSError(f"{target} lost its {BUILTIN_META} while being published")
+    return published
 
 
 # --------------------------------------------------------------------------------------------
