@@ -14,6 +14,16 @@ from reprotune._faults import kill_point
 _CHUNK = 1 << 20
 
 
+def _default_mode() -> int:
+    """The mode a plain ``open()`` would give a new file (mkstemp's is 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+_FILE_MODE = _default_mode()
+
+
 def canonical_dumps(obj: Any, *, indent: int | None = 1) -> str:
     """Serialize ``obj`` as canonical JSON: sorted keys, no NaN, UTF-8, trailing newline.
 
@@ -41,6 +51,7 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()

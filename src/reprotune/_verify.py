@@ -88,11 +88,12 @@ def _reprotune(args: Sequence[str], log: Path) -> None:
 
 def _evidence(cmp: Any) -> dict[str, Any]:
     data = cmp.to_json()
-    where = data.get("where", {})
+    where = data.get("where") or {}
+    adapter = data.get("adapter") or {}
     return {k: v for k, v in {
-        "steps": data.get("steps_compared"),
+        "steps": where.get("steps_compared"),
         "first_divergence": where.get("first_divergence_step"),
-        "adapter_sha256": (data.get("adapter_sha256") or {}).get("a"),
+        "adapter_sha256": adapter.get("sha256_a"),
     }.items() if v is not None}
 
 
