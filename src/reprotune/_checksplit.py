@@ -209,8 +209,8 @@ def _diff_rows(manifest: Manifest, table: Table) -> tuple[list[RowChange], bool]
     def added(j: int) -> None:
         changes.append(RowChange("added", None, j, "none", None, hexes[new_ids[j]]))
 
-    aligned = len(old_mid) == len(new_mid) or max(len(old_mid), len(new_mid)) <= _ALIGN_LIMIT
-    if len(old_mid) != len(new_mid) and aligned:
+    aligned = max(len(old_mid), len(new_mid)) <= _ALIGN_LIMIT
+    if aligned:
         matcher = difflib.SequenceMatcher(None, old_mid, new_mid, autojunk=False)
         for tag, i1, i2, j1, j2 in matcher.get_opcodes():
             paired = min(i2 - i1, j2 - j1) if tag == "replace" else 0

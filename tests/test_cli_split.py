@@ -1,0 +1,174 @@
+"""Tests for `reprotune split` and `reprotune check-split` through reprotune._cli.main."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reprotune._cli import main
+from reprotune._jsonio import canonical_dumps
+
+ROWS = [{"prompt": f"p{i}", "response": f"r{i}", "category": "a" if i % 3 else "b"} for i in range(30)]
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS), encoding="utf-8")
+    return path
+
+
+def test_split_then_check(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """split writes the manifest and a summary; check-split of the same data exits 0."""
+    out = tmp_path / "split.json"
+    assert main(["split", str(data), "--stratify-by", "category", "--seed", "7", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "stratified split by 'category'" in printed and f"wrote {out}" in printed
+    assert json.loads(out.read_text())["seed"] == 7
+    assert main(["check-split", str(out), str(data)]) == 0
+    assert capsys.readouterr().out.startswith("identical")
+
+
+def test_check_split_reports_edit_and_leak(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An edited row exits 1 naming the row; --fail-on-leak exits 1 on leaked text."""
+    out = tmp_path / "split.json"
+    main(["split", str(data), "--seed", "1", "--out", str(out)])
+    rows = [dict(r) for r in ROWS]
+    rows[4]["response"] = "edited"
+    changed = tmp_path / "changed.jsonl"
+    changed.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    capsys.readouterr()
+    assert main(["check-split", str(out), str(changed)]) == 1
+    assert "edited  row 4" in capsys.readouterr().out
+    leaky = tmp_path / "leaky.jsonl"
+    leaky.write_text("".join(json.dumps({"t": "Same text!"}) + "\n" for _ in range(20)), encoding="utf-8")
+    main(["split", str(leaky), "--out", str(tmp_path / "l.json")])
+    assert main(["check-split", str(tmp_path / "l.json"), str(leaky)]) == 0
+    assert main(["check-split", str(tmp_path / "l.json"), str(leaky), "--fail-on-leak"]) == 1
+    assert main(["check-split", str(tmp_path / "l.json"), str(leaky), "--json"]) == 0
+    assert "leakage train/validation: 1 text(s)" in capsys.readouterr().out
+
+
+def test_builtin_rare_class_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The embedded corpus splits by category; the 1-row class is kept in train with a warning."""
+    out = tmp_path / "s.json"
+    assert main(["split", "builtin:chatterbot-en", "--stratify-by", "category", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert (
+        "warning: 1 class(es) of 'category' too small for every split, kept in train only: 'health' (1 row)"
+        in err
+    )
+    obj = json.loads(out.read_text())
+    assert obj["rare_classes"] == [{"decision": "train", "n_rows": 1, "value": "health"}]
+    assert obj["dataset"]["n_rows"] == 2026 and len(obj["row_hashes"]["inline"]) == 2026
+
+
+def bad_jsonl(tmp_path: Path) -> Path:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"a": 1}\n{"a": 2}\n{"a": \n', encoding="utf-8")
+    return path
+
+
+def empty_jsonl(tmp_path: Path) -> Path:
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (lambda t, d: [str(t / "missing.jsonl")], ["missing.jsonl' does not exist", "fix:"]),
+        (lambda t, d: [str(d), "--format", "xml"], ["unknown data format 'xml'", "jsonl"]),
+        (lambda t, d: [str(bad_jsonl(t))], ["line 3 is not valid JSON", "bad.jsonl:3:"]),
+        (
+            lambda t, d: [str(d), "--stratify-by", "label"],
+            ["column 'label' (given by --stratify-by) does not exist", "['prompt', 'response', 'category']"],
+        ),
+        (
+            lambda t, d: [str(d), "--group-by", "thread"],
+            ["column 'thread' (given by --group-by)", "'prompt'"],
+        ),
+        (lambda t, d: [str(d), "--ratios", "0.9,0.2,-0.1"], ["test ratio -0.1 is negative", "--ratios"]),
+        (lambda t, d: [str(d), "--ratios", "0.8,0.1,0.2"], ["sum to 1.1", "not 1", "--ratios"]),
+        (lambda t, d: [str(d), "--ratios", "0.8,x,0.1"], ["ratio 'x'", "not a number"]),
+        (lambda t, d: [str(d), "--seed", "-1"], ["seed '-1' is not a non-negative integer", "--seed"]),
+        (lambda t, d: [str(d), "--seed", "1.5"], ["seed '1.5' is not a non-negative integer"]),
+        (lambda t, d: [str(empty_jsonl(t))], ["the dataset has no rows", "empty.jsonl"]),
+    ],
+    ids=[
+        "missing-file",
+        "unknown-format",
+        "malformed-jsonl",
+        "stratify-missing",
+        "group-missing",
+        "ratio-negative",
+        "ratio-sum",
+        "ratio-nan",
+        "seed-negative",
+        "seed-float",
+        "empty",
+    ],
+)
+def test_split_bad_input_exits_2(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str], args: object, expected: list[str]
+) -> None:
+    """Each bad input exits 2 with one message naming value, source and fix; no manifest is left."""
+    out = tmp_path / "out" / "split.json"
+    argv = ["split", *args(tmp_path, data), "--out", str(out)]  # type: ignore[operator]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("reprotune split: error:")
+    for text in expected:
+        assert text in err
+    assert "fix:" in err and "Traceback" not in err
+    assert not out.exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("{not json", ["manifest is not JSON", "(line 1, column 2)"]),
+        (None, ["schema_version 7 is not supported", "schema_version"]),
+    ],
+    ids=["not-json", "unknown-version"],
+)
+def test_check_split_bad_manifest_exits_2(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str], content: str | None, expected: list[str]
+) -> None:
+    """A manifest that is not JSON, or of an unknown schema version, exits 2 with the fix."""
+    manifest = tmp_path / "m.json"
+    main(["split", str(data), "--out", str(manifest)])
+    if content is None:
+        obj = json.loads(manifest.read_text())
+        obj["schema_version"] = 7
+        content = canonical_dumps(obj)
+    manifest.write_text(content, encoding="utf-8")
+    capsys.readouterr()
+    assert main(["check-split", str(manifest), str(data)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("reprotune check-split: error:") and "fix:" in err
+    for text in expected:
+        assert text in err
+
+
+def test_split_does_not_import_torch(tmp_path: Path, data: Path) -> None:
+    """`python -m reprotune split` and check-split never import torch (checked with -X importtime)."""
+    out = tmp_path / "s.json"
+    for argv in (["split", str(data), "--out", str(out)], ["check-split", str(out), str(data)]):
+        done = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "reprotune", *argv],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        modules = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line]
+        assert "numpy" in modules  # the log is real
+        assert not [m for m in modules if m == "torch" or m.startswith("torch.")]
