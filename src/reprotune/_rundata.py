@@ -47,11 +47,6 @@ class RunData:
         chosen = np.random.Generator(np.random.PCG64(seed)).choice(len(rows), size=cap, replace=False)
         return [rows[i] for i in sorted(int(c) for c in chosen)]
 
-    def prompt_response(self, row: int) -> tuple[Any, Any]:
-        """The raw prompt and response values of dataset row ``row``."""
-        values = self.table.row(row)
-        return values.get(self.prompt_field), values.get(self.response_field)
-
     def describe(self) -> dict[str, Any]:
         """The record's ``data`` section."""
         return {

@@ -34,7 +34,7 @@ from reprotune._determinism import apply_determinism
 from reprotune._errors import InputError
 from reprotune._faults import kill_point
 from reprotune._fingerprint import code_fingerprint, environment_fingerprint
-from reprotune._formatting import collate, encode_example
+from reprotune._formatting import collate, encode_row
 from reprotune._jsonio import sha256_file, write_bytes_atomic
 from reprotune._ledger import LEDGER_FILE, LedgerWriter, batch_sha256, hexf, truncate_ledger
 from reprotune._lora import apply_lora, lora_config_dict, save_adapter, tensors_sha256, trainable_tensors
@@ -153,7 +153,9 @@ def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContex
 
 def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
     """Sum of next-token cross-entropy over the labelled (response) tokens, and their count."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch.get("position_ids")
+    ).logits
     labels = batch["labels"][:, 1:]
     shifted = logits[:, :-1, :]
     loss = F.cross_entropy(
@@ -174,15 +176,16 @@ class Examples:
     def get(self, row: int) -> tuple[list[int], list[int]]:
         hit = self._cache.get(row)
         if hit is None:
-            prompt, response = self._data.prompt_response(row)
-            hit = encode_example(
+            hit = encode_row(
                 self._tokenizer,
-                prompt,
-                response,
+                self._data.table.row(row),
+                row_index=row,
+                prompt_field=self._cfg.data.prompt_field,
+                response_field=self._cfg.data.response_field,
                 system_prompt=self._cfg.data.system_prompt,
                 prompt_template=self._cfg.data.prompt_template,
                 max_length=self._cfg.model.max_length,
-                row_index=row,
+                source=self._data.table.source,
             )
             self._cache[row] = hit
         return hit
@@ -341,13 +344,15 @@ def _execute(
         )
         model = apply_lora(loaded.model, seed=seeds["lora_init"], **lora_kwargs)  # type: ignore[arg-type]
         model.to(device)
-        record["lora"] = lora_config_dict(**lora_kwargs)  # type: ignore[arg-type]
+        record["lora"] = lora_config_dict(model)
 
         rows_per_step = cfg.train.batch_size * cfg.train.grad_accum_steps
         order = DataOrder(seeds["data_order"], data.split_rows("train"), rows_per_step)
-        total_steps = (
-            cfg.train.max_steps if cfg.train.max_steps is not None else order.steps_for_epochs(cfg.train.epochs)
-        )
+        if cfg.train.max_steps is not None:
+            total_steps = cfg.train.max_steps
+        else:
+            assert cfg.train.epochs is not None  # the config guarantees exactly one of the two
+            total_steps = order.steps_for_epochs(cfg.train.epochs)
         record["data"]["order"] = {"version": ORDER_VERSION, "rows_per_step": rows_per_step,
                                    "total_steps": total_steps}
         val_rows = data.eval_rows(seeds["eval"])
