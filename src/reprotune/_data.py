@@ -27,7 +27,6 @@ import decimal
 import hashlib
 import io
 import json
-import math
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -132,11 +131,9 @@ class RowHashes:
     @classmethod
     def from_digests(cls, distinct: Sequence[bytes], row_codes: np.ndarray) -> RowHashes:
         """Build from (possibly unsorted, repeated) digests and row codes into them."""
-        raw = np.frombuffer(b"".join(distinct), dtype=np.uint8).reshape(len(distinct), _DIGEST)
         # Sorting by bytes makes the encoding independent of how the rows were factorized.
         keys = np.array([bytes(d) for d in distinct], dtype=f"S{_DIGEST}")
         uniq, inverse = np.unique(keys, return_inverse=True)
-        del raw
         digests = np.frombuffer(uniq.tobytes(), dtype=np.uint8).reshape(len(uniq), _DIGEST)
         dtype = _index_dtype(len(uniq))
         remap = inverse.astype(dtype)
@@ -641,8 +638,3 @@ def _load_parquet(path: Path) -> Table:
             fix="check that the file is Parquet, or pass --format for its real format",
         ) from exc
     return Table(_arrow_columns(table), source=str(path), format="parquet", file_sha256=sha256_bytes(data))
-
-
-def is_finite_number(value: Any) -> bool:
-    """Whether ``value`` is an int or a finite float (not a bool)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
