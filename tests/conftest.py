@@ -50,3 +50,11 @@ def _restore_global_state() -> Iterator[None]:
     _restore_torch_flags(flags)
     os.environ.clear()
     os.environ.update(env)
+
+
+@pytest.fixture(scope="session")
+def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A tiny model, dataset and config directory shared by the tests that train (read-only use)."""
+    from tinyrun import TinyProject
+
+    return TinyProject.create(tmp_path_factory.mktemp("tiny-project"))

@@ -1,0 +1,75 @@
+"""Real runs on the tiny model, for tests: a model, a dataset and a config, made in about a second.
+
+``TinyProject`` writes a tiny Llama with a byte-level tokenizer, a small prompt/response/category
+JSONL and a config into one directory; ``run_cli`` runs ``python -m reprotune`` there in a fresh
+process (the claim under test is usually "in another process").
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reprotune._tiny import build_tiny_model, write_tiny_dataset
+
+BASE_CONFIG: dict[str, Any] = {
+    "seed": {"root": 1},
+    "data": {"path": "data.jsonl"},
+    "split": {"stratify_by": "category"},
+    "model": {"name": "tiny-model", "max_length": 64},
+    "lora": {"r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"]},
+    "train": {"batch_size": 4, "max_steps": 8, "eval_every": 4, "save_every": 4, "learning_rate": 1.0e-2},
+    "eval": {"batch_size": 8},
+    "determinism": {"mode": "strict", "threads": 1, "device": "cpu"},
+    "tracking": {"mlflow": False, "uri": "sqlite:///mlflow.db", "artifact_location": "mlartifacts"},
+}
+
+
+def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``base`` updated by ``extra``, section by section."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class TinyProject:
+    """A directory with ``tiny-model/``, ``data.jsonl`` and configs written on request."""
+
+    root: Path
+
+    @classmethod
+    def create(cls, root: Path, *, n_rows: int = 80) -> TinyProject:
+        root.mkdir(parents=True, exist_ok=True)
+        build_tiny_model(root / "tiny-model", seed=0)
+        write_tiny_dataset(root / "data.jsonl", n_rows, seed=0, n_categories=3)
+        return cls(root)
+
+    def config(self, name: str = "cfg.yaml", **sections: dict[str, Any]) -> Path:
+        """Write ``BASE_CONFIG`` updated by ``sections`` to ``name``; return its path."""
+        path = self.root / name
+        path.write_text(yaml.safe_dump(merge(BASE_CONFIG, sections), sort_keys=True), encoding="utf-8")
+        return path
+
+    def run_cli(self, *args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """``python -m reprotune ARGS`` in a fresh process, in the project directory."""
+        full_env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", **(env or {})}
+        done = subprocess.run(
+            [sys.executable, "-m", "reprotune", *args],
+            cwd=self.root, env=full_env, capture_output=True, text=True, timeout=600,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(
+                f"reprotune {' '.join(args)} exited {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+            )
+        return done
