@@ -66,3 +66,21 @@ def test_verify_rejects_bad_control_seed(tiny_project: TinyProject, tmp_path: Pa
     )
     assert done.returncode == 2
     assert "dropuot" in done.stderr and "data_order" in done.stderr
+
+
+def test_verify_with_existing_reference(tiny_project: TinyProject, tmp_path: Path) -> None:
+    """--reference reuses a completed run of the same config; one of another config is refused."""
+    config = tiny_project.config("verify-ref.yaml", train={"max_steps": 4, "save_every": 0})
+    tiny_project.run_cli("run", str(config), "--run-dir", str(tmp_path / "ref"), "--no-progress")
+    done = tiny_project.run_cli(
+        "verify", str(config), "--out", str(tmp_path / "v"), "--reference", str(tmp_path / "ref")
+    )
+    assert "verify: PASS" in done.stdout
+    assert not (tmp_path / "v" / "reference").exists()
+    other = tiny_project.run_cli(
+        "verify", str(config), "--set", "seed.root=9", "--out", str(tmp_path / "v2"),
+        "--reference", str(tmp_path / "ref"), check=False,
+    )
+    assert other.returncode == 2
+    assert "another config" in other.stderr
+    assert not (tmp_path / "v2").exists()

@@ -103,14 +103,31 @@ def verify_config(
     *,
     control_seed: str = "data_order",
     resume: bool = True,
+    reference: Path | None = None,
     progress: Callable[[str], None] = lambda line: print(line, flush=True),
 ) -> Verification:
-    """Run the legs described in the module docstring into ``out_dir`` and judge them."""
+    """Run the legs described in the module docstring into ``out_dir`` and judge them.
+
+    Args:
+        cfg: the experiment.
+        out_dir: the verification directory (new or empty).
+        control_seed: the derived seed the negative control perturbs.
+        resume: include the resume leg and its control.
+        reference: an existing completed run of exactly this config to use as the reference leg
+            (e.g. the run just made by ``reprotune run``), instead of running one.
+        progress: where progress lines go.
+
+    Raises:
+        InputError: bad options, or a reference run of another config.
+        RunFailedError: a leg failed to run.
+    """
     if control_seed not in CONSUMERS:
         raise InputError(
             f"unknown seed consumer {control_seed!r}", source="--control-seed",
             fix=f"choose one of {', '.join(CONSUMERS)}",
         )
+    if reference is not None:
+        _check_reference(reference, cfg)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise InputError(f"verification directory {out_dir} is not empty", fix="choose a new --out directory")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -121,15 +138,20 @@ def verify_config(
     seeds = derive_seeds(cfg.seed.root, dict(cfg.seed.overrides))
     legs: list[Leg] = []
 
+    reference_dir = reference if reference is not None else out_dir / "reference"
+
     def judge(leg: Leg) -> None:
-        cmp = compare_runs(out_dir / "reference", Path(leg.run_dir))
+        cmp = compare_runs(reference_dir, Path(leg.run_dir))
         leg.verdict = cmp.verdict
         leg.evidence = _evidence(cmp)
         leg.passed = cmp.verdict == leg.expected
         progress(f"  {leg.name}: {cmp.verdict} (must be {leg.expected})")
 
-    progress(f"verify: reference run -> {out_dir / 'reference'}")
-    _reprotune(["run", str(config), "--run-dir", str(out_dir / "reference"), *quiet], log)
+    if reference is None:
+        progress(f"verify: reference run -> {reference_dir}")
+        _reprotune(["run", str(config), "--run-dir", str(reference_dir), *quiet], log)
+    else:
+        progress(f"verify: reference is the existing run {reference_dir}")
 
     progress("verify: rerun in a fresh process")
     rerun = Leg("rerun", str(out_dir / "rerun"), "IDENTICAL")
@@ -146,7 +168,7 @@ def verify_config(
     judge(control)
     legs.append(control)
 
-    total = _total_steps(out_dir / "reference")
+    total = _total_steps(reference_dir)
     stop = _resume_point(cfg, total)
     if resume and stop is None:
         legs.append(Leg("resume", "", "IDENTICAL", note="skipped: train.save_every gives no checkpoint "
@@ -171,6 +193,24 @@ def verify_config(
         **result.to_json(), "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     })
     return result
+
+
+def _check_reference(run_dir: Path, cfg: ExperimentConfig) -> None:
+    """Refuse a reference run that is unfinished or of another config."""
+    from reprotune._record import load_record
+
+    path = run_dir / "record.json"
+    if not path.is_file():
+        raise InputError(f"{run_dir} is not a run directory (no record.json)", source="--reference",
+                         fix="point --reference at a directory written by `reprotune run`")
+    record = load_record(path)
+    if record.get("status") != "completed":
+        raise InputError(f"reference run {run_dir} is not complete (status {record.get('status')!r})",
+                         source="--reference", fix="resume it first, or leave --reference out")
+    if record.get("config_sha256") != config_sha256(cfg):
+        raise InputError(f"reference run {run_dir} was made from another config",
+                         source="--reference",
+                         fix="pass the same config (and --set overrides) the reference was run with")
 
 
 def _total_steps(run_dir: Path) -> int:

@@ -19,6 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the derived seed the negative control perturbs (default: data_order)",
     )
     parser.add_argument("--no-resume", action="store_true", help="skip the resume leg and its control")
+    parser.add_argument(
+        "--reference", type=Path, default=None,
+        help="use this completed run of the same config as the reference instead of running one",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,7 +34,9 @@ def run(args: argparse.Namespace) -> int:
     if out is None:
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
         out = Path("runs") / f"verify-{stamp}-{config_sha256(cfg)[:8]}"
-    result = verify_config(cfg, out, control_seed=args.control_seed, resume=not args.no_resume)
+    result = verify_config(
+        cfg, out, control_seed=args.control_seed, resume=not args.no_resume, reference=args.reference
+    )
     print(result.format())
     print(f"verification record: {out / 'verification.json'}")
     return 0 if result.verdict == "PASS" else 1
