@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Install reprotune into .venv and run the main job on the embedded default:
-# a LoRA fine-tune of SmolLM2-135M-Instruct on the English chatterbot corpus (examples/quickstart.yaml).
+# Install reprotune into .venv and run the main job on the embedded default: audit the setup, run a
+# LoRA fine-tune of SmolLM2-135M-Instruct on the English chatterbot corpus (examples/quickstart.yaml),
+# then verify it: a rerun in a fresh process, a resume from a checkpoint, and negative controls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install.sh
 export MLFLOW_DISABLE_TELEMETRY=true HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-.venv/bin/reprotune split builtin:chatterbot-en --stratify-by category --seed 42 --out split.json
-.venv/bin/reprotune check-split split.json builtin:chatterbot-en
+run="runs/quickstart-$(date -u +%Y%m%d-%H%M%S)"
+.venv/bin/reprotune doctor examples/quickstart.yaml
+.venv/bin/reprotune run examples/quickstart.yaml --run-dir "$run"
+.venv/bin/reprotune verify examples/quickstart.yaml --reference "$run" --out "$run-verify"
+.venv/bin/reprotune report "$run" "$run-verify/rerun" "$run-verify/control-seed" -o "$run-report.html"
+echo "report: $run-report.html"
