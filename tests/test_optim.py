@@ -21,11 +21,16 @@ from reprotune._optim import lr_factor
 )
 def test_schedules(schedule: str, step: int, expected: float) -> None:
     """Each schedule after a 2-step warmup over 10 steps."""
-    assert lr_factor(step, schedule=schedule, warmup_steps=2, total_steps=10) == pytest.approx(expected, abs=1e-12)
+    assert lr_factor(step, schedule=schedule, warmup_steps=2, total_steps=10) == pytest.approx(
+        expected, abs=1e-12
+    )
 
 
 def test_warmup_is_linear() -> None:
     """Warmup ramps up to the base rate."""
     assert [lr_factor(s, schedule="linear", warmup_steps=4, total_steps=10) for s in range(4)] == [
-        0.25, 0.5, 0.75, 1.0,
+        0.25,
+        0.5,
+        0.75,
+        1.0,
     ]

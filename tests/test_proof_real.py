@@ -7,11 +7,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tinyrun import TinyProject
 
 from reprotune._cli import main
 from reprotune._data_order import DataOrder
 from reprotune._manifest import load_manifest
+from tinyrun import TinyProject
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     lines = (project.root / "data.jsonl").read_text().splitlines()
     lines[first_row] = lines[first_row].replace('"response":"', '"response":"edited ')
     edited.write_text("\n".join(lines) + "\n")
-    project.run_cli("run", "cfg.yaml", "--run-dir", "runs/edited", "--no-progress", "--set", f"data.path={edited}")
+    project.run_cli(
+        "run", "cfg.yaml", "--run-dir", "runs/edited", "--no-progress", "--set", f"data.path={edited}"
+    )
     out["edited"] = project.root / "runs" / "edited"
     (project.root / "edited-row").write_text(str(first_row))
     return out
@@ -80,7 +82,9 @@ def test_environment_difference_listed(runs: dict[str, Path], capsys: pytest.Cap
     assert "determinism.threads: 1 -> 2" in text or "threads" in text.split("what differs", 1)[1]
 
 
-def test_hand_edited_ledger(runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_hand_edited_ledger(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A loss edited by hand at step 4: DIVERGED at step 4."""
     copy = tmp_path / "edited-ledger"
     shutil.copytree(runs["twin"], copy)

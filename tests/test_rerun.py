@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from tinyrun import TinyProject
 
 
@@ -33,7 +34,9 @@ def test_rerun_reproduces_identically(recorded: tuple[TinyProject, Path]) -> Non
     a = json.loads((original / "record.json").read_text())
     b = json.loads((project.root / "runs" / "again" / "record.json").read_text())
     assert a["outputs"]["adapter_sha256"] == b["outputs"]["adapter_sha256"]
-    assert (original / "split.json").read_bytes() == (project.root / "runs" / "again" / "split.json").read_bytes()
+    assert (original / "split.json").read_bytes() == (
+        project.root / "runs" / "again" / "split.json"
+    ).read_bytes()
 
 
 def test_rerun_refuses_code_drift(recorded: tuple[TinyProject, Path]) -> None:

@@ -31,15 +31,20 @@ class _Broken:
 
 def _run(tmp_path: Path) -> RunDescription:
     return RunDescription(
-        run_id="20260101-000000-abcdef12", run_dir=tmp_path,
-        params={"train.learning_rate": "0.001", "lora.r": "4"}, tags={"git.commit": "deadbeef"},
+        run_id="20260101-000000-abcdef12",
+        run_dir=tmp_path,
+        params={"train.learning_rate": "0.001", "lora.r": "4"},
+        tags={"git.commit": "deadbeef"},
     )
 
 
 def test_flatten_params() -> None:
     """Nested config becomes dotted string params; None is written as null."""
     assert flatten_params({"a": {"b": 1, "c": None}, "d": [1, 2], "e": {}}) == {
-        "a.b": "1", "a.c": "null", "d": "[1, 2]", "e": "{}",
+        "a.b": "1",
+        "a.c": "null",
+        "d": "[1, 2]",
+        "e": "{}",
     }
 
 

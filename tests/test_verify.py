@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from tinyrun import BASE_CONFIG, TinyProject, merge
 
 from reprotune import _verify
 from reprotune._config import config_from_dict
+from tinyrun import BASE_CONFIG, TinyProject, merge
 
 
 def test_verify_passes_on_reproducible_config(tiny_project: TinyProject, tmp_path: Path) -> None:
@@ -35,8 +35,15 @@ def test_verify_passes_on_reproducible_config(tiny_project: TinyProject, tmp_pat
 def test_verify_fails_when_runs_are_not_reproducible(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Data edited between the reference and the rerun: the rerun DIVERGES and verify FAILS."""
     project = TinyProject.create(tmp_path / "project")
-    config = config_from_dict(merge(BASE_CONFIG, {"data": {"path": str(project.root / "data.jsonl")},
-                                                  "model": {"name": str(project.root / "tiny-model")}}))
+    config = config_from_dict(
+        merge(
+            BASE_CONFIG,
+            {
+                "data": {"path": str(project.root / "data.jsonl")},
+                "model": {"name": str(project.root / "tiny-model")},
+            },
+        )
+    )
     real_leg = _verify._reprotune
     legs_run: list[list[str]] = []
 
@@ -78,8 +85,15 @@ def test_verify_with_existing_reference(tiny_project: TinyProject, tmp_path: Pat
     assert "verify: PASS" in done.stdout
     assert not (tmp_path / "v" / "reference").exists()
     other = tiny_project.run_cli(
-        "verify", str(config), "--set", "seed.root=9", "--out", str(tmp_path / "v2"),
-        "--reference", str(tmp_path / "ref"), check=False,
+        "verify",
+        str(config),
+        "--set",
+        "seed.root=9",
+        "--out",
+        str(tmp_path / "v2"),
+        "--reference",
+        str(tmp_path / "ref"),
+        check=False,
     )
     assert other.returncode == 2
     assert "another config" in other.stderr

@@ -61,15 +61,22 @@ class TinyProject:
         path.write_text(yaml.safe_dump(merge(BASE_CONFIG, sections), sort_keys=True), encoding="utf-8")
         return path
 
-    def run_cli(self, *args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run_cli(
+        self, *args: str, env: dict[str, str] | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         """``python -m reprotune ARGS`` in a fresh process, in the project directory."""
         full_env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", **(env or {})}
         done = subprocess.run(
             [sys.executable, "-m", "reprotune", *args],
-            cwd=self.root, env=full_env, capture_output=True, text=True, timeout=600,
+            cwd=self.root,
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         if check and done.returncode != 0:
             raise AssertionError(
-                f"reprotune {' '.join(args)} exited {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+                f"reprotune {' '.join(args)} exited {done.returncode}\n"
+                f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
             )
         return done

@@ -24,7 +24,12 @@ from safetensors.torch import load_file, save_file
 from reprotune._faults import kill_point
 from reprotune._jsonio import fsync_dir, sha256_file, write_json_atomic
 from reprotune._lora import trainable_tensors
-from reprotune._seeding import capture_rng_state, restore_rng_state, rng_state_from_tensors, rng_state_to_tensors
+from reprotune._seeding import (
+    capture_rng_state,
+    restore_rng_state,
+    rng_state_from_tensors,
+    rng_state_to_tensors,
+)
 
 STATE_FILE = "state.json"
 SCHEMA_VERSION = 1
@@ -61,7 +66,7 @@ def save_checkpoint(
     scaler: Any | None,
     keep: int,
 ) -> Path:
-    """Write a checkpoint for ``state.step`` into ``directory``; keep the newest ``keep``. Returns its path."""
+    """Write a checkpoint for ``state.step`` into ``directory``, keep the newest ``keep``; return its path."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"{_PREFIX}{state.step:08d}"
     tmp = directory / f".tmp-{final.name}-{os.getpid()}"
@@ -172,5 +177,8 @@ def restore_checkpoint(
     if restore_rng:
         meta = json.loads((path / "rng.json").read_text(encoding="utf-8"))
         restore_rng_state(rng_state_from_tensors(load_file(str(path / "rng.safetensors")), meta))
-    return CheckpointState(step=int(state["step"]), epoch=int(state["epoch"]),
-                           position=(int(state["position"][0]), int(state["position"][1])))
+    return CheckpointState(
+        step=int(state["step"]),
+        epoch=int(state["epoch"]),
+        position=(int(state["position"][0]), int(state["position"][1])),
+    )

@@ -43,7 +43,7 @@ class LedgerWriter:
 
     def __init__(self, path: Path, *, fsync_every: int = 0) -> None:
         self.path = path
-        self._handle: IO[str] = open(path, "a", encoding="utf-8")
+        self._handle: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
         self._fsync_every = fsync_every
         self._since_sync = 0
 

@@ -89,12 +89,17 @@ def rerun(
 
     record_path = run_dir / "record.json"
     if not record_path.is_file():
-        raise InputError(f"{run_dir} is not a run directory (no record.json)",
-                         fix="point at a directory written by `reprotune run`")
+        raise InputError(
+            f"{run_dir} is not a run directory (no record.json)",
+            fix="point at a directory written by `reprotune run`",
+        )
     record = load_record(record_path)
     if record.get("status") != "completed":
-        raise InputError(f"the run in {run_dir} did not complete (status {record.get('status')!r})",
-                         source=str(record_path), fix=f"resume it with `reprotune resume {run_dir}` first")
+        raise InputError(
+            f"the run in {run_dir} did not complete (status {record.get('status')!r})",
+            source=str(record_path),
+            fix=f"resume it with `reprotune resume {run_dir}` first",
+        )
     checks = preflight(run_dir, record, code_dir=code_dir)
     if checks.code_drift and not allow_code_drift:
         raise InputError(
@@ -109,7 +114,8 @@ def rerun(
         report(f"environment differs: {line}")
     cfg = config_from_dict(record["config"], source=str(record_path))
     target = new_run_dir or run_dir.parent / f"{run_dir.name}-rerun"
-    options = RunOptions(run_dir=target, progress=progress, tracking=True, manifest=run_dir / "split.json",
-                         code_dir=code_dir)
+    options = RunOptions(
+        run_dir=target, progress=progress, tracking=True, manifest=run_dir / "split.json", code_dir=code_dir
+    )
     result = run_experiment(cfg, options)
     return result.run_dir, compare_runs(run_dir, result.run_dir)

@@ -154,7 +154,9 @@ def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContex
 def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
     """Sum of next-token cross-entropy over the labelled (response) tokens, and their count."""
     logits = model(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch.get("position_ids")
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=batch.get("position_ids"),
     ).logits
     labels = batch["labels"][:, 1:]
     shifted = logits[:, :-1, :]
@@ -216,8 +218,10 @@ def evaluate(
     model.eval()
     total, tokens = 0.0, 0
     for chunk in _micro_batches(rows, batch_size):
-        batch = {k: v.to(device) for k, v in examples.batch(chunk, pad_token_id=pad_token_id,
-                                                             padding_side=padding_side).items()}
+        batch = {
+            k: v.to(device)
+            for k, v in examples.batch(chunk, pad_token_id=pad_token_id, padding_side=padding_side).items()
+        }
         with _autocast(precision, device):
             loss_sum, n = token_loss_sum(model, batch)
         total += float(loss_sum)
@@ -230,15 +234,23 @@ def _progress(total: int, initial: int, enabled: bool) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(
-        total=total, initial=initial, unit="step", desc="train", file=sys.stderr, disable=not enabled,
-        dynamic_ncols=True, mininterval=0.5,
+        total=total,
+        initial=initial,
+        unit="step",
+        desc="train",
+        file=sys.stderr,
+        disable=not enabled,
+        dynamic_ncols=True,
+        mininterval=0.5,
     )
 
 
 def _trackers(cfg: ExperimentConfig, options: RunOptions, report: Callable[[str], None]) -> TrackerSet:
     trackers: list[Any] = []
     if options.tracking and cfg.tracking.mlflow:
-        trackers.append(MlflowTracker(cfg.tracking.uri, cfg.tracking.artifact_location, cfg.tracking.experiment))
+        trackers.append(
+            MlflowTracker(cfg.tracking.uri, cfg.tracking.artifact_location, cfg.tracking.experiment)
+        )
     return TrackerSet(trackers, report=report)
 
 
@@ -289,15 +301,19 @@ def _execute(
 ) -> RunResult:
     started = time.perf_counter()
     seeds = derive_seeds(cfg.seed.root, dict(cfg.seed.overrides))
-    record: dict[str, Any] = dict(previous) if previous else {
-        "run_id": run_dir.name,
-        "reprotune_version": __version__,
-        "config": cfg.resolved(),
-        "config_sha256": config_sha256(cfg),
-        "seeds": seeds,
-        "timings": {"started_at": _utcnow()},
-        "attempts": [],
-    }
+    record: dict[str, Any] = (
+        dict(previous)
+        if previous
+        else {
+            "run_id": run_dir.name,
+            "reprotune_version": __version__,
+            "config": cfg.resolved(),
+            "config_sha256": config_sha256(cfg),
+            "seeds": seeds,
+            "timings": {"started_at": _utcnow()},
+            "attempts": [],
+        }
+    )
     record["status"] = "running"
     record["error"] = None
     record.setdefault("attempts", []).append({"started_at": _utcnow(), "resumed": resume})
@@ -335,12 +351,18 @@ def _execute(
             padding_side=cfg.model.padding_side,
             device=str(device),
         )
-        record["model"] = {**loaded.info, "max_length": cfg.model.max_length,
-                           "padding_side": cfg.model.padding_side}
+        record["model"] = {
+            **loaded.info,
+            "max_length": cfg.model.max_length,
+            "padding_side": cfg.model.padding_side,
+        }
         pad_token_id = int(loaded.info["pad_token_id"])
         lora_kwargs = dict(
-            r=cfg.lora.r, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
-            target_modules=list(cfg.lora.target_modules), bias=cfg.lora.bias,
+            r=cfg.lora.r,
+            alpha=cfg.lora.alpha,
+            dropout=cfg.lora.dropout,
+            target_modules=list(cfg.lora.target_modules),
+            bias=cfg.lora.bias,
         )
         model = apply_lora(loaded.model, seed=seeds["lora_init"], **lora_kwargs)  # type: ignore[arg-type]
         model.to(device)
@@ -353,16 +375,27 @@ def _execute(
         else:
             assert cfg.train.epochs is not None  # the config guarantees exactly one of the two
             total_steps = order.steps_for_epochs(cfg.train.epochs)
-        record["data"]["order"] = {"version": ORDER_VERSION, "rows_per_step": rows_per_step,
-                                   "total_steps": total_steps}
+        record["data"]["order"] = {
+            "version": ORDER_VERSION,
+            "rows_per_step": rows_per_step,
+            "total_steps": total_steps,
+        }
         val_rows = data.eval_rows(seeds["eval"])
         examples = Examples(data, loaded.tokenizer, cfg)
 
         trainable = [p for p in model.parameters() if p.requires_grad]
-        optimizer = build_optimizer(trainable, name=cfg.train.optimizer, learning_rate=cfg.train.learning_rate,
-                                    weight_decay=cfg.train.weight_decay)
-        scheduler = build_scheduler(optimizer, schedule=cfg.train.scheduler, warmup_steps=cfg.train.warmup_steps,
-                                    total_steps=total_steps)
+        optimizer = build_optimizer(
+            trainable,
+            name=cfg.train.optimizer,
+            learning_rate=cfg.train.learning_rate,
+            weight_decay=cfg.train.weight_decay,
+        )
+        scheduler = build_scheduler(
+            optimizer,
+            schedule=cfg.train.scheduler,
+            warmup_steps=cfg.train.warmup_steps,
+            total_steps=total_steps,
+        )
         scaler = torch.amp.GradScaler(device.type) if cfg.train.precision == "fp16" else None
 
         ledger_path = run_dir / LEDGER_FILE
@@ -375,7 +408,11 @@ def _execute(
                 ledger_path.unlink(missing_ok=True)
             else:
                 state = restore_checkpoint(
-                    found, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                    found,
+                    model=model,
+                    optimizer=optimizer,
+                    scheduler=scheduler,
+                    scaler=scaler,
                     restore_rng=options.restore_rng_on_resume,
                 )
                 start_step = state.step
@@ -388,7 +425,9 @@ def _execute(
             torch.manual_seed(seeds["dropout"])
 
         run_info = RunDescription(
-            run_id=record["run_id"], run_dir=run_dir, params=flatten_params(record["config"]),
+            run_id=record["run_id"],
+            run_dir=run_dir,
+            params=flatten_params(record["config"]),
             tags=_tracker_tags(record),
         )
         trackers.start(run_info)
@@ -400,14 +439,20 @@ def _execute(
         bar = _progress(total_steps, start_step, options.progress)
         with LedgerWriter(ledger_path) as ledger:
             if start_step == 0:
-                ledger.write({"kind": "init", "step": 0, "weights_sha256": tensors_sha256(trainable_tensors(model))})
+                ledger.write(
+                    {"kind": "init", "step": 0, "weights_sha256": tensors_sha256(trainable_tensors(model))}
+                )
             for step in range(start_step + 1, total_steps + 1):
                 t0 = time.perf_counter()
                 rows = order.step_rows(step)
                 epoch, _ = order.position(step)
                 batches = [
-                    {k: v.to(device) for k, v in examples.batch(chunk, pad_token_id=pad_token_id,
-                                                                 padding_side=cfg.model.padding_side).items()}
+                    {
+                        k: v.to(device)
+                        for k, v in examples.batch(
+                            chunk, pad_token_id=pad_token_id, padding_side=cfg.model.padding_side
+                        ).items()
+                    }
                     for chunk in _micro_batches(rows, cfg.train.batch_size)
                 ]
                 n_tokens = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
@@ -431,20 +476,42 @@ def _execute(
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 if options.recording:
-                    ledger.write({
-                        "kind": "train", "step": step, "epoch": epoch, "batch_sha256": batch_sha256(rows),
-                        "n_rows": len(rows), "n_tokens": n_tokens, "loss": hexf(step_loss), "lr": hexf(lr),
-                        "grad_norm": hexf(grad_norm), "weights_sha256": tensors_sha256(trainable_tensors(model)),
-                    })
+                    ledger.write(
+                        {
+                            "kind": "train",
+                            "step": step,
+                            "epoch": epoch,
+                            "batch_sha256": batch_sha256(rows),
+                            "n_rows": len(rows),
+                            "n_tokens": n_tokens,
+                            "loss": hexf(step_loss),
+                            "lr": hexf(lr),
+                            "grad_norm": hexf(grad_norm),
+                            "weights_sha256": tensors_sha256(trainable_tensors(model)),
+                        }
+                    )
                 metrics = {"train_loss": step_loss, "lr": lr, "grad_norm": grad_norm}
                 is_last = step == total_steps
                 if val_rows and ((cfg.train.eval_every and step % cfg.train.eval_every == 0) or is_last):
                     final_val, val_tokens = evaluate(
-                        model, examples, val_rows, batch_size=cfg.eval.batch_size, pad_token_id=pad_token_id,
-                        padding_side=cfg.model.padding_side, device=device, precision=cfg.train.precision,
+                        model,
+                        examples,
+                        val_rows,
+                        batch_size=cfg.eval.batch_size,
+                        pad_token_id=pad_token_id,
+                        padding_side=cfg.model.padding_side,
+                        device=device,
+                        precision=cfg.train.precision,
                     )
-                    ledger.write({"kind": "val", "step": step, "loss": hexf(final_val), "n_rows": len(val_rows),
-                                  "n_tokens": val_tokens})
+                    ledger.write(
+                        {
+                            "kind": "val",
+                            "step": step,
+                            "loss": hexf(final_val),
+                            "n_rows": len(val_rows),
+                            "n_tokens": val_tokens,
+                        }
+                    )
                     metrics["val_loss"] = final_val
                 if options.recording:
                     trackers.log_metrics(step, metrics)
@@ -453,12 +520,17 @@ def _execute(
                     save_checkpoint(
                         checkpoint_dir,
                         CheckpointState(step=step, epoch=epoch, position=order.position(step + 1)),
-                        model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                        model=model,
+                        optimizer=optimizer,
+                        scheduler=scheduler,
+                        scaler=scaler,
                         keep=cfg.train.keep_checkpoints,
                     )
                 kill_point("step-end")
                 step_times.append(time.perf_counter() - t0)
-                bar.set_postfix(loss=f"{step_loss:.4f}", tok_s=f"{n_tokens / step_times[-1]:.0f}", refresh=False)
+                bar.set_postfix(
+                    loss=f"{step_loss:.4f}", tok_s=f"{n_tokens / step_times[-1]:.0f}", refresh=False
+                )
                 bar.update(1)
                 if options.stop_after_step is not None and step >= options.stop_after_step and not is_last:
                     bar.close()
@@ -479,13 +551,20 @@ def _execute(
         record["timings"].update(_timings(started, step_times, total_steps))
         record["status"] = "completed"
         _write_record(run_dir, record)
-        trackers.log_artifacts({
-            "": run_dir / RECORD_FILE, "ledger": ledger_path, "adapter": run_dir / ADAPTER_DIR,
-            "split": manifest_path, "config": run_dir / CONFIG_FILE,
-        })
+        trackers.log_artifacts(
+            {
+                "": run_dir / RECORD_FILE,
+                "ledger": ledger_path,
+                "adapter": run_dir / ADAPTER_DIR,
+                "split": manifest_path,
+                "config": run_dir / CONFIG_FILE,
+            }
+        )
         record["trackers"] = trackers.finish("completed")
         _write_record(run_dir, record)
-        return RunResult(run_dir, record, "completed", total_steps, record["outputs"]["adapter_sha256"], final_val)
+        return RunResult(
+            run_dir, record, "completed", total_steps, record["outputs"]["adapter_sha256"], final_val
+        )
     except BaseException as exc:
         if bar is not None:
             bar.close()

@@ -63,7 +63,9 @@ class Verification:
         for leg in self.legs:
             mark = "ok  " if leg.passed else ("n/a " if leg.passed is None else "FAIL")
             detail = ", ".join(f"{k} {v}" for k, v in leg.evidence.items())
-            lines.append(f"  [{mark}] {leg.name:<15} {leg.verdict or '-':<11} (must be {leg.expected}) {detail}")
+            lines.append(
+                f"  [{mark}] {leg.name:<15} {leg.verdict or '-':<11} (must be {leg.expected}) {detail}"
+            )
             if leg.note:
                 lines.append(f"         {leg.note}")
         return "\n".join(lines)
@@ -90,11 +92,15 @@ def _evidence(cmp: Any) -> dict[str, Any]:
     data = cmp.to_json()
     where = data.get("where") or {}
     adapter = data.get("adapter") or {}
-    return {k: v for k, v in {
-        "steps": where.get("steps_compared"),
-        "first_divergence": where.get("first_divergence_step"),
-        "adapter_sha256": adapter.get("sha256_a"),
-    }.items() if v is not None}
+    return {
+        k: v
+        for k, v in {
+            "steps": where.get("steps_compared"),
+            "first_divergence": where.get("first_divergence_step"),
+            "adapter_sha256": adapter.get("sha256_a"),
+        }.items()
+        if v is not None
+    }
 
 
 def verify_config(
@@ -123,7 +129,8 @@ def verify_config(
     """
     if control_seed not in CONSUMERS:
         raise InputError(
-            f"unknown seed consumer {control_seed!r}", source="--control-seed",
+            f"unknown seed consumer {control_seed!r}",
+            source="--control-seed",
             fix=f"choose one of {', '.join(CONSUMERS)}",
         )
     if reference is not None:
@@ -161,37 +168,68 @@ def verify_config(
 
     perturbed = seeds[control_seed] + 1
     progress(f"verify: negative control, seed {control_seed} {seeds[control_seed]} -> {perturbed}")
-    control = Leg("control-seed", str(out_dir / "control-seed"), "DIVERGED",
-                  note=f"seed.overrides.{control_seed}={perturbed}")
-    _reprotune(["run", str(config), "--run-dir", control.run_dir,
-                "--set", f"seed.overrides.{control_seed}={perturbed}", *quiet], log)
+    control = Leg(
+        "control-seed",
+        str(out_dir / "control-seed"),
+        "DIVERGED",
+        note=f"seed.overrides.{control_seed}={perturbed}",
+    )
+    _reprotune(
+        [
+            "run",
+            str(config),
+            "--run-dir",
+            control.run_dir,
+            "--set",
+            f"seed.overrides.{control_seed}={perturbed}",
+            *quiet,
+        ],
+        log,
+    )
     judge(control)
     legs.append(control)
 
     total = _total_steps(reference_dir)
     stop = _resume_point(cfg, total)
     if resume and stop is None:
-        legs.append(Leg("resume", "", "IDENTICAL", note="skipped: train.save_every gives no checkpoint "
-                        "before the last step; set it to check exact resume"))
+        legs.append(
+            Leg(
+                "resume",
+                "",
+                "IDENTICAL",
+                note="skipped: train.save_every gives no checkpoint "
+                "before the last step; set it to check exact resume",
+            )
+        )
     elif resume and stop is not None:
-        for name, extra, expected in (("resume", [], "IDENTICAL"),
-                                      ("control-resume", ["--skip-rng-restore"], "DIVERGED")):
+        for name, extra, expected in (
+            ("resume", [], "IDENTICAL"),
+            ("control-resume", ["--skip-rng-restore"], "DIVERGED"),
+        ):
             progress(f"verify: {name}: stop after step {stop}, resume in a fresh process")
             leg = Leg(name, str(out_dir / name), expected)
-            _reprotune(["run", str(config), "--run-dir", leg.run_dir, "--stop-after-step", str(stop), *quiet], log)
+            _reprotune(
+                ["run", str(config), "--run-dir", leg.run_dir, "--stop-after-step", str(stop), *quiet], log
+            )
             _reprotune(["resume", leg.run_dir, *quiet, *extra], log)
             judge(leg)
             if name == "control-resume" and not leg.passed and cfg.lora.dropout == 0:
                 leg.passed = None
-                leg.note = ("inconclusive: with lora.dropout 0 nothing draws from the RNG after the "
-                            "checkpoint, so skipping its restore cannot show")
+                leg.note = (
+                    "inconclusive: with lora.dropout 0 nothing draws from the RNG after the "
+                    "checkpoint, so skipping its restore cannot show"
+                )
             legs.append(leg)
 
     ok = all(leg.passed is not False for leg in legs) and rerun.passed and control.passed
     result = Verification("PASS" if ok else "FAIL", str(out_dir), config_sha256(cfg), legs)
-    write_json_atomic(out_dir / "verification.json", {
-        **result.to_json(), "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    })
+    write_json_atomic(
+        out_dir / "verification.json",
+        {
+            **result.to_json(),
+            "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        },
+    )
     return result
 
 
@@ -201,16 +239,24 @@ def _check_reference(run_dir: Path, cfg: ExperimentConfig) -> None:
 
     path = run_dir / "record.json"
     if not path.is_file():
-        raise InputError(f"{run_dir} is not a run directory (no record.json)", source="--reference",
-                         fix="point --reference at a directory written by `reprotune run`")
+        raise InputError(
+            f"{run_dir} is not a run directory (no record.json)",
+            source="--reference",
+            fix="point --reference at a directory written by `reprotune run`",
+        )
     record = load_record(path)
     if record.get("status") != "completed":
-        raise InputError(f"reference run {run_dir} is not complete (status {record.get('status')!r})",
-                         source="--reference", fix="resume it first, or leave --reference out")
+        raise InputError(
+            f"reference run {run_dir} is not complete (status {record.get('status')!r})",
+            source="--reference",
+            fix="resume it first, or leave --reference out",
+        )
     if record.get("config_sha256") != config_sha256(cfg):
-        raise InputError(f"reference run {run_dir} was made from another config",
-                         source="--reference",
-                         fix="pass the same config (and --set overrides) the reference was run with")
+        raise InputError(
+            f"reference run {run_dir} was made from another config",
+            source="--reference",
+            fix="pass the same config (and --set overrides) the reference was run with",
+        )
 
 
 def _total_steps(run_dir: Path) -> int:

@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, with one subparser per available command."""
     parser = argparse.ArgumentParser(
         prog="reprotune",
-        description="Reproducible LLM fine-tuning, proven: seeds, splits, records and step-by-step comparison.",
+        description="Reproducible LLM fine-tuning, proven: seeds, splits, records, step-by-step comparison.",
     )
     parser.add_argument("--version", action="version", version=f"reprotune {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -10,7 +10,11 @@ from typing import Any
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", type=Path, help="experiment config (YAML)")
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
         help="override a config value, e.g. --set train.max_steps=10 (repeatable)",
     )
     parser.add_argument("--run-dir", type=Path, default=None, help="run directory (default: runs/<run-id>)")

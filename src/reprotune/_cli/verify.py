@@ -10,17 +10,26 @@ from pathlib import Path
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", type=Path, help="experiment config (YAML)")
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
         help="override a config value (repeatable)",
     )
-    parser.add_argument("--out", type=Path, default=None, help="verification directory (default: runs/verify-<id>)")
     parser.add_argument(
-        "--control-seed", default="data_order",
+        "--out", type=Path, default=None, help="verification directory (default: runs/verify-<id>)"
+    )
+    parser.add_argument(
+        "--control-seed",
+        default="data_order",
         help="the derived seed the negative control perturbs (default: data_order)",
     )
     parser.add_argument("--no-resume", action="store_true", help="skip the resume leg and its control")
     parser.add_argument(
-        "--reference", type=Path, default=None,
+        "--reference",
+        type=Path,
+        default=None,
         help="use this completed run of the same config as the reference instead of running one",
     )
 
