@@ -117,6 +117,7 @@ def prepare_data(
     else:
         # Keep the user's file byte for byte, so the recorded sha256 is the one they hold.
         copy_manifest(Path(given), manifest_out)
+    _check_text_fields(table, loaded, (cfg.data.prompt_field, cfg.data.response_field))
     return RunData(
         table=table,
         manifest=loaded,
@@ -126,3 +127,20 @@ def prepare_data(
         response_field=cfg.data.response_field,
         eval_max_rows=cfg.eval.max_rows,
     )
+
+
+def _check_text_fields(table: Table, manifest: Manifest, fields: tuple[str, ...]) -> None:
+    """Refuse, before any training, a train or validation row whose prompt or response is not text."""
+    for name in fields:
+        column = table.column(name)
+        for split in ("train", "validation"):
+            for row in manifest.indices[split]:
+                value = column[int(row)]
+                if not isinstance(value, str):
+                    what = "missing" if value is None else f"a {type(value).__name__}, not text"
+                    raise InputError(
+                        f"row {row} ({split} split): field {name!r} is {what}",
+                        source=f"{table.source}, row {row}",
+                        fix=f"give every row a text {name!r}, or point data.prompt_field / "
+                        "data.response_field at the right columns",
+                    )
