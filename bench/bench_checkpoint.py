@@ -6,24 +6,32 @@ LoRA r=8 on q_proj/v_proj, AdamW, fp32, CPU, 2 threads):
 1. ``save_checkpoint`` / ``restore_checkpoint`` on the real PeftModel and AdamW (after one real
    optimizer step, so AdamW holds its moments): the median of several calls each, and the size.
 2. Training runs of the same config through ``run_experiment`` (no trackers, no progress bar, the
-   final validation cut to 4 rows), without checkpoints and with one every N steps. The record's
-   mean step time includes the checkpoint saves (they happen inside the step), so
-   ``(mean_with - mean_without) / mean_without`` is the measured overhead; the estimate beside it
-   is ``save time / (N x step time)``.
+   final validation cut to 4 rows), without checkpoints and with one every N steps, interleaved
+   over ``--rounds`` rounds. Three views of the overhead: ``paired``, the median over rounds of
+   (step time with / step time without - 1), the record's mean step time including the saves;
+   ``saves/train``, the loop's own ``save_checkpoint`` calls, timed one by one, as a share of that
+   run's training time; and the estimate ``save time / (N x step time)`` from part 1.
 
-The machine is shared and timings move by 10-20 % from run to run: read the figures as sizes, not
-as three digits. ``--quick`` runs fewer steps and repeats (about a minute once the model is cached).
+Each save fsyncs every file and both directories. On a disk that other processes are writing to,
+one fsync can wait for their data too, so part 1 also times the save with ``os.fsync`` made a
+no-op, to show how much of it is the disk. On a shared machine the step time itself moves a lot
+from run to run (other jobs), which swamps a 1 % effect in ``paired``; ``saves/train`` is immune
+to that. Read the figures as sizes, not as three digits. ``--quick`` runs fewer steps (a few
+minutes once the model is cached).
 
-Run: ``.venv/bin/python bench/bench_checkpoint.py [--quick] [--steps N]``
+Run: ``.venv/bin/python bench/bench_checkpoint.py [--quick] [--steps N] [--rounds R]``
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,52 +69,92 @@ def _prepared(cfg: Any) -> tuple[Any, torch.optim.Optimizer, Any]:
     return model, optimizer, scheduler
 
 
+@contextlib.contextmanager
+def _no_fsync() -> Iterator[None]:
+    """``os.fsync`` as a no-op (only to measure how much of a save is waiting for the disk)."""
+    real = os.fsync
+    os.fsync = lambda fd: None
+    try:
+        yield
+    finally:
+        os.fsync = real
+
+
 def time_save_load(cfg: Any, repeats: int) -> dict[str, float]:
-    """Median save and load seconds over ``repeats`` calls, the checkpoint's size and its parts."""
+    """Median save (with and without fsync) and load seconds over ``repeats`` calls, and the size."""
     from reprotune._checkpoint import CheckpointState, restore_checkpoint, save_checkpoint
 
     model, optimizer, scheduler = _prepared(cfg)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    saves, loads = [], []
+    saves: dict[bool, list[float]] = {True: [], False: []}
+    loads = []
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp) / "checkpoints"
         path = directory
-        for step in range(1, repeats + 1):
+        for step in range(1, 2 * repeats + 1):
+            synced = step % 2 == 1  # interleaved, so both see the same disk weather
             start = time.perf_counter()
-            path = save_checkpoint(directory, CheckpointState(step=step, epoch=0, position=(0, step)),
-                                   model=model, optimizer=optimizer, scheduler=scheduler, scaler=None, keep=2)
-            saves.append(time.perf_counter() - start)
+            with contextlib.nullcontext() if synced else _no_fsync():
+                path = save_checkpoint(directory, CheckpointState(step=step, epoch=0, position=(0, step)),
+                                       model=model, optimizer=optimizer, scheduler=scheduler, scaler=None,
+                                       keep=2)
+            saves[synced].append(time.perf_counter() - start)
         size = sum(f.stat().st_size for f in path.iterdir())
         for _ in range(repeats):
             start = time.perf_counter()
             restore_checkpoint(path, model=model, optimizer=optimizer, scheduler=scheduler, scaler=None)
             loads.append(time.perf_counter() - start)
-    return {"save_s": statistics.median(saves), "load_s": statistics.median(loads), "size_mb": size / 1e6,
-            "trainable": float(n_trainable)}
+    return {"save_s": statistics.median(saves[True]), "save_nosync_s": statistics.median(saves[False]),
+            "load_s": statistics.median(loads), "size_mb": size / 1e6, "trainable": float(n_trainable)}
 
 
-def time_run(steps: int, save_every: int, run_dir: Path) -> dict[str, float]:
-    """A quickstart run of ``steps`` steps checkpointing every ``save_every`` (0: never); its timings."""
+class _Timed:
+    """Wraps a function and keeps the duration of every call."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.times: list[float] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.times.append(time.perf_counter() - start)
+
+
+def time_run(steps: int, save_every: int, run_dir: Path) -> tuple[float, list[float]]:
+    """A quickstart run of ``steps`` steps checkpointing every ``save_every`` (0: never).
+
+    Returns:
+        The mean step time (from the record) and the duration of each checkpoint save in the loop.
+    """
+    from reprotune import _train
     from reprotune._config import load_config
-    from reprotune._train import RunOptions, run_experiment
 
     cfg = load_config(CONFIG, [f"train.max_steps={steps}", f"train.save_every={save_every}",
                                "train.eval_every=0", "eval.max_rows=4", "tracking.mlflow=false"])
-    result = run_experiment(cfg, RunOptions(run_dir=run_dir, progress=False, tracking=False))
-    step_s = float(result.record["timings"]["step_time_s_mean"])
-    return {"step_s": step_s, "train_s": step_s * steps}
+    timed = _Timed(_train.save_checkpoint)
+    _train.save_checkpoint = timed  # the loop's own calls, timed
+    try:
+        options = _train.RunOptions(run_dir=run_dir, progress=False, tracking=False)
+        result = _train.run_experiment(cfg, options)
+    finally:
+        _train.save_checkpoint = timed.fn
+    return float(result.record["timings"]["step_time_s_mean"]), timed.times
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run both parts and print the tables."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer steps and repeats (about a minute)")
+    parser.add_argument("--quick", action="store_true", help="fewer steps (about a minute or two)")
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default 20; quick 6)")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each setting, interleaved (default 2)")
     args = parser.parse_args(argv)
     from reprotune._config import load_config
 
     steps = args.steps or (6 if args.quick else 20)
-    every_runs = [0, 2] if args.quick else [0, 1, 5]
+    settings = [0, 2] if args.quick else [0, 1, 5]
     repeats = 3 if args.quick else 7
 
     cfg = load_config(CONFIG)
@@ -118,19 +166,36 @@ def main(argv: list[str] | None = None) -> int:
     io = time_save_load(cfg, repeats)
     print(f"\ncheckpoint ({int(io['trainable']):,} trainable parameters, {io['size_mb']:.1f} MB on disk), "
           f"median of {repeats}:")
-    print(f"  save_checkpoint     {io['save_s'] * 1e3:8.1f} ms")
-    print(f"  restore_checkpoint  {io['load_s'] * 1e3:8.1f} ms")
+    print(f"  save_checkpoint               {io['save_s'] * 1e3:8.1f} ms")
+    print(f"  save_checkpoint, no fsync     {io['save_nosync_s'] * 1e3:8.1f} ms")
+    print(f"  restore_checkpoint            {io['load_s'] * 1e3:8.1f} ms")
 
+    step_means: dict[int, list[float]] = {every: [] for every in settings}
+    in_loop: dict[int, list[float]] = {every: [] for every in settings}
+    attributed: dict[int, list[float]] = {every: [] for every in settings}
     with tempfile.TemporaryDirectory() as tmp:
-        runs = {every: time_run(steps, every, Path(tmp) / f"every-{every}") for every in every_runs}
-    base = runs[0]["step_s"]
-    print(f"\ntraining runs of {steps} steps (mean step time includes the saves):")
-    print(f"  {'checkpoint every':<18}{'mean step':>11}{'train time':>12}{'measured':>10}{'estimate':>10}")
-    for every, run in runs.items():
+        for round_ in range(args.rounds):
+            for every in settings:
+                mean, saves = time_run(steps, every, Path(tmp) / f"every-{every}-{round_}")
+                step_means[every].append(mean)
+                in_loop[every].extend(saves)
+                attributed[every].append(sum(saves) / (mean * steps))
+    base = statistics.median(step_means[0])
+    print(f"\ntraining runs of {steps} steps, {args.rounds} interleaved rounds "
+          "(median step time, which includes the saves):")
+    print(f"  {'checkpoint every':<17}{'step time':>10}{'paired':>9}{'saves':>7}{'save median':>13}"
+          f"{'save worst':>12}{'saves/train':>13}")
+    for every in settings:
         label = "never" if every == 0 else f"{every} step{'s' if every > 1 else ''}"
-        measured = "" if every == 0 else f"{(run['step_s'] - base) / base:+.1%}"
-        estimate = "" if every == 0 else f"{io['save_s'] / (every * base):.1%}"
-        print(f"  {label:<18}{run['step_s']:>10.3f}s{run['train_s']:>11.2f}s{measured:>10}{estimate:>10}")
+        saves = in_loop[every]
+        row = f"  {label:<17}{statistics.median(step_means[every]):>9.3f}s"
+        if every:
+            # Paired: this setting against "never" of the same round, so both saw the same load.
+            pairs = zip(step_means[every], step_means[0], strict=True)
+            paired = statistics.median(a / b - 1 for a, b in pairs)
+            row += (f"{paired:>+9.1%}{len(saves):>7}{statistics.median(saves) * 1e3:>10.0f} ms"
+                    f"{max(saves) * 1e3:>9.0f} ms{statistics.median(attributed[every]):>13.2%}")
+        print(row)
     print(f"\nestimated overhead, save time / (N x step time), step time {base:.3f} s:")
     for every in (1, 5, 10):
         print(f"  every {every:>2} steps  {io['save_s'] / (every * base):6.1%}")
