@@ -19,7 +19,7 @@ from run to run (other jobs), which swamps a 1 % effect in ``paired``; ``saves/t
 to that. Read the figures as sizes, not as three digits. ``--quick`` runs fewer steps (a few
 minutes once the model is cached).
 
-Run: ``.venv/bin/python bench/bench_checkpoint.py [--quick] [--steps N] [--rounds R]``
+Run: ``.venv/bin/python bench/bench_checkpoint.py [--quick] [--steps N] [--rounds R] [--threads T]``
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ class _Timed:
             self.times.append(time.perf_counter() - start)
 
 
-def time_run(steps: int, save_every: int, run_dir: Path) -> tuple[float, list[float]]:
+def time_run(steps: int, save_every: int, run_dir: Path, threads: int | None) -> tuple[float, list[float]]:
     """A quickstart run of ``steps`` steps checkpointing every ``save_every`` (0: never).
 
     Returns:
@@ -132,8 +132,11 @@ def time_run(steps: int, save_every: int, run_dir: Path) -> tuple[float, list[fl
     from reprotune import _train
     from reprotune._config import load_config
 
-    cfg = load_config(CONFIG, [f"train.max_steps={steps}", f"train.save_every={save_every}",
-                               "train.eval_every=0", "eval.max_rows=4", "tracking.mlflow=false"])
+    overrides = [f"train.max_steps={steps}", f"train.save_every={save_every}", "train.eval_every=0",
+                 "eval.max_rows=4", "tracking.mlflow=false"]
+    if threads is not None:
+        overrides.append(f"determinism.threads={threads}")
+    cfg = load_config(CONFIG, overrides)
     timed = _Timed(_train.save_checkpoint)
     _train.save_checkpoint = timed  # the loop's own calls, timed
     try:
@@ -150,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer steps (about a minute or two)")
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default 20; quick 6)")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each setting, interleaved (default 2)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads instead of the config's 2 (1 on a busy 2-core machine: more "
+                             "threads than free cores make each step many times slower)")
     args = parser.parse_args(argv)
     from reprotune._config import load_config
 
@@ -158,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     repeats = 3 if args.quick else 7
 
     cfg = load_config(CONFIG)
-    if cfg.determinism.threads:  # as the runs below will (the quickstart pins 2)
-        torch.set_num_threads(cfg.determinism.threads)
+    threads = args.threads or cfg.determinism.threads
+    if threads:  # as the runs below will (the quickstart pins 2)
+        torch.set_num_threads(threads)
     print(f"quickstart: {cfg.model.name}, LoRA r={cfg.lora.r} on {list(cfg.lora.target_modules)}, "
           f"batch {cfg.train.batch_size}, max_length {cfg.model.max_length}, {cfg.train.precision}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}")
@@ -176,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
             for every in settings:
-                mean, saves = time_run(steps, every, Path(tmp) / f"every-{every}-{round_}")
+                mean, saves = time_run(steps, every, Path(tmp) / f"every-{every}-{round_}", args.threads)
                 step_means[every].append(mean)
                 in_loop[every].extend(saves)
                 attributed[every].append(sum(saves) / (mean * steps))
