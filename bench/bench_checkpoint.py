@@ -49,18 +49,37 @@ def _prepared(cfg: Any) -> tuple[Any, torch.optim.Optimizer, Any]:
     from reprotune._seeding import derive_seeds
 
     seeds = derive_seeds(cfg.seed.root, dict(cfg.seed.overrides))
-    loaded = load_base_model(cfg.model.name, revision=cfg.model.revision, dtype=cfg.model.dtype,
-                             pad_token_id=cfg.model.pad_token_id, padding_side=cfg.model.padding_side,
-                             device="cpu")
-    model = apply_lora(loaded.model, seed=seeds["lora_init"], r=cfg.lora.r, alpha=cfg.lora.alpha,
-                       dropout=cfg.lora.dropout, target_modules=list(cfg.lora.target_modules),
-                       bias=cfg.lora.bias)
+    loaded = load_base_model(
+        cfg.model.name,
+        revision=cfg.model.revision,
+        dtype=cfg.model.dtype,
+        pad_token_id=cfg.model.pad_token_id,
+        padding_side=cfg.model.padding_side,
+        device="cpu",
+    )
+    model = apply_lora(
+        loaded.model,
+        seed=seeds["lora_init"],
+        r=cfg.lora.r,
+        alpha=cfg.lora.alpha,
+        dropout=cfg.lora.dropout,
+        target_modules=list(cfg.lora.target_modules),
+        bias=cfg.lora.bias,
+    )
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(params, name=cfg.train.optimizer, learning_rate=cfg.train.learning_rate,
-                                weight_decay=cfg.train.weight_decay)
-    scheduler = build_scheduler(optimizer, schedule=cfg.train.scheduler, warmup_steps=cfg.train.warmup_steps,
-                                total_steps=cfg.train.max_steps or 1)
+    optimizer = build_optimizer(
+        params,
+        name=cfg.train.optimizer,
+        learning_rate=cfg.train.learning_rate,
+        weight_decay=cfg.train.weight_decay,
+    )
+    scheduler = build_scheduler(
+        optimizer,
+        schedule=cfg.train.scheduler,
+        warmup_steps=cfg.train.warmup_steps,
+        total_steps=cfg.train.max_steps or 1,
+    )
     ids = torch.randint(0, 1000, (cfg.train.batch_size, 64), generator=torch.Generator().manual_seed(0))
     model(input_ids=ids, labels=ids).loss.backward()
     optimizer.step()
@@ -95,17 +114,28 @@ def time_save_load(cfg: Any, repeats: int) -> dict[str, float]:
             synced = step % 2 == 1  # interleaved, so both see the same disk weather
             start = time.perf_counter()
             with contextlib.nullcontext() if synced else _no_fsync():
-                path = save_checkpoint(directory, CheckpointState(step=step, epoch=0, position=(0, step)),
-                                       model=model, optimizer=optimizer, scheduler=scheduler, scaler=None,
-                                       keep=2)
+                path = save_checkpoint(
+                    directory,
+                    CheckpointState(step=step, epoch=0, position=(0, step)),
+                    model=model,
+                    optimizer=optimizer,
+                    scheduler=scheduler,
+                    scaler=None,
+                    keep=2,
+                )
             saves[synced].append(time.perf_counter() - start)
         size = sum(f.stat().st_size for f in path.iterdir())
         for _ in range(repeats):
             start = time.perf_counter()
             restore_checkpoint(path, model=model, optimizer=optimizer, scheduler=scheduler, scaler=None)
             loads.append(time.perf_counter() - start)
-    return {"save_s": statistics.median(saves[True]), "save_nosync_s": statistics.median(saves[False]),
-            "load_s": statistics.median(loads), "size_mb": size / 1e6, "trainable": float(n_trainable)}
+    return {
+        "save_s": statistics.median(saves[True]),
+        "save_nosync_s": statistics.median(saves[False]),
+        "load_s": statistics.median(loads),
+        "size_mb": size / 1e6,
+        "trainable": float(n_trainable),
+    }
 
 
 class _Timed:
@@ -132,8 +162,13 @@ def time_run(steps: int, save_every: int, run_dir: Path, threads: int | None) ->
     from reprotune import _train
     from reprotune._config import load_config
 
-    overrides = [f"train.max_steps={steps}", f"train.save_every={save_every}", "train.eval_every=0",
-                 "eval.max_rows=4", "tracking.mlflow=false"]
+    overrides = [
+        f"train.max_steps={steps}",
+        f"train.save_every={save_every}",
+        "train.eval_every=0",
+        "eval.max_rows=4",
+        "tracking.mlflow=false",
+    ]
     if threads is not None:
         overrides.append(f"determinism.threads={threads}")
     cfg = load_config(CONFIG, overrides)
@@ -153,9 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer steps (about a minute or two)")
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default 20; quick 6)")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each setting, interleaved (default 2)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads instead of the config's 2 (1 on a busy 2-core machine: more "
-                             "threads than free cores make each step many times slower)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads instead of the config's 2 (1 on a busy 2-core machine: more "
+        "threads than free cores make each step many times slower)",
+    )
     args = parser.parse_args(argv)
     from reprotune._config import load_config
 
@@ -167,12 +206,16 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or cfg.determinism.threads
     if threads:  # as the runs below will (the quickstart pins 2)
         torch.set_num_threads(threads)
-    print(f"quickstart: {cfg.model.name}, LoRA r={cfg.lora.r} on {list(cfg.lora.target_modules)}, "
-          f"batch {cfg.train.batch_size}, max_length {cfg.model.max_length}, {cfg.train.precision}, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(
+        f"quickstart: {cfg.model.name}, LoRA r={cfg.lora.r} on {list(cfg.lora.target_modules)}, "
+        f"batch {cfg.train.batch_size}, max_length {cfg.model.max_length}, {cfg.train.precision}, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}"
+    )
     io = time_save_load(cfg, repeats)
-    print(f"\ncheckpoint ({int(io['trainable']):,} trainable parameters, {io['size_mb']:.1f} MB on disk), "
-          f"median of {repeats}:")
+    print(
+        f"\ncheckpoint ({int(io['trainable']):,} trainable parameters, {io['size_mb']:.1f} MB on disk), "
+        f"median of {repeats}:"
+    )
     print(f"  save_checkpoint               {io['save_s'] * 1e3:8.1f} ms")
     print(f"  save_checkpoint, no fsync     {io['save_nosync_s'] * 1e3:8.1f} ms")
     print(f"  restore_checkpoint            {io['load_s'] * 1e3:8.1f} ms")
@@ -188,10 +231,14 @@ def main(argv: list[str] | None = None) -> int:
                 in_loop[every].extend(saves)
                 attributed[every].append(sum(saves) / (mean * steps))
     base = statistics.median(step_means[0])
-    print(f"\ntraining runs of {steps} steps, {args.rounds} interleaved rounds "
-          "(median step time, which includes the saves):")
-    print(f"  {'checkpoint every':<17}{'step time':>10}{'paired':>9}{'saves':>7}{'save median':>13}"
-          f"{'save worst':>12}{'saves/train':>13}")
+    print(
+        f"\ntraining runs of {steps} steps, {args.rounds} interleaved rounds "
+        "(median step time, which includes the saves):"
+    )
+    print(
+        f"  {'checkpoint every':<17}{'step time':>10}{'paired':>9}{'saves':>7}{'save median':>13}"
+        f"{'save worst':>12}{'saves/train':>13}"
+    )
     for every in settings:
         label = "never" if every == 0 else f"{every} step{'s' if every > 1 else ''}"
         saves = in_loop[every]
@@ -200,8 +247,10 @@ def main(argv: list[str] | None = None) -> int:
             # Paired: this setting against "never" of the same round, so both saw the same load.
             pairs = zip(step_means[every], step_means[0], strict=True)
             paired = statistics.median(a / b - 1 for a, b in pairs)
-            row += (f"{paired:>+9.1%}{len(saves):>7}{statistics.median(saves) * 1e3:>10.0f} ms"
-                    f"{max(saves) * 1e3:>9.0f} ms{statistics.median(attributed[every]):>13.2%}")
+            row += (
+                f"{paired:>+9.1%}{len(saves):>7}{statistics.median(saves) * 1e3:>10.0f} ms"
+                f"{max(saves) * 1e3:>9.0f} ms{statistics.median(attributed[every]):>13.2%}"
+            )
         print(row)
     print(f"\nestimated overhead, save time / (N x step time), step time {base:.3f} s:")
     for every in (1, 5, 10):

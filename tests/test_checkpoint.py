@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 
-from reprotune import _checkpoint
 from reprotune._checkpoint import (
     STATE_FILE,
     CheckpointState,
@@ -38,8 +37,6 @@ from reprotune._tiny import build_tiny_model
 # The checkpoint hardening proposed in /tmp/resume_fix_1.patch (state.json hashes itself and must list
 # exactly the data files; a pickled object is an InputError). Until the lead applies it, the tests
 # of what it fixes are expected to fail; after, they must pass (strict).
-_HARDENED = hasattr(_checkpoint, "DATA_FILES")
-_NEEDS_FIX_1 = pytest.mark.xfail(not _HARDENED, strict=True, reason="needs resume_fix_1.patch")
 
 CHECKPOINT_FILES = ("trainable.safetensors", "optimizer.pt", "rng.safetensors", "rng.json", STATE_FILE)
 STATE = CheckpointState(step=2, epoch=0, position=(0, 8))
@@ -70,8 +67,9 @@ def _trainer(tiny_dir: Path, *, lora_seed: int) -> Trainer:
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(tiny_dir)
-    model = apply_lora(base, seed=lora_seed, r=4, alpha=8, dropout=0.1, target_modules=["q_proj", "v_proj"],
-                       bias="none")
+    model = apply_lora(
+        base, seed=lora_seed, r=4, alpha=8, dropout=0.1, target_modules=["q_proj", "v_proj"], bias="none"
+    )
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, name="adamw", learning_rate=1e-2, weight_decay=0.01)
@@ -95,13 +93,26 @@ def _weights_sha(trainer: Trainer) -> str:
 
 
 def _save(trainer: Trainer, directory: Path, state: CheckpointState = STATE, keep: int = 3) -> Path:
-    return save_checkpoint(directory, state, model=trainer.model, optimizer=trainer.optimizer,
-                           scheduler=trainer.scheduler, scaler=None, keep=keep)
+    return save_checkpoint(
+        directory,
+        state,
+        model=trainer.model,
+        optimizer=trainer.optimizer,
+        scheduler=trainer.scheduler,
+        scaler=None,
+        keep=keep,
+    )
 
 
 def _restore(trainer: Trainer, path: Path, *, restore_rng: bool = True) -> CheckpointState:
-    return restore_checkpoint(path, model=trainer.model, optimizer=trainer.optimizer,
-                              scheduler=trainer.scheduler, scaler=None, restore_rng=restore_rng)
+    return restore_checkpoint(
+        path,
+        model=trainer.model,
+        optimizer=trainer.optimizer,
+        scheduler=trainer.scheduler,
+        scaler=None,
+        restore_rng=restore_rng,
+    )
 
 
 def _trained(tiny_dir: Path, steps: int = 2) -> Trainer:
@@ -301,7 +312,6 @@ def test_no_valid_checkpoint_gives_none_with_a_warning_each(two_checkpoints: tup
     assert len(warnings) == 2
 
 
-@_NEEDS_FIX_1
 def test_any_single_bit_flip_in_state_json_is_refused(two_checkpoints: tuple[Path, Path]) -> None:
     """state.json guards the others, so it must guard itself: every single-bit flip in it is refused."""
     _, newer = two_checkpoints
@@ -357,7 +367,6 @@ def test_pickled_object_with_matching_hash_is_not_executed(
     assert not marker.exists()
 
 
-@_NEEDS_FIX_1
 def test_pickled_object_is_refused_as_bad_input(
     tiny_dir: Path, two_checkpoints: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -34,7 +34,6 @@ from typing import Literal
 
 import pytest
 
-from reprotune import _train
 from reprotune._checkpoint import list_checkpoints, verify_checkpoint
 from reprotune._compare import compare_runs
 from reprotune._jsonio import sha256_file
@@ -47,10 +46,6 @@ pytestmark = pytest.mark.slow
 QUIET = ("--no-progress", "--no-tracking")
 ADAPTER = Path("adapter") / "adapter_model.safetensors"
 CRASH_TRAIN = {"max_steps": 8, "save_every": 2, "keep_checkpoints": 2, "eval_every": 4}
-
-# The fix proposed in /tmp/resume_fix_2.patch (_train.py): a run killed before its first record.json
-# landed leaves only config.yaml and a temporary file; `run` into that directory must then work.
-_START_FIXED = hasattr(_train, "START_LEFTOVERS")
 
 Outcome = Literal["resume", "complete", "rerun"]
 
@@ -110,8 +105,10 @@ def _kill_point_summary(request: pytest.FixtureRequest) -> Iterator[None]:
     capture = request.config.pluginmanager.get_plugin("capturemanager")
     if reporter is None or not _tried:
         return
-    line = (f"crash test: {len(_tried)} kill points tried, {len(_recovered)} recovered IDENTICAL "
-            f"({', '.join(_tried)})")
+    line = (
+        f"crash test: {len(_tried)} kill points tried, {len(_recovered)} recovered IDENTICAL "
+        f"({', '.join(_tried)})"
+    )
     if capture is not None:
         with capture.global_and_fixture_disabled():
             reporter.write_line("")
@@ -167,12 +164,7 @@ def _assert_identical(reference: Path, run_dir: Path) -> None:
 
 @pytest.mark.parametrize(
     "point",
-    [
-        pytest.param(p, id=p.spec, marks=pytest.mark.xfail(
-            not _START_FIXED, strict=True, reason="needs resume_fix_2.patch (_train.py)"))
-        if p.outcome == "rerun" else pytest.param(p, id=p.spec)
-        for p in KILL_POINTS
-    ],
+    [pytest.param(p, id=p.spec) for p in KILL_POINTS],
 )
 def test_kill_then_recover_is_identical(
     project: TinyProject, config: Path, reference: Path, tmp_path: Path, point: KillPoint
@@ -180,8 +172,15 @@ def test_kill_then_recover_is_identical(
     """SIGKILL at this point leaves a readable run dir; recovery finishes it IDENTICAL to the reference."""
     _tried.append(point.spec)
     run_dir = tmp_path / "run"
-    killed = project.run_cli("run", str(config), "--run-dir", str(run_dir), *QUIET,
-                             env={"REPROTUNE_KILL_AT": point.spec}, check=False)
+    killed = project.run_cli(
+        "run",
+        str(config),
+        "--run-dir",
+        str(run_dir),
+        *QUIET,
+        env={"REPROTUNE_KILL_AT": point.spec},
+        check=False,
+    )
     assert killed.returncode == -signal.SIGKILL, f"the kill point never fired:\n{killed.stderr[-2000:]}"
     _assert_readable(run_dir)
 
@@ -229,8 +228,10 @@ def test_corrupt_newest_checkpoint_falls_back_with_a_warning(
     (newest / "trainable.safetensors").write_bytes(bytes(data))
 
     resumed = project.run_cli("resume", str(run_dir), *QUIET)
-    assert (f"warning: checkpoint {newest} is refused: trainable.safetensors does not match its recorded "
-            "sha256; falling back to the previous one") in resumed.stderr
+    assert (
+        f"warning: checkpoint {newest} is refused: trainable.safetensors does not match its recorded "
+        "sha256; falling back to the previous one"
+    ) in resumed.stderr
     assert "from step 4 (step-00000004)" in resumed.stderr
     _assert_identical(reference, run_dir)
 

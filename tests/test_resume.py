@@ -79,7 +79,12 @@ def test_stopped_run_is_unfinished_and_ends_at_its_step(stopped: Path) -> None:
     assert load_record(stopped / "record.json")["status"] == "stopped"
     lines = _lines(stopped)
     assert [(e["kind"], e["step"]) for e in lines] == [
-        ("init", 0), ("train", 1), ("train", 2), ("train", 3), ("train", 4), ("val", 4),
+        ("init", 0),
+        ("train", 1),
+        ("train", 2),
+        ("train", 3),
+        ("train", 4),
+        ("val", 4),
     ]
     assert [p.name for p in (stopped / "checkpoints").iterdir()] == ["step-00000004"]
     assert not (stopped / ADAPTER).exists()

@@ -124,12 +124,27 @@ def _claim_run_dir(run_dir: Path) -> None:
             source=str(record),
             fix=f"continue it with `reprotune resume {run_dir}`, or choose a new directory with --run-dir",
         )
+    for leftover in _unlanded_first_record(run_dir):
+        leftover.unlink()  # a start killed before its first record landed: nothing was trained
     if run_dir.exists() and any(run_dir.iterdir()):
         raise InputError(
             f"run directory {run_dir} exists and is not empty",
             fix="choose a new directory with --run-dir",
         )
     run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _unlanded_first_record(run_dir: Path) -> list[Path]:
+    """The temporary files of a first ``record.json`` that never landed, when nothing else is there.
+
+    The record is the first file a run writes, so a start killed while writing it leaves only
+    these; the directory is then as good as empty.
+    """
+    if not run_dir.is_dir() or (run_dir / RECORD_FILE).exists():
+        return []
+    entries = list(run_dir.iterdir())
+    temporary = [p for p in entries if p.name.startswith(f".{RECORD_FILE}.") and p.name.endswith(".tmp")]
+    return temporary if temporary and len(temporary) == len(entries) else []
 
 
 def _device(name: str) -> torch.device:
@@ -230,6 +245,21 @@ def evaluate(
     return (total / tokens if tokens else math.nan), tokens
 
 
+@contextlib.contextmanager
+def _hf_progress_bars(enabled: bool) -> Iterator[None]:
+    """Show transformers' own progress bars (loading weights) only when ours are shown."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def _progress(total: int, initial: int, enabled: bool) -> Any:
     from tqdm.auto import tqdm
 
@@ -266,7 +296,8 @@ def run_experiment(cfg: ExperimentConfig, options: RunOptions = RunOptions()) ->
     """
     run_dir = options.run_dir or new_run_dir(cfg)
     _claim_run_dir(run_dir)
-    return _execute(cfg, run_dir, options, resume=False)
+    with _hf_progress_bars(options.progress):
+        return _execute(cfg, run_dir, options, resume=False)
 
 
 def resume_run(run_dir: Path, options: RunOptions = RunOptions()) -> RunResult:
@@ -274,6 +305,12 @@ def resume_run(run_dir: Path, options: RunOptions = RunOptions()) -> RunResult:
     from reprotune._config import config_from_dict
 
     record_path = run_dir / RECORD_FILE
+    if _unlanded_first_record(run_dir):
+        raise InputError(
+            f"the run in {run_dir} was killed before its first record was written; nothing was trained",
+            source=str(run_dir),
+            fix=f"start it again with `reprotune run CONFIG --run-dir {run_dir}`",
+        )
     if not record_path.exists():
         raise InputError(
             f"{run_dir} is not a run directory (no {RECORD_FILE})",
@@ -288,7 +325,8 @@ def resume_run(run_dir: Path, options: RunOptions = RunOptions()) -> RunResult:
             fix=f"compare it with `reprotune compare`, or start a new one with `reprotune rerun {run_dir}`",
         )
     cfg = config_from_dict(record["config"], source=str(record_path))
-    return _execute(cfg, run_dir, options, resume=True, previous=record)
+    with _hf_progress_bars(options.progress):
+        return _execute(cfg, run_dir, options, resume=True, previous=record)
 
 
 def _execute(
@@ -317,9 +355,9 @@ def _execute(
     record["status"] = "running"
     record["error"] = None
     record.setdefault("attempts", []).append({"started_at": _utcnow(), "resumed": resume})
+    _write_record(run_dir, record)  # first: a directory with a record is a run, whatever happens next
     if not resume:
         dump_config_yaml(cfg, run_dir / CONFIG_FILE)
-    _write_record(run_dir, record)
 
     messages: list[str] = []
 
@@ -434,14 +472,15 @@ def _execute(
         _write_record(run_dir, record)
 
         model.train()
+        # Detached views of the trainable parameters: the optimizer updates them in place, so
+        # this one dict hashes the current weights after every step without rebuilding it.
+        weights = trainable_tensors(model)
         step_times: list[float] = []
         final_val: float | None = None
         bar = _progress(total_steps, start_step, options.progress)
         with LedgerWriter(ledger_path) as ledger:
             if start_step == 0:
-                ledger.write(
-                    {"kind": "init", "step": 0, "weights_sha256": tensors_sha256(trainable_tensors(model))}
-                )
+                ledger.write({"kind": "init", "step": 0, "weights_sha256": tensors_sha256(weights)})
             for step in range(start_step + 1, total_steps + 1):
                 t0 = time.perf_counter()
                 rows = order.step_rows(step)
@@ -487,7 +526,7 @@ def _execute(
                             "loss": hexf(step_loss),
                             "lr": hexf(lr),
                             "grad_norm": hexf(grad_norm),
-                            "weights_sha256": tensors_sha256(trainable_tensors(model)),
+                            "weights_sha256": tensors_sha256(weights),
                         }
                     )
                 metrics = {"train_loss": step_loss, "lr": lr, "grad_norm": grad_norm}
