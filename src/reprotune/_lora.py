@@ -10,6 +10,7 @@ of its seed alone and the caller's RNG stream goes on as if nothing had happened
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import os
 import shutil
@@ -178,6 +179,22 @@ def trainable_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: param.detach() for name, param in model.named_parameters() if param.requires_grad}
 
 
+_NUMPY_DTYPES: frozenset[str] = frozenset(
+    f"torch.{name}"
+    for name in ("float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool")
+)
+
+
+def _hashable_in_place(tensor: torch.Tensor) -> bool:
+    """A CPU tensor whose bytes NumPy can expose as they are (contiguous, a NumPy dtype)."""
+    return tensor.device.type == "cpu" and tensor.is_contiguous() and str(tensor.dtype) in _NUMPY_DTYPES
+
+
+@functools.lru_cache(maxsize=4096)
+def _header(name: str, dtype: object, shape: tuple[int, ...], nbytes: int) -> bytes:
+    return f"{name}\0{dtype}\0{','.join(str(size) for size in shape)}\0{nbytes}\0".encode()
+
+
 def tensors_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
     """One sha256 over named tensors: in sorted name order, each tensor's header then its bytes.
 
@@ -198,6 +215,13 @@ def tensors_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
 
     names = sorted(tensors)
     digest = hashlib.sha256()
+    if all(_hashable_in_place(tensors[name]) for name in names):
+        # The common case, after every training step on CPU: no copies, no reshapes.
+        for name in names:
+            tensor = tensors[name].detach()
+            digest.update(_header(name, tensor.dtype, tuple(tensor.shape), tensor.nbytes))
+            digest.update(tensor.numpy().data)
+        return digest.hexdigest()
     flat = [tensors[name].detach().reshape(-1).contiguous() for name in names]
     raw = [t.view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8) for t in flat]
     accelerator = next((t.device for t in raw if t.device.type != "cpu"), None)

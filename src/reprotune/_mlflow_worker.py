@@ -1,7 +1,7 @@
 """The MLflow tracker's child process: reads JSON lines on stdin, writes to MLflow, answers on stdout.
 
 Messages (one JSON object a line): ``start`` (uri, artifact_location, experiment, run_name,
-params, tags), ``metrics`` (step, timestamp, values), ``artifacts`` (paths: artifact path ->
+params, tags), ``metrics`` (rows of [step, timestamp, {name: value}]), ``artifacts`` (paths: artifact path ->
 local path), ``finish`` (status). The last line on stdout is the outcome:
 ``{"ok": true, "mlflow_run_id": ..., "metrics_logged": N}`` or ``{"ok": false, "error": ...}``.
 Started by :class:`reprotune._trackers.MlflowTracker`; not meant to be run by hand.
@@ -90,8 +90,8 @@ def serve(flush_interval_s: float) -> dict[str, Any]:
             if op == "start":
                 client, run_id = _start(message)
             elif op == "metrics":
-                stamp, step = message["timestamp"], message["step"]
-                pending.extend(Metric(k, float(v), stamp, step) for k, v in sorted(message["values"].items()))
+                for step, stamp, values in message["rows"]:
+                    pending.extend(Metric(k, float(v), stamp, step) for k, v in sorted(values.items()))
             elif op == "artifacts":
                 flush()
                 for artifact_path, local in message["paths"].items():

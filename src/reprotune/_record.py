@@ -95,6 +95,7 @@ class Timings(_Part):
     duration_s: float | None = None
     steps_done: int = 0
     step_time_s_mean: float | None = None
+    step_time_s_median: float | None = None
 
 
 class Outputs(_Part):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import gc
 import math
 import sys
 import time
@@ -478,6 +479,10 @@ def _execute(
         step_times: list[float] = []
         final_val: float | None = None
         bar = _progress(total_steps, start_step, options.progress)
+        # Everything loaded so far (torch, transformers, the model) lives for the whole run: keep it
+        # out of the garbage collector's full passes, which otherwise stall steps at random.
+        gc.collect()
+        gc.freeze()
         with LedgerWriter(ledger_path) as ledger:
             if start_step == 0:
                 ledger.write({"kind": "init", "step": 0, "weights_sha256": tensors_sha256(weights)})
@@ -614,6 +619,8 @@ def _execute(
             record["trackers"] = trackers.finish("failed")
         _write_record(run_dir, record)
         raise
+    finally:
+        gc.unfreeze()
 
 
 def _timings(started: float, step_times: list[float], steps_done: int) -> dict[str, Any]:
@@ -622,6 +629,8 @@ def _timings(started: float, step_times: list[float], steps_done: int) -> dict[s
         "duration_s": round(time.perf_counter() - started, 3),
         "steps_done": steps_done,
         "step_time_s_mean": round(float(np.mean(step_times)), 6) if step_times else None,
+        # The median ignores the first step's warm-up and one-off stalls: the loop's typical pace.
+        "step_time_s_median": round(float(np.median(step_times)), 6) if step_times else None,
     }
 
 
