@@ -11,9 +11,10 @@
    pair (its figures are printed: the "on" warm-up pays the import of mlflow on the tracker's
    process, as every fresh process does). Figure: ``record["timings"]["step_time_s_median"]``,
    the median step time of a run (the mean also counts the first step's warm-up and the steps
-   that overlap the MLflow child's start-up, one-off costs); overhead = median(on) / median(off) - 1. Target: at most 2 %. Each "on" run is then checked
-   to have every metric in the MLflow store. A per-call breakdown of the recording work (weights
-   hash, ledger line, tracker enqueue) is printed in microseconds and as a share of a step.
+   that overlap the MLflow child's start-up, one-off costs); overhead = median(on) / median(off) - 1.
+   Target: at most 2 %. Each "on" run is then checked to have every metric in the MLflow store.
+   A per-call breakdown of the recording work (weights hash, ledger line, tracker enqueue) is
+   printed in microseconds and as a share of a step.
 2. Throughput, SmolLM2-135M-Instruct with the quickstart settings (batch 4, max_length 128,
    LoRA r=8 on q/v, fp32, 2 threads, determinism strict, recording and MLflow on) against
    ``transformers.Trainer`` with the same model, LoRA config, tokenised rows in the same order,
@@ -187,7 +188,9 @@ def bench_overhead(repeats: int, steps: int) -> bool:
         work = Path(tmp)
         config = _tiny_project(work, steps)
         uri = f"sqlite:///{work / 'mlflow.db'}"
-        warm = {v: _timed_run(config, work / f"warm-{v}", v)["timings"]["step_time_s_median"] for v in VARIANTS}
+        warm = {
+            v: _timed_run(config, work / f"warm-{v}", v)["timings"]["step_time_s_median"] for v in VARIANTS
+        }
         complete = True
         for i in range(repeats):
             for variant in VARIANTS:
