@@ -212,3 +212,20 @@ def test_run_on_unfinished_run_says_resume(
     assert "holds an unfinished run (status 'stopped')" in err
     assert f"reprotune resume {run_dir}" in err
     assert _record(run_dir)["status"] == "stopped"  # the refused run left it as it was
+
+
+def test_rare_class_warning_is_reported_and_recorded(tiny_project: Any, tmp_path: Path) -> None:
+    """A one-row class in a stratified split: one plain warning line, and the decision in the record."""
+    rows = (tiny_project.root / "data.jsonl").read_text(encoding="utf-8").splitlines()
+    rows.append(json.dumps({"category": "lonely", "prompt": "alone: one", "response": "one"}))
+    data = tmp_path / "rare.jsonl"
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    config = tiny_project.config(
+        "cli-rare.yaml", data={"path": str(data)}, train={"max_steps": 2, "eval_every": 0, "save_every": 0}
+    )
+    done = tiny_project.run_cli("run", str(config), "--run-dir", str(tmp_path / "run"), "--no-progress")
+    lines = [line for line in done.stderr.splitlines() if "lonely" in line]
+    assert len(lines) == 1 and lines[0].startswith("warning: "), done.stderr
+    assert "RareClassWarning" not in done.stderr
+    recorded = _record(tmp_path / "run")["data"]["split_warnings"]
+    assert len(recorded) == 1 and "'lonely' (1 row)" in recorded[0]

@@ -5,6 +5,7 @@ Tokenisation happens later, in the training loop, and only on rows of the split 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from reprotune._data import Table, load_table
 from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file
 from reprotune._manifest import Manifest, copy_manifest, load_manifest, write_manifest
-from reprotune._split import split_table
+from reprotune._split import RareClassWarning, split_table
 
 SPLITS = ("train", "validation", "test")
 
@@ -33,6 +34,7 @@ class RunData:
     prompt_field: str
     response_field: str
     eval_max_rows: int | None
+    split_warnings: tuple[str, ...] = ()
 
     def split_rows(self, name: str) -> list[int]:
         """Dataset row indices of split ``name``, in manifest order."""
@@ -59,6 +61,7 @@ class RunData:
             "split_sizes": {name: len(self.manifest.indices[name]) for name in SPLITS},
             "prompt_field": self.prompt_field,
             "response_field": self.response_field,
+            "split_warnings": list(self.split_warnings),
         }
 
 
@@ -88,19 +91,23 @@ def prepare_data(
             fix="set data.prompt_field and data.response_field to existing columns",
         )
     given = manifest if manifest is not None else cfg.split.manifest
+    split_warnings: list[str] = []
     if reuse_manifest and manifest_out.exists():
         loaded, source = load_manifest(manifest_out), "run directory (resumed)"
     elif given is not None:
         loaded, source = load_manifest(given), str(given)
     else:
-        loaded = split_table(
-            table,
-            ratios=tuple(cfg.split.ratios),
-            seed=seeds["split"],
-            stratify_by=cfg.split.stratify_by,
-            group_by=cfg.split.group_by,
-            rare_class_policy=cfg.split.rare_class_policy,
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RareClassWarning)
+            loaded = split_table(
+                table,
+                ratios=tuple(cfg.split.ratios),
+                seed=seeds["split"],
+                stratify_by=cfg.split.stratify_by,
+                group_by=cfg.split.group_by,
+                rare_class_policy=cfg.split.rare_class_policy,
+            )
+        split_warnings = [str(w.message) for w in caught if issubclass(w.category, RareClassWarning)]
         source = "made for this run with the derived split seed"
     if loaded.dataset_sha256 != table.file_sha256:
         raise InputError(
@@ -126,6 +133,7 @@ def prepare_data(
         prompt_field=cfg.data.prompt_field,
         response_field=cfg.data.response_field,
         eval_max_rows=cfg.eval.max_rows,
+        split_warnings=tuple(split_warnings),
     )
 
 

@@ -375,6 +375,8 @@ def _execute(
         manifest_path = run_dir / MANIFEST_FILE
         data = prepare_data(cfg, seeds, manifest_path, reuse_manifest=resume, manifest=options.manifest)
         record["data"] = data.describe()
+        for warning in data.split_warnings:
+            report(f"warning: {warning}")
 
         code = code_fingerprint(options.code_dir)
         record["code"] = code.to_record(patch_file=PATCH_FILE if code.dirty else None)

@@ -97,7 +97,7 @@ def _evidence(cmp: Any) -> dict[str, Any]:
         for k, v in {
             "steps": where.get("steps_compared"),
             "first_divergence": where.get("first_divergence_step"),
-            "adapter_sha256": adapter.get("sha256_a"),
+            "adapter_sha256": adapter.get("sha256_b"),  # this leg's own adapter
         }.items()
         if v is not None
     }
