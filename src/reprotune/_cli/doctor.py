@@ -8,19 +8,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from reprotune._cli._options import add_set_option
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add doctor's arguments to its subparser."""
     parser.add_argument("config", nargs="?", help="experiment config (YAML); default: audit the defaults")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key, e.g. --set determinism.mode=warn (repeatable)",
-    )
+    add_set_option(parser)
     parser.add_argument(
         "--code-dir",
         default=".",

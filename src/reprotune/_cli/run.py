@@ -6,17 +6,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from reprotune._cli._options import add_set_option
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", type=Path, help="experiment config (YAML)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a config value, e.g. --set train.max_steps=10 (repeatable)",
-    )
+    add_set_option(parser)
     parser.add_argument("--run-dir", type=Path, default=None, help="run directory (default: runs/<run-id>)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-tracking", action="store_true", help="do not mirror the run to MLflow")

@@ -6,17 +6,12 @@ import argparse
 import datetime as _dt
 from pathlib import Path
 
+from reprotune._cli._options import add_set_option
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", type=Path, help="experiment config (YAML)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a config value (repeatable)",
-    )
+    add_set_option(parser)
     parser.add_argument(
         "--out", type=Path, default=None, help="verification directory (default: runs/verify-<id>)"
     )
