@@ -28,6 +28,9 @@ class _Broken:
     def finish(self, status: str) -> dict[str, Any]:
         return {}
 
+    def close(self) -> None:
+        self.closed = True
+
 
 def _run(tmp_path: Path) -> RunDescription:
     return RunDescription(
@@ -58,6 +61,7 @@ def test_failing_tracker_reported_once_and_dropped(tmp_path: Path) -> None:
         trackers.log_metrics(step, {"train_loss": 1.0})
     summary = trackers.finish("completed")
     assert broken.calls == 1
+    assert broken.closed  # a tracker switched off is closed at once
     assert len(lines) == 1 and "broken" in lines[0] and "switched off" in lines[0]
     assert summary == {"broken": {"ok": False, "error": "ConnectionError: tracking server unreachable"}}
 
@@ -102,3 +106,13 @@ def test_mlflow_failure_does_not_raise_into_the_run(tmp_path: Path) -> None:
     summary = trackers.finish("completed")
     assert summary["mlflow"]["ok"] is False
     assert len(lines) == 1 and "mlflow" in lines[0]
+
+
+def test_mlflow_tracker_of_a_run_that_never_started(tmp_path: Path) -> None:
+    """A run that fails before tracking starts: no false tracker failure, the child is stopped."""
+    lines: list[str] = []
+    tracker = MlflowTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "a", "unit")
+    summary = TrackerSet([tracker], report=lines.append).finish("failed")
+    assert summary == {"mlflow": {"ok": True, "started": False}}
+    assert lines == []
+    assert tracker._proc.returncode is not None

@@ -52,16 +52,17 @@ def preflight(run_dir: Path, record: dict[str, Any], *, code_dir: Path) -> Prefl
         if recorded.get(key) != now.get(key):
             code_drift.append(f"code.{key}: recorded {recorded.get(key)!r}, now {now.get(key)!r}")
 
-    env_drift = _environment_drift(record.get("environment", {}), environment_fingerprint())
+    env_drift = environment_drift(record.get("environment", {}), environment_fingerprint())
     return Preflight(code_drift, env_drift)
 
 
-def _environment_drift(old: dict[str, Any], new: dict[str, Any], prefix: str = "environment") -> list[str]:
+def environment_drift(old: dict[str, Any], new: dict[str, Any], prefix: str = "environment") -> list[str]:
+    """Every leaf of two environment fingerprints that differs, as ``path: recorded X, now Y``."""
     drift: list[str] = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            drift.extend(_environment_drift(a, b, f"{prefix}.{key}"))
+            drift.extend(environment_drift(a, b, f"{prefix}.{key}"))
         elif a != b:
             drift.append(f"{prefix}.{key}: recorded {a!r}, now {b!r}")
     return drift

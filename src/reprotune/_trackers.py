@@ -46,6 +46,8 @@ class Tracker(Protocol):
 
     def finish(self, status: str) -> dict[str, Any]: ...
 
+    def close(self) -> None: ...
+
 
 @dataclass
 class TrackerSet:
@@ -66,6 +68,8 @@ class TrackerSet:
                 call(tracker)
             except Exception as exc:  # an observer must never stop the run
                 self.trackers.remove(tracker)
+                with contextlib.suppress(Exception):
+                    tracker.close()
                 self.failures[tracker.name] = f"{type(exc).__name__}: {exc}"
                 self.report(
                     f"warning: tracker {tracker.name!r} failed during {action} and is switched off "
@@ -141,6 +145,7 @@ class MlflowTracker:
         self.artifact_location = Path(artifact_location).resolve()
         self.experiment = experiment
         self._flush_interval_s = flush_interval_s
+        self._started = False
         self._buffer: list[list[Any]] = []
         self._last_send = time.monotonic()
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 (the child's stderr; closed by finish())
@@ -172,6 +177,7 @@ class MlflowTracker:
         return f"mlflow worker exited with code {self._proc.returncode}: " + " | ".join(tail)
 
     def start(self, run: RunDescription) -> None:
+        self._started = True
         self._send(
             {
                 "op": "start",
@@ -202,8 +208,20 @@ class MlflowTracker:
         self._send_buffer()
         self._send({"op": "artifacts", "paths": {k: str(v) for k, v in paths.items()}})
 
+    def close(self) -> None:
+        """Stop the child (if still running) and release its pipes; for a tracker switched off."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        for handle in (self._proc.stdin, self._proc.stdout, self._log):
+            if handle is not None and not handle.closed:
+                handle.close()
+
     def finish(self, status: str) -> dict[str, Any]:
         """Tell the child to finish, wait until every metric is stored, and return its summary."""
+        if not self._started:  # the run failed before it had anything to mirror
+            self.close()
+            return {"started": False}
         assert self._proc.stdin is not None and self._proc.stdout is not None
         try:
             if self._proc.poll() is None:

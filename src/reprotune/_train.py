@@ -42,6 +42,7 @@ from reprotune._lora import apply_lora, lora_config_dict, save_adapter, tensors_
 from reprotune._model import load_base_model
 from reprotune._optim import build_optimizer, build_scheduler
 from reprotune._record import load_record, write_record
+from reprotune._rerun import environment_drift as _environment_drift
 from reprotune._rundata import RunData, prepare_data
 from reprotune._seeding import derive_seeds
 from reprotune._trackers import MlflowTracker, RunDescription, TrackerSet, flatten_params
@@ -167,8 +168,8 @@ def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContex
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
-    """Sum of next-token cross-entropy over the labelled (response) tokens, and their count."""
+def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Sum of next-token cross-entropy over the labelled (response) tokens."""
     logits = model(
         input_ids=batch["input_ids"],
         attention_mask=batch["attention_mask"],
@@ -179,7 +180,7 @@ def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tu
     loss = F.cross_entropy(
         shifted.reshape(-1, shifted.shape[-1]).float(), labels.reshape(-1), ignore_index=-100, reduction="sum"
     )
-    return loss, int((labels != -100).sum())
+    return loss
 
 
 class Examples:
@@ -239,7 +240,8 @@ def evaluate(
             for k, v in examples.batch(chunk, pad_token_id=pad_token_id, padding_side=padding_side).items()
         }
         with _autocast(precision, device):
-            loss_sum, n = token_loss_sum(model, batch)
+            loss_sum = token_loss_sum(model, batch)
+        n = int((batch["labels"][:, 1:] != -100).sum())
         total += float(loss_sum)
         tokens += n
     model.train(was_training)
@@ -366,9 +368,10 @@ def _execute(
         messages.append(line)
         print(line, file=sys.stderr, flush=True)
 
-    trackers = _trackers(cfg, options, report)
+    trackers = TrackerSet([], report=report)
     bar = None
     try:
+        trackers = _trackers(cfg, options, report)
         device = _device(cfg.determinism.device)
         record["determinism"] = apply_determinism(cfg.determinism.mode, cfg.determinism.threads, device.type)
 
@@ -379,10 +382,21 @@ def _execute(
             report(f"warning: {warning}")
 
         code = code_fingerprint(options.code_dir)
-        record["code"] = code.to_record(patch_file=PATCH_FILE if code.dirty else None)
-        if code.dirty and code.diff is not None:
-            write_bytes_atomic(run_dir / PATCH_FILE, code.diff)
-        record["environment"] = environment_fingerprint()
+        code_record = code.to_record(patch_file=PATCH_FILE if code.dirty else None)
+        environment = environment_fingerprint()
+        if resume and previous is not None and "code" in previous:
+            # A resumed run must be the run that started: same code. The record keeps the identity
+            # the run started with; an environment that moved is noted on this attempt.
+            _refuse_code_drift(previous["code"], code_record, run_dir)
+            drift = _environment_drift(previous.get("environment", {}), environment)
+            record["attempts"][-1]["environment_drift"] = drift
+            for line in drift:
+                report(f"warning: environment differs from the run's start: {line}")
+        else:
+            record["code"] = code_record
+            if code.dirty and code.diff is not None:
+                write_bytes_atomic(run_dir / PATCH_FILE, code.diff)
+            record["environment"] = environment
 
         loaded = load_base_model(
             cfg.model.name,
@@ -492,21 +506,18 @@ def _execute(
                 t0 = time.perf_counter()
                 rows = order.step_rows(step)
                 epoch, _ = order.position(step)
-                batches = [
-                    {
-                        k: v.to(device)
-                        for k, v in examples.batch(
-                            chunk, pad_token_id=pad_token_id, padding_side=cfg.model.padding_side
-                        ).items()
-                    }
+                on_cpu = [
+                    examples.batch(chunk, pad_token_id=pad_token_id, padding_side=cfg.model.padding_side)
                     for chunk in _micro_batches(rows, cfg.train.batch_size)
                 ]
-                n_tokens = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
+                # Counted before the copy to the device: no host sync per micro-batch.
+                n_tokens = sum(int((b["labels"][:, 1:] != -100).sum()) for b in on_cpu)
+                batches = [{k: v.to(device) for k, v in b.items()} for b in on_cpu]
                 lr = optimizer.param_groups[0]["lr"]
                 step_loss = 0.0
                 for batch in batches:
                     with _autocast(cfg.train.precision, device):
-                        loss_sum, _ = token_loss_sum(model, batch)
+                        loss_sum = token_loss_sum(model, batch)
                     loss = loss_sum / max(n_tokens, 1)
                     (scaler.scale(loss) if scaler else loss).backward()
                     step_loss += float(loss.detach())
@@ -618,11 +629,27 @@ def _execute(
         record["error"] = {"type": type(exc).__name__, "message": str(exc)}
         record["timings"]["ended_at"] = _utcnow()
         with contextlib.suppress(Exception):
-            record["trackers"] = trackers.finish("failed")
+            record["trackers"] = trackers.finish(record["status"])
         _write_record(run_dir, record)
         raise
     finally:
         gc.unfreeze()
+
+
+def _refuse_code_drift(started: dict[str, Any], now: dict[str, Any], run_dir: Path) -> None:
+    """Raise when the code differs from the code the run started with (commit, dirty flag, diff)."""
+    drift = [
+        f"code.{key}: run started with {started.get(key)!r}, now {now.get(key)!r}"
+        for key in ("commit", "dirty", "diff_sha256")
+        if started.get(key) != now.get(key)
+    ]
+    if drift:
+        raise InputError(
+            "the code differs from the code this run started with:\n  " + "\n  ".join(drift),
+            source=str(run_dir / RECORD_FILE),
+            fix=f"check out commit {started.get('commit')} (and apply {run_dir / PATCH_FILE} if the run "
+            "was dirty) before resuming, or start a new run",
+        )
 
 
 def _timings(started: float, step_times: list[float], steps_done: int) -> dict[str, Any]:
