@@ -81,3 +81,21 @@ def test_rerun_of_a_non_run_directory(tiny_project: TinyProject, tmp_path: Path)
     done = tiny_project.run_cli("rerun", str(tmp_path), check=False)
     assert done.returncode == 2
     assert "not a run directory" in done.stderr
+
+
+def test_resume_refuses_code_drift(recorded: tuple[TinyProject, Path]) -> None:
+    """A run stopped, then the code changed: resume exits 2; with the code restored it completes."""
+    project, _ = recorded
+    project.run_cli("run", "cfg.yaml", "--run-dir", "runs/stopped", "--no-progress", "--stop-after-step", "2")
+    script = project.root / "train_helper.py"
+    script.write_text("# a change made while the run was stopped\n")
+    try:
+        refused = project.run_cli("resume", "runs/stopped", "--no-progress", check=False)
+        assert refused.returncode == 2
+        assert "code differs from the code this run started with" in refused.stderr
+    finally:
+        script.unlink()
+    project.run_cli("resume", "runs/stopped", "--no-progress")
+    assert (
+        json.loads((project.root / "runs" / "stopped" / "record.json").read_text())["status"] == "completed"
+    )

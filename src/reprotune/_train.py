@@ -9,7 +9,6 @@ then the loop (one optimizer step = ``grad_accum_steps`` micro-batches), then th
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import gc
 import math
 import sys
@@ -41,7 +40,7 @@ from reprotune._ledger import LEDGER_FILE, LedgerWriter, batch_sha256, hexf, tru
 from reprotune._lora import apply_lora, lora_config_dict, save_adapter, tensors_sha256, trainable_tensors
 from reprotune._model import load_base_model
 from reprotune._optim import build_optimizer, build_scheduler
-from reprotune._record import load_record, write_record
+from reprotune._record import load_record, make_run_id, utc_now, write_record
 from reprotune._rerun import environment_drift as _environment_drift
 from reprotune._rundata import RunData, prepare_data
 from reprotune._seeding import derive_seeds
@@ -95,18 +94,13 @@ class RunResult:
     final_val_loss: float | None
 
 
-def _utcnow() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
-
-
 def new_run_dir(cfg: ExperimentConfig, base: Path = Path("runs")) -> Path:
-    """``runs/<YYYYmmdd-HHMMSS>-<config sha256[:8]>``, with a suffix if that exists already."""
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    candidate = base / f"{stamp}-{config_sha256(cfg)[:8]}"
-    suffix = 1
+    """``runs/<run id>`` (``make_run_id``: UTC time and config hash), with a suffix if that exists."""
+    run_id = make_run_id(cfg)
+    candidate, suffix = base / run_id, 1
     while candidate.exists():
         suffix += 1
-        candidate = base / f"{stamp}-{config_sha256(cfg)[:8]}-{suffix}"
+        candidate = base / f"{run_id}-{suffix}"
     return candidate
 
 
@@ -351,13 +345,13 @@ def _execute(
             "config": cfg.resolved(),
             "config_sha256": config_sha256(cfg),
             "seeds": seeds,
-            "timings": {"started_at": _utcnow()},
+            "timings": {"started_at": utc_now()},
             "attempts": [],
         }
     )
     record["status"] = "running"
     record["error"] = None
-    record.setdefault("attempts", []).append({"started_at": _utcnow(), "resumed": resume})
+    record.setdefault("attempts", []).append({"started_at": utc_now(), "resumed": resume})
     _write_record(run_dir, record)  # first: a directory with a record is a run, whatever happens next
     if not resume:
         dump_config_yaml(cfg, run_dir / CONFIG_FILE)
@@ -627,7 +621,7 @@ def _execute(
             bar.close()
         record["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         record["error"] = {"type": type(exc).__name__, "message": str(exc)}
-        record["timings"]["ended_at"] = _utcnow()
+        record["timings"]["ended_at"] = utc_now()
         with contextlib.suppress(Exception):
             record["trackers"] = trackers.finish(record["status"])
         _write_record(run_dir, record)
@@ -654,7 +648,7 @@ def _refuse_code_drift(started: dict[str, Any], now: dict[str, Any], run_dir: Pa
 
 def _timings(started: float, step_times: list[float], steps_done: int) -> dict[str, Any]:
     return {
-        "ended_at": _utcnow(),
+        "ended_at": utc_now(),
         "duration_s": round(time.perf_counter() - started, 3),
         "steps_done": steps_done,
         "step_time_s_mean": round(float(np.mean(step_times)), 6) if step_times else None,
