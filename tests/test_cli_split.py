@@ -134,7 +134,7 @@ def test_split_bad_input_exits_2(
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
-        ("{not json", ["manifest is not JSON", "(line 1, column 2)"]),
+        ("{not json", ["manifest is not valid JSON", "(line 1, column 2)"]),
         (None, ["schema_version 7 is not supported", "schema_version"]),
     ],
     ids=["not-json", "unknown-version"],

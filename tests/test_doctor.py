@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -15,7 +14,10 @@ import torch
 from reprotune import _doctor
 from reprotune._cli import main
 from reprotune._config import config_from_dict
+from reprotune._data import load_table
 from reprotune._doctor import FINDING_CODES, DoctorReport, run_doctor
+from reprotune._manifest import write_manifest
+from reprotune._split import split_table
 
 REPO = Path(__file__).resolve().parents[1]
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
@@ -155,9 +157,7 @@ def test_manifest_matching_and_mismatching(tmp_path: Path) -> None:
     """A manifest made from the file passes; once the file changes it is an error; garbage is an error."""
     data = _data_file(tmp_path)
     manifest = tmp_path / "split.json"
-    manifest.write_text(
-        json.dumps({"dataset_sha256": hashlib.sha256(data.read_bytes()).hexdigest(), "n_rows": 2})
-    )
+    write_manifest(split_table(load_table(str(data)), seed=0), manifest)
     settings = {"data": {"path": str(data)}, "split": {"manifest": str(manifest)}}
     codes = set(_doctor_on([], tmp_path, settings=settings).codes())
     assert not {c for c in codes if c.startswith("data-")}

@@ -110,7 +110,7 @@ def test_unknown_schema_version(tmp_path: Path) -> None:
 def test_not_json_names_line_and_column(tmp_path: Path) -> None:
     """A manifest that is not JSON is refused naming the line and column."""
     (tmp_path / "m.json").write_text('{\n "schema": oops\n}')
-    with pytest.raises(InputError, match=r"not JSON: .*\(line 2, column 12\)") as info:
+    with pytest.raises(InputError, match=r"not valid JSON: .*\(line 2, column 12\)") as info:
         load_manifest(tmp_path / "m.json")
     assert info.value.source == f"{tmp_path / 'm.json'}:2:12"
 

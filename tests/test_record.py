@@ -121,7 +121,7 @@ def test_non_json_file_is_an_input_error_with_position(tmp_path: Path) -> None:
 
 def test_missing_and_invalid_records(tmp_path: Path) -> None:
     """A missing file and a record with a wrongly typed field raise InputError."""
-    with pytest.raises(InputError, match="not found"):
+    with pytest.raises(InputError, match="does not exist"):
         load_record(tmp_path / "nope.json")
     data = {**_record().to_dict(), "seeds": {"root": "forty-two"}}
     (tmp_path / "record.json").write_text(json.dumps(data))

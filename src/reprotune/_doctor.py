@@ -12,7 +12,6 @@ docs/doctor.md. The doctor leaves torch's global flags, RNG state and environmen
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -385,16 +384,17 @@ def check_data(ctx: _Context) -> list[Finding]:
                 f"run `reprotune split {cfg.data.path} --out split.json` and set split.manifest",
             )
         ]
+    from reprotune._manifest import load_manifest
+
     manifest = Path(cfg.split.manifest)
     try:
-        meta = json.loads(manifest.read_text(encoding="utf-8"))
-        expected = meta["dataset_sha256"] if isinstance(meta, dict) else None
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        loaded = load_manifest(manifest)
+    except InputError as exc:  # missing, not JSON, unknown schema version, damaged
         return [
             Finding(
                 "data-manifest-unreadable",
                 "error",
-                f"split manifest {manifest} cannot be read: {exc}",
+                f"split manifest {manifest} cannot be read: {exc.message}",
                 "the run cannot check that the data is the data the split was made from",
                 "point split.manifest at a manifest written by `reprotune split`",
             )
@@ -413,13 +413,14 @@ def check_data(ctx: _Context) -> list[Finding]:
                 "fix data.path",
             )
         ]
+    expected = loaded.dataset_sha256
     if expected != actual:
         return [
             Finding(
                 "data-manifest-mismatch",
                 "error",
                 f"data file {cfg.data.path} (sha256 {actual[:12]}...) is not the file manifest {manifest} "
-                f"was made from (sha256 {str(expected)[:12]}..., {meta.get('n_rows', '?')} rows)",
+                f"was made from (sha256 {expected[:12]}..., {loaded.n_rows} rows)",
                 "the split indices would point at different rows",
                 f"run `reprotune check-split {manifest} {cfg.data.path}` to see what changed",
             )

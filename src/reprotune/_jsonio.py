@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from reprotune._errors import InputError
 from reprotune._faults import kill_point
 
 _CHUNK = 1 << 20
@@ -98,3 +99,33 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def read_json_file(path: str | os.PathLike[str], *, what: str, fix: str) -> Any:
+    """Parse the JSON file at ``path``; bad input raises ``InputError`` naming the file and the fix.
+
+    Args:
+        path: the file.
+        what: what the file is, for messages (``"manifest"``, ``"record"``).
+        fix: what the user can do when the file is missing or not JSON.
+
+    Raises:
+        InputError: the file is missing or unreadable, not UTF-8, or not JSON (with line and column).
+    """
+    file = Path(path)
+    try:
+        text = file.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{what} file {str(file)!r} does not exist", source=str(file), fix=fix) from None
+    except OSError as exc:
+        raise InputError(f"cannot read {what}: {exc}", source=str(file), fix=fix) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what} is not UTF-8 text: {exc}", source=str(file), fix=fix) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{what} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
+            source=f"{file}:{exc.lineno}:{exc.colno}",
+            fix=fix,
+        ) from None

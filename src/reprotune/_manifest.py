@@ -21,7 +21,7 @@ import numpy as np
 
 from reprotune._data import RowHashes
 from reprotune._errors import InputError, SchemaVersionError
-from reprotune._jsonio import canonical_dumps, sha256_bytes, write_bytes_atomic
+from reprotune._jsonio import canonical_dumps, read_json_file, sha256_bytes, write_bytes_atomic
 
 SCHEMA = "reprotune/split-manifest"
 SCHEMA_VERSION = 1
@@ -343,20 +343,7 @@ def copy_manifest(source: str | Path, target: str | Path) -> str:
 
 
 def _read_json(path: Path) -> Any:
-    fix = "pass a manifest written by `reprotune split --out`"
-    if not path.is_file():
-        raise InputError(f"manifest file {str(path)!r} does not exist", source=str(path), fix=fix)
-    data = path.read_bytes()
-    try:
-        return json.loads(data)
-    except UnicodeDecodeError as exc:
-        raise InputError(f"manifest is not UTF-8 text: {exc}", source=str(path), fix=fix) from exc
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"manifest is not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
-            source=f"{path}:{exc.lineno}:{exc.colno}",
-            fix=fix,
-        ) from exc
+    return read_json_file(path, what="manifest", fix="pass a manifest written by `reprotune split --out`")
 
 
 class _Checker:

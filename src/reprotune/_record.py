@@ -17,7 +17,6 @@ Importing this module never imports torch: compare and report read records.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -28,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reprotune._config import ExperimentConfig, config_sha256
 from reprotune._errors import InputError, SchemaVersionError
-from reprotune._jsonio import write_json_atomic
+from reprotune._jsonio import read_json_file, write_json_atomic
 from reprotune._seeding import derive_seeds
 from reprotune._version import __version__
 
@@ -340,24 +339,8 @@ def _read_json(path: str | os.PathLike[str]) -> tuple[Any, str]:
     file = Path(path)
     if file.is_dir():
         file = file / "record.json"
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(
-            f"record file {str(file)!r} not found",
-            source=str(file),
-            fix="pass a run directory (runs/<run-id>) or its record.json",
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read record: {exc}", source=str(file), fix="check the file") from None
-    try:
-        return json.loads(text), str(file)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"not valid JSON: {exc.msg}",
-            source=f"{file}:{exc.lineno}:{exc.colno}",
-            fix="the record may be truncated or edited; restore it or rerun",
-        ) from None
+    fix = "pass a run directory (runs/<run-id>) or its record.json; a damaged record: restore it or rerun"
+    return read_json_file(file, what="record", fix=fix), str(file)
 
 
 def _problems(exc: ValidationError) -> str:
