@@ -1,20 +1,24 @@
 """Benchmark ``reprotune run``: what recording costs, and throughput against the Hugging Face Trainer.
 
-    .venv/bin/python bench/bench_train.py            # both parts, the issue's sizes (about 5-6 min)
-    .venv/bin/python bench/bench_train.py --quick    # fewer repeats and steps (about 2 min)
+    .venv/bin/python bench/bench_train.py            # both parts, the issue's sizes (about 5 min)
+    .venv/bin/python bench/bench_train.py --quick    # fewer runs and steps (about 2 min)
     .venv/bin/python bench/bench_train.py --part overhead
 
-1. Recording overhead, tiny model (2 layers, width 64; 1 thread). The same loop run with
-   recording off (``RunOptions(recording=False, tracking=False)``: no per-step ledger lines,
-   weights hashes or tracker metrics) and on (ledger + weights hash + MLflow on a SQLite store in
-   a temporary folder), interleaved off/on, ``--repeats`` times each, after one untimed warm-up
-   pair (its figures are printed: the "on" warm-up pays the import of mlflow on the tracker's
-   process, as every fresh process does). Figure: ``record["timings"]["step_time_s_median"]``,
-   the median step time of a run (the mean also counts the first step's warm-up and the steps
-   that overlap the MLflow child's start-up, one-off costs); overhead = median(on) / median(off) - 1.
-   Target: at most 2 %. Each "on" run is then checked to have every metric in the MLflow store.
-   A per-call breakdown of the recording work (weights hash, ledger line, tracker enqueue) is
-   printed in microseconds and as a share of a step.
+1. Recording overhead, tiny model (2 layers, width 64; 1 thread; batch 4). Runs of the real loop
+   (``run_experiment``) in which recording is switched on and off by blocks of ``BLOCK`` steps
+   (``RunOptions(recording=predicate)``): unrecorded blocks write no ledger line, hash no weights
+   and send no metrics; recorded blocks do all of it. Both kinds of block share one process, one
+   memory layout and the same moments of the shared machine, which separate runs do not (whole
+   runs of one variant differed by up to 20 % among themselves here, ten times the target). Each
+   recorded block's mean step time is compared with the mean of the unrecorded blocks on either
+   side (a steady drift cancels); the first step of every block and the first two blocks are left
+   out. Figure: the mean of those ratios over every recorded block of ``--repeats`` runs, with a
+   95 % confidence interval; the mean, not the median, so that the periodic costs (the ledger's
+   flush every half second, the tracker's hand-off every second) count. Two variants: ledger +
+   weights hash (trackers off), and ledger + weights hash + MLflow on a SQLite store in a
+   temporary folder. Target: at most 2 %. The MLflow store of each run is then checked to hold
+   every metric of every recorded step. Also printed: the recording work as the loop timed it
+   (``record["timings"]["recording_time_s"]`` per recorded step) and each piece timed alone.
 2. Throughput, SmolLM2-135M-Instruct with the quickstart settings (batch 4, max_length 128,
    LoRA r=8 on q/v, fp32, 2 threads, determinism strict, recording and MLflow on) against
    ``transformers.Trainer`` with the same model, LoRA config, tokenised rows in the same order,
@@ -85,33 +89,60 @@ def _tiny_project(root: Path, steps: int) -> Path:
     return path
 
 
-VARIANTS: dict[str, tuple[str, bool, bool]] = {
-    # name: (label, recording, tracking)
-    "off": ("recording off", False, False),
-    "ledger": ("ledger + weights hash", True, False),
-    "full": ("ledger + hash + MLflow", True, True),
+BLOCK = 10  # steps per block; blocks alternate unrecorded, recorded, unrecorded, ...
+
+VARIANTS: dict[str, tuple[str, bool]] = {
+    # name: (label, tracking)
+    "ledger": ("ledger + weights hash", False),
+    "full": ("ledger + hash + MLflow", True),
 }
 
 
-def _timed_run(config: Path, run_dir: Path, variant: str) -> dict[str, Any]:
-    """One in-process run of ``variant`` (a key of ``VARIANTS``); returns its record."""
+def _recorded(step: int) -> bool:
+    """Whether ``step`` (1-based) falls in a recorded block: blocks 1, 3, 5, ... (0-based)."""
+    return (step - 1) // BLOCK % 2 == 1
+
+
+def _alternating_run(config: Path, run_dir: Path, variant: str) -> tuple[dict[str, Any], list[float]]:
+    """One in-process run of ``variant``, recording every other block of steps; record, step times."""
     from reprotune._config import load_config
     from reprotune._train import RunOptions, run_experiment
 
-    _, recording, tracking = VARIANTS[variant]
+    _, tracking = VARIANTS[variant]
     options = RunOptions(
-        run_dir=run_dir, progress=False, tracking=tracking, recording=recording, code_dir=run_dir.parent
+        run_dir=run_dir, progress=False, tracking=tracking, recording=_recorded, code_dir=run_dir.parent
     )
     with torch.random.fork_rng():
-        return run_experiment(load_config(config), options).record
+        result = run_experiment(load_config(config), options)
+    return result.record, list(result.step_times_s)
 
 
-def _stored_metrics(uri: str, run_id: str) -> dict[str, int]:
-    """How many values of each metric the MLflow store holds for ``run_id``."""
+def _block_overheads(step_times: list[float]) -> list[float]:
+    """Per recorded block: its mean step time over the mean of its two unrecorded neighbours, - 1.
+
+    The first step of every block is left out (it may carry the cache state of the other kind of
+    block), and so are the first two blocks (the first step's warm-up); comparing each recorded
+    block with the blocks on both sides of it cancels a steady drift of the machine's speed.
+    """
+    means = [
+        statistics.fmean(step_times[start + 1 : start + BLOCK])
+        for start in range(0, len(step_times) - BLOCK + 1, BLOCK)
+    ]
+    return [
+        means[k] / ((means[k - 1] + means[k + 1]) / 2) - 1
+        for k in range(3, len(means) - 1, 2)  # recorded blocks have odd k
+    ]
+
+
+def _stored_metric_steps(uri: str, run_id: str) -> dict[str, list[int]]:
+    """The steps at which the MLflow store holds each metric of ``run_id``."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
-    return {name: len(client.get_metric_history(run_id, name)) for name in ("train_loss", "lr", "grad_norm")}
+    return {
+        name: sorted(m.step for m in client.get_metric_history(run_id, name))
+        for name in ("train_loss", "lr", "grad_norm")
+    }
 
 
 def _per_call_us(call: Callable[[], object], repeat: int = 2000) -> float:
@@ -126,7 +157,10 @@ def _per_call_us(call: Callable[[], object], repeat: int = 2000) -> float:
 
 
 def _mlflow_costs(work: Path) -> list[tuple[str, float]]:
-    """CPU time (us) the MLflow worker spends per step: a log_batch of 50 steps' metrics, / 50."""
+    """CPU time (us) the MLflow worker spends per step, logging batches of 160 steps' metrics.
+
+    160 steps is about what the tracker sends at once (every second) from the tiny model's loop.
+    """
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
@@ -134,23 +168,27 @@ def _mlflow_costs(work: Path) -> list[tuple[str, float]]:
     experiment = client.create_experiment("cost", artifact_location=(work / "cost").as_uri())
     run_id = client.create_run(experiment).info.run_id
     rounds = []
-    for start in range(0, 250, 50):
+    for start in range(0, 800, 160):
         metrics = [
-            Metric(k, 1.0, 0, s) for s in range(start, start + 50) for k in ("grad_norm", "lr", "train_loss")
+            Metric(k, 1.0, 0, s) for s in range(start, start + 160) for k in ("grad_norm", "lr", "train_loss")
         ]
         cpu = time.thread_time()
         client.log_batch(run_id, metrics=metrics, synchronous=True)
-        rounds.append((time.thread_time() - cpu) / 50 * 1e6)
-    return [("MLflow log_batch (worker CPU, 3 metrics)", statistics.median(rounds))]
+        rounds.append((time.thread_time() - cpu) / 160 * 1e6)
+    return [("MLflow worker process: log_batch CPU, 3 metrics", statistics.median(rounds))]
 
 
 def _breakdown(config: Path, work: Path) -> list[tuple[str, float]]:
-    """Per-call cost (us) of each piece of per-step recording work, on the tiny LoRA model."""
+    """Per-call cost (us) of each piece of per-step recording work, on the tiny LoRA model, alone."""
+    from functools import partial
+
     from reprotune._config import load_config
-    from reprotune._ledger import LedgerWriter, batch_sha256, hexf
-    from reprotune._lora import apply_lora, tensors_sha256, trainable_tensors
+    from reprotune._jsonio import canonical_dumps
+    from reprotune._ledger import LedgerWriter
+    from reprotune._lora import WeightsHasher, apply_lora, trainable_tensors
     from reprotune._model import load_base_model
     from reprotune._trackers import MlflowTracker
+    from reprotune._train import _train_line
 
     cfg = load_config(config)
     loaded = load_base_model(
@@ -161,66 +199,82 @@ def _breakdown(config: Path, work: Path) -> list[tuple[str, float]]:
             loaded.model, seed=1, r=4, alpha=8, dropout=0.1, target_modules=["q_proj", "v_proj"], bias="none"
         )
     rows = list(range(4))
-    line = {
-        "kind": "train", "step": 1, "epoch": 0, "batch_sha256": batch_sha256(rows), "n_rows": 4,
-        "n_tokens": 50, "loss": hexf(1.234), "lr": hexf(1e-3), "grad_norm": hexf(0.5),
-        "weights_sha256": "0" * 64,
-    }  # fmt: skip
+    line_args = (1, 0, rows, 50, 1.234, 1e-3, 0.5, "0" * 64)
     tracker = MlflowTracker("sqlite:///unused.db", work / "unused", "unused")  # never started: enqueue only
     metrics = {"train_loss": 1.0, "lr": 1e-3, "grad_norm": 0.5}
-    with LedgerWriter(work / "breakdown-ledger.jsonl") as ledger:
-        weights_hash = _per_call_us(lambda: tensors_sha256(trainable_tensors(model)), 500)
-        return [
-            ("weights hash: tensors_sha256(trainable_tensors)", weights_hash),
-            ("  of which trainable_tensors(model)", _per_call_us(lambda: trainable_tensors(model), 500)),
-            ("batch_sha256 + 2 hexf", _per_call_us(lambda: [batch_sha256(rows), *map(hexf, (1.0, 2.0))])),
-            ("ledger.write(line) (flush)", _per_call_us(lambda: ledger.write(line))),
-            ("tracker.log_metrics (enqueue)", _per_call_us(lambda: tracker.log_metrics(1, metrics))),
-            *_mlflow_costs(work),
-        ]  # fmt: skip
+    hash_weights = WeightsHasher(trainable_tensors(model))
+    try:
+        # A long interval: the queueing alone, then the formatting a flush does per line.
+        with LedgerWriter(work / "breakdown-ledger.jsonl", flush_interval_s=3600) as ledger:
+            queue_line = lambda: ledger.write(partial(_train_line, *line_args))  # noqa: E731
+            format_line = lambda: canonical_dumps(_train_line(*line_args), indent=None)  # noqa: E731
+            return [
+                ("in the step: weights hash (WeightsHasher)", _per_call_us(hash_weights)),
+                ("in the step: queue the ledger line", _per_call_us(queue_line)),
+                ("in the step: tracker.log_metrics", _per_call_us(lambda: tracker.log_metrics(1, metrics))),
+                ("at a flush: build + format one ledger line", _per_call_us(format_line)),
+                *_mlflow_costs(work),
+            ]  # fmt: skip
+    finally:
+        tracker.close()
 
 
 def bench_overhead(repeats: int, steps: int) -> bool:
     """Part 1; prints a table; True when the 2 % target is met and MLflow holds every metric."""
-    print(f"\n== recording overhead: tiny model, {steps} steps, {repeats} interleaved repeats of each ==")
-    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    print(
+        f"\n== recording overhead: tiny model, {repeats} runs of {steps} steps per variant, "
+        f"recording every other block of {BLOCK} steps =="
+    )
+    blocks: dict[str, list[list[float]]] = {name: [] for name in VARIANTS}
+    in_loop_us: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    off_ms: list[float] = []
+    recorded_steps = [s for s in range(1, steps + 1) if _recorded(s)]
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         work = Path(tmp)
         config = _tiny_project(work, steps)
         uri = f"sqlite:///{work / 'mlflow.db'}"
-        warm = {
-            v: _timed_run(config, work / f"warm-{v}", v)["timings"]["step_time_s_median"] for v in VARIANTS
-        }
+        _alternating_run(config, work / "warm-up", "full")  # imports, first SQLite schema: untimed
         complete = True
         for i in range(repeats):
             for variant in VARIANTS:
-                record = _timed_run(config, work / f"{variant}-{i}", variant)
-                times[variant].append(record["timings"]["step_time_s_median"])
+                record, step_times = _alternating_run(config, work / f"{variant}-{i}", variant)
+                blocks[variant].append(_block_overheads(step_times))
+                in_loop_us[variant].append(record["timings"]["recording_time_s"] / len(recorded_steps) * 1e6)
+                off_ms.append(
+                    statistics.median(t for s, t in enumerate(step_times, 1) if not _recorded(s)) * 1e3
+                )
                 if variant != "full":
                     continue
                 mlflow = record["trackers"]["mlflow"]
-                stored = _stored_metrics(uri, mlflow["mlflow_run_id"]) if mlflow.get("ok") else {}
-                if stored != {"train_loss": steps, "lr": steps, "grad_norm": steps}:
+                stored = _stored_metric_steps(uri, mlflow["mlflow_run_id"]) if mlflow.get("ok") else {}
+                if any(got != recorded_steps for got in stored.values()) or not stored:
                     complete = False
-                    print(f"  run full-{i}: MLflow store incomplete: {stored or mlflow}")
+                    print(f"  run full-{i}: MLflow store lacks recorded steps: {mlflow}")
         breakdown = _breakdown(config, work)
 
-    base = statistics.median(times["off"])
-    print(f"{'':26}{'median ms/step':>15}{'overhead':>10}   all repeats (ms)")
-    for variant, (label, _, _) in VARIANTS.items():
-        med = statistics.median(times[variant])
-        runs = " ".join(f"{t * 1e3:.2f}" for t in times[variant])
-        print(f"{label:26}{med * 1e3:>15.3f}{med / base - 1:>+10.2%}   {runs}")
-    overhead = statistics.median(times["full"]) / base - 1
-    paired = statistics.median(b / a - 1 for a, b in zip(times["off"], times["full"], strict=True))
-    print(f"overhead of full recording: {overhead:+.2%} (ratio of medians), target <= {OVERHEAD_TARGET:.0%}")
-    print(f"overhead of full recording: {paired:+.2%} (median of the {repeats} interleaved pairs)")
-    warm_text = ", ".join(f"{v} {t * 1e3:.2f}" for v, t in warm.items())
-    print(f"warm-up runs, ms/step (the MLflow one imports mlflow meanwhile): {warm_text}")
-    print(f"MLflow store holds every metric of every run: {complete}")
-    print("recording work per step, each piece measured alone:")
+    step_us = statistics.median(off_ms) * 1e3
+    print(f"unrecorded step, median over runs: {step_us / 1e3:.3f} ms")
+    print(f"{'':24}{'mean':>9}{'95% CI':>18}{'median':>9}{'in-loop us':>12}   mean per run")
+    overheads = {}
+    for variant, (label, _) in VARIANTS.items():
+        every = [b for run in blocks[variant] for b in run]
+        mean, half = statistics.fmean(every), 1.96 * statistics.stdev(every) / len(every) ** 0.5
+        overheads[variant] = mean
+        ci = f"[{mean - half:+.2%}, {mean + half:+.2%}]"
+        runs = " ".join(f"{statistics.fmean(run):+.2%}" for run in blocks[variant])
+        in_loop = statistics.median(in_loop_us[variant])
+        print(f"{label:24}{mean:>+9.2%}{ci:>18}{statistics.median(every):>+9.2%}{in_loop:>12.1f}   {runs}")
+    overhead = overheads["full"]
+    n_blocks = sum(len(run) for run in blocks["full"])
+    print(
+        f"overhead of full recording: {overhead:+.2%} (mean over {n_blocks} recorded blocks, each against "
+        f"its unrecorded neighbours), target <= {OVERHEAD_TARGET:.0%}"
+    )
+    print("in-loop us: the recording work timed where it runs, per recorded step (record timings)")
+    print(f"MLflow store holds every recorded step's metrics: {complete}")
+    print("recording work per step, each piece timed alone (warm caches):")
     for name, micros in breakdown:
-        print(f"  {name:50}{micros:>9.1f} us {micros / (base * 1e6):>7.2%} of a step")
+        print(f"  {name:50}{micros:>9.1f} us {micros / step_us:>7.2%} of a step")
     ok = overhead <= OVERHEAD_TARGET and complete
     print("PASS" if ok else "MISS")
     return ok
@@ -430,11 +484,11 @@ def _cpu_pressure() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument(
-        "--quick", action="store_true", help="3 repeats of 100 steps; 1 round of 4 timed SmolLM2 steps"
+        "--quick", action="store_true", help="2 runs of 400 steps a variant; 1 round of 4 SmolLM2 steps"
     )
     parser.add_argument("--part", choices=("overhead", "throughput", "all"), default="all")
-    parser.add_argument("--repeats", type=int, default=None, help="overhead: repeats of each (default 5)")
-    parser.add_argument("--steps", type=int, default=None, help="overhead: steps per run (default 200)")
+    parser.add_argument("--repeats", type=int, default=None, help="overhead: runs per variant (default 3)")
+    parser.add_argument("--steps", type=int, default=None, help="overhead: steps per run (default 1200)")
     parser.add_argument(
         "--tp-steps", type=int, default=None, help="throughput: timed steps a round (default 4)"
     )
@@ -453,8 +507,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     torch.set_num_threads(1)
-    repeats = args.repeats or (3 if args.quick else 5)
-    steps = args.steps or (100 if args.quick else 200)
+    repeats = args.repeats or (2 if args.quick else 3)
+    steps = args.steps or (400 if args.quick else 1200)
     tp_steps = args.tp_steps or 4
     tp_rounds = args.rounds or (1 if args.quick else 3)
     print(f"CPU pressure before: {_cpu_pressure()}")

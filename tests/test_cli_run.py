@@ -38,8 +38,20 @@ def twin_runs(tiny_project: Any, tmp_path_factory: pytest.TempPathFactory) -> tu
     out = tmp_path_factory.mktemp("cli-twins")
     dirs = (out / "a", out / "b")
     for run_dir in dirs:
-        tiny_project.run_cli("run", str(config), "--run-dir", str(run_dir), "--no-progress")
+        done = tiny_project.run_cli("run", str(config), "--run-dir", str(run_dir), "--no-progress")
+        (run_dir.parent / f"{run_dir.name}.stdout").write_text(done.stdout, encoding="utf-8")
     return dirs
+
+
+def test_summary_names_run_dir_adapter_and_recording_cost(twin_runs: tuple[Path, Path]) -> None:
+    """The closing summary: run directory, adapter hash, step time and what recording cost."""
+    run_dir = twin_runs[0]
+    summary = (run_dir.parent / f"{run_dir.name}.stdout").read_text(encoding="utf-8")
+    timings = _record(run_dir)["timings"]
+    assert f"run directory   {run_dir}" in summary
+    assert f"adapter sha256  {_record(run_dir)['outputs']['adapter_sha256']}" in summary
+    assert f"{timings['step_time_s_median'] * 1e3:.1f} ms median" in summary
+    assert f"recording (ledger, weights hash, trackers) {timings['recording_share']:.2%}" in summary
 
 
 def test_twin_runs_write_identical_ledgers(twin_runs: tuple[Path, Path]) -> None:

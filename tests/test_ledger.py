@@ -63,3 +63,46 @@ def test_batch_hash_depends_on_order() -> None:
     assert batch_sha256([1, 2, 3]) != batch_sha256([3, 2, 1])
     assert batch_sha256([1, 2, 3]) == batch_sha256([1, 2, 3])
     assert batch_sha256([12, 3]) != batch_sha256([1, 23])
+
+
+def test_queued_entries_keep_their_order_and_build_late(tmp_path: Path) -> None:
+    """Mappings and builders come out in the order written; a builder runs at the flush, once."""
+    path = tmp_path / "ledger.jsonl"
+    calls: list[int] = []
+
+    def build(step: int) -> dict[str, object]:
+        calls.append(step)
+        return {"kind": "train", "step": step}
+
+    with LedgerWriter(path, flush_interval_s=3600) as ledger:
+        ledger.write({"kind": "init", "step": 0})
+        ledger.write(lambda: build(1))
+        ledger.write({"kind": "val", "step": 1})
+        ledger.write(lambda: build(2))
+        assert calls == [] and path.read_bytes() == b""  # nothing built or written before a flush
+        ledger.flush()
+        assert calls == [1, 2]
+        assert [(e["kind"], e["step"]) for e in iter_ledger(path)] == [
+            ("init", 0), ("train", 1), ("val", 1), ("train", 2)
+        ]  # fmt: skip
+        ledger.write(lambda: build(3))
+    assert calls == [1, 2, 3]  # closing writes what was queued
+    assert [e["step"] for e in iter_ledger(path)] == [0, 1, 1, 2, 3]
+
+
+def test_queued_lines_are_written_when_the_loop_raises(tmp_path: Path) -> None:
+    """An exception in the loop still leaves every queued line on disk (nothing lost on a crash)."""
+    path = tmp_path / "ledger.jsonl"
+    with pytest.raises(RuntimeError), LedgerWriter(path, flush_interval_s=3600) as ledger:
+        for step in range(1, 4):
+            ledger.write({"kind": "train", "step": step})
+        raise RuntimeError("out of memory")
+    assert [e["step"] for e in iter_ledger(path)] == [1, 2, 3]
+
+
+def test_flush_interval_hands_lines_to_the_os(tmp_path: Path) -> None:
+    """With a zero interval every write reaches the file at once (what a reader sees mid-run)."""
+    path = tmp_path / "ledger.jsonl"
+    with LedgerWriter(path, flush_interval_s=0) as ledger:
+        ledger.write({"kind": "train", "step": 1})
+        assert [e["step"] for e in iter_ledger(path)] == [1]

@@ -14,6 +14,7 @@ import torch
 from reprotune._errors import InputError
 from reprotune._jsonio import canonical_dumps
 from reprotune._lora import (
+    WeightsHasher,
     apply_lora,
     lora_config_dict,
     save_adapter,
@@ -163,6 +164,33 @@ def test_tensors_sha256_sees_every_difference() -> None:
         {"w": base["w"].to(torch.float64)},
     ]
     assert len({reference, *(tensors_sha256(v) for v in variants)}) == 1 + len(variants)
+
+
+def test_weights_hasher_follows_in_place_updates(tiny_dir: Path) -> None:
+    """Built once, the hasher gives tensors_sha256 of the weights as they are at each call."""
+    model = _lora(tiny_dir, seed=3)
+    weights = trainable_tensors(model)
+    hasher = WeightsHasher(weights)
+    before = hasher()
+    assert before == tensors_sha256(weights)
+    with torch.no_grad():
+        next(p for p in model.parameters() if p.requires_grad).add_(1e-3)
+    after = hasher()
+    assert after != before
+    assert after == tensors_sha256(trainable_tensors(model))
+
+
+def test_weights_hasher_falls_back_for_tensors_numpy_lacks() -> None:
+    """bf16 and non-contiguous tensors are hashed through tensors_sha256, with the same digest."""
+    g = torch.Generator().manual_seed(1)
+    tensors = {
+        "a": torch.randn(4, 3, generator=g).to(torch.bfloat16),
+        "b": torch.randn(3, 4, generator=g).t(),  # not contiguous
+    }
+    hasher = WeightsHasher(tensors)
+    assert hasher() == _reference_sha256(tensors)
+    tensors["a"].mul_(2)
+    assert hasher() == _reference_sha256(tensors)
 
 
 def test_save_adapter_is_byte_deterministic(tiny_dir: Path, tmp_path: Path) -> None:

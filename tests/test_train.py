@@ -122,6 +122,31 @@ def test_recording_off_trains_the_same_numbers(tiny_project: Any, tmp_path: Path
     assert off.record["timings"]["step_time_s_mean"] > 0
 
 
+def test_recording_predicate_records_only_the_steps_it_picks(tiny_project: Any, tmp_path: Path) -> None:
+    """The benchmark's alternating mode: picked steps get their exact lines, training is unchanged."""
+    full = _run(tiny_project, tmp_path / "full")
+    picked = _run(tiny_project, tmp_path / "picked", recording=lambda step: step % 3 == 0)
+    assert picked.adapter_sha256 == full.adapter_sha256
+    full_lines = {e["step"]: e for e in _train_lines(full.run_dir)}
+    picked_lines = _train_lines(picked.run_dir)
+    assert [e["step"] for e in picked_lines] == [s for s in sorted(full_lines) if s % 3 == 0]
+    assert all(e == full_lines[e["step"]] for e in picked_lines)
+
+
+def test_record_times_the_recording_work(tiny_project: Any, tmp_path: Path) -> None:
+    """The record says what recording cost; the result carries every step's time."""
+    on = _run(tiny_project, tmp_path / "on")
+    off = _run(tiny_project, tmp_path / "off", recording=False)
+    steps = on.record["timings"]["steps_done"]
+    assert len(on.step_times_s) == steps and all(t > 0 for t in on.step_times_s)
+    assert 0 < on.record["timings"]["recording_time_s"] < sum(on.step_times_s)
+    # Both figures are rounded to 6 decimals: the time to the microsecond, so compare within that.
+    total = sum(on.step_times_s)
+    share = on.record["timings"]["recording_time_s"] / total
+    assert on.record["timings"]["recording_share"] == pytest.approx(share, abs=1e-6 + 0.5e-6 / total)
+    assert off.record["timings"]["recording_time_s"] == 0
+
+
 def test_bf16_on_cpu_completes_and_is_reproducible(tiny_project: Any, tmp_path: Path) -> None:
     """bf16 autocast on CPU completes, twin runs are bitwise identical, and it differs from fp32."""
     first = _run(tiny_project, tmp_path / "a", "train.precision=bf16")

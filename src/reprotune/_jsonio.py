@@ -31,15 +31,23 @@ def canonical_dumps(obj: Any, *, indent: int | None = 1) -> str:
     The same object gives the same text on any machine and in any process, so the sha256 of
     a manifest or a record is a stable identity.
     """
-    text = json.dumps(
-        obj,
+    encoder = _ENCODERS.get(indent) or _encoder(indent)
+    return encoder.encode(obj) + "\n"
+
+
+def _encoder(indent: int | None) -> json.JSONEncoder:
+    return json.JSONEncoder(
         sort_keys=True,
         ensure_ascii=False,
         allow_nan=False,
         indent=indent,
         separators=(",", ": ") if indent is not None else (",", ":"),
     )
-    return text + "\n"
+
+
+# Built once: ``json.dumps`` with options builds a new encoder per call, which the ledger's
+# per-step line would pay every step.
+_ENCODERS: dict[int | None, json.JSONEncoder] = {indent: _encoder(indent) for indent in (None, 1)}
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:

@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -32,17 +32,26 @@ def batch_sha256(row_ids: list[int]) -> str:
     return hashlib.sha256(",".join(map(str, row_ids)).encode("ascii")).hexdigest()
 
 
+Entry = Mapping[str, Any] | Callable[[], Mapping[str, Any]]
+
+
 class LedgerWriter:
     """Appends ledger lines to ``path``, handing them to the OS at least every ``flush_interval_s``.
 
-    A line not yet flushed when the process dies is lost, which costs nothing: resume drops every
-    line past its checkpoint and recomputes it. Flushing per interval rather than per line keeps
-    a system call out of every step. ``sync()`` (at each checkpoint, and on close) makes every line
-    written so far durable.
+    Entries queue in memory and are turned into lines and written together at each flush. An entry
+    may be a callable that builds it: the training loop queues each step's line that way, so the
+    formatting (hashing the batch's row ids, exact floats, canonical JSON) runs once per interval
+    for many lines with warm caches, rather than in every step right after the backward pass has
+    evicted them (where it cost about 80 us a line on the tiny model instead of under 10 us).
+
+    A line not yet flushed when the process is killed is lost, which costs nothing: resume drops
+    every line past its checkpoint and recomputes it. A Python exception still writes every queued
+    line (``close`` runs). ``sync()`` (at each checkpoint, and on close) makes every line written
+    so far durable.
 
     Args:
         path: the ledger file; created if missing, appended to otherwise.
-        flush_interval_s: longest time a written line stays in this process's buffer.
+        flush_interval_s: longest time a written entry stays in this process.
     """
 
     def __init__(self, path: Path, *, flush_interval_s: float = 0.5) -> None:
@@ -50,26 +59,33 @@ class LedgerWriter:
         self._handle: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
         self._flush_interval_s = flush_interval_s
         self._last_flush = time.monotonic()
+        self._queued: list[Entry] = []
 
-    def write(self, entry: dict[str, Any]) -> None:
-        """Append one entry as a canonical JSON line."""
-        line = canonical_dumps(entry, indent=None)
-        if faults.ARMED:  # crash tests: die with half a line on disk
-            self._handle.write(line[: len(line) // 2])
-            self._handle.flush()
-            faults.kill_point("ledger-append")
-            line = line[len(line) // 2 :]
-        self._handle.write(line)
+    def write(self, entry: Entry) -> None:
+        """Queue one entry (a mapping, or a callable returning one, called at the next flush)."""
+        self._queued.append(entry)
         now = time.monotonic()
         if faults.ARMED or now - self._last_flush >= self._flush_interval_s:
-            self._handle.flush()
-            self._last_flush = now
+            self.flush()
+
+    def flush(self) -> None:
+        """Write every queued entry, in order, as canonical JSON lines, and hand them to the OS."""
+        queued, self._queued = self._queued, []
+        for entry in queued:
+            line = canonical_dumps(dict(entry() if callable(entry) else entry), indent=None)
+            if faults.ARMED:  # crash tests: die with half a line on disk
+                self._handle.write(line[: len(line) // 2])
+                self._handle.flush()
+                faults.kill_point("ledger-append")
+                line = line[len(line) // 2 :]
+            self._handle.write(line)
+        self._handle.flush()
+        self._last_flush = time.monotonic()
 
     def sync(self) -> None:
-        """Make every line written so far durable."""
-        self._handle.flush()
+        """Make every entry written so far durable."""
+        self.flush()
         os.fsync(self._handle.fileno())
-        self._last_flush = time.monotonic()
 
     def close(self) -> None:
         """Sync and close the file."""

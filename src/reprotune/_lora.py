@@ -240,6 +240,47 @@ def tensors_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
+class WeightsHasher:
+    """:func:`tensors_sha256` of one fixed set of tensors, again and again as they change in place.
+
+    The training loop hashes the trainable weights after every step. Sorting the names, building
+    the headers and exposing each CPU tensor's bytes happen once here, so a call is only the
+    hashing itself: for the tiny model's 8 LoRA tensors about 5 us instead of 23 us with warm
+    caches, and about 14 us instead of 35 us right after a training step. Tensors that cannot be
+    hashed in place (on a GPU, or of a dtype NumPy lacks) go through :func:`tensors_sha256` on
+    each call.
+
+    The tensors must change in place, as optimizer steps and ``load_state_dict`` change them; a
+    parameter given a new storage (``param.data = other``) is not seen.
+
+    Args:
+        tensors: name -> tensor, e.g. :func:`trainable_tensors` of the model.
+    """
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        self._tensors = dict(tensors)
+        self._parts: list[bytes | memoryview] | None = None
+        # Copying a fresh hash object skips OpenSSL's algorithm lookup, which right after a
+        # training step (cold caches) costs more than hashing the tiny model's weights.
+        self._empty = hashlib.sha256()
+        names = sorted(self._tensors)
+        if all(_hashable_in_place(self._tensors[name]) for name in names):
+            self._parts = []
+            for name in names:
+                tensor = self._tensors[name].detach()
+                self._parts.append(_header(name, tensor.dtype, tuple(tensor.shape), tensor.nbytes))
+                self._parts.append(tensor.numpy().data)
+
+    def __call__(self) -> str:
+        """The hex digest of the tensors as they are now."""
+        if self._parts is None:
+            return tensors_sha256(self._tensors)
+        digest = self._empty.copy()
+        for part in self._parts:
+            digest.update(part)
+        return digest.hexdigest()
+
+
 def save_adapter(model: PeftModel, directory: str | os.PathLike[str]) -> dict[str, str]:
     """Save the LoRA adapter alone (safetensors) to ``directory``, atomically.
 

@@ -9,6 +9,7 @@ Started by :class:`reprotune._trackers.MlflowTracker`; not meant to be run by ha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import sys
@@ -52,6 +53,10 @@ def serve(flush_interval_s: float) -> dict[str, Any]:
     """Serve one run; return the outcome line."""
     import os
 
+    # An observer: when every core is busy, the training loop goes first (finish still waits
+    # for every metric to be stored).
+    with contextlib.suppress(OSError):
+        os.nice(10)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
     threading.Thread(target=_read_stdin, args=(lines,), daemon=True).start()

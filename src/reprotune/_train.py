@@ -9,6 +9,7 @@ then the loop (one optimizer step = ``grad_accum_steps`` micro-batches), then th
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import math
 import sys
@@ -37,7 +38,7 @@ from reprotune._fingerprint import code_fingerprint, environment_fingerprint
 from reprotune._formatting import collate, encode_row
 from reprotune._jsonio import sha256_file, write_bytes_atomic
 from reprotune._ledger import LEDGER_FILE, LedgerWriter, batch_sha256, hexf, truncate_ledger
-from reprotune._lora import apply_lora, lora_config_dict, save_adapter, tensors_sha256, trainable_tensors
+from reprotune._lora import WeightsHasher, apply_lora, lora_config_dict, save_adapter, trainable_tensors
 from reprotune._model import load_base_model
 from reprotune._optim import build_optimizer, build_scheduler
 from reprotune._record import load_record, make_run_id, utc_now, write_record
@@ -67,8 +68,11 @@ class RunOptions:
         restore_rng_on_resume: False only for verify's negative control of the resume leg.
         manifest: train on this split manifest instead of the config's split (rerun uses the
             recorded run's ``split.json``; the config, and so its hash, stay as recorded).
-        recording: False only for the overhead benchmark: the same loop without per-step ledger
-            lines, weights hashes or tracker metrics.
+        recording: which optimizer steps write their ledger line (with the weights hash) and send
+            their metrics to the trackers: every one (True, the default), none (False) or those a
+            predicate ``step -> bool`` picks. Anything but True is for the overhead benchmark only,
+            which compares recorded and unrecorded steps of one loop; such a run's ledger is not
+            complete, and ``compare`` and ``resume`` cannot use it.
         code_dir: the directory whose git state is recorded.
     """
 
@@ -78,7 +82,7 @@ class RunOptions:
     stop_after_step: int | None = None
     restore_rng_on_resume: bool = True
     manifest: Path | None = None
-    recording: bool = True
+    recording: bool | Callable[[int], bool] = True
     code_dir: Path = field(default_factory=Path.cwd)
 
 
@@ -92,6 +96,8 @@ class RunResult:
     steps_done: int
     adapter_sha256: str | None
     final_val_loss: float | None
+    step_times_s: tuple[float, ...] = ()
+    """This attempt's wall time per optimizer step, in step order (the benchmarks read it)."""
 
 
 def new_run_dir(cfg: ExperimentConfig, base: Path = Path("runs")) -> Path:
@@ -484,9 +490,11 @@ def _execute(
 
         model.train()
         # Detached views of the trainable parameters: the optimizer updates them in place, so
-        # this one dict hashes the current weights after every step without rebuilding it.
-        weights = trainable_tensors(model)
+        # one hasher built now hashes the current weights after every step.
+        hash_weights = WeightsHasher(trainable_tensors(model))
+        records_step = _step_predicate(options.recording)
         step_times: list[float] = []
+        recording_s = 0.0  # time spent in the per-step recording work, to put its cost in the record
         final_val: float | None = None
         bar = _progress(total_steps, start_step, options.progress)
         # Everything loaded so far (torch, transformers, the model) lives for the whole run: keep it
@@ -495,7 +503,7 @@ def _execute(
         gc.freeze()
         with LedgerWriter(ledger_path) as ledger:
             if start_step == 0:
-                ledger.write({"kind": "init", "step": 0, "weights_sha256": tensors_sha256(weights)})
+                ledger.write({"kind": "init", "step": 0, "weights_sha256": hash_weights()})
             for step in range(start_step + 1, total_steps + 1):
                 t0 = time.perf_counter()
                 rows = order.step_rows(step)
@@ -526,21 +534,17 @@ def _execute(
                     optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
-                if options.recording:
+                recorded = records_step(step)
+                if recorded:
+                    r0 = time.perf_counter()
+                    # The weights are hashed now (the next step changes them); the line is built
+                    # at the ledger's next flush, with the lines of the steps around it.
                     ledger.write(
-                        {
-                            "kind": "train",
-                            "step": step,
-                            "epoch": epoch,
-                            "batch_sha256": batch_sha256(rows),
-                            "n_rows": len(rows),
-                            "n_tokens": n_tokens,
-                            "loss": hexf(step_loss),
-                            "lr": hexf(lr),
-                            "grad_norm": hexf(grad_norm),
-                            "weights_sha256": tensors_sha256(weights),
-                        }
+                        functools.partial(
+                            _train_line, step, epoch, rows, n_tokens, step_loss, lr, grad_norm, hash_weights()
+                        )
                     )
+                    recording_s += time.perf_counter() - r0
                 metrics = {"train_loss": step_loss, "lr": lr, "grad_norm": grad_norm}
                 is_last = step == total_steps
                 if val_rows and ((cfg.train.eval_every and step % cfg.train.eval_every == 0) or is_last):
@@ -564,8 +568,10 @@ def _execute(
                         }
                     )
                     metrics["val_loss"] = final_val
-                if options.recording:
+                if recorded:
+                    r0 = time.perf_counter()
                     trackers.log_metrics(step, metrics)
+                    recording_s += time.perf_counter() - r0
                 if cfg.train.save_every and step % cfg.train.save_every == 0 and not is_last:
                     ledger.sync()
                     save_checkpoint(
@@ -586,10 +592,12 @@ def _execute(
                 if options.stop_after_step is not None and step >= options.stop_after_step and not is_last:
                     bar.close()
                     record["status"] = "stopped"
-                    record["timings"].update(_timings(started, step_times, step))
+                    record["timings"].update(_timings(started, step_times, step, recording_s))
                     trackers.finish("stopped")
                     _write_record(run_dir, record)
-                    return RunResult(run_dir, record, "stopped", step, None, final_val)
+                    return RunResult(
+                        run_dir, record, "stopped", step, None, final_val, step_times_s=tuple(step_times)
+                    )
         bar.close()
 
         adapter_files = save_adapter(model, run_dir / ADAPTER_DIR)
@@ -599,7 +607,7 @@ def _execute(
             "ledger_sha256": sha256_file(ledger_path),
             "final_val_loss": hexf(final_val) if final_val is not None else None,
         }
-        record["timings"].update(_timings(started, step_times, total_steps))
+        record["timings"].update(_timings(started, step_times, total_steps, recording_s))
         record["status"] = "completed"
         _write_record(run_dir, record)
         trackers.log_artifacts(
@@ -614,7 +622,13 @@ def _execute(
         record["trackers"] = trackers.finish("completed")
         _write_record(run_dir, record)
         return RunResult(
-            run_dir, record, "completed", total_steps, record["outputs"]["adapter_sha256"], final_val
+            run_dir,
+            record,
+            "completed",
+            total_steps,
+            record["outputs"]["adapter_sha256"],
+            final_val,
+            step_times_s=tuple(step_times),
         )
     except BaseException as exc:
         if bar is not None:
@@ -646,7 +660,39 @@ def _refuse_code_drift(started: dict[str, Any], now: dict[str, Any], run_dir: Pa
         )
 
 
-def _timings(started: float, step_times: list[float], steps_done: int) -> dict[str, Any]:
+def _train_line(
+    step: int,
+    epoch: int,
+    rows: list[int],
+    n_tokens: int,
+    loss: float,
+    lr: float,
+    grad_norm: float,
+    weights_sha256: str,
+) -> dict[str, Any]:
+    """One optimizer step's ledger entry (fields in docs/run-directory.md)."""
+    return {
+        "kind": "train",
+        "step": step,
+        "epoch": epoch,
+        "batch_sha256": batch_sha256(rows),
+        "n_rows": len(rows),
+        "n_tokens": n_tokens,
+        "loss": hexf(loss),
+        "lr": hexf(lr),
+        "grad_norm": hexf(grad_norm),
+        "weights_sha256": weights_sha256,
+    }
+
+
+def _step_predicate(recording: bool | Callable[[int], bool]) -> Callable[[int], bool]:
+    if callable(recording):
+        return recording
+    return (lambda _step: True) if recording else (lambda _step: False)
+
+
+def _timings(started: float, step_times: list[float], steps_done: int, recording_s: float) -> dict[str, Any]:
+    total = sum(step_times)
     return {
         "ended_at": utc_now(),
         "duration_s": round(time.perf_counter() - started, 3),
@@ -654,6 +700,10 @@ def _timings(started: float, step_times: list[float], steps_done: int) -> dict[s
         "step_time_s_mean": round(float(np.mean(step_times)), 6) if step_times else None,
         # The median ignores the first step's warm-up and one-off stalls: the loop's typical pace.
         "step_time_s_median": round(float(np.median(step_times)), 6) if step_times else None,
+        # The ledger lines, weights hashes and tracker hand-offs of this attempt's steps, timed
+        # where they run: what recording cost this run, as a share of its step time.
+        "recording_time_s": round(recording_s, 6),
+        "recording_share": round(recording_s / total, 6) if total else None,
     }
 
 

@@ -30,6 +30,11 @@ def print_summary(result: Any) -> None:
         print(f"  adapter sha256  {result.adapter_sha256}")
     if result.final_val_loss is not None:
         print(f"  final val loss  {result.final_val_loss:.6f}")
+    timings = record.get("timings") or {}
+    if timings.get("step_time_s_median") is not None:
+        share = timings.get("recording_share")
+        cost = f"; recording (ledger, weights hash, trackers) {share:.2%} of it" if share is not None else ""
+        print(f"  step time       {timings['step_time_s_median'] * 1e3:.1f} ms median{cost}")
     mlflow = (record.get("trackers") or {}).get("mlflow")
     if mlflow and mlflow.get("ok"):
         print(f"  MLflow run      {mlflow['mlflow_run_id']} in experiment {mlflow['experiment']!r}")
