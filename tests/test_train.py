@@ -21,7 +21,14 @@ from reprotune._data_order import DataOrder
 from reprotune._jsonio import sha256_file
 from reprotune._ledger import batch_sha256
 from reprotune._manifest import load_manifest
-from reprotune._train import RunOptions, RunResult, run_experiment
+from reprotune._train import (
+    RunOptions,
+    RunResult,
+    logits_to_keep,
+    run_experiment,
+    supports_logits_to_keep,
+    token_loss_sum,
+)
 
 
 def _run(
@@ -254,3 +261,39 @@ def test_mlflow_mirrors_params_tags_metrics_and_artifacts(
     adapters = list(stored.rglob("adapter_model.safetensors"))
     assert len(adapters) == 1
     assert sha256_file(adapters[0]) == result.adapter_sha256
+
+
+def test_logits_to_keep_starts_at_the_first_scored_position() -> None:
+    """Logits are kept from the first position whose next token any row scores; at least one."""
+    labels = torch.tensor([[-100, -100, -100, 5, 6, -100], [-100, -100, 7, 8, -100, -100]])
+    assert logits_to_keep(labels) == 6 - 1  # row 1 scores token 2, predicted at position 1
+    assert logits_to_keep(torch.full((2, 4), -100)) == 1
+    assert logits_to_keep(torch.tensor([[1, 2, 3]])) == 3
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_loss_from_kept_logits_matches_every_logit(tmp_path: Path, side: str) -> None:
+    """Skipping the prompt's logits changes the loss and its gradients only by float rounding."""
+    from transformers import AutoModelForCausalLM
+
+    from reprotune._formatting import collate
+    from reprotune._tiny import build_tiny_model
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "m", seed=0))
+    assert supports_logits_to_keep(model)
+    examples = [
+        (list(range(3, 15)), [-100] * 9 + [11, 12, 13, 14][1:]),
+        (list(range(20, 27)), [-100] * 4 + [24, 25, 26]),
+    ]
+    batch = collate(examples, pad_token_id=0, padding_side=side)
+    keep = logits_to_keep(batch["labels"])
+    assert keep < batch["labels"].shape[1]  # the test skips something
+    losses, grads = [], []
+    for k in (None, keep):
+        model.zero_grad(set_to_none=True)
+        loss = token_loss_sum(model, batch, keep=k)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(model.lm_head.weight.grad.clone())
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=0)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)

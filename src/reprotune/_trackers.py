@@ -127,7 +127,8 @@ class MlflowTracker:
     a line written to a pipe. The child is started when the tracker is made, so importing mlflow
     (about a second) overlaps loading the model. It uses ``MlflowClient`` with an explicit run id
     (no active-run state). Metrics are buffered and cross the pipe, and reach MLflow in batches, at
-    most once per ``flush_interval_s``.
+    most once per ``flush_interval_s``. Until the loop is over the child runs at Linux's idle
+    priority (``SCHED_IDLE``), on cores the loop leaves free.
 
     Args:
         uri: tracking URI, e.g. ``sqlite:///mlflow.db`` (relative paths resolve against the cwd).

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import inspect
 import math
 import sys
 import time
@@ -168,19 +169,48 @@ def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContex
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Sum of next-token cross-entropy over the labelled (response) tokens."""
+def supports_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the (base) model's ``forward`` takes ``logits_to_keep`` (transformers' causal LMs do)."""
+    get_base = getattr(model, "get_base_model", None)
+    base = get_base() if callable(get_base) else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
+def logits_to_keep(labels: torch.Tensor) -> int:
+    """How many trailing positions need logits: from the first one whose next token is labelled.
+
+    The prompt before it is never scored, so its logits (a ``vocab``-wide row per position, the
+    largest activation of a small model) need not be computed. Give CPU labels: this reads them.
+    """
+    scored = (labels[:, 1:] != -100).any(dim=0).nonzero()
+    first = int(scored[0]) if len(scored) else labels.shape[1] - 1
+    return int(labels.shape[1]) - first
+
+
+def token_loss_sum(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], *, keep: int | None = None
+) -> torch.Tensor:
+    """Sum of next-token cross-entropy over the labelled (response) tokens.
+
+    Args:
+        model: the causal LM.
+        batch: ``input_ids``, ``attention_mask``, ``labels`` (-100 where not scored), ``position_ids``.
+        keep: compute logits only for the last ``keep`` positions (:func:`logits_to_keep`; the
+            model must take ``logits_to_keep``); None: every position.
+    """
+    extra = {} if keep is None else {"logits_to_keep": keep}
     logits = model(
         input_ids=batch["input_ids"],
         attention_mask=batch["attention_mask"],
         position_ids=batch.get("position_ids"),
+        **extra,
     ).logits
-    labels = batch["labels"][:, 1:]
-    shifted = logits[:, :-1, :]
-    loss = F.cross_entropy(
-        shifted.reshape(-1, shifted.shape[-1]).float(), labels.reshape(-1), ignore_index=-100, reduction="sum"
+    # Position p predicts token p + 1: shift the labels (not the logits, which would copy them).
+    length, kept = batch["labels"].shape[1], logits.shape[1]
+    labels = F.pad(batch["labels"][:, length - kept + 1 :], (0, 1), value=-100)
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100, reduction="sum"
     )
-    return loss
 
 
 class Examples:
@@ -229,19 +259,22 @@ def evaluate(
     padding_side: str,
     device: torch.device,
     precision: str,
+    keep_logits: bool = False,
 ) -> tuple[float, int]:
-    """Mean token loss over ``rows`` (summed in float64, so the batch size barely matters)."""
+    """Mean token loss over ``rows`` (summed in float64, so the batch size barely matters).
+
+    ``keep_logits``: compute logits only from the first scored position (see ``token_loss_sum``).
+    """
     was_training = model.training
     model.eval()
     total, tokens = 0.0, 0
     for chunk in _micro_batches(rows, batch_size):
-        batch = {
-            k: v.to(device)
-            for k, v in examples.batch(chunk, pad_token_id=pad_token_id, padding_side=padding_side).items()
-        }
+        on_cpu = examples.batch(chunk, pad_token_id=pad_token_id, padding_side=padding_side)
+        keep = logits_to_keep(on_cpu["labels"]) if keep_logits else None
+        n = int((on_cpu["labels"][:, 1:] != -100).sum())
+        batch = {k: v.to(device) for k, v in on_cpu.items()}
         with _autocast(precision, device):
-            loss_sum = token_loss_sum(model, batch)
-        n = int((batch["labels"][:, 1:] != -100).sum())
+            loss_sum = token_loss_sum(model, batch, keep=keep)
         total += float(loss_sum)
         tokens += n
     model.train(was_training)
@@ -422,6 +455,8 @@ def _execute(
         model = apply_lora(loaded.model, seed=seeds["lora_init"], **lora_kwargs)  # type: ignore[arg-type]
         model.to(device)
         record["lora"] = lora_config_dict(model)
+        # Logits only where the loss reads them (the same losses, less work), if the model can.
+        keep_logits = supports_logits_to_keep(model)
 
         rows_per_step = cfg.train.batch_size * cfg.train.grad_accum_steps
         order = DataOrder(seeds["data_order"], data.split_rows("train"), rows_per_step)
@@ -514,12 +549,13 @@ def _execute(
                 ]
                 # Counted before the copy to the device: no host sync per micro-batch.
                 n_tokens = sum(int((b["labels"][:, 1:] != -100).sum()) for b in on_cpu)
+                keeps = [logits_to_keep(b["labels"]) if keep_logits else None for b in on_cpu]
                 batches = [{k: v.to(device) for k, v in b.items()} for b in on_cpu]
                 lr = optimizer.param_groups[0]["lr"]
                 step_loss = 0.0
-                for batch in batches:
+                for batch, keep in zip(batches, keeps, strict=True):
                     with _autocast(cfg.train.precision, device):
-                        loss_sum = token_loss_sum(model, batch)
+                        loss_sum = token_loss_sum(model, batch, keep=keep)
                     loss = loss_sum / max(n_tokens, 1)
                     (scaler.scale(loss) if scaler else loss).backward()
                     step_loss += float(loss.detach())
@@ -557,6 +593,7 @@ def _execute(
                         padding_side=cfg.model.padding_side,
                         device=device,
                         precision=cfg.train.precision,
+                        keep_logits=keep_logits,
                     )
                     ledger.write(
                         {
