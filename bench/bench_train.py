@@ -1,6 +1,6 @@
 """Benchmark ``reprotune run``: what recording costs, and throughput against the Hugging Face Trainer.
 
-    .venv/bin/python bench/bench_train.py            # both parts, the issue's sizes (about 5 min)
+    .venv/bin/python bench/bench_train.py            # both parts, the issue's sizes (about 7 min)
     .venv/bin/python bench/bench_train.py --quick    # fewer runs and steps (about 2 min)
     .venv/bin/python bench/bench_train.py --part overhead
 
@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true", help="2 runs of 400 steps a variant; 1 round of 4 SmolLM2 steps"
     )
     parser.add_argument("--part", choices=("overhead", "throughput", "all"), default="all")
-    parser.add_argument("--repeats", type=int, default=None, help="overhead: runs per variant (default 3)")
+    parser.add_argument("--repeats", type=int, default=None, help="overhead: runs per variant (default 5)")
     parser.add_argument("--steps", type=int, default=None, help="overhead: steps per run (default 1200)")
     parser.add_argument(
         "--tp-steps", type=int, default=None, help="throughput: timed steps a round (default 4)"
@@ -507,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     torch.set_num_threads(1)
-    repeats = args.repeats or (2 if args.quick else 3)
+    repeats = args.repeats or (2 if args.quick else 5)
     steps = args.steps or (400 if args.quick else 1200)
     tp_steps = args.tp_steps or 4
     tp_rounds = args.rounds or (1 if args.quick else 3)
