@@ -529,7 +529,9 @@ def _execute(
         hash_weights = WeightsHasher(trainable_tensors(model))
         records_step = _step_predicate(options.recording)
         step_times: list[float] = []
-        recording_s = 0.0  # time spent in the per-step recording work, to put its cost in the record
+        # Time in each recorded step's ledger line (formatting included when the ledger's flush
+        # falls in it), weights hash and tracker hand-off: what recording cost, for the record.
+        recording_s = 0.0
         final_val: float | None = None
         bar = _progress(total_steps, start_step, options.progress)
         # Everything loaded so far (torch, transformers, the model) lives for the whole run: keep it
