@@ -214,14 +214,9 @@ def tensors_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
     import torch
 
     names = sorted(tensors)
-    digest = hashlib.sha256()
     if all(_hashable_in_place(tensors[name]) for name in names):
-        # The common case, after every training step on CPU: no copies, no reshapes.
-        for name in names:
-            tensor = tensors[name].detach()
-            digest.update(_header(name, tensor.dtype, tuple(tensor.shape), tensor.nbytes))
-            digest.update(tensor.numpy().data)
-        return digest.hexdigest()
+        return WeightsHasher(tensors)()  # on CPU: no copies, no reshapes
+    digest = hashlib.sha256()
     flat = [tensors[name].detach().reshape(-1).contiguous() for name in names]
     raw = [t.view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8) for t in flat]
     accelerator = next((t.device for t in raw if t.device.type != "cpu"), None)
