@@ -31,7 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,45 +41,13 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "quickstart.yaml"
 
 
-def _prepared(cfg: Any) -> tuple[Any, torch.optim.Optimizer, Any]:
-    """The quickstart's PeftModel, AdamW and schedule, after one optimizer step on a fixed batch."""
-    from reprotune._lora import apply_lora
-    from reprotune._model import load_base_model
-    from reprotune._optim import build_optimizer, build_scheduler
-    from reprotune._seeding import derive_seeds
+def _prepared(cfg: Any, workdir: Path) -> tuple[Any, torch.optim.Optimizer, Any]:
+    """The quickstart's PeftModel, AdamW and schedule (``build_setup``), after one optimizer step."""
+    from reprotune._train.setup import build_setup
 
-    seeds = derive_seeds(cfg.seed.root, dict(cfg.seed.overrides))
-    loaded = load_base_model(
-        cfg.model.name,
-        revision=cfg.model.revision,
-        dtype=cfg.model.dtype,
-        pad_token_id=cfg.model.pad_token_id,
-        padding_side=cfg.model.padding_side,
-        device="cpu",
-    )
-    model = apply_lora(
-        loaded.model,
-        seed=seeds["lora_init"],
-        r=cfg.lora.r,
-        alpha=cfg.lora.alpha,
-        dropout=cfg.lora.dropout,
-        target_modules=list(cfg.lora.target_modules),
-        bias=cfg.lora.bias,
-    )
+    setup = build_setup(cfg, manifest_out=workdir / "split.json")
+    model, optimizer, scheduler = setup.model, setup.optimizer, setup.scheduler
     model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(
-        params,
-        name=cfg.train.optimizer,
-        learning_rate=cfg.train.learning_rate,
-        weight_decay=cfg.train.weight_decay,
-    )
-    scheduler = build_scheduler(
-        optimizer,
-        schedule=cfg.train.scheduler,
-        warmup_steps=cfg.train.warmup_steps,
-        total_steps=cfg.train.max_steps or 1,
-    )
     ids = torch.randint(0, 1000, (cfg.train.batch_size, 64), generator=torch.Generator().manual_seed(0))
     model(input_ids=ids, labels=ids).loss.backward()
     optimizer.step()
@@ -101,13 +69,13 @@ def _no_fsync() -> Iterator[None]:
 
 def time_save_load(cfg: Any, repeats: int) -> dict[str, float]:
     """Median save (with and without fsync) and load seconds over ``repeats`` calls, and the size."""
-    from reprotune._checkpoint import CheckpointState, restore_checkpoint, save_checkpoint
+    from reprotune._run.checkpoint import CheckpointState, restore_checkpoint, save_checkpoint
 
-    model, optimizer, scheduler = _prepared(cfg)
-    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     saves: dict[bool, list[float]] = {True: [], False: []}
     loads = []
     with tempfile.TemporaryDirectory() as tmp:
+        model, optimizer, scheduler = _prepared(cfg, Path(tmp))
+        n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         directory = Path(tmp) / "checkpoints"
         path = directory
         for step in range(1, 2 * repeats + 1):
@@ -138,29 +106,14 @@ def time_save_load(cfg: Any, repeats: int) -> dict[str, float]:
     }
 
 
-class _Timed:
-    """Wraps a function and keeps the duration of every call."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
-        self.times: list[float] = []
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return self.fn(*args, **kwargs)
-        finally:
-            self.times.append(time.perf_counter() - start)
-
-
 def time_run(steps: int, save_every: int, run_dir: Path, threads: int | None) -> tuple[float, list[float]]:
     """A quickstart run of ``steps`` steps checkpointing every ``save_every`` (0: never).
 
     Returns:
         The mean step time (from the record) and the duration of each checkpoint save in the loop.
     """
-    from reprotune import _train
-    from reprotune._config import load_config
+    from reprotune._config.loading import load_config
+    from reprotune._train.run import RunOptions, run_experiment
 
     overrides = [
         f"train.max_steps={steps}",
@@ -172,14 +125,9 @@ def time_run(steps: int, save_every: int, run_dir: Path, threads: int | None) ->
     if threads is not None:
         overrides.append(f"determinism.threads={threads}")
     cfg = load_config(CONFIG, overrides)
-    timed = _Timed(_train.save_checkpoint)
-    _train.save_checkpoint = timed  # the loop's own calls, timed
-    try:
-        options = _train.RunOptions(run_dir=run_dir, progress=False, tracking=False)
-        result = _train.run_experiment(cfg, options)
-    finally:
-        _train.save_checkpoint = timed.fn
-    return float(result.record["timings"]["step_time_s_mean"]), timed.times
+    result = run_experiment(cfg, RunOptions(run_dir=run_dir, progress=False, tracking=False))
+    # The loop's own saves, as its checkpoint hook timed them.
+    return float(result.record["timings"]["step_time_s_mean"]), list(result.checkpoint_times_s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads than free cores make each step many times slower)",
     )
     args = parser.parse_args(argv)
-    from reprotune._config import load_config
+    from reprotune._config.loading import load_config
 
     steps = args.steps or (6 if args.quick else 20)
     settings = [0, 2] if args.quick else [0, 1, 5]

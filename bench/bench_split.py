@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from reprotune._data import table_from_columns
-from reprotune._manifest import load_manifest, write_manifest
-from reprotune._split import split_table
+from reprotune._data.loaders import table_from_columns
+from reprotune._data.manifest import load_manifest, write_manifest
+from reprotune._data.split import split_table
 
 N_COMMON = 41
 RARE_SIZES = tuple(range(1, 10))  # 9 rare classes of 1..9 rows: 50 classes in all

@@ -76,7 +76,7 @@ TINY_CONFIG: dict[str, Any] = {
 
 def _tiny_project(root: Path, steps: int) -> Path:
     """Write the tiny model, data and config (MLflow store inside ``root``); return the config path."""
-    from reprotune._tiny import build_tiny_model, write_tiny_dataset
+    from reprotune._model.tiny import build_tiny_model, write_tiny_dataset
 
     build_tiny_model(root / "tiny-model", seed=0)
     write_tiny_dataset(root / "data.jsonl", 80, seed=0, n_categories=3)
@@ -105,8 +105,8 @@ def _recorded(step: int) -> bool:
 
 def _alternating_run(config: Path, run_dir: Path, variant: str) -> tuple[dict[str, Any], list[float]]:
     """One in-process run of ``variant``, recording every other block of steps; record, step times."""
-    from reprotune._config import load_config
-    from reprotune._train import RunOptions, run_experiment
+    from reprotune._config.loading import load_config
+    from reprotune._train.run import RunOptions, run_experiment
 
     _, tracking = VARIANTS[variant]
     options = RunOptions(
@@ -182,22 +182,16 @@ def _breakdown(config: Path, work: Path) -> list[tuple[str, float]]:
     """Per-call cost (us) of each piece of per-step recording work, on the tiny LoRA model, alone."""
     from functools import partial
 
-    from reprotune._config import load_config
+    from reprotune._config.loading import load_config
     from reprotune._jsonio import canonical_dumps
-    from reprotune._ledger import LedgerWriter
-    from reprotune._lora import WeightsHasher, apply_lora, trainable_tensors
-    from reprotune._model import load_base_model
-    from reprotune._trackers import MlflowTracker
-    from reprotune._train import _train_line
+    from reprotune._model.lora import WeightsHasher, trainable_tensors
+    from reprotune._run.ledger import LedgerWriter, train_line
+    from reprotune._trackers.mlflow import MlflowTracker
+    from reprotune._train.setup import build_setup
 
     cfg = load_config(config)
-    loaded = load_base_model(
-        cfg.model.name, revision=None, dtype="float32", pad_token_id=None, padding_side="right", device="cpu"
-    )
     with torch.random.fork_rng():
-        model = apply_lora(
-            loaded.model, seed=1, r=4, alpha=8, dropout=0.1, target_modules=["q_proj", "v_proj"], bias="none"
-        )
+        model = build_setup(cfg, manifest_out=work / "breakdown-split.json").model
     rows = list(range(4))
     line_args = (1, 0, rows, 50, 1.234, 1e-3, 0.5, "0" * 64)
     tracker = MlflowTracker("sqlite:///unused.db", work / "unused", "unused")  # never started: enqueue only
@@ -206,8 +200,8 @@ def _breakdown(config: Path, work: Path) -> list[tuple[str, float]]:
     try:
         # A long interval: the queueing alone, then the formatting a flush does per line.
         with LedgerWriter(work / "breakdown-ledger.jsonl", flush_interval_s=3600) as ledger:
-            queue_line = lambda: ledger.write(partial(_train_line, *line_args))  # noqa: E731
-            format_line = lambda: canonical_dumps(_train_line(*line_args), indent=None)  # noqa: E731
+            queue_line = lambda: ledger.write(partial(train_line, *line_args))  # noqa: E731
+            format_line = lambda: canonical_dumps(train_line(*line_args), indent=None)  # noqa: E731
             return [
                 ("in the step: weights hash (WeightsHasher)", _per_call_us(hash_weights)),
                 ("in the step: queue the ledger line", _per_call_us(queue_line)),
@@ -285,7 +279,7 @@ def bench_overhead(repeats: int, steps: int) -> bool:
 
 
 def _quickstart_cfg(total_steps: int) -> Any:
-    from reprotune._config import load_config
+    from reprotune._config.loading import load_config
 
     overrides = [
         f"train.max_steps={total_steps}",
@@ -296,40 +290,36 @@ def _quickstart_cfg(total_steps: int) -> Any:
     return load_config(QUICKSTART, overrides)
 
 
-def _step_batches(
-    cfg: Any, tokenizer: Any, work: Path, total_steps: int
-) -> list[list[tuple[list[int], list[int]]]]:
-    """The tokenised rows of each optimizer step of the quickstart run, in reprotune's order."""
-    from reprotune._data_order import DataOrder
-    from reprotune._rundata import prepare_data
-    from reprotune._seeding import derive_seeds
-    from reprotune._train import Examples
+def _setup(cfg: Any, work: Path) -> Any:
+    """The quickstart run's setup (``build_setup``): model with LoRA, data order, tokenised rows."""
+    from reprotune._train.setup import build_setup
 
-    seeds = derive_seeds(cfg.seed.root, dict(cfg.seed.overrides))
-    data = prepare_data(cfg, seeds, work / "split.json")
-    order = DataOrder(seeds["data_order"], data.split_rows("train"), cfg.train.batch_size)
-    examples = Examples(data, tokenizer, cfg)
-    return [[examples.get(r) for r in order.step_rows(step)] for step in range(1, total_steps + 1)]
+    work.mkdir(parents=True, exist_ok=True)
+    return build_setup(cfg, manifest_out=work / "split.json")
+
+
+def _step_batches(setup: Any, total_steps: int) -> list[list[tuple[list[int], list[int]]]]:
+    """The tokenised rows of each optimizer step of the quickstart run, in reprotune's order."""
+    return [[setup.examples.get(r) for r in setup.order.step_rows(s)] for s in range(1, total_steps + 1)]
 
 
 def worker_reprotune(total_steps: int, work: Path) -> list[float]:
     """Run the quickstart for ``total_steps`` steps; return the clock at the end of each step."""
-    import reprotune._train as train
-    from reprotune._train import RunOptions, run_experiment
+    from reprotune._train.loop import StepEnd
+    from reprotune._train.run import RunOptions, run_experiment
 
     stamps: list[float] = []
-    original = train.kill_point
 
-    def stamp(name: str) -> None:
-        # kill_point("step-end") is called once per step, after the step's ledger line and metrics.
-        if name == "step-end":
+    class Clock:
+        """A step hook: called once per step, after the step's ledger line, metrics and checkpoint."""
+
+        def on_step_end(self, end: StepEnd) -> None:
             stamps.append(time.perf_counter())
-        original(name)
 
-    train.kill_point = stamp
     cfg = _quickstart_cfg(total_steps)
     os.chdir(work)  # the quickstart's MLflow store (./mlflow.db) goes into the scratch folder
-    result = run_experiment(cfg, RunOptions(run_dir=work / "run", progress=False, code_dir=ROOT))
+    options = RunOptions(run_dir=work / "run", progress=False, code_dir=ROOT, hooks=(Clock(),))
+    result = run_experiment(cfg, options)
     assert result.status == "completed" and len(stamps) == total_steps
     return stamps
 
@@ -338,26 +328,14 @@ def worker_trainer(total_steps: int, work: Path) -> list[float]:
     """The same steps with ``transformers.Trainer``; return the clock at the end of each step."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from reprotune._formatting import collate
-    from reprotune._lora import apply_lora
-    from reprotune._model import load_base_model
+    from reprotune._train.batches import collate
 
     cfg = _quickstart_cfg(total_steps)
+    setup = _setup(cfg, work / "setup")  # the same model, LoRA init and rows as reprotune's run
     torch.set_num_threads(cfg.determinism.threads)
-    loaded = load_base_model(
-        cfg.model.name,
-        revision=None,
-        dtype=cfg.model.dtype,
-        pad_token_id=None,
-        padding_side="right",
-        device="cpu",
-    )
-    pad = int(loaded.info["pad_token_id"])
-    model = apply_lora(
-        loaded.model, seed=1, r=cfg.lora.r, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
-        target_modules=list(cfg.lora.target_modules), bias=cfg.lora.bias,
-    )  # fmt: skip
-    rows = [ex for batch in _step_batches(cfg, loaded.tokenizer, work, total_steps) for ex in batch]
+    torch.use_deterministic_algorithms(False)  # the Trainer's own defaults
+    pad, model = setup.pad_token_id, setup.model
+    rows = [ex for batch in _step_batches(setup, total_steps) for ex in batch]
     dataset = [{"input_ids": ids, "labels": labels} for ids, labels in rows]
 
     def collator(features: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
@@ -402,14 +380,8 @@ def worker_trainer(total_steps: int, work: Path) -> list[float]:
 
 def _non_pad_tokens(total_steps: int, work: Path) -> list[int]:
     """Non-padding tokens of each optimizer step 1..``total_steps`` (the same batches on both sides)."""
-    from transformers import AutoTokenizer
-
-    from reprotune._model import resolve_source
-
     cfg = _quickstart_cfg(total_steps)
-    _, directory, _ = resolve_source(cfg.model.name, None)
-    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    batches = _step_batches(cfg, tokenizer, work, total_steps)
+    batches = _step_batches(_setup(cfg, work), total_steps)
     return [sum(len(ids) for ids, _ in batch) for batch in batches]
 
 

@@ -1,4 +1,4 @@
-"""Generate docs/config.md, the config reference, from the schema in reprotune._config.
+"""Generate docs/config.md, the config reference, from the schema in reprotune._config.schema.
 
     .venv/bin/python scripts/gen_config_docs.py          # rewrite docs/config.md
     .venv/bin/python scripts/gen_config_docs.py --check  # exit 1 if it is out of date
@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from reprotune._config import config_keys, section_docs
+from reprotune._config.reference import config_keys, section_docs
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from reprotune._tiny import build_tiny_model, write_tiny_dataset
+from reprotune._model.tiny import build_tiny_model, write_tiny_dataset
 
 BASE_CONFIG: dict[str, Any] = {
     "seed": {"root": 1},

@@ -27,9 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Check the data against the manifest and print the report; return the exit code."""
-    from reprotune._checksplit import check_split
-    from reprotune._data import load_table
-    from reprotune._manifest import load_manifest
+    from reprotune._data.checksplit import check_split
+    from reprotune._data.loaders import load_table
+    from reprotune._data.manifest import load_manifest
 
     manifest = load_manifest(args.manifest)
     table = load_table(args.data, args.format)

@@ -26,8 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Compare the two runs, print the result; return 0 (identical or within tolerance) or 1."""
-    from reprotune._compare import compare_runs
     from reprotune._jsonio import canonical_dumps
+    from reprotune._proof.compare import compare_runs
 
     comparison = compare_runs(args.run_a, args.run_b, tolerance=args.tolerance)
     if args.json:

@@ -27,8 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the audit and print the report; return 1 if an error-level finding exists, else 0."""
-    from reprotune._config import config_from_dict, load_config
-    from reprotune._doctor import format_report, run_doctor
+    from reprotune._config.loading import config_from_dict, load_config
+    from reprotune._doctor.doctor import run_doctor
+    from reprotune._doctor.findings import format_report
     from reprotune._jsonio import canonical_dumps
 
     if args.config is not None:

@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the report and print its path; return 0."""
-    from reprotune._report import write_report
+    from reprotune._proof.report import write_report
 
     path = write_report(args.run_dirs, args.out)
     print(f"report written to {path}")

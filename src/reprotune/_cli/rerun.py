@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reprotune._rerun import rerun
+    from reprotune._proof.rerun import rerun
 
     new_dir, comparison = rerun(
         args.run_dir,

@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from reprotune._cli.run import print_summary
-    from reprotune._train import RunOptions, resume_run
+    from reprotune._train.run import RunOptions, resume_run
 
     options = RunOptions(
         run_dir=args.run_dir,

@@ -44,8 +44,8 @@ def print_summary(result: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reprotune._config import load_config
-    from reprotune._train import RunOptions, run_experiment
+    from reprotune._config.loading import load_config
+    from reprotune._train.run import RunOptions, run_experiment
 
     cfg = load_config(args.config, args.overrides)
     options = RunOptions(

@@ -42,7 +42,7 @@ def parse_ratios(text: str) -> tuple[float, float, float]:
     Raises:
         InputError: not three numbers, negative, or not summing to 1.
     """
-    from reprotune._split import check_ratios
+    from reprotune._data.split import check_ratios
 
     values = []
     for part in text.split(","):
@@ -74,9 +74,9 @@ def parse_seed(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Split the data, write the manifest, print a summary. Returns 0."""
-    from reprotune._data import load_table
-    from reprotune._manifest import write_manifest
-    from reprotune._split import RareClassWarning, split_table
+    from reprotune._data.loaders import load_table
+    from reprotune._data.manifest import write_manifest
+    from reprotune._data.split import RareClassWarning, split_table
 
     ratios = parse_ratios(args.ratios)
     seed = parse_seed(args.seed)

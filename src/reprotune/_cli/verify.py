@@ -30,8 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reprotune._config import config_sha256, load_config
-    from reprotune._verify import verify_config
+    from reprotune._config.loading import load_config
+    from reprotune._config.schema import config_sha256
+    from reprotune._proof.verify import verify_config
 
     cfg = load_config(args.config, args.overrides)
     out = args.out

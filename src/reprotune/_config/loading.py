@@ -1,0 +1,332 @@
+"""Loading an experiment config: YAML file, ``--set`` overrides, validation, paths.
+
+``load_config`` reads the YAML (with line and column for every problem, ``_config.yaml_io``),
+applies ``--set`` overrides, validates against the schema (``_config.schema``), resolves relative
+paths against the config file's directory and returns an :class:`ExperimentConfig`. Every
+problem is reported at once in one :class:`ConfigError`, each as
+``key.path: problem (got X) [line L, column C]; fix: ...``.
+
+Importing this module never imports torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from reprotune._config.schema import (
+    BUILTIN_PREFIX,
+    FIELD_TAG,
+    ExperimentConfig,
+    config_sha256,
+    did_you_mean,
+    dotted,
+    model_at,
+    submodel,
+)
+from reprotune._config.yaml_io import Dumper, Marks, mark_text, parse_yaml, parse_yaml_value
+from reprotune._errors import ConfigError, InputError
+from reprotune._jsonio import write_bytes_atomic
+
+
+def _check_key_path(parts: Sequence[str]) -> str | None:
+    """None if ``parts`` names a settable key in the schema, else the problem (with did-you-mean)."""
+    model: type[BaseModel] = ExperimentConfig
+    for depth, part in enumerate(parts):
+        fields = model.model_fields
+        if part not in fields:
+            where = dotted(parts[:depth]) if depth else "the top level"
+            return (
+                f"no key {part!r} in {where}; fix: {did_you_mean(part, list(fields))}"
+                f"valid keys: {', '.join(fields)}"
+            )
+        annotation = fields[part].annotation
+        sub = submodel(annotation)
+        rest = parts[depth + 1 :]
+        if sub is not None:
+            if not rest:
+                example = f"{dotted(parts)}.{next(iter(sub.model_fields))}"
+                return f"{dotted(parts)} is a section; fix: set one of its keys, e.g. {example}=..."
+            model = sub
+            continue
+        if typing.get_origin(annotation) is dict and len(rest) <= 1:
+            # A mapping field: its own key (e.g. seed.overrides.lora_init) is checked by validation.
+            return None
+        if rest:
+            value = dotted(parts[: depth + 1])
+            return f"{value} is a value, not a section; fix: --set {value}=VALUE"
+        return None
+    return None
+
+
+def _apply_overrides(
+    data: dict[str, Any], overrides: Sequence[str], problems: list[str]
+) -> set[tuple[str, ...]]:
+    """Apply ``KEY.PATH=VALUE`` overrides to ``data`` in place; return the paths set."""
+    applied: set[tuple[str, ...]] = set()
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        parts = tuple(p.strip() for p in key.split("."))
+        if not sep or not key.strip() or any(not p for p in parts):
+            problems.append(f"--set {item!r}: expected KEY.PATH=VALUE; fix: e.g. --set train.max_steps=50")
+            continue
+        problem = _check_key_path(parts)
+        if problem is not None:
+            problems.append(f"--set {key}: {problem}")
+            continue
+        try:
+            value = parse_yaml_value(raw)
+        except InputError as exc:
+            problems.append(f"--set {key}: {exc.message}; fix: {exc.fix}")
+            continue
+        node = data
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                problems.append(
+                    f"--set {key}: {part} is not a mapping in the config (got {child!r}); "
+                    f"fix: make {part} a mapping first"
+                )
+                break
+            node = child
+        else:
+            node[parts[-1]] = value
+            applied.add(parts)
+    return applied
+
+
+# --- validation errors -------------------------------------------------------------------------
+
+_TYPE_FIXES = {
+    "int_type": "write a whole number, e.g. 8",
+    "int_from_float": "write a whole number, e.g. 8",
+    "float_type": "write a number, e.g. 0.1",
+    "finite_number": "write a finite number",
+    "string_type": "write a string (quote it if YAML reads it as something else)",
+    "bool_type": "write true or false",
+    "tuple_type": "write a YAML list, e.g. [a, b]",
+    "list_type": "write a YAML list, e.g. [a, b]",
+    "dict_type": "write a mapping of key: value lines",
+    "model_type": "write a mapping of key: value lines",
+    "model_attributes_type": "write a mapping of key: value lines",
+    "too_short": "give more items",
+    "string_too_short": "write a non-empty string",
+}
+_BOUND_FIXES = {"greater_than": "gt", "greater_than_equal": "ge", "less_than": "lt", "less_than_equal": "le"}
+_BOUND_WORDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _format_error(error: Mapping[str, Any], marks: Marks, overridden: set[tuple[str, ...]]) -> str:
+    """One pydantic error as ``key.path: problem (got X) [line L, column C]; fix: ...``."""
+    loc = tuple(error["loc"])
+    kind = error["type"]
+    message = str(error["msg"])
+    if kind == "value_error":
+        message = message.removeprefix("Value error, ")
+        if message.startswith(FIELD_TAG):
+            field, _, message = message[len(FIELD_TAG) :].partition("\x00")
+            loc = (*loc, field)
+        problem, _, fix = message.partition("; fix: ")
+        got = ""
+    else:
+        problem = message[:1].lower() + message[1:]
+        got = f" (got {_short(error.get('input'))})"
+        fix = _TYPE_FIXES.get(kind, "see docs/config.md")
+        ctx = error.get("ctx") or {}
+        if kind == "extra_forbidden":
+            problem = "unknown key"
+            section = model_at(loc[:-1])
+            valid = list(section.model_fields) if section else []
+            fix = f"{did_you_mean(str(loc[-1]), valid)}remove it or use one of: {', '.join(valid)}"
+        elif kind == "literal_error":
+            fix = f"use one of {ctx.get('expected', '')}"
+        elif kind in _BOUND_FIXES:
+            bound = _BOUND_FIXES[kind]
+            fix = f"use a value {_BOUND_WORDS[bound]} {ctx.get(bound)}"
+    where = ""
+    if loc[:1] and tuple(str(p) for p in loc if isinstance(p, str)) in overridden:
+        where = " [from --set]"
+    elif loc in marks:
+        key_mark, value_mark = marks[loc]
+        where = f" [{mark_text(key_mark if kind == 'extra_forbidden' else value_mark)}]"
+    return f"{dotted(loc)}: {problem}{got}{where}" + (f"; fix: {fix}" if fix else "")
+
+
+# --- public API --------------------------------------------------------------------------------
+
+
+def config_from_dict(
+    data: Mapping[str, Any] | None,
+    *,
+    source: str = "<dict>",
+    base_dir: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    check_paths: bool = False,
+    _marks: Marks | None = None,
+) -> ExperimentConfig:
+    """Validate a config mapping into an :class:`ExperimentConfig`.
+
+    Args:
+        data: the parsed config (None = all defaults).
+        source: where ``data`` came from, for messages.
+        base_dir: directory that relative ``data.path``, ``split.manifest`` and local
+            ``model.name`` paths resolve against; None leaves them as written.
+        overrides: ``KEY.PATH=VALUE`` strings, values parsed as YAML.
+        check_paths: also report a data file, manifest or local model directory that does not exist.
+
+    Returns:
+        The validated, frozen config.
+
+    Raises:
+        ConfigError: every problem found, at once.
+    """
+    problems: list[str] = []
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            [
+                f"<top level>: expected a mapping of sections (got {_short(data)}); "
+                "fix: start the file with sections like `train:`"
+            ],
+            source=source,
+        )
+    raw = _deep_copy(dict(data))
+    overridden = _apply_overrides(raw, overrides, problems)
+    try:
+        cfg = ExperimentConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems.extend(_format_error(error, _marks or {}, overridden) for error in exc.errors())
+        raise ConfigError(problems, source=source) from None
+    if problems:
+        raise ConfigError(problems, source=source)
+    if base_dir is not None:
+        cfg = _resolve_paths(cfg, Path(base_dir))
+    if check_paths:
+        problems.extend(_missing_paths(cfg))
+        if problems:
+            raise ConfigError(problems, source=source)
+    return cfg
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """Load, override and validate the YAML config at ``path``.
+
+    Relative ``data.path``, ``split.manifest`` and local ``model.name`` resolve against the config
+    file's directory, so the returned config holds absolute paths.
+
+    Args:
+        path: the YAML file.
+        overrides: ``KEY.PATH=VALUE`` strings (``--set``), values parsed as YAML.
+
+    Returns:
+        The validated, frozen config.
+
+    Raises:
+        InputError: the file does not exist or cannot be read (with "did you mean").
+        ConfigError: every problem in the file and the overrides, at once.
+
+    Example:
+        >>> cfg = load_config("examples/quickstart.yaml", ["train.max_steps=5"])  # doctest: +SKIP
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise InputError(f"config file {str(path)!r} not found", source=str(path), fix=_file_hint(file))
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(
+            f"cannot read config file: {exc}", source=str(path), fix="pass a UTF-8 YAML file"
+        ) from None
+    data, marks = parse_yaml(text, str(path))
+    return config_from_dict(
+        data,
+        source=str(path),
+        base_dir=file.resolve().parent,
+        overrides=overrides,
+        check_paths=True,
+        _marks=marks,
+    )
+
+
+def dump_config_yaml(cfg: ExperimentConfig, path: str | Path) -> Path:
+    """Write ``cfg.resolved()`` as YAML atomically; :func:`load_config` reads it back to an equal config.
+
+    Returns:
+        The path written.
+    """
+    header = f"# reprotune resolved config: every default written out. sha256 {config_sha256(cfg)}\n"
+    body = yaml.dump(
+        cfg.resolved(), Dumper=Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False
+    )
+    return write_bytes_atomic(path, (header + body).encode("utf-8"))
+
+
+def _deep_copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _deep_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deep_copy(v) for v in value]
+    return value
+
+
+def _looks_like_path(name: str, base_dir: Path) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or (base_dir / name).is_dir()
+
+
+def _resolve_paths(cfg: ExperimentConfig, base_dir: Path) -> ExperimentConfig:
+    """Make relative data, manifest and local model paths absolute against ``base_dir``."""
+
+    def resolve(value: str) -> str:
+        return str((base_dir / Path(value).expanduser()).resolve())
+
+    data, split, model = cfg.data, cfg.split, cfg.model
+    if not data.path.startswith(BUILTIN_PREFIX):
+        data = data.model_copy(update={"path": resolve(data.path)})
+    if split.manifest is not None:
+        split = split.model_copy(update={"manifest": resolve(split.manifest)})
+    if not model.name.startswith(BUILTIN_PREFIX) and _looks_like_path(model.name, base_dir):
+        model = model.model_copy(update={"name": resolve(model.name)})
+    return cfg.model_copy(update={"data": data, "split": split, "model": model})
+
+
+def _missing_paths(cfg: ExperimentConfig) -> list[str]:
+    problems = []
+    if not cfg.data.path.startswith(BUILTIN_PREFIX) and not Path(cfg.data.path).is_file():
+        problems.append(
+            f"data.path: file not found (got {cfg.data.path!r}); fix: {_file_hint(Path(cfg.data.path))}"
+        )
+    if cfg.split.manifest is not None and not Path(cfg.split.manifest).is_file():
+        problems.append(
+            f"split.manifest: file not found (got {cfg.split.manifest!r}); "
+            f"fix: {_file_hint(Path(cfg.split.manifest))}"
+        )
+    if Path(cfg.model.name).is_absolute() and not Path(cfg.model.name).is_dir():
+        problems.append(
+            f"model.name: local model directory not found (got {cfg.model.name!r}); "
+            "fix: point it at a directory with config.json and weights, or use a hub id"
+        )
+    return problems
+
+
+def _file_hint(path: Path) -> str:
+    """'did you mean' among the siblings of a missing file, else a generic hint."""
+    parent = path.parent if path.parent.is_dir() else None
+    if parent is not None:
+        close = difflib.get_close_matches(path.name, [p.name for p in parent.iterdir()], n=1, cutoff=0.6)
+        if close:
+            return f"did you mean {str(parent / close[0])!r}?"
+    return "check the path (relative paths in a config resolve against the config file's directory)"

@@ -1,0 +1,357 @@
+"""The experiment config's schema: typed, frozen sections with their defaults and checks.
+
+Sections ``seed``, ``data``, ``split``, ``model``, ``lora``, ``train``, ``eval``, ``determinism``
+and ``tracking``; every field has a default, a type, a range and a one-line description (the
+reference in docs/config.md is generated from them). :func:`config_sha256` is a config's identity.
+Reading YAML and ``--set`` is in ``_config.loading``. Importing this module never imports torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import string
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from reprotune._determinism.seeds import CONSUMERS, SEED_LIMIT
+from reprotune._jsonio import canonical_dumps, sha256_bytes
+
+#: Names accepted after ``builtin:`` in ``data.path`` and ``model.name``.
+BUILTIN_DATA: tuple[str, ...] = ("chatterbot-en",)
+BUILTIN_MODELS: tuple[str, ...] = ("smollm2-135m-instruct",)
+BUILTIN_PREFIX = "builtin:"
+
+# Strict scalar types: YAML gives real types, so a quoted "8" or a bool where a number belongs is
+# a mistake to report, not to coerce. Floats accept ints (``alpha: 16``).
+Int = Annotated[int, Field(strict=True)]
+Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Bool = Annotated[bool, Field(strict=True)]
+Str = Annotated[str, Field(strict=True)]
+
+# A validator's message starting with this tag names the field it is about, so the error
+# points at ``train.epochs`` instead of the whole ``train`` section.
+FIELD_TAG = "\x00field:"
+
+
+def _field_error(field: str, message: str) -> ValueError:
+    return ValueError(f"{FIELD_TAG}{field}\x00{message}")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SeedConfig(_Section):
+    """Seeds: one root, every consumer's seed derived from it by name."""
+
+    root: Int = Field(default=42, ge=0, lt=SEED_LIMIT, description="root seed, an integer in [0, 2**63)")
+    overrides: dict[str, Int] = Field(
+        default_factory=dict,
+        description="consumer -> explicit seed, replacing its derived seed; consumers: "
+        + ", ".join(CONSUMERS),
+    )
+
+    @field_validator("overrides")
+    @classmethod
+    def _known_consumers(cls, value: dict[str, int]) -> dict[str, int]:
+        for name, seed in value.items():
+            if name not in CONSUMERS:
+                raise ValueError(
+                    f"unknown seed consumer {name!r}; fix: {did_you_mean(name, CONSUMERS)}"
+                    f"use one of {', '.join(CONSUMERS)}"
+                )
+            if not 0 <= seed < SEED_LIMIT:
+                raise ValueError(f"seed for {name!r} must be in [0, 2**63) (got {seed}); fix: use e.g. 7")
+        return value
+
+
+class DataConfig(_Section):
+    """The dataset and how a row becomes a prompt."""
+
+    path: Str = Field(
+        default="builtin:chatterbot-en",
+        min_length=1,
+        description="file path (jsonl/csv/parquet) or builtin:NAME; relative paths resolve against "
+        "the config file's directory",
+    )
+    format: Literal["auto", "jsonl", "csv", "parquet"] = Field(
+        default="auto", description="file format; auto = by suffix"
+    )
+    prompt_field: Str = Field(default="prompt", min_length=1, description="column holding the prompt")
+    response_field: Str = Field(default="response", min_length=1, description="column holding the response")
+    system_prompt: Str | None = Field(default=None, description="optional system message for chat templates")
+    prompt_template: Str = Field(
+        default="### Question:\n{prompt}\n### Answer:\n",
+        description="used only when the tokenizer has no chat template; must contain {prompt} and "
+        "no other {field}",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _known_builtin(cls, value: str) -> str:
+        return _check_builtin(value, BUILTIN_DATA)
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _template_fields(cls, value: str) -> str:
+        try:
+            fields = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
+        except ValueError as exc:
+            raise ValueError(
+                f"not a valid format string: {exc} (got {value!r}); fix: write braces as {{{{ }}}}"
+            ) from None
+        if fields != {"prompt"}:
+            extra = sorted(fields - {"prompt"})
+            problem = f"unknown placeholder(s) {extra}" if extra else "does not contain {prompt}"
+            raise ValueError(f"{problem} (got {value!r}); fix: use exactly one placeholder, {{prompt}}")
+        return value
+
+
+class SplitConfig(_Section):
+    """How the data is split into train, validation and test."""
+
+    manifest: Str | None = Field(
+        default=None,
+        description="path to an existing split manifest; when set, the options below are ignored",
+    )
+    ratios: tuple[Float, ...] = Field(
+        default=(0.8, 0.1, 0.1), description="train, validation, test fractions; sum to 1"
+    )
+    stratify_by: Str | None = Field(
+        default=None, description="column whose class proportions each split keeps"
+    )
+    group_by: Str | None = Field(default=None, description="column whose groups never straddle two splits")
+    rare_class_policy: Literal["train", "drop", "error"] = Field(
+        default="train", description="what to do with a class too small to appear in every split"
+    )
+
+    @field_validator("ratios")
+    @classmethod
+    def _valid_ratios(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if len(value) != 3:
+            raise ValueError(
+                f"needs 3 fractions: train, validation, test (got {list(value)}); fix: e.g. [0.8, 0.1, 0.1]"
+            )
+        if any(not 0.0 <= r <= 1.0 for r in value) or value[0] <= 0 or value[1] <= 0:
+            raise ValueError(
+                f"each fraction must be in [0, 1], train and validation > 0 (got {list(value)}); "
+                "fix: e.g. [0.8, 0.1, 0.1]"
+            )
+        if not math.isclose(math.fsum(value), 1.0, rel_tol=0, abs_tol=1e-9):
+            raise ValueError(
+                f"fractions must sum to 1 (got {list(value)}, sum {math.fsum(value)!r}); "
+                "fix: e.g. [0.8, 0.1, 0.1]"
+            )
+        return value
+
+
+class ModelConfig(_Section):
+    """The base model and its tokenizer settings."""
+
+    name: Str = Field(
+        default="builtin:smollm2-135m-instruct",
+        min_length=1,
+        description="hub id, local directory, or builtin:NAME",
+    )
+    revision: Str | None = Field(default=None, description="hub revision; pin a commit sha")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="dtype the weights load in"
+    )
+    max_length: Int = Field(default=256, ge=8, description="tokenizer max_length (>= 8)")
+    padding_side: Literal["right", "left"] = Field(default="right", description="tokenizer padding side")
+    pad_token_id: Int | None = Field(
+        default=None,
+        ge=0,
+        description="null -> the tokenizer's pad token, else its eos token; the resolved id is recorded",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known_builtin(cls, value: str) -> str:
+        return _check_builtin(value, BUILTIN_MODELS)
+
+
+class LoraConfig(_Section):
+    """The LoRA adapter, as PEFT receives it."""
+
+    r: Int = Field(default=8, ge=1, description="rank")
+    alpha: Float = Field(default=16.0, gt=0, description="scaling numerator (scale = alpha / r)")
+    dropout: Float = Field(default=0.05, ge=0, lt=1, description="dropout on the LoRA input, in [0, 1)")
+    target_modules: tuple[Str, ...] = Field(
+        default=("q_proj", "v_proj"), min_length=1, description="names of the modules that get an adapter"
+    )
+    bias: Literal["none", "all", "lora_only"] = Field(default="none", description="which biases train")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _unique_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not name for name in value) or len(set(value)) != len(value):
+            raise ValueError(
+                f"names must be non-empty and unique (got {list(value)}); fix: e.g. [q_proj, v_proj]"
+            )
+        return value
+
+
+class TrainConfig(_Section):
+    """The optimisation: optimizer, schedule, batch, length, checkpoints, precision."""
+
+    optimizer: Literal["adamw", "sgd"] = Field(default="adamw", description="optimizer")
+    learning_rate: Float = Field(default=2.0e-4, gt=0, description="peak learning rate (> 0)")
+    scheduler: Literal["constant", "linear", "cosine"] = Field(
+        default="linear", description="learning-rate schedule"
+    )
+    warmup_steps: Int = Field(default=0, ge=0, description="linear warmup steps (<= max_steps)")
+    weight_decay: Float = Field(default=0.0, ge=0, description="decoupled weight decay")
+    batch_size: Int = Field(default=8, ge=1, description="rows per micro-batch")
+    grad_accum_steps: Int = Field(default=1, ge=1, description="micro-batches per optimizer step")
+    max_steps: Int | None = Field(
+        default=100,
+        ge=1,
+        description="optimizer steps; exactly one of max_steps and epochs (setting epochs "
+        "alone clears this default)",
+    )
+    epochs: Int | None = Field(
+        default=None, ge=1, description="passes over the training split, instead of max_steps"
+    )
+    max_grad_norm: Float | None = Field(
+        default=1.0, gt=0, description="gradient clipping norm; null = no clipping"
+    )
+    eval_every: Int = Field(default=25, ge=0, description="validate every N steps; 0 = only at the end")
+    save_every: Int = Field(default=0, ge=0, description="checkpoint every N steps; 0 = never")
+    keep_checkpoints: Int = Field(default=2, ge=1, description="how many latest checkpoints to keep")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(default="fp32", description="compute precision")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _epochs_clear_default_steps(cls, data: Any) -> Any:
+        # Writing only ``epochs: 3`` means "train by epochs": the max_steps default must not
+        # then count as a second, conflicting length.
+        if isinstance(data, dict) and data.get("epochs") is not None and "max_steps" not in data:
+            return {**data, "max_steps": None}
+        return data
+
+    @model_validator(mode="after")
+    def _one_length(self) -> TrainConfig:
+        if self.max_steps is None and self.epochs is None:
+            raise _field_error(
+                "max_steps",
+                "neither max_steps nor epochs is set (got null, null); fix: set one, e.g. max_steps: 100",
+            )
+        if self.max_steps is not None and self.epochs is not None:
+            raise _field_error(
+                "epochs",
+                f"max_steps ({self.max_steps}) and epochs ({self.epochs}) are both set; "
+                "fix: keep one and set the other to null",
+            )
+        if self.max_steps is not None and self.warmup_steps > self.max_steps:
+            raise _field_error(
+                "warmup_steps",
+                f"exceeds max_steps {self.max_steps} (got {self.warmup_steps}); fix: lower warmup_steps",
+            )
+        return self
+
+
+class EvalConfig(_Section):
+    """Validation during and after training."""
+
+    batch_size: Int = Field(default=8, ge=1, description="rows per validation batch")
+    max_rows: Int | None = Field(
+        default=None, ge=1, description="cap the validation rows (sampled with the eval seed); null = all"
+    )
+
+
+class DeterminismConfig(_Section):
+    """How hard torch is held to deterministic computation."""
+
+    mode: Literal["strict", "warn", "off"] = Field(
+        default="strict",
+        description="strict = raise on nondeterministic ops; warn = warn; off = torch defaults",
+    )
+    threads: Int | None = Field(default=2, ge=1, description="torch intra-op threads; null = leave unpinned")
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        default="cpu", description="compute device; auto = cuda if present"
+    )
+
+
+class TrackingConfig(_Section):
+    """Trackers: observers that mirror the record."""
+
+    mlflow: Bool = Field(default=True, description="log params, metrics and artifacts to MLflow")
+    uri: Str = Field(
+        default="sqlite:///mlflow.db",
+        min_length=1,
+        description="tracking URI; relative sqlite paths resolve against the current directory",
+    )
+    artifact_location: Str = Field(
+        default="mlartifacts", min_length=1, description="where MLflow stores artifacts"
+    )
+    experiment: Str = Field(default="reprotune", min_length=1, description="MLflow experiment name")
+
+
+class ExperimentConfig(_Section):
+    """A whole experiment. Every field has a default; see docs/config.md."""
+
+    seed: SeedConfig = Field(default=SeedConfig(), description="seeds")
+    data: DataConfig = Field(default=DataConfig(), description="data")
+    split: SplitConfig = Field(default=SplitConfig(), description="split")
+    model: ModelConfig = Field(default=ModelConfig(), description="base model")
+    lora: LoraConfig = Field(default=LoraConfig(), description="LoRA adapter")
+    train: TrainConfig = Field(default=TrainConfig(), description="training")
+    eval: EvalConfig = Field(default=EvalConfig(), description="evaluation")
+    determinism: DeterminismConfig = Field(default=DeterminismConfig(), description="determinism")
+    tracking: TrackingConfig = Field(default=TrackingConfig(), description="tracking")
+
+    def resolved(self) -> dict[str, Any]:
+        """The config with every default written out, as JSON-safe data (lists, not tuples)."""
+        return self.model_dump(mode="json")
+
+
+def config_sha256(cfg: ExperimentConfig) -> str:
+    """sha256 of the canonical compact JSON of ``cfg.resolved()``: the config's identity."""
+    return sha256_bytes(canonical_dumps(cfg.resolved(), indent=None).encode("utf-8"))
+
+
+def _check_builtin(value: str, known: tuple[str, ...]) -> str:
+    if value.startswith(BUILTIN_PREFIX):
+        name = value[len(BUILTIN_PREFIX) :]
+        if name not in known:
+            raise ValueError(
+                f"unknown builtin {name!r} (got {value!r}); fix: {did_you_mean(name, known)}"
+                f"known: {', '.join(BUILTIN_PREFIX + k for k in known)}"
+            )
+    return value
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """``"did you mean 'x'? "`` for the closest of ``choices``, or ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+# --- schema walking ----------------------------------------------------------------------------
+
+
+def submodel(annotation: Any) -> type[BaseModel] | None:
+    """The section model an annotation names, or None when it is a plain value."""
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def model_at(path: Sequence[str | int]) -> type[BaseModel] | None:
+    """The section model at ``path`` in the schema, or None when ``path`` is not a section."""
+    model: type[BaseModel] | None = ExperimentConfig
+    for part in path:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            return None
+        model = submodel(model.model_fields[part].annotation)
+    return model
+
+
+def dotted(path: Sequence[str | int]) -> str:
+    """A key path as people write it: ``train.lr``, ``lora.target_modules[1]``."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<top level>"

@@ -1,0 +1,261 @@
+"""Loading tables: JSONL, CSV, Parquet, the embedded dataset, a ``datasets.Dataset``, in-memory columns.
+
+Every loader gives a :class:`reprotune._data.table.Table`; malformed input is an ``InputError``
+naming the file, line and column.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from reprotune._data.builtin import BUILTIN_NAMES, BUILTIN_PREFIX, CHATTERBOT_EN, load_chatterbot_columns
+from reprotune._data.table import Column, Table
+from reprotune._errors import InputError
+from reprotune._jsonio import sha256_bytes
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+FORMATS = ("auto", "jsonl", "csv", "parquet")
+_SUFFIX_FORMATS = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+
+
+def table_from_columns(columns: Mapping[str, Column | Sequence[Any]], *, source: str = "memory") -> Table:
+    """A :class:`Table` over in-memory columns (lists or 1-D NumPy arrays), not copied.
+
+    Its ``file_sha256`` is the sha256 of its row-hash encoding.
+
+    Raises:
+        InputError: the columns differ in length, or one is not 1-D.
+    """
+    cols: dict[str, Column] = {}
+    for name, values in columns.items():
+        if isinstance(values, np.ndarray):
+            if values.ndim != 1:
+                raise InputError(
+                    f"column {name!r} has shape {values.shape}; columns are 1-D",
+                    source=source,
+                    fix="pass one 1-D array per column",
+                )
+            cols[str(name)] = values
+        else:
+            cols[str(name)] = list(values)
+    return Table(cols, source=source, format="memory")
+
+
+def _arrow_columns(table: pa.Table) -> dict[str, Column]:
+    import pyarrow as pa
+
+    cols: dict[str, Column] = {}
+    for name in table.column_names:
+        chunked = table.column(name)
+        kind = chunked.type
+        simple = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+        if simple and chunked.null_count == 0:
+            cols[name] = chunked.to_numpy()
+        else:
+            cols[name] = chunked.to_pylist()
+    return cols
+
+
+def table_from_dataset(dataset: Any, *, source: str = "datasets.Dataset") -> Table:
+    """A :class:`Table` over the rows of a Hugging Face ``datasets.Dataset`` (in its current order).
+
+    Its ``file_sha256`` is the sha256 of its row-hash encoding, so the same rows give the same
+    identity whether they come from a ``Dataset``, the embedded corpus or memory.
+
+    Raises:
+        InputError: ``dataset`` is not a ``datasets.Dataset``.
+    """
+    if not (hasattr(dataset, "with_format") and hasattr(dataset, "column_names")):
+        raise InputError(
+            f"expected a datasets.Dataset, got {type(dataset).__name__}",
+            source=source,
+            fix="pass a datasets.Dataset (a DatasetDict must be indexed by split first)",
+        )
+    if len(dataset) == 0:
+        return Table({name: [] for name in dataset.column_names}, source=source, format="dataset")
+    arrow = dataset.with_format("arrow")[:]  # honours select/shuffle index mappings
+    return Table(_arrow_columns(arrow), source=source, format="dataset")
+
+
+def _check_format(format: str, source: str) -> None:
+    if format not in FORMATS:
+        raise InputError(
+            f"unknown data format {format!r}",
+            source=source,
+            fix=f"use one of {list(FORMATS)}",
+        )
+
+
+def _detect_format(path: Path) -> str:
+    fmt = _SUFFIX_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise InputError(
+            f"cannot tell the format of {path.name!r} from its extension {path.suffix!r}",
+            source=str(path),
+            fix=f"name the file with one of {sorted(_SUFFIX_FORMATS)} or pass --format jsonl|csv|parquet",
+        )
+    return fmt
+
+
+def load_table(source: str, format: str = "auto") -> Table:
+    """Load a JSONL, CSV or Parquet file, or the embedded dataset (``builtin:chatterbot-en``).
+
+    Args:
+        source: a file path or a builtin name.
+        format: ``auto`` (from the file extension), ``jsonl``, ``csv`` or ``parquet``.
+
+    Returns:
+        The table; for a file, ``file_sha256`` is the sha256 of the exact bytes parsed.
+
+    Raises:
+        InputError: a missing file, an unknown format or builtin name, or malformed content
+            (naming the line and column).
+
+    Example:
+        >>> table = load_table("builtin:chatterbot-en")
+        >>> table.n_rows, table.columns
+        (2026, ['prompt', 'response', 'category'])
+    """
+    source = str(source)
+    if source.startswith(BUILTIN_PREFIX):
+        if source != CHATTERBOT_EN:
+            raise InputError(
+                f"unknown builtin dataset {source!r}",
+                source=source,
+                fix=f"use one of {list(BUILTIN_NAMES)}",
+            )
+        return Table(load_chatterbot_columns(), source=source, format="builtin")
+    _check_format(format, source)
+    path = Path(source)
+    if not path.is_file():
+        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise InputError(
+            f"data file {source!r} {what}",
+            source=source,
+            fix=f"check the path (from {Path.cwd()}), or use {CHATTERBOT_EN}",
+        )
+    fmt = _detect_format(path) if format == "auto" else format
+    if fmt == "parquet":
+        return _load_parquet(path)
+    data = path.read_bytes()
+    digest = sha256_bytes(data)
+    columns = _parse_jsonl(data, source) if fmt == "jsonl" else _parse_csv(data, source)
+    return Table(columns, source=source, format=fmt, file_sha256=digest)
+
+
+def _decode_line(raw: bytes, source: str, lineno: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"line {lineno} is not UTF-8 (byte {exc.start + 1}: {raw[exc.start : exc.start + 1]!r})",
+            source=f"{source}:{lineno}:{exc.start + 1}",
+            fix="save the file as UTF-8",
+        ) from exc
+
+
+def _parse_jsonl(data: bytes, source: str) -> dict[str, Column]:
+    rows: list[dict[str, Any]] = []
+    names: dict[str, None] = {}  # insertion-ordered set: columns in order of first appearance
+    for lineno, raw in enumerate(data.split(b"\n"), start=1):
+        text = _decode_line(raw, source, lineno)
+        if not text.strip():
+            continue  # blank lines (a trailing newline, spacing) hold no row
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(
+                f"line {lineno} is not valid JSON: {exc.msg} (line {lineno}, column {exc.colno}): "
+                f"{text[:80]!r}",
+                source=f"{source}:{lineno}:{exc.colno}",
+                fix="make every non-blank line one JSON object",
+            ) from exc
+        if not isinstance(row, dict):
+            raise InputError(
+                f"line {lineno} is a JSON {type(row).__name__}, not an object: {text[:80]!r}",
+                source=f"{source}:{lineno}:1",
+                fix='make every non-blank line one JSON object such as {"prompt": ..., "response": ...}',
+            )
+        for key in row:
+            names.setdefault(key, None)
+        rows.append(row)
+    return {name: [row.get(name) for row in rows] for name in names}
+
+
+def _parse_csv(data: bytes, source: str) -> dict[str, Column]:
+    # Decode per line first, so a bad byte is reported with its line.
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        for lineno, raw in enumerate(data.split(b"\n"), start=1):
+            _decode_line(raw, source, lineno)
+        raise
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = next(reader)
+    except StopIteration:
+        return {}
+    except csv.Error as exc:
+        raise InputError(f"bad CSV header: {exc}", source=f"{source}:1", fix="fix the header row") from exc
+    seen: dict[str, int] = {}
+    for position, name in enumerate(header, start=1):
+        if not name or name in seen:
+            problem = "is empty" if not name else f"repeats column {seen[name]}"
+            raise InputError(
+                f"header column {position} ({name!r}) {problem}",
+                source=f"{source}:1:{position}",
+                fix="give every column a distinct, non-empty name in the first row",
+            )
+        seen[name] = position
+    values: list[list[str]] = [[] for _ in header]
+    try:
+        for record in reader:
+            if not record:
+                continue
+            if len(record) != len(header):
+                raise InputError(
+                    f"line {reader.line_num} has {len(record)} fields; the header has {len(header)}",
+                    source=f"{source}:{reader.line_num}",
+                    fix="quote fields that contain commas, and give every row one value per column",
+                )
+            for column, value in zip(values, record, strict=True):
+                column.append(value)
+    except csv.Error as exc:
+        raise InputError(
+            f"line {reader.line_num} is not valid CSV: {exc}",
+            source=f"{source}:{reader.line_num}",
+            fix="check the quoting on that line",
+        ) from exc
+    return dict(zip(header, values, strict=True))
+
+
+def _load_parquet(path: Path) -> Table:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = path.read_bytes()
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(
+            f"not a readable Parquet file: {exc}",
+            source=str(path),
+            fix="check that the file is Parquet, or pass --format for its real format",
+        ) from exc
+    return Table(_arrow_columns(table), source=str(path), format="parquet", file_sha256=sha256_bytes(data))

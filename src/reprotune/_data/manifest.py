@@ -1,0 +1,482 @@
+"""The split manifest: a frozen, schema-versioned record of a split, written as canonical JSON.
+
+The manifest is the truth about a split: loading one never re-runs the algorithm. Its bytes are
+exactly ``_jsonio.canonical_dumps(manifest.to_json_obj())``, so loading a manifest and writing it
+again gives the same bytes. The split index lists of a large dataset are rendered by a vectorised
+writer that produces those same bytes (a test holds it to that). Per-row hashes live in the JSON
+for up to :data:`INLINE_ROW_HASH_LIMIT` rows, and above that in a sidecar file next to the
+manifest, named in it with its sha256. The format is documented in docs/manifest.md.
+
+This module is over 400 lines on purpose: it is the format's one owner (the typed manifest, its
+bytes, writing with the sidecar, and the strict loader), so what is written and what is accepted
+cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from reprotune._data.index_render import render_into, rendered_size
+from reprotune._data.row_hashes import RowHashes
+from reprotune._errors import InputError, SchemaVersionError
+from reprotune._jsonio import canonical_dumps, read_json_file, sha256_bytes, write_bytes_atomic
+
+SCHEMA = "reprotune/split-manifest"
+SCHEMA_VERSION = 1
+ALGORITHM = "reprotune-split"
+ALGORITHM_VERSION = 1
+SPLITS: tuple[str, str, str] = ("train", "validation", "test")
+LISTS: tuple[str, ...] = (*SPLITS, "dropped")
+# Above this many rows, per-row hashes go to a sidecar file (a JSON list of 10M hex strings
+# would be 670 MB; the binary sidecar of a 10M-row, 50-class table is 10 MB).
+INLINE_ROW_HASH_LIMIT = 100_000
+SIDECAR_SUFFIX = ".rowhashes"
+# Up to this many rows, manifests are dumped by canonical_dumps alone.
+_SMALL = 20_000
+
+Strategy = Literal["random", "stratified", "grouped"]
+Decision = Literal["split", "train", "drop"]
+
+
+@dataclass(frozen=True)
+class ClassSummary:
+    """One class of a stratified split: its value, size, rows per split and what was decided.
+
+    ``decision`` is ``split`` (spread over the splits), or for a class too small to reach every
+    split, the rare-class policy applied: ``train`` (all rows in train) or ``drop`` (no split).
+    """
+
+    value: Any
+    n_rows: int
+    train: int
+    validation: int
+    test: int
+    decision: Decision
+
+    def to_json_obj(self) -> dict[str, Any]:
+        """The JSON object of this class in the manifest."""
+        return {
+            "value": self.value,
+            "n_rows": self.n_rows,
+            "train": self.train,
+            "validation": self.validation,
+            "test": self.test,
+            "decision": self.decision,
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class Manifest:
+    """A split: which rows of which data are in train, validation and test, and how it was made.
+
+    ``index_arrays`` holds each list (``train``, ``validation``, ``test``, ``dropped``) as a sorted
+    int64 array; ``indices`` gives the three splits as Python lists.
+    """
+
+    dataset_source: str
+    dataset_format: str
+    dataset_sha256: str
+    n_rows: int
+    columns: tuple[str, ...]
+    seed: int
+    ratios: tuple[float, float, float]
+    strategy: Strategy
+    stratify_by: str | None
+    group_by: str | None
+    rare_class_policy: str
+    index_arrays: Mapping[str, np.ndarray]
+    row_hashes: RowHashes
+    classes: tuple[ClassSummary, ...] = ()
+    groups: Mapping[str, int] | None = None
+    warnings: tuple[str, ...] = ()
+    algorithm_version: int = ALGORITHM_VERSION
+
+    @cached_property
+    def indices(self) -> dict[str, list[int]]:
+        """Row indices of ``train``, ``validation`` and ``test``, each ascending."""
+        return {name: self.index_arrays[name].tolist() for name in SPLITS}
+
+    @property
+    def dropped(self) -> list[int]:
+        """Row indices in no split (rare classes under the ``drop`` policy)."""
+        return self.index_arrays["dropped"].tolist()
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Number of rows per list (splits and ``dropped``)."""
+        return {name: int(self.index_arrays[name].shape[0]) for name in LISTS}
+
+    @property
+    def rare_classes(self) -> list[ClassSummary]:
+        """The classes too small to reach every split, with the decision taken for each."""
+        return [c for c in self.classes if c.decision != "split"]
+
+    def summary(self) -> str:
+        """A few lines for humans: strategy, sizes, per-class counts and rare-class decisions."""
+        sizes = self.sizes
+        ratios = "/".join(f"{r:g}" for r in self.ratios)
+        column = self.stratify_by or self.group_by
+        by = f" by {column!r}" if column else ""
+        lines = [
+            f"{self.strategy} split{by} of {self.dataset_source} ({self.n_rows} rows), seed {self.seed}, "
+            f"ratios {ratios}",
+            "  " + ", ".join(f"{name} {sizes[name]}" for name in LISTS if name != "dropped" or sizes[name]),
+        ]
+        if self.groups is not None:
+            lines.append("  groups: " + ", ".join(f"{name} {self.groups[name]}" for name in SPLITS))
+        if self.classes:
+            width = max(len(str(c.value)) for c in self.classes)
+            lines.append(f"  {'class':<{width}}  {'rows':>7} {'train':>7} {'val':>7} {'test':>7}  decision")
+            for c in self.classes:
+                lines.append(
+                    f"  {c.value!s:<{width}}  {c.n_rows:>7} {c.train:>7} {c.validation:>7} "
+                    f"{c.test:>7}  {c.decision}"
+                )
+        return "\n".join(lines)
+
+    def assignment(self) -> np.ndarray:
+        """Per row, the position of its list in :data:`LISTS` (0 train ... 3 dropped)."""
+        out = np.full(self.n_rows, 3, dtype=np.int8)
+        for position, name in enumerate(SPLITS):
+            out[self.index_arrays[name]] = position
+        return out
+
+    def to_json_obj(self, *, row_hashes: Any = None) -> dict[str, Any]:
+        """The manifest as a JSON object.
+
+        Args:
+            row_hashes: the value of the ``row_hashes`` key; by default the hashes inline.
+        """
+        obj = self._header_obj(row_hashes)
+        obj.update({name: self.index_arrays[name].tolist() for name in LISTS})
+        return obj
+
+    def _header_obj(self, row_hashes: Any) -> dict[str, Any]:
+        """Everything but the index lists."""
+        if row_hashes is None:
+            row_hashes = {"algorithm": "sha256", "inline": self.row_hashes.hex_list()}
+        return {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "algorithm": {"name": ALGORITHM, "version": self.algorithm_version},
+            "dataset": {
+                "source": self.dataset_source,
+                "format": self.dataset_format,
+                "sha256": self.dataset_sha256,
+                "n_rows": self.n_rows,
+                "columns": list(self.columns),
+            },
+            "seed": self.seed,
+            "ratios": dict(zip(SPLITS, self.ratios, strict=True)),
+            "strategy": self.strategy,
+            "stratify_by": self.stratify_by,
+            "group_by": self.group_by,
+            "rare_class_policy": self.rare_class_policy,
+            "sizes": self.sizes,
+            "classes": [c.to_json_obj() for c in self.classes],
+            "rare_classes": [
+                {"value": c.value, "n_rows": c.n_rows, "decision": c.decision} for c in self.rare_classes
+            ],
+            "groups": dict(self.groups) if self.groups is not None else None,
+            "warnings": list(self.warnings),
+            "row_hashes": row_hashes,
+        }
+
+
+def manifest_bytes(manifest: Manifest, *, row_hashes: Any = None) -> bytes:
+    """The manifest's file content: ``canonical_dumps(manifest.to_json_obj(...))`` as UTF-8."""
+    if manifest.n_rows <= _SMALL:
+        return canonical_dumps(manifest.to_json_obj(row_hashes=row_hashes)).encode("utf-8")
+    # Large: dump everything but the index lists with canonical_dumps (whose indented encoder is
+    # pure Python, ~1 s per million numbers), then render the lists, vectorised, into one buffer
+    # in place of placeholder strings.
+    obj: dict[str, Any] = manifest._header_obj(row_hashes)
+    tokens = {name: f"\x00reprotune-index-list:{name}\x00" for name in LISTS}
+    obj.update(tokens)
+    text = canonical_dumps(obj)
+    quoted = {name: json.dumps(token) for name, token in tokens.items()}
+    if any(text.count(q) != 1 for q in quoted.values()):  # a data value holds a token: be plain
+        return canonical_dumps(manifest.to_json_obj(row_hashes=row_hashes)).encode("utf-8")
+    pieces: list[bytes | np.ndarray] = []
+    rest = text
+    for name in sorted(LISTS, key=lambda n: text.index(quoted[n])):
+        before, _, rest = rest.partition(quoted[name])
+        pieces += [before.encode("utf-8"), np.asarray(manifest.index_arrays[name])]
+    pieces.append(rest.encode("utf-8"))
+    size = sum(len(p) if isinstance(p, bytes) else rendered_size(p, 1) for p in pieces)
+    buffer = np.empty(size, dtype=np.uint8)
+    at = 0
+    for piece in pieces:
+        if isinstance(piece, bytes):
+            buffer[at : at + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
+            at += len(piece)
+        else:
+            at = render_into(buffer, at, piece, level=1)
+    return buffer.tobytes()
+
+
+def sidecar_path(manifest_path: str | Path) -> Path:
+    """Where the per-row hash sidecar of the manifest at ``manifest_path`` goes."""
+    path = Path(manifest_path)
+    return path.with_name(path.name + SIDECAR_SUFFIX)
+
+
+def write_manifest(manifest: Manifest, path: str | Path) -> str:
+    """Write ``manifest`` to ``path`` atomically; return the sha256 of the bytes written.
+
+    For more than :data:`INLINE_ROW_HASH_LIMIT` rows the per-row hashes go first to the sidecar
+    ``<path>.rowhashes`` (atomically too), which the manifest names with its sha256. If writing
+    the manifest fails, the new sidecar is removed, so no half-made split is left behind.
+    """
+    path = Path(path)
+    side: Path | None = None
+    row_hashes: Any = None
+    if manifest.n_rows > INLINE_ROW_HASH_LIMIT:
+        side = sidecar_path(path)
+        data = manifest.row_hashes.to_bytes()
+        write_bytes_atomic(side, data)
+        row_hashes = {
+            "algorithm": "sha256",
+            "file": side.name,
+            "file_sha256": sha256_bytes(data),
+            "n_rows": manifest.n_rows,
+        }
+    try:
+        content = manifest_bytes(manifest, row_hashes=row_hashes)
+        write_bytes_atomic(path, content)
+    except BaseException:
+        if side is not None:
+            side.unlink(missing_ok=True)
+        raise
+    return sha256_bytes(content)
+
+
+def copy_manifest(source: str | Path, target: str | Path) -> str:
+    """Copy a manifest (and its row-hash sidecar, if it names one) byte for byte; return its sha256.
+
+    Raises:
+        InputError: the manifest cannot be loaded (it is validated first).
+    """
+    source, target = Path(source), Path(target)
+    loaded = _read_json(source)
+    info = loaded.get("row_hashes") if isinstance(loaded, dict) else None
+    load_manifest(source)  # validate before copying anything
+    if isinstance(info, dict) and isinstance(info.get("file"), str):
+        data = (source.parent / info["file"]).read_bytes()
+        write_bytes_atomic(target.parent / info["file"], data)
+    content = source.read_bytes()
+    write_bytes_atomic(target, content)
+    return sha256_bytes(content)
+
+
+# -- loading -------------------------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> Any:
+    return read_json_file(path, what="manifest", fix="pass a manifest written by `reprotune split --out`")
+
+
+class _Checker:
+    """Collects every problem of a manifest, so the user sees them all at once."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.problems: list[str] = []
+
+    def get(self, obj: Mapping[str, Any], key: str, kinds: tuple[type, ...], where: str = "") -> Any:
+        name = f"{where}{key}"
+        if key not in obj:
+            self.problems.append(f"missing key {name!r}")
+            return None
+        value = obj[key]
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            expected = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+            self.problems.append(f"key {name!r} is {value!r}, expected {expected}")
+            return None
+        return value
+
+    def raise_if_any(self) -> None:
+        if self.problems:
+            body = "; ".join(self.problems)
+            raise InputError(
+                f"invalid manifest ({len(self.problems)} problem(s)): {body}",
+                source=self.source,
+                fix="make it again with `reprotune split` (manifests are not meant to be edited by hand)",
+            )
+
+
+def _index_array(values: Any, name: str, n_rows: int, check: _Checker) -> np.ndarray:
+    if not isinstance(values, list):
+        check.problems.append(f"key {name!r} is not a list of row indices")
+        return np.zeros(0, dtype=np.int64)
+    # Let NumPy infer the type, so 1.5 or true are caught rather than cast to an integer.
+    array = np.array(values) if values else np.zeros(0, dtype=np.int64)
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        check.problems.append(f"key {name!r} holds something other than integers")
+        return np.zeros(0, dtype=np.int64)
+    array = array.astype(np.int64, copy=False)
+    if array.size and (array.min() < 0 or array.max() >= n_rows):
+        bad = int(array[(array < 0) | (array >= n_rows)][0])
+        check.problems.append(f"{name!r} holds row index {bad}, outside 0..{n_rows - 1}")
+    if array.size > 1 and not bool(np.all(np.diff(array) > 0)):
+        check.problems.append(f"{name!r} is not strictly ascending")
+    return array
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    """Load and validate a manifest written by :func:`write_manifest`; never re-runs the split.
+
+    Checks the schema and version, every field's type, that the index lists are ascending,
+    in range, disjoint and cover every row once, and the sidecar's sha256 when there is one.
+
+    Raises:
+        InputError: missing file, not JSON (with line and column), or any invalid field.
+        SchemaVersionError: a schema version this version of reprotune cannot read.
+    """
+    path = Path(path)
+    source = str(path)
+    obj = _read_json(path)
+    if not isinstance(obj, dict) or obj.get("schema") != SCHEMA:
+        found = obj.get("schema") if isinstance(obj, dict) else type(obj).__name__
+        raise InputError(
+            f"not a reprotune split manifest (schema {found!r}, expected {SCHEMA!r})",
+            source=source,
+            fix="pass a manifest written by `reprotune split --out`",
+        )
+    version = obj.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"manifest schema_version {version!r} is not supported; this reprotune reads version "
+            f"{SCHEMA_VERSION}",
+            source=f"{source}: key 'schema_version'",
+            fix="use the reprotune version that wrote it, or make the manifest again with `reprotune split`",
+        )
+    check = _Checker(source)
+    dataset = check.get(obj, "dataset", (dict,)) or {}
+    n_rows = check.get(dataset, "n_rows", (int,), "dataset.") if dataset else None
+    sha = check.get(dataset, "sha256", (str,), "dataset.") if dataset else None
+    ds_source = check.get(dataset, "source", (str,), "dataset.") if dataset else None
+    ds_format = check.get(dataset, "format", (str,), "dataset.") if dataset else None
+    columns = check.get(dataset, "columns", (list,), "dataset.") if dataset else None
+    seed = check.get(obj, "seed", (int,))
+    ratios = check.get(obj, "ratios", (dict,))
+    strategy = check.get(obj, "strategy", (str,))
+    stratify_by = check.get(obj, "stratify_by", (str, type(None)))
+    group_by = check.get(obj, "group_by", (str, type(None)))
+    policy = check.get(obj, "rare_class_policy", (str,))
+    classes_raw = check.get(obj, "classes", (list,))
+    groups = check.get(obj, "groups", (dict, type(None)))
+    warnings_raw = check.get(obj, "warnings", (list,))
+    algorithm = check.get(obj, "algorithm", (dict,))
+    hashes_info = check.get(obj, "row_hashes", (dict,))
+    if strategy is not None and strategy not in ("random", "stratified", "grouped"):
+        check.problems.append(f"key 'strategy' is {strategy!r}, expected random, stratified or grouped")
+    ratio_values: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    if isinstance(ratios, dict):
+        try:
+            ratio_values = (float(ratios["train"]), float(ratios["validation"]), float(ratios["test"]))
+        except (KeyError, TypeError, ValueError):
+            check.problems.append(f"key 'ratios' is {ratios!r}, expected train/validation/test numbers")
+    check.raise_if_any()
+    assert n_rows is not None and sha is not None and hashes_info is not None  # checked above
+
+    arrays = {name: _index_array(obj.get(name), name, n_rows, check) for name in LISTS}
+    check.raise_if_any()
+    counts = np.bincount(np.concatenate(list(arrays.values())), minlength=n_rows) if n_rows else np.zeros(0)
+    if n_rows and int(counts.max()) > 1:
+        check.problems.append(f"row {int(np.argmax(counts > 1))} is in more than one list")
+    if n_rows and int(counts.min()) == 0:
+        missing = int(np.argmin(counts))
+        check.problems.append(f"row {missing} is in no list (train, validation, test, dropped)")
+    row_hashes = _load_row_hashes(hashes_info, path, n_rows, check)
+    classes = _load_classes(classes_raw or [], check)
+    check.raise_if_any()
+    return Manifest(
+        dataset_source=str(ds_source),
+        dataset_format=str(ds_format),
+        dataset_sha256=sha,
+        n_rows=n_rows,
+        columns=tuple(str(c) for c in columns or []),
+        seed=int(seed or 0),
+        ratios=ratio_values,
+        strategy=strategy,
+        stratify_by=stratify_by,
+        group_by=group_by,
+        rare_class_policy=str(policy),
+        index_arrays=arrays,
+        row_hashes=row_hashes,
+        classes=classes,
+        groups={str(k): int(v) for k, v in groups.items()} if groups is not None else None,
+        warnings=tuple(str(w) for w in warnings_raw or []),
+        algorithm_version=int((algorithm or {}).get("version", ALGORITHM_VERSION)),
+    )
+
+
+def _load_row_hashes(info: Mapping[str, Any], path: Path, n_rows: int, check: _Checker) -> RowHashes:
+    empty = RowHashes(np.zeros((0, 32), dtype=np.uint8), np.zeros(0, dtype=np.uint8))
+    if "inline" in info:
+        hexes = info["inline"]
+        if not isinstance(hexes, list) or len(hexes) != n_rows:
+            check.problems.append(f"row_hashes.inline is not a list of {n_rows} hex digests")
+            return empty
+        bad = next((h for h in hexes if not (isinstance(h, str) and len(h) == 64)), None)
+        if bad is not None:
+            check.problems.append(f"row_hashes.inline holds {bad!r}, not a 64-digit hex sha256")
+            return empty
+        try:
+            return RowHashes.from_hex(hexes)
+        except ValueError:
+            check.problems.append("row_hashes.inline holds a value that is not hex")
+            return empty
+    name = info.get("file")
+    if not isinstance(name, str) or Path(name).name != name:
+        check.problems.append(f"row_hashes names neither 'inline' hashes nor a sidecar file: {info!r}")
+        return empty
+    side = path.parent / name
+    if not side.is_file():
+        raise InputError(
+            f"the row-hash sidecar {name!r} named by the manifest does not exist",
+            source=str(side),
+            fix=f"keep {name} next to the manifest (copy both together), or make the manifest again",
+        )
+    data = side.read_bytes()
+    if sha256_bytes(data) != info.get("file_sha256"):
+        raise InputError(
+            f"the row-hash sidecar {name!r} has sha256 {sha256_bytes(data)[:12]}..., the manifest "
+            f"says {str(info.get('file_sha256'))[:12]}...",
+            source=str(side),
+            fix="restore the sidecar that was written with this manifest, or make the manifest again",
+        )
+    hashes = RowHashes.from_bytes(data, source=str(side))
+    if len(hashes) != n_rows:
+        check.problems.append(f"the sidecar holds {len(hashes)} row hashes for {n_rows} rows")
+    return hashes
+
+
+def _load_classes(raw: list[Any], check: _Checker) -> tuple[ClassSummary, ...]:
+    out = []
+    for position, item in enumerate(raw):
+        where = f"classes[{position}]."
+        if not isinstance(item, dict):
+            check.problems.append(f"classes[{position}] is not an object")
+            continue
+        numbers = [check.get(item, key, (int,), where) for key in ("n_rows", *SPLITS)]
+        decision = check.get(item, "decision", (str,), where)
+        if decision not in ("split", "train", "drop"):
+            check.problems.append(f"{where}decision is {decision!r}, expected split, train or drop")
+            continue
+        if "value" not in item:
+            check.problems.append(f"missing key '{where}value'")
+            continue
+        if any(n is None for n in numbers):
+            continue
+        n, train, validation, test = (int(v) for v in numbers)
+        out.append(ClassSummary(item["value"], n, train, validation, test, decision))
+    return tuple(out)

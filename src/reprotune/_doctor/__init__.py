@@ -1,0 +1,1 @@
+"""``reprotune doctor``: static checks, the empirical probe, and the report."""

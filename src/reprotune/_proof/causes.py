@@ -1,0 +1,233 @@
+"""Why two runs part: ranked, plain-words causes tying the first divergence to what differs.
+
+The first divergence has a stage: the LoRA init (weights differ at step 0), the data order (the
+batch rows differ first) or the numbers (loss or weights differ while the batches agree). Each
+stage ranks the kinds of difference by how directly they can cause it: a different split moves
+the data order; a different torch changes numbers, not batches. Each kind that differs gives one
+cause line, most likely first. When nothing recorded differs, the cause is nondeterminism.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from reprotune._proof.differences import AdapterDiff, Difference, SplitDiff, Where
+
+Stage = Literal["init", "order", "numbers"]
+# Seeds that act at each stage; the root seed acts on all of them.
+_STAGE_SEEDS: dict[Stage, frozenset[str]] = {
+    "init": frozenset({"root", "lora_init"}),
+    "order": frozenset({"root", "data_order", "split"}),
+    "numbers": frozenset({"root", "dropout", "eval"}),
+}
+# Evidence kinds, most direct first, for each stage.
+_RANKING: dict[Stage, tuple[str, ...]] = {
+    "init": ("seeds", "lora", "model", "config", "code", "environment", "split", "data", "other_seeds"),
+    "order": ("split", "seeds", "data", "config", "code", "environment", "other_seeds", "lora", "model"),
+    "numbers": (
+        "split_content",
+        "seeds",
+        "config",
+        "data",
+        "code",
+        "environment",
+        "lora",
+        "model",
+        "split",
+        "other_seeds",
+    ),
+}
+# Environment keys that most often change numbers, in that order; matched as substrings.
+_ENV_PRIORITY = ("torch", "cuda", "cudnn", "gpu", "driver", "thread", "determin", "python", "package")
+_MAX_SHOWN = 3
+
+
+def explain(
+    where: Where,
+    adapter: AdapterDiff | None,
+    differences: Sequence[Difference],
+    split: SplitDiff | None,
+    *,
+    ledgers_equal: bool,
+) -> list[str]:
+    """The ranked causes of the runs' divergence, in plain words (most likely first).
+
+    Args:
+        where: where the ledgers part.
+        adapter: the adapter comparison, if either run has one.
+        differences: every recorded value that differs.
+        split: how the split manifests differ, if both runs have one.
+        ledgers_equal: whether every ledger line is equal.
+
+    Returns:
+        Sentences such as "data order differs from step 1: the split manifests differ in 3 rows";
+        empty when the runs agree.
+    """
+    if ledgers_equal:
+        if adapter is not None and not adapter.identical and adapter.sha256_a and adapter.sha256_b:
+            return [
+                "the ledgers agree line for line but the adapter files differ: an adapter was "
+                "modified or saved differently after training"
+            ]
+        return []
+    at = where.first_divergence_step
+    if at is None:
+        return [f"the runs agree over their {where.steps_compared} common steps but differ in length"]
+    stage = _stage(where)
+    head = _headline(stage, where)
+    causes: list[str] = []
+    isolated = where.lines_differing == 1 and at < where.steps_compared
+    if isolated:
+        # A real change in training carries forward through the weights; one lone differing line
+        # with every later step equal was written differently, not computed differently.
+        causes.append(
+            f"only the ledger line of step {at} differs ({_fields(where)}) and every later step agrees: "
+            "the ledger looks edited or corrupted, not trained differently"
+        )
+    evidence = _evidence(stage, differences, split)
+    causes.extend(f"{head}: {text}" for text in evidence)
+    if not evidence and not isolated:
+        causes.append(
+            f"{head}, yet nothing recorded differs (config, seeds, code, data, environment): the cause is "
+            "nondeterminism in this environment; run `reprotune doctor` to find the op or setting"
+        )
+    return causes
+
+
+def _stage(where: Where) -> Stage:
+    if where.first_weights_step == 0:
+        return "init"
+    if where.first_batch_step is not None and where.first_batch_step == where.first_divergence_step:
+        return "order"
+    return "numbers"
+
+
+def _headline(stage: Stage, where: Where) -> str:
+    order = where.first_batch_step
+    if stage == "init":
+        tail = f", and the data order from step {order}" if order is not None else ""
+        return f"the LoRA initial weights differ (step 0){tail}"
+    if stage == "order":
+        return f"data order differs from step {where.first_divergence_step}"
+    if order is None:
+        return f"numbers differ from step {where.first_divergence_step} with identical data order"
+    return (
+        f"numbers differ from step {where.first_divergence_step}, before the data order does (step {order})"
+    )
+
+
+def _fields(where: Where) -> str:
+    names = []
+    if where.first_batch_step == where.first_divergence_step:
+        names.append("batch_sha256")
+    if where.first_loss_step == where.first_divergence_step:
+        names.append("loss")
+    if where.first_weights_step == where.first_divergence_step:
+        names.append("weights_sha256")
+    if where.first_val_step == where.first_divergence_step:
+        names.append("validation loss")
+    if where.first_other_step == where.first_divergence_step:
+        names.extend(where.other_fields)
+    return ", ".join(names)
+
+
+def _evidence(stage: Stage, differences: Sequence[Difference], split: SplitDiff | None) -> list[str]:
+    """One sentence per kind of difference found, in the stage's ranking."""
+    by_category: dict[str, list[Difference]] = {}
+    for diff in differences:
+        by_category.setdefault(diff.category, []).append(diff)
+    # The root seed first: when it differs, every derived seed differs because of it.
+    seeds = sorted(by_category.pop("seeds", []), key=lambda d: (not d.key.endswith(".root"), d.key))
+    relevant = _STAGE_SEEDS[stage]
+    by_category["seeds"] = [d for d in seeds if d.key.split(".")[-1] in relevant]
+    by_category["other_seeds"] = [d for d in seeds if d.key.split(".")[-1] not in relevant]
+    texts: dict[str, str] = {}
+    for kind, diffs in by_category.items():
+        if diffs:
+            texts[kind] = _summarize(kind, diffs)
+    if split is not None:
+        split_text = _split_text(split)
+        if split_text:
+            # Changed row content changes numbers directly; moved rows change the order.
+            texts["split_content" if split.content_changed else "split"] = split_text
+    ranking = _RANKING[stage]
+    ordered = [texts[k] for k in ranking if k in texts]
+    ordered.extend(text for kind, text in texts.items() if kind not in ranking)
+    return ordered
+
+
+def _summarize(kind: str, diffs: list[Difference]) -> str:
+    """'torch 2.13.0 vs 2.14.1; threads 4 vs 8 (and 2 more environment differences)'."""
+    label: Callable[[Difference], str] = _label
+    if kind == "environment":
+        diffs = sorted(diffs, key=_env_rank)
+    elif kind in ("seeds", "other_seeds"):
+        label = _seed_label
+    shown = "; ".join(
+        f"{label(d)} {_value(d.a, d.change == 'added')} vs {_value(d.b, d.change == 'removed')}"
+        for d in diffs[:_MAX_SHOWN]
+    )
+    rest = len(diffs) - _MAX_SHOWN
+    noun = "seed" if "seeds" in kind else kind
+    return shown + (f" (and {rest} more {noun} differences)" if rest > 0 else "")
+
+
+def _label(diff: Difference) -> str:
+    """The key path, without the section name where it only repeats the category."""
+    key = diff.key
+    if diff.category == "environment":
+        key = key.removeprefix("environment.")
+        key = key.removeprefix("packages.").removeprefix("distributions.")
+    return key
+
+
+def _seed_label(diff: Difference) -> str:
+    name = diff.key.split(".")[-1]
+    return "root seed" if name == "root" else f"derived seed {name}"
+
+
+def _env_rank(diff: Difference) -> tuple[int, str]:
+    key = diff.key.lower()
+    for rank, word in enumerate(_ENV_PRIORITY):
+        if word in key:
+            return rank, key
+    return len(_ENV_PRIORITY), key
+
+
+def _value(value: Any, absent: bool) -> str:
+    if absent:
+        return "(absent)"
+    if isinstance(value, str):
+        return value[:12] if len(value) == 64 else value
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _split_text(split: SplitDiff) -> str:
+    """'the split manifests differ in 3 rows (content changed: rows 4, 17; ...)'."""
+    if split.sha256_a == split.sha256_b:
+        return ""
+    n = split.rows_differing
+    parts = []
+    if split.content_changed:
+        parts.append(f"content changed: {_rows(split.content_changed)}")
+    if split.moved:
+        moves = ", ".join(f"{m.row} {m.split_a or '-'}->{m.split_b or '-'}" for m in split.moved[:_MAX_SHOWN])
+        more = f" and {len(split.moved) - _MAX_SHOWN} more" if len(split.moved) > _MAX_SHOWN else ""
+        parts.append(f"in another split: {moves}{more}")
+    if split.reordered:
+        parts.append(f"same rows in another order: {', '.join(split.reordered)}")
+    if not parts:
+        return "the split manifests differ, though every row, hash and split agrees"
+    if n == 0:
+        return f"the split manifests list the same rows in another order ({', '.join(split.reordered)})"
+    noun = "row" if n == 1 else "rows"
+    return f"the split manifests differ in {n} {noun} ({'; '.join(parts)})"
+
+
+def _rows(rows: Sequence[int]) -> str:
+    shown = ", ".join(str(r) for r in rows[:_MAX_SHOWN])
+    more = f" and {len(rows) - _MAX_SHOWN} more" if len(rows) > _MAX_SHOWN else ""
+    return f"row{'s' if len(rows) > 1 else ''} {shown}{more}"

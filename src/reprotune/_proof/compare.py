@@ -1,0 +1,391 @@
+"""Compare two runs step by step: a verdict, where they part, what differs and why.
+
+Verdicts (docs/compare.md):
+
+- IDENTICAL: every ledger line equal and the adapter files bit for bit equal.
+- WITHIN_TOLERANCE: only with a tolerance; data order identical (every batch hash and count
+  equal) and every number (loss, lr, grad norm, validation loss, adapter elements) within it.
+- DIVERGED: the same experiment gave different results; ``causes`` says why.
+- INCOMPARABLE: the runs are not of the same experiment (``incomparable`` says what makes them so):
+  a different base model or tokenizer, adapters of a different shape, a different number of
+  training steps, a missing adapter.
+
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reprotune._data.manifest import LISTS, Manifest
+from reprotune._errors import InputError
+from reprotune._proof.causes import explain
+from reprotune._proof.differences import (
+    AdapterDiff,
+    Category,
+    Comparison,
+    Difference,
+    NumberDiff,
+    RowMove,
+    RunSummary,
+    SplitDiff,
+    TensorDiff,
+    Verdict,
+    Where,
+    short_value,
+)
+from reprotune._run.adapter import load_adapter
+from reprotune._run.ledger import LedgerEntry
+from reprotune._run.rundir import RunDir, open_run_dir
+
+# Record section -> the category its differences are listed under. Sections left out (run_id,
+# status, timings, outputs, config_sha256) are results or identities, not possible causes.
+_SECTIONS: dict[str, Category] = {
+    "config": "config",
+    "seeds": "seeds",
+    "code": "code",
+    "reprotune_version": "code",
+    "data": "data",
+    "model": "model",
+    "lora": "lora",
+    "environment": "environment",
+}
+# Numeric ledger fields a tolerance applies to; every other field must match exactly.
+_TOLERANT_FIELDS = ("loss", "lr", "grad_norm")
+# Keys that identify the base model: if any differs, the runs are of different experiments.
+_MODEL_IDENTITY = ("weights_sha256", "tokenizer_sha256")
+
+
+def compare_runs(a: str | Path, b: str | Path, *, tolerance: float | None = None) -> Comparison:
+    """Compare run directory ``a`` (the reference) with ``b``.
+
+    Args:
+        a: the reference run directory.
+        b: the run compared with it.
+        tolerance: the largest absolute difference of a number (loss, lr, grad norm, validation
+            loss, adapter element) for WITHIN_TOLERANCE; None allows only IDENTICAL.
+
+    Returns:
+        The comparison: verdict, where the ledgers part, what differs and the ranked causes.
+
+    Raises:
+        InputError: a path is not a run directory, a file in it is malformed, or ``tolerance``
+            is negative or not finite.
+        SchemaVersionError: a record is of an unknown schema.
+
+    Example:
+        >>> result = compare_runs("runs/A", "runs/B")  # doctest: +SKIP
+        >>> result.verdict, result.where.first_divergence_step, result.causes[:1]  # doctest: +SKIP
+    """
+    if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0):
+        raise InputError(
+            f"tolerance {tolerance!r} is not a finite number >= 0",
+            source="--tolerance",
+            fix="pass an absolute tolerance such as 1e-6",
+        )
+    run_a, run_b = open_run_dir(a), open_run_dir(b)
+    return compare_opened(run_a, run_b, tolerance=tolerance)
+
+
+def compare_opened(run_a: RunDir, run_b: RunDir, *, tolerance: float | None = None) -> Comparison:
+    """``compare_runs`` on run directories already opened (the report opens each run once)."""
+    where = _compare_ledgers(run_a, run_b)
+    adapter = _compare_adapters(run_a, run_b)
+    differences = tuple(_record_differences(run_a, run_b))
+    split = _compare_manifests(run_a, run_b)
+    incomparable = tuple(_incomparable_reasons(run_a, run_b, differences, adapter))
+    ledgers_equal = _ledgers_equal(run_a, run_b, where)
+    if incomparable:
+        verdict = Verdict.INCOMPARABLE
+    elif ledgers_equal and adapter is not None and adapter.identical:
+        verdict = Verdict.IDENTICAL
+    elif tolerance is not None and _within_tolerance(run_a, run_b, where, adapter, tolerance):
+        verdict = Verdict.WITHIN_TOLERANCE
+    else:
+        verdict = Verdict.DIVERGED
+    causes = explain(where, adapter, differences, split, ledgers_equal=ledgers_equal)
+    return Comparison(
+        verdict=verdict,
+        run_a=_summary(run_a),
+        run_b=_summary(run_b),
+        tolerance=tolerance,
+        incomparable=incomparable,
+        where=where,
+        adapter=adapter,
+        differences=differences,
+        split=split,
+        causes=tuple(causes),
+        notes=tuple(_notes(run_a, run_b, verdict, differences, adapter)),
+    )
+
+
+def _summary(run: RunDir) -> RunSummary:
+    return RunSummary(
+        path=str(run.path),
+        run_id=run.run_id,
+        status=run.status,
+        train_steps=len(run.ledger.train),
+        val_lines=len(run.ledger.val),
+    )
+
+
+def _ledgers_equal(run_a: RunDir, run_b: RunDir, where: Where) -> bool:
+    """Every ledger line equal: same lengths and no common line differs."""
+    la, lb = run_a.ledger, run_b.ledger
+    same_length = len(la.train) == len(lb.train) and len(la.val) == len(lb.val)
+    same_init = (la.init is None) == (lb.init is None)
+    return same_length and same_init and where.lines_differing == 0
+
+
+def _compare_ledgers(run_a: RunDir, run_b: RunDir) -> Where:
+    """Walk the common steps of both ledgers once, noting the first difference of each kind."""
+    la, lb = run_a.ledger, run_b.ledger
+    first: dict[str, int | None] = {"batch": None, "loss": None, "weights": None, "val": None, "other": None}
+    other_fields: tuple[str, ...] = ()
+    lines_differing = 0
+
+    def note(kind: str, step: int) -> None:
+        if first[kind] is None:
+            first[kind] = step
+
+    if la.init is not None and lb.init is not None and la.init.fields != lb.init.fields:
+        lines_differing += 1
+        if la.init.fields.get("weights_sha256") != lb.init.fields.get("weights_sha256"):
+            note("weights", 0)
+        else:
+            note("other", 0)
+            other_fields = _differing_keys(la.init, lb.init)
+
+    largest: NumberDiff | None = None
+    for ea, eb in zip(la.train, lb.train, strict=False):
+        fa, fb = ea.fields, eb.fields
+        if fa == fb:  # the common case: one dict comparison per step
+            continue
+        lines_differing += 1
+        step = ea.step
+        if fa["batch_sha256"] != fb["batch_sha256"]:
+            note("batch", step)
+        if fa["loss"] != fb["loss"]:
+            note("loss", step)
+            diff = _abs_diff(ea.number("loss"), eb.number("loss"))
+            if largest is None or diff > largest.abs_diff or math.isnan(diff):
+                largest = NumberDiff(step, ea.number("loss"), eb.number("loss"), diff)
+        if fa["weights_sha256"] != fb["weights_sha256"]:
+            note("weights", step)
+        others = tuple(
+            k for k in _differing_keys(ea, eb) if k not in {"batch_sha256", "loss", "weights_sha256"}
+        )
+        if others and first["other"] is None:
+            first["other"], other_fields = step, others
+
+    largest_val: NumberDiff | None = None
+    for ea, eb in zip(la.val, lb.val, strict=False):
+        if ea.fields == eb.fields:
+            continue
+        lines_differing += 1
+        if ea.fields["loss"] != eb.fields["loss"] or ea.step != eb.step:
+            note("val", min(ea.step, eb.step))
+        if ea.fields["loss"] != eb.fields["loss"]:
+            diff = _abs_diff(ea.number("loss"), eb.number("loss"))
+            if largest_val is None or diff > largest_val.abs_diff:
+                largest_val = NumberDiff(ea.step, ea.number("loss"), eb.number("loss"), diff)
+        others = tuple(k for k in _differing_keys(ea, eb) if k not in {"loss", "step"})
+        if others and (first["other"] is None or ea.step < first["other"]):
+            first["other"], other_fields = ea.step, others
+
+    found = [s for s in first.values() if s is not None]
+    return Where(
+        steps_compared=min(len(la.train), len(lb.train)),
+        first_batch_step=first["batch"],
+        first_loss_step=first["loss"],
+        first_weights_step=first["weights"],
+        first_val_step=first["val"],
+        first_other_step=first["other"],
+        other_fields=other_fields,
+        first_divergence_step=min(found) if found else None,
+        lines_differing=lines_differing,
+        largest_loss_diff=largest,
+        largest_val_loss_diff=largest_val,
+    )
+
+
+def _differing_keys(ea: LedgerEntry, eb: LedgerEntry) -> tuple[str, ...]:
+    keys = set(ea.fields) | set(eb.fields)
+    return tuple(sorted(k for k in keys if ea.fields.get(k) != eb.fields.get(k)))
+
+
+def _abs_diff(x: float, y: float) -> float:
+    if x == y:  # also inf == inf, where inf - inf would be nan
+        return 0.0
+    return abs(x - y)
+
+
+def _compare_adapters(run_a: RunDir, run_b: RunDir) -> AdapterDiff | None:
+    """Hash both adapter files; when they differ, the max |difference| per tensor."""
+    if run_a.adapter_path is None and run_b.adapter_path is None:
+        return None
+    sha_a, sha_b = run_a.adapter_sha256(), run_b.adapter_sha256()
+    if sha_a is not None and sha_a == sha_b:
+        return AdapterDiff(sha_a, sha_b, identical=True, same_structure=True, tensors=())
+    if run_a.adapter_path is None or run_b.adapter_path is None:
+        return AdapterDiff(sha_a, sha_b, identical=False, same_structure=False, tensors=())
+    ta, tb = load_adapter(run_a.adapter_path), load_adapter(run_b.adapter_path)
+    tensors = []
+    for name in sorted(set(ta) | set(tb)):
+        xa, xb = ta.get(name), tb.get(name)
+        shape_a = tuple(xa.shape) if xa is not None else None
+        shape_b = tuple(xb.shape) if xb is not None else None
+        max_diff: float | None = None
+        if xa is not None and xb is not None and shape_a == shape_b:
+            # float64 holds every float32/float16/bfloat16 value and their differences exactly
+            delta = np.abs(xa.astype(np.float64) - xb.astype(np.float64))
+            max_diff = float(delta.max()) if delta.size else 0.0
+        tensors.append(TensorDiff(name, shape_a, shape_b, max_diff))
+    same_structure = all(t.shape_a is not None and t.shape_a == t.shape_b for t in tensors)
+    return AdapterDiff(sha_a, sha_b, identical=False, same_structure=same_structure, tensors=tuple(tensors))
+
+
+def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
+    """Flatten nested objects into ``{"a.b.c": leaf}``; lists are leaves."""
+    if isinstance(value, Mapping) and value:
+        for key in value:
+            _flatten(value[key], f"{prefix}.{key}" if prefix else str(key), out)
+    else:
+        out[prefix] = value
+
+
+def _record_differences(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
+    """Every recorded value that differs, by section, in key-path order."""
+    for section, category in _SECTIONS.items():
+        flat_a: dict[str, Any] = {}
+        flat_b: dict[str, Any] = {}
+        if section in run_a.record:
+            _flatten(run_a.record[section], section, flat_a)
+        if section in run_b.record:
+            _flatten(run_b.record[section], section, flat_b)
+        for key in sorted(set(flat_a) | set(flat_b)):
+            if key not in flat_b:
+                yield Difference(category, key, flat_a[key], None, "removed")
+            elif key not in flat_a:
+                yield Difference(category, key, None, flat_b[key], "added")
+            elif flat_a[key] != flat_b[key] or type(flat_a[key]) is not type(flat_b[key]):
+                yield Difference(category, key, flat_a[key], flat_b[key], "changed")
+
+
+def _compare_manifests(run_a: RunDir, run_b: RunDir) -> SplitDiff | None:
+    """Which rows and splits differ between the two runs' split manifests."""
+    ma, mb = run_a.manifest, run_b.manifest
+    sha_a, sha_b = run_a.manifest_sha256, run_b.manifest_sha256
+    if ma is None or mb is None or sha_a is None or sha_b is None:
+        return None
+    if sha_a == sha_b:
+        return SplitDiff(sha_a, sha_b, (), (), ())
+    ha, hb = ma.row_hashes.hex_list(), mb.row_hashes.hex_list()
+    splits_a, splits_b = _splits(ma), _splits(mb)
+    # Rows past the end of the shorter dataset count as changed: they exist in one run only.
+    changed = tuple(i for i in range(max(len(ha), len(hb))) if i >= len(ha) or i >= len(hb) or ha[i] != hb[i])
+    where_a = {row: name for name, rows in splits_a.items() for row in rows}
+    where_b = {row: name for name, rows in splits_b.items() for row in rows}
+    moved = tuple(
+        RowMove(row, where_a.get(row), where_b.get(row))
+        for row in sorted(set(where_a) | set(where_b))
+        if where_a.get(row) != where_b.get(row)
+    )
+    reordered = tuple(
+        name
+        for name, rows in splits_a.items()
+        if rows != splits_b.get(name) and sorted(rows) == sorted(splits_b.get(name, ()))
+    )
+    return SplitDiff(sha_a, sha_b, changed, moved, reordered)
+
+
+def _splits(manifest: Manifest) -> dict[str, tuple[int, ...]]:
+    """Split name (``dropped`` included) -> its row indices, in manifest order."""
+    return {name: tuple(manifest.index_arrays[name].tolist()) for name in LISTS}
+
+
+def _incomparable_reasons(
+    run_a: RunDir, run_b: RunDir, differences: Sequence[Difference], adapter: AdapterDiff | None
+) -> Iterable[str]:
+    """What makes the two runs different experiments, in plain words (empty: comparable)."""
+    model_a, model_b = run_a.section("model"), run_b.section("model")
+    identity = [k for k in _MODEL_IDENTITY if k in model_a and k in model_b]
+    if not identity:  # records without hashes: fall back on what names the model
+        identity = ["source", "revision"]
+    for key in identity:
+        if model_a.get(key) != model_b.get(key):
+            yield (
+                f"different base model: model.{key} {short_value(model_a.get(key))} vs "
+                f"{short_value(model_b.get(key))}"
+                f" ({model_a.get('source', '?')} vs {model_b.get('source', '?')})"
+            )
+            break
+    na, nb = len(run_a.ledger.train), len(run_b.ledger.train)
+    if na != nb:
+        yield (
+            f"different training length: run A has {na} steps ({run_a.status}), "
+            f"run B has {nb} ({run_b.status})"
+        )
+    if adapter is not None and not adapter.identical:
+        if adapter.sha256_a is None or adapter.sha256_b is None:
+            missing = "A" if adapter.sha256_a is None else "B"
+            yield f"run {missing} has no adapter (adapter/adapter_model.safetensors is missing)"
+        elif not adapter.same_structure:
+            odd = [t.name for t in adapter.tensors if t.shape_a is None or t.shape_a != t.shape_b]
+            yield f"the adapters have different tensors or shapes ({len(odd)} differ, e.g. {odd[0]})"
+    elif adapter is None:
+        yield "neither run has an adapter (adapter/adapter_model.safetensors is missing)"
+
+
+def _within_tolerance(
+    run_a: RunDir, run_b: RunDir, where: Where, adapter: AdapterDiff | None, tolerance: float
+) -> bool:
+    """Data order identical and every number within ``tolerance`` (runs of equal length)."""
+    la, lb = run_a.ledger, run_b.ledger
+    if where.first_batch_step is not None or len(la.val) != len(lb.val):
+        return False
+    if adapter is None or not adapter.same_structure:
+        return False
+    if any(t.max_abs_diff is None or not t.max_abs_diff <= tolerance for t in adapter.tensors):
+        return False
+    pairs = list(zip(la.train, lb.train, strict=False)) + list(zip(la.val, lb.val, strict=False))
+    for ea, eb in pairs:
+        if ea.fields == eb.fields:
+            continue
+        for key in _differing_keys(ea, eb):
+            if key == "weights_sha256":
+                continue  # follows from the weights, which are checked through the adapter
+            if key not in _TOLERANT_FIELDS or key not in ea.fields or key not in eb.fields:
+                return False
+            if not _abs_diff(ea.number(key), eb.number(key)) <= tolerance:
+                return False
+    return True
+
+
+def _notes(
+    run_a: RunDir,
+    run_b: RunDir,
+    verdict: Verdict,
+    differences: Sequence[Difference],
+    adapter: AdapterDiff | None,
+) -> Iterable[str]:
+    """Things a reader should know that are not differences of the runs themselves."""
+    for label, run in (("A", run_a), ("B", run_b)):
+        if run.status != "completed":
+            yield f"run {label} has status {run.status!r}"
+        if run.manifest is None:
+            yield f"run {label} has no split.json: its rows and splits cannot be compared"
+        recorded = run.section("outputs").get("adapter_sha256")
+        actual = None if adapter is None else adapter.sha256_a if label == "A" else adapter.sha256_b
+        if recorded and actual and recorded != actual:
+            yield f"run {label}'s adapter file does not match the sha256 in its record (modified since?)"
+        recorded_ledger = run.section("outputs").get("ledger_sha256")
+        if recorded_ledger and recorded_ledger != run.ledger.sha256:
+            yield f"run {label}'s ledger does not match the sha256 in its record (edited since?)"
+    if verdict is Verdict.IDENTICAL and differences:
+        yield f"{len(differences)} recorded values differ, yet no number changed"

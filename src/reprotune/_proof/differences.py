@@ -1,0 +1,275 @@
+"""What a comparison of two runs finds: the verdict, where the ledgers part, what differs, and
+the text people read. Types only and their rendering; the algorithm is in ``_proof.compare``, the
+ranked causes in ``_proof.causes``. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+COMPARISON_SCHEMA = "reprotune/comparison"
+COMPARISON_SCHEMA_VERSION = 1
+
+
+class Verdict(str, enum.Enum):
+    """The answer to "are these two runs the same?"."""
+
+    IDENTICAL = "IDENTICAL"
+    WITHIN_TOLERANCE = "WITHIN_TOLERANCE"
+    DIVERGED = "DIVERGED"
+    INCOMPARABLE = "INCOMPARABLE"
+
+    def __str__(self) -> str:
+        # f"{verdict}" gives the value on every Python (3.11 changed the mixin default).
+        return self.value
+
+    @property
+    def exit_code(self) -> int:
+        """0 when the runs agree (identical or within tolerance), 1 otherwise."""
+        return 0 if self in (Verdict.IDENTICAL, Verdict.WITHIN_TOLERANCE) else 1
+
+    @property
+    def label(self) -> str:
+        """The verdict as people read it (``WITHIN TOLERANCE``)."""
+        return self.value.replace("_", " ")
+
+
+Category = Literal["config", "seeds", "code", "data", "model", "lora", "environment"]
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """Which run, as the comparison names it."""
+
+    path: str
+    run_id: str
+    status: str
+    train_steps: int
+    val_lines: int
+
+
+@dataclass(frozen=True)
+class NumberDiff:
+    """The largest difference of one number between the runs, and where."""
+
+    step: int
+    a: float
+    b: float
+    abs_diff: float
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where the ledgers part. Every step is an optimizer step; ``None`` means never (over the
+    common steps).
+
+    Attributes:
+        steps_compared: train steps present in both ledgers.
+        first_batch_step: first step whose batch (row ids) hash differs.
+        first_loss_step: first step whose loss bits differ.
+        first_weights_step: first step whose weights hash differs (0: the LoRA init).
+        first_val_step: first step whose validation loss bits differ.
+        first_other_step: first step where another field (lr, grad_norm, epoch, counts) differs.
+        other_fields: which fields those were at that step.
+        first_divergence_step: the earliest of the above, the step the runs part.
+        lines_differing: how many common ledger lines differ at all.
+        largest_loss_diff: the largest |train loss difference| over the common steps.
+        largest_val_loss_diff: the same for validation losses.
+    """
+
+    steps_compared: int
+    first_batch_step: int | None
+    first_loss_step: int | None
+    first_weights_step: int | None
+    first_val_step: int | None
+    first_other_step: int | None
+    other_fields: tuple[str, ...]
+    first_divergence_step: int | None
+    lines_differing: int
+    largest_loss_diff: NumberDiff | None
+    largest_val_loss_diff: NumberDiff | None
+
+
+@dataclass(frozen=True)
+class TensorDiff:
+    """One adapter tensor in both runs."""
+
+    name: str
+    shape_a: tuple[int, ...] | None
+    shape_b: tuple[int, ...] | None
+    max_abs_diff: float | None  # None when the tensor is missing from one run or shapes differ
+
+
+@dataclass(frozen=True)
+class AdapterDiff:
+    """The two adapter files: hashes, and element-wise differences per tensor."""
+
+    sha256_a: str | None
+    sha256_b: str | None
+    identical: bool
+    same_structure: bool
+    tensors: tuple[TensorDiff, ...]
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One recorded value that differs between the runs, by key path (``train.lr``)."""
+
+    category: Category
+    key: str
+    a: Any
+    b: Any
+    change: Literal["changed", "added", "removed"]
+
+
+@dataclass(frozen=True)
+class RowMove:
+    """A dataset row that is in one split in run A and another in run B."""
+
+    row: int
+    split_a: str | None
+    split_b: str | None
+
+
+@dataclass(frozen=True)
+class SplitDiff:
+    """How the two split manifests differ (empty lists when they agree)."""
+
+    sha256_a: str
+    sha256_b: str
+    content_changed: tuple[int, ...]  # rows whose content hash differs
+    moved: tuple[RowMove, ...]  # rows in different splits (or in a split in one run only)
+    reordered: tuple[str, ...]  # splits with the same rows in a different order
+
+    @property
+    def rows_differing(self) -> int:
+        """How many distinct rows differ in content or split."""
+        return len(set(self.content_changed) | {m.row for m in self.moved})
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The result of ``compare_runs``: verdict, where, what differs and why."""
+
+    verdict: Verdict
+    run_a: RunSummary
+    run_b: RunSummary
+    tolerance: float | None
+    incomparable: tuple[str, ...]
+    where: Where
+    adapter: AdapterDiff | None
+    differences: tuple[Difference, ...]
+    split: SplitDiff | None
+    causes: tuple[str, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def exit_code(self) -> int:
+        """The CLI's exit code for this verdict: 0 IDENTICAL/WITHIN_TOLERANCE, 1 otherwise."""
+        return self.verdict.exit_code
+
+    def to_json(self) -> dict[str, Any]:
+        """The comparison as a JSON object (schema ``reprotune/comparison`` version 1)."""
+        body = asdict(self)
+        body["verdict"] = self.verdict.value
+        if self.split is not None:
+            body["split"]["rows_differing"] = self.split.rows_differing
+        return {"schema": COMPARISON_SCHEMA, "schema_version": COMPARISON_SCHEMA_VERSION, **body}
+
+    def format(self) -> str:
+        """The comparison for people: verdict, where, why, then what differs."""
+        return "\n".join(_format_lines(self)) + "\n"
+
+
+def short_value(value: Any) -> str:
+    """A value for a one-line message: long hashes cut to 12 characters."""
+    text = str(value)
+    return text[:12] if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else text
+
+
+def _format_lines(c: Comparison) -> Iterable[str]:
+    """The lines of ``Comparison.format``."""
+    tol = f" (tolerance {c.tolerance:g})" if c.tolerance is not None else ""
+    yield f"{c.verdict.label}{tol}"
+    for label, run in (("A", c.run_a), ("B", c.run_b)):
+        yield f"  {label}: {run.path}  run {run.run_id}, {run.status}, {run.train_steps} steps"
+    for reason in c.incomparable:
+        yield f"  incomparable: {reason}"
+    w = c.where
+    yield f"where (over {w.steps_compared} common steps)"
+    rows = [
+        ("first step with different batch rows", _step(w.first_batch_step)),
+        ("first step with different loss bits", _step(w.first_loss_step)),
+        ("first step with different weights hash", _step(w.first_weights_step)),
+        ("first step with different validation loss", _step(w.first_val_step)),
+    ]
+    if w.first_other_step is not None:
+        rows.append(
+            (f"first step with other differences ({', '.join(w.other_fields)})", str(w.first_other_step))
+        )
+    for name, diff in (
+        ("largest |loss difference|", w.largest_loss_diff),
+        ("largest |validation loss difference|", w.largest_val_loss_diff),
+    ):
+        if diff is not None:
+            rows.append((name, f"{diff.abs_diff:.6g} at step {diff.step} ({diff.a!r} vs {diff.b!r})"))
+    width = max(len(name) for name, _ in rows)
+    yield from (f"  {name.ljust(width)}  {value}" for name, value in rows)
+    yield from _format_adapter(c.adapter)
+    if c.causes:
+        yield "why (most likely first)"
+        yield from (f"  {i}. {cause}" for i, cause in enumerate(c.causes, start=1))
+    if c.differences:
+        yield "what differs"
+        for category in dict.fromkeys(d.category for d in c.differences):
+            yield f"  {category}:"
+            for d in c.differences:
+                if d.category == category:
+                    old, new = _show(d.a, d.change == "added"), _show(d.b, d.change == "removed")
+                    yield f"    {d.key}: {old} -> {new}"
+    if c.split is not None and c.split.sha256_a != c.split.sha256_b:
+        s = c.split
+        verb = "row differs" if s.rows_differing == 1 else "rows differ"
+        yield f"split manifests: {s.rows_differing} {verb}"
+        if s.content_changed:
+            yield f"  content changed: rows {_list(s.content_changed)}"
+        for move in s.moved[:20]:
+            yield f"  row {move.row}: {move.split_a or '(none)'} -> {move.split_b or '(none)'}"
+        if len(s.moved) > 20:
+            yield f"  ... and {len(s.moved) - 20} more rows in another split"
+        if s.reordered:
+            yield f"  same rows, another order: {', '.join(s.reordered)}"
+    for note in c.notes:
+        yield f"note: {note}"
+
+
+def _format_adapter(adapter: AdapterDiff | None) -> Iterable[str]:
+    if adapter is None:
+        yield "adapter: none in either run"
+        return
+    if adapter.identical:
+        yield f"adapter: identical (sha256 {adapter.sha256_a})"
+        return
+    yield f"adapter: differs (sha256 {short_value(adapter.sha256_a)} vs {short_value(adapter.sha256_b)})"
+    for t in adapter.tensors:
+        if t.max_abs_diff is not None:
+            yield f"  {t.name}  max |diff| {t.max_abs_diff:.6g}"
+        else:
+            yield f"  {t.name}  shape {t.shape_a} vs {t.shape_b}"
+
+
+def _step(step: int | None) -> str:
+    return "none" if step is None else str(step)
+
+
+def _show(value: Any, absent: bool) -> str:
+    return "(absent)" if absent else json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def _list(rows: Sequence[int], limit: int = 20) -> str:
+    shown = ", ".join(str(r) for r in rows[:limit])
+    return shown + (f" ... ({len(rows)} in all)" if len(rows) > limit else "")

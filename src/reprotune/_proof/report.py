@@ -1,0 +1,286 @@
+"""``write_report``: one self-contained HTML file about one or more runs.
+
+Loss curves of every run overlaid (train and validation, x = optimizer step), the step where each
+run parts from the first one marked, and the tables of differences ``compare`` finds. Figures are
+PNGs drawn with matplotlib's Agg renderer and embedded as base64, so the file needs nothing else
+to open: no scripts, no external URLs. The same runs give the same bytes. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from collections.abc import Iterable, Sequence
+from html import escape
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from reprotune._errors import InputError
+from reprotune._jsonio import write_bytes_atomic
+from reprotune._proof.compare import compare_opened
+from reprotune._proof.differences import Comparison
+from reprotune._run.rundir import RunDir, open_run_dir
+from reprotune._version import __version__
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+# Overlaid curves of identical runs would hide each other: each run gets its own dash pattern
+# and marker spacing, so every curve stays visible on top of the others.
+_STYLES = ("-", "--", ":", "-.")
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
+h1 { font-size: 1.6em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.92em; max-width: 100%; }
+td { overflow-wrap: anywhere; } table.diffs td:nth-child(2) { white-space: nowrap; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+code, td.val { font-family: ui-monospace, monospace; word-break: break-all; }
+figure { margin: 0.6em 0; } img { max-width: 100%; height: auto; }
+.verdict { padding: 0.1em 0.5em; border-radius: 0.3em; color: #fff; }
+.IDENTICAL, .WITHIN_TOLERANCE { background: #2e7d32; } .DIVERGED { background: #c62828; }
+.INCOMPARABLE { background: #6a1b9a; }
+"""
+
+
+def write_report(run_dirs: Sequence[str | Path], out: str | Path) -> Path:
+    """Write the HTML report on ``run_dirs`` to ``out`` atomically; return ``out``.
+
+    Args:
+        run_dirs: one or more run directories; the first is the reference each other run is
+            compared with.
+        out: the HTML file to write (its directory is created if missing).
+
+    Returns:
+        The path written.
+
+    Raises:
+        InputError: no run directory given, ``out`` is a directory, or a run directory is not one
+            (see ``open_run_dir``).
+        SchemaVersionError: a record is of an unknown schema.
+
+    Example:
+        >>> write_report(["runs/A", "runs/B"], "report.html")  # doctest: +SKIP
+    """
+    if not run_dirs:
+        raise InputError("no run directory given", fix="pass at least one run directory")
+    target = Path(out)
+    if target.is_dir():
+        raise InputError(
+            f"the report path {target} is a directory",
+            source="-o/--out",
+            fix="pass a file name such as report.html",
+        )
+    runs = [open_run_dir(path) for path in run_dirs]
+    comparisons = [compare_opened(runs[0], other) for other in runs[1:]]
+    html = render_report(runs, comparisons)
+    return write_bytes_atomic(target, html.encode("utf-8"))
+
+
+def render_report(runs: Sequence[RunDir], comparisons: Sequence[Comparison]) -> str:
+    """The report's HTML text for ``runs`` and the comparisons of the first with each other."""
+    labels = _labels(runs)
+    divergences = [(labels[i + 1], c.where.first_divergence_step) for i, c in enumerate(comparisons)]
+    train_png = _plot(runs, labels, divergences, kind="train")
+    val_png = _plot(runs, labels, divergences, kind="val")
+    parted = [f"{label} parts from {labels[0]} at step {at}" for label, at in divergences if at is not None]
+    marks = f"; dashed vertical lines: {', '.join(parted)}" if parted else ""
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>reprotune report: {escape(', '.join(r.run_id for r in runs))}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        "<h1>reprotune report</h1>",
+        f"<p>Written by reprotune {escape(__version__)}. Run {escape(labels[0])} is the reference.</p>",
+        "<h2>Runs</h2>",
+        _table(
+            ("run", "directory", "run id", "status", "train steps", "validation lines"),
+            (
+                (label, str(r.path), r.run_id, r.status, len(r.ledger.train), len(r.ledger.val))
+                for label, r in zip(labels, runs, strict=True)
+            ),
+        ),
+        "<h2>Loss</h2>",
+        _figure(train_png, "Training loss of every run by optimizer step" + marks),
+        _figure(val_png, "Validation loss of every run by optimizer step" + marks),
+    ]
+    if comparisons:
+        parts.append("<h2>Comparisons</h2>")
+        for label, comparison in zip(labels[1:], comparisons, strict=True):
+            parts.extend(_comparison_html(labels[0], label, comparison))
+    else:
+        parts.append("<p>One run: nothing to compare.</p>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def _labels(runs: Sequence[RunDir]) -> list[str]:
+    """'A', 'B', ... and the directory name, so runs with equal run ids stay apart."""
+    letters = [chr(ord("A") + i) if i < 26 else f"R{i}" for i in range(len(runs))]
+    return [f"{letter} ({run.path.name})" for letter, run in zip(letters, runs, strict=True)]
+
+
+def _plot(
+    runs: Sequence[RunDir], labels: Sequence[str], divergences: Sequence[tuple[str, int | None]], *, kind: str
+) -> bytes:
+    """One PNG: the ``train`` or ``val`` loss of every run, divergence steps as vertical lines."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 4), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    drawn = 0
+    for i, (label, run) in enumerate(zip(labels, runs, strict=True)):
+        entries = run.ledger.train if kind == "train" else run.ledger.val
+        if not entries:
+            continue
+        steps = [e.step for e in entries]
+        losses = [e.number("loss") for e in entries]
+        marker = "o" if kind == "val" or len(entries) <= 50 else None
+        ax.plot(
+            steps,
+            losses,
+            linestyle=_STYLES[i % len(_STYLES)],
+            marker=marker,
+            markersize=4,
+            markevery=max(1, len(entries) // 25),
+            color=f"C{i % 10}",
+            label=label,
+            linewidth=1.6,
+        )
+        drawn += 1
+    for j, (label, step) in enumerate(divergences, start=1):
+        if step is not None:
+            ax.axvline(step, color=f"C{j % 10}", linestyle="--", linewidth=1.2, alpha=0.8)
+            _mark(ax, step, f"{label.split()[0]} parts from A at step {step}", j)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss" if kind == "train" else "validation loss")
+    ax.set_title("Training loss" if kind == "train" else "Validation loss")
+    ax.grid(True, alpha=0.3)
+    if drawn:
+        ax.legend(loc="upper right", fontsize="small")
+    else:
+        ax.text(0.5, 0.5, "no entries in any ledger", ha="center", va="center", transform=ax.transAxes)
+    buffer = io.BytesIO()
+    # No Software/date metadata: the same runs give the same PNG bytes.
+    fig.savefig(buffer, format="png", metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def _mark(ax: Axes, step: int, text: str, row: int) -> None:
+    """Label a divergence line near the top of the plot, one row per compared run."""
+    ax.annotate(
+        text,
+        xy=(step, 1.0),
+        xycoords=("data", "axes fraction"),
+        xytext=(4, -12 * row),
+        textcoords="offset points",
+        fontsize="small",
+        color=f"C{row % 10}",
+        va="top",
+    )
+
+
+def _figure(png: bytes, caption: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return (
+        f'<figure><img src="data:image/png;base64,{data}" alt="{escape(caption)}">'
+        f"<figcaption>{escape(caption)}</figcaption></figure>"
+    )
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]], css: str = "") -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(_cell(value) for value in row) + "</tr>" for row in rows)
+    attr = f' class="{css}"' if css else ""
+    return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return f'<td class="val">{escape(str(value).lower() if value is not None else "(absent)")}</td>'
+    if isinstance(value, int | float):
+        return f'<td class="num">{escape(_num(value))}</td>'
+    return f"<td>{escape(str(value))}</td>"
+
+
+def _num(value: int | float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:.6g}"
+
+
+def _comparison_html(ref: str, label: str, c: Comparison) -> Iterable[str]:
+    """One comparison's section: verdict, causes, where, adapter, differences, split, notes."""
+    verdict = c.verdict.value
+    tol = f" (tolerance {c.tolerance:g})" if c.tolerance is not None else ""
+    yield (
+        f"<h3>{escape(ref)} vs {escape(label)}: "
+        f'<span class="verdict {escape(verdict)}">{escape(c.verdict.label)}</span>{escape(tol)}</h3>'
+    )
+    if c.incomparable:
+        yield "<p>Not the same experiment:</p><ul>"
+        yield from (f"<li>{escape(reason)}</li>" for reason in c.incomparable)
+        yield "</ul>"
+    if c.causes:
+        yield "<p>Why, most likely first:</p><ol>"
+        yield from (f"<li>{escape(cause)}</li>" for cause in c.causes)
+        yield "</ol>"
+    w = c.where
+    rows: list[tuple[str, Any]] = [
+        ("train steps compared", w.steps_compared),
+        ("first step with different batch rows", w.first_batch_step),
+        ("first step with different loss bits", w.first_loss_step),
+        ("first step with different weights hash", w.first_weights_step),
+        ("first step with different validation loss", w.first_val_step),
+        ("first step with other differences", w.first_other_step),
+        ("ledger lines that differ", w.lines_differing),
+    ]
+    for name, diff in (
+        ("largest |loss difference|", w.largest_loss_diff),
+        ("largest |validation loss difference|", w.largest_val_loss_diff),
+    ):
+        if diff is not None:
+            rows.append((name, f"{diff.abs_diff:.6g} at step {diff.step} ({diff.a!r} vs {diff.b!r})"))
+    yield "<h4>Where</h4>"
+    yield _table(("what", "step or value"), ((name, "never" if v is None else v) for name, v in rows))
+    if c.adapter is not None:
+        yield "<h4>Adapter</h4>"
+        if c.adapter.identical:
+            yield f"<p>Identical: sha256 <code>{escape(str(c.adapter.sha256_a))}</code></p>"
+        else:
+            yield (
+                f"<p>Differs: sha256 <code>{escape(str(c.adapter.sha256_a))}</code> vs "
+                f"<code>{escape(str(c.adapter.sha256_b))}</code></p>"
+            )
+            yield _table(
+                ("tensor", "shape A", "shape B", "max |difference|"),
+                ((t.name, str(t.shape_a), str(t.shape_b), t.max_abs_diff) for t in c.adapter.tensors),
+            )
+    if c.differences:
+        yield "<h4>What differs</h4>"
+        yield _table(
+            ("category", "key", "A", "B"),
+            (
+                (d.category, d.key, _show(d.a, d.change == "added"), _show(d.b, d.change == "removed"))
+                for d in c.differences
+            ),
+            css="diffs",
+        )
+    else:
+        yield "<p>Nothing recorded differs (config, seeds, code, data, model, LoRA, environment).</p>"
+    if c.split is not None and c.split.sha256_a != c.split.sha256_b:
+        s = c.split
+        verb = "row differs" if s.rows_differing == 1 else "rows differ"
+        yield f"<h4>Split manifests: {s.rows_differing} {verb}</h4>"
+        split_rows = [(row, "content changed", "", "") for row in s.content_changed]
+        split_rows += [
+            (m.row, "in another split", m.split_a or "(none)", m.split_b or "(none)") for m in s.moved
+        ]
+        yield _table(("row", "difference", "split in A", "split in B"), sorted(split_rows))
+        if s.reordered:
+            yield f"<p>Same rows in another order: {escape(', '.join(s.reordered))}</p>"
+    if c.notes:
+        yield "<ul>" + "".join(f"<li>{escape(note)}</li>" for note in c.notes) + "</ul>"
+
+
+def _show(value: Any, absent: bool) -> str:
+    return "(absent)" if absent else json.dumps(value, sort_keys=True, ensure_ascii=False)

@@ -1,0 +1,105 @@
+"""``reprotune rerun RUN_DIR``: reproduce a recorded run from its record alone, then compare.
+
+Before anything runs: the data is checked against the run's own manifest, the code (HEAD and the
+sha256 of the uncommitted diff) against the record, and the environment is diffed. The new run
+uses the recorded resolved config, the recorded manifest (byte for byte) and so the same seeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reprotune._config.loading import config_from_dict
+from reprotune._data.checksplit import check_split
+from reprotune._data.loaders import load_table
+from reprotune._data.manifest import load_manifest
+from reprotune._errors import InputError, RunFailedError
+from reprotune._proof.compare import compare_runs
+from reprotune._proof.differences import Comparison
+from reprotune._run.drift import code_drift, refuse_code_drift, section_drift
+from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint
+from reprotune._run.layout import RunLayout
+from reprotune._run.rundir import open_run_dir
+from reprotune._train.run import RunOptions, run_experiment
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What differs between the recorded run and this machine, found before running."""
+
+    code_now: dict[str, Any]
+    code_drift: list[str]
+    environment_drift: list[str]
+
+
+def preflight(run_dir: Path, record: dict[str, Any], *, code_dir: Path) -> Preflight:
+    """Check data, code and environment against the record of the run in ``run_dir``.
+
+    Raises:
+        RunFailedError: the data no longer matches the run's manifest.
+    """
+    cfg = record["config"]
+    manifest_path = RunLayout(run_dir).manifest
+    table = load_table(cfg["data"]["path"], cfg["data"]["format"])
+    check = check_split(load_manifest(manifest_path), table)
+    if not check.identical:
+        raise RunFailedError(
+            "the data is not the data the run was made from:\n" + check.format(),
+            source=f"{cfg['data']['path']} vs {manifest_path}",
+            fix="restore the original data file (its sha256 is in record.json under data.file_sha256)",
+        )
+    now = code_fingerprint(code_dir).to_record(patch_file=None)
+    return Preflight(
+        now,
+        code_drift(record.get("code", {}), now),
+        section_drift(record.get("environment", {}), environment_fingerprint(), prefix="environment"),
+    )
+
+
+def rerun(
+    run_dir: Path,
+    *,
+    new_run_dir: Path | None,
+    allow_code_drift: bool,
+    code_dir: Path,
+    progress: bool = True,
+    report: Callable[[str], None] = print,
+) -> tuple[Path, Comparison]:
+    """Reproduce the run in ``run_dir``; return the new run's directory and the comparison.
+
+    Raises:
+        InputError: not a run directory, or code drift without ``allow_code_drift``.
+        RunFailedError: the data changed.
+    """
+    paths = RunLayout(run_dir)
+    # Everything the comparison will read is checked now, not after a whole training.
+    record = dict(open_run_dir(run_dir).record)
+    if record.get("status") != "completed":
+        raise InputError(
+            f"the run in {run_dir} did not complete (status {record.get('status')!r})",
+            source=str(paths.record),
+            fix=f"resume it with `reprotune resume {run_dir}` first",
+        )
+    checks = preflight(run_dir, record, code_dir=code_dir)
+    if not allow_code_drift:
+        refuse_code_drift(
+            record.get("code", {}),
+            checks.code_now,
+            run_dir,
+            what="rerunning",
+            override="--allow-code-drift",
+        )
+    for line in checks.code_drift:
+        report(f"warning: {line} (allowed by --allow-code-drift)")
+    for line in checks.environment_drift:
+        report(f"environment differs: {line}")
+    cfg = config_from_dict(record["config"], source=str(paths.record))
+    target = new_run_dir or run_dir.parent / f"{run_dir.name}-rerun"
+    options = RunOptions(
+        run_dir=target, progress=progress, tracking=True, manifest=paths.manifest, code_dir=code_dir
+    )
+    result = run_experiment(cfg, options)
+    return result.run_dir, compare_runs(run_dir, result.run_dir)

@@ -1,0 +1,237 @@
+"""Checkpoints: everything an exact resume needs, written atomically and verified on load.
+
+``checkpoints/step-00000010/`` holds the trainable weights (safetensors), the optimizer, scheduler
+and grad-scaler states (``torch.save``, loaded with ``weights_only=True``: nothing is unpickled),
+every RNG state (safetensors + JSON) and ``state.json``: the step, the position in the data order,
+the sha256 of every other file and its own sha256 (``state_sha256``, over the rest of state.json as
+canonical JSON), so that no flipped byte anywhere in a checkpoint goes unnoticed. A checkpoint is
+built in a temporary directory, each file fsynced, then renamed into place, so a crash leaves either
+a whole checkpoint or none; one whose hashes do not match is refused with a warning and the previous
+one is used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from reprotune._determinism.rng import (
+    capture_rng_state,
+    restore_rng_state,
+    rng_state_from_tensors,
+    rng_state_to_tensors,
+)
+from reprotune._errors import InputError
+from reprotune._faults import kill_point
+from reprotune._jsonio import canonical_dumps, fsync_dir, sha256_bytes, sha256_file, write_json_atomic
+from reprotune._model.lora import trainable_tensors
+
+STATE_FILE = "state.json"
+SCHEMA_VERSION = 2  # 2: state.json carries its own sha256 and must list exactly DATA_FILES
+_PREFIX = "step-"
+_TMP_PREFIX = ".tmp-"
+#: The files a checkpoint holds besides state.json; state.json must list exactly these.
+DATA_FILES = ("optimizer.pt", "rng.json", "rng.safetensors", "trainable.safetensors")
+
+
+@dataclass(frozen=True)
+class CheckpointState:
+    """Where the run stood when the checkpoint was taken.
+
+    Args:
+        step: optimizer steps done.
+        epoch: the epoch of the last step done.
+        position: (epoch, index within it) of the next row to be seen.
+    """
+
+    step: int
+    epoch: int
+    position: tuple[int, int]
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as handle:
+        os.fsync(handle.fileno())
+
+
+def _state_sha256(state: dict[str, Any]) -> str:
+    """sha256 of state.json's content without its own ``state_sha256`` key, as canonical JSON."""
+    body = {k: v for k, v in state.items() if k != "state_sha256"}
+    return sha256_bytes(canonical_dumps(body).encode("utf-8"))
+
+
+def save_checkpoint(
+    directory: Path,
+    state: CheckpointState,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: Any | None,
+    keep: int,
+) -> Path:
+    """Write a checkpoint for ``state.step`` into ``directory``, keep the newest ``keep``; return its path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"{_PREFIX}{state.step:08d}"
+    # Half-written checkpoints of attempts that were killed (any pid) are garbage: a run directory
+    # is written by one process at a time.
+    for leftover in directory.glob(f"{_TMP_PREFIX}{_PREFIX}*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    tmp = directory / f"{_TMP_PREFIX}{final.name}-{os.getpid()}"
+    tmp.mkdir()
+
+    weights = {k: v.detach().to("cpu").contiguous() for k, v in trainable_tensors(model).items()}
+    save_file(weights, str(tmp / "trainable.safetensors"))
+    kill_point("checkpoint-file")
+    torch.save(
+        {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict() if scaler is not None else None,
+        },
+        tmp / "optimizer.pt",
+    )
+    kill_point("checkpoint-file")
+    rng_tensors, rng_meta = rng_state_to_tensors(capture_rng_state())
+    save_file(rng_tensors, str(tmp / "rng.safetensors"))
+    write_json_atomic(tmp / "rng.json", rng_meta)
+    kill_point("checkpoint-file")
+    files = {}
+    for path in sorted(tmp.iterdir()):
+        _fsync_file(path)
+        files[path.name] = sha256_file(path)
+    manifest: dict[str, Any] = {
+        "schema": "reprotune/checkpoint",
+        "schema_version": SCHEMA_VERSION,
+        "step": state.step,
+        "epoch": state.epoch,
+        "position": list(state.position),
+        "files": files,
+    }
+    manifest["state_sha256"] = _state_sha256(manifest)
+    write_json_atomic(tmp / STATE_FILE, manifest)
+    kill_point("checkpoint-file")
+    fsync_dir(tmp)
+    if final.exists():  # a leftover from a run that crashed after this step: replace it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    fsync_dir(directory)
+    kill_point("checkpoint-file")
+    for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    """Completed checkpoint directories, oldest first (temporary ones are ignored)."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """None when the checkpoint at ``path`` is whole; otherwise what is wrong with it.
+
+    state.json must match its own ``state_sha256``, have the expected fields and list exactly
+    ``DATA_FILES``; each of those must match its recorded sha256.
+    """
+    try:
+        state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"{STATE_FILE} unreadable ({exc})"
+    if not isinstance(state, dict):
+        return f"{STATE_FILE} is not a JSON object"
+    if state.get("schema_version") != SCHEMA_VERSION:
+        return f"unknown checkpoint schema version {state.get('schema_version')!r}"
+    if state.get("state_sha256") != _state_sha256(state):
+        return f"{STATE_FILE} does not match its recorded sha256"
+    position = state.get("position")
+    files = state.get("files")
+    if not (
+        state.get("schema") == "reprotune/checkpoint"
+        and _is_int(state.get("step"))
+        and _is_int(state.get("epoch"))
+        and isinstance(position, list)
+        and len(position) == 2
+        and all(_is_int(v) for v in position)
+        and isinstance(files, dict)
+    ):
+        return f"{STATE_FILE} lacks a field or has one of the wrong type"
+    if sorted(files) != sorted(DATA_FILES):
+        return f"{STATE_FILE} lists files {sorted(files)}, expected {sorted(DATA_FILES)}"
+    for name, expected in files.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if sha256_file(file) != expected:
+            return f"{name} does not match its recorded sha256"
+    return None
+
+
+def latest_valid_checkpoint(directory: Path, *, report: Callable[[str], None]) -> Path | None:
+    """The newest checkpoint whose files match their hashes; each refused one is reported."""
+    for path in reversed(list_checkpoints(directory)):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path
+        report(f"warning: checkpoint {path} is refused: {problem}; falling back to the previous one")
+    return None
+
+
+def restore_checkpoint(
+    path: Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: Any | None,
+    restore_rng: bool = True,
+) -> CheckpointState:
+    """Load the checkpoint at ``path`` into the given objects and return where the run stood.
+
+    ``restore_rng=False`` exists only for verify's negative control (a resume that forgets the RNG).
+    """
+    state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    # Read everything before changing anything, so a refused file leaves the objects untouched.
+    weights = load_file(str(path / "trainable.safetensors"))
+    try:
+        states = torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as exc:
+        # torch's own message advises weights_only=False, i.e. running whatever the file holds:
+        # keep only its line naming the refused global.
+        what = next((line.strip() for line in str(exc).splitlines() if "GLOBAL" in line), "not plain data")
+        raise InputError(
+            f"{path / 'optimizer.pt'} holds objects other than tensors and plain data; "
+            f"refused unread ({what})",
+            source=str(path / "optimizer.pt"),
+            fix="do not load this checkpoint; delete it to resume from the previous one, or rerun",
+        ) from None
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, tensor in weights.items():
+            params[name].copy_(tensor)
+    optimizer.load_state_dict(states["optimizer"])
+    scheduler.load_state_dict(states["scheduler"])
+    if scaler is not None and states["scaler"] is not None:
+        scaler.load_state_dict(states["scaler"])
+    if restore_rng:
+        meta = json.loads((path / "rng.json").read_text(encoding="utf-8"))
+        restore_rng_state(rng_state_from_tensors(load_file(str(path / "rng.safetensors")), meta))
+    return CheckpointState(
+        step=int(state["step"]),
+        epoch=int(state["epoch"]),
+        position=(int(state["position"][0]), int(state["position"][1])),
+    )

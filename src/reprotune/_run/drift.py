@@ -1,0 +1,66 @@
+"""Drift: how the code and environment of now differ from what a record holds.
+
+A resumed run must be the run that started (same code: :func:`refuse_code_drift`); a rerun
+reports every difference before it trains (:func:`code_drift`, :func:`section_drift`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from reprotune._errors import InputError
+from reprotune._run import layout
+
+#: The keys of a record's ``code`` section that identify the code.
+CODE_IDENTITY: tuple[str, ...] = ("commit", "dirty", "diff_sha256")
+
+
+def code_drift(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """Each identity key of two ``code`` sections that differs, as ``code.KEY: recorded X, now Y``."""
+    return [
+        f"code.{key}: recorded {recorded.get(key)!r}, now {now.get(key)!r}"
+        for key in CODE_IDENTITY
+        if recorded.get(key) != now.get(key)
+    ]
+
+
+def refuse_code_drift(
+    recorded: Mapping[str, Any], now: Mapping[str, Any], run_dir: Path, *, what: str, override: str | None
+) -> list[str]:
+    """Raise when the code differs from the recorded code; return the drift lines otherwise (empty).
+
+    Args:
+        recorded: the record's ``code`` section.
+        now: the ``code`` section of the code here and now.
+        run_dir: the recorded run, for the message.
+        what: what is refused ("resuming", "rerunning").
+        override: the option that allows it anyway, if there is one (``--allow-code-drift``).
+
+    Raises:
+        InputError: the code differs (commit, dirty flag or diff).
+    """
+    drift = code_drift(recorded, now)
+    if drift:
+        patch = layout.RunLayout(run_dir).patch
+        anyway = f", or pass {override} to go on anyway" if override else ", or start a new run"
+        raise InputError(
+            "the code differs from the code the run was made with:\n  " + "\n  ".join(drift),
+            source=str(layout.RunLayout(run_dir).record),
+            fix=f"check out commit {recorded.get('commit')} (and apply {patch} if the run was dirty) "
+            f"before {what}{anyway}",
+        )
+    return drift
+
+
+def section_drift(old: Mapping[str, Any], new: Mapping[str, Any], *, prefix: str) -> list[str]:
+    """Every leaf of two record sections that differs, as ``prefix.path: recorded X, now Y``."""
+    drift: list[str] = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            drift.extend(section_drift(a, b, prefix=f"{prefix}.{key}"))
+        elif a != b:
+            drift.append(f"{prefix}.{key}: recorded {a!r}, now {b!r}")
+    return drift

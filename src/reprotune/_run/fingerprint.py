@@ -1,0 +1,274 @@
+"""Fingerprints: what environment, code and files a run used, with secrets kept out.
+
+- :func:`environment_fingerprint`: Python, OS, CPU, every installed distribution, torch, CUDA,
+  cuDNN, GPUs and driver, thread counts, determinism flags and the relevant environment
+  variables, with secrets redacted (:func:`redact_env`).
+- :func:`code_fingerprint`: git commit, branch, dirty flag, the diff and its sha256, untracked files.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reprotune._determinism.flags import determinism_flags
+from reprotune._jsonio import sha256_bytes
+from reprotune._run.redact import redact_env
+
+# --- environment -------------------------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _distributions() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            out[re.sub(r"[-_.]+", "-", name).lower()] = dist.version
+    return dict(sorted(out.items()))
+
+
+def _nvidia_smi() -> dict[str, Any] | None:
+    """Driver version and GPU names from nvidia-smi, or None when it is absent or fails."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        result = subprocess.run(
+            [exe, "--query-gpu=name,driver_version,uuid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if result.returncode != 0:
+        return None
+    gpus = [
+        dict(zip(("name", "driver_version", "uuid"), (p.strip() for p in line.split(",")), strict=False))
+        for line in result.stdout.splitlines()
+        if line.strip()
+    ]
+    return {"driver_version": gpus[0].get("driver_version") if gpus else None, "gpus": gpus}
+
+
+def _torch_info() -> dict[str, Any]:
+    import torch
+
+    gpus = []
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            gpus.append(
+                {
+                    "index": index,
+                    "name": props.name,
+                    "capability": f"{props.major}.{props.minor}",
+                    "total_memory": int(props.total_memory),
+                }
+            )
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {
+        "version": torch.__version__,
+        "git_version": getattr(torch.version, "git_version", None),
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "cudnn": cudnn,
+        "cuda_available": torch.cuda.is_available(),
+        "gpus": gpus,
+        "parallel_info": [line.strip() for line in torch.__config__.parallel_info().strip().splitlines()],
+    }
+
+
+def environment_fingerprint(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Everything about the machine and software a run's numbers can depend on.
+
+    Args:
+        env: the environment to read variables from (default ``os.environ``).
+
+    Returns:
+        A JSON-safe dict with ``python``, ``platform``, ``cpu``, ``distributions`` (name -> version,
+        every installed one), ``torch`` (version, CUDA, cuDNN, GPUs), ``gpu_driver`` (from
+        nvidia-smi, or None), ``threads``, ``determinism`` (flags in force) and ``env`` (relevant
+        variables, secrets redacted). Never raises when a GPU, driver or tool is absent.
+    """
+
+    environ = os.environ if env is None else env
+    torch_info = _torch_info()
+    smi = _nvidia_smi()
+    intra, inter = _torch_threads()
+    return {
+        "python": {
+            "version": platform.python_version(),
+            "implementation": platform.python_implementation(),
+            "executable": sys.executable,
+        },
+        "platform": {
+            "system": platform.system(),
+            "release": platform.release(),
+            "machine": platform.machine(),
+            "platform": platform.platform(),
+            "libc": "-".join(platform.libc_ver()) or None,
+        },
+        "cpu": {"model": _cpu_model(), "logical_cores": os.cpu_count()},
+        "distributions": _distributions(),
+        "torch": torch_info,
+        "gpu_driver": smi["driver_version"] if smi else None,
+        "nvidia_smi_gpus": smi["gpus"] if smi else [],
+        "threads": {
+            "torch_intra_op": intra,
+            "torch_inter_op": inter,
+            **{
+                name.lower(): environ.get(name)
+                for name in (
+                    "OMP_NUM_THREADS",
+                    "MKL_NUM_THREADS",
+                    "OPENBLAS_NUM_THREADS",
+                    "TOKENIZERS_PARALLELISM",
+                )
+            },
+        },
+        "determinism": determinism_flags(),
+        "env": redact_env(environ),
+    }
+
+
+def _torch_threads() -> tuple[int, int]:
+    """torch's (intra-op, inter-op) thread counts."""
+    import torch
+
+    return torch.get_num_threads(), torch.get_num_interop_threads()
+
+
+# --- code --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CodeInfo:
+    """The code a run used, from git.
+
+    Attributes:
+        in_git: False outside a git work tree or without git (then every other field is empty).
+        commit: HEAD's sha, or None before the first commit.
+        branch: the current branch, or None when HEAD is detached.
+        dirty: tracked files differ from HEAD, or untracked (not ignored) files exist.
+        diff_sha256: sha256 of ``diff`` (None when there is no diff).
+        diff: ``git diff HEAD --binary`` as bytes: write it beside the record as ``code.patch``.
+        untracked: untracked, not ignored files, relative to the repository root.
+        root: the repository's top directory.
+    """
+
+    in_git: bool
+    commit: str | None = None
+    branch: str | None = None
+    dirty: bool = False
+    diff_sha256: str | None = None
+    diff: bytes = b""
+    untracked: tuple[str, ...] = ()
+    root: str | None = None
+    git_error: str | None = field(default=None)
+
+    def to_record(self, patch_file: str | None = None) -> dict[str, Any]:
+        """The record's ``code`` section (the diff itself goes in ``patch_file``, not the record)."""
+        return {
+            "in_git": self.in_git,
+            "commit": self.commit,
+            "branch": self.branch,
+            "dirty": self.dirty,
+            "diff_sha256": self.diff_sha256,
+            "patch_file": patch_file,
+            "untracked": list(self.untracked),
+        }
+
+
+def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess[bytes]:
+    # GIT_OPTIONAL_LOCKS=0: reading status must not take index.lock from people working here.
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}
+    return subprocess.run(
+        ["git", "-c", "core.quotepath=off", *args],
+        cwd=cwd,
+        capture_output=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def code_fingerprint(path: str | os.PathLike[str] = ".") -> CodeInfo:
+    """Identify the code at ``path`` by git: commit, branch, dirty flag, diff and untracked files.
+
+    Outside a git work tree, or where git is not installed, returns ``CodeInfo(in_git=False)``.
+
+    Args:
+        path: a directory inside the repository.
+
+    Returns:
+        The :class:`CodeInfo`.
+    """
+    cwd = Path(path)
+    if shutil.which("git") is None:
+        return CodeInfo(in_git=False, git_error="git is not installed")
+    if not cwd.is_dir():
+        cwd = cwd.parent
+    try:
+        top = _git(["rev-parse", "--show-toplevel"], cwd)
+        if top.returncode != 0:
+            return CodeInfo(in_git=False, git_error=top.stderr.decode(errors="replace").strip() or None)
+        root = top.stdout.decode().strip()
+        head = _git(["rev-parse", "--verify", "--quiet", "HEAD"], cwd)
+        commit = head.stdout.decode().strip() if head.returncode == 0 else None
+        branch_run = _git(["symbolic-ref", "--quiet", "--short", "HEAD"], cwd)
+        branch = branch_run.stdout.decode().strip() if branch_run.returncode == 0 else None
+        diff = b""
+        if commit is not None:
+            # Pinned options so the patch bytes do not depend on the user's git config.
+            diff_run = _git(
+                [
+                    "diff",
+                    "HEAD",
+                    "--binary",
+                    "--no-color",
+                    "--no-ext-diff",
+                    "--no-renames",
+                    "--src-prefix=a/",
+                    "--dst-prefix=b/",
+                ],
+                Path(root),
+            )
+            diff = diff_run.stdout if diff_run.returncode == 0 else b""
+        else:
+            # No commit yet: every file is uncommitted; record what is staged.
+            diff = _git(["diff", "--cached", "--binary", "--no-color", "--no-ext-diff"], Path(root)).stdout
+        others = _git(["ls-files", "--others", "--exclude-standard", "-z"], Path(root))
+        untracked = tuple(sorted(p for p in others.stdout.decode(errors="surrogateescape").split("\0") if p))
+    except (OSError, subprocess.SubprocessError) as exc:
+        return CodeInfo(in_git=False, git_error=str(exc))
+    return CodeInfo(
+        in_git=True,
+        commit=commit,
+        branch=branch,
+        dirty=bool(diff) or bool(untracked),
+        diff_sha256=sha256_bytes(diff) if diff else None,
+        diff=diff,
+        untracked=untracked,
+        root=root,
+    )

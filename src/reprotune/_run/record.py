@@ -1,0 +1,268 @@
+"""The run record (``record.json``): typed, schema-versioned, canonical JSON, written atomically.
+
+The record is the source of truth about a run (docs/run-directory.md). There is one way to make
+one: :func:`start_record` begins it as a plain dict that grows while the run goes (sections are
+filled in as they become known), and :func:`write_record` stamps the schema, validates it against
+the typed :class:`RunRecord` and writes canonical JSON atomically, on every write.
+:func:`load_record` reads a record back, validated; a schema or schema version it does not know
+is refused.
+
+Sections are typed for the keys the contract names and accept extra keys (a run may add
+``attempts``, ``trackers``, ``data.order``...); a record written before a section is known holds
+no such key, so every section is optional.
+
+Importing this module never imports torch: compare and report read records.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from reprotune._config.schema import ExperimentConfig, config_sha256
+from reprotune._errors import InputError, SchemaVersionError
+from reprotune._jsonio import read_json_file, write_json_atomic
+from reprotune._run import layout
+from reprotune._version import __version__
+
+SCHEMA: Final = "reprotune/record"
+SCHEMA_VERSION: Final = 1
+
+Status = Literal["running", "completed", "failed", "stopped", "interrupted"]
+
+
+class _Part(BaseModel):
+    # extra="allow": the contract lists the keys that must mean what docs/run-directory.md says;
+    # a run may record more, and a reader must not lose them.
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class ErrorInfo(_Part):
+    """Why a run failed."""
+
+    type: str
+    message: str
+
+
+class CodeRecord(_Part):
+    """The code a run used (see :class:`reprotune._run.fingerprint.CodeInfo`)."""
+
+    in_git: bool = False
+    commit: str | None = None
+    branch: str | None = None
+    dirty: bool = False
+    diff_sha256: str | None = None
+    patch_file: str | None = None
+    untracked: list[str] = Field(default_factory=list)
+
+
+class DataRecord(_Part):
+    """The data a run trained on."""
+
+    source: str | None = None
+    file_sha256: str | None = None
+    n_rows: int | None = None
+    manifest_sha256: str | None = None
+    manifest_file: str | None = None
+    split_sizes: dict[str, int] = Field(default_factory=dict)
+
+
+class ModelRecord(_Part):
+    """The base model a run started from."""
+
+    source: str | None = None
+    revision: str | None = None
+    resolved_path: str | None = None
+    weights_sha256: str | None = None
+    tokenizer_sha256: str | None = None
+    dtype: str | None = None
+    pad_token_id: int | None = None
+    max_length: int | None = None
+
+
+class Timings(_Part):
+    """When a run ran and how fast (docs/run-directory.md)."""
+
+    started_at: str
+    ended_at: str | None = None
+    duration_s: float | None = None
+    steps_done: int = 0
+    step_time_s_mean: float | None = None
+    step_time_s_median: float | None = None
+    recording_time_s: float | None = None
+    recording_share: float | None = None
+    checkpoint_time_s: float | None = None
+
+
+class Outputs(_Part):
+    """Hashes of what a run produced."""
+
+    adapter_sha256: str | None = None
+    adapter_files: dict[str, str] = Field(default_factory=dict)
+    ledger_sha256: str | None = None
+
+
+class RunRecord(_Part):
+    """A whole ``record.json``. Field names and meanings: docs/run-directory.md."""
+
+    schema_: Literal["reprotune/record"] = Field(SCHEMA, alias="schema")
+    schema_version: Literal[1] = SCHEMA_VERSION
+    reprotune_version: str
+    run_id: str
+    status: Status
+    error: ErrorInfo | None = None
+    config: dict[str, Any]
+    config_sha256: str
+    seeds: dict[str, int]
+    code: CodeRecord | None = None
+    data: DataRecord | None = None
+    model: ModelRecord | None = None
+    lora: dict[str, Any] | None = None
+    environment: dict[str, Any] | None = None
+    timings: Timings
+    outputs: Outputs | None = None
+
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as JSON-safe data, with the on-disk key names."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=False)
+
+
+def utc_now() -> str:
+    """The current UTC time, ISO 8601 with microseconds and a ``Z``."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def start_record(run_id: str, cfg: ExperimentConfig, seeds: Mapping[str, int]) -> dict[str, Any]:
+    """The record of a run that is starting: config, its hash, seeds, start time, no attempt yet.
+
+    The record is a plain dict that grows while the run goes (sections are filled in as they
+    become known); :func:`write_record` validates it against :class:`RunRecord` on every write.
+    """
+    return {
+        "run_id": run_id,
+        "reprotune_version": __version__,
+        "config": cfg.resolved(),
+        "config_sha256": config_sha256(cfg),
+        "seeds": dict(seeds),
+        "timings": {"started_at": utc_now()},
+        "attempts": [],
+    }
+
+
+def make_run_id(cfg: ExperimentConfig, now: datetime | None = None) -> str:
+    """``YYYYmmdd-HHMMSS-<first 8 hex of the config's sha256>``, in UTC."""
+    moment = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    return f"{moment:%Y%m%d-%H%M%S}-{config_sha256(cfg)[:8]}"
+
+
+def write_record(path: str | os.PathLike[str], record: RunRecord | Mapping[str, Any]) -> str:
+    """Validate ``record`` and write it as canonical JSON, atomically.
+
+    A mapping is written as given, with ``schema``, ``schema_version`` and ``reprotune_version``
+    added when absent; a :class:`RunRecord` is written as :meth:`RunRecord.to_dict`.
+
+    Args:
+        path: where to write (normally ``runs/<run-id>/record.json``).
+        record: the record.
+
+    Returns:
+        The sha256 of the bytes written.
+
+    Raises:
+        ValueError: the record does not satisfy the schema (a bug in the caller, not bad input).
+    """
+    if isinstance(record, RunRecord):
+        data = record.to_dict()
+    else:
+        data = {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "reprotune_version": __version__,
+            **dict(record),
+        }
+        try:
+            RunRecord.model_validate(data)
+        except ValidationError as exc:
+            raise ValueError(
+                f"refusing to write an invalid record to {os.fspath(path)}: {_problems(exc)}"
+            ) from None
+    return write_json_atomic(path, data)
+
+
+def parse_record(data: Any, source: str = "<dict>") -> RunRecord:
+    """Validate record data (as read from JSON) into a :class:`RunRecord`.
+
+    Raises:
+        SchemaVersionError: ``schema`` is not ``reprotune/record`` or ``schema_version`` is unknown.
+        InputError: the data is not a valid record (every problem listed).
+    """
+    if not isinstance(data, dict):
+        raise InputError(
+            f"a record must be a JSON object (got {type(data).__name__})",
+            source=source,
+            fix="pass the record.json of a reprotune run",
+        )
+    schema, version = data.get("schema"), data.get("schema_version")
+    if schema != SCHEMA:
+        raise SchemaVersionError(
+            f"not a reprotune run record: schema is {schema!r}, expected {SCHEMA!r}",
+            source=source,
+            fix="pass the record.json of a reprotune run directory",
+        )
+    if version != SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"record schema_version {version!r} is not supported; reprotune {__version__} reads "
+            f"schema_version {SCHEMA_VERSION}",
+            source=source,
+            fix="use the reprotune version that wrote this record (see its reprotune_version), or upgrade",
+        )
+    return _validate(data, source=source)
+
+
+def load_record(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and validate a ``record.json`` (or a run directory holding one); return it as a dict.
+
+    The dict is exactly what is on disk (extra keys included), checked against :class:`RunRecord`.
+
+    Raises:
+        InputError: the file is missing, not JSON (with line and column), or not a valid record.
+        SchemaVersionError: the record's schema or schema version is not one this version reads.
+    """
+    data, source = _read_json(path)
+    parse_record(data, source=source)
+    result: dict[str, Any] = data
+    return result
+
+
+def _read_json(path: str | os.PathLike[str]) -> tuple[Any, str]:
+    file = Path(path)
+    if file.is_dir():
+        file = file / layout.RECORD
+    fix = "pass a run directory (runs/<run-id>) or its record.json; a damaged record: restore it or rerun"
+    return read_json_file(file, what="record", fix=fix), str(file)
+
+
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or '<top level>'}: {err['msg']} "
+        f"(got {err.get('input')!r:.60})"
+        for err in exc.errors()
+    )
+
+
+def _validate(data: Mapping[str, Any], source: str) -> RunRecord:
+    try:
+        return RunRecord.model_validate(dict(data))
+    except ValidationError as exc:
+        raise InputError(
+            f"invalid run record ({len(exc.errors())} problem(s)): {_problems(exc)}",
+            source=source,
+            fix="the record was edited or written by another tool; rerun to regenerate it",
+        ) from None

@@ -1,0 +1,98 @@
+"""Secrets kept out of everything reprotune writes: environment variables, URLs, query strings.
+
+A variable whose name looks secret (``HF_TOKEN``, ``WANDB_API_KEY``) is recorded as
+:data:`REDACTED`; every other recorded value has URL credentials (``https://user:pass@host``) and
+secret-looking query parameters masked.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+REDACTED = "***REDACTED***"
+
+#: Environment variables whose name starts with one of these (or equals one) are recorded.
+ENV_PREFIXES: tuple[str, ...] = (
+    "CUDA_",
+    "CUBLAS_",
+    "CUBLASLT_",
+    "CUDNN_",
+    "NCCL_",
+    "NVIDIA_",
+    "PYTHONHASHSEED",
+    "PYTHONPATH",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "KMP_",
+    "GOTO_",
+    "TOKENIZERS_",
+    "HF_",
+    "HUGGINGFACE_",
+    "TRANSFORMERS_",
+    "ACCELERATE_",
+    "SAFETENSORS_",
+    "MLFLOW_",
+    "WANDB_",
+    "TORCH_",
+    "PYTORCH_",
+    "TORCHINDUCTOR_",
+    "REPROTUNE_",
+    "LD_PRELOAD",
+)
+
+# A name is secret when one of its words (split on _ . -) ends with one of the suffixes or is one
+# of the words. Word-wise, so TOKENIZERS_PARALLELISM stays visible while HF_TOKEN, HFTOKEN and
+# WANDB_API_KEY do not. Over-redacting costs nothing; leaking costs a credential.
+_SECRET_SUFFIXES = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "AUTH")
+_SECRET_WORDS = ("PASS", "PWD", "AUTHORIZATION", "COOKIE", "SESSION", "SIGNATURE", "SIG", "PRIVATE")
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:@/\s?#]+)(?::[^@/\s?#]*)?@")
+_SECRET_QUERY = re.compile(
+    r"(?P<key>[?&;](?:[^=&#\s]*(?:token|key|secret|password|passwd|sig|signature|auth|credential)[^=&#\s]*)=)"
+    r"[^&#\s]*",
+    re.IGNORECASE,
+)
+
+# --- secrets -----------------------------------------------------------------------------------
+
+
+def is_secret_name(name: str) -> bool:
+    """True when an environment variable's name looks like it holds a secret."""
+    words = [w for w in re.split(r"[_.\-]", name.upper()) if w]
+    return any(w in _SECRET_WORDS or w.endswith(_SECRET_SUFFIXES) for w in words)
+
+
+def redact_value(value: str) -> str:
+    """``value`` with credentials inside URLs and secret-looking query parameters replaced.
+
+    ``https://user:pass@host/x?token=abc&a=1`` becomes ``https://***:***@host/x?token=***&a=1``.
+    """
+    value = _URL_CREDENTIALS.sub(_mask_url_credentials, value)
+    return _SECRET_QUERY.sub(lambda m: f"{m.group('key')}***", value)
+
+
+def _mask_url_credentials(match: re.Match[str]) -> str:
+    scheme = match.group("scheme")
+    has_password = ":" in match.group(0)[len(scheme) :]
+    return f"{scheme}***:***@" if has_password else f"{scheme}***@"
+
+
+def redact_env(env: Mapping[str, str], prefixes: Iterable[str] = ENV_PREFIXES) -> dict[str, str]:
+    """The relevant variables of ``env``, with secrets redacted.
+
+    Args:
+        env: e.g. ``os.environ``.
+        prefixes: a variable is kept when its name starts with one of these.
+
+    Returns:
+        name -> value, sorted by name; a secret-looking name's value is :data:`REDACTED`, and
+        every other value has URL credentials and secret query parameters masked.
+    """
+    wanted = tuple(prefixes)
+    out = {}
+    for name in sorted(env):
+        if not name.startswith(wanted):
+            continue
+        out[name] = REDACTED if is_secret_name(name) else redact_value(env[name])
+    return out

@@ -1,0 +1,126 @@
+"""Open a run directory for reading: its record, its ledger (every line checked), manifest, adapter.
+
+The read side of the format in docs/run-directory.md, used by ``compare``, ``report``, ``verify``
+and ``rerun``. It never imports torch. Nothing malformed is tolerated silently: a bad or partial
+ledger line, an unknown record schema or a missing file is an ``InputError`` that names the file,
+the line and what to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reprotune._data.manifest import Manifest, load_manifest
+from reprotune._errors import InputError
+from reprotune._jsonio import sha256_file
+from reprotune._run import layout
+from reprotune._run.ledger import Ledger, read_ledger
+from reprotune._run.record import load_record
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """An opened run directory.
+
+    Attributes:
+        path: the directory.
+        record: ``record.json`` as a JSON object (validated by ``reprotune._run.record``).
+        ledger: the checked ledger.
+        manifest: the split manifest, or None when the directory has no ``split.json``.
+        manifest_sha256: sha256 of ``split.json``'s bytes, or None without one.
+        adapter_path: ``adapter/adapter_model.safetensors``, or None when it is missing
+            (a run that failed before saving it).
+    """
+
+    path: Path
+    record: Mapping[str, Any]
+    ledger: Ledger
+    manifest: Manifest | None
+    manifest_sha256: str | None
+    adapter_path: Path | None
+
+    @property
+    def layout(self) -> layout.RunLayout:
+        return layout.RunLayout(self.path)
+
+    @property
+    def run_id(self) -> str:
+        """The record's ``run_id``, or the directory name when the record has none."""
+        value = self.record.get("run_id")
+        return value if isinstance(value, str) and value else self.path.name
+
+    @property
+    def status(self) -> str:
+        """The record's ``status`` (``running``, ``completed``, ``failed``), or ``unknown``."""
+        value = self.record.get("status")
+        return value if isinstance(value, str) else "unknown"
+
+    def section(self, key: str) -> Mapping[str, Any]:
+        """A top-level record section (``config``, ``seeds``, ...); empty when absent."""
+        value = self.record.get(key)
+        return value if isinstance(value, Mapping) else {}
+
+    def adapter_sha256(self) -> str | None:
+        """sha256 of the adapter weights file, or None when there is none."""
+        return sha256_file(self.adapter_path) if self.adapter_path else None
+
+
+def open_run_dir(path: str | Path) -> RunDir:
+    """Open and check the run directory at ``path``.
+
+    Args:
+        path: a directory written by ``reprotune run`` (``runs/<run-id>/``).
+
+    Returns:
+        The record, ledger, manifest and adapter path, every one checked.
+
+    Raises:
+        InputError: ``path`` is not a run directory, or a file in it is missing or malformed
+            (the message names the file, the line and the fix).
+        SchemaVersionError: ``record.json`` is not a ``reprotune/record`` of a known schema version.
+    """
+    paths = layout.RunLayout(Path(path))
+    check_is_run_dir(paths.root)
+    record = load_record(paths.record)
+    if not paths.ledger.is_file():
+        raise InputError(
+            f"the run directory has no {layout.LEDGER}",
+            source=str(paths.root),
+            fix="a run writes its ledger from the first step; copy the whole run directory, "
+            "or rerun it with `reprotune rerun`",
+        )
+    ledger = read_ledger(paths.ledger)
+    has_manifest = paths.manifest.is_file()
+    return RunDir(
+        path=paths.root,
+        record=record,
+        ledger=ledger,
+        manifest=load_manifest(paths.manifest) if has_manifest else None,
+        manifest_sha256=sha256_file(paths.manifest) if has_manifest else None,
+        adapter_path=paths.adapter_weights if paths.adapter_weights.is_file() else None,
+    )
+
+
+def check_is_run_dir(root: Path, *, option: str | None = None) -> None:
+    """Raise an InputError saying what ``root`` is instead, when it is not a run directory.
+
+    Args:
+        root: the path given.
+        option: the option it was given to (``--reference``), for the message.
+    """
+    fix = "pass the directory `reprotune run` wrote, e.g. runs/<run-id>/, which holds record.json"
+    if not root.exists():
+        raise InputError(f"no such directory: {root}", source=option, fix=fix)
+    if not root.is_dir():
+        raise InputError(f"{root} is a file, not a run directory", source=option, fix=fix)
+    if (root / layout.RECORD).is_file():
+        return
+    # A common slip is passing runs/ itself: name the run directories found inside.
+    inside = sorted(p.name for p in root.iterdir() if (p / layout.RECORD).is_file())
+    if inside:
+        shown = ", ".join(str(root / name) for name in inside[:3])
+        fix = f"pass one of the run directories inside it, e.g. {shown}"
+    raise InputError(f"{root} is not a run directory: it has no {layout.RECORD}", source=option, fix=fix)

@@ -1,0 +1,1 @@
+"""Trackers: observers of a run (MLflow), behind one small interface (``base``)."""

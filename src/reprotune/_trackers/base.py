@@ -1,0 +1,104 @@
+"""Trackers: observers that mirror a run elsewhere (MLflow, ...). The record on disk stays the truth.
+
+A tracker is anything with the :class:`Tracker` methods. :class:`TrackerSet` fans each event out;
+a tracker that raises is reported once, switched off, and the run goes on. A new tracker is a
+class with these methods in its own module here, chosen in ``_train.run.build_trackers``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+_MAX_PARAM_CHARS = 6000
+
+
+@dataclass(frozen=True)
+class RunDescription:
+    """What a tracker needs to open its mirror of a run."""
+
+    run_id: str
+    run_dir: Path
+    params: Mapping[str, str]
+    tags: Mapping[str, str]
+
+
+class Tracker(Protocol):
+    """An observer of a run. Any method may raise; the caller switches the tracker off then."""
+
+    name: str
+
+    def start(self, run: RunDescription) -> None: ...
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None: ...
+
+    def log_artifacts(self, paths: Mapping[str, Path]) -> None: ...
+
+    def finish(self, status: str) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class TrackerSet:
+    """Fans events out to trackers; a tracker that raises is reported once and dropped.
+
+    Args:
+        trackers: the observers.
+        report: called with one line when a tracker fails (default: print to stderr).
+    """
+
+    trackers: list[Tracker]
+    report: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
+    failures: dict[str, str] = field(default_factory=dict)
+
+    def _each(self, action: str, call: Callable[[Tracker], Any]) -> None:
+        for tracker in list(self.trackers):
+            try:
+                call(tracker)
+            except Exception as exc:  # an observer must never stop the run
+                self.trackers.remove(tracker)
+                with contextlib.suppress(Exception):
+                    tracker.close()
+                self.failures[tracker.name] = f"{type(exc).__name__}: {exc}"
+                self.report(
+                    f"warning: tracker {tracker.name!r} failed during {action} and is switched off "
+                    f"({type(exc).__name__}: {exc}); the run and its record go on"
+                )
+
+    def start(self, run: RunDescription) -> None:
+        self._each("start", lambda t: t.start(run))
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        self._each("log_metrics", lambda t: t.log_metrics(step, metrics))
+
+    def log_artifacts(self, paths: Mapping[str, Path]) -> None:
+        self._each("log_artifacts", lambda t: t.log_artifacts(paths))
+
+    def finish(self, status: str) -> dict[str, Any]:
+        """Finish every tracker; return each one's summary (or its failure) for the record."""
+        summaries: dict[str, Any] = {}
+
+        def _finish(tracker: Tracker) -> None:
+            summaries[tracker.name] = {"ok": True, **tracker.finish(status)}
+
+        self._each("finish", _finish)
+        for name, error in self.failures.items():
+            summaries[name] = {"ok": False, "error": error}
+        return summaries
+
+
+def flatten_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Flatten a nested config into ``{"a.b.c": "value"}`` strings, as MLflow params."""
+    flat: dict[str, str] = {}
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten_params(value, prefix=f"{path}."))
+        else:
+            text = "null" if value is None else str(value)
+            flat[path] = text[:_MAX_PARAM_CHARS]
+    return flat

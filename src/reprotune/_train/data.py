@@ -1,0 +1,156 @@
+"""The data side of a run: load the table, make or load the split manifest, serve rows by index.
+
+Tokenisation happens later, in the training loop, and only on rows of the split it trains on.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reprotune._config.schema import ExperimentConfig
+from reprotune._data.loaders import load_table
+from reprotune._data.manifest import Manifest, copy_manifest, load_manifest, write_manifest
+from reprotune._data.split import RareClassWarning, split_table
+from reprotune._data.table import Table
+from reprotune._errors import InputError
+from reprotune._jsonio import sha256_file
+from reprotune._run import layout
+
+SPLITS = ("train", "validation", "test")
+
+
+@dataclass(frozen=True)
+class RunData:
+    """The table a run trains on, its manifest, and where each came from."""
+
+    table: Table
+    manifest: Manifest
+    manifest_sha256: str
+    manifest_source: str
+    prompt_field: str
+    response_field: str
+    eval_max_rows: int | None
+    split_warnings: tuple[str, ...] = ()
+
+    def split_rows(self, name: str) -> list[int]:
+        """Dataset row indices of split ``name``, in manifest order."""
+        return [int(i) for i in self.manifest.indices[name]]
+
+    def eval_rows(self, seed: int) -> list[int]:
+        """Validation rows, capped at ``eval.max_rows`` by a seeded draw (kept in manifest order)."""
+        rows = self.split_rows("validation")
+        cap = self.eval_max_rows
+        if cap is None or cap >= len(rows):
+            return rows
+        chosen = np.random.Generator(np.random.PCG64(seed)).choice(len(rows), size=cap, replace=False)
+        return [rows[i] for i in sorted(int(c) for c in chosen)]
+
+    def describe(self) -> dict[str, Any]:
+        """The record's ``data`` section."""
+        return {
+            "source": self.table.source,
+            "file_sha256": self.table.file_sha256,
+            "n_rows": self.table.n_rows,
+            "manifest_sha256": self.manifest_sha256,
+            "manifest_source": self.manifest_source,
+            "manifest_file": layout.MANIFEST,
+            "split_sizes": {name: len(self.manifest.indices[name]) for name in SPLITS},
+            "prompt_field": self.prompt_field,
+            "response_field": self.response_field,
+            "split_warnings": list(self.split_warnings),
+        }
+
+
+def prepare_data(
+    cfg: ExperimentConfig,
+    seeds: Mapping[str, int],
+    manifest_out: Path,
+    *,
+    reuse_manifest: bool = False,
+    manifest: Path | None = None,
+) -> RunData:
+    """Load the data, then take the split from the configured manifest or make it with the split seed.
+
+    The manifest used is written to ``manifest_out`` (the run directory's ``split.json``). With
+    ``reuse_manifest`` (a resumed run) the one already there is used; ``manifest`` overrides the
+    config's split (a rerun of a recorded run).
+
+    Raises:
+        InputError: missing fields, or a manifest made from other data.
+    """
+    table = load_table(cfg.data.path, cfg.data.format)
+    missing = [f for f in (cfg.data.prompt_field, cfg.data.response_field) if f not in table.columns]
+    if missing:
+        raise InputError(
+            f"data field(s) {missing} not found in {table.source}; its columns are {list(table.columns)}",
+            source="data.prompt_field / data.response_field",
+            fix="set data.prompt_field and data.response_field to existing columns",
+        )
+    given = manifest if manifest is not None else cfg.split.manifest
+    split_warnings: list[str] = []
+    if reuse_manifest and manifest_out.exists():
+        loaded, source = load_manifest(manifest_out), "run directory (resumed)"
+    elif given is not None:
+        loaded, source = load_manifest(given), str(given)
+    else:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RareClassWarning)
+            loaded = split_table(
+                table,
+                ratios=tuple(cfg.split.ratios),
+                seed=seeds["split"],
+                stratify_by=cfg.split.stratify_by,
+                group_by=cfg.split.group_by,
+                rare_class_policy=cfg.split.rare_class_policy,
+            )
+        split_warnings = [str(w.message) for w in caught if issubclass(w.category, RareClassWarning)]
+        source = "made for this run with the derived split seed"
+    if loaded.dataset_sha256 != table.file_sha256:
+        raise InputError(
+            f"the split manifest was made from other data (manifest dataset sha256 "
+            f"{loaded.dataset_sha256[:12]}..., data {table.file_sha256[:12]}...)",
+            source=f"split manifest {given}",
+            fix=f"run `reprotune check-split {given} {cfg.data.path}` to see what changed, "
+            "then make a new manifest or restore the data",
+        )
+    if reuse_manifest and manifest_out.exists():
+        pass  # the resumed run keeps the manifest it started with
+    elif given is None:
+        write_manifest(loaded, manifest_out)
+    else:
+        # Keep the user's file byte for byte, so the recorded sha256 is the one they hold.
+        copy_manifest(Path(given), manifest_out)
+    _check_text_fields(table, loaded, (cfg.data.prompt_field, cfg.data.response_field))
+    return RunData(
+        table=table,
+        manifest=loaded,
+        manifest_sha256=sha256_file(manifest_out),
+        manifest_source=source,
+        prompt_field=cfg.data.prompt_field,
+        response_field=cfg.data.response_field,
+        eval_max_rows=cfg.eval.max_rows,
+        split_warnings=tuple(split_warnings),
+    )
+
+
+def _check_text_fields(table: Table, manifest: Manifest, fields: tuple[str, ...]) -> None:
+    """Refuse, before any training, a train or validation row whose prompt or response is not text."""
+    for name in fields:
+        column = table.column(name)
+        for split in ("train", "validation"):
+            for row in manifest.indices[split]:
+                value = column[int(row)]
+                if not isinstance(value, str):
+                    what = "missing" if value is None else f"a {type(value).__name__}, not text"
+                    raise InputError(
+                        f"row {row} ({split} split): field {name!r} is {what}",
+                        source=f"{table.source}, row {row}",
+                        fix=f"give every row a text {name!r}, or point data.prompt_field / "
+                        "data.response_field at the right columns",
+                    )

@@ -1,0 +1,157 @@
+"""The step hooks of ``reprotune run``: ledger, trackers, checkpoints, crash points, progress bar.
+
+Each is a small object with ``on_step_end(end)``; ``_train.run`` installs them in this order:
+ledger, trackers, checkpoints, crash point (crash tests only), progress. A benchmark adds its
+own (``RunOptions.hooks``) after them.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reprotune._faults import kill_point
+from reprotune._model.lora import WeightsHasher, trainable_tensors
+from reprotune._run.checkpoint import CheckpointState, save_checkpoint
+from reprotune._run.ledger import LedgerWriter, init_line, train_line, val_line
+from reprotune._trackers.base import TrackerSet
+from reprotune._train.loop import StepEnd
+from reprotune._train.setup import Setup
+
+
+@dataclass
+class Stopwatch:
+    """Time spent recording (ledger lines, weights hashes, tracker hand-offs), summed."""
+
+    seconds: float = 0.0
+
+
+class LedgerHook:
+    """Writes each recorded step's ledger line (with the weights hash) and each validation line.
+
+    Args:
+        setup: the run.
+        ledger: the open ledger.
+        records_step: which steps write their line (all, in every run but the overhead benchmark).
+        stopwatch: where the time spent is added.
+    """
+
+    def __init__(
+        self, setup: Setup, ledger: LedgerWriter, records_step: Callable[[int], bool], stopwatch: Stopwatch
+    ) -> None:
+        self._ledger = ledger
+        self._records_step = records_step
+        self._stopwatch = stopwatch
+        # Detached views of the trainable parameters: the optimizer updates them in place, so
+        # one hasher built now hashes the current weights after every step.
+        self._hash_weights = WeightsHasher(trainable_tensors(setup.model))
+
+    def write_init(self) -> None:
+        """The ledger's first line: the LoRA weights as created."""
+        self._ledger.write(init_line(self._hash_weights()))
+
+    def on_step_end(self, end: StepEnd) -> None:
+        if self._records_step(end.step):
+            t0 = time.perf_counter()
+            # The weights are hashed now (the next step changes them); the line is built at the
+            # ledger's next flush, with the lines of the steps around it.
+            digest = self._hash_weights()
+            self._ledger.write(
+                lambda: train_line(
+                    end.step, end.epoch, end.rows, end.n_tokens, end.loss, end.lr, end.grad_norm, digest
+                )
+            )
+            self._stopwatch.seconds += time.perf_counter() - t0
+        if end.validation is not None:
+            v = end.validation
+            self._ledger.write(val_line(end.step, v.loss, v.n_rows, v.n_tokens))
+
+
+class TrackerHook:
+    """Sends each recorded step's metrics (train loss, lr, grad norm, val loss) to the trackers."""
+
+    def __init__(
+        self, trackers: TrackerSet, records_step: Callable[[int], bool], stopwatch: Stopwatch
+    ) -> None:
+        self._trackers = trackers
+        self._records_step = records_step
+        self._stopwatch = stopwatch
+
+    def on_step_end(self, end: StepEnd) -> None:
+        if not self._records_step(end.step):
+            return
+        t0 = time.perf_counter()
+        metrics = {"train_loss": end.loss, "lr": end.lr, "grad_norm": end.grad_norm}
+        if end.validation is not None:
+            metrics["val_loss"] = end.validation.loss
+        self._trackers.log_metrics(end.step, metrics)
+        self._stopwatch.seconds += time.perf_counter() - t0
+
+
+@dataclass
+class CheckpointHook:
+    """Saves a checkpoint every ``train.save_every`` steps (not after the last: the run ends there).
+
+    The ledger is made durable first, so a checkpoint never runs ahead of the ledger it resumes.
+    """
+
+    setup: Setup
+    ledger: LedgerWriter
+    directory: Path
+    save_times_s: list[float] = field(default_factory=list)
+
+    def on_step_end(self, end: StepEnd) -> None:
+        every = self.setup.cfg.train.save_every
+        if not every or end.step % every != 0 or end.is_last:
+            return
+        t0 = time.perf_counter()
+        self.ledger.sync()
+        save_checkpoint(
+            self.directory,
+            CheckpointState(step=end.step, epoch=end.epoch, position=self.setup.order.position(end.step + 1)),
+            model=self.setup.model,
+            optimizer=self.setup.optimizer,
+            scheduler=self.setup.scheduler,
+            scaler=self.setup.scaler,
+            keep=self.setup.cfg.train.keep_checkpoints,
+        )
+        self.save_times_s.append(time.perf_counter() - t0)
+
+
+class CrashPointHook:
+    """The crash tests' ``step-end`` kill point (installed only when ``REPROTUNE_KILL_AT`` is set)."""
+
+    def on_step_end(self, end: StepEnd) -> None:
+        kill_point("step-end")
+
+
+class ProgressHook:
+    """A tqdm bar on stderr: steps, the last loss and tokens per second."""
+
+    def __init__(self, total: int, initial: int, enabled: bool) -> None:
+        from tqdm.auto import tqdm
+
+        self._bar: Any = tqdm(
+            total=total,
+            initial=initial,
+            unit="step",
+            desc="train",
+            file=sys.stderr,
+            disable=not enabled,
+            dynamic_ncols=True,
+            mininterval=0.5,
+        )
+        self._last = time.perf_counter()
+
+    def on_step_end(self, end: StepEnd) -> None:
+        now = time.perf_counter()
+        seconds, self._last = now - self._last, now
+        self._bar.set_postfix(loss=f"{end.loss:.4f}", tok_s=f"{end.n_tokens / seconds:.0f}", refresh=False)
+        self._bar.update(1)
+
+    def close(self) -> None:
+        self._bar.close()

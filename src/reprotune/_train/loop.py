@@ -1,0 +1,159 @@
+"""The training loop, on one screen: one optimizer step is ``grad_accum_steps`` micro-batches.
+
+The loop computes; everything that records or reacts (ledger, trackers, checkpoints, the progress
+bar, a benchmark's stopwatch) is a :class:`StepHook` called at the end of each step with a
+:class:`StepEnd`, in the order given.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from reprotune._train.batches import micro_batches
+from reprotune._train.loss import autocast, evaluate, logits_to_keep, token_loss_sum
+from reprotune._train.setup import Setup, max_grad_norm
+
+
+@dataclass(frozen=True)
+class Validation:
+    """One validation pass: mean token loss over ``n_rows`` rows and ``n_tokens`` tokens."""
+
+    loss: float
+    n_rows: int
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class StepEnd:
+    """What optimizer step ``step`` did, as the hooks see it.
+
+    Attributes:
+        step: the optimizer step, counting from 1.
+        epoch: the epoch its first row belongs to.
+        rows: the dataset row indices it trained on, in order.
+        n_tokens: response tokens in those rows (the loss's denominator).
+        loss: the step's mean token loss.
+        lr: the learning rate the step used.
+        grad_norm: the gradient norm before clipping.
+        validation: the validation pass after this step, if one ran.
+        is_last: whether this is the run's last step.
+    """
+
+    step: int
+    epoch: int
+    rows: list[int]
+    n_tokens: int
+    loss: float
+    lr: float
+    grad_norm: float
+    validation: Validation | None
+    is_last: bool
+
+
+class StepHook(Protocol):
+    """Something that acts at the end of every optimizer step (after the weights were updated)."""
+
+    def on_step_end(self, end: StepEnd) -> None: ...
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    """What the loop did: the last step done, whether it stopped early, each step's wall time."""
+
+    steps_done: int
+    stopped: bool
+    final_val_loss: float | None
+    step_times_s: tuple[float, ...]
+
+
+def train_loop(
+    setup: Setup, hooks: Sequence[StepHook], *, start_step: int = 0, stop_after_step: int | None = None
+) -> LoopResult:
+    """Train from ``start_step`` to ``setup.total_steps`` (or stop after ``stop_after_step``)."""
+    setup.model.train()
+    # Everything loaded so far (torch, transformers, the model) lives for the whole run: keep it
+    # out of the garbage collector's full passes, which otherwise stall steps at random.
+    gc.collect()
+    gc.freeze()
+    try:
+        return _loop(setup, hooks, start_step, stop_after_step)
+    finally:
+        gc.unfreeze()
+
+
+def _loop(
+    setup: Setup, hooks: Sequence[StepHook], start_step: int, stop_after_step: int | None
+) -> LoopResult:
+    step_times: list[float] = []
+    final_val: float | None = None
+    step = start_step
+    for step in range(start_step + 1, setup.total_steps + 1):
+        t0 = time.perf_counter()
+        rows = setup.order.step_rows(step)
+        epoch, _ = setup.order.position(step)
+        loss, n_tokens, lr, grad_norm = train_step(setup, rows)
+        validation = validate(setup) if setup.validates_at(step) else None
+        if validation is not None:
+            final_val = validation.loss
+        is_last = step == setup.total_steps
+        end = StepEnd(step, epoch, rows, n_tokens, loss, lr, grad_norm, validation, is_last)
+        for hook in hooks:
+            hook.on_step_end(end)
+        step_times.append(time.perf_counter() - t0)
+        if stop_after_step is not None and step >= stop_after_step and not is_last:
+            return LoopResult(step, True, final_val, tuple(step_times))
+    return LoopResult(step, False, final_val, tuple(step_times))
+
+
+def train_step(setup: Setup, rows: list[int]) -> tuple[float, int, float, float]:
+    """One optimizer step over ``rows``; return (mean token loss, tokens, lr used, grad norm)."""
+    cfg, model, optimizer, scaler = setup.cfg, setup.model, setup.optimizer, setup.scaler
+    on_cpu = [
+        setup.examples.batch(chunk, pad_token_id=setup.pad_token_id, padding_side=cfg.model.padding_side)
+        for chunk in micro_batches(rows, cfg.train.batch_size)
+    ]
+    # Counted before the copy to the device: no host sync per micro-batch.
+    n_tokens = sum(int((b["labels"][:, 1:] != -100).sum()) for b in on_cpu)
+    keeps = [logits_to_keep(b["labels"]) if setup.keep_logits else None for b in on_cpu]
+    batches = [{k: v.to(setup.device) for k, v in b.items()} for b in on_cpu]
+    lr = optimizer.param_groups[0]["lr"]
+    step_loss = 0.0
+    for batch, keep in zip(batches, keeps, strict=True):
+        with autocast(cfg.train.precision, setup.device):
+            loss_sum = token_loss_sum(model, batch, keep=keep)
+        loss = loss_sum / max(n_tokens, 1)
+        (scaler.scale(loss) if scaler else loss).backward()
+        step_loss += float(loss.detach())
+    if scaler:
+        scaler.unscale_(optimizer)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(setup.trainable, max_grad_norm(cfg)))
+    if scaler:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    setup.scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return step_loss, n_tokens, lr, grad_norm
+
+
+def validate(setup: Setup) -> Validation:
+    """The validation loss of the current weights over ``setup.val_rows``."""
+    loss, tokens = evaluate(
+        setup.model,
+        setup.examples,
+        setup.val_rows,
+        batch_size=setup.cfg.eval.batch_size,
+        pad_token_id=setup.pad_token_id,
+        padding_side=setup.cfg.model.padding_side,
+        device=setup.device,
+        precision=setup.cfg.train.precision,
+        keep_logits=setup.keep_logits,
+    )
+    return Validation(loss, len(setup.val_rows), tokens)

@@ -1,0 +1,195 @@
+"""Everything a run needs before its first step, built in one place: :func:`build_setup`.
+
+In order: seeds, device and determinism flags, data and split (the manifest is written into the
+run directory), base model, LoRA (its init drawn from the ``lora_init`` seed at the moment of
+creation), the data order, optimizer, scheduler and grad scaler. The benchmarks build their runs
+with the same function, so a benchmark measures the run that ``reprotune run`` makes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from reprotune._config.schema import ExperimentConfig
+from reprotune._data.order import ORDER_VERSION, DataOrder
+from reprotune._determinism.device import resolve_device
+from reprotune._determinism.flags import apply_determinism
+from reprotune._determinism.seeds import derive_seeds
+from reprotune._model.loading import load_base_model
+from reprotune._model.lora import apply_lora, lora_config_dict
+from reprotune._train.batches import Examples
+from reprotune._train.data import RunData, prepare_data
+from reprotune._train.loss import supports_logits_to_keep
+from reprotune._train.optim import build_optimizer, build_scheduler
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A run ready to train: the model with its LoRA, the data, the order, the optimizer.
+
+    Attributes:
+        cfg: the experiment.
+        seeds: every derived seed.
+        device: where it trains.
+        determinism: the flags in force, read back (the record's ``determinism`` section).
+        data: the table and its split.
+        model: the base model with LoRA, on ``device``.
+        model_info: what the record keeps about the base model (``LoadedModel.info``).
+        examples: the rows, tokenised on first use.
+        pad_token_id: the pad token's id.
+        keep_logits: whether the loss may ask the model for the scored positions' logits only.
+        order: the data order (rows of every optimizer step).
+        total_steps: optimizer steps of the whole run.
+        val_rows: the validation rows the loss is measured on.
+        trainable: the trainable parameters (the LoRA weights).
+        optimizer: over ``trainable``.
+        scheduler: the learning-rate schedule.
+        scaler: the fp16 grad scaler, or None.
+    """
+
+    cfg: ExperimentConfig
+    seeds: Mapping[str, int]
+    device: torch.device
+    determinism: Mapping[str, Any]
+    data: RunData
+    model: PeftModel
+    model_info: Mapping[str, Any]
+    examples: Examples
+    pad_token_id: int
+    keep_logits: bool
+    order: DataOrder
+    total_steps: int
+    val_rows: list[int]
+    trainable: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: torch.amp.GradScaler | None
+
+    def validates_at(self, step: int) -> bool:
+        """Whether the validation loss is measured after optimizer step ``step``."""
+        every = self.cfg.train.eval_every
+        return bool(self.val_rows) and (
+            (every is not None and every > 0 and step % every == 0) or step == self.total_steps
+        )
+
+    def record_sections(self) -> dict[str, Any]:
+        """The record sections the setup fills in: determinism, data (with its order), model, lora."""
+        data = self.data.describe()
+        data["order"] = {
+            "version": ORDER_VERSION,
+            "rows_per_step": self.order.rows_per_step,
+            "total_steps": self.total_steps,
+        }
+        return {
+            "determinism": dict(self.determinism),
+            "data": data,
+            "model": {
+                **self.model_info,
+                "max_length": self.cfg.model.max_length,
+                "padding_side": self.cfg.model.padding_side,
+            },
+            "lora": lora_config_dict(self.model),
+        }
+
+
+def build_setup(
+    cfg: ExperimentConfig, *, manifest_out: Path, manifest: Path | None = None, resumed: bool = False
+) -> Setup:
+    """Build everything the run of ``cfg`` needs before its first step.
+
+    Args:
+        cfg: the experiment.
+        manifest_out: where the run's split manifest is written (the run directory's ``split.json``).
+        manifest: train on this manifest instead of the config's split (``rerun``).
+        resumed: a resumed run: keep the manifest already at ``manifest_out``.
+
+    Returns:
+        The setup. Nothing has drawn from torch's global generator for dropout yet: the caller
+        seeds it (``seeds["dropout"]``) when the run starts from step 0.
+
+    Raises:
+        InputError: bad data, model or config found while building.
+    """
+    seeds = derive_seeds(cfg.seed.root, dict(cfg.seed.overrides))
+    device = resolve_device(cfg.determinism.device)
+    flags = apply_determinism(cfg.determinism.mode, cfg.determinism.threads, device.type)
+    data = prepare_data(cfg, seeds, manifest_out, reuse_manifest=resumed, manifest=manifest)
+
+    loaded = load_base_model(
+        cfg.model.name,
+        revision=cfg.model.revision,
+        dtype=cfg.model.dtype,
+        pad_token_id=cfg.model.pad_token_id,
+        padding_side=cfg.model.padding_side,
+        device=str(device),
+    )
+    model = _with_lora(loaded.model, cfg, seeds["lora_init"])
+    model.to(device)
+
+    rows_per_step = cfg.train.batch_size * cfg.train.grad_accum_steps
+    order = DataOrder(seeds["data_order"], data.split_rows("train"), rows_per_step)
+    if cfg.train.max_steps is not None:
+        total_steps = cfg.train.max_steps
+    else:
+        assert cfg.train.epochs is not None  # the config guarantees exactly one of the two
+        total_steps = order.steps_for_epochs(cfg.train.epochs)
+
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = build_optimizer(
+        trainable,
+        name=cfg.train.optimizer,
+        learning_rate=cfg.train.learning_rate,
+        weight_decay=cfg.train.weight_decay,
+    )
+    scheduler = build_scheduler(
+        optimizer,
+        schedule=cfg.train.scheduler,
+        warmup_steps=cfg.train.warmup_steps,
+        total_steps=total_steps,
+    )
+    return Setup(
+        cfg=cfg,
+        seeds=seeds,
+        device=device,
+        determinism=flags,
+        data=data,
+        model=model,
+        model_info=loaded.info,
+        examples=Examples(data, loaded.tokenizer, cfg),
+        pad_token_id=int(loaded.info["pad_token_id"]),
+        # Logits only where the loss reads them (the same losses, less work), if the model can.
+        keep_logits=supports_logits_to_keep(model),
+        order=order,
+        total_steps=total_steps,
+        val_rows=data.eval_rows(seeds["eval"]),
+        trainable=trainable,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=torch.amp.GradScaler(device.type) if cfg.train.precision == "fp16" else None,
+    )
+
+
+def _with_lora(model: torch.nn.Module, cfg: ExperimentConfig, seed: int) -> PeftModel:
+    return apply_lora(
+        model,
+        seed=seed,
+        r=cfg.lora.r,
+        alpha=cfg.lora.alpha,
+        dropout=cfg.lora.dropout,
+        target_modules=list(cfg.lora.target_modules),
+        bias=cfg.lora.bias,
+    )
+
+
+def max_grad_norm(cfg: ExperimentConfig) -> float:
+    """The clipping threshold (infinite when clipping is off: the norm is still measured)."""
+    return cfg.train.max_grad_norm if cfg.train.max_grad_norm is not None else math.inf

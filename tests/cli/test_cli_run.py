@@ -1,0 +1,243 @@
+"""``reprotune run`` through the command line: twin runs in separate processes, the record, bad input.
+
+Runs that must happen in a fresh process go through ``TinyProject.run_cli``; bad-input cases call
+``main(argv)`` in this process (they fail before training, and the claim is the exit code, the
+message and the record the CLI leaves behind).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from reprotune._cli import main
+from reprotune._data.manifest import load_manifest
+from reprotune._jsonio import sha256_file
+
+SEED_CONSUMERS = ("split", "data_order", "lora_init", "dropout", "eval")
+
+
+def _ledger(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def _record(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "record.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def twin_runs(tiny_project: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two runs of one config, each in its own fresh process."""
+    config = tiny_project.config("cli-twin.yaml")
+    out = tmp_path_factory.mktemp("cli-twins")
+    dirs = (out / "a", out / "b")
+    for run_dir in dirs:
+        done = tiny_project.run_cli("run", str(config), "--run-dir", str(run_dir), "--no-progress")
+        (run_dir.parent / f"{run_dir.name}.stdout").write_text(done.stdout, encoding="utf-8")
+    return dirs
+
+
+def test_summary_names_run_dir_adapter_and_recording_cost(twin_runs: tuple[Path, Path]) -> None:
+    """The closing summary: run directory, adapter hash, step time and what recording cost."""
+    run_dir = twin_runs[0]
+    summary = (run_dir.parent / f"{run_dir.name}.stdout").read_text(encoding="utf-8")
+    timings = _record(run_dir)["timings"]
+    assert f"run directory   {run_dir}" in summary
+    assert f"adapter sha256  {_record(run_dir)['outputs']['adapter_sha256']}" in summary
+    assert f"{timings['step_time_s_median'] * 1e3:.1f} ms median" in summary
+    assert f"recording (ledger, weights hash, trackers) {timings['recording_share']:.2%}" in summary
+
+
+def test_twin_runs_write_identical_ledgers(twin_runs: tuple[Path, Path]) -> None:
+    """Two processes running one config write byte-identical ledgers, line by line."""
+    a, b = twin_runs
+    assert (a / "ledger.jsonl").read_bytes() == (b / "ledger.jsonl").read_bytes()
+    lines_a, lines_b = _ledger(a), _ledger(b)
+    assert [e["kind"] for e in lines_a].count("train") == 8
+    for line_a, line_b in zip(lines_a, lines_b, strict=True):
+        assert line_a.get("loss") == line_b.get("loss")
+        assert line_a.get("weights_sha256") == line_b.get("weights_sha256")
+        assert line_a.get("batch_sha256") == line_b.get("batch_sha256")
+    # The weights really move: every train step has a new weights hash.
+    hashes = [e["weights_sha256"] for e in lines_a if "weights_sha256" in e]
+    assert len(set(hashes)) == len(hashes) == 9
+
+
+def test_twin_runs_write_identical_adapters(twin_runs: tuple[Path, Path]) -> None:
+    """Both runs record the same adapter sha256, and it is the sha256 of the file on disk."""
+    a, b = twin_runs
+    digest_a = _record(a)["outputs"]["adapter_sha256"]
+    digest_b = _record(b)["outputs"]["adapter_sha256"]
+    assert digest_a == digest_b
+    assert sha256_file(a / "adapter" / "adapter_model.safetensors") == digest_a
+    assert sha256_file(b / "adapter" / "adapter_model.safetensors") == digest_b
+
+
+def test_record_is_complete(twin_runs: tuple[Path, Path]) -> None:
+    """The record of a finished run holds every section the run-directory contract lists."""
+    run_dir = twin_runs[0]
+    record = _record(run_dir)
+    assert record["status"] == "completed"
+    assert record["error"] is None
+    assert record["schema"] == "reprotune/record"
+    assert set(SEED_CONSUMERS) <= set(record["seeds"])
+    assert record["seeds"]["root"] == 1
+    assert {"in_git", "commit", "dirty", "diff_sha256"} <= set(record["code"])
+
+    data = record["data"]
+    assert data["file_sha256"] == sha256_file(Path(record["config"]["data"]["path"]))
+    assert data["manifest_sha256"] == sha256_file(run_dir / "split.json")
+    assert data["split_sizes"] == {"train": 64, "validation": 9, "test": 7}
+
+    model = record["model"]
+    assert len(model["weights_sha256"]) == 64
+    assert len(model["tokenizer_sha256"]) == 64
+    assert model["max_length"] == 64
+    assert model["pad_token_id"] == 258  # the tiny tokenizer's <pad>
+
+    assert record["lora"]["r"] == 4
+    assert sorted(record["lora"]["target_modules"]) == ["q_proj", "v_proj"]
+
+    env = record["environment"]
+    assert env["determinism"]["deterministic_algorithms"] is True
+    assert env["determinism"]["torch_num_threads"] == 1
+    for package in ("torch", "transformers", "peft", "mlflow"):
+        assert env["distributions"][package] == importlib.metadata.version(package)
+
+    timings = record["timings"]
+    assert timings["steps_done"] == 8
+    assert timings["step_time_s_mean"] > 0
+    assert {"started_at", "ended_at", "duration_s"} <= set(timings)
+
+    outputs = record["outputs"]
+    assert outputs["adapter_sha256"] == sha256_file(run_dir / "adapter" / "adapter_model.safetensors")
+    assert outputs["adapter_files"]["adapter_model.safetensors"] == outputs["adapter_sha256"]
+    assert outputs["ledger_sha256"] == sha256_file(run_dir / "ledger.jsonl")
+
+
+def test_record_config_equals_config_yaml(twin_runs: tuple[Path, Path]) -> None:
+    """The resolved config in the record is the config.yaml beside it, and split.json is there."""
+    run_dir = twin_runs[0]
+    on_disk = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    assert on_disk == _record(run_dir)["config"]
+    record = _record(run_dir)
+    manifest = load_manifest(run_dir / "split.json")
+    assert manifest.dataset_sha256 == record["data"]["file_sha256"]
+    sizes = {name: len(manifest.indices[name]) for name in ("train", "validation", "test")}
+    assert sizes == record["data"]["split_sizes"]
+
+
+def test_failing_tracker_is_reported_once_and_run_completes(tiny_project: Any, tmp_path: Path) -> None:
+    """An MLflow store under a path that is a file: one warning on stderr, the run completes."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file, so nothing can be created under it\n", encoding="utf-8")
+    config = tiny_project.config(
+        "cli-badtracker.yaml",
+        train={"max_steps": 3, "eval_every": 0, "save_every": 0},
+        tracking={
+            "mlflow": True,
+            "uri": f"sqlite:///{blocker}/mlflow.db",
+            "artifact_location": str(tmp_path / "artifacts"),
+        },
+    )
+    run_dir = tmp_path / "run"
+    done = tiny_project.run_cli("run", str(config), "--run-dir", str(run_dir), "--no-progress")
+    warnings = [line for line in done.stderr.splitlines() if "tracker 'mlflow' failed" in line]
+    assert len(warnings) == 1, done.stderr
+    record = _record(run_dir)
+    assert record["status"] == "completed"
+    assert record["trackers"]["mlflow"]["ok"] is False
+    assert record["trackers"]["mlflow"]["error"]
+    assert "failed and was switched off" in done.stdout
+
+
+def _run_main(config: Path, run_dir: Path, *overrides: str) -> int:
+    args = ["run", str(config), "--run-dir", str(run_dir), "--no-progress"]
+    for item in overrides:
+        args += ["--set", item]
+    with torch.random.fork_rng():  # the run seeds torch's global generator for dropout
+        return main(args)
+
+
+BAD_INPUT = [
+    pytest.param(
+        "model.name=no/such/dir/model", ["model path", "does not exist", "model.name"], id="missing-path"
+    ),
+    pytest.param(
+        "model.name=nonexistent-org/no-such-model",
+        ["cannot be reached offline", "local Hugging Face cache", "set model.name to DIR"],
+        id="hub-id-offline",
+    ),
+    pytest.param(
+        "lora.target_modules=[nope_proj]",
+        ["nope_proj", "match no module", "q_proj", "v_proj", "o_proj"],
+        id="target-modules",
+    ),
+    pytest.param(
+        "model.pad_token_id=99999", ["pad token id 99999", "out of range", "model.pad_token_id"], id="pad"
+    ),
+    pytest.param(
+        "data.prompt_field=nope", ["'nope'", "not found", "columns", "data.prompt_field"], id="data-field"
+    ),
+]
+
+
+@pytest.mark.parametrize(("override", "expected"), BAD_INPUT)
+def test_bad_input_exits_2_and_records_failure(
+    tiny_project: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str, expected: list[str]
+) -> None:
+    """Bad input exits 2 naming the problem and the fix; the record says failed, never completed."""
+    config = tiny_project.config("cli-bad.yaml")
+    run_dir = tmp_path / "run"
+    assert _run_main(config, run_dir, override) == 2
+    err = capsys.readouterr().err
+    assert err.count("reprotune run: error: ") == 1
+    assert "fix: " in err
+    for fragment in expected:
+        assert fragment in err
+    record = _record(run_dir)
+    assert record["status"] == "failed"
+    assert record["error"]["type"] == "InputError"
+    assert expected[0] in record["error"]["message"]
+    assert not (run_dir / "adapter").exists()
+
+
+def test_run_on_unfinished_run_says_resume(
+    tiny_project: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``run`` into a directory holding a stopped run exits 2 and points at ``reprotune resume``."""
+    config = tiny_project.config("cli-unfinished.yaml")
+    run_dir = tmp_path / "run"
+    args = ["run", str(config), "--run-dir", str(run_dir), "--no-progress", "--stop-after-step", "4"]
+    with torch.random.fork_rng():
+        assert main(args) == 0
+    assert _record(run_dir)["status"] == "stopped"
+    capsys.readouterr()
+    assert _run_main(config, run_dir) == 2
+    err = capsys.readouterr().err
+    assert "holds an unfinished run (status 'stopped')" in err
+    assert f"reprotune resume {run_dir}" in err
+    assert _record(run_dir)["status"] == "stopped"  # the refused run left it as it was
+
+
+def test_rare_class_warning_is_reported_and_recorded(tiny_project: Any, tmp_path: Path) -> None:
+    """A one-row class in a stratified split: one plain warning line, and the decision in the record."""
+    rows = (tiny_project.root / "data.jsonl").read_text(encoding="utf-8").splitlines()
+    rows.append(json.dumps({"category": "lonely", "prompt": "alone: one", "response": "one"}))
+    data = tmp_path / "rare.jsonl"
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    config = tiny_project.config(
+        "cli-rare.yaml", data={"path": str(data)}, train={"max_steps": 2, "eval_every": 0, "save_every": 0}
+    )
+    done = tiny_project.run_cli("run", str(config), "--run-dir", str(tmp_path / "run"), "--no-progress")
+    lines = [line for line in done.stderr.splitlines() if "lonely" in line]
+    assert len(lines) == 1 and lines[0].startswith("warning: "), done.stderr
+    assert "RareClassWarning" not in done.stderr
+    recorded = _record(tmp_path / "run")["data"]["split_warnings"]
+    assert len(recorded) == 1 and "'lonely' (1 row)" in recorded[0]

@@ -1,0 +1,261 @@
+"""Tests for reprotune._config: loading, overrides, every error at once, round trip, the reference doc."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reprotune._config.loading import config_from_dict, dump_config_yaml, load_config
+from reprotune._config.reference import config_keys
+from reprotune._config.schema import ExperimentConfig, config_sha256
+from reprotune._errors import ConfigError, InputError
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
+
+BAD_YAML = """\
+seed:
+  root: -1
+  overides: {lora_init: 3}
+data:
+  path: builtin:chatterbot
+  prompt_template: "Q: {question}"
+split:
+  ratios: [0.5, 0.3]
+lora:
+  r: "8"
+  dropout: 1.0
+train:
+  precision: fp8
+determinism:
+  threads: 0
+trackin: {}
+"""
+
+
+def _write(tmp_path: Path, text: str, name: str = "config.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _problems(exc: pytest.ExceptionInfo[ConfigError]) -> dict[str, str]:
+    """key path -> the problem line, for each problem of a ConfigError."""
+    return {p.split(":", 1)[0]: p for p in exc.value.problems}
+
+
+def test_empty_file_gives_every_default(tmp_path: Path) -> None:
+    """An empty config validates to the defaults, fully written out in resolved()."""
+    cfg = load_config(_write(tmp_path, ""))
+    assert cfg == ExperimentConfig()
+    resolved = cfg.resolved()
+    assert resolved["train"]["max_steps"] == 100 and resolved["split"]["ratios"] == [0.8, 0.1, 0.1]
+    assert {k.path.split(".")[0] for k in config_keys()} == set(resolved)
+
+
+def test_quickstart_example_loads() -> None:
+    """examples/quickstart.yaml is valid and small (stratified, seed 42, embedded model and data)."""
+    cfg = load_config(REPO / "examples" / "quickstart.yaml")
+    assert cfg.seed.root == 42 and cfg.split.stratify_by == "category"
+    assert cfg.data.path == "builtin:chatterbot-en" and cfg.model.name == "builtin:smollm2-135m-instruct"
+    assert cfg.train.max_steps == 30 and cfg.determinism.mode == "strict"
+
+
+def test_every_problem_reported_at_once_with_line_and_column(tmp_path: Path) -> None:
+    """A file with many mistakes gives one ConfigError listing each, with key path and position."""
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, BAD_YAML))
+    problems = _problems(info)
+    assert set(problems) == {
+        "seed.root",
+        "seed.overides",
+        "data.path",
+        "data.prompt_template",
+        "split.ratios",
+        "lora.r",
+        "lora.dropout",
+        "train.precision",
+        "determinism.threads",
+        "trackin",
+    }
+    assert "[line 2, column 9]" in problems["seed.root"] and "(got -1)" in problems["seed.root"]
+    assert "did you mean 'overrides'?" in problems["seed.overides"]
+    assert "did you mean 'tracking'?" in problems["trackin"] and "[line 16, column 1]" in problems["trackin"]
+    assert "did you mean 'chatterbot-en'?" in problems["data.path"]
+    assert "'question'" in problems["data.prompt_template"]
+    assert "(got '8')" in problems["lora.r"] and "fix: write a whole number" in problems["lora.r"]
+    assert "fix: use one of 'fp32', 'bf16' or 'fp16'" in problems["train.precision"]
+    assert str(info.value).startswith(f"{tmp_path / 'config.yaml'}: invalid config (10 problems)")
+
+
+def test_malformed_yaml_gives_line_and_column(tmp_path: Path) -> None:
+    """Broken YAML is reported with its 1-based line and column."""
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, "train:\n  max_steps: 5\n  batch_size: [1, 2\n"))
+    assert len(info.value.problems) == 1
+    assert (
+        info.value.problems[0].startswith("malformed YAML") and "[line 4, column 1]" in info.value.problems[0]
+    )
+
+
+def test_duplicate_key_is_an_error(tmp_path: Path) -> None:
+    """A key written twice is reported (YAML would silently keep the last)."""
+    with pytest.raises(
+        ConfigError, match=r"train.max_steps: duplicate key \[line 3, column 3, first at line 2"
+    ):
+        load_config(_write(tmp_path, "train:\n  max_steps: 5\n  max_steps: 6\n"))
+
+
+def test_yaml_12_scalars(tmp_path: Path) -> None:
+    """`off` stays a string and `2e-4` is a float (YAML 1.1 would give False and a string)."""
+    cfg = load_config(_write(tmp_path, "determinism:\n  mode: off\ntrain:\n  learning_rate: 2e-4\n"))
+    assert cfg.determinism.mode == "off"
+    assert cfg.train.learning_rate == 2e-4
+
+
+def test_overrides_apply_yaml_values(tmp_path: Path) -> None:
+    """--set values are parsed as YAML scalars and lists and replace file values."""
+    path = _write(tmp_path, "train:\n  max_steps: 5\n")
+    cfg = load_config(
+        path,
+        [
+            "train.max_steps=7",
+            "lora.target_modules=[q_proj, k_proj]",
+            "seed.overrides.lora_init=9",
+            "model.revision=null",
+            "train.learning_rate=1e-3",
+        ],
+    )
+    assert cfg.train.max_steps == 7 and cfg.lora.target_modules == ("q_proj", "k_proj")
+    assert cfg.seed.overrides == {"lora_init": 9} and cfg.model.revision is None
+    assert cfg.train.learning_rate == 1e-3
+
+
+def test_bad_overrides_are_all_reported(tmp_path: Path) -> None:
+    """Unknown --set paths (with did-you-mean), sections, malformed items and bad values come together."""
+    path = _write(tmp_path, "")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, ["train.max_step=3", "train=5", "nokey", "train.batch_size=big", "seed.root.x=1"])
+    text = "\n".join(info.value.problems)
+    assert len(info.value.problems) == 5
+    assert "--set train.max_step: no key 'max_step' in train; fix: did you mean 'max_steps'?" in text
+    assert "--set train: train is a section" in text
+    assert "--set 'nokey': expected KEY.PATH=VALUE" in text
+    assert "train.batch_size: input should be a valid integer (got 'big') [from --set]" in text
+    assert "--set seed.root.x: seed.root is a value, not a section" in text
+
+
+def test_unknown_seed_consumer(tmp_path: Path) -> None:
+    """seed.overrides keys must be known consumers."""
+    with pytest.raises(
+        ConfigError, match=r"seed.overrides: unknown seed consumer 'lora'.*did you mean 'lora_init'"
+    ):
+        config_from_dict({"seed": {"overrides": {"lora": 1}}})
+
+
+def test_epochs_alone_clears_default_max_steps() -> None:
+    """Writing only epochs trains by epochs; writing both is an error on train.epochs."""
+    assert config_from_dict({"train": {"epochs": 2}}).train.max_steps is None
+    with pytest.raises(ConfigError, match=r"train.epochs: max_steps \(5\) and epochs \(2\) are both set"):
+        config_from_dict({"train": {"epochs": 2, "max_steps": 5}})
+    with pytest.raises(ConfigError, match=r"train\.max_steps: neither max_steps nor epochs"):
+        config_from_dict({"train": {"max_steps": None}})
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("train.learning_rate=0", "train.learning_rate"),
+        ("split.ratios=[0.8, 0.1, 0.2]", "split.ratios"),
+        ("model.max_length=4", "model.max_length"),
+        ("train.warmup_steps=500", "train.warmup_steps"),
+        ("tracking.mlflow=yes", "tracking.mlflow"),
+        ("lora.target_modules=[q_proj, q_proj]", "lora.target_modules"),
+        ("seed.root=9223372036854775808", "seed.root"),
+    ],
+    ids=["lr-zero", "ratios-sum", "max-length", "warmup", "bool-yes", "dup-modules", "root-2**63"],
+)
+def test_out_of_range_values(override: str, key: str) -> None:
+    """Out-of-range or wrongly typed values are refused at their key path."""
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({}, overrides=[override])
+    assert [p.split(":", 1)[0] for p in info.value.problems] == [key]
+
+
+def test_relative_paths_resolve_against_config_dir(tmp_path: Path) -> None:
+    """data.path and split.manifest resolve against the config file's directory."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "data.jsonl").write_text('{"prompt": "a", "response": "b"}\n')
+    (tmp_path / "split.json").write_text("{}")
+    path = _write(tmp_path / "sub", "data:\n  path: ../data.jsonl\nsplit:\n  manifest: ../split.json\n")
+    cfg = load_config(path)
+    assert cfg.data.path == str(tmp_path / "data.jsonl")
+    assert cfg.split.manifest == str(tmp_path / "split.json")
+
+
+def test_missing_data_file_says_did_you_mean(tmp_path: Path) -> None:
+    """A data path that does not exist is reported with the closest sibling."""
+    (tmp_path / "train.jsonl").write_text("")
+    with pytest.raises(ConfigError, match=r"data.path: file not found.*did you mean '.*train.jsonl'"):
+        load_config(_write(tmp_path, "data:\n  path: trian.jsonl\n"))
+
+
+def test_missing_config_file_says_did_you_mean(tmp_path: Path) -> None:
+    """A config path that does not exist raises InputError suggesting the closest file."""
+    _write(tmp_path, "", "quickstart.yaml")
+    with pytest.raises(InputError) as info:
+        load_config(tmp_path / "quickstrat.yaml")
+    assert "not found" in info.value.message and "quickstart.yaml" in str(info.value.fix)
+
+
+def test_dump_round_trip_and_sha(tmp_path: Path) -> None:
+    """dump_config_yaml writes YAML that loads back to an equal config with the same sha256."""
+    cfg = config_from_dict(
+        {
+            "data": {"prompt_template": "Q: {prompt}\nA: ", "system_prompt": "off"},
+            "train": {"epochs": 3},
+            "seed": {"overrides": {"eval": 5}},
+        }
+    )
+    dump_config_yaml(cfg, tmp_path / "out.yaml")
+    again = load_config(tmp_path / "out.yaml")
+    assert again == cfg and config_sha256(again) == config_sha256(cfg)
+    assert config_sha256(cfg) != config_sha256(ExperimentConfig())
+
+
+def test_config_sha256_golden() -> None:
+    """The default config's identity is pinned: a changed default shows up here, on purpose."""
+    assert (
+        config_sha256(ExperimentConfig())
+        == "b7ada920a7fabda6ed95f2788888c0ccd33555375a3e9959bf7f81ef49937b4c"
+    )
+
+
+def test_config_is_frozen() -> None:
+    """Configs are immutable."""
+    cfg = ExperimentConfig()
+    with pytest.raises(Exception, match="frozen"):
+        cfg.train.max_steps = 3
+
+
+def test_config_reference_is_current_and_complete() -> None:
+    """docs/config.md is what scripts/gen_config_docs.py generates, and names every key."""
+    import gen_config_docs
+
+    text = (REPO / "docs" / "config.md").read_text(encoding="utf-8")
+    assert text == gen_config_docs.render()
+    for key in config_keys():
+        assert f"`{key.path}`" in text
+
+
+def test_config_and_record_modules_do_not_import_torch() -> None:
+    """Reading configs and records (compare, report) never imports torch."""
+    code = (
+        "import sys; import reprotune._config.schema, reprotune._run.record; "
+        "from reprotune._config.schema import ExperimentConfig; ExperimentConfig().resolved(); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,106 @@
+"""Tests for reprotune._data.checksplit: identical data, edited/added/removed rows, formatting, leakage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reprotune._data.checksplit import check_split, normalize_text
+from reprotune._data.loaders import load_table, table_from_columns
+from reprotune._data.split import split_table
+
+ROWS = [{"q": f"question {i}", "a": f"answer {i}", "cat": "x" if i % 2 else "y"} for i in range(30)]
+
+
+def write_jsonl(path: Path, rows: list[dict[str, str]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def made(tmp_path: Path) -> tuple[Path, object]:
+    path = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    return path, split_table(load_table(str(path)), seed=1, stratify_by="cat")
+
+
+def test_normalize_text() -> None:
+    """Case, punctuation, symbols and runs of whitespace do not make texts different."""
+    assert normalize_text("  Hello,   WORLD!! ") == normalize_text("hello world") == "hello world"
+    assert normalize_text("Ｆｕｌｌ-width") == "full width"
+
+
+def test_identical(made: tuple[Path, object]) -> None:
+    """The data the manifest was made from is identical, with no changes."""
+    path, manifest = made
+    report = check_split(manifest, load_table(str(path)))  # type: ignore[arg-type]
+    assert report.identical and not report.formatting_only and report.changes == ()
+    assert report.format().startswith("identical")
+
+
+def test_edited_row_named_with_split_and_ids(tmp_path: Path, made: tuple[Path, object]) -> None:
+    """An edited row is reported by index, id (row-hash prefix) and the split it belongs to."""
+    _, manifest = made
+    rows = [dict(r) for r in ROWS]
+    rows[7]["a"] = "changed"
+    report = check_split(manifest, load_table(str(write_jsonl(tmp_path / "e.jsonl", rows))))  # type: ignore[arg-type]
+    split = next(name for name, idx in manifest.indices.items() if 7 in idx)  # type: ignore[attr-defined]
+    assert not report.identical
+    assert [(c.kind, c.index, c.new_index, c.split) for c in report.changes] == [("edited", 7, 7, split)]
+    assert report.changes[0].old_id == manifest.row_hashes.hex_at(7)[:12]  # type: ignore[attr-defined]
+    assert f"edited  row 7 ({split})" in report.format()
+
+
+def test_inserted_and_removed_rows_are_aligned(tmp_path: Path, made: tuple[Path, object]) -> None:
+    """Inserting one row and removing another reports just those two, not every row after."""
+    _, manifest = made
+    rows = [dict(r) for r in ROWS]
+    rows.insert(3, {"q": "new", "a": "row", "cat": "x"})
+    del rows[21]  # was row 20
+    report = check_split(manifest, load_table(str(write_jsonl(tmp_path / "i.jsonl", rows))))  # type: ignore[arg-type]
+    kinds = [(c.kind, c.index, c.new_index) for c in report.changes]
+    assert kinds == [("added", None, 3), ("removed", 20, None)]
+    assert report.changes[0].split == "none"
+
+
+def test_formatting_only(tmp_path: Path, made: tuple[Path, object]) -> None:
+    """Same rows in a differently formatted file: not identical, but formatting only."""
+    _, manifest = made
+    path = tmp_path / "f.jsonl"
+    path.write_text(
+        "".join(json.dumps(r, indent=None, separators=(", ", ": "), sort_keys=True) + "\r\n" for r in ROWS),
+        encoding="utf-8",
+    )
+    report = check_split(manifest, load_table(str(path)))  # type: ignore[arg-type]
+    assert report.formatting_only and not report.identical and report.changes == ()
+    assert "formatting only" in report.format()
+
+
+def test_leakage_by_normalised_text() -> None:
+    """Near-copies across splits are reported per split pair with counts and examples."""
+    texts = [f"Unique text number {i}" for i in range(40)] + [
+        "Hello, World!",
+        "hello   world",
+        "HELLO world.",
+    ] * 4
+    table = table_from_columns({"text": texts})
+    manifest = split_table(table, seed=0)
+    report = check_split(manifest, table)
+    where = {s for s, idx in manifest.indices.items() for i in idx if i >= 40}
+    assert len(where) >= 2  # the 12 copies fall in more than one split
+    leaks = {(lk.split_a, lk.split_b): lk for lk in report.leaks if lk.n_texts}
+    assert leaks and all(lk.n_texts == 1 for lk in leaks.values())
+    for (a, _b), leak in leaks.items():
+        assert leak.n_rows_a == sum(1 for i in manifest.indices[a] if i >= 40)
+        assert leak.examples[0].text == "hello world" and leak.n_rows_b == len(leak.examples[0].rows_b)
+    assert report.leaked and "leakage" in report.format()
+    decoded = json.loads(report.to_json())
+    assert decoded["identical"] is True and decoded["leaks"][0]["split_a"] == "train"
+
+
+def test_leak_columns_default_skips_stratify_column(made: tuple[Path, object]) -> None:
+    """By default leakage looks at text columns, not the class label."""
+    path, manifest = made
+    report = check_split(manifest, load_table(str(path)))  # type: ignore[arg-type]
+    assert report.leak_columns == ("q", "a") and not report.leaked

@@ -1,0 +1,217 @@
+"""Tests for reprotune doctor: findings on deliberately bad setups, the probe, exit codes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from reprotune._cli import main
+from reprotune._config.loading import config_from_dict
+from reprotune._data.loaders import load_table
+from reprotune._data.manifest import write_manifest
+from reprotune._data.split import split_table
+from reprotune._doctor import checks as _doctor
+from reprotune._doctor.doctor import run_doctor
+from reprotune._doctor.findings import FINDING_CODES, DoctorReport
+
+REPO = Path(__file__).resolve().parents[2]
+needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+
+
+def _doctor_on(
+    overrides: list[str], tmp_path: Path, *, probe: bool = False, settings: dict[str, Any] | None = None
+) -> DoctorReport:
+    """Run the doctor on a config from ``settings`` and ``overrides``, checking git state in tmp_path."""
+    cfg = config_from_dict(settings or {}, overrides=overrides)
+    return run_doctor(cfg, config_source="test", code_dir=tmp_path, probe=probe)
+
+
+def _by_code(report: DoctorReport) -> dict[str, _doctor.Finding]:
+    return {f.code: f for f in report.findings}
+
+
+def test_quickstart_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    """`reprotune doctor examples/quickstart.yaml --json` exits 0 with an identical probe."""
+    code = main(["doctor", str(REPO / "examples" / "quickstart.yaml"), "--json", "--code-dir", str(REPO)])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["exit_code"] == 0 and report["counts"]["error"] == 0
+    assert report["probe"]["status"] == "identical"
+    assert report["probe"]["loss"][0] == report["probe"]["loss"][1]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "code", "severity"),
+    [
+        (["train.precision=fp16"], "fp16", "warning"),
+        (["model.dtype=float16"], "fp16", "warning"),
+        (["determinism.threads=null"], "threads-unpinned", "warning"),
+        (["model.name=HuggingFaceTB/SmolLM2-135M"], "model-revision-unpinned", "error"),
+        (
+            ["model.name=HuggingFaceTB/SmolLM2-135M", "model.revision=main"],
+            "model-revision-not-sha",
+            "warning",
+        ),
+        (["determinism.mode=off"], "deterministic-algorithms-off", "warning"),
+        (["determinism.mode=warn"], "deterministic-warn-only", "info"),
+        (["determinism.device=auto"], "device-auto", "warning"),
+    ],
+    ids=[
+        "fp16",
+        "float16-weights",
+        "threads",
+        "no-revision",
+        "branch-revision",
+        "mode-off",
+        "mode-warn",
+        "auto",
+    ],
+)
+def test_bad_config_findings(overrides: list[str], code: str, severity: str, tmp_path: Path) -> None:
+    """Each deliberately bad config setting produces its finding, with why and fix."""
+    finding = _by_code(_doctor_on(overrides, tmp_path)).get(code)
+    assert finding is not None and finding.severity == severity
+    assert finding.why and finding.fix
+
+
+def test_clean_config_has_none_of_those(tmp_path: Path) -> None:
+    """The defaults raise none of the config findings above (so those tests can fail)."""
+    codes = set(_doctor_on([], tmp_path).codes())
+    assert not codes & {
+        "fp16",
+        "threads-unpinned",
+        "model-revision-unpinned",
+        "model-revision-not-sha",
+        "deterministic-algorithms-off",
+        "deterministic-warn-only",
+        "device-auto",
+    }
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_without_gpu_is_an_error(tmp_path: Path) -> None:
+    """determinism.device=cuda on a machine without a GPU is error-level, and the probe is skipped."""
+    report = _doctor_on(["determinism.device=cuda"], tmp_path, probe=True)
+    assert {"device-unavailable", "probe-skipped"} <= set(report.codes()) and report.exit_code == 1
+
+
+def test_env_findings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TOKENIZERS_PARALLELISM=true and an unset PYTHONHASHSEED are reported; set correctly, they are not."""
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    codes = set(_doctor_on([], tmp_path).codes())
+    assert {"tokenizers-parallelism-on", "pythonhashseed-random"} <= codes
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM")
+    assert "tokenizers-parallelism-unset" in _doctor_on([], tmp_path).codes()
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    codes = set(_doctor_on([], tmp_path).codes())
+    assert not codes & {"tokenizers-parallelism-on", "tokenizers-parallelism-unset", "pythonhashseed-random"}
+
+
+def test_not_in_git(tmp_path: Path) -> None:
+    """A code directory outside git is a warning."""
+    assert _by_code(_doctor_on([], tmp_path))["git-absent"].severity == "warning"
+
+
+@needs_git
+def test_dirty_git_tree(tmp_path: Path) -> None:
+    """A repo with an uncommitted change is a git-dirty warning, not an error; a clean one is neither."""
+
+    def git(*args: str) -> None:
+        subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+        )
+
+    git("init", "-q")
+    (tmp_path / "train.py").write_text("a = 1\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "init")
+    clean = _doctor_on([], tmp_path)
+    assert not {"git-dirty", "git-absent"} & set(clean.codes())
+    (tmp_path / "train.py").write_text("a = 2\n")
+    report = _doctor_on([], tmp_path)
+    assert _by_code(report)["git-dirty"].severity == "warning" and report.exit_code == 0
+
+
+def _data_file(tmp_path: Path) -> Path:
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"prompt": "hi", "response": "hello"}\n{"prompt": "a", "response": "b"}\n')
+    return path
+
+
+def test_data_without_manifest(tmp_path: Path) -> None:
+    """A data file with no split manifest is a warning."""
+    report = _doctor_on([], tmp_path, settings={"data": {"path": str(_data_file(tmp_path))}})
+    assert _by_code(report)["data-no-manifest"].severity == "warning"
+
+
+def test_manifest_matching_and_mismatching(tmp_path: Path) -> None:
+    """A manifest made from the file passes; once the file changes it is an error; garbage is an error."""
+    data = _data_file(tmp_path)
+    manifest = tmp_path / "split.json"
+    write_manifest(split_table(load_table(str(data)), seed=0), manifest)
+    settings = {"data": {"path": str(data)}, "split": {"manifest": str(manifest)}}
+    codes = set(_doctor_on([], tmp_path, settings=settings).codes())
+    assert not {c for c in codes if c.startswith("data-")}
+    data.write_text(data.read_text() + '{"prompt": "new", "response": "row"}\n')
+    report = _doctor_on([], tmp_path, settings=settings)
+    assert _by_code(report)["data-manifest-mismatch"].severity == "error" and report.exit_code == 1
+    manifest.write_text("not json")
+    assert "data-manifest-unreadable" in _doctor_on([], tmp_path, settings=settings).codes()
+
+
+def test_probe_detects_differing_bits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When two probe passes differ, the doctor reports an error."""
+    results = iter([("0x1.0p+0", "a"), ("0x1.0000000000001p+0", "a")])
+    monkeypatch.setattr(_doctor, "_probe_pass", lambda device: next(results))
+    report = _doctor_on([], tmp_path, probe=True)
+    assert _by_code(report)["probe-differs"].severity == "error" and report.exit_code == 1
+    assert report.probe is not None and report.probe["status"] == "differs"
+
+
+def test_probe_reports_a_raising_op(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An op that raises under strict mode is an error-level probe failure naming the message."""
+
+    def boom(device: str) -> tuple[str, str]:
+        raise RuntimeError("index_add_cuda_ does not have a deterministic implementation")
+
+    monkeypatch.setattr(_doctor, "_probe_pass", boom)
+    finding = _by_code(_doctor_on([], tmp_path, probe=True))["probe-failed"]
+    assert finding.severity == "error" and "index_add_cuda_" in finding.title
+
+
+def test_doctor_leaves_torch_flags_alone(tmp_path: Path) -> None:
+    """Auditing a mode-off config does not change the process's torch flags or thread count."""
+    torch.use_deterministic_algorithms(True)
+    threads = torch.get_num_threads()
+    _doctor_on(["determinism.mode=off", "determinism.threads=1"], tmp_path, probe=True)
+    assert torch.are_deterministic_algorithms_enabled() and torch.get_num_threads() == threads
+
+
+def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 1 for an error-level finding, 2 for a bad config (every problem listed); text by default."""
+    assert main(["doctor", "--set", "model.name=org/model", "--no-probe", "--code-dir", str(tmp_path)]) == 1
+    assert "ERROR   model-revision-unpinned" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  precison: fp16\n  batch_size: 0\n")
+    assert main(["doctor", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean 'precision'?" in err and "train.batch_size" in err
+
+
+def test_every_code_is_known_and_documented(tmp_path: Path) -> None:
+    """Every finding code is in FINDING_CODES and docs/doctor.md explains each one."""
+    doc = (REPO / "docs" / "doctor.md").read_text(encoding="utf-8")
+    for code in FINDING_CODES:
+        assert f"`{code}`" in doc, code
+    report = _doctor_on(["determinism.mode=off", "determinism.threads=null"], tmp_path, probe=True)
+    assert set(report.codes()) <= set(FINDING_CODES)

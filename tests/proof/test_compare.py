@@ -1,0 +1,254 @@
+"""compare_runs on hand-built run directories: verdicts, where, what differs and why."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from reprotune._errors import InputError
+from reprotune._jsonio import canonical_dumps
+from reprotune._proof.compare import compare_runs
+from reprotune._proof.differences import Difference, Verdict
+from rundirs import RunSpec, batches, default_rows, edit_ledger, make_split, write_run_dir
+
+
+@pytest.fixture
+def ref(tmp_path: Path) -> Path:
+    """The reference run, default spec."""
+    return write_run_dir(tmp_path / "ref")
+
+
+def test_identical_twins(ref: Path, tmp_path: Path) -> None:
+    """Two runs of the same spec are IDENTICAL, with nothing differing anywhere."""
+    twin = write_run_dir(tmp_path / "twin")
+    result = compare_runs(ref, twin)
+    assert result.verdict is Verdict.IDENTICAL
+    assert result.exit_code == 0
+    assert result.where.first_divergence_step is None
+    assert result.where.lines_differing == 0
+    assert result.where.steps_compared == 12
+    assert result.adapter is not None and result.adapter.identical
+    assert result.differences == ()
+    assert result.causes == ()
+    assert result.incomparable == ()
+
+
+def test_different_root_seed_diverges_at_init_and_names_seed(ref: Path, tmp_path: Path) -> None:
+    """A different root seed: DIVERGED at step 0 (LoRA init), data order from step 1, seed named first."""
+    other = write_run_dir(tmp_path / "seed43", RunSpec(seed=43))
+    result = compare_runs(ref, other)
+    assert result.verdict is Verdict.DIVERGED
+    assert result.exit_code == 1
+    assert result.where.first_divergence_step == 0
+    assert result.where.first_weights_step == 0
+    assert result.where.first_batch_step == 1
+    assert result.causes[0].startswith(
+        "the LoRA initial weights differ (step 0), and the data order from step 1: root seed 42 vs 43"
+    )
+    assert Difference("seeds", "seeds.root", 42, 43, "changed") in result.differences
+
+
+def test_edited_row_diverges_with_manifest_named(tmp_path: Path) -> None:
+    """One edited data row and a new manifest: DIVERGED where the row is first used, the row named."""
+    spec = RunSpec()
+    row = batches(spec)[2][0]  # first used at step 3 (rows repeat only in later epochs)
+    assert all(row not in b for b in batches(spec)[:2])
+    ref = write_run_dir(tmp_path / "ref", spec)
+    rows = default_rows()
+    rows[row] = "an edited prompt -> an edited response"
+    edited = write_run_dir(tmp_path / "edited", RunSpec(rows=rows))
+    result = compare_runs(ref, edited)
+    assert result.verdict is Verdict.DIVERGED
+    assert result.where.first_batch_step is None  # same indices: same data order
+    assert result.where.first_loss_step == 3
+    assert result.where.first_divergence_step == 3
+    assert result.split is not None
+    assert result.split.content_changed == (row,)
+    assert result.split.moved == ()
+    assert result.causes[0] == (
+        f"numbers differ from step 3 with identical data order: "
+        f"the split manifests differ in 1 row (content changed: row {row})"
+    )
+    assert {d.key for d in result.differences} == {"data.file_sha256", "data.manifest_sha256"}
+
+
+def test_different_split_is_data_order_cause(ref: Path, tmp_path: Path) -> None:
+    """A different split seed moves rows between splits: data order differs from step 1, rows named."""
+    other = write_run_dir(tmp_path / "split", RunSpec(seed_overrides={"split": 7}))
+    result = compare_runs(ref, other)
+    assert result.verdict is Verdict.DIVERGED
+    assert result.where.first_batch_step == 1
+    assert result.where.first_weights_step == 1  # same LoRA init
+    assert result.split is not None
+    a, b = make_split(RunSpec()), make_split(RunSpec(seed_overrides={"split": 7}))
+    expected = sorted(
+        i for i in range(24) if next(n for n in a if i in a[n]) != next(n for n in b if i in b[n])
+    )
+    assert [m.row for m in result.split.moved] == expected
+    head = "data order differs from step 1: the split manifests differ in"
+    assert result.causes[0].startswith(f"{head} {len(expected)} rows (in another split: ")
+    assert result.causes[1].startswith("data order differs from step 1: derived seed split ")
+
+
+def test_data_order_seed_named(ref: Path, tmp_path: Path) -> None:
+    """Only the data-order seed differs: data order differs from step 1 and that seed is the cause."""
+    other = write_run_dir(tmp_path / "order", RunSpec(seed_overrides={"data_order": 5}))
+    result = compare_runs(ref, other)
+    assert result.where.first_divergence_step == 1
+    assert result.where.first_batch_step == 1
+    assert result.causes == (f"data order differs from step 1: derived seed data_order {_seed(ref)} vs 5",)
+
+
+def _seed(run: Path, name: str = "data_order") -> int:
+    return int(json.loads((run / "record.json").read_text())["seeds"][name])
+
+
+def test_environment_difference_listed_when_numbers_agree(ref: Path, tmp_path: Path) -> None:
+    """A thread count that differs but changes no number: IDENTICAL, and the difference is listed."""
+    other = write_run_dir(tmp_path / "threads", RunSpec(environment={"torch": {"num_threads": 4}}))
+    result = compare_runs(ref, other)
+    assert result.verdict is Verdict.IDENTICAL
+    assert result.differences == (
+        Difference("environment", "environment.torch.num_threads", 2, 4, "changed"),
+    )
+    assert "1 recorded values differ, yet no number changed" in result.notes
+    assert "environment.torch.num_threads: 2 -> 4" in result.format()
+
+
+def test_environment_difference_is_cause_of_numbers(ref: Path, tmp_path: Path) -> None:
+    """Numbers that part at step 7 with identical data order are tied to the torch version that differs."""
+    spec = RunSpec(environment={"torch": {"version": "2.14.1"}}, noise_from_step=7)
+    result = compare_runs(ref, write_run_dir(tmp_path / "torch", spec))
+    assert result.verdict is Verdict.DIVERGED
+    assert result.where.first_batch_step is None
+    assert result.where.first_divergence_step == 7
+    assert result.causes == (
+        "numbers differ from step 7 with identical data order: torch.version 2.13.0 vs 2.14.1",
+    )
+
+
+def test_nothing_recorded_differs_points_at_doctor(ref: Path, tmp_path: Path) -> None:
+    """Runs that diverge with no recorded difference: nondeterminism, with `reprotune doctor` named."""
+    result = compare_runs(ref, write_run_dir(tmp_path / "noisy", RunSpec(noise_from_step=5)))
+    assert result.verdict is Verdict.DIVERGED
+    assert result.differences == ()
+    assert len(result.causes) == 1
+    assert result.causes[0].startswith("numbers differ from step 5 with identical data order, yet nothing")
+    assert "nondeterminism in this environment" in result.causes[0]
+    assert "reprotune doctor" in result.causes[0]
+
+
+def test_hand_edited_ledger_value(ref: Path, tmp_path: Path) -> None:
+    """A loss edited by hand at step 5: DIVERGED at step 5, one line differs, the edit is called out."""
+    other = tmp_path / "edited"
+    shutil.copytree(ref, other)
+    entries = [json.loads(line) for line in (ref / "ledger.jsonl").read_text().splitlines()]
+    original = next(e["loss"] for e in entries if e["kind"] == "train" and e["step"] == 5)
+    edit_ledger(other, 5, "loss", (float.fromhex(original) + 0.25).hex())
+    result = compare_runs(ref, other)
+    assert result.verdict is Verdict.DIVERGED
+    assert result.where.first_divergence_step == 5
+    assert result.where.first_loss_step == 5
+    assert result.where.first_weights_step is None
+    assert result.where.lines_differing == 1
+    diff = result.where.largest_loss_diff
+    assert diff is not None and diff.step == 5
+    assert diff.abs_diff == abs((float.fromhex(original) + 0.25) - float.fromhex(original))
+    assert result.causes[0] == (
+        "only the ledger line of step 5 differs (loss) and every later step agrees: "
+        "the ledger looks edited or corrupted, not trained differently"
+    )
+    assert "run B's ledger does not match the sha256 in its record (edited since?)" in result.notes
+
+
+@pytest.mark.parametrize(
+    ("tolerance", "verdict"),
+    [(None, Verdict.DIVERGED), (1e-3, Verdict.WITHIN_TOLERANCE), (1e-9, Verdict.DIVERGED)],
+    ids=["no-tolerance", "loose", "tight"],
+)
+def test_tolerance(ref: Path, tmp_path: Path, tolerance: float | None, verdict: Verdict) -> None:
+    """Numbers off by ~1e-5 with the same data order are WITHIN_TOLERANCE only for a tolerance above that."""
+    other = write_run_dir(tmp_path / "noisy", RunSpec(noise_from_step=3, noise=1e-5))
+    result = compare_runs(ref, other, tolerance=tolerance)
+    assert result.verdict is verdict
+    assert result.exit_code == (0 if verdict is Verdict.WITHIN_TOLERANCE else 1)
+
+
+def test_tolerance_never_forgives_data_order(ref: Path, tmp_path: Path) -> None:
+    """A different data order is DIVERGED whatever the tolerance."""
+    other = write_run_dir(tmp_path / "order", RunSpec(seed_overrides={"data_order": 5}))
+    assert compare_runs(ref, other, tolerance=1e9).verdict is Verdict.DIVERGED
+
+
+def test_adapter_tensor_differences_exact(ref: Path, tmp_path: Path) -> None:
+    """The per-tensor max |difference| is exactly what numpy computes on the two adapter files."""
+    other = write_run_dir(tmp_path / "noisy", RunSpec(noise_from_step=3, noise=1e-5))
+    result = compare_runs(ref, other)
+    ta = load_file(str(ref / "adapter" / "adapter_model.safetensors"))
+    tb = load_file(str(other / "adapter" / "adapter_model.safetensors"))
+    assert result.adapter is not None and not result.adapter.identical
+    got = {t.name: t.max_abs_diff for t in result.adapter.tensors}
+    want = {k: float(np.abs(ta[k].astype(np.float64) - tb[k].astype(np.float64)).max()) for k in ta}
+    assert got == want
+    assert all(v > 0 for v in got.values())
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        (RunSpec(model_sha256="f" * 64), "different base model: model.weights_sha256"),
+        (RunSpec(steps=10), "different training length: run A has 12 steps (completed), run B has 10"),
+        (RunSpec(lora_r=2), "the adapters have different tensors or shapes (1 differ, e.g. "),
+    ],
+    ids=["base-model", "steps", "lora-rank"],
+)
+def test_incomparable(ref: Path, tmp_path: Path, spec: RunSpec, reason: str) -> None:
+    """Runs of different experiments are INCOMPARABLE, saying what makes them so."""
+    result = compare_runs(ref, write_run_dir(tmp_path / "other", spec))
+    assert result.verdict is Verdict.INCOMPARABLE
+    assert result.exit_code == 1
+    assert any(r.startswith(reason) for r in result.incomparable), result.incomparable
+
+
+def test_missing_adapter_is_incomparable(ref: Path, tmp_path: Path) -> None:
+    """A run without its adapter cannot be IDENTICAL even with an equal ledger."""
+    other = tmp_path / "noadapter"
+    shutil.copytree(ref, other)
+    (other / "adapter" / "adapter_model.safetensors").unlink()
+    result = compare_runs(ref, other)
+    assert result.verdict is Verdict.INCOMPARABLE
+    assert result.incomparable == ("run B has no adapter (adapter/adapter_model.safetensors is missing)",)
+
+
+def test_to_json_is_canonical_and_complete(ref: Path, tmp_path: Path) -> None:
+    """to_json() is JSON-serializable, versioned, and carries verdict, where, causes and differences."""
+    result = compare_runs(ref, write_run_dir(tmp_path / "seed43", RunSpec(seed=43)))
+    data = json.loads(canonical_dumps(result.to_json()))
+    assert data["schema"] == "reprotune/comparison"
+    assert data["schema_version"] == 1
+    assert data["verdict"] == "DIVERGED"
+    assert data["where"]["first_divergence_step"] == 0
+    assert data["causes"] == list(result.causes)
+    assert {"category": "seeds", "key": "seeds.root", "a": 42, "b": 43, "change": "changed"} in data[
+        "differences"
+    ]
+    assert data["split"]["rows_differing"] == result.split.rows_differing if result.split else False
+
+
+def test_verdict_prints_as_its_value() -> None:
+    """A verdict formats as its plain value on every Python, and compares equal to the string."""
+    assert f"{Verdict.WITHIN_TOLERANCE}" == "WITHIN_TOLERANCE"
+    assert Verdict.IDENTICAL == "IDENTICAL"
+    assert Verdict.WITHIN_TOLERANCE.label == "WITHIN TOLERANCE"
+
+
+@pytest.mark.parametrize("tolerance", [-1.0, float("nan"), float("inf")], ids=["negative", "nan", "inf"])
+def test_bad_tolerance(ref: Path, tolerance: float) -> None:
+    """A tolerance that is negative or not finite is bad input."""
+    with pytest.raises(InputError, match="tolerance"):
+        compare_runs(ref, ref, tolerance=tolerance)

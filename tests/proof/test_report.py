@@ -1,0 +1,136 @@
+"""write_report: one self-contained HTML file, curves embedded, differences tabled and escaped."""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from reprotune._errors import InputError
+from reprotune._proof.report import write_report
+from rundirs import RunSpec, write_run_dir
+
+CHROMIUM = Path("/usr/bin/chromium")
+_IMG = re.compile(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> list[Path]:
+    """A reference, a run with another seed, and a run whose numbers part at step 7."""
+    return [
+        write_run_dir(tmp_path / "ref"),
+        write_run_dir(tmp_path / "seed43", RunSpec(seed=43)),
+        write_run_dir(
+            tmp_path / "noisy", RunSpec(noise_from_step=7, environment={"torch": {"num_threads": 4}})
+        ),
+    ]
+
+
+def test_self_contained_with_two_plots(runs: list[Path], tmp_path: Path) -> None:
+    """The report embeds two PNG plots as base64 and refers to nothing outside itself."""
+    out = write_report(runs, tmp_path / "report.html")
+    html = out.read_text(encoding="utf-8")
+    images = _IMG.findall(html)
+    assert len(images) == 2
+    assert all(base64.b64decode(data).startswith(b"\x89PNG\r\n\x1a\n") for data in images)
+    assert "http://" not in html and "https://" not in html and "<script" not in html
+    assert "src=" not in _IMG.sub("", html)  # no other source of any kind
+
+
+def test_divergence_marked_and_differences_tabled(runs: list[Path], tmp_path: Path) -> None:
+    """Each run's divergence step is marked; verdicts, causes and differences are in the page."""
+    html = write_report(runs, tmp_path / "report.html").read_text(encoding="utf-8")
+    marks = "B (seed43) parts from A (ref) at step 0, C (noisy) parts from A (ref) at step 7"
+    assert f"dashed vertical lines: {marks}" in html
+    assert html.count('<span class="verdict DIVERGED">DIVERGED</span>') == 2
+    assert "root seed 42 vs 43" in html
+    assert "numbers differ from step 7 with identical data order: torch.num_threads 2 vs 4" in html
+    assert "<td>environment.torch.num_threads</td>" in html
+
+
+def test_values_are_escaped(tmp_path: Path) -> None:
+    """Recorded values reach the page escaped, never as markup."""
+    ref = write_run_dir(tmp_path / "ref")
+    odd = write_run_dir(tmp_path / "odd", RunSpec(config={"data": {"path": "<script>alert(1)</script>&"}}))
+    html = write_report([ref, odd], tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "<script>" not in html
+    assert "&quot;&lt;script&gt;alert(1)&lt;/script&gt;&amp;&quot;" in html
+
+
+def test_single_run(tmp_path: Path) -> None:
+    """A report on one run has its plots and says there is nothing to compare."""
+    html = write_report([write_run_dir(tmp_path / "ref")], tmp_path / "one.html").read_text(encoding="utf-8")
+    assert len(_IMG.findall(html)) == 2
+    assert "One run: nothing to compare." in html
+
+
+def test_same_runs_same_bytes(runs: list[Path], tmp_path: Path) -> None:
+    """Two reports on the same runs are byte for byte equal; no temporary file is left behind."""
+    first = write_report(runs, tmp_path / "out" / "a.html").read_bytes()
+    second = write_report(runs, tmp_path / "out" / "b.html").read_bytes()
+    assert first == second
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.html", "b.html"]
+
+
+def test_no_runs_is_bad_input(tmp_path: Path) -> None:
+    """No run directory given is bad input."""
+    with pytest.raises(InputError, match="no run directory given"):
+        write_report([], tmp_path / "r.html")
+
+
+def test_out_is_directory(runs: list[Path], tmp_path: Path) -> None:
+    """An output path that is a directory is bad input."""
+    with pytest.raises(InputError, match="is a directory"):
+        write_report(runs, tmp_path)
+
+
+@pytest.mark.browser
+def test_renders_in_headless_chromium(runs: list[Path], tmp_path: Path) -> None:
+    """Headless Chromium loads the report and decodes both plots to images of non-zero size."""
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"{CHROMIUM} is missing: install Debian's chromium with "
+            "`sudo apt-get update && sudo apt-get install -y chromium` (scripts/test.sh does this)"
+        )
+    html = write_report(runs, tmp_path / "report.html").read_text(encoding="utf-8")
+    # The check runs in the page, after load: each image must be decoded with a real width.
+    probe = (
+        "<script>window.addEventListener('load', () => {"
+        "const imgs = [...document.images];"
+        "const ok = imgs.filter(i => i.complete && i.naturalWidth > 0 && i.naturalHeight > 0);"
+        "document.body.setAttribute('data-probe', ok.length + '/' + imgs.length + ' w=' +"
+        " imgs.map(i => i.naturalWidth).join(','));"
+        "});</script>"
+    )
+    page = tmp_path / "probe.html"
+    page.write_text(html.replace("</body>", probe + "</body>"), encoding="utf-8")
+    profile = tmp_path / "chromium-profile"
+    proc = subprocess.run(
+        [
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    shutil.rmtree(profile, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    match = re.search(r'data-probe="([^"]*)"', proc.stdout)
+    assert match is not None, proc.stdout[:2000]
+    assert match.group(1) == "2/2 w=900,900"

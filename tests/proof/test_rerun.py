@@ -1,0 +1,101 @@
+"""``reprotune rerun``: reproduce a recorded run from its record alone, refusing code drift."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tinyrun import TinyProject
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[TinyProject, Path]:
+    """A tiny project inside its own git repository, with one completed run recorded."""
+    project = TinyProject.create(tmp_path_factory.mktemp("rerun"))
+    project.config("cfg.yaml", train={"max_steps": 6, "save_every": 0})
+    git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], cwd=project.root, check=True)
+    (project.root / ".gitignore").write_text("runs/\n")
+    subprocess.run([*git, "add", "-A"], cwd=project.root, check=True)
+    subprocess.run([*git, "commit", "-qm", "init"], cwd=project.root, check=True)
+    project.run_cli("run", "cfg.yaml", "--run-dir", "runs/original", "--no-progress")
+    return project, project.root / "runs" / "original"
+
+
+def test_rerun_reproduces_identically(recorded: tuple[TinyProject, Path]) -> None:
+    """From the record alone (config, manifest, seeds) the rerun is IDENTICAL, exit 0."""
+    project, original = recorded
+    done = project.run_cli("rerun", str(original), "--run-dir", "runs/again", "--no-progress")
+    assert "IDENTICAL" in done.stdout
+    a = json.loads((original / "record.json").read_text())
+    b = json.loads((project.root / "runs" / "again" / "record.json").read_text())
+    assert a["outputs"]["adapter_sha256"] == b["outputs"]["adapter_sha256"]
+    assert (original / "split.json").read_bytes() == (
+        project.root / "runs" / "again" / "split.json"
+    ).read_bytes()
+
+
+def test_rerun_refuses_code_drift(recorded: tuple[TinyProject, Path]) -> None:
+    """An uncommitted change since the run: refused with exit 2 unless --allow-code-drift."""
+    project, original = recorded
+    script = project.root / "train_helper.py"
+    script.write_text("# a change made after the run\n")
+    try:
+        done = project.run_cli("rerun", str(original), "--run-dir", "runs/drift", check=False)
+        assert done.returncode == 2
+        assert "code differs" in done.stderr and "--allow-code-drift" in done.stderr
+        assert not (project.root / "runs" / "drift").exists()
+        allowed = project.run_cli(
+            "rerun", str(original), "--run-dir", "runs/drift", "--allow-code-drift", "--no-progress"
+        )
+        assert "allowed by --allow-code-drift" in allowed.stdout + allowed.stderr
+        assert "IDENTICAL" in allowed.stdout
+    finally:
+        script.unlink()
+
+
+def test_rerun_refuses_changed_data(recorded: tuple[TinyProject, Path], tmp_path: Path) -> None:
+    """Data edited since the run: the rerun is refused (exit 1) naming the changed row."""
+    project, original = recorded
+    data = project.root / "data.jsonl"
+    backup = tmp_path / "data.jsonl"
+    shutil.copyfile(data, backup)
+    try:
+        lines = data.read_text().splitlines()
+        lines[3] = lines[3].replace('"response":"', '"response":"changed ')
+        data.write_text("\n".join(lines) + "\n")
+        done = project.run_cli("rerun", str(original), "--run-dir", "runs/changed", check=False)
+        assert done.returncode == 1
+        assert "not the data the run was made from" in done.stderr
+        assert "row 3" in done.stderr
+    finally:
+        shutil.copyfile(backup, data)
+
+
+def test_rerun_of_a_non_run_directory(tiny_project: TinyProject, tmp_path: Path) -> None:
+    """A directory without record.json: exit 2 with the fix."""
+    done = tiny_project.run_cli("rerun", str(tmp_path), check=False)
+    assert done.returncode == 2
+    assert "not a run directory" in done.stderr
+
+
+def test_resume_refuses_code_drift(recorded: tuple[TinyProject, Path]) -> None:
+    """A run stopped, then the code changed: resume exits 2; with the code restored it completes."""
+    project, _ = recorded
+    project.run_cli("run", "cfg.yaml", "--run-dir", "runs/stopped", "--no-progress", "--stop-after-step", "2")
+    script = project.root / "train_helper.py"
+    script.write_text("# a change made while the run was stopped\n")
+    try:
+        refused = project.run_cli("resume", "runs/stopped", "--no-progress", check=False)
+        assert refused.returncode == 2
+        assert "code differs from the code the run was made with" in refused.stderr and "before resuming" in refused.stderr
+    finally:
+        script.unlink()
+    project.run_cli("resume", "runs/stopped", "--no-progress")
+    assert (
+        json.loads((project.root / "runs" / "stopped" / "record.json").read_text())["status"] == "completed"
+    )

@@ -1,0 +1,153 @@
+"""Tests for reprotune._run.fingerprint and _run.redact: planted secrets never recorded, git state."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from reprotune._jsonio import canonical_dumps
+from reprotune._run import fingerprint as _fingerprint
+from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint
+from reprotune._run.redact import REDACTED, redact_env, redact_value
+
+needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+
+PLANTED = {
+    "HF_TOKEN": "hf_plantedSecret1",
+    "WANDB_API_KEY": "plantedSecret2",
+    "MLFLOW_TRACKING_PASSWORD": "plantedSecret3",
+    "HUGGINGFACE_HUB_TOKEN": "plantedSecret4",
+    "MLFLOW_TRACKING_URI": "https://alice:plantedSecret5@mlflow.example.com:5000/db",
+    "HF_ENDPOINT": "https://hub.example.com/api?access_token=plantedSecret6&region=eu",
+    "TORCH_HOME_AUTH": "plantedSecret7",
+}
+
+
+def test_planted_secrets_never_reach_the_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No planted secret value appears anywhere in the environment fingerprint's JSON."""
+    for name, value in PLANTED.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    text = canonical_dumps(environment_fingerprint())
+    for n in range(1, 8):
+        assert f"plantedSecret{n}" not in text
+    env = environment_fingerprint()["env"]
+    assert env["HF_TOKEN"] == REDACTED and env["WANDB_API_KEY"] == REDACTED
+    assert env["MLFLOW_TRACKING_URI"] == "https://***:***@mlflow.example.com:5000/db"
+    assert env["HF_ENDPOINT"] == "https://hub.example.com/api?access_token=***&region=eu"
+    assert env["TOKENIZERS_PARALLELISM"] == "false"  # "TOKEN" inside a word is not a secret name
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("https://user:pass@host/x", "https://***:***@host/x"),
+        ("https://tok@host", "https://***@host"),
+        (
+            "postgresql://u:p@db:5432/m and s3://k:s@bucket",
+            "postgresql://***:***@db:5432/m and s3://***:***@bucket",
+        ),
+        ("sqlite:///mlflow.db", "sqlite:///mlflow.db"),
+        ("http://host/path?sig=abc&x=1", "http://host/path?sig=***&x=1"),
+    ],
+    ids=["user-pass", "user-only", "two-urls", "no-credentials", "query-signature"],
+)
+def test_redact_value(value: str, expected: str) -> None:
+    """Credentials inside URLs and secret query parameters are masked; other text is kept."""
+    assert redact_value(value) == expected
+
+
+def test_redact_env_keeps_only_relevant_names() -> None:
+    """Only variables with a relevant prefix are kept; HOME and an AWS key are not recorded at all."""
+    env = {"HOME": "/root", "AWS_SECRET_ACCESS_KEY": "x", "CUDA_VISIBLE_DEVICES": "0", "PYTHONHASHSEED": "0"}
+    assert redact_env(env) == {"CUDA_VISIBLE_DEVICES": "0", "PYTHONHASHSEED": "0"}
+
+
+def test_environment_lists_installed_distributions_and_versions() -> None:
+    """Every installed distribution is listed with its version, plus torch, CPU and thread facts."""
+    env = environment_fingerprint()
+    assert env["distributions"]["torch"] == importlib.metadata.version("torch")
+    assert env["distributions"]["pydantic"] == importlib.metadata.version("pydantic")
+    assert len(env["distributions"]) == len(
+        {d.metadata["Name"].lower() for d in importlib.metadata.distributions()}
+    )
+    assert env["torch"]["version"] and env["cpu"]["model"]
+    assert env["threads"]["torch_intra_op"] == env["determinism"]["torch_num_threads"]
+
+
+def test_no_gpu_tools_no_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without nvidia-smi the fingerprint still builds, with no driver."""
+    monkeypatch.setattr(_fingerprint.shutil, "which", lambda name: None)
+    env = environment_fingerprint()
+    assert env["gpu_driver"] is None and env["nvidia_smi_gpus"] == []
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+    )
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A git repository with one commit holding a text file and a binary file."""
+    _git(tmp_path, "init", "-q", "-b", "main")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "blob.bin").write_bytes(bytes(range(256)))
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-q", "-m", "init")
+    return tmp_path
+
+
+@needs_git
+def test_clean_repo(repo: Path) -> None:
+    """A clean tree: commit and branch recorded, not dirty, no diff."""
+    info = code_fingerprint(repo)
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True
+    ).stdout.strip()
+    assert info.in_git and info.commit == head and info.branch == "main"
+    assert not info.dirty and info.diff == b"" and info.diff_sha256 is None and info.untracked == ()
+
+
+@needs_git
+def test_dirty_repo_diff_is_binary_safe(repo: Path) -> None:
+    """A modified text and binary file: dirty, diff covers both, its sha256 is of the exact bytes."""
+    (repo / "train.py").write_text("print('changed')\n")
+    (repo / "blob.bin").write_bytes(bytes(range(255, -1, -1)))
+    (repo / "new.py").write_text("x = 1\n")
+    info = code_fingerprint(repo / "train.py")  # a file inside the repo works too
+    assert info.dirty and info.untracked == ("new.py",)
+    assert b"changed" in info.diff and b"GIT binary patch" in info.diff
+    assert info.diff_sha256 == hashlib.sha256(info.diff).hexdigest()
+    record = info.to_record(patch_file="code.patch")
+    assert record["dirty"] is True and record["patch_file"] == "code.patch" and "diff" not in record
+
+
+@needs_git
+def test_untracked_only_is_dirty(repo: Path) -> None:
+    """An untracked file alone makes the tree dirty (a commit would not reproduce it)."""
+    (repo / "helper.py").write_text("")
+    info = code_fingerprint(repo)
+    assert info.dirty and info.diff_sha256 is None and info.untracked == ("helper.py",)
+
+
+def test_outside_git(tmp_path: Path) -> None:
+    """Outside a git work tree: in_git False, no crash."""
+    info = code_fingerprint(tmp_path)
+    assert info.in_git is False and info.commit is None and not info.dirty
+
+
+def test_without_git_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without git installed: in_git False, no crash."""
+    monkeypatch.setattr(_fingerprint.shutil, "which", lambda name: None)
+    info = code_fingerprint(tmp_path)
+    assert info.in_git is False and info.git_error == "git is not installed"

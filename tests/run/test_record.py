@@ -1,0 +1,149 @@
+"""Tests for reprotune._run.record: round trip, canonical bytes, schema refusal, bad files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reprotune._config.loading import config_from_dict
+from reprotune._config.schema import ExperimentConfig, config_sha256
+from reprotune._determinism.seeds import derive_seeds
+from reprotune._errors import InputError, SchemaVersionError
+from reprotune._jsonio import canonical_dumps, sha256_file
+from reprotune._run.record import (
+    SCHEMA,
+    SCHEMA_VERSION,
+    load_record,
+    make_run_id,
+    parse_record,
+    start_record,
+    write_record,
+)
+
+
+def _record(cfg: ExperimentConfig | None = None) -> dict[str, Any]:
+    cfg = cfg or config_from_dict({"seed": {"root": 7, "overrides": {"eval": 3}}})
+    record = start_record("20260101-000000-abcdef12", cfg, derive_seeds(cfg.seed.root, cfg.seed.overrides))
+    record.update(
+        status="running",
+        code={"in_git": True, "commit": "a" * 40, "branch": "main", "dirty": False},
+        data={
+            "source": "builtin:chatterbot-en",
+            "file_sha256": "b" * 64,
+            "n_rows": 2026,
+            "split_sizes": {"train": 1620, "validation": 203, "test": 203},
+        },
+        model={"source": "builtin:smollm2-135m-instruct", "weights_sha256": "c" * 64, "pad_token_id": 2},
+        lora={"r": 8, "lora_alpha": 16},
+        environment={"python": {"version": "3.11"}},
+    )
+    return record
+
+
+def test_start_record_holds_config_identity_and_seeds() -> None:
+    """start_record holds the resolved config, its sha256, the seeds given and a start time."""
+    cfg = config_from_dict({"seed": {"root": 7, "overrides": {"eval": 3}}})
+    record = _record(cfg)
+    assert record["config"] == cfg.resolved() and record["config_sha256"] == config_sha256(cfg)
+    assert record["seeds"] == derive_seeds(7, {"eval": 3}) and record["seeds"]["eval"] == 3
+    assert record["attempts"] == [] and record["timings"]["started_at"].endswith("Z")
+    parsed = parse_record({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **record})
+    assert parsed.status == "running" and parsed.config_sha256 == config_sha256(cfg)
+
+
+def test_round_trip_is_exact_and_canonical(tmp_path: Path) -> None:
+    """write then load gives an equal record; the file is canonical JSON; the sha256 returned is its own."""
+    record = _record()
+    sha = write_record(tmp_path / "record.json", record)
+    stamped = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **record}
+    assert load_record(tmp_path / "record.json") == stamped
+    assert load_record(tmp_path) == stamped  # a run directory works too
+    text = (tmp_path / "record.json").read_text(encoding="utf-8")
+    assert text == canonical_dumps(json.loads(text)) and sha == sha256_file(tmp_path / "record.json")
+    assert list(json.loads(text)) == sorted(json.loads(text))
+
+
+def test_dict_records_are_stamped_and_keep_extra_keys(tmp_path: Path) -> None:
+    """A dict record (as the training loop keeps it) gets schema keys added and loses nothing."""
+    cfg = ExperimentConfig()
+    data: dict[str, Any] = {
+        "run_id": "r",
+        "status": "running",
+        "config": cfg.resolved(),
+        "config_sha256": config_sha256(cfg),
+        "seeds": derive_seeds(42),
+        "timings": {"started_at": "2026-01-01T00:00:00Z"},
+        "attempts": [{"resumed": False}],
+        "data": {"source": "x", "order": {"version": 1}},
+    }
+    write_record(tmp_path / "record.json", data)
+    loaded = load_record(tmp_path / "record.json")
+    assert loaded["schema"] == SCHEMA and loaded["schema_version"] == SCHEMA_VERSION
+    assert loaded["attempts"] == [{"resumed": False}] and loaded["data"]["order"] == {"version": 1}
+
+
+def test_invalid_record_is_not_written(tmp_path: Path) -> None:
+    """write_record refuses a record that breaks the schema, and leaves no file."""
+    bad = {**_stamped(), "status": "exploded"}
+    with pytest.raises(ValueError, match="status"):
+        write_record(tmp_path / "record.json", bad)
+    assert not (tmp_path / "record.json").exists()
+
+
+def test_unknown_schema_version_is_refused(tmp_path: Path) -> None:
+    """A record with schema_version 2 raises SchemaVersionError naming both versions."""
+    data = {**_stamped(), "schema_version": 2}
+    (tmp_path / "record.json").write_text(json.dumps(data))
+    with pytest.raises(SchemaVersionError) as info:
+        load_record(tmp_path / "record.json")
+    assert (
+        "schema_version 2 is not supported" in info.value.message
+        and "reads schema_version 1" in info.value.message
+    )
+
+
+def test_foreign_schema_is_refused(tmp_path: Path) -> None:
+    """A JSON file that is not a reprotune record raises SchemaVersionError."""
+    (tmp_path / "record.json").write_text(json.dumps({"schema": "other/thing", "schema_version": 1}))
+    with pytest.raises(SchemaVersionError, match="not a reprotune run record"):
+        load_record(tmp_path / "record.json")
+
+
+def test_non_json_file_is_an_input_error_with_position(tmp_path: Path) -> None:
+    """A truncated record raises InputError whose source names line and column."""
+    (tmp_path / "record.json").write_text('{\n "run_id": "x",\n "status": ')
+    with pytest.raises(InputError) as info:
+        load_record(tmp_path / "record.json")
+    assert info.value.source == f"{tmp_path / 'record.json'}:3:12" and "not valid JSON" in info.value.message
+
+
+def test_missing_and_invalid_records(tmp_path: Path) -> None:
+    """A missing file and a record with a wrongly typed field raise InputError."""
+    with pytest.raises(InputError, match="does not exist"):
+        load_record(tmp_path / "nope.json")
+    data = {**_stamped(), "seeds": {"root": "forty-two"}}
+    (tmp_path / "record.json").write_text(json.dumps(data))
+    with pytest.raises(InputError, match=r"seeds.root"):
+        load_record(tmp_path / "record.json")
+
+
+def test_run_id_format() -> None:
+    """make_run_id is YYYYmmdd-HHMMSS-<8 hex of the config sha256> in UTC."""
+    from datetime import datetime, timezone
+
+    cfg = ExperimentConfig()
+    run_id = make_run_id(cfg, datetime(2026, 3, 4, 5, 6, 7, tzinfo=timezone.utc))
+    assert run_id == f"20260304-050607-{config_sha256(cfg)[:8]}"
+
+
+def test_recorded_config_reloads() -> None:
+    """The config kept in a record validates back to the config it came from."""
+    cfg = config_from_dict({"train": {"epochs": 2}})
+    assert config_from_dict(_record(cfg)["config"]) == cfg
+
+
+def _stamped() -> dict[str, Any]:
+    return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "reprotune_version": "0", **_record()}

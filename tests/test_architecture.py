@@ -1,0 +1,101 @@
+"""The layout of src/reprotune stays what docs/architecture.md says: pillars import downwards only,
+modules stay small unless they say why, and the run path's functions fit on a screen."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "reprotune"
+
+#: Lowest first. A module may import its own pillar and any pillar below it, never one above.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("_errors", "_version", "_jsonio", "_faults"),
+    ("_determinism",),
+    ("_config",),
+    ("_data",),
+    ("_model",),
+    ("_run",),
+    ("_trackers",),
+    ("_train",),
+    ("_proof", "_doctor"),
+    ("_cli", "__init__", "__main__"),
+)
+_LEVEL = {name: level for level, names in enumerate(LAYERS) for name in names}
+#: Modules of the run path (``reprotune run``), whose functions must fit on one screen.
+RUN_PATH = ("_train",)
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 80
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in SRC.rglob("*.py"))
+
+
+def _pillar(path: Path) -> str:
+    rel = path.relative_to(SRC)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _imported_pillars(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "reprotune" and len(parts) > 1 and parts[1] in _LEVEL:
+                found.add(parts[1])
+    return found
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SRC)))
+def test_imports_point_downwards(path: Path) -> None:
+    """Every reprotune import goes to the module's own pillar or one below it."""
+    pillar = _pillar(path)
+    assert pillar in _LEVEL, f"{pillar} is not in LAYERS (docs/architecture.md)"
+    upward = sorted(p for p in _imported_pillars(path) if _LEVEL[p] > _LEVEL[pillar])
+    assert not upward, f"{path.relative_to(SRC)} ({pillar}) imports from a pillar above it: {upward}"
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SRC)))
+def test_modules_are_small_or_say_why(path: Path) -> None:
+    """A module over 400 lines says in its docstring why its size is earned."""
+    text = path.read_text(encoding="utf-8")
+    if text.count("\n") <= MAX_MODULE_LINES:
+        return
+    docstring = ast.get_docstring(ast.parse(text)) or ""
+    assert "over 400 lines on purpose" in docstring, f"{path.relative_to(SRC)}: {text.count(chr(10))} lines"
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in _modules() if _pillar(p) in RUN_PATH], ids=lambda p: str(p.relative_to(SRC))
+)
+def test_run_path_functions_fit_on_a_screen(path: Path) -> None:
+    """No function of the run path is longer than 80 lines."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            assert length <= MAX_FUNCTION_LINES, f"{path.relative_to(SRC)}:{node.lineno} {node.name}: {length}"
+
+
+def test_no_import_inside_a_function_dodges_a_cycle() -> None:
+    """Imports inside functions are only of heavy third-party modules (torch, transformers, ...)
+    or of the CLI's command modules, never of another reprotune module to dodge a cycle."""
+    offenders = []
+    for path in _modules():
+        if _pillar(path) == "_cli":
+            continue  # commands import their work when run, so `--help` stays fast (documented there)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for func in ast.walk(tree):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(func):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("reprotune"):
+                    offenders.append(f"{path.relative_to(SRC)}:{node.lineno} {node.module}")
+    assert not offenders, offenders

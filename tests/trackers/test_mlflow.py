@@ -1,0 +1,137 @@
+"""Trackers: MLflow on a real SQLite store; a failing tracker is switched off, the run goes on."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reprotune._trackers.base import RunDescription, TrackerSet, flatten_params
+from reprotune._trackers.mlflow import MlflowTracker
+
+
+class _Broken:
+    name = "broken"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def start(self, run: RunDescription) -> None:
+        pass
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.calls += 1
+        raise ConnectionError("tracking server unreachable")
+
+    def log_artifacts(self, paths: Mapping[str, Path]) -> None:
+        pass
+
+    def finish(self, status: str) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _run(tmp_path: Path) -> RunDescription:
+    return RunDescription(
+        run_id="20260101-000000-abcdef12",
+        run_dir=tmp_path,
+        params={"train.learning_rate": "0.001", "lora.r": "4"},
+        tags={"git.commit": "deadbeef"},
+    )
+
+
+def test_flatten_params() -> None:
+    """Nested config becomes dotted string params; None is written as null."""
+    assert flatten_params({"a": {"b": 1, "c": None}, "d": [1, 2], "e": {}}) == {
+        "a.b": "1",
+        "a.c": "null",
+        "d": "[1, 2]",
+        "e": "{}",
+    }
+
+
+def test_failing_tracker_reported_once_and_dropped(tmp_path: Path) -> None:
+    """A tracker that raises is reported once, switched off, and its failure summarised."""
+    lines: list[str] = []
+    broken = _Broken()
+    trackers = TrackerSet([broken], report=lines.append)
+    trackers.start(_run(tmp_path))
+    for step in range(1, 6):
+        trackers.log_metrics(step, {"train_loss": 1.0})
+    summary = trackers.finish("completed")
+    assert broken.calls == 1
+    assert broken.closed  # a tracker switched off is closed at once
+    assert len(lines) == 1 and "broken" in lines[0] and "switched off" in lines[0]
+    assert summary == {"broken": {"ok": False, "error": "ConnectionError: tracking server unreachable"}}
+
+
+def test_mlflow_sqlite_store_gets_everything(tmp_path: Path) -> None:
+    """Params, tags, every metric of every step and an artifact reach a real SQLite store."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    artifact = tmp_path / "record.json"
+    artifact.write_text("{}\n")
+    tracker = MlflowTracker(uri, tmp_path / "artifacts", "unit")
+    trackers = TrackerSet([tracker])
+    trackers.start(_run(tmp_path))
+    for step in range(1, 201):
+        trackers.log_metrics(step, {"train_loss": 1.0 / step, "lr": 0.1})
+    trackers.log_artifacts({"": artifact})
+    summary = trackers.finish("completed")
+    assert summary["mlflow"]["ok"] is True
+    assert summary["mlflow"]["metrics_logged"] == 400
+
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(summary["mlflow"]["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params == {"train.learning_rate": "0.001", "lora.r": "4"}
+    assert run.data.tags["git.commit"] == "deadbeef"
+    history = client.get_metric_history(run.info.run_id, "train_loss")
+    assert sorted((m.step, m.value) for m in history) == [(s, 1.0 / s) for s in range(1, 201)]
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["record.json"]
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_mlflow_child_yields_to_the_loop(tmp_path: Path) -> None:
+    """While the run trains, the MLflow child runs at idle priority; it still stores everything."""
+    tracker = MlflowTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "artifacts", "unit")
+    trackers = TrackerSet([tracker])
+    trackers.start(_run(tmp_path))
+    deadline = time.monotonic() + 60
+    while os.sched_getscheduler(tracker._proc.pid) != os.SCHED_IDLE and time.monotonic() < deadline:
+        time.sleep(0.05)  # the child sets its policy as it starts serving
+    assert os.sched_getscheduler(tracker._proc.pid) == os.SCHED_IDLE
+    trackers.log_metrics(1, {"train_loss": 0.5})
+    assert trackers.finish("completed")["mlflow"]["metrics_logged"] == 1
+
+
+def test_mlflow_failure_does_not_raise_into_the_run(tmp_path: Path) -> None:
+    """An unusable tracking URI is reported and switched off; nothing escapes."""
+    lines: list[str] = []
+    bad = tmp_path / "not-a-dir"
+    bad.write_text("x")
+    tracker = MlflowTracker(f"sqlite:///{bad / 'mlflow.db'}", tmp_path / "a", "unit")
+    trackers = TrackerSet([tracker], report=lines.append)
+    trackers.start(_run(tmp_path))
+    for step in range(1, 4):
+        trackers.log_metrics(step, {"train_loss": 1.0})
+    summary = trackers.finish("completed")
+    assert summary["mlflow"]["ok"] is False
+    assert len(lines) == 1 and "mlflow" in lines[0]
+
+
+def test_mlflow_tracker_of_a_run_that_never_started(tmp_path: Path) -> None:
+    """A run that fails before tracking starts: no false tracker failure, the child is stopped."""
+    lines: list[str] = []
+    tracker = MlflowTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "a", "unit")
+    summary = TrackerSet([tracker], report=lines.append).finish("failed")
+    assert summary == {"mlflow": {"ok": True, "started": False}}
+    assert lines == []
+    assert tracker._proc.returncode is not None

@@ -1,0 +1,196 @@
+"""Tests for ``reprotune resume``: a run stopped mid-way and resumed in a fresh process is bitwise
+identical to an uninterrupted one; skipping the RNG restore is caught; misuse exits 2.
+
+Real runs of the tiny model (8 steps, a checkpoint at step 4, LoRA dropout 0.1), each in a fresh
+``python -m reprotune`` process (about 5 s each, mostly imports).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reprotune._cli import main
+from reprotune._jsonio import sha256_file
+from reprotune._proof.compare import compare_runs
+from reprotune._run.layout import LEDGER as LEDGER_FILE
+from reprotune._run.ledger import read_ledger
+from reprotune._run.record import load_record, write_record
+from tinyrun import TinyProject
+
+pytestmark = pytest.mark.slow
+
+ADAPTER = Path("adapter") / "adapter_model.safetensors"
+QUIET = ("--no-progress", "--no-tracking")
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> TinyProject:
+    """A tiny model, data and the base config (8 steps, save_every 4, eval_every 4) for this module."""
+    return TinyProject.create(tmp_path_factory.mktemp("resume-project"))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where this module's run directories go."""
+    return tmp_path_factory.mktemp("resume-runs")
+
+
+@pytest.fixture(scope="module")
+def reference(project: TinyProject, runs: Path) -> Path:
+    """The uninterrupted run of the base config."""
+    run_dir = runs / "reference"
+    project.run_cli("run", str(project.config()), "--run-dir", str(run_dir), *QUIET)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def stopped(project: TinyProject, runs: Path) -> Path:
+    """The base config stopped after step 4 (its checkpoint), as if interrupted. Copy before use."""
+    run_dir = runs / "stopped"
+    project.run_cli("run", str(project.config()), "--run-dir", str(run_dir), "--stop-after-step", "4", *QUIET)
+    return run_dir
+
+
+def _copy(run_dir: Path, to: Path) -> Path:
+    shutil.copytree(run_dir, to)
+    return to
+
+
+def _lines(run_dir: Path) -> list[dict[str, Any]]:
+    return [dict(e.fields) for e in read_ledger(run_dir / LEDGER_FILE).entries()]
+
+
+def _assert_identical(reference: Path, run_dir: Path) -> None:
+    """Every ledger line (train and val) and the adapter bytes equal, and compare says IDENTICAL."""
+    assert (run_dir / LEDGER_FILE).read_bytes() == (reference / LEDGER_FILE).read_bytes()
+    assert sha256_file(run_dir / ADAPTER) == sha256_file(reference / ADAPTER)
+    record, ref_record = load_record(run_dir / "record.json"), load_record(reference / "record.json")
+    assert record["status"] == "completed"
+    assert record["outputs"]["adapter_sha256"] == ref_record["outputs"]["adapter_sha256"]
+    assert record["outputs"]["ledger_sha256"] == ref_record["outputs"]["ledger_sha256"]
+    assert str(compare_runs(reference, run_dir).verdict) == "IDENTICAL"
+
+
+def test_stopped_run_is_unfinished_and_ends_at_its_step(stopped: Path) -> None:
+    """A run stopped after step 4 says so and holds steps 1-4, their validation line and a checkpoint."""
+    assert load_record(stopped / "record.json")["status"] == "stopped"
+    lines = _lines(stopped)
+    assert [(e["kind"], e["step"]) for e in lines] == [
+        ("init", 0),
+        ("train", 1),
+        ("train", 2),
+        ("train", 3),
+        ("train", 4),
+        ("val", 4),
+    ]
+    assert [p.name for p in (stopped / "checkpoints").iterdir()] == ["step-00000004"]
+    assert not (stopped / ADAPTER).exists()
+
+
+def test_resume_in_a_fresh_process_is_identical(
+    project: TinyProject, reference: Path, stopped: Path, tmp_path: Path
+) -> None:
+    """Stopped after step 4, resumed in a new process: every ledger line and the adapter bitwise equal."""
+    run_dir = _copy(stopped, tmp_path / "resumed")
+    done = project.run_cli("resume", str(run_dir), *QUIET)
+    assert f"resuming {run_dir} from step 4 (step-00000004)" in done.stderr
+    assert "completed after 8 steps" in done.stdout
+    _assert_identical(reference, run_dir)
+    attempts = load_record(run_dir / "record.json")["attempts"]
+    assert [a["resumed"] for a in attempts] == [False, True]
+    code = main(["compare", str(reference), str(run_dir)])
+    assert code == 0
+
+
+def test_resume_without_rng_restore_diverges_after_the_checkpoint(
+    project: TinyProject, reference: Path, stopped: Path, tmp_path: Path
+) -> None:
+    """Skipping the RNG restore (dropout 0.1) diverges at step 5: same batches, other numbers."""
+    run_dir = _copy(stopped, tmp_path / "no-rng")
+    project.run_cli("resume", str(run_dir), "--skip-rng-restore", *QUIET)
+    result = compare_runs(reference, run_dir)
+    assert str(result.verdict) == "DIVERGED"
+    assert result.where.first_divergence_step == 5
+    ref_lines, lines = _lines(reference), _lines(run_dir)
+    assert lines[:6] == ref_lines[:6]  # init, steps 1-4, val at 4: from before the checkpoint
+    ref_train = [e for e in ref_lines if e["kind"] == "train"]
+    train = [e for e in lines if e["kind"] == "train"]
+    assert [e["batch_sha256"] for e in train] == [e["batch_sha256"] for e in ref_train]  # data order intact
+    assert train[4]["loss"] != ref_train[4]["loss"]
+    assert sha256_file(run_dir / ADAPTER) != sha256_file(reference / ADAPTER)
+    assert main(["compare", str(reference), str(run_dir)]) == 1
+
+
+def test_resume_with_grad_accumulation_drops_lines_past_the_checkpoint(
+    project: TinyProject, runs: Path, tmp_path: Path
+) -> None:
+    """With 2 micro-batches per step, stopped at step 6 (checkpoint 4): steps 5-6 are redone, identical."""
+    config = project.config("accum.yaml", train={"batch_size": 2, "grad_accum_steps": 2})
+    reference = runs / "accum-reference"
+    project.run_cli("run", str(config), "--run-dir", str(reference), *QUIET)
+    run_dir = tmp_path / "accum-resumed"
+    project.run_cli("run", str(config), "--run-dir", str(run_dir), "--stop-after-step", "6", *QUIET)
+    assert [e["step"] for e in _lines(run_dir) if e["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
+
+    done = project.run_cli("resume", str(run_dir), *QUIET)
+    assert "from step 4 (step-00000004)" in done.stderr
+    _assert_identical(reference, run_dir)
+    assert {e["n_rows"] for e in _lines(reference) if e["kind"] == "train"} == {4}
+
+
+# --- misuse: exit 2 with a message that says what to do -------------------------------------------
+
+
+@pytest.mark.parametrize("status", ["stopped", "running", "failed"])
+def test_run_into_an_unfinished_run_dir_says_resume(
+    project: TinyProject, stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], status: str
+) -> None:
+    """``run`` on a directory holding an unfinished run exits 2 and tells the user to resume it."""
+    run_dir = _copy(stopped, tmp_path / "unfinished")
+    record = load_record(run_dir / "record.json")
+    record["status"] = status
+    write_record(run_dir / "record.json", record)
+    before = (run_dir / LEDGER_FILE).read_bytes()
+    assert main(["run", str(project.config()), "--run-dir", str(run_dir), *QUIET]) == 2
+    err = capsys.readouterr().err
+    assert f"holds an unfinished run (status {status!r})" in err
+    assert f"reprotune resume {run_dir}" in err
+    assert (run_dir / LEDGER_FILE).read_bytes() == before  # nothing was touched
+
+
+def test_run_into_a_completed_run_dir_exits_2(
+    project: TinyProject, reference: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``run`` on a directory holding a completed run exits 2 and asks for a new directory."""
+    assert main(["run", str(project.config()), "--run-dir", str(reference), *QUIET]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a completed run" in err and "--run-dir" in err
+
+
+def test_resume_of_a_completed_run_exits_2(reference: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``resume`` on a completed run exits 2: nothing to resume; the run is left as it was."""
+    before = sha256_file(reference / "record.json")
+    assert main(["resume", str(reference), *QUIET]) == 2
+    err = capsys.readouterr().err
+    assert "already complete; nothing to resume" in err
+    assert sha256_file(reference / "record.json") == before
+
+
+@pytest.mark.parametrize("kind", ["empty", "missing", "other-files"])
+def test_resume_of_a_non_run_dir_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """``resume`` on a directory that holds no run (empty, missing, unrelated files) exits 2."""
+    target = tmp_path / "not-a-run"
+    if kind != "missing":
+        target.mkdir()
+    if kind == "other-files":
+        (target / "notes.txt").write_text("hello\n", encoding="utf-8")
+    assert main(["resume", str(target), *QUIET]) == 2
+    err = capsys.readouterr().err
+    assert f"{target} is not a run directory (no record.json)" in err
+    assert "fix: point at a directory written by `reprotune run`" in err
