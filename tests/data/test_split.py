@@ -95,7 +95,7 @@ def test_same_inputs_same_bytes_other_seed_differs() -> None:
 def test_byte_identical_in_another_process() -> None:
     """A fresh interpreter (other hash seed) writes the same manifest bytes."""
     code = (
-        "import hashlib; from reprotune._data.table import table_from_columns;"
+        "import hashlib; from reprotune._data.loaders import table_from_columns;"
         "from reprotune._data.manifest import manifest_bytes; from reprotune._data.split import split_table;"
         "t = table_from_columns({'k': [str(i % 7) for i in range(500)], 'v': list(range(500))});"
         "print(hashlib.sha256(manifest_bytes(split_table(t, seed=5, stratify_by='k'))).hexdigest())"

@@ -16,9 +16,9 @@ from reprotune._config.loading import config_from_dict
 from reprotune._data.loaders import load_table
 from reprotune._data.manifest import write_manifest
 from reprotune._data.split import split_table
-from reprotune._doctor import checks as _doctor
+from reprotune._doctor import probe as _probe
 from reprotune._doctor.doctor import run_doctor
-from reprotune._doctor.findings import FINDING_CODES, DoctorReport
+from reprotune._doctor.findings import FINDING_CODES, DoctorReport, Finding
 
 REPO = Path(__file__).resolve().parents[2]
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
@@ -32,7 +32,7 @@ def _doctor_on(
     return run_doctor(cfg, config_source="test", code_dir=tmp_path, probe=probe)
 
 
-def _by_code(report: DoctorReport) -> dict[str, _doctor.Finding]:
+def _by_code(report: DoctorReport) -> dict[str, Finding]:
     return {f.code: f for f in report.findings}
 
 
@@ -172,7 +172,7 @@ def test_manifest_matching_and_mismatching(tmp_path: Path) -> None:
 def test_probe_detects_differing_bits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """When two probe passes differ, the doctor reports an error."""
     results = iter([("0x1.0p+0", "a"), ("0x1.0000000000001p+0", "a")])
-    monkeypatch.setattr(_doctor, "_probe_pass", lambda device: next(results))
+    monkeypatch.setattr(_probe, "_probe_pass", lambda device: next(results))
     report = _doctor_on([], tmp_path, probe=True)
     assert _by_code(report)["probe-differs"].severity == "error" and report.exit_code == 1
     assert report.probe is not None and report.probe["status"] == "differs"
@@ -184,7 +184,7 @@ def test_probe_reports_a_raising_op(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     def boom(device: str) -> tuple[str, str]:
         raise RuntimeError("index_add_cuda_ does not have a deterministic implementation")
 
-    monkeypatch.setattr(_doctor, "_probe_pass", boom)
+    monkeypatch.setattr(_probe, "_probe_pass", boom)
     finding = _by_code(_doctor_on([], tmp_path, probe=True))["probe-failed"]
     assert finding.severity == "error" and "index_add_cuda_" in finding.title
 

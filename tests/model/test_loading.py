@@ -14,6 +14,8 @@ from unittest import mock
 import pytest
 import torch
 
+import reprotune._model.builtin as builtin_mod
+import reprotune._model.identity as identity_mod
 import reprotune._model.loading as model_mod
 from reprotune._errors import InputError
 from reprotune._model.identity import files_sha256
@@ -198,8 +200,8 @@ def test_files_sha256_orders_by_name(tmp_path: Path) -> None:
 def _converted(folder: Path, marker: str) -> Path:
     """A stand-in converted folder: valid metadata and one file saying who wrote it."""
     folder.mkdir(parents=True)
-    meta = {"schema": model_mod.BUILTIN_META_SCHEMA, "schema_version": model_mod.BUILTIN_META_VERSION}
-    (folder / model_mod.BUILTIN_META).write_text(json.dumps({**meta, "by": marker}))
+    meta = {"schema": builtin_mod.BUILTIN_META_SCHEMA, "schema_version": builtin_mod.BUILTIN_META_VERSION}
+    (folder / builtin_mod.BUILTIN_META).write_text(json.dumps({**meta, "by": marker}))
     (folder / "model.safetensors").write_text(marker)
     return folder
 
@@ -207,8 +209,8 @@ def _converted(folder: Path, marker: str) -> Path:
 def test_publish_folder_first_rename_wins(tmp_path: Path) -> None:
     """Of two conversions published to one target, the first stays and the second is discarded."""
     target = tmp_path / "models" / "smollm2-135m-instruct-abc"
-    first = model_mod.publish_folder(_converted(tmp_path / "models" / ".a.tmp", "first"), target)
-    second = model_mod.publish_folder(_converted(tmp_path / "models" / ".b.tmp", "second"), target)
+    first = builtin_mod.publish_folder(_converted(tmp_path / "models" / ".a.tmp", "first"), target)
+    second = builtin_mod.publish_folder(_converted(tmp_path / "models" / ".b.tmp", "second"), target)
     assert first["by"] == second["by"] == "first"
     assert (target / "model.safetensors").read_text() == "first"
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [target.name]
@@ -220,7 +222,7 @@ def test_publish_folder_over_invalid_target_fails(tmp_path: Path) -> None:
     target.mkdir(parents=True)
     (target / "model.safetensors").write_text("half")
     with pytest.raises(OSError):
-        model_mod.publish_folder(_converted(tmp_path / "models" / ".a.tmp", "mine"), target)
+        builtin_mod.publish_folder(_converted(tmp_path / "models" / ".a.tmp", "mine"), target)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,7 +264,7 @@ def test_builtin_second_load_reuses_cache(
     cache, first = smollm2_cache
     monkeypatch.setenv("REPROTUNE_CACHE_DIR", str(cache))
     hashed: list[str] = []
-    real_sha256_file = model_mod.sha256_file
+    real_sha256_file = identity_mod.sha256_file
 
     def recording_sha256_file(path: Any) -> str:
         hashed.append(Path(path).name)
@@ -271,8 +273,9 @@ def test_builtin_second_load_reuses_cache(
     def no_conversion(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("converted again")
 
-    monkeypatch.setattr(model_mod, "sha256_file", recording_sha256_file)
-    monkeypatch.setattr(model_mod, "convert_gguf", no_conversion)
+    monkeypatch.setattr(builtin_mod, "sha256_file", recording_sha256_file)  # the GGUF
+    monkeypatch.setattr(identity_mod, "sha256_file", recording_sha256_file)  # what is loaded
+    monkeypatch.setattr(builtin_mod, "convert_gguf", no_conversion)
     again = _load("builtin:smollm2-135m-instruct")
     assert again.info == first.info
     assert not any(name.endswith(".gguf") for name in hashed)

@@ -92,7 +92,8 @@ def test_resume_refuses_code_drift(recorded: tuple[TinyProject, Path]) -> None:
     try:
         refused = project.run_cli("resume", "runs/stopped", "--no-progress", check=False)
         assert refused.returncode == 2
-        assert "code differs from the code the run was made with" in refused.stderr and "before resuming" in refused.stderr
+        assert "code differs from the code the run was made with" in refused.stderr
+        assert "before resuming" in refused.stderr
     finally:
         script.unlink()
     project.run_cli("resume", "runs/stopped", "--no-progress")
