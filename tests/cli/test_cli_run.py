@@ -37,8 +37,11 @@ def twin_runs(tiny_project: Any, tmp_path_factory: pytest.TempPathFactory) -> tu
     config = tiny_project.config("cli-twin.yaml")
     out = tmp_path_factory.mktemp("cli-twins")
     dirs = (out / "a", out / "b")
-    for run_dir in dirs:
-        done = tiny_project.run_cli("run", str(config), "--run-dir", str(run_dir), "--no-progress")
+    # Hash seeds under which a set of {"q_proj", "v_proj"} iterates in opposite orders.
+    for run_dir, hash_seed in zip(dirs, ("1", "3"), strict=True):
+        done = tiny_project.run_cli(
+            "run", str(config), "--run-dir", str(run_dir), "--no-progress", env={"PYTHONHASHSEED": hash_seed}
+        )
         (run_dir.parent / f"{run_dir.name}.stdout").write_text(done.stdout, encoding="utf-8")
     return dirs
 
@@ -70,13 +73,25 @@ def test_twin_runs_write_identical_ledgers(twin_runs: tuple[Path, Path]) -> None
 
 
 def test_twin_runs_write_identical_adapters(twin_runs: tuple[Path, Path]) -> None:
-    """Both runs record the same adapter sha256, and it is the sha256 of the file on disk."""
+    """Every file of both adapter directories is byte-identical (weights and adapter_config.json,
+    whose unordered lists PEFT writes in hash order), and the records hash them alike."""
     a, b = twin_runs
-    digest_a = _record(a)["outputs"]["adapter_sha256"]
-    digest_b = _record(b)["outputs"]["adapter_sha256"]
-    assert digest_a == digest_b
-    assert sha256_file(a / "adapter" / "adapter_model.safetensors") == digest_a
-    assert sha256_file(b / "adapter" / "adapter_model.safetensors") == digest_b
+    files_a = sorted(p.name for p in (a / "adapter").iterdir())
+    assert (
+        files_a
+        == sorted(p.name for p in (b / "adapter").iterdir())
+        == [
+            "adapter_config.json",
+            "adapter_model.safetensors",
+        ]
+    )
+    for name in files_a:
+        assert (a / "adapter" / name).read_bytes() == (b / "adapter" / name).read_bytes(), name
+    outputs_a, outputs_b = _record(a)["outputs"], _record(b)["outputs"]
+    assert outputs_a["adapter_files"] == outputs_b["adapter_files"]
+    assert outputs_a["adapter_files"] == {name: sha256_file(a / "adapter" / name) for name in files_a}
+    config = json.loads((a / "adapter" / "adapter_config.json").read_text(encoding="utf-8"))
+    assert config["target_modules"] == ["q_proj", "v_proj"]
 
 
 def test_record_is_complete(twin_runs: tuple[Path, Path]) -> None:

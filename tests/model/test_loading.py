@@ -18,7 +18,7 @@ import reprotune._model.builtin as builtin_mod
 import reprotune._model.identity as identity_mod
 import reprotune._model.loading as model_mod
 from reprotune._errors import InputError
-from reprotune._model.identity import files_sha256
+from reprotune._model.identity import CONFIG_FILES, files_sha256
 from reprotune._model.loading import LoadedModel, load_base_model
 from reprotune._model.tiny import build_tiny_model
 
@@ -59,6 +59,10 @@ def test_local_directory_loads_with_hashes(tiny_dir: Path) -> None:
         for n in sorted(["chat_template.jinja", "tokenizer.json", "tokenizer_config.json"])
     )
     assert info["tokenizer_sha256"] == hashlib.sha256(listing.encode()).hexdigest()
+    configs = {n: hashlib.sha256((tiny_dir / n).read_bytes()).hexdigest() for n in CONFIG_FILES}
+    assert info["config_files"] == configs
+    listing = "".join(f"{digest}  {name}\n" for name, digest in sorted(configs.items()))
+    assert info["config_sha256"] == hashlib.sha256(listing.encode()).hexdigest()
     assert (info["kind"], info["source"], info["resolved_path"]) == ("local", str(tiny_dir), str(tiny_dir))
     assert (info["revision"], info["dtype"], info["pad_token_id"], info["chat_template"]) == (
         None,
@@ -301,3 +305,17 @@ def test_builtin_cache_tampering_is_caught(
     with pytest.raises(InputError, match="no longer matches") as info:
         _load("builtin:smollm2-135m-instruct")
     assert f"delete {target}" in (info.value.fix or "")
+
+
+def test_custom_code_and_config_files_are_hashed(tmp_path: Path) -> None:
+    """config.json, generation_config.json and custom *.py code each count in config_sha256."""
+    directory = build_tiny_model(tmp_path / "m", seed=0)
+    before = _load(str(directory)).info
+    (directory / "modeling_custom.py").write_text("# custom code\n")
+    after = _load(str(directory)).info
+    assert sorted(after["config_files"]) == ["config.json", "generation_config.json", "modeling_custom.py"]
+    assert after["config_sha256"] != before["config_sha256"]
+    assert (after["weights_sha256"], after["tokenizer_sha256"]) == (
+        before["weights_sha256"],
+        before["tokenizer_sha256"],
+    )

@@ -1,18 +1,20 @@
 """A base model's identity: which files make it up, and their sha256.
 
-Every load hashes what it loaded, so the record names the exact bytes the run started from.
+Every load hashes what it loaded, so the record names the exact bytes the run started from: the
+weights, the tokenizer files (chat template included), and every other file that changes the
+computation (``config.json``, ``generation_config.json``, custom modelling code).
 """
+
+from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from reprotune._errors import InputError
 from reprotune._jsonio import sha256_bytes, sha256_file
 
-if TYPE_CHECKING:
-    pass
-
+#: Files besides weights and tokenizer that change what a model computes, whichever a directory has.
+CONFIG_FILES: tuple[str, ...] = ("config.json", "generation_config.json")
 
 #: Files that make up a tokenizer, whichever of them a directory has.
 TOKENIZER_FILES: tuple[str, ...] = (
@@ -72,3 +74,13 @@ def weight_file_names(directory: Path) -> list[str]:
 def tokenizer_file_names(directory: Path) -> list[str]:
     """The tokenizer files (:data:`TOKENIZER_FILES`) present in ``directory``."""
     return [name for name in TOKENIZER_FILES if (directory / name).is_file()]
+
+
+def config_file_names(directory: Path) -> list[str]:
+    """The files of ``directory`` that define the computation besides weights and tokenizer.
+
+    :data:`CONFIG_FILES` that are present, and every ``*.py`` file (custom modelling code loaded
+    with ``trust_remote_code``), sorted.
+    """
+    names = [name for name in CONFIG_FILES if (directory / name).is_file()]
+    return names + sorted(p.name for p in directory.glob("*.py") if p.is_file())

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from reprotune._determinism.device import resolve_device
 from reprotune._errors import InputError
 from reprotune._model.builtin import BUILTIN_META, BUILTIN_MODELS, BUILTIN_PREFIX, ensure_builtin, read_meta
-from reprotune._model.identity import files_sha256, tokenizer_file_names, weight_file_names
+from reprotune._model.identity import config_file_names, files_sha256, tokenizer_file_names, weight_file_names
 
 if TYPE_CHECKING:
     import torch
@@ -45,7 +45,8 @@ class LoadedModel:
 
     ``info`` is JSON-safe, with keys ``source``, ``kind``, ``revision``, ``requested_revision``,
     ``resolved_path``, ``weights_sha256``, ``weights_files``, ``tokenizer_sha256``,
-    ``tokenizer_files``, ``dtype``, ``pad_token_id``, ``chat_template`` and, for a builtin,
+    ``tokenizer_files``, ``config_sha256``, ``config_files``, ``dtype``, ``pad_token_id``,
+    ``chat_template`` and, for a builtin,
     ``gguf_sha256``.
     """
 
@@ -247,6 +248,7 @@ def load_base_model(
         )
     weights_sha256, weights_files = files_sha256(directory, weight_file_names(directory))
     tokenizer_sha256, tokenizer_files = files_sha256(directory, tokenizer_file_names(directory))
+    config_sha256, config_files = files_sha256(directory, config_file_names(directory))
     if kind == "builtin":
         meta = read_meta(directory / BUILTIN_META) or {}
         if meta.get("weights_sha256") != weights_sha256:
@@ -283,6 +285,8 @@ def load_base_model(
         "weights_files": weights_files,
         "tokenizer_sha256": tokenizer_sha256,
         "tokenizer_files": tokenizer_files,
+        "config_sha256": config_sha256,
+        "config_files": config_files,
         "dtype": dtype,
         "pad_token_id": pad,
         "chat_template": bool(getattr(tokenizer, "chat_template", None)),

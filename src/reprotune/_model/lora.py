@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -282,7 +283,8 @@ def save_adapter(model: PeftModel, directory: str | os.PathLike[str]) -> dict[st
     PEFT writes ``adapter_model.safetensors`` and ``adapter_config.json`` into a temporary
     folder beside ``directory`` which then replaces it in one rename (an existing ``directory``
     is moved aside first and removed after). PEFT's boilerplate ``README.md`` model card is not
-    kept. Equal weights give byte-identical ``adapter_model.safetensors``.
+    kept. Equal weights give byte-identical ``adapter_model.safetensors``, and equal configs a
+    byte-identical ``adapter_config.json`` (:func:`_canonical_config`).
 
     Args:
         model: the ``PeftModel`` from :func:`apply_lora`.
@@ -299,6 +301,7 @@ def save_adapter(model: PeftModel, directory: str | os.PathLike[str]) -> dict[st
         tmp.chmod(0o755)  # mkdtemp makes 0700; an adapter is meant to be shared
         model.save_pretrained(str(tmp), safe_serialization=True)
         (tmp / "README.md").unlink(missing_ok=True)
+        _canonical_config(tmp / ADAPTER_CONFIG)
         hashes = {path.name: sha256_file(path) for path in sorted(tmp.iterdir()) if path.is_file()}
         fsync_dir(tmp)
         if target.exists():
@@ -313,6 +316,23 @@ def save_adapter(model: PeftModel, directory: str | os.PathLike[str]) -> dict[st
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     return hashes
+
+
+#: The adapter config PEFT writes beside the weights.
+ADAPTER_CONFIG = "adapter_config.json"
+# List-valued keys of a LoRA config whose order carries no meaning: PEFT keeps them as sets and
+# writes them in hash order, which changes from process to process (PYTHONHASHSEED).
+_UNORDERED_KEYS = ("target_modules", "modules_to_save", "exclude_modules", "layers_to_transform")
+
+
+def _canonical_config(path: Path) -> None:
+    """Rewrite PEFT's ``adapter_config.json`` with its unordered lists sorted, in PEFT's own format
+    (``json.dumps(indent=2, sort_keys=True)``), so twin runs write the same bytes."""
+    config = json.loads(path.read_text(encoding="utf-8"))
+    for key in _UNORDERED_KEYS:
+        if isinstance(config.get(key), list):
+            config[key] = sorted(config[key], key=lambda item: (str(type(item)), str(item)))
+    path.write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
 
 
 def _json_safe(value: Any) -> Any:

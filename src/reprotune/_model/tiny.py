@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from reprotune._errors import InputError
 from reprotune._jsonio import canonical_dumps, write_bytes_atomic
@@ -104,39 +104,37 @@ def _initialise(model: torch.nn.Module, seed: int) -> None:
     generator = torch.Generator(device="cpu").manual_seed(seed)
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)  # RMSNorm scales start at one, as in every Llama
+            layer_norm = ".ln_" in name or name.startswith("transformer.ln_f.")  # GPT-2's LayerNorms
+            if name.endswith("norm.weight") or (layer_norm and name.endswith(".weight")):
+                param.fill_(1.0)  # norm scales start at one, as in every pretrained model
+            elif layer_norm:
+                param.zero_()
             else:
                 param.normal_(0.0, _INIT_STD, generator=generator)
 
 
-def build_tiny_model(directory: Path, *, seed: int = 0, chat_template: bool = True) -> Path:
-    """Write a tiny ``LlamaForCausalLM`` and its byte-level tokenizer to ``directory`` (HF format).
+Architecture = Literal["llama", "gpt2", "qwen2"]
 
-    2 layers, hidden size 64, 4 attention heads (2 key/value heads), MLP width 128, a vocabulary
-    of 259 tokens (256 bytes and ``<s>``, ``</s>``, ``<pad>``), float32 weights.
 
-    Args:
-        directory: where to write; created if missing, existing files of the same names replaced.
-        seed: the weights are a pure function of this seed: the same seed gives the same bytes of
-            ``model.safetensors`` in any process.
-        chat_template: give the tokenizer :data:`TINY_CHAT_TEMPLATE`; without it, prompts are
-            formatted with the plain prompt template.
+def _tiny_config(architecture: Architecture, vocab_size: int) -> Any:
+    """The transformers config of a tiny model of ``architecture`` (same sizes for all three)."""
+    from transformers import GPT2Config, LlamaConfig, Qwen2Config
 
-    Returns:
-        ``directory``, for chaining.
-
-    Raises:
-        InputError: ``seed`` is negative or too large for torch.
-    """
-    if not 0 <= seed < 2**63:
-        raise InputError(f"seed {seed} is out of range", fix="use a seed between 0 and 2**63 - 1")
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tokenizer = build_tiny_tokenizer(chat_template=chat_template)
-    vocab_size = len(tokenizer)  # type: ignore[arg-type]
-    config = LlamaConfig(
+    special = {"bos_token_id": vocab_size - 3, "eos_token_id": vocab_size - 2, "pad_token_id": vocab_size - 1}
+    if architecture == "gpt2":
+        return GPT2Config(
+            vocab_size=vocab_size,
+            n_embd=_HIDDEN,
+            n_inner=_INTERMEDIATE,
+            n_layer=_LAYERS,
+            n_head=_HEADS,
+            n_positions=_MAX_POSITIONS,
+            activation_function="gelu_new",
+            tie_word_embeddings=False,
+            **special,
+        )
+    config_class = Qwen2Config if architecture == "qwen2" else LlamaConfig
+    return config_class(
         vocab_size=vocab_size,
         hidden_size=_HIDDEN,
         intermediate_size=_INTERMEDIATE,
@@ -144,15 +142,49 @@ def build_tiny_model(directory: Path, *, seed: int = 0, chat_template: bool = Tr
         num_attention_heads=_HEADS,
         num_key_value_heads=_KV_HEADS,
         max_position_embeddings=_MAX_POSITIONS,
-        bos_token_id=vocab_size - 3,
-        eos_token_id=vocab_size - 2,
-        pad_token_id=vocab_size - 1,
         tie_word_embeddings=False,
+        **special,
     )
+
+
+def build_tiny_model(
+    directory: Path, *, seed: int = 0, chat_template: bool = True, architecture: Architecture = "llama"
+) -> Path:
+    """Write a tiny causal LM and its byte-level tokenizer to ``directory`` (HF format).
+
+    2 layers, hidden size 64, 4 attention heads (2 key/value heads for Llama and Qwen2), MLP width
+    128, a vocabulary of 259 tokens (256 bytes and ``<s>``, ``</s>``, ``<pad>``), float32 weights.
+    ``llama`` (the default; LoRA targets ``q_proj``/``v_proj``), ``qwen2`` (the same module names,
+    biased q/k/v) or ``gpt2`` (fused ``c_attn``, LayerNorm, ``gelu_new``): models the tests use to
+    check that reprotune is not tied to one architecture.
+
+    Args:
+        directory: where to write; created if missing, existing files of the same names replaced.
+        seed: the weights are a pure function of this seed: the same seed gives the same bytes of
+            ``model.safetensors`` in any process.
+        chat_template: give the tokenizer :data:`TINY_CHAT_TEMPLATE`; without it, prompts are
+            formatted with the plain prompt template.
+        architecture: ``llama``, ``qwen2`` or ``gpt2``.
+
+    Returns:
+        ``directory``, for chaining.
+
+    Raises:
+        InputError: ``seed`` is negative or too large for torch, or the architecture is unknown.
+    """
+    if not 0 <= seed < 2**63:
+        raise InputError(f"seed {seed} is out of range", fix="use a seed between 0 and 2**63 - 1")
+    if architecture not in get_args(Architecture):
+        raise InputError(f"unknown tiny architecture {architecture!r}", fix="use llama, qwen2 or gpt2")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = build_tiny_tokenizer(chat_template=chat_template)
+    config = _tiny_config(architecture, len(tokenizer))  # type: ignore[arg-type]
     # transformers initialises from the global RNG while constructing; fork it so the caller's
     # state is untouched, then overwrite everything from our own generator anyway.
     with torch.random.fork_rng(devices=[]):
-        model = LlamaForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config)
     _initialise(model, seed)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
