@@ -21,6 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_trackers",),
     ("_train",),
     ("_proof", "_doctor"),
+    ("_studies",),
     ("_cli", "__init__", "__main__"),
 )
 _LEVEL = {name: level for level, names in enumerate(LAYERS) for name in names}

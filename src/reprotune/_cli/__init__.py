@@ -28,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rerun": ("reprotune._cli.rerun", "reproduce a recorded run from its record alone"),
     "doctor": ("reprotune._cli.doctor", "audit this setup for what can break reproducibility"),
     "report": ("reprotune._cli.report", "write an HTML report of runs: curves, divergence, differences"),
+    "seeds": ("reprotune._cli.seeds", "run a seed study: N runs that differ only in their seeds"),
+    "significance": ("reprotune._cli.significance", "do two seed studies differ beyond seed noise?"),
 }
 
 

@@ -265,6 +265,8 @@ def _restore(run: _Run, setup: Setup, options: RunOptions) -> int:
         scaler=setup.scaler,
         restore_rng=options.restore_rng_on_resume,
     )
+    # What this attempt resumed from, for compare (a resume that skipped the RNG is a cause).
+    run.record["attempts"][-1].update(from_step=state.step, rng_restored=options.restore_rng_on_resume)
     truncate_ledger(run.paths.ledger, keep_through_step=state.step)
     run.report(f"resuming {run.paths.root} from step {state.step} ({found.name})")
     return state.step

@@ -1,0 +1,195 @@
+"""Running a study's runs: each one new, resumed or kept, in this process or in several.
+
+A run's directory tells what to do with it:
+
+- it holds a completed run: verified (same config hash as planned, ledger and adapter bytes as
+  its record says) and kept;
+- it holds an unfinished run (killed, interrupted, failed): resumed from its latest valid
+  checkpoint (``resume_run``), which gives the same bytes as an uninterrupted run;
+- otherwise: run from the start (``run_experiment``).
+
+With ``jobs`` 1 every run goes in this process, one after another (no per-run start-up cost);
+with more, each run is ``python -m reprotune run|resume`` in its own process, ``jobs`` at a time,
+its output in ``logs/<name>.log``. The runs are the same either way.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from reprotune._config.schema import config_sha256
+from reprotune._errors import InputError, RunFailedError
+from reprotune._jsonio import sha256_file
+from reprotune._run.layout import RunLayout
+from reprotune._run.record import load_record
+from reprotune._studies.layout import StudyLayout
+from reprotune._studies.plan import PlannedRun
+from reprotune._train.run import RunOptions, resume_run, run_experiment
+
+Action = Literal["kept", "ran", "resumed"]
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """A run of the study that is complete, and how it got there in this invocation."""
+
+    planned: PlannedRun
+    run_dir: Path
+    record: dict[str, Any]
+    action: Action
+    seconds: float
+
+
+def execute_runs(
+    runs: Sequence[PlannedRun],
+    paths: StudyLayout,
+    *,
+    jobs: int,
+    tracking: bool,
+    on_done: Callable[[RunOutcome], None],
+) -> None:
+    """Bring every run in ``runs`` to completion; call ``on_done`` (in this thread) after each.
+
+    Raises:
+        InputError: a run directory holds a run of another config, or a completed run whose
+            files changed since (the message names it and how to redo it).
+        RunFailedError: a run in its own process failed (the tail of its log is in the message).
+    """
+    todo: list[PlannedRun] = []
+    for planned in runs:
+        run_dir = paths.run_dir(planned.name)
+        state = _state(planned, run_dir)
+        if state == "completed":
+            started = time.perf_counter()
+            record = _verify_completed(planned, run_dir)
+            on_done(RunOutcome(planned, run_dir, record, "kept", time.perf_counter() - started))
+        else:
+            todo.append(planned)
+    if jobs <= 1:
+        for planned in todo:
+            on_done(_run_here(planned, paths.run_dir(planned.name), tracking))
+    else:
+        _run_in_processes(todo, paths, jobs=jobs, tracking=tracking, on_done=on_done)
+
+
+def _state(planned: PlannedRun, run_dir: Path) -> Literal["new", "completed", "unfinished"]:
+    paths = RunLayout(run_dir)
+    if not paths.is_run_dir():
+        return "new"
+    record = load_record(paths.record)
+    _check_config(planned, run_dir, record)
+    return "completed" if record.get("status") == "completed" else "unfinished"
+
+
+def _check_config(planned: PlannedRun, run_dir: Path, record: dict[str, Any]) -> None:
+    expected = config_sha256(planned.config)
+    if record.get("config_sha256") != expected:
+        raise InputError(
+            f"run directory {run_dir} holds a run of another config (config sha256 "
+            f"{str(record.get('config_sha256'))[:12]}, the study plans {expected[:12]} for {planned.name})",
+            source=str(RunLayout(run_dir).record),
+            fix=f"remove {run_dir} to let the study redo it, or give the study another --out directory",
+        )
+
+
+def _verify_completed(planned: PlannedRun, run_dir: Path) -> dict[str, Any]:
+    """The record of a completed run whose ledger and adapter are still the bytes it recorded."""
+    paths = RunLayout(run_dir)
+    record = load_record(paths.record)
+    _check_config(planned, run_dir, record)
+    outputs = record.get("outputs") or {}
+    for what, file, recorded in (
+        ("ledger", paths.ledger, outputs.get("ledger_sha256")),
+        ("adapter", paths.adapter_weights, outputs.get("adapter_sha256")),
+    ):
+        actual = sha256_file(file) if file.is_file() else None
+        if actual is None or actual != recorded:
+            raise InputError(
+                f"the completed run {planned.name} no longer matches its record: {file.name} "
+                f"{'is missing' if actual is None else f'has sha256 {actual[:12]}'}, the record says "
+                f"{str(recorded)[:12]}",
+                source=str(file),
+                fix=f"remove {run_dir} and run the same `reprotune seeds` command again to redo "
+                f"this {what}'s run",
+            )
+    return record
+
+
+def _run_here(planned: PlannedRun, run_dir: Path, tracking: bool) -> RunOutcome:
+    started = time.perf_counter()
+    options = RunOptions(run_dir=run_dir, progress=False, tracking=tracking)
+    action: Action
+    if _state(planned, run_dir) == "unfinished":
+        result, action = resume_run(run_dir, options), "resumed"
+    else:
+        result, action = run_experiment(planned.config, options), "ran"
+    seconds = time.perf_counter() - started
+    return RunOutcome(planned, run_dir, _verify_completed(planned, Path(result.run_dir)), action, seconds)
+
+
+def _command(planned: PlannedRun, paths: StudyLayout, tracking: bool) -> tuple[list[str], Action]:
+    run_dir = paths.run_dir(planned.name)
+    quiet = ["--no-progress"] + ([] if tracking else ["--no-tracking"])
+    if _state(planned, run_dir) == "unfinished":
+        return ["resume", str(run_dir), *quiet], "resumed"
+    sets = [arg for value in planned.overrides for arg in ("--set", value)]
+    return ["run", str(paths.config), "--run-dir", str(run_dir), *quiet, *sets], "ran"
+
+
+def _subprocess(planned: PlannedRun, paths: StudyLayout, tracking: bool) -> RunOutcome:
+    args, action = _command(planned, paths, tracking)
+    log = paths.log(planned.name)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.pop("REPROTUNE_KILL_AT", None)  # a crash test arms the process it was given to, not these
+    started = time.perf_counter()
+    with open(log, "ab") as out:
+        out.write(f"$ reprotune {' '.join(args)}\n".encode())
+        out.flush()
+        code = subprocess.call([sys.executable, "-m", "reprotune", *args], stdout=out, stderr=out, env=env)
+    seconds = time.perf_counter() - started
+    if code != 0:
+        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-12:]
+        raise RunFailedError(
+            f"run {planned.name} failed with exit code {code}:\n" + "\n".join(tail),
+            source=str(log),
+            fix="fix what the log says, then run the same `reprotune seeds` command again to continue",
+        )
+    run_dir = paths.run_dir(planned.name)
+    return RunOutcome(planned, run_dir, _verify_completed(planned, run_dir), action, seconds)
+
+
+def _run_in_processes(
+    todo: Sequence[PlannedRun],
+    paths: StudyLayout,
+    *,
+    jobs: int,
+    tracking: bool,
+    on_done: Callable[[RunOutcome], None],
+) -> None:
+    failures: list[BaseException] = []
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        pending: set[Future[RunOutcome]] = {pool.submit(_subprocess, p, paths, tracking) for p in todo}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                error = future.exception()
+                if error is not None:
+                    failures.append(error)
+                else:
+                    on_done(future.result())
+    if failures:
+        if len(failures) == 1:
+            raise failures[0]
+        raise RunFailedError(
+            f"{len(failures)} runs failed:\n" + "\n\n".join(str(f) for f in failures),
+            fix="fix what the logs say, then run the same `reprotune seeds` command again to continue",
+        )

@@ -1,0 +1,399 @@
+"""``reprotune significance``: do two studies differ beyond seed noise?
+
+The test of two samples of one metric (``compare_samples``), all from SciPy:
+
+- Welch's t-test (``scipy.stats.ttest_ind(equal_var=False)``): the verdict's test. It assumes each
+  study's values are roughly normal, not equal variances. Its confidence interval (level
+  ``1 - alpha``) is the one the verdict gives for the difference of means.
+- A permutation test of the difference of means (``scipy.stats.permutation_test``): no normality
+  assumption; exact when there are at most 9,999 arrangements, else 9,999 resamples from a
+  recorded seed. With few seeds it cannot reach a small p (3 seeds each: never below 0.1), so it
+  is reported beside the verdict and said when it disagrees.
+- Effect size: Cohen's d (difference of means over the pooled standard deviation), and the seeds
+  per side a two-sided t-test at ``alpha`` needs to detect that d with 80 % power (noncentral t).
+
+``significance`` reads two ``study.json`` files, refuses what cannot be compared (exit 2), and
+lists what differs between the studies' configs. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+from reprotune._config.schema import did_you_mean
+from reprotune._errors import InputError
+from reprotune._studies.metrics import FINAL_VAL_LOSS
+from reprotune._studies.studyfile import load_study
+
+SCHEMA: Final = "reprotune/significance"
+SCHEMA_VERSION: Final = 1
+PERMUTATION_RESAMPLES: Final = 9999
+POWER: Final = 0.8
+_MAX_SEEDS: Final = 10**7
+
+
+@dataclass(frozen=True)
+class TestResult:
+    """Two samples compared; ``difference`` and its interval are ``mean(B) - mean(A)``."""
+
+    alpha: float
+    n_a: int
+    n_b: int
+    mean_a: float
+    mean_b: float
+    std_a: float
+    std_b: float
+    difference: float
+    ci_low: float
+    ci_high: float
+    welch_t: float | None
+    welch_df: float | None
+    welch_p: float
+    permutation_p: float
+    permutation_exact: bool
+    permutation_resamples: int
+    permutation_seed: int
+    permutation_smallest_p: float
+    cohens_d: float | None
+    seeds_for_power: int | None
+    beyond_noise: bool
+    note: str | None
+
+
+def compare_samples(
+    a: Sequence[float], b: Sequence[float], *, alpha: float = 0.05, seed: int = 0
+) -> TestResult:
+    """Welch's t-test, a permutation test, effect size and power for samples ``a`` and ``b``.
+
+    Args:
+        a: study A's values (at least 2).
+        b: study B's values (at least 2).
+        alpha: the significance level; the interval's level is ``1 - alpha``.
+        seed: the permutation test's seed (used only when it resamples instead of enumerating).
+
+    Returns:
+        The result; ``beyond_noise`` is Welch's ``p < alpha``.
+    """
+    from scipy import stats
+
+    xa, xb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    diff = float(np.mean(xb) - np.mean(xa))
+    sa, sb = float(np.std(xa, ddof=1)), float(np.std(xb, ddof=1))
+    note = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nearly equal values make SciPy warn; handled below
+        if sa == 0 and sb == 0:
+            # No seed moves the metric in either study: the difference is exact, not an estimate.
+            t_value, df, p = None, None, (1.0 if diff == 0 else 0.0)
+            low = high = diff
+            note = "the metric is the same in every run of each study: no seed noise to test against"
+        else:
+            welch = stats.ttest_ind(xb, xa, equal_var=False)
+            interval = welch.confidence_interval(confidence_level=1 - alpha)
+            t_value, df, p = float(welch.statistic), float(welch.df), float(welch.pvalue)
+            low, high = float(interval.low), float(interval.high)
+        perm = stats.permutation_test(
+            (xb, xa),
+            _mean_difference,
+            permutation_type="independent",
+            vectorized=True,
+            n_resamples=PERMUTATION_RESAMPLES,
+            alternative="two-sided",
+            rng=np.random.default_rng(seed),
+        )
+    arrangements = math.comb(xa.size + xb.size, xa.size)
+    d = _cohens_d(xa, xb)
+    return TestResult(
+        alpha=alpha,
+        n_a=int(xa.size),
+        n_b=int(xb.size),
+        mean_a=float(np.mean(xa)),
+        mean_b=float(np.mean(xb)),
+        std_a=sa,
+        std_b=sb,
+        difference=diff,
+        ci_low=low,
+        ci_high=high,
+        welch_t=t_value,
+        welch_df=df,
+        welch_p=p,
+        permutation_p=float(perm.pvalue),
+        permutation_exact=arrangements <= PERMUTATION_RESAMPLES,
+        permutation_resamples=min(arrangements, PERMUTATION_RESAMPLES),
+        permutation_seed=seed,
+        permutation_smallest_p=min(1.0, 2 / arrangements),
+        cohens_d=d,
+        seeds_for_power=seeds_for_power(d, alpha) if d is not None else None,
+        beyond_noise=p < alpha,
+        note=note,
+    )
+
+
+def _mean_difference(x: np.ndarray, y: np.ndarray, axis: int) -> np.ndarray:
+    return np.asarray(np.mean(x, axis=axis) - np.mean(y, axis=axis))
+
+
+def _cohens_d(xa: np.ndarray, xb: np.ndarray) -> float | None:
+    """(mean B - mean A) / pooled standard deviation; None when the pooled deviation is 0."""
+    na, nb = xa.size, xb.size
+    pooled = math.sqrt(((na - 1) * np.var(xa, ddof=1) + (nb - 1) * np.var(xb, ddof=1)) / (na + nb - 2))
+    return float((np.mean(xb) - np.mean(xa)) / pooled) if pooled > 0 else None
+
+
+def seeds_for_power(d: float, alpha: float, power: float = POWER) -> int | None:
+    """The smallest n per side at which a two-sided two-sample t-test at ``alpha`` detects an effect
+    of Cohen's d ``d`` with probability ``power`` (noncentral t); None for d = 0 or beyond 10**7."""
+    if d == 0 or not math.isfinite(d):
+        return None
+
+    def achieved(n: int) -> float:
+        from scipy import stats
+
+        df = 2 * n - 2
+        noncentrality = abs(d) * math.sqrt(n / 2)
+        critical = stats.t.ppf(1 - alpha / 2, df)
+        return float(stats.nct.sf(critical, df, noncentrality) + stats.nct.cdf(-critical, df, noncentrality))
+
+    high = 2
+    while achieved(high) < power:
+        if high >= _MAX_SEEDS:
+            return None
+        high *= 2
+    low = max(2, high // 2)
+    while low < high:  # power grows with n: the first n that reaches it
+        mid = (low + high) // 2
+        if achieved(mid) >= power:
+            high = mid
+        else:
+            low = mid + 1
+    return high
+
+
+def verdict_line(result: TestResult) -> str:
+    """``B is lower than A by 0.12 (95% CI 0.07..0.17), beyond seed noise (p = 0.002, 5 seeds each)``."""
+    r = result
+    level = f"{1 - r.alpha:.0%}"
+    if r.difference < 0:
+        head, low, high = f"B is lower than A by {_g(-r.difference)}", -r.ci_high, -r.ci_low
+    elif r.difference > 0:
+        head, low, high = f"B is higher than A by {_g(r.difference)}", r.ci_low, r.ci_high
+    else:
+        head, low, high = "B equals A on average", r.ci_low, r.ci_high
+    seeds = f"{r.n_a} seeds each" if r.n_a == r.n_b else f"{r.n_a} and {r.n_b} seeds"
+    where = "beyond seed noise" if r.beyond_noise else "within seed noise"
+    return f"{head} ({level} CI {_g(low)}..{_g(high)}), {where} (p = {r.welch_p:.2g}, {seeds})"
+
+
+def _g(value: float) -> str:
+    return f"{value:.3g}"
+
+
+@dataclass(frozen=True)
+class Significance:
+    """``reprotune significance``: the two studies, the metric, the test, and what differs."""
+
+    study_a: str
+    study_b: str
+    study_id_a: str
+    study_id_b: str
+    metric: str
+    values_a: list[float]
+    values_b: list[float]
+    test: TestResult
+    verdict: str
+    differences: list[dict[str, Any]]
+    notes: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **asdict(self)}
+
+    def format(self) -> str:
+        """The verdict first, then the evidence and what differs, for people."""
+        t = self.test
+        level = f"{1 - t.alpha:.0%}"
+        perm = (
+            f"exact over {t.permutation_resamples} arrangements"
+            if t.permutation_exact
+            else f"{t.permutation_resamples} resamples, seed {t.permutation_seed}"
+        )
+        welch = (
+            f"t = {t.welch_t:.3f}, df = {t.welch_df:.1f}, p = {t.welch_p:.3g}"
+            if t.welch_t is not None
+            else "not defined"
+        )
+        lines = [
+            self.verdict,
+            f"  metric              {self.metric}",
+            f"  A: {self.study_a}  study {self.study_id_a}, {t.n_a} runs, "
+            f"mean {t.mean_a:.6g}, sd {t.std_a:.3g}",
+            f"  B: {self.study_b}  study {self.study_id_b}, {t.n_b} runs, "
+            f"mean {t.mean_b:.6g}, sd {t.std_b:.3g}",
+            f"  difference B - A    {t.difference:.6g} ({level} CI {t.ci_low:.6g}..{t.ci_high:.6g}, Welch)",
+            f"  Welch's t-test      {welch}",
+            f"  permutation test    p = {t.permutation_p:.3g} ({perm}; smallest possible p "
+            f"{t.permutation_smallest_p:.3g})",
+            f"  effect size         Cohen's d = {t.cohens_d:.3g}"
+            if t.cohens_d is not None
+            else "  effect size         Cohen's d not defined (no spread in either study)",
+            "  seeds for 80% power "
+            + (
+                f"{t.seeds_for_power} per side"
+                if t.seeds_for_power is not None
+                else "not defined (no difference)"
+            ),
+        ]
+        lines += [f"  note: {note}" for note in self.notes]
+        if self.differences:
+            lines.append("What differs between the studies:")
+            lines += [f"  {d['key']}: {_show(d['a'])} vs {_show(d['b'])}" for d in self.differences]
+        else:
+            lines.append("Nothing differs between the studies' configs but their seeds.")
+        return "\n".join(lines) + "\n"
+
+
+def _show(value: Any) -> str:
+    return "(absent)" if value is None else str(value)
+
+
+def significance(
+    study_a: str | Path,
+    study_b: str | Path,
+    *,
+    metric: str = FINAL_VAL_LOSS,
+    alpha: float = 0.05,
+    allow_different_models: bool = False,
+    seed: int = 0,
+) -> Significance:
+    """Test whether ``metric`` differs between two completed studies beyond seed noise.
+
+    Args:
+        study_a: study A's directory (or its study.json); the reference.
+        study_b: study B's.
+        metric: the metric to test (``final_val_loss`` or an eval metric both studies have).
+        alpha: significance level, in (0, 0.5].
+        allow_different_models: compare studies whose runs started from different base models.
+        seed: the permutation test's seed, when it resamples.
+
+    Raises:
+        InputError: ``alpha`` out of range; a study unfinished, of ``--vary each``, with fewer than
+            2 runs, or of another base model (without the allowance); metric sets that differ; an
+            unknown metric.
+    """
+    if not (isinstance(alpha, float | int) and 0 < alpha <= 0.5):
+        raise InputError(
+            f"alpha must be in (0, 0.5] (got {alpha!r})", source="--alpha", fix="e.g. --alpha 0.05"
+        )
+    a = _checked(load_study(study_a, option="STUDY_A"), "STUDY_A", study_a)
+    b = _checked(load_study(study_b, option="STUDY_B"), "STUDY_B", study_b)
+    if set(a["metrics"]) != set(b["metrics"]):
+        raise InputError(
+            f"the studies measured different metrics: A has {sorted(a['metrics'])}, "
+            f"B has {sorted(b['metrics'])}",
+            source=f"{study_a}, {study_b}",
+            fix="evaluate the runs of both studies alike (reprotune eval), then rerun each `reprotune seeds` "
+            "command to refresh its study.json",
+        )
+    if metric not in a["metrics"]:
+        raise InputError(
+            f"no metric {metric!r} in the studies",
+            source="--metric",
+            fix=f"{did_you_mean(metric, a['metrics'])}choose one of {', '.join(a['metrics'])}",
+        )
+    differences = study_differences(a, b)
+    model_diffs = [d for d in differences if d["key"].startswith("base_model.")]
+    if model_diffs and not allow_different_models:
+        shown = "; ".join(f"{d['key']} {_show(d['a'])[:16]} vs {_show(d['b'])[:16]}" for d in model_diffs)
+        raise InputError(
+            f"the studies' runs started from different base models ({shown})",
+            source=f"{study_a}, {study_b}",
+            fix="compare studies of one base model, or pass --allow if comparing base models is the point",
+        )
+    values_a = [float(run["metrics"][metric]) for run in a["runs"]]
+    values_b = [float(run["metrics"][metric]) for run in b["runs"]]
+    test = compare_samples(values_a, values_b, alpha=float(alpha), seed=seed)
+    verdict = verdict_line(test)
+    return Significance(
+        str(study_a),
+        str(study_b),
+        a["study_id"],
+        b["study_id"],
+        metric,
+        values_a,
+        values_b,
+        test,
+        verdict,
+        differences,
+        _notes(a, b, test),
+    )
+
+
+def _checked(study: dict[str, Any], option: str, path: str | Path) -> dict[str, Any]:
+    if study["status"] != "completed":
+        done = sum(run["status"] == "completed" for run in study["runs"])
+        raise InputError(
+            f"{option} {path} is not complete ({done} of {len(study['runs'])} runs)",
+            source=option,
+            fix="run the same `reprotune seeds` command again to finish it",
+        )
+    if study["vary"] == "each":
+        raise InputError(
+            f"{option} {path} is a --vary each study (one group per source of randomness), not one sample",
+            source=option,
+            fix="compare studies made with --vary all (or one seed consumer)",
+        )
+    if len(study["runs"]) < 2:
+        raise InputError(
+            f"{option} {path} has {len(study['runs'])} run(s); a spread needs at least 2",
+            source=option,
+            fix="run the study with --n 2 or more (5 or more for a useful test)",
+        )
+    return study
+
+
+def study_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What differs between two studies: config keys (as ``compare`` names them), vary, base model."""
+    flat_a: dict[str, Any] = {}
+    flat_b: dict[str, Any] = {}
+    for study, flat in ((a, flat_a), (b, flat_b)):
+        _flatten(study["config"], "", flat)
+        flat["study.vary"] = study["vary"]
+        _flatten(study.get("base_model") or {}, "base_model", flat)
+    return [
+        {"key": key, "a": flat_a.get(key), "b": flat_b.get(key)}
+        for key in sorted(set(flat_a) | set(flat_b))
+        if flat_a.get(key) != flat_b.get(key)
+    ]
+
+
+def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(value, Mapping) and value:
+        for key in value:
+            _flatten(value[key], f"{prefix}.{key}" if prefix else str(key), out)
+    elif prefix:
+        out[prefix] = value
+
+
+def _notes(a: Mapping[str, Any], b: Mapping[str, Any], t: TestResult) -> list[str]:
+    notes = [t.note] if t.note else []
+    if (t.permutation_p < t.alpha) != t.beyond_noise:
+        if t.permutation_smallest_p >= t.alpha:
+            notes.append(
+                f"the permutation test gives p = {t.permutation_p:.3g}: with {t.n_a} and {t.n_b} seeds its "
+                f"smallest possible p is {t.permutation_smallest_p:.3g}, so it cannot confirm "
+                f"at alpha {t.alpha:g}"
+            )
+        else:
+            notes.append(f"the permutation test disagrees with Welch's t-test (p = {t.permutation_p:.3g})")
+    if a["vary"] != b["vary"]:
+        notes.append(
+            f"the studies vary different seeds ({a['vary']} vs {b['vary']}): "
+            "their seed noise is not of the same kind"
+        )
+    return notes

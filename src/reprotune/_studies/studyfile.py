@@ -1,0 +1,131 @@
+"""``study.json``: the one writer and reader of a study's file (schema ``reprotune/study`` v1).
+
+Canonical JSON, written atomically after every run that completes, so an interrupted study says
+which runs are done; its final form holds nothing that depends on when or how often the study
+ran (no times, no attempts), so an interrupted and resumed study ends with the same bytes as an
+uninterrupted one. Fields: docs/seed-studies.md. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from reprotune._errors import InputError, SchemaVersionError
+from reprotune._jsonio import read_json_file, write_json_atomic
+from reprotune._studies import layout
+
+SCHEMA: Final = "reprotune/study"
+SCHEMA_VERSION: Final = 1
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunEntry(_Part):
+    """One run of the study: what the plan gave it and, once completed, what it produced."""
+
+    name: str
+    dir: str
+    group: str
+    varied: str
+    index: int = Field(ge=0)
+    seed: int = Field(ge=0)
+    status: Literal["planned", "completed"]
+    config_sha256: str
+    seeds: dict[str, int] | None = None
+    adapter_sha256: str | None = None
+    ledger_sha256: str | None = None
+    metrics: dict[str, float] | None = None
+
+
+class StudyFile(_Part):
+    """A whole ``study.json``."""
+
+    schema_: Literal["reprotune/study"] = Field(SCHEMA, alias="schema")
+    schema_version: Literal[1] = SCHEMA_VERSION
+    study_id: str
+    status: Literal["running", "completed"]
+    config: dict[str, Any]
+    config_sha256: str
+    vary: str
+    n: int = Field(ge=2)
+    groups: list[str]
+    seed_rule: str
+    notes: list[str]
+    base_model: dict[str, Any] | None = None
+    bootstrap: dict[str, Any]
+    runs: list[RunEntry]
+    metrics: list[str] = Field(default_factory=list)
+    summary: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict)
+    variance: dict[str, dict[str, dict[str, Any]]] | None = None
+    metric_notes: list[str] = Field(default_factory=list)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def write_study(path: str | os.PathLike[str], study: dict[str, Any]) -> str:
+    """Check ``study`` against :class:`StudyFile` and write it as canonical JSON, atomically.
+
+    Returns:
+        The sha256 of the bytes written.
+
+    Raises:
+        ValueError: the study does not satisfy the schema (a bug in the caller, not bad input).
+    """
+    data = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **study}
+    try:
+        StudyFile.model_validate(data)
+    except ValidationError as exc:
+        raise ValueError(f"refusing to write an invalid study to {os.fspath(path)}: {exc}") from None
+    return write_json_atomic(path, data)
+
+
+def load_study(path: str | os.PathLike[str], *, option: str | None = None) -> dict[str, Any]:
+    """Read and check a ``study.json`` (or the study directory holding one).
+
+    Args:
+        path: the study directory or its ``study.json``.
+        option: the argument it came from, for messages (``STUDY_A``).
+
+    Returns:
+        The study as on disk (a dict), checked against :class:`StudyFile`.
+
+    Raises:
+        InputError: missing, not JSON (line and column), or not a valid study.
+        SchemaVersionError: another schema, or a schema version this version does not read.
+    """
+    file = Path(path)
+    if file.is_dir():
+        file = file / layout.STUDY
+    fix = "pass a study directory written by `reprotune seeds` (it holds study.json)"
+    data = read_json_file(file, what="study", fix=fix)
+    where = f"{option} ({file})" if option else str(file)
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        got = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise SchemaVersionError(
+            f"not a reprotune study: schema is {got!r}, expected {SCHEMA!r}", source=where, fix=fix
+        )
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"study schema_version {data.get('schema_version')!r} is not supported (this version reads "
+            f"{SCHEMA_VERSION})",
+            source=where,
+            fix="use the reprotune version that wrote the study, or upgrade",
+        )
+    try:
+        StudyFile.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<top level>'}: {e['msg']}" for e in exc.errors()[:5]
+        )
+        raise InputError(
+            f"invalid study file ({len(exc.errors())} problem(s)): {problems}",
+            source=where,
+            fix="the file was edited or damaged; run the same `reprotune seeds` command again to rewrite it",
+        ) from None
+    return data
