@@ -113,7 +113,7 @@ def run_study(
 
     execute_runs(plan.runs, paths, jobs=options.jobs, tracking=options.tracking, on_done=on_done)
     runs = [entries[r.name] for r in plan.runs]
-    final = {**study, "status": "completed", "runs": runs, **_summaries(plan, runs, notes)}
+    final = {**study, "status": "completed", "runs": runs, **summarise_runs(plan, runs, notes)}
     final["base_model"], model_notes = _base_model([records[r.name] for r in plan.runs])
     final["metric_notes"] = final["metric_notes"] + model_notes
     write_study(paths.study, final)
@@ -126,7 +126,7 @@ def run_study(
 
 def _open(paths: StudyLayout, plan: StudyPlan) -> dict[str, Any]:
     """The study's ``study.json`` content to start from: new, or the one begun before (checked)."""
-    fresh = _new_study(plan)
+    fresh = new_study(plan)
     if paths.study.is_file():
         old = load_study(paths.study)
         for key, what in (("config_sha256", "config"), ("vary", "--vary")):
@@ -155,7 +155,8 @@ def _open(paths: StudyLayout, plan: StudyPlan) -> dict[str, Any]:
     return fresh
 
 
-def _new_study(plan: StudyPlan) -> dict[str, Any]:
+def new_study(plan: StudyPlan) -> dict[str, Any]:
+    """The ``study.json`` content of a study about to start: the plan, every run ``planned``."""
     cfg = plan.config
     return {
         "study_id": plan.study_id,
@@ -211,7 +212,7 @@ def _entry(outcome: RunOutcome) -> tuple[dict[str, Any], list[str]]:
     return entry, notes
 
 
-def _summaries(
+def summarise_runs(
     plan: StudyPlan, runs: Sequence[dict[str, Any]], notes: dict[str, list[str]]
 ) -> dict[str, Any]:
     """Per group and metric: the description; with ``each``, the variance shares per metric."""

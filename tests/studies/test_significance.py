@@ -1,0 +1,186 @@
+"""``significance``: Welch's t-test and a permutation test from SciPy, honest about seed noise.
+
+The false-positive check draws many pairs of synthetic studies from one distribution (no
+training) and counts how often the verdict says "beyond seed noise": it must be about alpha.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+from synthetic import MODEL, write_study_dir
+
+from reprotune._cli import main
+from reprotune._studies.significance import compare_samples, seeds_for_power, significance, verdict_line
+
+REPETITIONS = 1000
+ALPHA = 0.05
+# Over 1,000 repetitions the rate's standard error at 5 % is 0.69 points: this band is about
+# three standard errors either side of the nominal rate.
+BAND = (0.03, 0.07)
+
+
+def test_false_positive_rate_is_nominal() -> None:
+    """Two studies of 5 seeds from one normal distribution: 'beyond noise' about 5 % of the time,
+    by Welch's t-test (the verdict) and by the permutation test alike."""
+    rng = np.random.default_rng(20260101)
+    welch = permutation = 0
+    for _ in range(REPETITIONS):
+        a, b = rng.normal(5.0, 0.05, size=5), rng.normal(5.0, 0.05, size=5)
+        result = compare_samples(a, b, alpha=ALPHA)
+        welch += result.beyond_noise
+        permutation += result.permutation_p < ALPHA
+    assert BAND[0] <= welch / REPETITIONS <= BAND[1], welch / REPETITIONS
+    assert BAND[0] <= permutation / REPETITIONS <= BAND[1], permutation / REPETITIONS
+
+
+def test_a_real_difference_is_found() -> None:
+    """A shift of three standard deviations between 5 seeds each is found nearly every time."""
+    rng = np.random.default_rng(7)
+    found = sum(
+        compare_samples(rng.normal(0, 1, 5), rng.normal(3, 1, 5), alpha=ALPHA).beyond_noise
+        for _ in range(200)
+    )
+    assert found / 200 >= 0.9
+
+
+def test_numbers_are_scipys() -> None:
+    """p, the interval and the difference are SciPy's Welch test of B against A."""
+    a, b = [1.0, 1.1, 0.9, 1.05], [1.2, 1.3, 1.25, 1.22]
+    result = compare_samples(a, b, alpha=0.05)
+    welch = stats.ttest_ind(b, a, equal_var=False)
+    interval = welch.confidence_interval(0.95)
+    assert result.welch_p == float(welch.pvalue)
+    assert (result.ci_low, result.ci_high) == (float(interval.low), float(interval.high))
+    assert result.difference == float(np.mean(b) - np.mean(a))
+    assert result.permutation_exact and result.permutation_resamples == math.comb(8, 4)
+
+
+@pytest.mark.parametrize(("d", "n"), [(1.0, 17), (0.5, 64), (2.0, 6)], ids=["d1", "d0.5", "d2"])
+def test_seeds_for_power(d: float, n: int) -> None:
+    """Seeds per side for 80 % power at alpha 0.05, two-sided: the textbook values."""
+    assert seeds_for_power(d, 0.05) == n
+
+
+def test_verdict_lines() -> None:
+    """The one-line verdict says direction, size, interval, beyond or within, p and seeds."""
+    lower = compare_samples([1.0, 1.02, 0.98, 1.01, 0.99], [0.88, 0.9, 0.86, 0.89, 0.87])
+    line = verdict_line(lower)
+    assert line.startswith("B is lower than A by 0.12 (95% CI 0.0969..0.143), ")
+    assert line.endswith(f"beyond seed noise (p = {lower.welch_p:.2g}, 5 seeds each)")
+    same = compare_samples([1.0, 1.2, 0.9], [1.1, 0.95, 1.05, 1.0])
+    assert "within seed noise" in verdict_line(same) and "3 and 4 seeds" in verdict_line(same)
+
+
+def test_no_spread_in_either_study() -> None:
+    """No seed moves the metric: equal means are 'within', different ones 'beyond', said why."""
+    equal = compare_samples([2.0, 2.0, 2.0], [2.0, 2.0, 2.0])
+    assert not equal.beyond_noise and equal.note is not None
+    apart = compare_samples([2.0, 2.0, 2.0], [1.5, 1.5, 1.5])
+    assert apart.beyond_noise and apart.difference == -0.5 and apart.cohens_d is None
+
+
+def test_same_config_disjoint_seeds_within_noise(tmp_path: Path) -> None:
+    """Studies whose values come from one distribution, through the files: within seed noise."""
+    rng = np.random.default_rng(5)
+    a = write_study_dir(tmp_path / "a", rng.normal(5, 0.1, 5).tolist())
+    b = write_study_dir(tmp_path / "b", rng.normal(5, 0.1, 5).tolist(), config={"seed": {"root": 2}})
+    result = significance(a, b)
+    assert not result.test.beyond_noise
+    assert [d["key"] for d in result.differences] == ["seed.root"]
+
+
+def test_cli_verdict_and_differences(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 0 with a 'beyond' verdict first, the config key that differs listed, JSON on request."""
+    a = write_study_dir(tmp_path / "a", [5.0, 5.02, 4.98, 5.01, 4.99])
+    b = write_study_dir(
+        tmp_path / "b", [4.9, 4.92, 4.88, 4.91, 4.89], config={"train": {"learning_rate": 0.002}}
+    )
+    assert main(["significance", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("B is lower than A by 0.1 (95% CI ")
+    assert "beyond seed noise" in out.splitlines()[0]
+    assert "  train.learning_rate: 0.0002 vs 0.002" in out
+    assert main(["significance", str(a), str(b), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["schema"] == "reprotune/significance" and data["test"]["beyond_noise"] is True
+
+
+def test_html_report(tmp_path: Path) -> None:
+    """-o writes one self-contained HTML file: the verdict, a strip plot of both studies, no scripts."""
+    a = write_study_dir(tmp_path / "a", [5.0, 5.02, 4.98])
+    b = write_study_dir(tmp_path / "b", [5.01, 4.97, 5.0], config={"seed": {"root": 9}})
+    out = tmp_path / "sig.html"
+    assert main(["significance", str(a), str(b), "-o", str(out)]) == 0
+    html = out.read_text(encoding="utf-8")
+    assert "within seed noise" in html and html.count("<svg") == 1 and html.count("<circle") == 6
+    assert "<script" not in html and "http://" not in html and "https://" not in html
+
+
+@pytest.mark.parametrize(
+    ("case", "needle"),
+    [
+        ("metrics", "the studies measured different metrics"),
+        ("model", "different base models"),
+        ("each", "is a --vary each study"),
+        ("unfinished", "is not complete"),
+        ("metric", "no metric 'val_loss'"),
+        ("alpha", "alpha must be in (0, 0.5]"),
+        ("missing", "does not exist"),
+    ],
+    ids=lambda v: str(v)[:12],
+)
+def test_bad_input_exits_2(
+    case: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each kind of bad input: exit 2 and a message naming it and the fix."""
+    a = write_study_dir(tmp_path / "a", [1.0, 1.1, 0.9])
+    extra: list[str] = []
+    if case == "metrics":
+        b = write_study_dir(tmp_path / "b", [1.0, 1.1, 0.9], extra_metrics={"test/bleu": [1.0, 2.0, 3.0]})
+    elif case == "model":
+        b = write_study_dir(tmp_path / "b", [1.0, 1.1, 0.9], base_model={**MODEL, "weights_sha256": "c" * 64})
+    elif case == "each":
+        b = write_study_dir(
+            tmp_path / "b",
+            {"data_order": [1.0, 1.1], "lora_init": [1.0, 1.2], "split": [1.0, 0.9], "dropout": [1.0, 1.0]},
+            vary="each",
+        )
+    elif case == "unfinished":
+        b = write_study_dir(tmp_path / "b", [1.0, 1.1, 0.9], status="running")
+    else:
+        b = write_study_dir(tmp_path / "b", [1.0, 1.1, 0.9])
+        extra = {"metric": ["--metric", "val_loss"], "alpha": ["--alpha", "0.9"], "missing": []}[case]
+        if case == "missing":
+            b = tmp_path / "nowhere"
+    assert main(["significance", str(a), str(b), *extra]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "fix:" in err
+
+
+def test_different_base_models_allowed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With --allow, studies of different base models are compared and the model hash listed."""
+    a = write_study_dir(tmp_path / "a", [1.0, 1.1, 0.9])
+    b = write_study_dir(tmp_path / "b", [1.0, 1.1, 0.9], base_model={**MODEL, "weights_sha256": "c" * 64})
+    assert main(["significance", str(a), str(b), "--allow"]) == 0
+    assert f"base_model.weights_sha256: {'a' * 64} vs {'c' * 64}" in capsys.readouterr().out
+
+
+def test_significance_never_imports_torch(tmp_path: Path) -> None:
+    """The command needs no model: it answers without importing torch."""
+    a = write_study_dir(tmp_path / "a", [1.0, 1.1, 0.9])
+    b = write_study_dir(tmp_path / "b", [1.2, 1.3, 1.1])
+    code = (
+        "import sys; from reprotune._cli import main; "
+        f"rc = main(['significance', {str(a)!r}, {str(b)!r}, '-o', {str(tmp_path / 'r.html')!r}]); "
+        "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
