@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 
 class ReprotuneError(Exception):
     """Base of every error reprotune raises on purpose.
@@ -33,6 +35,10 @@ class InputError(ReprotuneError):
     exit_code = 2
 
 
+class NoSpaceError(InputError):
+    """A write failed because the disk (or quota) is full. Exit code 2: free space, then go on."""
+
+
 class ConfigError(InputError):
     """The experiment config is invalid; carries every problem found, not just the first."""
 
@@ -51,3 +57,19 @@ class RunFailedError(ReprotuneError):
     """A run (training, verification) failed for a reason that is not bad input. Exit code 1."""
 
     exit_code = 1
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run was stopped by a signal (SIGTERM, SIGHUP) and handled as Ctrl-C is.
+
+    Args:
+        signum: the signal's number; the CLI exits with ``128 + signum``, as a shell does.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        try:
+            self.signal_name = signal.Signals(signum).name
+        except ValueError:
+            self.signal_name = f"signal {signum}"
+        super().__init__(f"stopped by {self.signal_name}")

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from reprotune._errors import InputError
+from reprotune._errors import InputError, NoSpaceError
 from reprotune._faults import kill_point
 
 _CHUNK = 1 << 20
@@ -54,11 +57,19 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` so that a reader (or a crash) sees the old file or the new one.
 
     The bytes go to a temporary file in the same directory, are fsynced, then renamed over
-    ``path``; the directory is fsynced so the rename itself survives a power cut.
+    ``path``; the directory is fsynced so the rename itself survives a power cut. A write that
+    fails leaves no temporary file behind.
+
+    Raises:
+        InputError: the file cannot be written (a full disk, no permission, a parent that is a
+            file), naming the path, and for a full disk the space it needs.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise write_error(target, exc, needed=len(data)) from None
     try:
         os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, "wb") as handle:
@@ -67,11 +78,82 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
             os.fsync(handle.fileno())
         kill_point(f"replace:{target.name}")
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise write_error(target, exc, needed=len(data)) from None
         raise
     fsync_dir(target.parent)
     return target
+
+
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+
+
+def is_no_space(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an exception that caused it, is a full disk (or quota).
+
+    Libraries that write files (safetensors) wrap the ``OSError`` in their own exception with the
+    OS's words, which are looked for too.
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+            return True
+        text = str(exc)
+        if "No space left on device" in text or "Disk quota exceeded" in text or "StorageFull" in text:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def free_bytes(path: str | os.PathLike[str]) -> int | None:
+    """Free bytes on the filesystem holding ``path`` (or its nearest existing parent); None if unknown."""
+    here = Path(path).absolute()
+    for candidate in (here, *here.parents):
+        if candidate.exists():
+            try:
+                return shutil.disk_usage(candidate).free
+            except OSError:
+                return None
+    return None
+
+
+def human_bytes(n: int) -> str:
+    """``1536`` -> ``1.5 KiB``."""
+    size = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{int(size)} bytes" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"  # pragma: no cover
+
+
+def no_space_error(path: str | os.PathLike[str], *, needed: int | None, fix: str) -> NoSpaceError:
+    """The error for a full disk: the path, the space free and needed, and what to do."""
+    free = free_bytes(path)
+    have = f"{human_bytes(free)} free" if free is not None else "free space unknown"
+    want = f"; it needs about {human_bytes(needed)} more" if needed else ""
+    return NoSpaceError(f"no space left on the device of {path} ({have}{want})", source=str(path), fix=fix)
+
+
+def write_error(path: Path, exc: OSError, *, needed: int | None) -> InputError:
+    """An ``OSError`` from writing ``path`` as a message naming the path and the fix."""
+    if is_no_space(exc):
+        return no_space_error(path, needed=needed, fix="free space on that device, or write elsewhere")
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST) and not path.parent.is_dir():
+        blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), path.parent)
+        return InputError(
+            f"cannot write {path}: {blocker} is a file, not a directory",
+            source=str(path),
+            fix="choose a path whose parent directories are directories",
+        )
+    return InputError(
+        f"cannot write {path}: {exc.strerror or exc}",
+        source=str(path),
+        fix="choose a path in a directory you can write to (and that is not read-only)",
+    )
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 1) -> str:
@@ -137,3 +219,28 @@ def read_json_file(path: str | os.PathLike[str], *, what: str, fix: str) -> Any:
             source=f"{file}:{exc.lineno}:{exc.colno}",
             fix=fix,
         ) from None
+
+
+def path_kind(path: str | os.PathLike[str]) -> str:
+    """What is at ``path``: ``file``, ``missing``, ``directory``, ``named pipe (FIFO)``,
+    ``character device``, ``block device``, ``socket`` or ``unreadable`` (symlinks followed).
+
+    Reading a FIFO or a device blocks or never ends, so readers check this first.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return "missing"
+    except OSError:
+        return "unreadable"
+    for test, name in (
+        (stat.S_ISREG, "file"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISFIFO, "named pipe (FIFO)"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+    ):
+        if test(mode):
+            return name
+    return "unreadable"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -63,14 +64,14 @@ def test_large_manifest_uses_sidecar(tmp_path: Path, monkeypatch: pytest.MonkeyP
     m = make_manifest(120)
     write_manifest(m, tmp_path / "s.json")
     info = json.loads((tmp_path / "s.json").read_text())["row_hashes"]
-    side = tmp_path / "s.json.rowhashes"
+    side = tmp_path / f"s.json.{info['file_sha256'][:16]}.rowhashes"  # named by its content
     assert info == {"algorithm": "sha256", "file": side.name, "file_sha256": sha256_file(side), "n_rows": 120}
     assert load_manifest(tmp_path / "s.json").row_hashes.hex_list() == m.row_hashes.hex_list()
     copy_manifest(tmp_path / "s.json", tmp_path / "run" / "split.json")
-    assert (tmp_path / "run" / "s.json.rowhashes").read_bytes() == side.read_bytes()
+    assert (tmp_path / "run" / side.name).read_bytes() == side.read_bytes()
     assert load_manifest(tmp_path / "run" / "split.json").indices == m.indices
     side.write_bytes(side.read_bytes()[:-1] + b"\x00")
-    with pytest.raises(InputError, match=r"row-hash sidecar 's\.json\.rowhashes' has sha256"):
+    with pytest.raises(InputError, match=rf"row-hash sidecar '{re.escape(side.name)}' has sha256"):
         load_manifest(tmp_path / "s.json")
     side.unlink()
     with pytest.raises(InputError, match="does not exist"):

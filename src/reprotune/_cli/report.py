@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from reprotune._cli._outputs import refuse_overwrite
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add report's arguments to its subparser."""
@@ -31,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     """Write the report and print its path; return 0."""
     from reprotune._proof.report import write_report
 
+    refuse_overwrite(args.out, reads=args.run_dirs, option="--out")
     path = write_report(args.run_dirs, args.out)
     print(f"report written to {path}")
     return 0

@@ -11,6 +11,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from reprotune._cli._outputs import refuse_overwrite
 from reprotune._errors import InputError
 
 
@@ -58,18 +59,28 @@ def parse_ratios(text: str) -> tuple[float, float, float]:
 
 
 def parse_seed(text: str) -> int:
-    """Parse ``--seed``: digits only, so ``-1``, ``1.5`` and ``abc`` are refused.
+    """Parse ``--seed``: digits only, so ``-1``, ``1.5`` and ``abc`` are refused, and in
+    [0, 2**63), the range of ``seed.root``.
 
     Raises:
-        InputError: not a non-negative integer.
+        InputError: not a non-negative integer, or out of range.
     """
-    if not text.strip().isdigit():
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()):
         raise InputError(
-            f"seed {text!r} is not a non-negative integer",
+            f"seed {text[:40]!r} is not a non-negative integer",
             source="--seed",
             fix="pass a whole number >= 0, e.g. --seed 42",
         )
-    return int(text)
+    # Length first: int() of thousands of digits is refused by Python itself.
+    if len(digits.lstrip("0")) > 19 or int(digits) >= 2**63:
+        shown = digits if len(digits) <= 30 else f"{digits[:12]}... ({len(digits)} digits)"
+        raise InputError(
+            f"seed {shown} is out of range: seeds are in [0, 2**63), as seed.root",
+            source="--seed",
+            fix="pass a whole number below 9223372036854775808, e.g. --seed 42",
+        )
+    return int(digits)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(
             f"--out {args.out!r} is a directory", source="--out", fix="give a file path such as split.json"
         )
+    refuse_overwrite(out, reads=[args.data], option="--out")
     table = load_table(args.data, args.format)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RareClassWarning)

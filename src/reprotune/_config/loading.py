@@ -12,6 +12,7 @@ Importing this module never imports torch.
 from __future__ import annotations
 
 import difflib
+import reprlib
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,9 +31,16 @@ from reprotune._config.schema import (
     model_at,
     submodel,
 )
-from reprotune._config.yaml_io import Dumper, Marks, mark_text, parse_yaml, parse_yaml_value
+from reprotune._config.yaml_io import (
+    Dumper,
+    Marks,
+    mark_text,
+    not_secret_marked,
+    parse_yaml,
+    parse_yaml_value,
+)
 from reprotune._errors import ConfigError, InputError
-from reprotune._jsonio import write_bytes_atomic
+from reprotune._jsonio import path_kind, write_bytes_atomic
 
 
 def _check_key_path(parts: Sequence[str]) -> str | None:
@@ -81,7 +89,7 @@ def _apply_overrides(
             problems.append(f"--set {key}: {problem}")
             continue
         try:
-            value = parse_yaml_value(raw)
+            value = parse_yaml_value(raw, parts)
         except InputError as exc:
             problems.append(f"--set {key}: {exc.message}; fix: {exc.fix}")
             continue
@@ -124,8 +132,15 @@ _BOUND_FIXES = {"greater_than": "gt", "greater_than_equal": "ge", "less_than": "
 _BOUND_WORDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
 
 
+# Bounded: a value is cut while it is formatted, never formatted whole and then cut.
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
+_REPR.maxlevel = 3
+
+
 def _short(value: Any) -> str:
-    text = repr(value)
+    text = _REPR.repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -243,8 +258,15 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentCo
         >>> cfg = load_config("examples/quickstart.yaml", ["train.max_steps=5"])  # doctest: +SKIP
     """
     file = Path(path)
-    if not file.is_file():
+    kind = path_kind(file)
+    if kind == "missing":
         raise InputError(f"config file {str(path)!r} not found", source=str(path), fix=_file_hint(file))
+    if kind != "file":
+        raise InputError(
+            f"config path {str(path)!r} is a {kind}, not a config file",
+            source=str(path),
+            fix=f"pass a YAML file{_inside_hint(file, ('.yaml', '.yml'))}",
+        )
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -270,7 +292,8 @@ def dump_config_yaml(cfg: ExperimentConfig, path: str | Path) -> Path:
     """
     header = f"# reprotune resolved config: every default written out. sha256 {config_sha256(cfg)}\n"
     body = yaml.dump(
-        cfg.resolved(), Dumper=Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False
+        not_secret_marked(cfg.resolved()),
+        Dumper=Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False
     )
     return write_bytes_atomic(path, (header + body).encode("utf-8"))
 
@@ -305,28 +328,55 @@ def _resolve_paths(cfg: ExperimentConfig, base_dir: Path) -> ExperimentConfig:
 
 def _missing_paths(cfg: ExperimentConfig) -> list[str]:
     problems = []
-    if not cfg.data.path.startswith(BUILTIN_PREFIX) and not Path(cfg.data.path).is_file():
-        problems.append(
-            f"data.path: file not found (got {cfg.data.path!r}); fix: {_file_hint(Path(cfg.data.path))}"
+    data_suffixes = (".jsonl", ".ndjson", ".csv", ".parquet", ".pq")
+    if not cfg.data.path.startswith(BUILTIN_PREFIX):
+        expected = "a JSONL, CSV or Parquet file"
+        problems += _file_problem("data.path", Path(cfg.data.path), expected, data_suffixes)
+    if cfg.split.manifest is not None:
+        problems += _file_problem("split.manifest", Path(cfg.split.manifest), "a manifest file", (".json",))
+    model = Path(cfg.model.name)
+    if model.is_absolute() and not model.is_dir():
+        kind = path_kind(model)
+        problem = (
+            "local model directory not found" if kind == "missing" else f"is a {kind}, not a model directory"
         )
-    if cfg.split.manifest is not None and not Path(cfg.split.manifest).is_file():
         problems.append(
-            f"split.manifest: file not found (got {cfg.split.manifest!r}); "
-            f"fix: {_file_hint(Path(cfg.split.manifest))}"
-        )
-    if Path(cfg.model.name).is_absolute() and not Path(cfg.model.name).is_dir():
-        problems.append(
-            f"model.name: local model directory not found (got {cfg.model.name!r}); "
+            f"model.name: {problem} (got {cfg.model.name!r}); "
             "fix: point it at a directory with config.json and weights, or use a hub id"
         )
     return problems
+
+
+def _file_problem(key: str, path: Path, expected: str, suffixes: tuple[str, ...]) -> list[str]:
+    """The problem with a config path that must name a regular file (none when it does)."""
+    kind = path_kind(path)
+    if kind == "file":
+        return []
+    if kind == "missing":
+        return [f"{key}: file not found (got {str(path)!r}); fix: {_file_hint(path)}"]
+    return [
+        f"{key}: is a {kind}, not {expected} (got {str(path)!r}); "
+        f"fix: point it at {expected}{_inside_hint(path, suffixes)}"
+    ]
+
+
+def _inside_hint(path: Path, suffixes: tuple[str, ...]) -> str:
+    """``, e.g. 'dir/a.yaml'`` when ``path`` is a directory holding files with those suffixes."""
+    if not path.is_dir():
+        return ""
+    try:
+        found = sorted(p.name for p in path.iterdir() if p.suffix.lower() in suffixes and p.is_file())
+    except OSError:
+        return ""
+    return f", e.g. {str(path / found[0])!r}" if found else ""
 
 
 def _file_hint(path: Path) -> str:
     """'did you mean' among the siblings of a missing file, else a generic hint."""
     parent = path.parent if path.parent.is_dir() else None
     if parent is not None:
-        close = difflib.get_close_matches(path.name, [p.name for p in parent.iterdir()], n=1, cutoff=0.6)
+        siblings = [p.name for p in parent.iterdir() if p.name != path.name]
+        close = difflib.get_close_matches(path.name, siblings, n=1, cutoff=0.6)
         if close:
             return f"did you mean {str(parent / close[0])!r}?"
     return "check the path (relative paths in a config resolve against the config file's directory)"

@@ -18,7 +18,7 @@ import numpy as np
 from reprotune._data.builtin import BUILTIN_NAMES, BUILTIN_PREFIX, CHATTERBOT_EN, load_chatterbot_columns
 from reprotune._data.table import Column, Table
 from reprotune._errors import InputError
-from reprotune._jsonio import sha256_bytes
+from reprotune._jsonio import path_kind, sha256_bytes
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -143,12 +143,18 @@ def load_table(source: str, format: str = "auto") -> Table:
         return Table(load_chatterbot_columns(), source=source, format="builtin")
     _check_format(format, source)
     path = Path(source)
-    if not path.is_file():
-        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+    kind = path_kind(path)
+    if kind != "file":
+        what = "does not exist" if kind == "missing" else f"is a {kind}, not a data file"
+        inside = ""
+        if kind == "directory":
+            found = sorted(p.name for p in path.iterdir() if p.suffix.lower() in _SUFFIX_FORMATS)
+            inside = f"; in it: {', '.join(found[:3])}" if found else ""
         raise InputError(
             f"data file {source!r} {what}",
             source=source,
-            fix=f"check the path (from {Path.cwd()}), or use {CHATTERBOT_EN}",
+            fix=f"give a JSONL, CSV or Parquet file{inside} (paths are relative to {Path.cwd()}), "
+            f"or use {CHATTERBOT_EN}",
         )
     fmt = _detect_format(path) if format == "auto" else format
     if fmt == "parquet":
@@ -179,6 +185,14 @@ def _parse_jsonl(data: bytes, source: str) -> dict[str, Column]:
             continue  # blank lines (a trailing newline, spacing) hold no row
         try:
             row = json.loads(text)
+            if text.count("[") + text.count("{") > MAX_DEPTH and _depth(row) > MAX_DEPTH:
+                raise RecursionError
+        except RecursionError:
+            raise InputError(
+                f"line {lineno} nests values more than {MAX_DEPTH} levels deep",
+                source=f"{source}:{lineno}",
+                fix="make every line one flat JSON object of columns (values nest a few levels at most)",
+            ) from None
         except json.JSONDecodeError as exc:
             raise InputError(
                 f"line {lineno} is not valid JSON: {exc.msg} (line {lineno}, column {exc.colno}): "
@@ -196,6 +210,29 @@ def _parse_jsonl(data: bytes, source: str) -> dict[str, Column]:
             names.setdefault(key, None)
         rows.append(row)
     return {name: [row.get(name) for row in rows] for name in names}
+
+
+#: Deepest nesting of lists and objects accepted in a JSONL value (rows are hashed recursively).
+MAX_DEPTH = 100
+
+
+def _depth(value: Any) -> int:
+    """How deep lists and dicts nest in ``value`` (a scalar is 0), without recursion."""
+    deepest = 0
+    stack = [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, level + 1)
+        if deepest > MAX_DEPTH:
+            return deepest
+        stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def _parse_csv(data: bytes, source: str) -> dict[str, Column]:
@@ -224,8 +261,14 @@ def _parse_csv(data: bytes, source: str) -> dict[str, Column]:
             )
         seen[name] = position
     values: list[list[str]] = [[] for _ in header]
+    last_start = 1
     try:
-        for record in reader:
+        while True:
+            start = reader.line_num + 1
+            record = next(reader, None)
+            if record is None:
+                break
+            last_start = start
             if not record:
                 continue
             if len(record) != len(header):
@@ -242,7 +285,46 @@ def _parse_csv(data: bytes, source: str) -> dict[str, Column]:
             source=f"{source}:{reader.line_num}",
             fix="check the quoting on that line",
         ) from exc
+    opened = _unclosed_quote_line(text, last_start)
+    if opened is not None:
+        raise InputError(
+            f"the quote opened on line {opened} is never closed: the rest of the file would be one value",
+            source=f"{source}:{opened}",
+            fix='close the quote on that line (write a quote inside a quoted field as "")',
+        )
     return dict(zip(header, values, strict=True))
+
+
+def _unclosed_quote_line(text: str, start_line: int) -> int | None:
+    """The line where a quoted field of the record starting at ``start_line`` opens and never
+    closes (the csv module reads such a field to the end of the file silently), or None.
+
+    Only the last record can hold one (it swallows everything after it), so only its text is
+    scanned.
+    """
+    # The start of line ``start_line`` is after its (start_line - 1)-th newline: found from the
+    # end, so a file of millions of lines costs a few steps, not one per line.
+    at = len(text)
+    for _ in range(text.count("\n") - (start_line - 1) + 1):
+        at = text.rfind("\n", 0, at)
+        if at < 0:
+            break
+    tail = text[at + 1 :] if start_line > 1 else text
+    in_quote, field_start, opened = False, True, 0
+    i = 0
+    while i < len(tail):
+        char = tail[i]
+        if in_quote:
+            if char == '"':
+                if tail.startswith('""', i):
+                    i += 2
+                    continue
+                in_quote = False
+        elif char == '"' and field_start:
+            in_quote, opened = True, i
+        field_start = not in_quote and char in ",\r\n"
+        i += 1
+    return start_line + tail.count("\n", 0, opened) if in_quote else None
 
 
 def _load_parquet(path: Path) -> Table:

@@ -26,7 +26,7 @@ import numpy as np
 from reprotune._data.index_render import render_into, rendered_size
 from reprotune._data.row_hashes import RowHashes
 from reprotune._errors import InputError, SchemaVersionError
-from reprotune._jsonio import canonical_dumps, read_json_file, sha256_bytes, write_bytes_atomic
+from reprotune._jsonio import canonical_dumps, read_json_file, sha256_bytes, sha256_file, write_bytes_atomic
 
 SCHEMA = "reprotune/split-manifest"
 SCHEMA_VERSION = 1
@@ -222,39 +222,63 @@ def manifest_bytes(manifest: Manifest, *, row_hashes: Any = None) -> bytes:
     return buffer.tobytes()
 
 
-def sidecar_path(manifest_path: str | Path) -> Path:
-    """Where the per-row hash sidecar of the manifest at ``manifest_path`` goes."""
+def sidecar_path(manifest_path: str | Path, sha256: str) -> Path:
+    """Where the row-hash sidecar with content ``sha256`` of the manifest at ``manifest_path`` goes:
+    ``<manifest name>.<first 16 hex of its sha256>.rowhashes``, so a new sidecar never replaces the
+    one an existing manifest names."""
     path = Path(manifest_path)
-    return path.with_name(path.name + SIDECAR_SUFFIX)
+    return path.with_name(f"{path.name}.{sha256[:16]}{SIDECAR_SUFFIX}")
+
+
+def _sidecars_of(path: Path) -> list[Path]:
+    """Every sidecar a manifest at ``path`` may name (this scheme's and the older ``<name>.rowhashes``)."""
+    if not path.parent.is_dir():
+        return []
+    prefix = f"{path.name}."
+    return [
+        p
+        for p in path.parent.iterdir()
+        if p.name.startswith(prefix) and p.name.endswith(SIDECAR_SUFFIX) and p.is_file()
+    ]
 
 
 def write_manifest(manifest: Manifest, path: str | Path) -> str:
     """Write ``manifest`` to ``path`` atomically; return the sha256 of the bytes written.
 
-    For more than :data:`INLINE_ROW_HASH_LIMIT` rows the per-row hashes go first to the sidecar
-    ``<path>.rowhashes`` (atomically too), which the manifest names with its sha256. If writing
-    the manifest fails, the new sidecar is removed, so no half-made split is left behind.
+    For more than :data:`INLINE_ROW_HASH_LIMIT` rows the per-row hashes go to a sidecar named by
+    its content (:func:`sidecar_path`), which the manifest names with its sha256. A manifest and
+    its sidecar are replaced together or not at all: the new sidecar is written first under its
+    own name, then the manifest; only then are the sidecars of the manifest it replaced removed.
+    If the manifest cannot be written, a sidecar this call created is removed and the old
+    manifest, with its sidecar, is as it was.
     """
     path = Path(path)
     side: Path | None = None
+    created = False
     row_hashes: Any = None
     if manifest.n_rows > INLINE_ROW_HASH_LIMIT:
-        side = sidecar_path(path)
         data = manifest.row_hashes.to_bytes()
-        write_bytes_atomic(side, data)
+        digest = sha256_bytes(data)
+        side = sidecar_path(path, digest)
+        created = not side.exists()
+        if created or sha256_file(side) != digest:
+            write_bytes_atomic(side, data)
         row_hashes = {
             "algorithm": "sha256",
             "file": side.name,
-            "file_sha256": sha256_bytes(data),
+            "file_sha256": digest,
             "n_rows": manifest.n_rows,
         }
     try:
         content = manifest_bytes(manifest, row_hashes=row_hashes)
         write_bytes_atomic(path, content)
     except BaseException:
-        if side is not None:
+        if side is not None and created:
             side.unlink(missing_ok=True)
         raise
+    for old in _sidecars_of(path):
+        if old != side:
+            old.unlink(missing_ok=True)  # the replaced manifest's: nothing names it any more
     return sha256_bytes(content)
 
 

@@ -78,9 +78,9 @@ def check_seed(seed: Any, *, source: str = "seed") -> int:
     Raises:
         InputError: anything else.
     """
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
         raise InputError(
-            f"seed {seed!r} is not a non-negative integer",
+            f"seed {seed!r} is not a non-negative integer below 2**63 (the range of seed.root)",
             source=source,
             fix="pass a whole number >= 0, e.g. --seed 42",
         )
@@ -289,6 +289,7 @@ def _split_stratified(
     notes: list[str],
 ) -> tuple[np.ndarray, tuple[ClassSummary, ...]]:
     values, codes = _ordered_codes(table, column, "--stratify-by")
+    _refuse_non_finite_classes(table, column, values, codes)
     sizes = np.bincount(codes, minlength=len(values))
     bounds = np.zeros((len(values), 2), dtype=np.int64)
     dropped = np.zeros(len(values), dtype=bool)
@@ -322,6 +323,19 @@ def _split_stratified(
     if dropped.any():
         labels[dropped[codes]] = 3
     return labels, tuple(summaries)
+
+
+def _refuse_non_finite_classes(table: Table, column: str, values: list[Any], codes: np.ndarray) -> None:
+    """A class must be a value the manifest can record: NaN and infinity are refused, naming rows."""
+    bad = [u for u, v in enumerate(values) if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        rows = np.flatnonzero(np.isin(codes, np.asarray(bad, dtype=codes.dtype)))
+        raise InputError(
+            f"the stratify column {column!r} holds {[values[u] for u in bad]} in {rows.size} row(s), "
+            f"first row {int(rows[0])}; a class must be a value (NaN is not equal to itself)",
+            source=f"{table.source}, column {column!r}",
+            fix="give those rows a class (e.g. 'unknown') or a null, or drop them",
+        )
 
 
 def _split_grouped(

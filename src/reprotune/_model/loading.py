@@ -246,6 +246,7 @@ def load_base_model(
             source="model.name",
             fix="point model.name at the folder written by save_pretrained (config.json, weights, tokenizer)",
         )
+    _refuse_pickled_weights(directory)
     weights_sha256, weights_files = files_sha256(directory, weight_file_names(directory))
     tokenizer_sha256, tokenizer_files = files_sha256(directory, tokenizer_file_names(directory))
     config_sha256, config_files = files_sha256(directory, config_file_names(directory))
@@ -294,3 +295,23 @@ def load_base_model(
     if kind == "builtin":
         info["gguf_sha256"] = meta["gguf"]["sha256"]
     return LoadedModel(model=model, tokenizer=tokenizer, info=info)
+
+
+def _refuse_pickled_weights(directory: Path) -> None:
+    """Only safetensors weights are loaded: a ``pytorch_model*.bin`` is a pickle, and unpickling
+    a file can run code in it.
+
+    Raises:
+        InputError: the directory has pickled weights and no safetensors, with how to convert.
+    """
+    if any(directory.glob("*.safetensors")) or not any(directory.glob("pytorch_model*.bin")):
+        return
+    raise InputError(
+        f"{directory} holds its weights only as pickled pytorch_model*.bin files; reprotune loads "
+        "safetensors weights only (unpickling a file can run code in it)",
+        source="model.name",
+        fix="convert the model once, where you trust the file: python -c \"from transformers import "
+        "AutoModelForCausalLM as M, AutoTokenizer as T; d='DIR'; o='DIR-safetensors'; "
+        "M.from_pretrained(d).save_pretrained(o, safe_serialization=True); "
+        "T.from_pretrained(d).save_pretrained(o)\", then set model.name to DIR-safetensors",
+    )

@@ -12,6 +12,7 @@ one is used.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import pickle
@@ -26,13 +27,23 @@ from safetensors.torch import load_file, save_file
 
 from reprotune._determinism.rng import (
     capture_rng_state,
+    ranks_rng_to_tensors,
     restore_rng_state,
     rng_state_from_tensors,
     rng_state_to_tensors,
 )
 from reprotune._errors import InputError
 from reprotune._faults import kill_point
-from reprotune._jsonio import canonical_dumps, fsync_dir, sha256_bytes, sha256_file, write_json_atomic
+from reprotune._jsonio import (
+    canonical_dumps,
+    free_bytes,
+    fsync_dir,
+    is_no_space,
+    no_space_error,
+    sha256_bytes,
+    sha256_file,
+    write_json_atomic,
+)
 from reprotune._model.lora import trainable_tensors
 
 STATE_FILE = "state.json"
@@ -58,6 +69,24 @@ class CheckpointState:
     position: tuple[int, int]
 
 
+@dataclass(frozen=True)
+class RankStates:
+    """What rank 0 of a distributed run writes in place of its own objects' states.
+
+    Args:
+        distributed: world size, backend and strategy (``state.json``'s ``distributed``).
+        weights: the whole trainable weights, by parameter name (gathered under FSDP).
+        optimizer: the whole optimizer state, keyed by parameter name
+            (``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``).
+        rng: every rank's :func:`capture_rng_state`, in rank order.
+    """
+
+    distributed: dict[str, Any]
+    weights: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    rng: list[dict[str, Any]]
+
+
 def _fsync_file(path: Path) -> None:
     with open(path, "rb+") as handle:
         os.fsync(handle.fileno())
@@ -78,8 +107,13 @@ def save_checkpoint(
     scheduler: Any,
     scaler: Any | None,
     keep: int,
+    ranks: RankStates | None = None,
 ) -> Path:
-    """Write a checkpoint for ``state.step`` into ``directory``, keep the newest ``keep``; return its path."""
+    """Write a checkpoint for ``state.step`` into ``directory``, keep the newest ``keep``; return its path.
+
+    ``ranks`` (rank 0 of a distributed run): the whole trainable and optimizer state and every
+    rank's RNG state, written instead of ``model``'s, ``optimizer``'s and this process's own.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"{_PREFIX}{state.step:08d}"
     # Half-written checkpoints of attempts that were killed (any pid) are garbage: a run directory
@@ -87,21 +121,69 @@ def save_checkpoint(
     for leftover in directory.glob(f"{_TMP_PREFIX}{_PREFIX}*"):
         shutil.rmtree(leftover, ignore_errors=True)
     tmp = directory / f"{_TMP_PREFIX}{final.name}-{os.getpid()}"
-    tmp.mkdir()
+    try:
+        tmp.mkdir()
+        _write_files(
+            tmp, state, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, ranks=ranks
+        )
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays behind
+        nearly_full = isinstance(exc, RuntimeError) and (free_bytes(directory) or 0) < 1 << 20
+        if is_no_space(exc) or nearly_full:
+            raise no_space_error(
+                final,
+                needed=_checkpoint_size(directory, model),
+                fix=f"free space on that device, then `reprotune resume {directory.parent}` "
+                "continues the run",
+            ) from None
+        raise
+    if final.exists():  # a leftover from a run that crashed after this step: replace it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    fsync_dir(directory)
+    kill_point("checkpoint-file")
+    for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
 
-    weights = {k: v.detach().to("cpu").contiguous() for k, v in trainable_tensors(model).items()}
+
+def _checkpoint_size(directory: Path, model: torch.nn.Module) -> int:
+    """What a checkpoint takes: the newest one's size, else the weights and two Adam moments."""
+    existing = list_checkpoints(directory)
+    if existing:
+        return sum(p.stat().st_size for p in existing[-1].iterdir() if p.is_file())
+    weights = sum(t.numel() * t.element_size() for t in trainable_tensors(model).values())
+    return 3 * weights + (64 << 10)
+
+
+def _write_files(
+    tmp: Path,
+    state: CheckpointState,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: Any | None,
+    ranks: RankStates | None = None,
+) -> None:
+    """Every file of a checkpoint into the temporary directory ``tmp``, each fsynced, state.json last."""
+    tensors = ranks.weights if ranks is not None else trainable_tensors(model)
+    weights = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     save_file(weights, str(tmp / "trainable.safetensors"))
     kill_point("checkpoint-file")
     torch.save(
         {
-            "optimizer": optimizer.state_dict(),
+            "optimizer": ranks.optimizer if ranks is not None else optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
         },
         tmp / "optimizer.pt",
     )
     kill_point("checkpoint-file")
-    rng_tensors, rng_meta = rng_state_to_tensors(capture_rng_state())
+    if ranks is not None:
+        rng_tensors, rng_meta = ranks_rng_to_tensors(ranks.rng)
+    else:
+        rng_tensors, rng_meta = rng_state_to_tensors(capture_rng_state())
     save_file(rng_tensors, str(tmp / "rng.safetensors"))
     write_json_atomic(tmp / "rng.json", rng_meta)
     kill_point("checkpoint-file")
@@ -117,18 +199,12 @@ def save_checkpoint(
         "position": list(state.position),
         "files": files,
     }
+    if ranks is not None:  # absent from a single process's checkpoint, which stays as it was
+        manifest["distributed"] = ranks.distributed
     manifest["state_sha256"] = _state_sha256(manifest)
     write_json_atomic(tmp / STATE_FILE, manifest)
     kill_point("checkpoint-file")
     fsync_dir(tmp)
-    if final.exists():  # a leftover from a run that crashed after this step: replace it
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    fsync_dir(directory)
-    kill_point("checkpoint-file")
-    for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def list_checkpoints(directory: Path) -> list[Path]:
@@ -191,6 +267,92 @@ def latest_valid_checkpoint(directory: Path, *, report: Callable[[str], None]) -
     return None
 
 
+def restore_latest_checkpoint(
+    directory: Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: Any | None,
+    restore_rng: bool = True,
+    report: Callable[[str], None],
+) -> tuple[Path, CheckpointState] | None:
+    """Restore the newest checkpoint that verifies *and* restores; return it and its state.
+
+    A checkpoint that fails verification, or verifies but cannot be restored (a forged file that
+    ``torch.load(weights_only=True)`` refuses, tensors of the wrong shape), is reported and the
+    previous one is tried; the objects are put back as they were before each failed attempt.
+    None when no checkpoint restores: the objects are as they were, and the run starts over.
+    """
+    before = _snapshot(model, optimizer, scheduler, scaler)
+    for path in reversed(list_checkpoints(directory)):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            try:
+                state = restore_checkpoint(
+                    path,
+                    model=model,
+                    optimizer=optimizer,
+                    scheduler=scheduler,
+                    scaler=scaler,
+                    restore_rng=restore_rng,
+                )
+                return path, state
+            except Exception as exc:  # whatever a damaged file raises, an older checkpoint may do
+                _put_back(before, model, optimizer, scheduler, scaler)
+                reason = exc.message if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
+                problem = f"it verifies but cannot be restored ({reason.splitlines()[0][:300]})"
+        report(f"warning: checkpoint {path} is refused: {problem}; falling back to the previous one")
+    return None
+
+
+def _snapshot(model: torch.nn.Module, optimizer: Any, scheduler: Any, scaler: Any | None) -> dict[str, Any]:
+    """Copies of what a restore changes, to put back after a restore that failed half-way."""
+    return {
+        "weights": {k: v.detach().clone() for k, v in trainable_tensors(model).items()},
+        "optimizer": copy.deepcopy(optimizer.state_dict()),
+        "scheduler": copy.deepcopy(scheduler.state_dict()),
+        "scaler": copy.deepcopy(scaler.state_dict()) if scaler is not None else None,
+        "rng": capture_rng_state(),
+    }
+
+
+def _put_back(
+    saved: dict[str, Any], model: torch.nn.Module, optimizer: Any, scheduler: Any, scaler: Any | None
+) -> None:
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, tensor in saved["weights"].items():
+            params[name].copy_(tensor)
+    optimizer.load_state_dict(copy.deepcopy(saved["optimizer"]))
+    scheduler.load_state_dict(copy.deepcopy(saved["scheduler"]))
+    if scaler is not None and saved["scaler"] is not None:
+        scaler.load_state_dict(copy.deepcopy(saved["scaler"]))
+    restore_rng_state(saved["rng"])
+
+
+def load_states(path: Path) -> dict[str, Any]:
+    """The optimizer, scheduler and grad-scaler states of the checkpoint at ``path``, unpickled
+    only as tensors and plain data.
+
+    Raises:
+        InputError: ``optimizer.pt`` holds any other object (refused unread).
+    """
+    try:
+        states: dict[str, Any] = torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as exc:
+        # torch's own message advises weights_only=False, i.e. running whatever the file holds:
+        # keep only its line naming the refused global.
+        what = next((line.strip() for line in str(exc).splitlines() if "GLOBAL" in line), "not plain data")
+        raise InputError(
+            f"{path / 'optimizer.pt'} holds objects other than tensors and plain data; "
+            f"refused unread ({what})",
+            source=str(path / "optimizer.pt"),
+            fix="do not load this checkpoint; delete it to resume from the previous one, or rerun",
+        ) from None
+    return states
+
+
 def restore_checkpoint(
     path: Path,
     *,
@@ -205,20 +367,16 @@ def restore_checkpoint(
     ``restore_rng=False`` exists only for verify's negative control (a resume that forgets the RNG).
     """
     state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    if "distributed" in state:
+        raise InputError(
+            f"{path} was written by a distributed run ({state['distributed']}); it restores only "
+            "under torchrun",
+            source=str(path / STATE_FILE),
+            fix="resume the run under torchrun, as docs/distributed.md shows",
+        )
     # Read everything before changing anything, so a refused file leaves the objects untouched.
     weights = load_file(str(path / "trainable.safetensors"))
-    try:
-        states = torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")
-    except pickle.UnpicklingError as exc:
-        # torch's own message advises weights_only=False, i.e. running whatever the file holds:
-        # keep only its line naming the refused global.
-        what = next((line.strip() for line in str(exc).splitlines() if "GLOBAL" in line), "not plain data")
-        raise InputError(
-            f"{path / 'optimizer.pt'} holds objects other than tensors and plain data; "
-            f"refused unread ({what})",
-            source=str(path / "optimizer.pt"),
-            fix="do not load this checkpoint; delete it to resume from the previous one, or rerun",
-        ) from None
+    states = load_states(path)
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, tensor in weights.items():

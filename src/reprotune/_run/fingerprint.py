@@ -15,11 +15,12 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reprotune._config.schema import ExperimentConfig
 from reprotune._determinism.flags import determinism_flags
 from reprotune._jsonio import sha256_bytes
 from reprotune._run.redact import redact_env
@@ -213,13 +214,59 @@ def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess[bytes]:
     )
 
 
-def code_fingerprint(path: str | os.PathLike[str] = ".") -> CodeInfo:
+#: reprotune's own outputs at their default places (relative to the working directory): run and
+#: study directories, the MLflow store and its artifacts. They never make a tree dirty.
+DEFAULT_OUTPUTS: tuple[str, ...] = ("runs", "studies", "mlflow.db", "mlartifacts", "mlruns")
+#: A directory holding one of these is a reprotune output (a run, verification or study directory).
+_OUTPUT_MARKERS: tuple[str, ...] = ("record.json", "verification.json", "study.json")
+
+
+def own_outputs(cfg: ExperimentConfig, run_dir: Path) -> list[Path]:
+    """What a run of ``cfg`` in ``run_dir`` writes into the working tree: its run directory, the
+    MLflow store (a local sqlite file) and the artifact location."""
+    outputs = [run_dir, Path(cfg.tracking.artifact_location)]
+    if cfg.tracking.uri.startswith("sqlite:///"):
+        outputs.append(Path(cfg.tracking.uri[len("sqlite:///") :]))
+    return outputs
+
+
+def _is_output(entry: str, prefixes: list[str], root: Path, marked: dict[str, bool]) -> bool:
+    """Whether the untracked ``entry`` (relative to ``root``) is something reprotune wrote."""
+    if any(entry == p or entry.startswith((f"{p}/", f"{p}-")) for p in prefixes):
+        return True  # an output path, or a sqlite store's -journal/-wal/-shm beside it
+    parts = entry.split("/")[:-1]
+    for depth in range(1, len(parts) + 1):
+        folder = "/".join(parts[:depth])
+        if folder not in marked:
+            marked[folder] = any((root / folder / name).is_file() for name in _OUTPUT_MARKERS)
+        if marked[folder]:
+            return True
+    return False
+
+
+def _relative_prefixes(outputs: Iterable[str | os.PathLike[str]], root: Path) -> list[str]:
+    prefixes = []
+    for output in outputs:
+        try:
+            prefixes.append(Path(output).absolute().resolve().relative_to(root.resolve()).as_posix())
+        except ValueError:
+            continue  # outside the repository: git does not see it anyway
+    return [p for p in prefixes if p not in ("", ".")]
+
+
+def code_fingerprint(
+    path: str | os.PathLike[str] = ".", *, outputs: Iterable[str | os.PathLike[str]] = ()
+) -> CodeInfo:
     """Identify the code at ``path`` by git: commit, branch, dirty flag, diff and untracked files.
 
+    reprotune's own outputs are not untracked code: ``outputs`` (this run's directory, MLflow
+    store and artifacts), :data:`DEFAULT_OUTPUTS` and any directory that holds a run,
+    verification or study record are left out, so a run from a clean tree records a clean tree.
     Outside a git work tree, or where git is not installed, returns ``CodeInfo(in_git=False)``.
 
     Args:
         path: a directory inside the repository.
+        outputs: more paths reprotune writes (relative to the current directory, or absolute).
 
     Returns:
         The :class:`CodeInfo`.
@@ -259,7 +306,15 @@ def code_fingerprint(path: str | os.PathLike[str] = ".") -> CodeInfo:
             # No commit yet: every file is uncommitted; record what is staged.
             diff = _git(["diff", "--cached", "--binary", "--no-color", "--no-ext-diff"], Path(root)).stdout
         others = _git(["ls-files", "--others", "--exclude-standard", "-z"], Path(root))
-        untracked = tuple(sorted(p for p in others.stdout.decode(errors="surrogateescape").split("\0") if p))
+        prefixes = _relative_prefixes([*DEFAULT_OUTPUTS, *outputs], Path(root))
+        marked: dict[str, bool] = {}
+        untracked = tuple(
+            sorted(
+                p
+                for p in others.stdout.decode(errors="surrogateescape").split("\0")
+                if p and not _is_output(p, prefixes, Path(root), marked)
+            )
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return CodeInfo(in_git=False, git_error=str(exc))
     return CodeInfo(

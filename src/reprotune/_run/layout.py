@@ -9,6 +9,7 @@
     code.patch      the uncommitted diff, when the tree was dirty
     adapter/        the LoRA adapter alone (adapter_model.safetensors, adapter_config.json)
     checkpoints/    step-NNNNNNNN/ directories for an exact resume
+    .writer.lock    the one-writer lock, while a process writes the run (_run.lock)
 
 A verification directory (``reprotune verify --out``) holds ``verification.json``, ``verify.log``,
 its own ``config.yaml`` and one run directory per leg.
@@ -29,6 +30,7 @@ ADAPTER_DIR: Final = "adapter"
 ADAPTER_WEIGHTS: Final = "adapter_model.safetensors"
 ADAPTER_CONFIG: Final = "adapter_config.json"
 CHECKPOINTS: Final = "checkpoints"
+LOCK: Final = ".writer.lock"
 
 VERIFICATION: Final = "verification.json"
 VERIFY_LOG: Final = "verify.log"
@@ -76,6 +78,11 @@ class RunLayout:
     @property
     def checkpoints(self) -> Path:
         return self.root / CHECKPOINTS
+
+    @property
+    def lock(self) -> Path:
+        """The one-writer lock file (``_run.lock``), present while a process writes the run."""
+        return self.root / LOCK
 
     def is_run_dir(self) -> bool:
         """Whether the directory holds a record (a run started here, whatever became of it)."""

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from typing import Any
+
+from reprotune._config.secrets import mask_url_credentials
 
 REDACTED = "***REDACTED***"
 
@@ -47,7 +50,6 @@ ENV_PREFIXES: tuple[str, ...] = (
 # WANDB_API_KEY do not. Over-redacting costs nothing; leaking costs a credential.
 _SECRET_SUFFIXES = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "AUTH")
 _SECRET_WORDS = ("PASS", "PWD", "AUTHORIZATION", "COOKIE", "SESSION", "SIGNATURE", "SIG", "PRIVATE")
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:@/\s?#]+)(?::[^@/\s?#]*)?@")
 _SECRET_QUERY = re.compile(
     r"(?P<key>[?&;](?:[^=&#\s]*(?:token|key|secret|password|passwd|sig|signature|auth|credential)[^=&#\s]*)=)"
     r"[^&#\s]*",
@@ -68,14 +70,19 @@ def redact_value(value: str) -> str:
 
     ``https://user:pass@host/x?token=abc&a=1`` becomes ``https://***:***@host/x?token=***&a=1``.
     """
-    value = _URL_CREDENTIALS.sub(_mask_url_credentials, value)
+    value = mask_url_credentials(value)
     return _SECRET_QUERY.sub(lambda m: f"{m.group('key')}***", value)
 
 
-def _mask_url_credentials(match: re.Match[str]) -> str:
-    scheme = match.group("scheme")
-    has_password = ":" in match.group(0)[len(scheme) :]
-    return f"{scheme}***:***@" if has_password else f"{scheme}***@"
+def redact_data(value: Any) -> Any:
+    """A copy of JSON-like data with :func:`redact_value` applied to every text (keys kept)."""
+    if isinstance(value, str):
+        return redact_value(value)
+    if isinstance(value, Mapping):
+        return {key: redact_data(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_data(item) for item in value]
+    return value
 
 
 def redact_env(env: Mapping[str, str], prefixes: Iterable[str] = ENV_PREFIXES) -> dict[str, str]:

@@ -7,20 +7,26 @@ own (``RunOptions.hooks``) after them.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from reprotune._faults import kill_point
-from reprotune._model.lora import WeightsHasher, trainable_tensors
 from reprotune._run.checkpoint import CheckpointState, save_checkpoint
 from reprotune._run.ledger import LedgerWriter, init_line, train_line, val_line
+from reprotune._run.record import utc_now
 from reprotune._trackers.base import TrackerSet
+from reprotune._train.dist_checkpoint import save_distributed_checkpoint
 from reprotune._train.loop import StepEnd
 from reprotune._train.setup import Setup
+from reprotune._train.sharding import weights_hasher
+from reprotune._version import __version__
 
 
 @dataclass
@@ -35,24 +41,31 @@ class LedgerHook:
 
     Args:
         setup: the run.
-        ledger: the open ledger.
+        ledger: the open ledger; None on a distributed run's other ranks, which only take part in
+            gathering the weights to hash (FSDP).
         records_step: which steps write their line (all, in every run but the overhead benchmark).
         stopwatch: where the time spent is added.
     """
 
     def __init__(
-        self, setup: Setup, ledger: LedgerWriter, records_step: Callable[[int], bool], stopwatch: Stopwatch
+        self,
+        setup: Setup,
+        ledger: LedgerWriter | None,
+        records_step: Callable[[int], bool],
+        stopwatch: Stopwatch,
     ) -> None:
         self._ledger = ledger
         self._records_step = records_step
         self._stopwatch = stopwatch
         # Detached views of the trainable parameters: the optimizer updates them in place, so
         # one hasher built now hashes the current weights after every step.
-        self._hash_weights = WeightsHasher(trainable_tensors(setup.model))
+        self._hash_weights = weights_hasher(setup)
 
     def write_init(self) -> None:
         """The ledger's first line: the LoRA weights as created."""
-        self._ledger.write(init_line(self._hash_weights()))
+        digest = self._hash_weights()
+        if self._ledger is not None:
+            self._ledger.write(init_line(digest))
 
     def on_step_end(self, end: StepEnd) -> None:
         if self._records_step(end.step):
@@ -60,13 +73,23 @@ class LedgerHook:
             # The weights are hashed now (the next step changes them); the line is built at the
             # ledger's next flush, with the lines of the steps around it.
             digest = self._hash_weights()
+            if self._ledger is None:
+                return
             self._ledger.write(
                 lambda: train_line(
-                    end.step, end.epoch, end.rows, end.n_tokens, end.loss, end.lr, end.grad_norm, digest
+                    end.step,
+                    end.epoch,
+                    end.rows,
+                    end.n_tokens,
+                    end.loss,
+                    end.lr,
+                    end.grad_norm,
+                    digest,
+                    rank_rows=end.rank_rows,
                 )
             )
             self._stopwatch.seconds += time.perf_counter() - t0
-        if end.validation is not None:
+        if end.validation is not None and self._ledger is not None:
             v = end.validation
             self._ledger.write(val_line(end.step, v.loss, v.n_rows, v.n_tokens))
 
@@ -97,11 +120,13 @@ class CheckpointHook:
     """Saves a checkpoint every ``train.save_every`` steps (not after the last: the run ends there).
 
     The ledger is made durable first, so a checkpoint never runs ahead of the ledger it resumes.
+    In a distributed run every rank saves together (rank 0 writes); the other ranks have no
+    ledger and no directory.
     """
 
     setup: Setup
-    ledger: LedgerWriter
-    directory: Path
+    ledger: LedgerWriter | None
+    directory: Path | None
     save_times_s: list[float] = field(default_factory=list)
 
     def on_step_end(self, end: StepEnd) -> None:
@@ -109,10 +134,19 @@ class CheckpointHook:
         if not every or end.step % every != 0 or end.is_last:
             return
         t0 = time.perf_counter()
-        self.ledger.sync()
+        if self.ledger is not None:
+            self.ledger.sync()
+        position = self.setup.order.position(end.step + 1)
+        state = CheckpointState(step=end.step, epoch=end.epoch, position=position)
+        if self.setup.dist is not None:
+            keep = self.setup.cfg.train.keep_checkpoints
+            save_distributed_checkpoint(self.setup, self.directory, state, keep=keep)
+            self.save_times_s.append(time.perf_counter() - t0)
+            return
+        assert self.directory is not None
         save_checkpoint(
             self.directory,
-            CheckpointState(step=end.step, epoch=end.epoch, position=self.setup.order.position(end.step + 1)),
+            state,
             model=self.setup.model,
             optimizer=self.setup.optimizer,
             scheduler=self.setup.scheduler,
@@ -123,10 +157,18 @@ class CheckpointHook:
 
 
 class CrashPointHook:
-    """The crash tests' ``step-end`` kill point (installed only when ``REPROTUNE_KILL_AT`` is set)."""
+    """The crash tests' ``step-end`` kill point (installed only when ``REPROTUNE_KILL_AT`` is set).
+
+    In a distributed run, rank ``r`` also passes ``rank<r>/step-end``, so a test can kill one rank.
+    """
+
+    def __init__(self, rank: int | None = None) -> None:
+        self._rank = rank
 
     def on_step_end(self, end: StepEnd) -> None:
         kill_point("step-end")
+        if self._rank is not None:
+            kill_point(f"rank{self._rank}/step-end")
 
 
 class ProgressHook:
@@ -155,3 +197,65 @@ class ProgressHook:
 
     def close(self) -> None:
         self._bar.close()
+
+
+# --- around the hooks: transformers' progress bars, which steps record, an attempt's timings ---
+
+
+@contextlib.contextmanager
+def hf_progress_bars(enabled: bool) -> Iterator[None]:
+    """Show transformers' own progress bars (loading weights) only when ours are shown."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+def step_predicate(recording: bool | Callable[[int], bool]) -> Callable[[int], bool]:
+    """``RunOptions.recording`` as a predicate of the step: which steps are recorded."""
+    if callable(recording):
+        return recording
+    return (lambda _step: True) if recording else (lambda _step: False)
+
+
+def attempt_timings(
+    started: float, step_times: Sequence[float], steps_done: int, recording_s: float, save_times: list[float]
+) -> dict[str, Any]:
+    """The record's ``timings`` of one attempt, from its step and checkpoint times."""
+    total = sum(step_times)
+    return {
+        "ended_at": utc_now(),
+        "duration_s": round(time.perf_counter() - started, 3),
+        "steps_done": steps_done,
+        "step_time_s_mean": round(float(np.mean(step_times)), 6) if step_times else None,
+        # The median ignores the first step's warm-up and one-off stalls: the loop's typical pace.
+        "step_time_s_median": round(float(np.median(step_times)), 6) if step_times else None,
+        # The ledger lines, weights hashes and tracker hand-offs of this attempt's steps, timed
+        # where they run: what recording cost this run, as a share of its step time.
+        "recording_time_s": round(recording_s, 6),
+        "recording_share": round(recording_s / total, 6) if total else None,
+        # Checkpoint saves of this attempt (ledger sync included), part of the step times.
+        "checkpoint_time_s": round(sum(save_times), 6),
+    }
+
+
+def tracker_tags(record: Mapping[str, Any]) -> dict[str, str]:
+    """The tags a run gives its trackers: version, run id, code, data, model and config hashes."""
+    code, data, model = record.get("code", {}), record.get("data", {}), record.get("model", {})
+    return {
+        "reprotune.version": __version__,
+        "reprotune.run_id": record["run_id"],
+        "git.commit": str(code.get("commit")),
+        "git.dirty": str(code.get("dirty")),
+        "data.sha256": str(data.get("file_sha256")),
+        "data.manifest_sha256": str(data.get("manifest_sha256")),
+        "model.source": str(model.get("source")),
+        "model.weights_sha256": str(model.get("weights_sha256")),
+        "config.sha256": record["config_sha256"],
+    }

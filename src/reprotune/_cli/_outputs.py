@@ -1,0 +1,53 @@
+"""Outputs never overwrite inputs: a command's output path is checked against what it reads.
+
+``split --out d.jsonl`` on ``d.jsonl`` (or on a symlink to it) would replace the data with the
+manifest; ``report -o RUN/record.json`` would replace a record with HTML. Paths are compared
+resolved (symlinks followed) and by identity (hard links), and no output may land inside a run or
+verification directory, whose files belong to the run. Imports only the standard library and
+``_run.layout``'s names, so commands that need no model stay light.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from reprotune._errors import InputError
+from reprotune._run.layout import RECORD, VERIFICATION
+
+
+def refuse_overwrite(out: Path, *, reads: Sequence[str | Path], option: str) -> None:
+    """Refuse ``out`` when it is (or would replace) a file the command reads or a run's file.
+
+    Args:
+        out: the output path given.
+        reads: the files and directories the command reads.
+        option: the option that named ``out`` (``--out``), for the message.
+
+    Raises:
+        InputError: naming both paths and the fix.
+    """
+    target = out.resolve()
+    for given in reads:
+        source = Path(given)
+        if not source.exists():
+            continue
+        if source.is_dir():
+            if target.is_relative_to(source.resolve()):
+                raise _refusal(out, option, f"is inside {source}, which this command reads")
+            continue
+        if target == source.resolve() or (out.exists() and os.path.samefile(out, source)):
+            raise _refusal(out, option, f"is the input {source} (the same file)")
+    for parent in target.parents:
+        if (parent / RECORD).is_file() or (parent / VERIFICATION).is_file():
+            kind = "run" if (parent / RECORD).is_file() else "verification"
+            raise _refusal(out, option, f"is inside the {kind} directory {parent}, whose files belong to it")
+
+
+def _refusal(out: Path, option: str, problem: str) -> InputError:
+    return InputError(
+        f"{option} {str(out)!r} {problem}: writing it would destroy what it holds",
+        source=option,
+        fix=f"give {option} a new path outside the inputs and run directories",
+    )

@@ -1,0 +1,101 @@
+"""Credentials in a config: URL user-info masked wherever a config is written or shown, and values
+that look like tokens refused at the door.
+
+- :func:`mask_url_credentials` turns ``http://user:password@host`` into ``http://***:***@host``;
+  :func:`mask_config` applies it to every text of a config. ``ExperimentConfig.resolved()`` (what
+  the record, ``config.yaml``, the trackers' params and the config's sha256 are made from) is
+  masked, so a credential in ``tracking.uri`` lives only in memory, for the connection.
+- :func:`token_problem` says why a config value looks like a credential (a known token prefix
+  such as ``hf_``, ``ghp_``, ``sk-``, an AWS key id, or a long random string under a key named
+  like ``*token*``, ``*key*``, ``*secret*``, ``*password*``). The YAML reader refuses such values
+  unless tagged :data:`NOT_SECRET_TAG`; credentials belong in the environment (``HF_TOKEN``,
+  ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``), which reprotune records redacted.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+#: The YAML tag that marks a value as not secret: ``system_prompt: !not-secret "sk-..."``.
+NOT_SECRET_TAG = "!not-secret"
+MASK = "***"
+
+URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:@/\s?#]+)(?::[^@/\s?#]*)?@")
+
+# (what, pattern): tokens recognised by their shape wherever they appear in a value.
+_TOKEN_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (what, re.compile(r"(?<![A-Za-z0-9_])" + pattern))
+    for what, pattern in (
+        ("a Hugging Face token (hf_...)", r"hf_[A-Za-z0-9]{30,}"),
+        ("a GitHub token (ghp_...)", r"gh[pousr]_[A-Za-z0-9]{30,}"),
+        ("a GitHub token (github_pat_...)", r"github_pat_[A-Za-z0-9_]{30,}"),
+        ("an API secret key (sk-...)", r"sk-[A-Za-z0-9_-]{20,}"),
+        ("an AWS access key id (AKIA...)", r"(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Z])"),
+        ("a Slack token (xox...)", r"xox[abposr]-[A-Za-z0-9-]{10,}"),
+        ("a GitLab token (glpat-...)", r"glpat-[A-Za-z0-9_-]{20,}"),
+    )
+)
+# Key names that hold secrets, word by word (as for environment variables in _run.redact).
+_SECRET_SUFFIXES = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS")
+_SECRET_WORDS = ("PASS", "PWD", "AUTH", "AUTHORIZATION", "APIKEY")
+_RANDOM_MIN_LENGTH = 16
+_RANDOM_MIN_BITS_PER_CHAR = 3.0
+
+
+def mask_url_credentials(value: str) -> str:
+    """``value`` with the user-info of every URL masked: ``https://u:p@h`` -> ``https://***:***@h``."""
+    return URL_CREDENTIALS.sub(_mask, value) if "@" in value else value
+
+
+def _mask(match: re.Match[str]) -> str:
+    scheme = match.group("scheme")
+    has_password = ":" in match.group(0)[len(scheme) :]
+    return f"{scheme}{MASK}:{MASK}@" if has_password else f"{scheme}{MASK}@"
+
+
+def mask_config(value: Any) -> Any:
+    """A copy of config data (dicts, lists, scalars) with every text's URL user-info masked."""
+    if isinstance(value, str):
+        return mask_url_credentials(value)
+    if isinstance(value, dict):
+        return {key: mask_config(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [mask_config(item) for item in value]
+    return value
+
+
+def is_secret_key(name: str) -> bool:
+    """Whether a key's name says it holds a secret (``api_key``, ``hf-token``, ``password``)."""
+    words = [w for w in re.split(r"[_.\-\s]", name.upper()) if w]
+    return any(w in _SECRET_WORDS or w.endswith(_SECRET_SUFFIXES) for w in words)
+
+
+def _looks_random(value: str) -> bool:
+    if len(value) < _RANDOM_MIN_LENGTH or any(c.isspace() for c in value):
+        return False
+    counts = Counter(value)
+    bits = -sum(n / len(value) * math.log2(n / len(value)) for n in counts.values())
+    return bits >= _RANDOM_MIN_BITS_PER_CHAR
+
+
+def token_problem(path: Sequence[str | int], value: str) -> str | None:
+    """What credential ``value`` (at key ``path``) looks like, or None when it looks like none."""
+    for what, pattern in _TOKEN_SHAPES:
+        if pattern.search(value):
+            return f"holds what looks like {what}"
+    key = next((str(p) for p in reversed(path) if isinstance(p, str)), "")
+    if key and is_secret_key(key) and _looks_random(value):
+        return f"is named like a secret ({key!r}) and holds a long random-looking string"
+    return None
+
+
+#: The fix said with every refused value.
+TOKEN_FIX = (
+    "do not put credentials in a config (it is recorded and mirrored to trackers): set them in the "
+    "environment (HF_TOKEN, MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, ...), which "
+    f"reprotune records redacted; if the value is not a secret, mark it: `key: {NOT_SECRET_TAG} VALUE`"
+)

@@ -1,0 +1,51 @@
+"""SIGTERM and SIGHUP handled as Ctrl-C is, for the life of a run.
+
+``kill``, ``docker stop`` and job schedulers send SIGTERM; a closed terminal sends SIGHUP. Either
+one, while a run trains, raises :class:`reprotune._errors.Interrupted` (a ``KeyboardInterrupt``)
+in the main thread, so the run ends the way an interrupted run does: ledger flushed, record
+``status: interrupted``, resumable. A second signal while the run is already stopping is ignored,
+so that the record gets written. The previous handlers are restored when the run ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+from reprotune._errors import Interrupted
+
+#: The signals turned into an interruption (those that exist on this platform).
+SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
+@contextlib.contextmanager
+def interrupt_on_signals() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGHUP raise :class:`Interrupted`; restored after.
+
+    Outside the main thread (where Python cannot set handlers) this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    raised: list[int] = []
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        if raised:  # already stopping: let the record be written
+            return
+        raised.append(signum)
+        raise Interrupted(signum)
+
+    previous: dict[signal.Signals, Any] = {}
+    for sig in SIGNALS:
+        previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
