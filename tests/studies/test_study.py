@@ -1,0 +1,189 @@
+"""Seed studies of the tiny model, end to end: study.json, resume after SIGKILL, --jobs, the verdicts.
+
+Every study here trains the tiny model: 3 seeds x 6 steps (the kill, --jobs, real-effect and
+disjoint-seeds tests compare with one reference study), a ``--vary each`` study of 2 seeds x 3
+steps, and a study of 2 seeds x 2 steps with MLflow on.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reprotune._cli import main
+from reprotune._config.loading import load_config
+from reprotune._determinism.seeds import derive_seeds
+from reprotune._errors import InputError
+from reprotune._run.record import load_record
+from reprotune._studies.significance import significance
+from reprotune._studies.study import StudyOptions, StudyResult, run_study
+from reprotune._studies.studyfile import load_study
+from tinyrun import TinyProject
+
+pytestmark = pytest.mark.slow
+
+N = 3
+TRAIN = {"batch_size": 4, "max_steps": 6, "eval_every": 3, "save_every": 3, "learning_rate": 1.0e-2}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> TinyProject:
+    project = TinyProject.create(tmp_path_factory.mktemp("study-project"))
+    project.config("cfg.yaml", train=TRAIN)
+    return project
+
+
+def _study(project: TinyProject, out: Path, *sets: str, vary: str = "all", n: int = N) -> StudyResult:
+    cfg = load_config(project.root / "cfg.yaml", list(sets))
+    return run_study(cfg, n=n, vary=vary, options=StudyOptions(out=out, tracking=False, name="cfg"))
+
+
+@pytest.fixture(scope="module")
+def reference(project: TinyProject) -> StudyResult:
+    """The study of the tiny config: 3 runs, every seed moving, uninterrupted, in this process."""
+    return _study(project, project.root / "reference")
+
+
+def test_study_json(project: TinyProject, reference: StudyResult) -> None:
+    """Three completed ordinary run directories whose seeds follow the rule, their exact final
+    validation losses, the summary, and the report."""
+    study = load_study(reference.directory)
+    assert study["status"] == "completed" and reference.actions == {f"all-{k:03d}": "ran" for k in range(N)}
+    values = []
+    for run in study["runs"]:
+        record = load_record(reference.directory / run["dir"] / "record.json")
+        assert record["status"] == "completed" and run["seeds"] == record["seeds"]
+        assert record["seeds"] == derive_seeds(run["seed"])  # a new root, no overrides
+        assert run["metrics"] == {"final_val_loss": float.fromhex(record["outputs"]["final_val_loss"])}
+        assert run["adapter_sha256"] == record["outputs"]["adapter_sha256"]
+        values.append(run["metrics"]["final_val_loss"])
+    summary = study["summary"]["all"]["final_val_loss"]
+    assert summary["values"] == values and summary["ci_low"] <= summary["mean"] <= summary["ci_high"]
+    html = (reference.directory / "report.html").read_text(encoding="utf-8")
+    assert html.count("<circle") == N and "<script" not in html
+
+
+def test_rerun_keeps_verified_runs_and_refuses_changed_ones(reference: StudyResult, tmp_path: Path) -> None:
+    """The same study again trains nothing and rewrites the same bytes; a completed run whose
+    adapter changed since is refused, naming it and how to redo it."""
+    copy = tmp_path / "copy"
+    shutil.copytree(reference.directory, copy)
+    cfg = load_config(copy / "config.yaml")
+    again = run_study(cfg, n=N, vary="all", options=StudyOptions(out=copy, tracking=False, name="cfg"))
+    assert set(again.actions.values()) == {"kept"}
+    assert (copy / "study.json").read_bytes() == (reference.directory / "study.json").read_bytes()
+    adapter = copy / "runs" / "all-001" / "adapter" / "adapter_model.safetensors"
+    adapter.write_bytes(adapter.read_bytes()[:-1] + b"\x00")
+    with pytest.raises(InputError, match="the completed run all-001 no longer matches its record") as info:
+        run_study(cfg, n=N, vary="all", options=StudyOptions(out=copy, tracking=False, name="cfg"))
+    assert "remove" in str(info.value) and "all-001" in str(info.value)
+
+
+def test_sigkill_then_continue_gives_the_same_study(
+    project: TinyProject, reference: StudyResult, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """A study killed (SIGKILL) in its second run's 4th step continues: the first run is kept, the
+    second resumed from its step-3 checkpoint, the third run; study.json is byte-identical."""
+    out = project.root / "killed"
+    done = project.run_cli(
+        "seeds",
+        "cfg.yaml",
+        "--n",
+        str(N),
+        "--out",
+        str(out),
+        env={"REPROTUNE_KILL_AT": "step-end:10"},
+        check=False,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    partial = load_study(out)
+    assert partial["status"] == "running"
+    assert [r["status"] for r in partial["runs"]] == ["completed", "planned", "planned"]
+    monkeypatch.chdir(project.root)
+    assert main(["seeds", "cfg.yaml", "--n", str(N), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"all-000 \(root seed \d+\): verified and kept", err), err
+    assert re.search(r"all-001 \(root seed \d+\): resumed in", err), err
+    assert re.search(r"all-002 \(root seed \d+\): ran in", err), err
+    assert (out / "study.json").read_bytes() == (reference.directory / "study.json").read_bytes()
+
+
+def test_jobs_give_the_same_study(
+    project: TinyProject, reference: StudyResult, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """--jobs 2 (each run in its own process) ends with the same study.json, byte for byte."""
+    out = project.root / "jobs"
+    monkeypatch.chdir(project.root)
+    assert main(["seeds", "cfg.yaml", "--n", str(N), "--jobs", "2", "--out", str(out)]) == 0
+    assert "ran 3" in capsys.readouterr().out
+    assert sorted(p.name for p in (out / "logs").iterdir()) == [f"all-{k:03d}.log" for k in range(N)]
+    assert (out / "study.json").read_bytes() == (reference.directory / "study.json").read_bytes()
+
+
+def test_learning_rate_ten_times_off_is_detected(project: TinyProject, reference: StudyResult) -> None:
+    """The same config with a learning rate 10x too small, 3 seeds each: beyond seed noise, higher."""
+    slow = _study(project, project.root / "lr-off", "train.learning_rate=1.0e-3")
+    result = significance(reference.directory, slow.directory)
+    assert result.test.beyond_noise, result.format()
+    assert result.verdict.startswith("B is higher than A by ")
+    assert [d["key"] for d in result.differences] == ["train.learning_rate"]
+
+
+def test_disjoint_seeds_are_within_noise(project: TinyProject, reference: StudyResult) -> None:
+    """The same config under another root seed (so disjoint seeds): within seed noise."""
+    other = _study(project, project.root / "root-2", "seed.root=2")
+    assert not {r["seed"] for r in other.study["runs"]} & {r["seed"] for r in reference.study["runs"]}
+    result = significance(reference.directory, other.directory)
+    assert not result.test.beyond_noise, result.format()
+    assert [d["key"] for d in result.differences] == ["seed.root"]
+
+
+def test_each_shares_the_variance(project: TinyProject, tmp_path: Path) -> None:
+    """--vary each: 2 runs per source of randomness, each moving only its seed; shares sum to 1."""
+    short = ["train.max_steps=3", "train.eval_every=3", "train.save_every=0"]
+    cfg = load_config(project.root / "cfg.yaml", short)
+    result = run_study(cfg, n=2, vary="each", options=StudyOptions(out=tmp_path / "each", tracking=False))
+    study = result.study
+    assert study["groups"] == ["split", "data_order", "lora_init", "dropout"] and len(study["runs"]) == 8
+    base = derive_seeds(1)
+    for run in study["runs"]:
+        assert {k for k, v in run["seeds"].items() if v != base[k]} == {run["varied"]}
+    shares = study["variance"]["final_val_loss"]
+    assert set(shares) == set(study["groups"])
+    assert sum(s["share"] for s in shares.values()) == pytest.approx(1.0, abs=1e-12)
+    assert "Share of the variance: " in (result.directory / "report.html").read_text(encoding="utf-8")
+
+
+def test_mlflow_parent_and_children(
+    project: TinyProject, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow holds the study as a parent run (config, summaries, study.json) with every run as its
+    child, tagged with the study id, the seed that moved and its value."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    sets = ["train.max_steps=2", "train.eval_every=2", "train.save_every=0", "tracking.mlflow=true"]
+    cfg = load_config(project.root / "cfg.yaml", sets)
+    result = run_study(cfg, n=2, vary="lora_init", options=StudyOptions(out=tmp_path / "tracked", name="cfg"))
+    assert result.tracking is not None and result.tracking["ok"], result.tracking
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    parent = client.get_run(result.tracking["parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["reprotune.study_id"] == result.study["study_id"]
+    summary = result.study["summary"]["lora_init"]["final_val_loss"]
+    assert parent.data.metrics["final_val_loss.mean"] == summary["mean"]
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"study.json", "report.html"}
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
+    tags = sorted(
+        tuple(c.data.tags[f"reprotune.{key}"] for key in ("study_id", "study.varied", "study.seed"))
+        for c in children
+    )
+    study = result.study
+    assert tags == sorted((study["study_id"], r["varied"], str(r["seed"])) for r in study["runs"])
