@@ -18,7 +18,8 @@ from scipy import stats
 from synthetic import MODEL, write_study_dir
 
 from reprotune._cli import main
-from reprotune._studies.significance import compare_samples, seeds_for_power, significance, verdict_line
+from reprotune._studies.significance import significance
+from reprotune._studies.twosample import compare_samples, seeds_for_power, verdict_line
 
 REPETITIONS = 1000
 ALPHA = 0.05

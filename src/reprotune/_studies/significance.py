@@ -1,198 +1,25 @@
 """``reprotune significance``: do two studies differ beyond seed noise?
 
-The test of two samples of one metric (``compare_samples``), all from SciPy:
-
-- Welch's t-test (``scipy.stats.ttest_ind(equal_var=False)``): the verdict's test. It assumes each
-  study's values are roughly normal, not equal variances. Its confidence interval (level
-  ``1 - alpha``) is the one the verdict gives for the difference of means.
-- A permutation test of the difference of means (``scipy.stats.permutation_test``): no normality
-  assumption; exact when there are at most 9,999 arrangements, else 9,999 resamples from a
-  recorded seed. With few seeds it cannot reach a small p (3 seeds each: never below 0.1), so it
-  is reported beside the verdict and said when it disagrees.
-- Effect size: Cohen's d (difference of means over the pooled standard deviation), and the seeds
-  per side a two-sided t-test at ``alpha`` needs to detect that d with 80 % power (noncentral t).
-
+The test itself (Welch's t-test, a permutation test, effect size, power) is ``_studies.twosample``.
 ``significance`` reads two ``study.json`` files, refuses what cannot be compared (exit 2), and
 lists what differs between the studies' configs. Never imports torch.
 """
 
 from __future__ import annotations
 
-import math
-import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
-
-import numpy as np
 
 from reprotune._config.schema import did_you_mean
 from reprotune._errors import InputError
 from reprotune._studies.metrics import FINAL_VAL_LOSS
 from reprotune._studies.studyfile import load_study
+from reprotune._studies.twosample import TestResult, compare_samples, verdict_line
 
 SCHEMA: Final = "reprotune/significance"
 SCHEMA_VERSION: Final = 1
-PERMUTATION_RESAMPLES: Final = 9999
-POWER: Final = 0.8
-_MAX_SEEDS: Final = 10**7
-
-
-@dataclass(frozen=True)
-class TestResult:
-    """Two samples compared; ``difference`` and its interval are ``mean(B) - mean(A)``."""
-
-    alpha: float
-    n_a: int
-    n_b: int
-    mean_a: float
-    mean_b: float
-    std_a: float
-    std_b: float
-    difference: float
-    ci_low: float
-    ci_high: float
-    welch_t: float | None
-    welch_df: float | None
-    welch_p: float
-    permutation_p: float
-    permutation_exact: bool
-    permutation_resamples: int
-    permutation_seed: int
-    permutation_smallest_p: float
-    cohens_d: float | None
-    seeds_for_power: int | None
-    beyond_noise: bool
-    note: str | None
-
-
-def compare_samples(
-    a: Sequence[float], b: Sequence[float], *, alpha: float = 0.05, seed: int = 0
-) -> TestResult:
-    """Welch's t-test, a permutation test, effect size and power for samples ``a`` and ``b``.
-
-    Args:
-        a: study A's values (at least 2).
-        b: study B's values (at least 2).
-        alpha: the significance level; the interval's level is ``1 - alpha``.
-        seed: the permutation test's seed (used only when it resamples instead of enumerating).
-
-    Returns:
-        The result; ``beyond_noise`` is Welch's ``p < alpha``.
-    """
-    from scipy import stats
-
-    xa, xb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    diff = float(np.mean(xb) - np.mean(xa))
-    sa, sb = float(np.std(xa, ddof=1)), float(np.std(xb, ddof=1))
-    note = None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # nearly equal values make SciPy warn; handled below
-        if sa == 0 and sb == 0:
-            # No seed moves the metric in either study: the difference is exact, not an estimate.
-            t_value, df, p = None, None, (1.0 if diff == 0 else 0.0)
-            low = high = diff
-            note = "the metric is the same in every run of each study: no seed noise to test against"
-        else:
-            welch = stats.ttest_ind(xb, xa, equal_var=False)
-            interval = welch.confidence_interval(confidence_level=1 - alpha)
-            t_value, df, p = float(welch.statistic), float(welch.df), float(welch.pvalue)
-            low, high = float(interval.low), float(interval.high)
-        perm = stats.permutation_test(
-            (xb, xa),
-            _mean_difference,
-            permutation_type="independent",
-            vectorized=True,
-            n_resamples=PERMUTATION_RESAMPLES,
-            alternative="two-sided",
-            rng=np.random.default_rng(seed),
-        )
-    arrangements = math.comb(xa.size + xb.size, xa.size)
-    d = _cohens_d(xa, xb)
-    return TestResult(
-        alpha=alpha,
-        n_a=int(xa.size),
-        n_b=int(xb.size),
-        mean_a=float(np.mean(xa)),
-        mean_b=float(np.mean(xb)),
-        std_a=sa,
-        std_b=sb,
-        difference=diff,
-        ci_low=low,
-        ci_high=high,
-        welch_t=t_value,
-        welch_df=df,
-        welch_p=p,
-        permutation_p=float(perm.pvalue),
-        permutation_exact=arrangements <= PERMUTATION_RESAMPLES,
-        permutation_resamples=min(arrangements, PERMUTATION_RESAMPLES),
-        permutation_seed=seed,
-        permutation_smallest_p=min(1.0, 2 / arrangements),
-        cohens_d=d,
-        seeds_for_power=seeds_for_power(d, alpha) if d is not None else None,
-        beyond_noise=p < alpha,
-        note=note,
-    )
-
-
-def _mean_difference(x: np.ndarray, y: np.ndarray, axis: int) -> np.ndarray:
-    return np.asarray(np.mean(x, axis=axis) - np.mean(y, axis=axis))
-
-
-def _cohens_d(xa: np.ndarray, xb: np.ndarray) -> float | None:
-    """(mean B - mean A) / pooled standard deviation; None when the pooled deviation is 0."""
-    na, nb = xa.size, xb.size
-    pooled = math.sqrt(((na - 1) * np.var(xa, ddof=1) + (nb - 1) * np.var(xb, ddof=1)) / (na + nb - 2))
-    return float((np.mean(xb) - np.mean(xa)) / pooled) if pooled > 0 else None
-
-
-def seeds_for_power(d: float, alpha: float, power: float = POWER) -> int | None:
-    """The smallest n per side at which a two-sided two-sample t-test at ``alpha`` detects an effect
-    of Cohen's d ``d`` with probability ``power`` (noncentral t); None for d = 0 or beyond 10**7."""
-    if d == 0 or not math.isfinite(d):
-        return None
-
-    def achieved(n: int) -> float:
-        from scipy import stats
-
-        df = 2 * n - 2
-        noncentrality = abs(d) * math.sqrt(n / 2)
-        critical = stats.t.ppf(1 - alpha / 2, df)
-        return float(stats.nct.sf(critical, df, noncentrality) + stats.nct.cdf(-critical, df, noncentrality))
-
-    from scipy import stats
-
-    # The normal approximation is within a seed or two of the t-test's answer: start there and
-    # step to the first n whose power reaches the target (power grows with n).
-    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
-    n = max(2, math.ceil(2 * (z / abs(d)) ** 2))
-    if n > _MAX_SEEDS:
-        return None
-    while n > 2 and achieved(n - 1) >= power:
-        n -= 1
-    while achieved(n) < power:
-        n += 1
-    return n
-
-
-def verdict_line(result: TestResult) -> str:
-    """``B is lower than A by 0.12 (95% CI 0.07..0.17), beyond seed noise (p = 0.002, 5 seeds each)``."""
-    r = result
-    level = f"{1 - r.alpha:.0%}"
-    if r.difference < 0:
-        head, low, high = f"B is lower than A by {_g(-r.difference)}", -r.ci_high, -r.ci_low
-    elif r.difference > 0:
-        head, low, high = f"B is higher than A by {_g(r.difference)}", r.ci_low, r.ci_high
-    else:
-        head, low, high = "B equals A on average", r.ci_low, r.ci_high
-    seeds = f"{r.n_a} seeds each" if r.n_a == r.n_b else f"{r.n_a} and {r.n_b} seeds"
-    where = "beyond seed noise" if r.beyond_noise else "within seed noise"
-    return f"{head} ({level} CI {_g(low)}..{_g(high)}), {where} (p = {r.welch_p:.2g}, {seeds})"
-
-
-def _g(value: float) -> str:
-    return f"{value:.3g}"
 
 
 @dataclass(frozen=True)
@@ -391,6 +218,13 @@ def _notes(a: Mapping[str, Any], b: Mapping[str, Any], t: TestResult) -> list[st
             )
         else:
             notes.append(f"the permutation test disagrees with Welch's t-test (p = {t.permutation_p:.3g})")
+    for label, study in (("A", a), ("B", b)):
+        if study["vary"] != "all":
+            notes.append(
+                f"study {label} moves only the {study['vary']} seed: the other seeds stay at one value, "
+                "so its spread leaves their noise out and a difference can come from them; "
+                "compare configs with studies made with --vary all"
+            )
     if a["vary"] != b["vary"]:
         notes.append(
             f"the studies vary different seeds ({a['vary']} vs {b['vary']}): "
