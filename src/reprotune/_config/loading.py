@@ -31,6 +31,7 @@ from reprotune._config.schema import (
     model_at,
     submodel,
 )
+from reprotune._config.secrets import mask_url_credentials
 from reprotune._config.yaml_io import (
     Dumper,
     Marks,
@@ -140,7 +141,7 @@ _REPR.maxlevel = 3
 
 
 def _short(value: Any) -> str:
-    text = _REPR.repr(value)
+    text = mask_url_credentials(_REPR.repr(value))  # messages never show a URL's credentials
     return text if len(text) <= 80 else text[:77] + "..."
 
 

@@ -1,0 +1,29 @@
+"""Helpers of the adversarial tests: fill a small disk, find a dead process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def fill_leaving(disk: Path, free: int) -> None:
+    """Fill ``disk`` with a file until ``free`` bytes (rounded to pages) are left."""
+    stat = os.statvfs(disk)
+    have = stat.f_bavail * stat.f_frsize
+    if have > free:
+        (disk / "filler").write_bytes(b"\0" * (have - free))
+
+
+def free_bytes(disk: Path) -> int:
+    stat = os.statvfs(disk)
+    return stat.f_bavail * stat.f_frsize
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended (and was reaped)."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    return int(done.stdout)

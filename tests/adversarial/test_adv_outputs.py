@@ -1,0 +1,214 @@
+"""Issue 16, items 2, 3 and 7 (split): outputs never overwrite inputs, a manifest and its sidecar are
+replaced together or not at all, and every bad ``split`` input is exit 2 with a message.
+
+No model and no training: ``split`` and ``report`` run in this process through ``main``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from adv_support import fill_leaving
+
+from reprotune._cli import main
+from reprotune._data import manifest as manifest_module
+from reprotune._data.loaders import table_from_columns
+from reprotune._data.manifest import load_manifest, write_manifest
+from reprotune._data.split import split_table
+from reprotune._errors import InputError
+from rundirs import RunSpec, write_run_dir
+from tinyrun import TinyProject
+
+ROWS = "".join(json.dumps({"text": f"row {i}", "label": "ab"[i % 2]}) + "\n" for i in range(40))
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    path = tmp_path / "d.jsonl"
+    path.write_text(ROWS, encoding="utf-8")
+    return path
+
+
+def _assert_refused(capsys: pytest.CaptureFixture[str], *expected: str) -> str:
+    err = capsys.readouterr().err
+    assert "error:" in err and "Traceback" not in err and "internal error" not in err, err
+    for text in expected:
+        assert text in err, err
+    return err
+
+
+# --- item 2: outputs never overwrite inputs -----------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["same path", "symlink", "hard link", "relative path"])
+def test_split_out_onto_its_data_is_refused(
+    data: Path, how: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`split d.jsonl --out d.jsonl` (or a link to it) exits 2 and the data keeps every byte."""
+    out = data
+    if how == "symlink":
+        out = data.parent / "link.json"
+        out.symlink_to(data)
+    elif how == "hard link":
+        out = data.parent / "hard.json"
+        os.link(data, out)
+    elif how == "relative path":
+        monkeypatch.chdir(data.parent)
+        out = Path("sub") / ".." / data.name
+        (data.parent / "sub").mkdir()
+    assert main(["split", str(data), "--out", str(out)]) == 2
+    _assert_refused(capsys, "--out", "the same file", "writing it would destroy what it holds")
+    assert data.read_text(encoding="utf-8") == ROWS
+
+
+def test_report_onto_a_run_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`report RUN -o RUN/record.json` exits 2 and the record keeps every byte."""
+    run = write_run_dir(tmp_path / "A", RunSpec())
+    record = (run / "record.json").read_bytes()
+    assert main(["report", str(run), "-o", str(run / "record.json")]) == 2
+    _assert_refused(capsys, "is inside", str(run))
+    assert (run / "record.json").read_bytes() == record
+    assert main(["report", str(run), "-o", str(run / "new.html")]) == 2  # no new file in a run either
+    assert not (run / "new.html").exists()
+
+
+def test_split_out_into_a_run_directory_is_refused(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A manifest written over a run's split.json would change a recorded run: refused."""
+    run = write_run_dir(tmp_path / "A", RunSpec())
+    manifest = (run / "split.json").read_bytes()
+    assert main(["split", str(data), "--out", str(run / "split.json")]) == 2
+    _assert_refused(capsys, "is inside the run directory")
+    assert (run / "split.json").read_bytes() == manifest
+
+
+# --- item 7 (split): bad outputs and seeds ---------------------------------------------------------
+
+
+def test_split_out_under_a_file_is_exit_2(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An --out whose parent is a file names that file."""
+    blocker = data.parent / "plain"
+    blocker.write_text("x")
+    assert main(["split", str(data), "--out", str(blocker / "x.json")]) == 2
+    _assert_refused(capsys, f"{blocker} is a file, not a directory")
+
+
+def test_split_out_in_a_read_only_directory_is_exit_2(
+    data: Path, small_disk: Callable[[int], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A read-only filesystem (a real one: root is not held back by file modes) is exit 2, naming it."""
+    disk = small_disk(1 << 20)
+    assert os.system(f"mount -o remount,ro {disk}") == 0
+    assert main(["split", str(data), "--out", str(disk / "split.json")]) == 2
+    _assert_refused(capsys, f"cannot write {disk / 'split.json'}", "Read-only file system")
+
+
+@pytest.mark.parametrize(
+    ("seed", "expected"),
+    [
+        ("9" * 5000, "(5000 digits) is out of range"),
+        (str(2**63), "is out of range: seeds are in [0, 2**63)"),
+        ("-1", "is not a non-negative integer"),
+        ("٣", "is not a non-negative integer"),  # a digit, but not an ASCII one
+    ],
+    ids=["5000 digits", "2**63", "negative", "arabic-indic digit"],
+)
+def test_split_seed_takes_the_range_of_seed_root(
+    data: Path, tmp_path: Path, seed: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["split", str(data), "--seed", seed, "--out", str(tmp_path / "m.json")]) == 2
+    _assert_refused(capsys, expected, "--seed")
+    assert main(["split", str(data), "--seed", str(2**63 - 1), "--out", str(tmp_path / "m.json")]) == 0
+
+
+@pytest.mark.parametrize("source", ["jsonl NaN", "parquet float NaN", "infinity"])
+def test_a_stratify_column_with_nan_is_exit_2(
+    tmp_path: Path, source: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NaN is not a class (it is not even equal to itself): exit 2 naming the column and a row."""
+    if source == "parquet float NaN":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = tmp_path / "d.parquet"
+        pq.write_table(pa.table({"c": [1.0, float("nan"), 2.0, 1.0], "t": list("abcd")}), path)
+    else:
+        path = tmp_path / "d.jsonl"
+        bad = "NaN" if source == "jsonl NaN" else "Infinity"
+        path.write_text(f'{{"c": 1.0, "t": "a"}}\n{{"c": {bad}, "t": "b"}}\n{{"c": 2.0, "t": "c"}}\n')
+    assert main(["split", str(path), "--stratify-by", "c", "--out", str(tmp_path / "m.json")]) == 2
+    _assert_refused(capsys, "the stratify column 'c' holds", "first row 1")
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_split_on_a_full_disk_is_exit_2_and_leaves_nothing(
+    data: Path, small_disk: Callable[[int], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ENOSPC: exit 2 naming the path and the space needed; no temporary file is left."""
+    disk = small_disk(64 << 10)
+    fill_leaving(disk, 0)
+    assert main(["split", str(data), "--out", str(disk / "split.json")]) == 2
+    _assert_refused(capsys, f"no space left on the device of {disk / 'split.json'}", "it needs about")
+    assert sorted(p.name for p in disk.iterdir()) == ["filler"]
+
+
+# --- item 3: a manifest and its sidecar are replaced together or not at all -------------------
+
+
+def _table(seed: int, n: int = 120):  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(seed)
+    return table_from_columns({"x": rng.integers(0, 10**9, n).tolist()})
+
+
+def test_a_failed_overwrite_keeps_the_old_manifest_and_its_sidecar(
+    small_disk: Callable[[int], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Overwriting a sidecar manifest on a nearly full disk: the new sidecar fits, the manifest does
+    not (ENOSPC). The old manifest still loads, with its own sidecar; the new sidecar is gone."""
+    monkeypatch.setattr(manifest_module, "INLINE_ROW_HASH_LIMIT", 50)  # a sidecar from 51 rows
+    disk = small_disk(1 << 20)
+    path = disk / "split.json"
+    old = split_table(_table(1), seed=1)
+    write_manifest(old, path)
+    before = {p.name: p.read_bytes() for p in disk.iterdir()}
+    assert len(before) == 2  # the manifest and its sidecar
+    new = split_table(_table(2), seed=1)  # other data: another sidecar
+    fill_leaving(disk, len(new.row_hashes.to_bytes()) + 1)  # room for the new sidecar only
+    with pytest.raises(InputError, match="no space left"):
+        write_manifest(new, path)
+    (disk / "filler").unlink()
+    assert {p.name: p.read_bytes() for p in disk.iterdir()} == before
+    assert load_manifest(path).indices == old.indices
+    write_manifest(new, path)  # with room: the new pair replaces the old pair
+    assert len(list(disk.iterdir())) == 2
+    assert load_manifest(path).indices == new.indices
+
+
+def test_rewriting_a_manifest_keeps_one_sidecar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each write leaves the manifest and exactly the sidecar it names."""
+    monkeypatch.setattr(manifest_module, "INLINE_ROW_HASH_LIMIT", 50)
+    path = tmp_path / "split.json"
+    for seed in (1, 2, 2, 3):
+        write_manifest(split_table(_table(seed), seed=0), path)
+        named = json.loads(path.read_text())["row_hashes"]["file"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["split.json", named])
+    write_manifest(split_table(_table(1, n=10), seed=0), path)  # inline hashes: no sidecar at all
+    assert [p.name for p in tmp_path.iterdir()] == ["split.json"]
+
+
+def test_project_data_is_never_written_by_split(
+    project: TinyProject, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The tiny project's data, given as --out through a path with `..`: refused, unchanged."""
+    data = project.root / "data.jsonl"
+    before = data.read_bytes()
+    out = project.root / "tiny-model" / ".." / "data.jsonl"
+    assert main(["split", str(data), "--out", str(out)]) == 2
+    assert data.read_bytes() == before
+    _assert_refused(capsys, "the same file")

@@ -1,0 +1,289 @@
+"""Issue 16, items 7 (runs), 10, 12 and 13: a run fails with a message, before its directory exists
+when it can, falls back past a checkpoint that will not restore, and survives a full disk.
+
+Runs of the tiny model in this process (a few seconds each); ``main`` is the CLI, in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from adv_support import fill_leaving
+from safetensors.torch import load_file, save_file
+
+from reprotune._cli import main
+from reprotune._config.loading import load_config
+from reprotune._jsonio import canonical_dumps, sha256_bytes, sha256_file
+from reprotune._model.tiny import build_tiny_model
+from reprotune._run.checkpoint import STATE_FILE, list_checkpoints
+from reprotune._run.claim import claim_run_dir
+from reprotune._run.layout import RunLayout
+from reprotune._run.record import load_record, start_record, write_record
+from reprotune._train.run import RunOptions, resume_run, run_experiment
+from tinyrun import TinyProject
+
+QUIET = ("--no-progress", "--no-tracking")
+ADAPTER = Path("adapter") / "adapter_model.safetensors"
+
+
+def _run(project: TinyProject, run_dir: Path, *overrides: str, **options: Any) -> Any:
+    cfg = load_config(project.config(), list(overrides))
+    options = {"progress": False, "tracking": False, "code_dir": project.root, **options}
+    with torch.random.fork_rng():
+        return run_experiment(cfg, RunOptions(run_dir=run_dir, **options))
+
+
+def _resume(run_dir: Path) -> Any:
+    with torch.random.fork_rng():
+        options = RunOptions(run_dir=run_dir, progress=False, tracking=False, code_dir=run_dir.parent)
+        return resume_run(run_dir, options)
+
+
+def _clean_exit_2(capsys: pytest.CaptureFixture[str], *expected: str) -> str:
+    err = capsys.readouterr().err
+    assert "error:" in err and "Traceback" not in err and "internal error" not in err, err
+    for text in expected:
+        assert text in err, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def reference(project: TinyProject, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run of the base config with a checkpoint every 2 steps (8 steps)."""
+    run_dir = tmp_path_factory.mktemp("adv-runs") / "reference"
+    _run(project, run_dir, "train.save_every=2")
+    return run_dir
+
+
+# --- item 13: bad input found before the directory exists ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["lora.target_modules=[q_proj, nope_proj]"], "nope_proj"),
+        (["data.prompt_field=question"], "question"),
+        (["train.batch_size=100000000"], "one optimizer step takes 100000000 rows"),
+    ],
+    ids=["unknown target module", "missing column", "batch larger than the training split"],
+)
+def test_bad_input_leaves_no_run_directory(
+    project: TinyProject,
+    tmp_path: Path,
+    overrides: list[str],
+    expected: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Exit 2 naming the problem, and the run directory never exists, so `--run-dir` stays free."""
+    run_dir = tmp_path / "run"
+    sets = [part for o in overrides for part in ("--set", o)]
+    assert main(["run", str(project.config()), "--run-dir", str(run_dir), *sets, *QUIET]) == 2
+    _clean_exit_2(capsys, expected)
+    assert not run_dir.exists()
+
+
+def test_a_manifest_of_other_data_leaves_no_run_directory(
+    project: TinyProject, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"prompt": "p", "response": "r", "category": "a"}\n' * 10)
+    manifest = tmp_path / "other-split.json"
+    assert main(["split", str(other), "--out", str(manifest)]) == 0
+    run_dir = tmp_path / "run"
+    args = ["run", str(project.config()), "--run-dir", str(run_dir), "--set", f"split.manifest={manifest}"]
+    assert main([*args, *QUIET]) == 2
+    _clean_exit_2(capsys, "the split manifest was made from other data")
+    assert not run_dir.exists()
+
+
+def test_a_directory_whose_run_failed_before_its_first_step_is_reused(
+    project: TinyProject, tmp_path: Path
+) -> None:
+    """What an older reprotune left (status failed, nothing trained) no longer blocks the directory."""
+    run_dir = tmp_path / "run"
+    cfg = load_config(project.config())
+    run_dir.mkdir()
+    record = start_record("old", cfg, {"root": 1})
+    record.update(status="failed", error={"type": "InputError", "message": "unknown target module"})
+    write_record(run_dir / "record.json", record)
+    (run_dir / "config.yaml").write_text("# left behind\n")
+    notes: list[str] = []
+    claim_run_dir(run_dir, report=notes.append)
+    assert notes == [f"note: reusing {run_dir}: its run failed before its first step (unknown target module)"]
+    assert list(run_dir.iterdir()) == []
+    result = _run(project, run_dir)
+    assert result.status == "completed"
+
+
+def test_a_failed_run_that_trained_is_not_reused(project: TinyProject, tmp_path: Path) -> None:
+    """A failed run with steps in its ledger is evidence: `run --run-dir` still says resume it."""
+    run_dir = tmp_path / "run"
+    _run(project, run_dir, stop_after_step=2)
+    record = load_record(run_dir / "record.json")
+    record.update(status="failed")
+    write_record(run_dir / "record.json", record)
+    assert main(["run", str(project.config()), "--run-dir", str(run_dir), *QUIET]) == 2
+    assert (run_dir / "ledger.jsonl").exists()
+
+
+# --- item 7 (runs) -------------------------------------------------------------------------------
+
+
+def test_run_dir_that_is_a_file_is_exit_2(
+    project: TinyProject, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "afile"
+    target.write_text("mine")
+    assert main(["run", str(project.config()), "--run-dir", str(target), *QUIET]) == 2
+    _clean_exit_2(capsys, "is a file, not a directory")
+    assert target.read_text() == "mine"
+    assert main(["run", str(project.config()), "--run-dir", str(target / "sub"), *QUIET]) == 2
+    _clean_exit_2(capsys, f"is under {target}, which is a file")
+
+
+def test_a_pickled_model_is_refused_with_how_to_convert(
+    project: TinyProject, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model directory with only pytorch_model.bin: exit 2, safetensors only, and the conversion."""
+    from transformers import AutoModelForCausalLM
+
+    source = build_tiny_model(tmp_path / "tiny", seed=0)
+    model_dir = tmp_path / "pickled"
+    model_dir.mkdir()
+    for name in os.listdir(source):  # config and tokenizer, not the safetensors weights
+        if not name.endswith(".safetensors"):
+            (model_dir / name).write_bytes((source / name).read_bytes())
+    # The weights as older tools saved them: a pickled state dict.
+    torch.save(AutoModelForCausalLM.from_pretrained(source).state_dict(), model_dir / "pytorch_model.bin")
+    assert (model_dir / "pytorch_model.bin").exists() and not list(model_dir.glob("*.safetensors"))
+    args = [
+        "run",
+        str(project.config()),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--set",
+        f"model.name={model_dir}",
+    ]
+    assert main([*args, *QUIET]) == 2
+    _clean_exit_2(
+        capsys, "only as pickled pytorch_model*.bin", "safetensors weights only", "safe_serialization=True"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_full_disk_during_a_run_is_exit_2_and_resume_finishes_it(
+    project: TinyProject,
+    reference: Path,
+    small_disk: Callable[[int], Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ENOSPC at the first checkpoint: exit 2 naming the path and the space needed, status failed with
+    the error, no temporary files; with space again, `resume` finishes it IDENTICAL."""
+    monkeypatch.chdir(project.root)  # not a git tree: no code.patch to write
+    disk = small_disk(1 << 20)
+    run_dir = disk / "run"
+    args = ["run", str(project.config()), "--run-dir", str(run_dir), "--set", "train.save_every=2", *QUIET]
+    # Room for what a run writes before its first checkpoint (the record twice: it is replaced
+    # atomically), and half a checkpoint: sizes in pages, as tmpfs counts them.
+    pages = lambda path: math.ceil(path.stat().st_size / 4096) * 4096  # noqa: E731
+    files = ("record.json", "record.json", "config.yaml", "split.json", "ledger.jsonl")
+    before_checkpoint = sum(pages(reference / name) for name in files)
+    checkpoint = sum(pages(p) for p in list_checkpoints(reference / "checkpoints")[-1].iterdir())
+    fill_leaving(disk, before_checkpoint + checkpoint // 2)
+    assert main(args) == 2
+    err = _clean_exit_2(
+        capsys, "no space left on the device of", "it needs about", f"reprotune resume {run_dir}"
+    )
+    assert "checkpoints" in err
+    record = load_record(run_dir / "record.json")
+    assert record["status"] == "failed" and "no space left" in record["error"]["message"]
+    leftovers = [p for p in run_dir.rglob("*") if p.name.startswith(".") and p.name != ".writer.lock"]
+    assert leftovers == []
+    (disk / "filler").unlink()
+    assert main(["resume", str(run_dir), *QUIET]) == 0
+    assert (run_dir / "ledger.jsonl").read_bytes() == (reference / "ledger.jsonl").read_bytes()
+    assert sha256_file(run_dir / ADAPTER) == sha256_file(reference / ADAPTER)
+
+
+# --- item 12: a checkpoint that verifies but will not restore ------------------------------------
+
+
+class _Payload:
+    """Unpickling it would run ``os.mkdir(marker)``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return os.mkdir, (str(self.marker),)
+
+
+def _resign(checkpoint: Path) -> None:
+    """Make state.json's hashes match the files as they are now (what a forger does)."""
+    state = json.loads((checkpoint / STATE_FILE).read_text())
+    state["files"] = {name: sha256_file(checkpoint / name) for name in state["files"]}
+    state.pop("state_sha256")
+    state["state_sha256"] = sha256_bytes(canonical_dumps(state).encode())
+    (checkpoint / STATE_FILE).write_text(canonical_dumps(state))
+
+
+@pytest.mark.parametrize("damage", ["forged pickle", "wrong shapes"])
+def test_a_newest_checkpoint_that_will_not_restore_falls_back(
+    project: TinyProject, reference: Path, tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The newest checkpoint passes its hash check but cannot be restored: resume warns, uses the
+    previous one (as docs/checkpoints.md says), runs no code, and ends IDENTICAL to the reference."""
+    run_dir = tmp_path / "run"
+    _run(project, run_dir, "train.save_every=2", stop_after_step=6)
+    newest = list_checkpoints(run_dir / "checkpoints")[-1]
+    assert newest.name == "step-00000006"
+    marker = tmp_path / "code-ran"
+    if damage == "forged pickle":
+        torch.save({"optimizer": _Payload(marker), "scheduler": {}, "scaler": None}, newest / "optimizer.pt")
+        reason = "optimizer.pt holds objects other than tensors and plain data"
+    else:
+        weights = load_file(str(newest / "trainable.safetensors"))
+        save_file({k: torch.zeros(3, 3) for k in weights}, str(newest / "trainable.safetensors"))
+        reason = "RuntimeError"
+    _resign(newest)
+    _resume(run_dir)
+    err = capsys.readouterr().err
+    assert f"warning: checkpoint {newest} is refused: it verifies but cannot be restored (" in err
+    assert reason in err and "falling back to the previous one" in err
+    assert "from step 4 (step-00000004)" in err
+    assert not marker.exists()
+    assert (run_dir / "ledger.jsonl").read_bytes() == (reference / "ledger.jsonl").read_bytes()
+    assert sha256_file(run_dir / ADAPTER) == sha256_file(reference / ADAPTER)
+
+
+# --- item 10: rerun checks what the comparison needs before training -----------------------------
+
+
+@pytest.mark.parametrize("damage", ["missing ledger", "garbled ledger"])
+def test_rerun_of_a_run_with_a_bad_ledger_trains_nothing(
+    project: TinyProject,
+    tmp_path: Path,
+    damage: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Exit 2 before any training, naming the ledger; no rerun directory is made."""
+    run_dir = tmp_path / "run"
+    _run(project, run_dir)
+    ledger = RunLayout(run_dir).ledger
+    if damage == "missing ledger":
+        ledger.unlink()
+    else:
+        ledger.write_bytes(ledger.read_bytes()[:-40] + b"garbage\n")
+    monkeypatch.chdir(project.root)
+    assert main(["rerun", str(run_dir), "--no-progress"]) == 2
+    _clean_exit_2(capsys, "ledger")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
