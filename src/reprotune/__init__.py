@@ -64,6 +64,12 @@ _LAZY: dict[str, str] = {
     "write_report": "reprotune._proof.report",
     "verify_config": "reprotune._proof.verify",
     "rerun": "reprotune._proof.rerun",
+    # seed studies
+    "StudyOptions": "reprotune._studies.study",
+    "StudyResult": "reprotune._studies.study",
+    "run_study": "reprotune._studies.study",
+    "load_study": "reprotune._studies.studyfile",
+    "significance": "reprotune._studies.significance",
 }
 
 __all__ = [

@@ -82,6 +82,11 @@ def run_study(
         InputError: bad ``n``, ``vary`` or ``jobs``; a study directory that holds something else;
             a run directory that no longer matches its record.
         RunFailedError: a run failed (run the same command again to continue once it is fixed).
+
+    Example:
+        >>> cfg = load_config("examples/quickstart.yaml", ["train.max_steps=10"])  # doctest: +SKIP
+        >>> result = run_study(cfg, n=3, vary="all", options=StudyOptions(out=Path("studies/a")))  # doctest: +SKIP
+        >>> result.study["summary"]["all"]["final_val_loss"]["mean"]  # doctest: +SKIP
     """
     if isinstance(options.jobs, bool) or not isinstance(options.jobs, int) or options.jobs < 1:
         raise InputError(
