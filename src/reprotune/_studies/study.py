@@ -85,7 +85,7 @@ def run_study(
 
     Example:
         >>> cfg = load_config("examples/quickstart.yaml", ["train.max_steps=10"])  # doctest: +SKIP
-        >>> result = run_study(cfg, n=3, vary="all", options=StudyOptions(out=Path("studies/a")))  # doctest: +SKIP
+        >>> result = run_study(cfg, n=3, vary="all")  # doctest: +SKIP
         >>> result.study["summary"]["all"]["final_val_loss"]["mean"]  # doctest: +SKIP
     """
     if isinstance(options.jobs, bool) or not isinstance(options.jobs, int) or options.jobs < 1:
