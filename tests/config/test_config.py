@@ -230,7 +230,7 @@ def test_config_sha256_golden() -> None:
     """The default config's identity is pinned: a changed default shows up here, on purpose."""
     assert (
         config_sha256(ExperimentConfig())
-        == "b7ada920a7fabda6ed95f2788888c0ccd33555375a3e9959bf7f81ef49937b4c"
+        == "3dc3d15fd0cb452ce94965344fcd35bff45e088cc277e4da873287dc2a66fa2b"
     )
 
 

@@ -1,9 +1,10 @@
 """The experiment config's schema: typed, frozen sections with their defaults and checks.
 
-Sections ``seed``, ``data``, ``split``, ``model``, ``lora``, ``train``, ``eval``, ``determinism``
-and ``tracking``; every field has a default, a type, a range and a one-line description (the
-reference in docs/config.md is generated from them). :func:`config_sha256` is a config's identity.
-Reading YAML and ``--set`` is in ``_config.loading``. Importing this module never imports torch.
+Sections ``seed``, ``data``, ``split``, ``model``, ``lora``, ``train``, ``eval``, ``determinism``,
+``tracking`` and ``distributed``; every field has a default, a type, a range and a one-line
+description (the reference in docs/config.md is generated from them). :func:`config_sha256` is a
+config's identity. Reading YAML and ``--set`` is in ``_config.loading``. Importing this module
+never imports torch.
 """
 
 from __future__ import annotations
@@ -276,6 +277,22 @@ class DeterminismConfig(_Section):
     )
 
 
+class DistributedConfig(_Section):
+    """Runs under torchrun (docs/distributed.md); ignored by a plain single-process run."""
+
+    strategy: Literal["ddp", "fsdp"] = Field(
+        default="ddp",
+        description="ddp = replicated model, gradients all-reduced; fsdp = FSDP2 fully_shard over "
+        "the decoder layers, LoRA weights sharded with them",
+    )
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        default="auto", description="process-group backend; auto = nccl on CUDA, gloo on CPU"
+    )
+    timeout_s: Float = Field(
+        default=1800.0, gt=0, description="seconds a collective waits for the other ranks before failing"
+    )
+
+
 class TrackingConfig(_Section):
     """Trackers: observers that mirror the record."""
 
@@ -303,6 +320,7 @@ class ExperimentConfig(_Section):
     eval: EvalConfig = Field(default=EvalConfig(), description="evaluation")
     determinism: DeterminismConfig = Field(default=DeterminismConfig(), description="determinism")
     tracking: TrackingConfig = Field(default=TrackingConfig(), description="tracking")
+    distributed: DistributedConfig = Field(default=DistributedConfig(), description="distributed runs")
 
     def resolved(self) -> dict[str, Any]:
         """The config with every default written out, as JSON-safe data (lists, not tuples)."""

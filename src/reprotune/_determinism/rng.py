@@ -10,7 +10,7 @@ a function is called.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from reprotune._errors import InputError
@@ -244,3 +244,46 @@ def rng_state_from_tensors(tensors: Mapping[str, torch.Tensor], meta: Mapping[st
             fix="load a checkpoint written by this version of reprotune",
         )
     return {name: _decode_value(value, tensors) for name, value in meta["state"].items()}
+
+
+_RANKS_FORMAT = "reprotune/rng-state-ranks"
+
+
+def ranks_rng_to_tensors(
+    states: Sequence[Mapping[str, Any]],
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """:func:`rng_state_to_tensors` of every rank of a distributed run, in one file's worth.
+
+    Tensors are named ``rank<r>/<name>``; the metadata lists each rank's, in rank order.
+
+    Args:
+        states: every rank's :func:`capture_rng_state`, in rank order.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    metas = []
+    for rank, state in enumerate(states):
+        rank_tensors, meta = rng_state_to_tensors(state)
+        tensors.update({f"rank{rank}/{name}": tensor for name, tensor in rank_tensors.items()})
+        metas.append(meta)
+    return tensors, {"format": _RANKS_FORMAT, "version": 1, "ranks": metas}
+
+
+def ranks_rng_from_tensors(
+    tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """Inverse of :func:`ranks_rng_to_tensors`: every rank's state, in rank order.
+
+    Raises:
+        InputError: the metadata is not a reprotune per-rank RNG state.
+    """
+    if meta.get("format") != _RANKS_FORMAT or meta.get("version") != 1:
+        raise InputError(
+            f"not a reprotune per-rank RNG state v1 (format {meta.get('format')!r})",
+            fix="load a checkpoint written by a distributed run of this version of reprotune",
+        )
+    states = []
+    for rank, rank_meta in enumerate(meta["ranks"]):
+        prefix = f"rank{rank}/"
+        own = {name[len(prefix) :]: t for name, t in tensors.items() if name.startswith(prefix)}
+        states.append(rng_state_from_tensors(own, rank_meta))
+    return states

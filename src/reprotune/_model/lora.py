@@ -277,7 +277,12 @@ class WeightsHasher:
         return digest.hexdigest()
 
 
-def save_adapter(model: PeftModel, directory: str | os.PathLike[str]) -> dict[str, str]:
+def save_adapter(
+    model: PeftModel,
+    directory: str | os.PathLike[str],
+    *,
+    state_dict: Mapping[str, torch.Tensor] | None = None,
+) -> dict[str, str]:
     """Save the LoRA adapter alone (safetensors) to ``directory``, atomically.
 
     PEFT writes ``adapter_model.safetensors`` and ``adapter_config.json`` into a temporary
@@ -289,6 +294,8 @@ def save_adapter(model: PeftModel, directory: str | os.PathLike[str]) -> dict[st
     Args:
         model: the ``PeftModel`` from :func:`apply_lora`.
         directory: the adapter folder to (re)write.
+        state_dict: the weights to save, by parameter name, when the model's own are not whole
+            (a model sharded by FSDP: its gathered trainable weights).
 
     Returns:
         File name -> sha256 of every file in the adapter folder.
@@ -299,7 +306,8 @@ def save_adapter(model: PeftModel, directory: str | os.PathLike[str]) -> dict[st
     old: Path | None = None
     try:
         tmp.chmod(0o755)  # mkdtemp makes 0700; an adapter is meant to be shared
-        model.save_pretrained(str(tmp), safe_serialization=True)
+        extra: dict[str, Any] = {} if state_dict is None else {"state_dict": dict(state_dict)}
+        model.save_pretrained(str(tmp), safe_serialization=True, **extra)
         (tmp / "README.md").unlink(missing_ok=True)
         _canonical_config(tmp / ADAPTER_CONFIG)
         hashes = {path.name: sha256_file(path) for path in sorted(tmp.iterdir()) if path.is_file()}

@@ -54,6 +54,9 @@ _LEDGER_FIELDS: dict[str, dict[str, _FieldType]] = {
     },
     "val": {"step": "int", "loss": "hexfloat", "n_rows": "int", "n_tokens": "int"},
 }
+# Fields a line carries only in some runs, checked when present: each rank's batch hash, by rank,
+# in the train lines of a distributed run (absent from single-process ledgers, which stay as they were).
+RANK_BATCHES = "rank_batch_sha256"
 _LEDGER_FIX = (
     "the ledger was truncated or edited by hand; restore the run directory from a copy, "
     "or reproduce the run with `reprotune rerun RUN_DIR`"
@@ -87,9 +90,14 @@ def train_line(
     lr: float,
     grad_norm: float,
     weights_sha256: str,
+    rank_rows: list[list[int]] | None = None,
 ) -> dict[str, Any]:
-    """One optimizer step's line: which rows, how many tokens, loss, lr, grad norm, weights after."""
-    return {
+    """One optimizer step's line: which rows, how many tokens, loss, lr, grad norm, weights after.
+
+    ``rank_rows`` (distributed runs): each rank's rows, by rank; their hashes go in
+    ``rank_batch_sha256``. Without it the line has no such key.
+    """
+    line: dict[str, Any] = {
         "kind": "train",
         "step": step,
         "epoch": epoch,
@@ -101,6 +109,9 @@ def train_line(
         "grad_norm": hexf(grad_norm),
         "weights_sha256": weights_sha256,
     }
+    if rank_rows is not None:
+        line[RANK_BATCHES] = [batch_sha256(rows) for rows in rank_rows]
+    return line
 
 
 def val_line(step: int, loss: float, n_rows: int, n_tokens: int) -> dict[str, Any]:
@@ -346,6 +357,8 @@ def _all_well_formed(objs: list[Any]) -> bool:
             if key not in obj:
                 return False
             values[shape].append(obj[key])
+        if RANK_BATCHES in obj and (obj["kind"] != "train" or _rank_batches_problem(obj[RANK_BATCHES])):
+            return False
     if not all(type(v) is int and v >= 0 for v in values["int"]):
         return False
     for shape in ("sha256", "hexfloat"):
@@ -394,7 +407,24 @@ def _parse_entry(path: Path, number: int, raw: bytes) -> LedgerEntry:
                 source=f"{where} (key {key!r})",
                 fix=_LEDGER_FIX,
             )
+    if RANK_BATCHES in obj:
+        value = obj[RANK_BATCHES]
+        problem = _rank_batches_problem(value) if kind == "train" else "only train lines carry it"
+        if problem:
+            raise InputError(
+                f"key {RANK_BATCHES!r} of the {kind!r} line {number} is {value!r:.200}, {problem}",
+                source=f"{where} (key {RANK_BATCHES!r})",
+                fix=_LEDGER_FIX,
+            )
     return LedgerEntry(kind=kind, step=obj["step"], line=number, fields=obj)
+
+
+def _rank_batches_problem(value: Any) -> str | None:
+    """Why ``value`` is not a non-empty list of sha256 digests, or None when it is."""
+    if not isinstance(value, list) or not value:
+        return "not a non-empty list of sha256 digests (one per rank)"
+    bad = next((v for v in value if _shape_problem(v, "sha256")), None)
+    return None if bad is None else f"holds {bad!r}, not a sha256 (64 lowercase hex digits)"
 
 
 def _shape_problem(value: Any, shape: _FieldType) -> str | None:

@@ -16,6 +16,8 @@ from typing import Protocol
 import torch
 
 from reprotune._train.batches import micro_batches
+from reprotune._train.dist_step import distributed_train_step, distributed_validate
+from reprotune._train.distributed import is_transport_error, lost_rank_error, shard_rows
 from reprotune._train.loss import autocast, evaluate, logits_to_keep, token_loss_sum
 from reprotune._train.setup import Setup, max_grad_norm
 
@@ -43,6 +45,7 @@ class StepEnd:
         grad_norm: the gradient norm before clipping.
         validation: the validation pass after this step, if one ran.
         is_last: whether this is the run's last step.
+        rank_rows: in a distributed run, each rank's rows of the step, by rank; else None.
     """
 
     step: int
@@ -54,6 +57,7 @@ class StepEnd:
     grad_norm: float
     validation: Validation | None
     is_last: bool
+    rank_rows: list[list[int]] | None = None
 
 
 class StepHook(Protocol):
@@ -83,6 +87,10 @@ def train_loop(
     gc.freeze()
     try:
         return _loop(setup, hooks, start_step, stop_after_step)
+    except RuntimeError as exc:
+        if setup.dist is None or not is_transport_error(exc):
+            raise
+        raise lost_rank_error(setup.dist, exc) from exc  # another rank left: say so, not gloo's words
     finally:
         gc.unfreeze()
 
@@ -97,18 +105,29 @@ def _loop(
         t0 = time.perf_counter()
         rows = setup.order.step_rows(step)
         epoch, _ = setup.order.position(step)
-        loss, n_tokens, lr, grad_norm = train_step(setup, rows)
+        if setup.dist is None:
+            loss, n_tokens, lr, grad_norm = train_step(setup, rows)
+        else:
+            loss, n_tokens, lr, grad_norm = distributed_train_step(setup, rows, step)
         validation = validate(setup) if setup.validates_at(step) else None
         if validation is not None:
             final_val = validation.loss
         is_last = step == setup.total_steps
-        end = StepEnd(step, epoch, rows, n_tokens, loss, lr, grad_norm, validation, is_last)
+        shards = _rank_rows(setup, rows)
+        end = StepEnd(step, epoch, rows, n_tokens, loss, lr, grad_norm, validation, is_last, shards)
         for hook in hooks:
             hook.on_step_end(end)
         step_times.append(time.perf_counter() - t0)
         if stop_after_step is not None and step >= stop_after_step and not is_last:
             return LoopResult(step, True, final_val, tuple(step_times))
     return LoopResult(step, False, final_val, tuple(step_times))
+
+
+def _rank_rows(setup: Setup, rows: list[int]) -> list[list[int]] | None:
+    """Each rank's rows of a step (distributed runs only)."""
+    if setup.dist is None:
+        return None
+    return shard_rows(rows, setup.cfg.train.batch_size, setup.dist.world_size)
 
 
 def train_step(setup: Setup, rows: list[int]) -> tuple[float, int, float, float]:
@@ -145,6 +164,9 @@ def train_step(setup: Setup, rows: list[int]) -> tuple[float, int, float, float]
 
 def validate(setup: Setup) -> Validation:
     """The validation loss of the current weights over ``setup.val_rows``."""
+    if setup.dist is not None:
+        loss, tokens = distributed_validate(setup)
+        return Validation(loss, len(setup.val_rows), tokens)
     loss, tokens = evaluate(
         setup.model,
         setup.examples,

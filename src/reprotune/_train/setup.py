@@ -25,6 +25,7 @@ from reprotune._model.loading import load_base_model
 from reprotune._model.lora import apply_lora, lora_config_dict
 from reprotune._train.batches import Examples
 from reprotune._train.data import RunData, prepare_data
+from reprotune._train.distributed import DistContext
 from reprotune._train.loss import supports_logits_to_keep
 from reprotune._train.optim import build_optimizer, build_scheduler
 
@@ -54,6 +55,10 @@ class Setup:
         optimizer: over ``trainable``.
         scheduler: the learning-rate schedule.
         scaler: the fp16 grad scaler, or None.
+        dist: this rank's place in a distributed run (``torchrun``); None in a plain run.
+        train_module: what the training forward goes through in a distributed run (DDP over
+            ``model``, or ``model`` sharded by FSDP); None in a plain run.
+        rank_init_sha256: this rank's LoRA init hash, taken before sharding (distributed runs).
     """
 
     cfg: ExperimentConfig
@@ -73,6 +78,9 @@ class Setup:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     scaler: torch.amp.GradScaler | None
+    dist: DistContext | None = None
+    train_module: torch.nn.Module | None = None
+    rank_init_sha256: str | None = None
 
     def validates_at(self, step: int) -> bool:
         """Whether the validation loss is measured after optimizer step ``step``."""

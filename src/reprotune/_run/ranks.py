@@ -1,0 +1,172 @@
+"""The ranks of a distributed run, as the record keeps them, and what must agree between them.
+
+Each rank of a ``torchrun`` launch reports who it is (host, device), its environment fingerprint
+and the hashes of what it loaded (base model, tokenizer, data, split, LoRA init). Rank 0 refuses
+to train when two ranks have different package sets or loaded different inputs
+(:func:`check_ranks_agree`), and keeps one entry per rank in the record's ``distributed`` section
+(:func:`ranks_section`). :func:`check_resume_world` decides whether a run may be resumed at the
+world size it is resumed at. Pure functions of JSON-safe data: never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from reprotune._errors import InputError
+from reprotune._jsonio import canonical_dumps, sha256_bytes
+from reprotune._run.drift import section_drift
+
+#: What each rank loaded, as it reports it: key -> what it is, for messages.
+INPUT_KEYS: dict[str, str] = {
+    "model_weights_sha256": "base model weights",
+    "tokenizer_sha256": "tokenizer files",
+    "data_sha256": "data",
+    "split_sha256": "split",
+    "lora_init_sha256": "LoRA init",
+}
+_SAME_PACKAGES_FIX = (
+    "install the same packages at the same versions on every node (`pip freeze` on rank 0's host, "
+    "`pip install -r` of that list on the others), then launch again"
+)
+
+
+def _who(identity: Mapping[str, Any]) -> str:
+    return f"rank {identity.get('rank')} (host {identity.get('host')})"
+
+
+def _package_problems(first: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
+    env0, env = first.get("environment") or {}, other.get("environment") or {}
+    problems = []
+    py0, py = (env0.get("python") or {}).get("version"), (env.get("python") or {}).get("version")
+    if py0 != py:
+        problems.append(f"Python {py} (rank 0: {py0})")
+    dists0, dists = env0.get("distributions") or {}, env.get("distributions") or {}
+    for name in sorted(set(dists0) | set(dists)):
+        if dists0.get(name) != dists.get(name):
+            here, there = dists.get(name, "not installed"), dists0.get(name, "not installed")
+            problems.append(f"{name} {here} (rank 0: {there})")
+    return problems
+
+
+def check_ranks_agree(identities: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse ranks that would not compute the same run: other packages or other inputs than rank 0.
+
+    Args:
+        identities: every rank's report, in rank order (``rank``, ``host``, ``environment``,
+            ``inputs``: the hashes of :data:`INPUT_KEYS`).
+
+    Raises:
+        InputError: naming each rank, its host, and every package or input that differs.
+    """
+    first = identities[0]
+    package_lines, input_lines = [], []
+    for identity in identities[1:]:
+        problems = _package_problems(first, identity)
+        if problems:
+            shown = "; ".join(problems[:12]) + (
+                f"; and {len(problems) - 12} more" if len(problems) > 12 else ""
+            )
+            package_lines.append(f"{_who(identity)}: {shown}")
+        inputs0, inputs = first.get("inputs") or {}, identity.get("inputs") or {}
+        for key, what in INPUT_KEYS.items():
+            if inputs0.get(key) != inputs.get(key):
+                input_lines.append(
+                    f"{_who(identity)} loaded other {what} than rank 0 ({key} "
+                    f"{str(inputs.get(key))[:12]}... vs {str(inputs0.get(key))[:12]}...)"
+                )
+    if package_lines:
+        raise InputError(
+            "the ranks run different package sets, so they would not compute the same numbers:\n  "
+            + "\n  ".join(package_lines),
+            source="torchrun ranks (each rank's installed distributions)",
+            fix=_SAME_PACKAGES_FIX,
+        )
+    if input_lines:
+        raise InputError(
+            "the ranks did not load the same inputs:\n  " + "\n  ".join(input_lines),
+            source="torchrun ranks (the config's model.name, data.path and split)",
+            fix="give every node the same model directory, data file and split manifest (e.g. on a "
+            "shared filesystem), and the same config",
+        )
+
+
+def ranks_section(identities: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The record's entry per rank: who and where, its environment's sha256 and how it differs
+    from rank 0's (rank 0's whole fingerprint is the record's ``environment``)."""
+    env0 = identities[0].get("environment") or {}
+    out = []
+    for identity in identities:
+        env = identity.get("environment") or {}
+        out.append(
+            {
+                "rank": identity.get("rank"),
+                "local_rank": identity.get("local_rank"),
+                "host": identity.get("host"),
+                "device": identity.get("device"),
+                "device_name": identity.get("device_name"),
+                "environment_sha256": sha256_bytes(canonical_dumps(env, indent=None).encode("utf-8")),
+                "environment_differs": section_drift(env0, env, prefix="environment"),
+            }
+        )
+    return out
+
+
+def current_world(distributed: Mapping[str, Any] | None) -> int | None:
+    """The world size a run trains at now: its last recorded change, else where it started;
+    None for a run made without torchrun."""
+    if distributed is None:
+        return None
+    changes = distributed.get("world_size_changes") or []
+    return int(changes[-1]["to"]) if changes else int(distributed["world_size"])
+
+
+def check_resume_world(
+    recorded: Mapping[str, Any] | None, world_size: int | None, *, allow_change: bool, run_dir: str
+) -> dict[str, int] | None:
+    """Whether a run may resume at ``world_size``; the change to record when it is allowed.
+
+    Args:
+        recorded: the record's ``distributed`` section (None: the run was made without torchrun).
+        world_size: the world size of this resume (None: without torchrun).
+        allow_change: ``--allow-world-size-change``.
+        run_dir: the run directory, for messages.
+
+    Returns:
+        None when the world size is the run's; ``{"from": old, "to": new}`` for an allowed change.
+
+    Raises:
+        InputError: a run made under torchrun resumed without it, or the reverse (never allowed:
+            the data placement and the dropout seeding differ); another world size without
+            ``allow_change``.
+    """
+    before = current_world(recorded)
+    if before is None and world_size is None:
+        return None
+    if before is None:
+        raise InputError(
+            f"the run in {run_dir} was made in one process without torchrun; this resume runs under "
+            f"torchrun (world size {world_size})",
+            source=f"{run_dir}/record.json (no distributed section)",
+            fix=f"resume it the way it ran: `reprotune resume {run_dir}`",
+        )
+    if world_size is None:
+        raise InputError(
+            f"the run in {run_dir} was made under torchrun at world size {before}; this resume runs "
+            "without torchrun",
+            source=f"{run_dir}/record.json (key distributed.world_size)",
+            fix=f"resume it under torchrun: `torchrun --nproc_per_node {before} -m reprotune resume "
+            f"{run_dir}` (with the run's --nnodes and rendezvous on several nodes)",
+        )
+    if before == world_size:
+        return None
+    if not allow_change:
+        raise InputError(
+            f"the run in {run_dir} trains at world size {before}; this resume runs at world size "
+            f"{world_size}, which sums the gradients in another order, so the result would not be "
+            "bitwise what an uninterrupted run gives",
+            source=f"{run_dir}/record.json (key distributed.world_size)",
+            fix=f"launch {before} processes in all (torchrun --nproc_per_node / --nnodes), or pass "
+            "--allow-world-size-change to go on anyway (the change is recorded and compare names it)",
+        )
+    return {"from": before, "to": world_size}

@@ -1,0 +1,116 @@
+"""Checkpoints of a distributed run, saved and restored by every rank together.
+
+Saving: every rank hands its RNG state to rank 0, the trainable weights and the optimizer state are
+gathered whole (collectives under FSDP), and rank 0 writes one ordinary checkpoint directory
+(:class:`reprotune._run.checkpoint.RankStates`): one format for DDP and FSDP and every world size.
+Restoring: rank 0 picks the newest checkpoint that verifies and reads it; the weights and the
+optimizer state are broadcast into every rank's (sharded) parameters, each rank gets its own RNG
+state back, and the scheduler state goes to all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reprotune._determinism.rng import capture_rng_state, restore_rng_state
+from reprotune._run.checkpoint import CheckpointState, RankStates, latest_valid_checkpoint, save_checkpoint
+from reprotune._run.rank_checkpoint import RankCheckpoint, read_rank_checkpoint
+from reprotune._train.distributed import DistContext, decided_by_main, gather_objects, scatter_objects
+from reprotune._train.setup import Setup
+from reprotune._train.sharding import full_optimizer_state, full_trainable_state, load_full_state
+
+
+def _context(setup: Setup) -> DistContext:
+    if setup.dist is None:
+        raise ValueError("a distributed checkpoint needs a distributed setup")
+    return setup.dist
+
+
+def _train_module(setup: Setup) -> Any:
+    return setup.train_module if setup.train_module is not None else setup.model
+
+
+def save_distributed_checkpoint(
+    setup: Setup, directory: Path | None, state: CheckpointState, *, keep: int
+) -> Path | None:
+    """Every rank calls this at the same step; rank 0 writes the checkpoint into ``directory``.
+
+    Returns:
+        The checkpoint's path on rank 0; None on the other ranks.
+    """
+    ctx = _context(setup)
+    weights = full_trainable_state(setup.model, ctx)
+    optimizer = full_optimizer_state(_train_module(setup), setup.optimizer)
+    rng = gather_objects(ctx, capture_rng_state())
+    if not ctx.is_main:
+        return None
+    assert directory is not None and rng is not None
+    return save_checkpoint(
+        directory,
+        state,
+        model=setup.model,
+        optimizer=setup.optimizer,
+        scheduler=setup.scheduler,
+        scaler=setup.scaler,
+        keep=keep,
+        ranks=RankStates(distributed=ctx.describe(), weights=weights, optimizer=optimizer, rng=list(rng)),
+    )
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a distributed restore found, as every rank learns it."""
+
+    name: str
+    state: CheckpointState
+    saved_world_size: int
+    rng_restored: bool
+
+
+def restore_distributed(
+    setup: Setup, directory: Path | None, *, restore_rng: bool, report: Callable[[str], None]
+) -> Restored | None:
+    """Restore the newest valid checkpoint in ``directory`` (read on rank 0) into every rank.
+
+    ``restore_rng=False`` exists only for verify's negative control. At another world size than
+    the checkpoint's (allowed by the caller), rank ``r`` gets rank ``r``'s RNG state when the
+    checkpoint has one and keeps its own otherwise.
+
+    Returns:
+        What was restored, the same on every rank; None when no checkpoint verifies (start over).
+    """
+    ctx = _context(setup)
+    read: RankCheckpoint | None = None
+
+    def pick() -> tuple[str, CheckpointState, dict[str, Any], dict[str, Any] | None, int] | None:
+        nonlocal read
+        assert directory is not None
+        found = latest_valid_checkpoint(directory, report=report)
+        if found is None:
+            return None
+        read = read_rank_checkpoint(found)
+        return found.name, read.state, read.scheduler, read.scaler, len(read.ranks.rng)
+
+    picked = decided_by_main(ctx, pick)
+    if picked is None:
+        return None
+    name, state, scheduler, scaler, saved_world = picked
+    load_full_state(
+        _train_module(setup),
+        setup.optimizer,
+        read.ranks.weights if read is not None else None,
+        read.ranks.optimizer if read is not None else None,
+    )
+    setup.scheduler.load_state_dict(scheduler)
+    if setup.scaler is not None and scaler is not None:
+        setup.scaler.load_state_dict(scaler)
+    states = None
+    if read is not None:
+        states = (read.ranks.rng + [None] * ctx.world_size)[: ctx.world_size]
+    own = scatter_objects(ctx, states)
+    if restore_rng and own is not None:
+        restore_rng_state(own)
+    return Restored(name, state, saved_world, restore_rng and own is not None)

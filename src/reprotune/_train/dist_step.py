@@ -1,0 +1,159 @@
+"""One optimizer step and one validation pass of a distributed run, with fixed-order reductions.
+
+The same arithmetic as the single-process step (``_train.loop.train_step``), spread over ranks:
+each micro-batch's loss is ``loss_sum / n_tokens`` of the whole global batch, so the gradients
+summed over ranks are the gradients of the step's mean token loss. Per step, one float64
+all-gather carries every rank's per-micro-batch losses, its gradient shards' sum of squares (FSDP),
+its token count and a 48-bit prefix of its rows' hash; every rank then adds them in the same
+order, so every rank (and every rerun) gets the same bits, and rank 0 checks that each rank
+trained the rows the ledger names.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from reprotune._errors import RunFailedError
+from reprotune._run.ledger import batch_sha256
+from reprotune._train.batches import IGNORE_INDEX, micro_batches
+from reprotune._train.distributed import (
+    DistContext,
+    gather_f64,
+    micro_batch_seed,
+    ordered_sum,
+    rank_micro_batches,
+)
+from reprotune._train.loss import autocast, logits_to_keep, token_loss_sum
+from reprotune._train.setup import Setup, max_grad_norm
+from reprotune._train.sharding import grad_square_sum, gradient_sync, scale_grads
+
+#: ``torch.nn.utils.clip_grad_norm_``'s epsilon, so clipping means the same as in a single process.
+_CLIP_EPS = 1e-6
+
+
+def _context(setup: Setup) -> DistContext:
+    if setup.dist is None:
+        raise ValueError("a distributed step needs a distributed setup")
+    return setup.dist
+
+
+def _row_tokens(setup: Setup, row: int) -> int:
+    """Scored tokens of one row: labels after the first position that are not ignored."""
+    return sum(label != IGNORE_INDEX for label in setup.examples.get(row)[1][1:])
+
+
+def _hash48(rows: list[int]) -> float:
+    """The first 48 bits of the rows' batch hash, as an exact float64."""
+    return float(int(batch_sha256(rows)[:12], 16))
+
+
+def distributed_train_step(setup: Setup, rows: list[int], step: int) -> tuple[float, int, float, float]:
+    """Optimizer step ``step`` over the global batch ``rows``; return (loss, tokens, lr, grad norm).
+
+    Every rank returns the same numbers. The loss is the sum, in micro-batch order, of each
+    micro-batch's ``loss_sum / n_tokens`` (as a single process adds them).
+    """
+    ctx, cfg, optimizer, scaler = _context(setup), setup.cfg, setup.optimizer, setup.scaler
+    module = setup.train_module if setup.train_module is not None else setup.model
+    chunks = list(micro_batches(rows, cfg.train.batch_size))
+    mine = rank_micro_batches(len(chunks), ctx.rank, ctx.world_size)
+    # Every rank counts the whole global batch's tokens itself: no collective for the denominator.
+    n_tokens = sum(_row_tokens(setup, row) for row in rows)
+    lr = optimizer.param_groups[0]["lr"]
+    losses = [0.0] * len(chunks)
+    local_tokens = 0
+    for j, k in enumerate(mine):
+        on_cpu = setup.examples.batch(
+            chunks[k], pad_token_id=setup.pad_token_id, padding_side=cfg.model.padding_side
+        )
+        keep = logits_to_keep(on_cpu["labels"]) if setup.keep_logits else None
+        local_tokens += int((on_cpu["labels"][:, 1:] != IGNORE_INDEX).sum())
+        batch = {key: value.to(setup.device) for key, value in on_cpu.items()}
+        # Dropout masks belong to the micro-batch, whichever rank trains it.
+        torch.manual_seed(micro_batch_seed(setup.seeds["dropout"], step, k))
+        with gradient_sync(module, ctx, sync=j == len(mine) - 1):
+            with autocast(cfg.train.precision, setup.device):
+                loss_sum = token_loss_sum(module, batch, keep=keep)
+            loss = loss_sum / max(n_tokens, 1)
+            (scaler.scale(loss) if scaler else loss).backward()
+        losses[k] = float(loss.detach())
+    if scaler:
+        scaler.unscale_(optimizer)
+    my_rows = [row for k in mine for row in chunks[k]]
+    square = grad_square_sum(setup.trainable)
+    gathered = gather_f64(ctx, [*losses, square, float(local_tokens), _hash48(my_rows)])
+    _check_ranks(ctx, gathered, chunks, n_tokens, step)
+    step_loss = ordered_sum([gathered[_owner(k, len(chunks), ctx)][k] for k in range(len(chunks))])
+    # DDP: every rank holds the whole (already summed) gradient; FSDP: each holds a shard.
+    total = ordered_sum([part[len(chunks)] for part in gathered]) if ctx.strategy == "fsdp" else square
+    grad_norm = math.sqrt(total)
+    coef = max_grad_norm(cfg) / (grad_norm + _CLIP_EPS)
+    if coef < 1.0:
+        scale_grads(setup.trainable, coef)
+    if scaler:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    setup.scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return step_loss, n_tokens, lr, grad_norm
+
+
+def _owner(k: int, n_micro: int, ctx: DistContext) -> int:
+    return k // (n_micro // ctx.world_size)
+
+
+def _check_ranks(
+    ctx: DistContext, gathered: list[list[float]], chunks: list[list[int]], n_tokens: int, step: int
+) -> None:
+    """Each rank trained the rows the placement gives it and all the step's tokens were counted."""
+    n = len(chunks)
+    counted = sum(int(part[n + 1]) for part in gathered)
+    if counted != n_tokens:
+        raise RunFailedError(
+            f"step {step}: the ranks trained {counted} tokens, the global batch has {n_tokens}"
+        )
+    for rank, part in enumerate(gathered):
+        expected = [row for k in rank_micro_batches(n, rank, ctx.world_size) for row in chunks[k]]
+        if part[n + 2] != _hash48(expected):
+            raise RunFailedError(
+                f"step {step}: rank {rank} trained other rows than the placement gives it",
+                fix="every rank must run the same reprotune version on the same data",
+            )
+
+
+@torch.no_grad()
+def distributed_validate(setup: Setup) -> tuple[float, int]:
+    """The validation loss over ``setup.val_rows`` with the current weights; (mean loss, tokens).
+
+    Validation batch ``b`` runs on rank ``b % world_size``; each batch's float64 loss sum is
+    gathered and the sums are added in batch order, as a single process adds them. Under FSDP a
+    forward is a collective, so a rank with no batch left repeats the first one and discards it.
+    """
+    ctx, cfg, model = _context(setup), setup.cfg, setup.model
+    chunks = list(micro_batches(setup.val_rows, cfg.eval.batch_size))
+    sums = [0.0] * len(chunks)
+    was_training = model.training
+    model.eval()
+    for start in range(0, len(chunks), ctx.world_size):
+        b = start + ctx.rank
+        if b >= len(chunks) and ctx.strategy == "ddp":
+            break
+        chunk = chunks[b] if b < len(chunks) else chunks[0]
+        on_cpu = setup.examples.batch(
+            chunk, pad_token_id=setup.pad_token_id, padding_side=cfg.model.padding_side
+        )
+        keep = logits_to_keep(on_cpu["labels"]) if setup.keep_logits else None
+        batch = {key: value.to(setup.device) for key, value in on_cpu.items()}
+        with autocast(cfg.train.precision, setup.device):
+            loss_sum = token_loss_sum(model, batch, keep=keep)
+        if b < len(chunks):
+            sums[b] = float(loss_sum)
+    model.train(was_training)
+    gathered = gather_f64(ctx, sums)
+    total = ordered_sum([gathered[b % ctx.world_size][b] for b in range(len(chunks))])
+    tokens = sum(_row_tokens(setup, row) for row in setup.val_rows)
+    return (total / tokens if tokens else math.nan), tokens

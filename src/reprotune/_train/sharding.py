@@ -1,0 +1,260 @@
+"""The model across ranks: wrapped for DDP or sharded with FSDP2, and its full state gathered back.
+
+- ``ddp``: ``DistributedDataParallel`` over the PEFT model, with a comm hook that *sums* the
+  gradients (no division by the world size): each rank's backward is already scaled by the
+  step's global token count, exactly as a single process scales it.
+- ``fsdp``: FSDP2 ``fully_shard`` on every decoder layer (the classes the model names in
+  ``_no_split_modules``), then on the PEFT model itself; the LoRA weights inside a layer are
+  sharded with it. Gradients are reduce-scattered as a sum (``set_gradient_divide_factor(1)``
+  with sum-only collectives).
+
+The full trainable state (the ledger's weights hash, checkpoints, the adapter) and the full
+optimizer state are gathered with ``torch.distributed.checkpoint.state_dict``; they are plain CPU
+tensors keyed by parameter name, the same for both strategies and every world size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from reprotune._errors import InputError
+from reprotune._model.lora import WeightsHasher, tensors_sha256, trainable_tensors
+from reprotune._train.distributed import DistContext, check_placement
+from reprotune._train.optim import build_optimizer, build_scheduler
+from reprotune._train.setup import Setup
+
+_FULL_TRAINABLE = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+_FROM_RANK0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+
+
+def distribute_setup(setup: Setup, ctx: DistContext | None) -> Setup:
+    """``setup`` made a rank of a distributed run: the model wrapped or sharded, the optimizer and
+    schedule built over the parameters the ranks now hold, this rank's LoRA init hashed first.
+    ``setup`` itself when ``ctx`` is None (a plain run).
+
+    Raises:
+        InputError: ``grad_accum_steps`` not a multiple of the world size; fp16 with FSDP; FSDP
+            on a model whose decoder layers cannot be found.
+    """
+    if ctx is None:
+        return setup
+    cfg = setup.cfg
+    check_placement(cfg.train.grad_accum_steps, ctx.world_size)
+    if ctx.strategy == "fsdp" and setup.scaler is not None:
+        raise InputError(
+            "train.precision fp16 is not supported with distributed.strategy fsdp: the loss "
+            "scaler would decide to skip a step on each rank's gradient shard alone",
+            source="train.precision",
+            fix="use bf16 or fp32 (or distributed.strategy: ddp)",
+        )
+    init_sha256 = tensors_sha256(trainable_tensors(setup.model))
+    module = wrap_model(setup.model, ctx)
+    # FSDP replaces the parameters with sharded ones: the optimizer must hold those.
+    trainable = [p for p in setup.model.parameters() if p.requires_grad]
+    optimizer = build_optimizer(
+        trainable,
+        name=cfg.train.optimizer,
+        learning_rate=cfg.train.learning_rate,
+        weight_decay=cfg.train.weight_decay,
+    )
+    scheduler = build_scheduler(
+        optimizer,
+        schedule=cfg.train.scheduler,
+        warmup_steps=cfg.train.warmup_steps,
+        total_steps=setup.total_steps,
+    )
+    return dataclasses.replace(
+        setup,
+        device=ctx.device,
+        dist=ctx,
+        train_module=module,
+        rank_init_sha256=init_sha256,
+        trainable=trainable,
+        optimizer=optimizer,
+        scheduler=scheduler,
+    )
+
+
+def wrap_model(model: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
+    """The module the training forward goes through: DDP over ``model``, or ``model`` sharded.
+
+    Every rank must have built ``model`` identically (the record checks the LoRA init's hash on
+    every rank): neither strategy broadcasts rank 0's weights here.
+
+    Raises:
+        InputError: FSDP on a model whose decoder layers cannot be found.
+    """
+    if ctx.strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(
+            model,
+            device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+            # No broadcasts of rank 0's parameters or buffers: every rank built the same ones, and
+            # the record checks the LoRA init's hash on every rank instead of overwriting it.
+            init_sync=False,
+            forward_sync_buffers=False,
+        )
+        ddp.register_comm_hook(None, _sum_hook)
+        return ddp
+    return _fully_shard(model, ctx)
+
+
+def _sum_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's all-reduce as a plain sum (DDP's default hook divides by the world size)."""
+    work: Any = dist.all_reduce(bucket.buffer(), async_op=True)
+    fut: torch.futures.Future[list[torch.Tensor]] = work.get_future()
+    return fut.then(lambda done: done.value()[0])
+
+
+# DDP checks a hook's annotations as objects; this module's are strings (postponed evaluation).
+_sum_hook.__annotations__ = {
+    "state": object,
+    "bucket": dist.GradBucket,
+    "return": torch.futures.Future[torch.Tensor],
+}
+
+
+def _fully_shard(model: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    get_base = getattr(model, "get_base_model", None)
+    base = get_base() if callable(get_base) else model
+    layer_names = set(getattr(base, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in layer_names]
+    if not layers:
+        raise InputError(
+            f"FSDP cannot find the decoder layers of {type(base).__name__} (its _no_split_modules "
+            f"is {sorted(layer_names)})",
+            source="distributed.strategy",
+            fix="use distributed.strategy: ddp for this model",
+        )
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
+    return model
+
+
+@contextlib.contextmanager
+def gradient_sync(train_module: torch.nn.Module, ctx: DistContext, *, sync: bool) -> Iterator[None]:
+    """Within the block, a backward reduces the gradients across ranks only when ``sync``.
+
+    A rank's micro-batches accumulate locally; the last one's backward reduces the sum.
+    """
+    if ctx.strategy == "ddp":
+        with contextlib.nullcontext() if sync else train_module.no_sync():  # type: ignore[operator]
+            yield
+        return
+    train_module.set_requires_gradient_sync(sync)  # type: ignore[operator]
+    yield
+
+
+def local_grad(param: torch.nn.Parameter) -> torch.Tensor | None:
+    """This rank's part of ``param``'s gradient (the whole gradient under DDP, a shard under FSDP)."""
+    grad = param.grad
+    if grad is None:
+        return None
+    to_local = getattr(grad, "to_local", None)
+    return to_local() if callable(to_local) else grad
+
+
+def grad_square_sum(trainable: list[torch.nn.Parameter]) -> float:
+    """Sum of the squared local gradient elements, in float64, parameter by parameter in order."""
+    total = torch.zeros((), dtype=torch.float64)
+    for param in trainable:
+        grad = local_grad(param)
+        if grad is not None:
+            total = total + grad.detach().double().pow(2).sum().cpu()
+    return float(total)
+
+
+def scale_grads(trainable: list[torch.nn.Parameter], factor: float) -> None:
+    """Multiply every local gradient (or gradient shard) by ``factor``, in place."""
+    for param in trainable:
+        grad = local_grad(param)
+        if grad is not None:
+            grad.mul_(factor)
+
+
+def full_trainable_state(model: torch.nn.Module, ctx: DistContext) -> dict[str, torch.Tensor]:
+    """The trainable weights, whole, by parameter name (CPU tensors).
+
+    DDP: this rank's own (every rank holds them whole). FSDP: gathered, a collective every rank
+    must call; rank 0 gets the tensors, the others an empty dict.
+    """
+    if ctx.strategy == "ddp":
+        return trainable_tensors(model)
+    state: dict[str, Any] = get_model_state_dict(model, options=_FULL_TRAINABLE)
+    return state
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's whole state keyed by parameter name (a collective: every rank calls it)."""
+    state: dict[str, Any] = get_optimizer_state_dict(model, optimizer, options=_FULL)
+    return state
+
+
+def load_full_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    weights: dict[str, torch.Tensor] | None,
+    optimizer_state: dict[str, Any] | None,
+) -> None:
+    """Load rank 0's whole trainable weights and optimizer state into every rank (a collective).
+
+    Rank 0 passes what it read from the checkpoint; the others pass None and receive it.
+    """
+    set_model_state_dict(model, dict(weights or {}), options=_FROM_RANK0)
+    set_optimizer_state_dict(model, optimizer, optimizer_state or {}, options=_FROM_RANK0)
+
+
+def weights_hasher(setup: Setup) -> Callable[[], str]:
+    """What the ledger hashes after each step: the whole trainable weights' :func:`tensors_sha256`.
+
+    A plain run and DDP hash rank 0's own tensors in place (the other DDP ranks hash nothing);
+    FSDP gathers them first, a collective every rank calls (rank 0 gets the digest, the others "").
+    """
+    ctx = setup.dist
+    if ctx is None or (ctx.strategy == "ddp" and ctx.is_main):
+        return WeightsHasher(trainable_tensors(setup.model))
+    if ctx.strategy == "ddp":
+        return lambda: ""
+
+    # One all-gather per LoRA tensor: much cheaper per step than get_model_state_dict's walk of
+    # the whole model (about 100 ms a step on the tiny model).
+    sharded = [(name, p) for name, p in setup.model.named_parameters() if p.requires_grad]
+
+    def gathered() -> str:
+        state = {name: p.full_tensor() for name, p in sharded}  # type: ignore[attr-defined]
+        return tensors_sha256(state) if ctx.is_main else ""
+
+    return gathered
+
+
+def adapter_state(setup: Setup) -> dict[str, torch.Tensor] | None:
+    """The trainable weights to save as the adapter when the model cannot give them itself: under
+    FSDP, gathered (a collective every rank calls; rank 0 gets them). None otherwise."""
+    if setup.dist is None or setup.dist.strategy != "fsdp":
+        return None
+    state = full_trainable_state(setup.model, setup.dist)
+    return state if setup.dist.is_main else None

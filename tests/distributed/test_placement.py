@@ -1,0 +1,181 @@
+"""Where a distributed step's rows go, the seeds of its micro-batches, and what must agree between
+ranks: pure functions, checked without launching anything."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+from reprotune._config.loading import config_from_dict
+from reprotune._determinism.rng import capture_rng_state, ranks_rng_from_tensors, ranks_rng_to_tensors
+from reprotune._errors import ConfigError, InputError
+from reprotune._run.ranks import check_ranks_agree, check_resume_world, ranks_section
+from reprotune._train.distributed import (
+    check_placement,
+    micro_batch_seed,
+    rank_micro_batches,
+    rank_seed,
+    shard_rows,
+)
+
+
+def test_every_micro_batch_goes_to_exactly_one_rank_in_blocks() -> None:
+    """Rank r of W trains the contiguous block r*K/W ... (r+1)*K/W-1 of the K micro-batches."""
+    assert [list(rank_micro_batches(8, r, 2)) for r in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [list(rank_micro_batches(8, r, 4)) for r in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert [list(rank_micro_batches(3, 0, 1))] == [[0, 1, 2]]
+
+
+@pytest.mark.parametrize("world", [1, 2, 4], ids=lambda w: f"W{w}")
+def test_shards_are_the_global_batch_in_order(world: int) -> None:
+    """The ranks' rows, concatenated in rank order, are the step's rows: the same global batch at
+    every world size."""
+    rows = [17, 3, 99, 42, 8, 15, 23, 4]
+    shards = shard_rows(rows, batch_size=2, world_size=world)
+    assert len(shards) == world
+    assert [row for shard in shards for row in shard] == rows
+
+
+def test_a_world_size_that_does_not_divide_the_micro_batches_is_refused() -> None:
+    """grad_accum_steps 3 at world size 2: refused, naming the key, both numbers and the fix."""
+    check_placement(4, 2)
+    with pytest.raises(InputError) as caught:
+        check_placement(3, 2)
+    assert caught.value.source == "train.grad_accum_steps"
+    assert "3 is not a multiple of the world size 2" in caught.value.message
+    assert "train.grad_accum_steps=2" in str(caught.value.fix)
+
+
+def test_micro_batch_seeds_are_pinned_and_independent_of_the_rank() -> None:
+    """The derivation is fixed (records depend on it): a golden value, and distinct per step,
+    micro-batch and rank."""
+    # sha256("reprotune/dist-seed/v1/7/1/0"), first 8 bytes big-endian, masked to 63 bits
+    assert micro_batch_seed(7, 1, 0) == 8333060702230245445
+    seeds = {micro_batch_seed(7, s, k) for s in range(1, 5) for k in range(4)}
+    assert len(seeds) == 16
+    assert rank_seed(7, 0) != rank_seed(7, 1)
+    assert all(0 <= s < 2**63 for s in seeds)
+
+
+def test_every_ranks_rng_state_round_trips_without_pickle() -> None:
+    """Two ranks' captured states, saved as tensors and JSON, come back equal, each to its rank."""
+    torch.manual_seed(1)
+    first = capture_rng_state()
+    torch.manual_seed(2)
+    second = capture_rng_state()
+    tensors, meta = ranks_rng_to_tensors([first, second])
+    back = ranks_rng_from_tensors(tensors, meta)
+    assert len(back) == 2
+    for got, want in zip(back, (first, second), strict=True):
+        assert torch.equal(got["torch"], want["torch"])
+        assert got["python"] == want["python"]
+    assert not torch.equal(back[0]["torch"], back[1]["torch"])
+
+
+def test_the_distributed_config_section_has_defaults_and_checks() -> None:
+    """strategy ddp, backend auto, timeout 1800 s by default; a bad value names its key."""
+    cfg = config_from_dict({})
+    assert cfg.distributed.strategy == "ddp"
+    assert cfg.distributed.backend == "auto"
+    assert cfg.distributed.timeout_s == 1800.0
+    assert cfg.resolved()["distributed"] == {"strategy": "ddp", "backend": "auto", "timeout_s": 1800.0}
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict({"distributed": {"strategy": "zero3", "timeout_s": 0}})
+    text = str(caught.value)
+    assert "distributed.strategy" in text and "distributed.timeout_s" in text
+
+
+# --- what ranks must agree on ------------------------------------------------------------------
+
+
+def _identity(rank: int, host: str = "node-a") -> dict[str, Any]:
+    return {
+        "rank": rank,
+        "local_rank": rank,
+        "host": host,
+        "device": "cpu",
+        "device_name": "CPU",
+        "environment": {
+            "python": {"version": "3.11.9"},
+            "distributions": {"torch": "2.13.0", "numpy": "2.4.6", "peft": "0.21.2"},
+        },
+        "inputs": {"model_weights_sha256": "a" * 64, "data_sha256": "b" * 64, "lora_init_sha256": "c" * 64},
+    }
+
+
+def test_ranks_with_the_same_packages_and_inputs_agree() -> None:
+    """Equal reports pass, and the record's entries say the environments do not differ."""
+    identities = [_identity(0), _identity(1)]
+    check_ranks_agree(identities)
+    section = ranks_section(identities)
+    assert [entry["rank"] for entry in section] == [0, 1]
+    assert section[0]["environment_sha256"] == section[1]["environment_sha256"]
+    assert section[1]["environment_differs"] == []
+
+
+def test_ranks_with_other_packages_are_refused_by_name() -> None:
+    """A rank with another torch and without peft: refused, naming the rank, its host, each package
+    and both versions, before anything trains."""
+    other = _identity(1, host="node-b")
+    other["environment"]["distributions"]["torch"] = "2.12.0"
+    del other["environment"]["distributions"]["peft"]
+    with pytest.raises(InputError) as caught:
+        check_ranks_agree([_identity(0), other])
+    message = caught.value.message
+    assert "rank 1 (host node-b)" in message
+    assert "torch 2.12.0 (rank 0: 2.13.0)" in message
+    assert "peft not installed (rank 0: 0.21.2)" in message
+    assert "pip freeze" in str(caught.value.fix)
+    section = ranks_section([_identity(0), other])
+    assert any("distributions.torch" in line for line in section[1]["environment_differs"])
+
+
+def test_ranks_that_loaded_other_inputs_are_refused() -> None:
+    """Another LoRA init (or model, data) on one rank: refused, naming what differs."""
+    other = copy.deepcopy(_identity(1))
+    other["inputs"]["lora_init_sha256"] = "d" * 64
+    with pytest.raises(InputError, match=r"rank 1 \(host node-a\) loaded other LoRA init than rank 0"):
+        check_ranks_agree([_identity(0), other])
+
+
+@pytest.mark.parametrize(
+    ("recorded", "now", "allow", "expected"),
+    [
+        (None, None, False, None),
+        ({"world_size": 2}, 2, False, None),
+        ({"world_size": 2}, 1, True, {"from": 2, "to": 1}),
+        ({"world_size": 2, "world_size_changes": [{"from": 2, "to": 1}]}, 1, False, None),
+    ],
+    ids=["plain", "same-world", "allowed-change", "after-a-recorded-change"],
+)
+def test_resume_world_sizes_that_may_go_on(
+    recorded: dict[str, Any] | None, now: int | None, allow: bool, expected: dict[str, int] | None
+) -> None:
+    """The same world size goes on; an allowed change is returned to be recorded; the world size
+    a run trains at after a recorded change is the changed one."""
+    assert check_resume_world(recorded, now, allow_change=allow, run_dir="runs/A") == expected
+
+
+@pytest.mark.parametrize(
+    ("recorded", "now", "words"),
+    [
+        ({"world_size": 2}, 1, "--allow-world-size-change"),
+        ({"world_size": 2}, None, "torchrun --nproc_per_node 2 -m reprotune resume runs/A"),
+        (None, 2, "reprotune resume runs/A"),
+    ],
+    ids=["other-world", "torchrun-run-resumed-plainly", "plain-run-resumed-under-torchrun"],
+)
+def test_resume_world_sizes_that_are_refused(
+    recorded: dict[str, Any] | None, now: int | None, words: str
+) -> None:
+    """Another world size without the flag, and a change of launcher even with it: refused with
+    the command that resumes the run as it ran."""
+    with pytest.raises(InputError) as caught:
+        check_resume_world(recorded, now, allow_change=False, run_dir="runs/A")
+    assert words in str(caught.value)
+    if recorded is None or now is None:
+        with pytest.raises(InputError):
+            check_resume_world(recorded, now, allow_change=True, run_dir="runs/A")
