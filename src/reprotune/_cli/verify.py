@@ -7,10 +7,15 @@ import datetime as _dt
 from pathlib import Path
 
 from reprotune._cli._options import add_set_option
+from reprotune._errors import InputError
+
+_USAGE_FIX = 'run `reprotune verify CONFIG` or `reprotune verify --command "python train.py ..."`'
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", type=Path, help="experiment config (YAML)")
+    parser.add_argument(
+        "config", type=Path, nargs="?", default=None, help="experiment config (YAML); not with --command"
+    )
     add_set_option(parser)
     parser.add_argument(
         "--out", type=Path, default=None, help="verification directory (default: runs/verify-<id>)"
@@ -27,13 +32,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="use this completed run of the same config as the reference instead of running one",
     )
+    parser.add_argument(
+        "--command",
+        dest="train_command",
+        default=None,
+        metavar="COMMAND",
+        help='verify your own Trainer script instead of a config: "python train.py ..." (its Trainer '
+        "needs reprotune's ReprotuneCallback; docs/integrations.md)",
+    )
+    parser.add_argument(
+        "--resume-at",
+        type=int,
+        default=None,
+        metavar="STEP",
+        help="with --command: also stop a run after STEP and resume it with the Trainer's own "
+        "resume_from_checkpoint",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.train_command is not None or args.resume_at is not None:
+        return _run_command(args)
     from reprotune._config.loading import load_config
     from reprotune._config.schema import config_sha256
     from reprotune._proof.verify import verify_config
 
+    if args.config is None:
+        raise InputError("verify needs a config, or --command", source="reprotune verify", fix=_USAGE_FIX)
     cfg = load_config(args.config, args.overrides)
     out = args.out
     if out is None:
@@ -42,6 +67,30 @@ def run(args: argparse.Namespace) -> int:
     result = verify_config(
         cfg, out, control_seed=args.control_seed, resume=not args.no_resume, reference=args.reference
     )
+    print(result.format())
+    print(f"verification record: {out / 'verification.json'}")
+    return 0 if result.verdict == "PASS" else 1
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """``verify --command``: the user's own Trainer script (``_proof.verify_command``)."""
+    import hashlib
+
+    from reprotune._proof.verify_command import verify_command
+
+    if args.train_command is None:
+        raise InputError("--resume-at needs --command", source="--resume-at", fix=_USAGE_FIX)
+    if args.config is not None or args.overrides or args.reference is not None:
+        raise InputError(
+            "--command verifies a script, not a config: a config, --set or --reference cannot go with it",
+            source="--command",
+            fix=_USAGE_FIX,
+        )
+    out = args.out
+    if out is None:
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+        out = Path("runs") / f"verify-{stamp}-{hashlib.sha256(args.train_command.encode()).hexdigest()[:8]}"
+    result = verify_command(args.train_command, out, resume_at=args.resume_at)
     print(result.format())
     print(f"verification record: {out / 'verification.json'}")
     return 0 if result.verdict == "PASS" else 1

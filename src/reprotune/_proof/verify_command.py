@@ -1,0 +1,284 @@
+"""``reprotune verify --command "python train.py ..."``: prove that a user's own Trainer script
+reproduces, with a control that proves the check can fail.
+
+The script writes its run directory through ``ReprotuneCallback``
+(``reprotune.integrations.transformers``); verify steers it through the environment variables of
+``reprotune.integrations.controls``. Each leg runs the command in a fresh process, into one
+verification directory:
+
+1. ``reference``: the command as given.
+2. ``rerun``: the same again; must be IDENTICAL to the reference.
+3. ``control-data-seed``: the data-order seed perturbed (``REPROTUNE_PERTURB_DATA_SEED=1``);
+   must be DIVERGED, else the check is blind.
+4. ``resume`` (with ``--resume-at K``): stopped by the callback after step K (a Trainer
+   checkpoint is saved), then the command again, resuming with the Trainer's own
+   ``train(resume_from_checkpoint=...)``; must be IDENTICAL to the reference. Its verdict says
+   whether the Trainer's resume is exact on this setup; when it is not, the first differing
+   step and the cause are reported.
+
+Each leg writes the Trainer's own output directory inside its run directory
+(``<leg>/trainer-output``), so that the legs share nothing. The verdict is PASS only when every
+leg says what it must; ``verification.json`` keeps the evidence, ``verify.log`` the output.
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reprotune._errors import InputError, RunFailedError
+from reprotune._jsonio import write_json_atomic
+from reprotune._proof.compare import compare_runs
+from reprotune._run.layout import RunLayout, VerifyLayout
+from reprotune._run.ledger import read_ledger
+from reprotune._run.record import load_record
+from reprotune.integrations import controls as control_vars
+from reprotune.integrations.controls import Controls
+
+SCHEMA = "reprotune/command-verification"
+SCHEMA_VERSION = 1
+#: Where each leg's Trainer writes its own checkpoints, inside the leg's run directory.
+TRAINER_OUTPUT = "trainer-output"
+_CONTROL_VARIABLES = (
+    control_vars.RUN_DIR,
+    control_vars.OUTPUT_DIR,
+    control_vars.STOP_AFTER,
+    control_vars.RESUME_FROM,
+    control_vars.PERTURB_DATA_SEED,
+)
+
+
+@dataclass
+class CommandLeg:
+    """One leg and what it had to show."""
+
+    name: str
+    run_dir: str
+    expected: str  # IDENTICAL or DIVERGED
+    verdict: str | None = None
+    passed: bool | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    note: str | None = None
+
+
+@dataclass
+class CommandVerification:
+    """The outcome of ``reprotune verify --command``."""
+
+    verdict: str  # PASS or FAIL
+    directory: str
+    command: str
+    resume_at: int | None
+    legs: list[CommandLeg]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **asdict(self)}
+
+    def format(self) -> str:
+        lines = [f"verify: {self.verdict}  ({self.directory})", f"  command: {self.command}"]
+        for leg in self.legs:
+            mark = "ok  " if leg.passed else "FAIL"
+            detail = ", ".join(f"{k} {v}" for k, v in leg.evidence.items())
+            lines.append(
+                f"  [{mark}] {leg.name:<17} {leg.verdict or '-':<11} (must be {leg.expected}) {detail}"
+            )
+            if leg.note:
+                lines.append(f"         {leg.note}")
+        return "\n".join(lines)
+
+
+def parse_command(command: str) -> list[str]:
+    """Split ``--command`` as a POSIX shell would (no shell runs it).
+
+    Raises:
+        InputError: the command is empty or its quotes do not close.
+    """
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise InputError(
+            f"cannot split the command {command!r}: {exc}",
+            source="--command",
+            fix='quote the whole command once, e.g. --command "python train.py --epochs 1"',
+        ) from None
+    if not argv:
+        raise InputError("the command is empty", source="--command", fix='e.g. --command "python train.py"')
+    return argv
+
+
+def verify_command(
+    command: str,
+    out_dir: Path,
+    *,
+    resume_at: int | None = None,
+    cwd: Path | None = None,
+    progress: Callable[[str], None] = lambda line: print(line, flush=True),
+) -> CommandVerification:
+    """Run the legs of the module docstring into ``out_dir`` and judge them.
+
+    Args:
+        command: the user's training command; its Trainer must have a ``ReprotuneCallback``.
+        out_dir: the verification directory (new or empty).
+        resume_at: also stop one run after this optimizer step and resume it with the Trainer's
+            own ``resume_from_checkpoint``.
+        cwd: where the command runs (default: the current directory).
+        progress: where progress lines go.
+
+    Raises:
+        InputError: a bad command, ``resume_at`` or ``out_dir``; a resume step at or after the
+            run's last step.
+        RunFailedError: the command failed, or wrote no run directory.
+    """
+    argv = parse_command(command)
+    if resume_at is not None and (isinstance(resume_at, bool) or resume_at < 1):
+        raise InputError(
+            f"--resume-at {resume_at!r} is not a step >= 1", source="--resume-at", fix="e.g. --resume-at 10"
+        )
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise InputError(
+            f"verification directory {out_dir} exists and is not empty",
+            source="--out",
+            fix="choose a new --out directory, or leave it out for runs/verify-<id>",
+        )
+    layout = VerifyLayout(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run = _Runner(argv, layout.log, cwd or Path.cwd(), progress)
+    reference = run.leg("reference", Controls(run_dir=layout.leg("reference")))
+    _require_status(reference, "completed", "reference")
+    legs = [
+        _judge("rerun", reference, run.leg("rerun", Controls(run_dir=layout.leg("rerun"))), "IDENTICAL"),
+        _judge(
+            "control-data-seed",
+            reference,
+            run.leg(
+                "control-data-seed", Controls(run_dir=layout.leg("control-data-seed"), perturb_data_seed=1)
+            ),
+            "DIVERGED",
+        ),
+    ]
+    if resume_at is not None:
+        legs.append(_resume_leg(run, layout.leg("resume"), reference, resume_at))
+    verdict = "PASS" if all(leg.passed for leg in legs) else "FAIL"
+    result = CommandVerification(verdict, str(out_dir), command, resume_at, legs)
+    write_json_atomic(layout.verification, result.to_json())
+    return result
+
+
+@dataclass(frozen=True)
+class _Runner:
+    """Runs the user's command in fresh processes, output appended to the verification log."""
+
+    argv: Sequence[str]
+    log: Path
+    cwd: Path
+    progress: Callable[[str], None]
+
+    def leg(self, name: str, controls: Controls, *, label: str | None = None) -> Path:
+        """Run the command for one leg; return its run directory (absolute)."""
+        assert controls.run_dir is not None
+        run_dir = controls.run_dir.resolve()
+        controls = Controls(
+            run_dir=run_dir,
+            output_dir=run_dir / TRAINER_OUTPUT,
+            stop_after=controls.stop_after,
+            resume_from=controls.resume_from,
+            perturb_data_seed=controls.perturb_data_seed,
+        )
+        self.progress(f"verify: {label or name} ...")
+        env = {k: v for k, v in os.environ.items() if k not in _CONTROL_VARIABLES}
+        env.update(controls.to_env())
+        shown = " ".join(f"{k}={v}" for k, v in sorted(controls.to_env().items()))
+        with open(self.log, "ab") as out:
+            out.write(f"$ {shown} {shlex.join(self.argv)}\n".encode())
+            out.flush()
+            try:
+                code = subprocess.call(list(self.argv), stdout=out, stderr=out, env=env, cwd=self.cwd)
+            except OSError as exc:
+                raise InputError(
+                    f"cannot run the command {self.argv[0]!r}: {exc.strerror or exc}",
+                    source="--command",
+                    fix='give a command that runs from this directory, e.g. --command "python train.py"',
+                ) from None
+        if code != 0:
+            tail = self.log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
+            raise RunFailedError(
+                f"the {name} leg's command failed with exit code {code}:\n" + "\n".join(tail),
+                source=str(self.log),
+                fix="make the script run on its own first",
+            )
+        if not RunLayout(run_dir).is_run_dir():
+            raise RunFailedError(
+                f"the command wrote no run directory at {run_dir}",
+                source="--command",
+                fix="give the script's Trainer a reprotune ReprotuneCallback (docs/integrations.md)",
+            )
+        return run_dir
+
+
+def _require_status(run_dir: Path, status: str, leg: str) -> None:
+    found = load_record(run_dir).get("status")
+    if found != status:
+        raise RunFailedError(
+            f"the {leg} leg's run ended with status {found!r}, not {status!r}",
+            source=str(RunLayout(run_dir).record),
+            fix="see verify.log in the verification directory",
+        )
+
+
+def _judge(name: str, reference: Path, leg: Path, expected: str) -> CommandLeg:
+    comparison = compare_runs(reference, leg)
+    verdict = comparison.verdict.value
+    where = comparison.where
+    evidence: dict[str, Any] = {"steps": where.steps_compared}
+    if where.first_divergence_step is not None:
+        evidence["first_divergence"] = where.first_divergence_step
+    if comparison.adapter is not None and comparison.adapter.sha256_b:
+        evidence["adapter_sha256"] = comparison.adapter.sha256_b[:12]
+    result = CommandLeg(name, str(leg), expected, verdict, verdict == expected, evidence)
+    if verdict != "IDENTICAL" and comparison.causes:
+        result.note = f"why: {comparison.causes[0]}"
+    if comparison.incomparable:
+        result.note = f"incomparable: {comparison.incomparable[0]}"
+    return result
+
+
+def _resume_leg(run: _Runner, run_dir: Path, reference: Path, step: int) -> CommandLeg:
+    """Stop after ``step``, resume from the Trainer's checkpoint, and compare with the reference."""
+    total = len(_train_steps(reference))
+    if step >= total:
+        raise InputError(
+            f"--resume-at {step} is not before the run's last step ({total})",
+            source="--resume-at",
+            fix=f"choose a step from 1 to {total - 1}",
+        )
+    stopped = run.leg(
+        "resume", Controls(run_dir=run_dir, stop_after=step), label=f"resume (stop after step {step})"
+    )
+    _require_status(stopped, "stopped", "resume")
+    checkpoint = stopped / TRAINER_OUTPUT / f"checkpoint-{step}"
+    if not checkpoint.is_dir():
+        raise RunFailedError(
+            f"the stopped run left no Trainer checkpoint at {checkpoint}",
+            source=str(stopped),
+            fix="see verify.log in the verification directory",
+        )
+    run.leg(
+        "resume",
+        Controls(run_dir=run_dir, resume_from=checkpoint),
+        label=f"resume (Trainer resume_from_checkpoint at step {step})",
+    )
+    leg = _judge("resume", reference, stopped, "IDENTICAL")
+    leg.evidence["resumed_at"] = step
+    if leg.verdict == "IDENTICAL":
+        leg.note = f"the Trainer's own resume_from_checkpoint at step {step} is exact here"
+    return leg
+
+
+def _train_steps(run_dir: Path) -> list[Any]:
+    return list(read_ledger(RunLayout(run_dir).ledger).train)

@@ -1,0 +1,227 @@
+"""What in a Trainer's settings can break reproducibility: findings, as ``reprotune doctor`` gives them.
+
+``ReprotuneCallback`` checks these at train begin, warns once (a :class:`ReproducibilityWarning`
+per finding) and records them in the record's ``findings`` (the objects ``doctor --json`` lists:
+``code``, ``severity``, ``title``, ``why``, ``fix``). Every code is in docs/integrations.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Severity = Literal["error", "warning", "info"]
+
+#: Every finding code the callback can record (docs/integrations.md explains each).
+FINDING_CODES: tuple[str, ...] = (
+    "deterministic-algorithms-off",
+    "dataloader-workers-unseeded",
+    "fp16",
+    "tf32-matmul-on",
+    "peft-before-seed",
+    "sampling-strategy",
+    "sampler-unseeded",
+    "ignore-data-skip",
+    "torch-compile",
+    "model-unhashed",
+    "data-unhashed",
+    "rows-unrecorded",
+    "distributed-rank0-only",
+)
+
+
+class ReproducibilityWarning(UserWarning):
+    """A Trainer setting that can make two runs of the same script differ."""
+
+
+@dataclass(frozen=True)
+class SeedProbe:
+    """torch's global RNG when the callback was made (before the Trainer re-seeds it).
+
+    Attributes:
+        initial_seed: ``torch.initial_seed()``, the seed it was last seeded with (a random
+            64-bit number in a process that never seeded it).
+        fresh: nothing has drawn from it since that seed was set.
+    """
+
+    initial_seed: int
+    fresh: bool
+
+
+def probe_seed() -> SeedProbe:
+    """Look at torch's CPU RNG now, without drawing from it."""
+    import torch
+
+    seeded = torch.Generator().manual_seed(torch.initial_seed()).get_state()
+    return SeedProbe(int(torch.initial_seed()), bool(torch.equal(seeded, torch.get_rng_state())))
+
+
+@dataclass(frozen=True)
+class TrainerFacts:
+    """What the checks look at, gathered at train begin (plain data, so the checks are pure).
+
+    Attributes:
+        args: the TrainingArguments (any object with their attributes).
+        deterministic_algorithms: ``torch.are_deterministic_algorithms_enabled()``.
+        tf32_matmul: whether TF32 matmuls are on for CUDA (False without CUDA).
+        workers_seeded: the train dataloader has a ``worker_init_fn``.
+        seedable_sampler: the train rows are ordered by a sampler with its own seed.
+        is_peft: the model is a PEFT model.
+        adapter_made_by_trainer: the trainer built the adapter itself from a ``peft_config``.
+        seed_probe: the RNG when the callback was made, or None when it was made after the
+            Trainer (then the check cannot be done).
+        world_size: processes training together.
+        rows_recorded: the dataset indices of each batch are recorded (a map-style dataset).
+    """
+
+    args: Any
+    deterministic_algorithms: bool
+    tf32_matmul: bool
+    workers_seeded: bool
+    seedable_sampler: bool
+    is_peft: bool
+    adapter_made_by_trainer: bool
+    seed_probe: SeedProbe | None
+    world_size: int = 1
+    rows_recorded: bool = True
+
+
+def _finding(code: str, severity: Severity, title: str, why: str, fix: str) -> dict[str, str]:
+    return {"code": code, "severity": severity, "title": title, "why": why, "fix": fix}
+
+
+def trainer_findings(facts: TrainerFacts) -> list[dict[str, str]]:
+    """The reproducibility findings about a Trainer's settings, most important first."""
+    args, found = facts.args, []
+    if not args.full_determinism and not facts.deterministic_algorithms:
+        found.append(
+            _finding(
+                "deterministic-algorithms-off",
+                "warning",
+                "TrainingArguments.full_determinism is False: torch's deterministic algorithms are off",
+                "on a GPU, cuBLAS and cuDNN may pick nondeterministic kernels; twin runs then differ in "
+                "the last bits and drift apart",
+                "pass full_determinism=True to TrainingArguments (it seeds with args.seed too)",
+            )
+        )
+    if args.dataloader_num_workers > 0 and not facts.workers_seeded:
+        found.append(
+            _finding(
+                "dataloader-workers-unseeded",
+                "warning",
+                f"dataloader_num_workers={args.dataloader_num_workers} and the train dataloader has no "
+                "worker_init_fn",
+                "random draws in the workers (augmentation, sampling) differ from run to run",
+                "keep the Trainer's own get_train_dataloader, or pass worker_init_fn=reprotune.seed_worker",
+            )
+        )
+    if args.fp16 or args.fp16_full_eval:
+        found.append(
+            _finding(
+                "fp16",
+                "warning",
+                "fp16 mixed precision is on",
+                "the loss scaler skips steps on overflow and fp16 kernels differ across GPUs",
+                "use bf16 or float32 where the hardware allows",
+            )
+        )
+    if args.tf32 or facts.tf32_matmul:
+        found.append(
+            _finding(
+                "tf32-matmul-on",
+                "warning",
+                "TF32 matmuls are on",
+                "TF32 rounds matmul inputs to 10 mantissa bits; results depend on the GPU model",
+                "pass tf32=False to TrainingArguments",
+            )
+        )
+    found.extend(_seed_findings(facts))
+    strategy = getattr(args, "train_sampling_strategy", "random")
+    if strategy in ("group_by_length", "batch_rebalance"):
+        found.append(
+            _finding(
+                "sampling-strategy",
+                "warning",
+                f"train_sampling_strategy={strategy!r} (the successor of group_by_length)",
+                "the order depends on a seeded megabatch shuffle and on the token lengths: another "
+                "tokenizer or max length reorders every batch",
+                "use train_sampling_strategy='random' when comparing runs, or keep lengths fixed",
+            )
+        )
+    if not facts.seedable_sampler:
+        found.append(
+            _finding(
+                "sampler-unseeded",
+                "warning",
+                "the train rows are not ordered by a seedable sampler",
+                "the data order is drawn from the global RNG, so anything that draws before the first "
+                "epoch moves it (and the negative control cannot perturb it)",
+                "keep accelerator_config.use_seedable_sampler=True (the default)",
+            )
+        )
+    if args.ignore_data_skip:
+        found.append(
+            _finding(
+                "ignore-data-skip",
+                "warning",
+                "ignore_data_skip=True",
+                "a resumed run starts its epoch over instead of skipping the batches already seen",
+                "leave ignore_data_skip=False",
+            )
+        )
+    if args.torch_compile:
+        found.append(
+            _finding(
+                "torch-compile",
+                "info",
+                "torch_compile=True",
+                "compiled kernels can differ between runs and machines",
+                "compare runs without torch_compile first",
+            )
+        )
+    if not facts.rows_recorded:
+        found.append(
+            _finding(
+                "rows-unrecorded",
+                "warning",
+                "the train dataloader has no batch sampler: the dataset indices of batches are not recorded",
+                "the ledger's batch_sha256 then hashes the collated inputs instead of row indices",
+                "use a map-style dataset (with __len__ and __getitem__)",
+            )
+        )
+    if facts.world_size > 1:
+        found.append(
+            _finding(
+                "distributed-rank0-only",
+                "warning",
+                f"{facts.world_size} processes train together; the callback records rank 0's view only",
+                "the ledger holds rank 0's loss and rows; other ranks' rows are not recorded",
+                "use `reprotune run` under torchrun for a record of every rank",
+            )
+        )
+    return found
+
+
+def _seed_findings(facts: TrainerFacts) -> list[dict[str, str]]:
+    """Was the PEFT adapter built after ``args.seed`` was set (so its init is covered by it)?"""
+    probe, seed = facts.seed_probe, facts.args.seed
+    if probe is None or not facts.is_peft or facts.adapter_made_by_trainer:
+        return []
+    why = (
+        "get_peft_model draws the LoRA init from torch's global RNG; the Trainer seeds only later, so "
+        "the adapter's initial weights are not determined by seed"
+    )
+    fix = "call reprotune.seed_everything(args.seed) (or set_seed) before building the PEFT model"
+    if probe.initial_seed != seed:
+        title = (
+            f"torch's RNG was last seeded with {probe.initial_seed}, not TrainingArguments.seed={seed}, "
+            "before the Trainer was made: the PEFT model was built before the seed was set"
+        )
+        return [_finding("peft-before-seed", "warning", title, why, fix)]
+    if probe.fresh:
+        title = (
+            f"torch's RNG was seeded with {seed} and not drawn from since, yet the model is a PEFT "
+            "model: it was built before the seed was set"
+        )
+        return [_finding("peft-before-seed", "warning", title, why, fix)]
+    return []

@@ -1,0 +1,228 @@
+"""The record sections of a Trainer-made run: config, seeds, model, LoRA, data and trainer.
+
+The record has the sections ``reprotune run`` writes (docs/run-directory.md), filled from what the
+Trainer holds, so that ``compare`` reads it unchanged:
+
+- ``config``: what defines the experiment, as a reprotune config does: ``trainer`` (the trainer's
+  class and its ``TrainingArguments`` without :data:`PLACE_ARGS`, the settings that only name
+  places or displays), ``model.name`` and ``lora`` (the PEFT config). ``config_sha256`` is the
+  sha256 of its canonical compact JSON.
+- ``seeds``: ``root`` is ``TrainingArguments.seed`` (the Trainer seeds everything from it);
+  ``data_order`` is the seed the train sampler actually used (``data_seed``, else ``seed``, plus a
+  negative control's perturbation).
+- ``model``, ``lora``, ``data``: file hashes of the base model, the adapter's config, content
+  hashes of the rows the Trainer sees and the split manifest when there is one.
+- ``trainer``: every ``TrainingArguments`` field and the seeds and determinism in force.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from reprotune._data.loaders import table_from_dataset
+from reprotune._data.manifest import Manifest
+from reprotune._data.row_hashes import RowHashes
+from reprotune._data.table import canonical_value, row_sha256
+from reprotune._errors import InputError
+from reprotune._jsonio import canonical_dumps, sha256_bytes
+from reprotune._model.identity import config_file_names, files_sha256, tokenizer_file_names, weight_file_names
+from reprotune._model.lora import lora_config_dict
+
+#: TrainingArguments that name where things go or how they are shown, never what is computed:
+#: in the record's ``trainer.args``, left out of ``config`` (so two legs of a verification, which
+#: write to different places, have the same config).
+PLACE_ARGS: tuple[str, ...] = (
+    "disable_tqdm",
+    "hub_token",
+    "log_level",
+    "log_level_replica",
+    "logging_dir",
+    "output_dir",
+    "project",
+    "push_to_hub_token",
+    "report_to",
+    "resume_from_checkpoint",
+    "run_name",
+    "trackio_bucket_id",
+    "trackio_space_id",
+    "trackio_static_space_id",
+)
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` as canonical-JSON-safe data: enums as values, non-finite floats as text, and
+    anything else unknown as its ``str``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [json_safe(v) for v in value]
+        return sorted(items, key=json.dumps) if isinstance(value, (set, frozenset)) else items
+    enum_value = getattr(value, "value", None)
+    if enum_value is not None and type(value).__module__ != "builtins":
+        return json_safe(enum_value)
+    return str(value)
+
+
+def training_args(args: Any) -> dict[str, Any]:
+    """Every ``TrainingArguments`` field, JSON-safe (``to_dict`` masks the hub token)."""
+    result: dict[str, Any] = json_safe(args.to_dict())
+    return result
+
+
+def run_config(trainer: Any, args: Mapping[str, Any], model_name: str | None, lora: Any) -> dict[str, Any]:
+    """The ``config`` of a Trainer-made run (see the module docstring)."""
+    cls = type(trainer)
+    return {
+        "trainer": {
+            "class": f"{cls.__module__}.{cls.__qualname__}",
+            "args": {k: v for k, v in sorted(args.items()) if k not in PLACE_ARGS},
+        },
+        "model": {"name": model_name},
+        "lora": lora,
+    }
+
+
+def config_sha256(config: Mapping[str, Any]) -> str:
+    """sha256 of the canonical compact JSON of ``config``."""
+    return sha256_bytes(canonical_dumps(dict(config), indent=None).encode("utf-8"))
+
+
+def run_seeds(args: Any, sampler_seed: int | None) -> dict[str, int]:
+    """``root``: TrainingArguments.seed; ``data_order``: the seed the train sampler used."""
+    seeds = {"root": int(args.seed)}
+    if sampler_seed is not None:
+        seeds["data_order"] = int(sampler_seed)
+    return seeds
+
+
+def base_model_of(model: Any) -> Any:
+    """The transformers model under a PEFT wrapper (or the model itself)."""
+    getter = getattr(model, "get_base_model", None)
+    return getter() if callable(getter) else model
+
+
+def lora_section(model: Any) -> dict[str, Any] | None:
+    """The PEFT config of a ``PeftModel`` as the record keeps it, else None."""
+    if getattr(model, "peft_config", None) is None:
+        return None
+    try:
+        return lora_config_dict(model, adapter_name=getattr(model, "active_adapter", "default"))
+    except (KeyError, TypeError):
+        return lora_config_dict(model)
+
+
+def _model_directory(name: str | None, commit: str | None) -> Path | None:
+    """The directory holding the model's files: a local path, or its snapshot in the HF cache."""
+    if not name:
+        return None
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, revision=commit, local_files_only=True))
+    except Exception:  # not a hub id, or not in the local cache: the model stays unhashed
+        return None
+
+
+def model_section(model: Any, processing_class: Any) -> dict[str, Any]:
+    """The base model's identity: where it came from and the sha256 of its files.
+
+    ``weights_sha256``, ``tokenizer_sha256`` and ``config_sha256`` are None when the files cannot
+    be found (a model made in memory, or a hub id not in the local cache).
+    """
+    base = base_model_of(model)
+    config = getattr(base, "config", None)
+    name = getattr(config, "_name_or_path", None) or getattr(base, "name_or_path", None)
+    commit = getattr(config, "_commit_hash", None)
+    directory = _model_directory(name, commit)
+    tokenizer_name = getattr(processing_class, "name_or_path", None) or name
+    tokenizer_dir = _model_directory(tokenizer_name, None)
+    section: dict[str, Any] = {
+        "source": name,
+        "revision": commit,
+        "resolved_path": str(directory) if directory else None,
+        "weights_sha256": None,
+        "tokenizer_sha256": None,
+        "config_sha256": None,
+    }
+    if directory is not None:
+        # No weight files there (a model saved elsewhere): left unhashed, said by a finding.
+        with contextlib.suppress(InputError):
+            section["weights_sha256"], section["weights_files"] = files_sha256(
+                directory, weight_file_names(directory)
+            )
+        section["config_sha256"], section["config_files"] = files_sha256(
+            directory, config_file_names(directory)
+        )
+    if tokenizer_dir is not None:
+        section["tokenizer_sha256"], section["tokenizer_files"] = files_sha256(
+            tokenizer_dir, tokenizer_file_names(tokenizer_dir)
+        )
+    parameter = next(iter(base.parameters()), None) if hasattr(base, "parameters") else None
+    section["dtype"] = str(parameter.dtype).removeprefix("torch.") if parameter is not None else None
+    section["pad_token_id"] = getattr(config, "pad_token_id", None)
+    return section
+
+
+def rows_sha256(dataset: Any) -> tuple[int | None, str | None]:
+    """``(rows, sha256)`` of a dataset's rows as the Trainer indexes them.
+
+    The sha256 is that of the row-hash encoding of docs/manifest.md over one sha256 per row
+    (canonical JSON of the row), so a ``datasets.Dataset`` and the same rows in a list give the same
+    digest. ``(None, None)`` for a dataset without a length; the digest is None when a row holds a
+    value with no canonical form.
+    """
+    if dataset is None:
+        return None, None
+    try:
+        n_rows = len(dataset)
+    except TypeError:
+        return None, None
+    if hasattr(dataset, "with_format") and hasattr(dataset, "column_names"):
+        try:
+            return n_rows, table_from_dataset(dataset).row_hash_table().sha256()
+        except (TypeError, ValueError):
+            return n_rows, None
+    try:
+        hexes = [row_sha256(_canonical_row(dataset[i])) for i in range(n_rows)]
+    except (TypeError, ValueError, KeyError, IndexError):
+        return n_rows, None
+    return n_rows, RowHashes.from_hex(hexes).sha256()
+
+
+def _canonical_row(row: Any) -> dict[str, Any]:
+    if not isinstance(row, Mapping):
+        row = {"value": row}
+    return {str(k): canonical_value(v.tolist() if hasattr(v, "tolist") else v) for k, v in row.items()}
+
+
+def data_section(
+    train_dataset: Any, eval_dataset: Any, manifest: Manifest | None, manifest_sha256: str | None
+) -> dict[str, Any]:
+    """The data a Trainer-made run trained on: content hashes of the rows it sees, the manifest."""
+    n_train, train_sha = rows_sha256(train_dataset)
+    n_eval, eval_sha = rows_sha256(eval_dataset)
+    section: dict[str, Any] = {
+        "source": manifest.dataset_source if manifest else type(train_dataset).__name__,
+        "file_sha256": manifest.dataset_sha256 if manifest else None,
+        "n_rows": manifest.n_rows if manifest else n_train,
+        "manifest_sha256": manifest_sha256,
+        "manifest_file": "split.json" if manifest else None,
+        "split_sizes": dict(manifest.sizes) if manifest else {},
+        "train_rows": n_train,
+        "train_rows_sha256": train_sha,
+        "eval_rows": n_eval,
+        "eval_rows_sha256": eval_sha,
+    }
+    return section

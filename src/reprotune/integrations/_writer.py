@@ -1,0 +1,304 @@
+"""Writing the run directory of a Trainer-made run: the same files ``reprotune run`` writes.
+
+One :class:`RunWriter` per attempt (a run, or its resume from a Trainer checkpoint) holds the
+directory's one-writer lock, the record, the ledger and the trackers, and ends the attempt with
+one :meth:`RunWriter.finish` whatever happened: completed (adapter saved and hashed), stopped
+(after the step a verification asked for), failed or interrupted. File names come from
+``_run.layout``, the record is checked by ``_run.record``, the lines by ``_run.ledger``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from reprotune._data.manifest import Manifest, write_manifest
+from reprotune._errors import InputError
+from reprotune._jsonio import fsync_dir, sha256_file, write_bytes_atomic
+from reprotune._model.lora import save_adapter, trainable_tensors
+from reprotune._run.drift import refuse_code_drift, section_drift
+from reprotune._run.layout import RunLayout
+from reprotune._run.ledger import Entry, LedgerWriter, read_ledger, truncate_ledger
+from reprotune._run.lock import RunDirLock, lock_run_dir
+from reprotune._run.record import load_record, utc_now, write_record
+from reprotune._run.redact import redact_data, redact_value
+from reprotune._trackers.base import RunDescription, TrackerSet, flatten_params
+from reprotune._trackers.wandb import WandbTracker
+from reprotune._version import __version__
+
+
+def report(line: str) -> None:
+    """Where the callback's notes go: stderr, secrets redacted."""
+    print(redact_value(line), file=sys.stderr, flush=True)
+
+
+def tracker_tags(record: Mapping[str, Any]) -> dict[str, str]:
+    """The tags ``reprotune run`` gives its trackers (``_train.hooks.tracker_tags``), for this run."""
+    code, data, model = record.get("code") or {}, record.get("data") or {}, record.get("model") or {}
+    return {
+        "reprotune.version": __version__,
+        "reprotune.run_id": record["run_id"],
+        "git.commit": str(code.get("commit")),
+        "git.dirty": str(code.get("dirty")),
+        "data.sha256": str(data.get("file_sha256")),
+        "data.manifest_sha256": str(data.get("manifest_sha256")),
+        "model.source": str(model.get("source")),
+        "model.weights_sha256": str(model.get("weights_sha256")),
+        "config.sha256": record["config_sha256"],
+    }
+
+
+class RunWriter:
+    """One attempt of a Trainer-made run, writing its run directory. Use :meth:`new` or :meth:`resume`."""
+
+    def __init__(self, paths: RunLayout, record: dict[str, Any], lock: RunDirLock, trackers: TrackerSet):
+        self.paths = paths
+        self.record = record
+        self._lock = lock
+        self.trackers = trackers
+        self.ledger = LedgerWriter(paths.ledger)
+        self._started = time.perf_counter()
+        self._step_times: list[float] = []
+        self._recording_s = 0.0
+        self.finished = False
+
+    # -- opening ---------------------------------------------------------------------------------
+
+    @classmethod
+    def new(
+        cls,
+        run_dir: Path,
+        record: dict[str, Any],
+        *,
+        patch: bytes,
+        manifest: Manifest | None,
+        init_weights_sha256: str,
+        trackers: TrackerSet,
+    ) -> RunWriter:
+        """Claim a new (or empty) ``run_dir``, write the first record, the patch, the manifest and
+        the ledger's ``init`` line.
+
+        Raises:
+            InputError: ``run_dir`` is a file, holds files, or another process writes it.
+        """
+        if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+            what = "is not a directory" if not run_dir.is_dir() else "is not empty"
+            raise InputError(
+                f"the run directory {run_dir} {what}; a Trainer-made run needs a new one",
+                source=str(run_dir),
+                fix="pass another run_dir to ReprotuneCallback (or leave it out for a fresh runs/<id>); "
+                "to continue a stopped run, resume the Trainer from its checkpoint",
+            )
+        lock = lock_run_dir(run_dir, report=report)
+        paths = RunLayout(run_dir)
+        try:
+            if patch:
+                write_bytes_atomic(paths.patch, patch)
+            if manifest is not None:
+                record["data"]["manifest_sha256"] = write_manifest(manifest, paths.manifest)
+            write_record(paths.record, record)
+        except BaseException:
+            lock.release()
+            raise
+        writer = cls(paths, record, lock, trackers)
+        writer.ledger.write({"kind": "init", "step": 0, "weights_sha256": init_weights_sha256})
+        writer._start_trackers()
+        return writer
+
+    @classmethod
+    def resume(
+        cls,
+        run_dir: Path,
+        *,
+        from_step: int,
+        checkpoint: str | None,
+        config_sha256: str,
+        code: Mapping[str, Any],
+        environment: Mapping[str, Any],
+        weights_sha256: str,
+        trackers: TrackerSet,
+    ) -> RunWriter:
+        """Continue the run in ``run_dir`` from step ``from_step`` (the Trainer's checkpoint):
+        the ledger is cut back to that step and a new attempt is recorded.
+
+        Raises:
+            InputError: no run there, a completed run, other settings or code than the run's, or
+                a ledger that stops before the checkpoint's step.
+        """
+        paths = RunLayout(run_dir)
+        fix = "resume with the run_dir (or REPROTUNE_RUN_DIR) of the run that wrote this checkpoint"
+        if not paths.is_run_dir():
+            raise InputError(
+                f"the Trainer resumes from step {from_step} but {run_dir} holds no run record",
+                source=str(run_dir),
+                fix=fix,
+            )
+        lock = lock_run_dir(run_dir, report=report)
+        try:
+            record = load_record(paths.record)
+            _check_resumable(paths, record, config_sha256, code)
+            attempt: dict[str, Any] = {
+                "started_at": utc_now(),
+                "resumed": True,
+                "from_step": from_step,
+                "rng_restored": True,  # the Trainer restores rng_state.pth from its checkpoint
+                "from_checkpoint": checkpoint,
+            }
+            drift = section_drift(record.get("environment") or {}, environment, prefix="environment")
+            attempt["environment_drift"] = drift
+            for line in drift:
+                report(f"warning: environment differs from the run's start: {line}")
+            truncate_ledger(paths.ledger, keep_through_step=from_step)
+            ledger = read_ledger(paths.ledger)
+            if len(ledger.train) != from_step:
+                raise InputError(
+                    f"the ledger holds {len(ledger.train)} steps, not the {from_step} of the checkpoint",
+                    source=str(paths.ledger),
+                    fix="resume from a checkpoint this run wrote (its ledger is synced at each save)",
+                )
+            if from_step and ledger.train[-1].fields["weights_sha256"] != weights_sha256:
+                attempt["weights_mismatch"] = True
+                report(
+                    f"warning: the weights restored from the checkpoint differ from the ledger's step "
+                    f"{from_step}: the checkpoint is not the one this run saved"
+                )
+            record.setdefault("attempts", []).append(attempt)
+            record.update(status="running", error=None)
+            write_record(paths.record, record)
+        except BaseException:
+            lock.release()
+            raise
+        writer = cls(paths, record, lock, trackers)
+        writer._start_trackers()
+        return writer
+
+    def _start_trackers(self) -> None:
+        self.trackers.report = report
+        self.trackers.start(
+            RunDescription(
+                run_id=self.record["run_id"],
+                run_dir=self.paths.root,
+                params=flatten_params(self.record["config"]),
+                tags=tracker_tags(self.record),
+            )
+        )
+
+    # -- while training --------------------------------------------------------------------------
+
+    def step(
+        self, step: int, line: Entry, metrics: Mapping[str, float], step_time_s: float, since: float
+    ) -> None:
+        """Queue one train line and send its metrics; ``since``: when the recording began."""
+        self.ledger.write(line)
+        self.trackers.log_metrics(step, metrics)
+        self._step_times.append(step_time_s)
+        self._recording_s += time.perf_counter() - since
+
+    def validation(self, line: Entry, step: int, loss: float) -> None:
+        self.ledger.write(line)
+        self.trackers.log_metrics(step, {"val_loss": loss})
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def finish(self, status: str, *, model: Any = None, error: BaseException | None = None) -> None:
+        """End the attempt: adapter (when completed), outputs, timings, trackers, record; unlock."""
+        if self.finished:
+            return
+        self.finished = True
+        record, paths = self.record, self.paths
+        try:
+            self.ledger.close()
+            record["status"] = status
+            if error is not None:
+                record["error"] = {"type": type(error).__name__, "message": redact_value(str(error))}
+            if status == "completed" and model is not None:
+                files = _save_trainable(model, paths.adapter_dir)
+                record["outputs"] = {
+                    "adapter_files": files,
+                    "adapter_sha256": files.get(paths.adapter_weights.name),
+                    "ledger_sha256": sha256_file(paths.ledger),
+                }
+            record["timings"].update(self._timings())
+            if status == "completed":
+                write_record(paths.record, record)
+                self.trackers.log_artifacts(
+                    {
+                        "": paths.record,
+                        "ledger": paths.ledger,
+                        "adapter": paths.adapter_dir,
+                        "split": paths.manifest,
+                    }
+                )
+            with contextlib.suppress(Exception):
+                record["trackers"] = redact_data(self.trackers.finish(status))
+            write_record(paths.record, record)
+        finally:
+            self._lock.release()
+
+    def _timings(self) -> dict[str, Any]:
+        times, total = self._step_times, sum(self._step_times)
+        done = len(times)
+        return {
+            "ended_at": utc_now(),
+            "duration_s": round(time.perf_counter() - self._started, 3),
+            "steps_done": done,
+            "step_time_s_mean": round(total / done, 6) if done else None,
+            "step_time_s_median": round(statistics.median(times), 6) if done else None,
+            "recording_time_s": round(self._recording_s, 6),
+            "recording_share": round(self._recording_s / total, 6) if total else None,
+        }
+
+
+def _check_resumable(
+    paths: RunLayout, record: Mapping[str, Any], config_sha256: str, code: Mapping[str, Any]
+) -> None:
+    if record.get("status") == "completed":
+        raise InputError(
+            f"the run in {paths.root} is already complete; nothing to resume",
+            source=str(paths.record),
+            fix="resume into the run that stopped, or start a new run directory",
+        )
+    if record.get("config_sha256") != config_sha256:
+        raise InputError(
+            "the Trainer's settings, model or LoRA config differ from the run's (config_sha256 "
+            f"{str(record.get('config_sha256'))[:12]} recorded, {config_sha256[:12]} now)",
+            source=str(paths.record),
+            fix="resume with the same script and arguments as the run that wrote the checkpoint",
+        )
+    refuse_code_drift(record.get("code") or {}, code, paths.root, what="resuming", override=None)
+
+
+def _save_trainable(model: Any, directory: Path) -> dict[str, str]:
+    """Save the adapter (a PEFT model) or else the trainable weights alone, atomically; return each
+    file's sha256."""
+    if getattr(model, "peft_config", None) is not None:
+        return save_adapter(model, directory)
+    from safetensors.torch import save_file
+
+    target = Path(directory)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        tensors = {name: t.detach().cpu().contiguous() for name, t in trainable_tensors(model).items()}
+        save_file(tensors, str(tmp / RunLayout(target.parent).adapter_weights.name))
+        hashes = {path.name: sha256_file(path) for path in sorted(tmp.iterdir())}
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+        fsync_dir(target.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return hashes
+
+
+def make_trackers(wandb: bool, project: str, on_failure: Callable[[str], None] = report) -> TrackerSet:
+    """The callback's trackers: W&B when asked for (offline unless WANDB_MODE says otherwise)."""
+    return TrackerSet([WandbTracker(project)] if wandb else [], report=on_failure)

@@ -1,0 +1,114 @@
+"""What ``reprotune verify --command`` tells the callback inside the user's script, and how.
+
+The command is the user's own script; ``ReprotuneCallback`` is the only part of reprotune inside
+it. So ``verify`` steers each leg through environment variables, which the callback reads when it
+is created; this module is their one owner (names, meanings, parsing), used on both sides.
+
+======================================  =========================================================
+``REPROTUNE_RUN_DIR``                   the run directory to write (wins over ``run_dir=``)
+``REPROTUNE_OUTPUT_DIR``                replaces ``TrainingArguments.output_dir`` (the Trainer's
+                                        own checkpoints), so the legs do not share one
+``REPROTUNE_STOP_AFTER``                stop after this optimizer step, saving a Trainer checkpoint
+``REPROTUNE_RESUME_FROM``               resume from this Trainer checkpoint: passed to the
+                                        Trainer's own ``train(resume_from_checkpoint=...)``
+``REPROTUNE_PERTURB_DATA_SEED``         add this to the data-order seed (the negative control)
+======================================  =========================================================
+
+Importing this module imports nothing heavy: ``verify`` uses it without torch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from reprotune._errors import InputError
+
+RUN_DIR: Final = "REPROTUNE_RUN_DIR"
+OUTPUT_DIR: Final = "REPROTUNE_OUTPUT_DIR"
+STOP_AFTER: Final = "REPROTUNE_STOP_AFTER"
+RESUME_FROM: Final = "REPROTUNE_RESUME_FROM"
+PERTURB_DATA_SEED: Final = "REPROTUNE_PERTURB_DATA_SEED"
+
+#: Variables that only say where to write and when to stop or resume: left out of the recorded
+#: environment (the record's ``trainer`` section and ``attempts`` say what they did), so that two
+#: legs of one verification, which differ in them by design, do not differ in their environment.
+#: The data-seed perturbation changes the numbers: it stays in the environment too.
+UNRECORDED_VARIABLES: Final = (RUN_DIR, OUTPUT_DIR, STOP_AFTER, RESUME_FROM)
+
+
+@dataclass(frozen=True)
+class Controls:
+    """What one run of the user's script is asked to do differently (nothing, by default).
+
+    Attributes:
+        run_dir: the run directory to write, or None for the callback's own choice.
+        output_dir: the Trainer's output directory to use instead of the script's, or None.
+        stop_after: stop after this optimizer step (>= 1), saving a Trainer checkpoint, or None.
+        resume_from: a Trainer checkpoint directory to resume from, or None.
+        perturb_data_seed: added to the data-order seed (0: no change).
+    """
+
+    run_dir: Path | None = None
+    output_dir: Path | None = None
+    stop_after: int | None = None
+    resume_from: Path | None = None
+    perturb_data_seed: int = 0
+
+    def to_env(self) -> dict[str, str]:
+        """The variables that carry these controls (only those that are set)."""
+        env: dict[str, str] = {}
+        if self.run_dir is not None:
+            env[RUN_DIR] = str(self.run_dir)
+        if self.output_dir is not None:
+            env[OUTPUT_DIR] = str(self.output_dir)
+        if self.stop_after is not None:
+            env[STOP_AFTER] = str(self.stop_after)
+        if self.resume_from is not None:
+            env[RESUME_FROM] = str(self.resume_from)
+        if self.perturb_data_seed:
+            env[PERTURB_DATA_SEED] = str(self.perturb_data_seed)
+        return env
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Controls:
+        """Read the controls from ``env`` (default ``os.environ``).
+
+        Raises:
+            InputError: a variable holds a value it cannot (its name and value are given).
+        """
+        environ = os.environ if env is None else env
+
+        def path(name: str) -> Path | None:
+            value = environ.get(name, "")
+            return Path(value) if value.strip() else None
+
+        stop_after = _integer(environ, STOP_AFTER, minimum=1)
+        return cls(
+            run_dir=path(RUN_DIR),
+            output_dir=path(OUTPUT_DIR),
+            stop_after=stop_after,
+            resume_from=path(RESUME_FROM),
+            perturb_data_seed=_integer(environ, PERTURB_DATA_SEED, minimum=None) or 0,
+        )
+
+
+def _integer(env: Mapping[str, str], name: str, *, minimum: int | None) -> int | None:
+    text = env.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or (minimum is not None and value < minimum):
+        floor = f" >= {minimum}" if minimum is not None else ""
+        raise InputError(
+            f"environment variable {name}={text!r} is not a whole number{floor}",
+            source=f"environment variable {name}",
+            fix=f"unset {name}, or set it to a whole number{floor}",
+        )
+    return value

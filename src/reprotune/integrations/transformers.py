@@ -1,0 +1,393 @@
+"""``ReprotuneCallback``: reprotune's run directory from a Hugging Face ``Trainer`` or TRL script.
+
+Three added lines give a script the record, ledger and adapter ``reprotune run`` writes, so that
+``reprotune compare``, ``report`` and ``verify --command`` work on its runs::
+
+    import reprotune
+    from reprotune.integrations.transformers import ReprotuneCallback
+
+    reprotune.seed_everything(args.seed)               # before the model and its LoRA are built
+    trainer = Trainer(..., callbacks=[ReprotuneCallback()])
+
+The ledger has one line per optimizer step with the exact loss, learning rate and gradient norm
+(``float.hex``), the dataset indices the Trainer drew and the trainable weights' sha256, whatever
+``logging_steps`` is; the Trainer's own order and numbers are untouched (``_probes``). At train
+begin the callback warns about settings that break reproducibility and records them
+(``_findings``). Under ``reprotune verify --command`` it follows the controls of ``controls``.
+See docs/integrations.md.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from reprotune._data.manifest import Manifest, load_manifest
+from reprotune._errors import InputError
+from reprotune._jsonio import read_json_file, write_json_atomic
+from reprotune._model.lora import WeightsHasher, trainable_tensors
+from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint
+from reprotune._run.ledger import train_line, val_line
+from reprotune._run.record import utc_now
+from reprotune._trackers.wandb import import_wandb
+from reprotune._version import __version__
+from reprotune.integrations import _sections as sections
+from reprotune.integrations._findings import (
+    ReproducibilityWarning,
+    TrainerFacts,
+    probe_seed,
+    trainer_findings,
+)
+from reprotune.integrations._probes import (
+    StepProbe,
+    data_sampler,
+    find_trainer,
+    install_probe,
+    steps_per_epoch,
+    trainer_made_adapter,
+)
+from reprotune.integrations._writer import RunWriter, make_trackers, report
+from reprotune.integrations.controls import UNRECORDED_VARIABLES, Controls
+
+__all__ = ["CHECKPOINT_MARKER", "ReproducibilityWarning", "ReprotuneCallback"]
+
+#: The file the callback writes into each Trainer checkpoint: which run directory it belongs to,
+#: so that a resume from that checkpoint continues the same run.
+CHECKPOINT_MARKER = "reprotune-run.json"
+
+
+class ReprotuneCallback(TrainerCallback):
+    """Writes a reprotune run directory from inside a ``transformers.Trainer`` (or TRL trainer).
+
+    Give it to the trainer when it is made (``Trainer(..., callbacks=[ReprotuneCallback()])``):
+    then it also checks how the PEFT model was seeded, and can resume under ``verify --command``.
+
+    Args:
+        run_dir: the run directory to write (new or empty); default ``runs/<run-id>``. On a resume
+            from a checkpoint this callback saved, the run it belongs to. ``REPROTUNE_RUN_DIR``
+            wins over it (``reprotune verify --command`` sets it).
+        manifest: the split the data came from: a ``Manifest`` from ``reprotune.split_table`` or
+            the path of a ``split.json``; copied into the run directory.
+        wandb: also mirror the run to Weights & Biases (offline unless ``WANDB_MODE`` says
+            otherwise; needs ``pip install 'reprotune[wandb]'``).
+        wandb_project: the W&B project.
+        code_dir: the directory whose git state is recorded (default: the script's directory).
+
+    Raises:
+        InputError: a manifest that cannot be read, W&B asked for but not installed, or a bad
+            ``REPROTUNE_*`` environment variable.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str] | None = None,
+        *,
+        manifest: Manifest | str | os.PathLike[str] | None = None,
+        wandb: bool = False,
+        wandb_project: str = "reprotune",
+        code_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self._controls = Controls.from_env()
+        self._run_dir = Path(run_dir) if run_dir is not None else None
+        self._manifest = (
+            load_manifest(Path(manifest)) if isinstance(manifest, (str, os.PathLike)) else manifest
+        )
+        if wandb:
+            import_wandb("ReprotuneCallback(wandb=True)")
+        self._wandb, self._wandb_project = wandb, wandb_project
+        self._code_dir = Path(code_dir) if code_dir is not None else _script_dir()
+        # torch's RNG now, before the Trainer re-seeds it: was the PEFT model built after the seed?
+        self._seed_probe = probe_seed()
+        self._trainer: Any = None
+        self._adapter_made_by_trainer = False
+        self._checkpoint: str | None = None
+        self._run: RunWriter | None = None
+        self._probe = StepProbe()
+        self._hasher: WeightsHasher | None = None
+        self._steps_per_epoch: int | None = None
+        self._stopping = False
+        self._warned = False
+        self._step_started = 0.0
+
+    # -- events ------------------------------------------------------------------------------------
+
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        trainer = find_trainer()
+        if trainer is None:
+            return
+        self._trainer = trainer
+        self._adapter_made_by_trainer = trainer_made_adapter(trainer)
+        if self._controls.output_dir is not None:
+            args.output_dir = str(self._controls.output_dir)
+        self._wrap_train(trainer)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not state.is_world_process_zero:
+            return
+        trainer = self._trainer or find_trainer()
+        if trainer is None:
+            raise InputError(
+                "ReprotuneCallback was called outside a transformers Trainer",
+                source="ReprotuneCallback",
+                fix="pass it in Trainer(..., callbacks=[ReprotuneCallback()])",
+            )
+        if self._trainer is None and (self._controls.resume_from or self._controls.output_dir):
+            raise InputError(
+                "reprotune verify steers this run, but the callback was added after the Trainer was made",
+                source="ReprotuneCallback",
+                fix="pass it in Trainer(..., callbacks=[ReprotuneCallback()]) instead of add_callback",
+            )
+        if self._run is not None and not self._run.finished:
+            self._run.finish("interrupted")  # a second train() on the same callback
+        model, loader = kwargs["model"], kwargs["train_dataloader"]
+        self._probe = StepProbe()
+        install_probe(trainer, loader, self._probe)
+        sampler = data_sampler(loader)
+        sampler_seed = self._perturb(sampler)
+        self._steps_per_epoch = steps_per_epoch(loader, args.gradient_accumulation_steps)
+        resumed_from = int(state.global_step)
+        if resumed_from and not args.ignore_data_skip and self._steps_per_epoch:
+            # The Trainer iterates the batches it skips through the recording sampler: drop them.
+            self._probe.discard = (resumed_from % self._steps_per_epoch) * args.gradient_accumulation_steps
+        self._hasher = WeightsHasher(trainable_tensors(model))
+        findings = self._findings(args, model, loader, sampler)
+        args_dict = sections.training_args(args)
+        lora = sections.lora_section(model)
+        model_info = sections.model_section(model, kwargs.get("processing_class"))
+        config = sections.run_config(trainer, args_dict, model_info["source"], lora)
+        config_sha = sections.config_sha256(config)
+        code = code_fingerprint(self._code_dir, outputs=[p for p in (self._run_dir, args.output_dir) if p])
+        code_record = code.to_record(patch_file="code.patch" if code.diff else None)
+        environment = environment_fingerprint(
+            {k: v for k, v in os.environ.items() if k not in UNRECORDED_VARIABLES}
+        )
+        trackers = make_trackers(self._wandb, self._wandb_project)
+        if resumed_from:
+            self._run = RunWriter.resume(
+                self._resume_dir(args, resumed_from),
+                from_step=resumed_from,
+                checkpoint=self._checkpoint,
+                config_sha256=config_sha,
+                code=code_record,
+                environment=environment,
+                weights_sha256=self._hasher(),
+                trackers=trackers,
+            )
+            return
+        run_id = f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{config_sha[:8]}"
+        record = {
+            "run_id": run_id,
+            "reprotune_version": __version__,
+            "status": "running",
+            "error": None,
+            "config": config,
+            "config_sha256": config_sha,
+            "seeds": sections.run_seeds(args, sampler_seed),
+            "timings": {"started_at": utc_now()},
+            "attempts": [{"started_at": utc_now(), "resumed": False}],
+            "code": code_record,
+            "environment": environment,
+            "model": model_info,
+            "lora": lora,
+            "data": sections.data_section(
+                getattr(loader, "dataset", None), getattr(trainer, "eval_dataset", None), self._manifest, None
+            ),
+            "trainer": self._trainer_section(trainer, args, args_dict, state, sampler, sampler_seed),
+            "findings": findings,
+        }
+        self._run = RunWriter.new(
+            self._new_dir(run_id),
+            record,
+            patch=code.diff,
+            manifest=self._manifest,
+            init_weights_sha256=self._hasher(),
+            trackers=trackers,
+        )
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._probe.begin_step()
+        self._step_started = time.perf_counter()
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # The lr this optimizer.step() uses: the scheduler steps after it.
+        optimizer = kwargs.get("optimizer")
+        if optimizer is not None:
+            self._probe.lr = float(optimizer.param_groups[0]["lr"])
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._run is None or self._run.finished or self._hasher is None:
+            return
+        began = time.perf_counter()
+        numbers = self._probe.end_step()
+        step = int(state.global_step)
+        per_epoch = self._steps_per_epoch
+        epoch = (step - 1) // per_epoch if per_epoch else int(state.epoch or 0)
+        weights = self._hasher()
+        line = train_line(
+            step, epoch, numbers.rows, numbers.n_tokens, numbers.loss, numbers.lr, numbers.grad_norm, weights
+        )
+        line["inputs_sha256"] = numbers.inputs_sha256
+        if not self._probe.records_rows:
+            line["batch_sha256"] = numbers.inputs_sha256  # no indices to hash: the rows' content
+        metrics = {"train_loss": numbers.loss, "lr": numbers.lr, "grad_norm": numbers.grad_norm}
+        self._run.step(step, line, metrics, began - self._step_started, began)
+        stop = self._controls.stop_after
+        if stop is not None and step == stop and step < state.max_steps:
+            control.should_save = True  # a Trainer checkpoint to resume from, even with save_strategy="no"
+            control.should_training_stop = True
+            self._stopping = True
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        metrics = kwargs.get("metrics") or {}
+        loss = metrics.get("eval_loss")
+        if self._run is None or self._run.finished or not isinstance(loss, (int, float)):
+            return
+        eval_dataset = getattr(self._trainer, "eval_dataset", None)
+        try:
+            n_rows = len(eval_dataset) if eval_dataset is not None else 0
+        except TypeError:
+            n_rows = 0
+        # The Trainer reports no token count for its mean eval loss: n_tokens is 0.
+        step = int(state.global_step)
+        self._run.validation(val_line(step, float(loss), n_rows, 0), step, float(loss))
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._run is None or self._run.finished:
+            return
+        self._run.ledger.sync()  # every line up to the checkpoint is on disk before it is used
+        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if checkpoint.is_dir():
+            marker = {"run_dir": str(self._run.paths.root.resolve()), "run_id": self._run.record["run_id"]}
+            write_json_atomic(checkpoint / CHECKPOINT_MARKER, {**marker, "step": int(state.global_step)})
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._run is None or self._run.finished:
+            return
+        status = "stopped" if self._stopping else "completed"
+        self._run.finish(status, model=kwargs.get("model"))
+        report(f"reprotune: run {status}: {self._run.paths.root}")
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _wrap_train(self, trainer: Any) -> None:
+        """Make ``trainer.train`` pass a verification's checkpoint to the Trainer's own resume, and
+        record a run that fails as failed."""
+        original = trainer.train
+
+        def train(*args: Any, **kwargs: Any) -> Any:
+            resume = self._controls.resume_from
+            if resume is not None:
+                args, kwargs = args[1:], {**kwargs, "resume_from_checkpoint": str(resume)}
+            checkpoint = kwargs.get("resume_from_checkpoint", args[0] if args else None)
+            self._checkpoint = None if checkpoint in (None, False) else str(checkpoint)
+            self._stopping = False
+            try:
+                return original(*args, **kwargs)
+            except BaseException as exc:
+                if self._run is not None and not self._run.finished:
+                    status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+                    try:
+                        self._run.finish(status, error=exc)
+                    except Exception as second:  # the first error is the news
+                        report(f"warning: could not record the run's end: {second}")
+                raise
+
+        trainer.train = train
+
+    def _perturb(self, sampler: Any) -> int | None:
+        """Apply a negative control's data-seed perturbation; return the sampler's seed."""
+        delta = self._controls.perturb_data_seed
+        seed = getattr(sampler, "initial_seed", None)
+        if delta and seed is not None:
+            sampler.initial_seed = seed + delta
+        elif delta:
+            report("warning: REPROTUNE_PERTURB_DATA_SEED is set but the sampler has no seed to perturb")
+        value = getattr(sampler, "initial_seed", None)
+        return int(value) if isinstance(value, int) else None
+
+    def _findings(self, args: Any, model: Any, loader: Any, sampler: Any) -> list[dict[str, str]]:
+        facts = TrainerFacts(
+            args=args,
+            deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
+            tf32_matmul=torch.cuda.is_available() and bool(torch.backends.cuda.matmul.allow_tf32),
+            workers_seeded=getattr(loader, "worker_init_fn", None) is not None,
+            seedable_sampler=isinstance(getattr(sampler, "initial_seed", None), int),
+            is_peft=getattr(model, "peft_config", None) is not None,
+            adapter_made_by_trainer=self._adapter_made_by_trainer,
+            seed_probe=self._seed_probe if self._trainer is not None else None,
+            world_size=int(getattr(args, "world_size", 1)),
+            rows_recorded=self._probe.records_rows,
+        )
+        findings = trainer_findings(facts)
+        if not self._warned:
+            self._warned = True
+            for finding in findings:
+                if finding["severity"] != "info":
+                    message = f"reprotune: {finding['title']} ({finding['fix']})"
+                    warnings.warn(message, ReproducibilityWarning, stacklevel=3)
+        return findings
+
+    def _trainer_section(
+        self, trainer: Any, args: Any, args_dict: dict[str, Any], state: Any, sampler: Any, seed: int | None
+    ) -> dict[str, Any]:
+        cls = type(trainer)
+        return {
+            "integration": f"{__name__}.{type(self).__name__}",
+            "class": f"{cls.__module__}.{cls.__qualname__}",
+            "args": args_dict,
+            "seed": args.seed,
+            "data_seed": args.data_seed,
+            "sampler": type(sampler).__name__ if sampler is not None else None,
+            "sampler_seed": seed,
+            "perturb_data_seed": self._controls.perturb_data_seed,
+            "full_determinism": bool(args.full_determinism),
+            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "max_steps": int(state.max_steps),
+            "steps_per_epoch": self._steps_per_epoch,
+            "gradient_accumulation_steps": args.gradient_accumulation_steps,
+            "stop_after": self._controls.stop_after,
+            "rows_recorded": self._probe.records_rows,
+        }
+
+    def _new_dir(self, run_id: str) -> Path:
+        chosen = self._controls.run_dir or self._run_dir
+        if chosen is not None:
+            return chosen
+        candidate, suffix = Path("runs") / run_id, 1
+        while candidate.exists():
+            suffix += 1
+            candidate = Path("runs") / f"{run_id}-{suffix}"
+        return candidate
+
+    def _resume_dir(self, args: Any, step: int) -> Path:
+        chosen = self._controls.run_dir or self._run_dir
+        if chosen is not None:
+            return chosen
+        checkpoint = self._checkpoint
+        if checkpoint == "True":  # resume_from_checkpoint=True: the Trainer took the last one
+            checkpoint = str(Path(args.output_dir) / f"checkpoint-{step}")
+        marker = Path(checkpoint) / CHECKPOINT_MARKER if checkpoint else None
+        if marker is None or not marker.is_file():
+            raise InputError(
+                f"the Trainer resumes from step {step}, but the checkpoint names no reprotune run "
+                f"({marker or 'no checkpoint path seen'})",
+                source="ReprotuneCallback(run_dir=...)",
+                fix="pass run_dir= with the run directory of the run that saved the checkpoint",
+            )
+        data = read_json_file(marker, what="checkpoint marker", fix="pass run_dir= to ReprotuneCallback")
+        return Path(data["run_dir"])
+
+
+def _script_dir() -> Path:
+    """The directory of the script being run (``__main__``), else the current directory."""
+    import __main__
+
+    main_file = getattr(__main__, "__file__", None)
+    return Path(main_file).resolve().parent if main_file else Path.cwd()
