@@ -149,6 +149,9 @@ def _open(paths: StudyLayout, plan: StudyPlan) -> dict[str, Any]:
                 fix=f"pass --n {old['n']} (or more, to add runs), or another --out directory",
             )
         return fresh
+    if paths.root.is_dir():
+        for leftover in paths.root.glob(f".{layout.STUDY}.*.tmp"):
+            leftover.unlink()  # a first study.json killed before it landed: nothing was run
     if paths.root.exists() and (not paths.root.is_dir() or any(paths.root.iterdir())):
         raise InputError(
             f"{paths.root} exists and is not a study directory (it has no {layout.STUDY})",

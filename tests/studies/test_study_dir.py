@@ -1,0 +1,59 @@
+"""The study directory: what ``reprotune seeds`` refuses before it trains anything (exit 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from synthetic import write_study_dir
+
+from reprotune._cli import main
+from reprotune._config.loading import config_from_dict
+from reprotune._errors import InputError
+from reprotune._studies.study import StudyOptions, run_study
+
+CFG = config_from_dict({"seed": {"root": 1}})  # the config synthetic studies are made of
+
+
+@pytest.mark.parametrize(
+    ("cfg", "n", "vary", "needle"),
+    [
+        (config_from_dict({"seed": {"root": 2}}), 3, "all", "holds a study of another config"),
+        (CFG, 3, "data_order", "holds a study of another --vary"),
+        (CFG, 2, "all", "holds a study of --n 3; --n 2 would drop runs"),
+    ],
+    ids=["config", "vary", "smaller-n"],
+)
+def test_another_study_in_the_directory(cfg: object, n: int, vary: str, needle: str, tmp_path: Path) -> None:
+    """A directory that holds another study is refused, naming what differs and the fix."""
+    out = write_study_dir(tmp_path / "s", [1.0, 1.1, 0.9])
+    before = (out / "study.json").read_bytes()
+    with pytest.raises(InputError, match=needle):
+        run_study(cfg, n=n, vary=vary, options=StudyOptions(out=out, tracking=False))  # type: ignore[arg-type]
+    assert (out / "study.json").read_bytes() == before
+
+
+def test_a_directory_that_is_not_a_study(tmp_path: Path) -> None:
+    """A non-empty directory without study.json is refused and left as it was."""
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "notes.txt").write_text("mine", encoding="utf-8")
+    with pytest.raises(InputError, match="is not a study directory"):
+        run_study(CFG, n=2, vary="all", options=StudyOptions(out=tmp_path / "s", tracking=False))
+    assert [p.name for p in (tmp_path / "s").iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [(["--n", "1"], "at least 2 runs"), (["--n", "3", "--jobs", "0"], "--jobs must be 1 or more")],
+    ids=["n1", "jobs0"],
+)
+def test_cli_bad_options_exit_2(
+    args: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bad --n or --jobs: exit 2 with the fix, and no study directory made."""
+    config = tmp_path / "cfg.yaml"
+    config.write_text("seed:\n  root: 1\n", encoding="utf-8")
+    assert main(["seeds", str(config), *args, "--out", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "fix:" in err
+    assert not (tmp_path / "s").exists()
