@@ -96,3 +96,11 @@ def test_split_from_a_manifest() -> None:
         plan_study(cfg, n=2, vary="split")
     plan = plan_study(cfg, n=2, vary="each")
     assert "split" not in plan.groups and any("split is not varied" in n for n in plan.notes)
+
+
+def test_cli_offers_every_vary() -> None:
+    """The seeds command's --vary choices are the plan's (spelled twice to keep --help light)."""
+    from reprotune._cli.seeds import VARY
+    from reprotune._studies.plan import VARY_CHOICES
+
+    assert VARY == VARY_CHOICES
