@@ -116,7 +116,13 @@ def run_study(
             _adopt(tracker, plan, outcome)
         options.progress(_progress_line(plan, outcome, len(actions)))
 
-    execute_runs(plan.runs, paths, jobs=options.jobs, tracking=options.tracking, on_done=on_done)
+    try:
+        execute_runs(plan.runs, paths, jobs=options.jobs, tracking=options.tracking, on_done=on_done)
+    except BaseException as exc:
+        if tracker is not None:  # the parent run says so; a study continued later reopens it
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            tracker.finish({}, [paths.study], status)
+        raise
     runs = [entries[r.name] for r in plan.runs]
     final = {**study, "status": "completed", "runs": runs, **summarise_runs(plan, runs, notes)}
     final["base_model"], model_notes = _base_model([records[r.name] for r in plan.runs])
