@@ -86,10 +86,16 @@ class WandbTracker:
         self._metrics_logged = 0
 
     def start(self, run: RunDescription) -> None:
-        directory = self._directory if self._directory is not None else run.run_dir
+        directory = (self._directory if self._directory is not None else run.run_dir).resolve()
         directory.mkdir(parents=True, exist_ok=True)
         config: dict[str, Any] = dict(run.params)
         config.update({f"tags.{key}": value for key, value in run.tags.items()})
+        if self.mode == "offline" and self._wandb.run is None:
+            # wandb's process-wide telemetry follows its global settings, not a run's mode: left
+            # online, it posts to W&B's servers even for an offline run (measured with strace: a
+            # DNS lookup from its OpenTelemetry exporter). A W&B run the script already opened
+            # keeps its own mode.
+            self._wandb.setup(settings=self._wandb.Settings(mode="offline"))
         settings = self._wandb.Settings(
             silent=True,
             console="off",

@@ -1,0 +1,205 @@
+"""ReprotuneCallback inside a real transformers.Trainer on the tiny model, in this process: every
+step's exact loss whatever logging_steps is, the warnings and findings at train begin, bad input."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from trainer_scripts import tiny_trainer
+
+from reprotune._errors import InputError
+from reprotune._model.tiny import tiny_rows
+from reprotune._run.ledger import read_ledger
+from reprotune._run.record import load_record
+from reprotune._run.rundir import open_run_dir
+from reprotune.integrations._findings import SeedProbe, TrainerFacts, probe_seed, trainer_findings
+from reprotune.integrations.controls import STOP_AFTER, Controls
+from reprotune.integrations.transformers import ReproducibilityWarning, ReprotuneCallback
+from tinyrun import TinyProject
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return TinyProject.create(tmp_path_factory.mktemp("tiny")).root / "tiny-model"
+
+
+def _train(model_dir: Path, tmp_path: Path, name: str, **kwargs: Any) -> tuple[Any, Path]:
+    run_dir = tmp_path / name
+    trainer = tiny_trainer(
+        model_dir,
+        tiny_rows(40, seed=1),
+        tmp_path / f"out-{name}",
+        lambda: ReprotuneCallback(run_dir, code_dir=tmp_path),
+        **kwargs,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ReproducibilityWarning)
+        trainer.train()
+    return trainer, run_dir
+
+
+def test_every_step_has_its_exact_loss_whatever_logging_steps(model_dir: Path, tmp_path: Path) -> None:
+    """With logging_steps=1 each ledger loss is bit for bit the loss the Trainer logs for that
+    step; with logging_steps=10 (one averaged log) the ledger is the same, line for line."""
+    trainer, every = _train(model_dir, tmp_path, "every", logging_steps=1)
+    logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    ledger = read_ledger(every / "ledger.jsonl")
+    assert len(ledger.train) == 8 == len(logged)
+    assert [e.fields["loss"] for e in ledger.train] == [float(x).hex() for x in logged]
+    assert [e.fields["grad_norm"] for e in ledger.train] == [
+        float(entry["grad_norm"]).hex() for entry in trainer.state.log_history if "loss" in entry
+    ]
+
+    trainer, sparse = _train(model_dir, tmp_path, "sparse", logging_steps=10)
+    assert len([entry for entry in trainer.state.log_history if "loss" in entry]) == 0  # none logged
+    assert (sparse / "ledger.jsonl").read_bytes() == (every / "ledger.jsonl").read_bytes()
+    record = load_record(sparse)
+    assert record["status"] == "completed"
+    assert record["config"]["trainer"]["args"]["logging_steps"] == 10
+    assert record["outputs"]["adapter_sha256"] == load_record(every)["outputs"]["adapter_sha256"]
+    assert open_run_dir(sparse).ledger.init is not None
+
+
+def test_findings_are_warned_once_and_recorded(model_dir: Path, tmp_path: Path) -> None:
+    """full_determinism off, a length-grouped order and a PEFT model built before the seed are
+    each warned about at train begin and recorded as findings, as doctor writes them."""
+    run_dir = tmp_path / "run"
+    trainer = tiny_trainer(
+        model_dir,
+        tiny_rows(40, seed=1),
+        tmp_path / "out",
+        lambda: ReprotuneCallback(run_dir, code_dir=tmp_path),
+        seed_first=False,
+        max_steps=2,
+        full_determinism=False,
+        train_sampling_strategy="group_by_length",
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    messages = [str(w.message) for w in caught if issubclass(w.category, ReproducibilityWarning)]
+    codes = [f["code"] for f in load_record(run_dir)["findings"]]
+    for code in ("deterministic-algorithms-off", "sampling-strategy", "peft-before-seed"):
+        assert code in codes
+    assert len(messages) == len(codes)
+    assert any("full_determinism" in m for m in messages)
+    assert any("built before the seed was set" in m for m in messages)
+    finding = load_record(run_dir)["findings"][0]
+    assert set(finding) == {"code", "severity", "title", "why", "fix"}
+
+
+def _facts(**changes: Any) -> TrainerFacts:
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(output_dir="unused", use_cpu=True, full_determinism=True, report_to="none")
+    for key, value in changes.pop("args", {}).items():
+        setattr(args, key, value)  # settings a CPU machine refuses at construction (fp16, tf32)
+    base: dict[str, Any] = {
+        "args": args,
+        "deterministic_algorithms": True,
+        "tf32_matmul": False,
+        "workers_seeded": True,
+        "seedable_sampler": True,
+        "is_peft": True,
+        "adapter_made_by_trainer": False,
+        "seed_probe": SeedProbe(initial_seed=42, fresh=False),
+    }
+    return TrainerFacts(**{**base, **changes})
+
+
+@pytest.mark.parametrize(
+    ("changes", "code"),
+    [
+        (
+            {"args": {"full_determinism": False}, "deterministic_algorithms": False},
+            "deterministic-algorithms-off",
+        ),
+        ({"args": {"dataloader_num_workers": 2}, "workers_seeded": False}, "dataloader-workers-unseeded"),
+        ({"args": {"fp16": True}}, "fp16"),
+        ({"args": {"tf32": True}}, "tf32-matmul-on"),
+        ({"tf32_matmul": True}, "tf32-matmul-on"),
+        ({"seed_probe": SeedProbe(initial_seed=1234, fresh=False)}, "peft-before-seed"),
+        ({"seed_probe": SeedProbe(initial_seed=42, fresh=True)}, "peft-before-seed"),
+        ({"args": {"train_sampling_strategy": "group_by_length"}}, "sampling-strategy"),
+        ({"seedable_sampler": False}, "sampler-unseeded"),
+        ({"args": {"ignore_data_skip": True}}, "ignore-data-skip"),
+        ({"rows_recorded": False}, "rows-unrecorded"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_each_setting_gives_its_finding(changes: dict[str, Any], code: str) -> None:
+    """One risky setting, one finding with that code (and none on the clean setup)."""
+    assert trainer_findings(_facts()) == []
+    assert [f["code"] for f in trainer_findings(_facts(**changes))] == [code]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"adapter_made_by_trainer": True, "seed_probe": SeedProbe(initial_seed=7, fresh=True)},
+        {"is_peft": False, "seed_probe": SeedProbe(initial_seed=7, fresh=True)},
+        {"seed_probe": None},
+    ],
+    ids=["trl-peft-config", "no-peft", "callback-added-late"],
+)
+def test_no_seed_finding_where_it_cannot_apply(changes: dict[str, Any]) -> None:
+    """An adapter the trainer builds after seeding, a model without one, or no probe: no finding."""
+    assert trainer_findings(_facts(**changes)) == []
+
+
+def test_seed_probe_reads_the_rng_without_drawing() -> None:
+    """Fresh right after a seed, not after a draw; the probe itself draws nothing."""
+    torch.manual_seed(42)
+    assert probe_seed() == SeedProbe(42, True)
+    assert probe_seed() == SeedProbe(42, True)
+    torch.rand(1)
+    assert probe_seed() == SeedProbe(42, False)
+
+
+def test_controls_round_trip_and_refuse_bad_values() -> None:
+    """What verify sets is what the callback reads; a bad value names its variable."""
+    controls = Controls(run_dir=Path("r"), output_dir=Path("o"), stop_after=3, resume_from=Path("c"))
+    assert Controls.from_env(controls.to_env()) == controls
+    assert Controls.from_env({}) == Controls()
+    with pytest.raises(InputError, match=STOP_AFTER) as info:
+        Controls.from_env({STOP_AFTER: "0"})
+    assert info.value.source == f"environment variable {STOP_AFTER}"
+
+
+def test_wandb_without_the_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ReprotuneCallback(wandb=True) where wandb cannot be imported: an InputError with the fix."""
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    with pytest.raises(InputError, match=r"reprotune\[wandb\]") as info:
+        ReprotuneCallback(wandb=True)
+    assert info.value.source == "ReprotuneCallback(wandb=True)"
+
+
+def test_a_run_dir_holding_files_is_refused(model_dir: Path, tmp_path: Path) -> None:
+    """A non-empty run directory is refused before the first step, naming it; nothing is written."""
+    run_dir = tmp_path / "taken"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("mine", encoding="utf-8")
+    trainer = tiny_trainer(
+        model_dir, tiny_rows(8, seed=1), tmp_path / "out", lambda: ReprotuneCallback(run_dir), max_steps=1
+    )
+    with pytest.raises(InputError, match="is not empty") as info:
+        trainer.train()
+    assert info.value.source == str(run_dir)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["notes.txt"]
+
+
+def test_the_callback_needs_no_training_code() -> None:
+    """Importing the integration does not import reprotune's own training code."""
+    import subprocess
+
+    code = (
+        "import sys, reprotune.integrations.transformers; "
+        "print(sorted(m for m in sys.modules if m.startswith('reprotune._train')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
