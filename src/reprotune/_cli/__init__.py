@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check-split": ("reprotune._cli.check_split", "check data against a split manifest; find leakage"),
     "run": ("reprotune._cli.run", "run a reproducible LoRA fine-tune from a config"),
     "resume": ("reprotune._cli.resume", "resume an interrupted run from its latest valid checkpoint"),
+    "eval": ("reprotune._cli.eval", "generate and score a run's test split, reproducibly, batch-size-invariant"),
     "verify": ("reprotune._cli.verify", "prove a config reproduces: rerun, resume and negative controls"),
     "compare": ("reprotune._cli.compare", "compare two runs step by step; say where and why they differ"),
     "rerun": ("reprotune._cli.rerun", "reproduce a recorded run from its record alone"),

@@ -256,12 +256,59 @@ class TrainConfig(_Section):
 
 
 class EvalConfig(_Section):
-    """Validation during and after training."""
+    """Validation during training, and generation by ``reprotune eval`` (docs/eval.md)."""
 
     batch_size: Int = Field(default=8, ge=1, description="rows per validation batch")
     max_rows: Int | None = Field(
         default=None, ge=1, description="cap the validation rows (sampled with the eval seed); null = all"
     )
+    decoding: Literal["greedy", "sample"] = Field(
+        default="greedy",
+        description="how `reprotune eval` picks each token: greedy = the most likely; sample = seeded "
+        "sampling (temperature, top_k, top_p), one generator per row seeded from the eval seed",
+    )
+    temperature: Float = Field(
+        default=1.0, gt=0, le=10, description="sampling temperature, in (0, 10]; decoding: sample only"
+    )
+    top_k: Int = Field(
+        default=0,
+        ge=0,
+        description="sample from the k most likely tokens only; 0 = no limit; decoding: sample only",
+    )
+    top_p: Float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="sample from the smallest set of most likely tokens whose probability reaches p, "
+        "in (0, 1]; 1 = no limit; decoding: sample only",
+    )
+    max_new_tokens: Int = Field(
+        default=64, ge=1, le=4096, description="most tokens generated per row; a row stops at its first eos"
+    )
+    generate_batch_size: Int = Field(
+        default=8, ge=1, description="rows per generation batch (`reprotune eval --batch-size`)"
+    )
+    generate_max_rows: Int | None = Field(
+        default=None, ge=1, description="evaluate the split's first N rows (manifest order); null = all"
+    )
+    generate_at_end: Bool = Field(
+        default=False,
+        description="after a completed `reprotune run`, evaluate on the test split (RUN_DIR/evals/) and "
+        "log test/<metric> to the run's MLflow run",
+    )
+
+    @model_validator(mode="after")
+    def _sampling_settings_need_sampling(self) -> EvalConfig:
+        if self.decoding == "greedy":
+            for name, default in (("temperature", 1.0), ("top_k", 0), ("top_p", 1.0)):
+                value = getattr(self, name)
+                if value != default:
+                    raise _field_error(
+                        name,
+                        f"has no effect with eval.decoding: greedy (got {value!r}); fix: set "
+                        f"eval.decoding: sample, or leave eval.{name} at {default}",
+                    )
+        return self
 
 
 class DeterminismConfig(_Section):

@@ -1,0 +1,97 @@
+"""``reprotune eval RUN_DIR``: generate for each row of the run's test split, score, and write an
+eval directory that another process reproduces byte for byte (docs/eval.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from reprotune._cli._options import add_set_option
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a completed run directory")
+    parser.add_argument(
+        "--split", choices=("test", "validation"), default="test", help="the split of the run's own manifest"
+    )
+    parser.add_argument(
+        "--max-rows",
+        type=int,
+        default=None,
+        metavar="N",
+        help="evaluate the split's first N rows (manifest order)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        metavar="B",
+        help="rows per generation batch (default eval.generate_batch_size); on CPU the predictions "
+        "do not depend on it",
+    )
+    add_set_option(parser)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the eval directory to create (default RUN_DIR/evals/<eval-id>)",
+    )
+    parser.add_argument(
+        "--base-only", action="store_true", help="evaluate the base model without the adapter"
+    )
+    parser.add_argument(
+        "--allow-tokenizer-change",
+        action="store_true",
+        help="evaluate even when the tokenizer files differ from the run's (recorded in eval.json)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    from reprotune._eval.evaluate import run_eval
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    result = run_eval(
+        args.run_dir,
+        split=args.split,
+        max_rows=args.max_rows,
+        batch_size=args.batch_size,
+        overrides=args.overrides,
+        out=args.out,
+        base_only=args.base_only,
+        allow_tokenizer_change=args.allow_tokenizer_change,
+        report=None if args.no_progress else progress,
+    )
+    print(summary(result.eval_dir, result.record), end="")
+    return 0
+
+
+def summary(eval_dir: Path, record: dict[str, Any]) -> str:
+    """The closing lines of an eval: where it is, what was evaluated, the scores."""
+    split, generation = record["split"], record["generation"]
+    what = "base model alone" if record.get("base_only") else f"adapter {record['adapter']['sha256'][:12]}..."
+    lines = [
+        f"eval {record['eval_id']}: {split['n_rows']} {split['name']} rows of run "
+        f"{record['run']['run_id']} ({what})",
+        f"  eval directory      {eval_dir}",
+        f"  decoding            {generation['decoding']}, max {generation['max_new_tokens']} new tokens, "
+        f"batch size {generation['batch_size']}"
+        + (
+            " (predictions do not depend on it)"
+            if generation["batch_invariant"]
+            else " (part of the identity)"
+        ),
+        f"  predictions sha256  {record['predictions']['sha256']}",
+    ]
+    if record["tokenizer"].get("allowed"):
+        lines.append("  WARNING             the tokenizer differs from the run's (--allow-tokenizer-change)")
+    metrics = record["metrics"]
+    lines.append("  metrics             " + ", ".join(f"{k} {metrics[k]:.4f}" for k in sorted(metrics)))
+    rate = record.get("timings", {}).get("tokens_per_s")
+    if rate:
+        lines.append(f"  throughput          {rate:.1f} generated tokens/s")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,156 @@
+"""The eval directory's two files, written and read here only: ``eval.json`` and ``predictions.jsonl``.
+
+``eval.json`` (schema ``reprotune/eval``, version 1) is canonical JSON (docs/eval.md lists every
+key). Its ``metrics`` is a flat mapping of corpus metric name to number, which seed studies read.
+``predictions.jsonl`` holds one canonical compact JSON object per row, in evaluation order:
+``index``, ``row_sha256``, ``prompt_ids_sha256``, ``prompt_tokens``, ``output_ids``,
+``output_ids_sha256``, ``stopped_at_eos``, ``text``, ``scores``. It holds nothing that depends on
+time, place or batch size, so two evals of the same thing give the same bytes.
+
+Readers refuse another schema or version and malformed lines (``InputError`` naming the file,
+line and fix). Never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reprotune._errors import InputError, SchemaVersionError
+from reprotune._eval.layout import EVAL_FILE, PREDICTIONS, SCHEMA, SCHEMA_VERSION, EvalLayout
+from reprotune._jsonio import canonical_dumps, read_json_file, sha256_bytes
+
+_PREDICTION_KEYS = (
+    "index",
+    "row_sha256",
+    "prompt_ids_sha256",
+    "prompt_tokens",
+    "output_ids",
+    "output_ids_sha256",
+    "stopped_at_eos",
+    "text",
+    "scores",
+)
+
+
+def ids_sha256(ids: Sequence[int]) -> str:
+    """sha256 of a token-id list as canonical compact JSON (``[1,2,3]``)."""
+    return sha256_bytes(canonical_dumps([int(i) for i in ids], indent=None).encode("utf-8"))
+
+
+def predictions_bytes(lines: Sequence[Mapping[str, Any]]) -> bytes:
+    """``predictions.jsonl``'s bytes: one canonical compact JSON object per line."""
+    return "".join(canonical_dumps(dict(line), indent=None) for line in lines).encode("utf-8")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One line of ``predictions.jsonl``."""
+
+    index: int
+    row_sha256: str
+    prompt_ids_sha256: str
+    prompt_tokens: int
+    output_ids: tuple[int, ...]
+    output_ids_sha256: str
+    stopped_at_eos: bool
+    text: str
+    scores: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class EvalDir:
+    """An opened eval directory: its record and its predictions, checked."""
+
+    path: Path
+    record: Mapping[str, Any]
+    predictions: tuple[Prediction, ...]
+
+    @property
+    def eval_id(self) -> str:
+        value = self.record.get("eval_id")
+        return value if isinstance(value, str) and value else self.path.name
+
+    def section(self, key: str) -> Mapping[str, Any]:
+        """A top-level section of ``eval.json`` (empty when absent)."""
+        value = self.record.get(key)
+        return value if isinstance(value, Mapping) else {}
+
+    @property
+    def metrics(self) -> Mapping[str, float]:
+        return self.section("metrics")
+
+
+def is_eval_dir(path: Path) -> bool:
+    """Whether ``path`` is an eval directory (it holds ``eval.json``)."""
+    return EvalLayout(Path(path)).is_eval_dir()
+
+
+def open_eval_dir(path: str | Path) -> EvalDir:
+    """Read and check the eval directory at ``path``.
+
+    Raises:
+        InputError: not an eval directory, a file missing or malformed (naming file and line).
+        SchemaVersionError: ``eval.json`` is not a ``reprotune/eval`` of a known version.
+    """
+    paths = EvalLayout(Path(path))
+    fix = "pass a directory written by `reprotune eval` (it holds eval.json and predictions.jsonl)"
+    if not paths.root.is_dir():
+        raise InputError(f"no such eval directory: {paths.root}", source=str(paths.root), fix=fix)
+    record = read_json_file(paths.eval_file, what="eval record", fix=fix)
+    if not isinstance(record, dict) or record.get("schema") != SCHEMA:
+        got = record.get("schema") if isinstance(record, dict) else type(record).__name__
+        raise SchemaVersionError(
+            f"{EVAL_FILE} is not a {SCHEMA} record (schema {got!r})", source=str(paths.eval_file), fix=fix
+        )
+    if record.get("schema_version") != SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"{EVAL_FILE} has schema version {record.get('schema_version')!r}; this reprotune reads "
+            f"version {SCHEMA_VERSION}",
+            source=str(paths.eval_file),
+            fix="read it with the reprotune version that wrote it (reprotune_version in the file)",
+        )
+    return EvalDir(paths.root, record, read_predictions(paths.predictions))
+
+
+def read_predictions(path: Path) -> tuple[Prediction, ...]:
+    """Every line of a ``predictions.jsonl``, checked.
+
+    Raises:
+        InputError: the file is missing, or a line is not a complete prediction (naming the line).
+    """
+    fix = "restore the eval directory from a copy, or run the eval again"
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise InputError(f"the eval directory has no {PREDICTIONS}", source=str(path), fix=fix) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {PREDICTIONS}: {exc}", source=str(path), fix=fix) from None
+    out = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        try:
+            obj = json.loads(line)
+            missing = [k for k in _PREDICTION_KEYS if k not in obj]
+            if missing:
+                raise ValueError(f"missing {', '.join(missing)}")
+            out.append(
+                Prediction(
+                    index=int(obj["index"]),
+                    row_sha256=str(obj["row_sha256"]),
+                    prompt_ids_sha256=str(obj["prompt_ids_sha256"]),
+                    prompt_tokens=int(obj["prompt_tokens"]),
+                    output_ids=tuple(int(t) for t in obj["output_ids"]),
+                    output_ids_sha256=str(obj["output_ids_sha256"]),
+                    stopped_at_eos=bool(obj["stopped_at_eos"]),
+                    text=str(obj["text"]),
+                    scores=dict(obj["scores"]),
+                )
+            )
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise InputError(
+                f"line {number} is not a prediction: {exc}", source=f"{path}:{number}", fix=fix
+            ) from None
+    return tuple(out)

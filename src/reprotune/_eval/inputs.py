@@ -1,0 +1,237 @@
+"""What an eval starts from, every piece checked before any model is loaded.
+
+The run's record (its resolved config, seeds and hashes), its adapter (present, and the bytes the
+record names), its own ``split.json`` (verified against the data file now: the rows evaluated
+are the rows the run held out), and the rows of the chosen split. Bad input raises
+``InputError`` naming the value, where it came from and the fix, before anything is written.
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reprotune._config.loading import config_from_dict
+from reprotune._config.schema import ExperimentConfig
+from reprotune._data.checksplit import check_split
+from reprotune._data.loaders import load_table
+from reprotune._data.manifest import Manifest, load_manifest
+from reprotune._data.table import Table
+from reprotune._determinism.seeds import derive_seeds
+from reprotune._errors import InputError
+from reprotune._jsonio import sha256_file
+from reprotune._run.layout import RunLayout
+from reprotune._run.record import load_record
+from reprotune._run.rundir import check_is_run_dir
+
+#: The splits an eval can take its rows from.
+EVAL_SPLITS: tuple[str, ...] = ("test", "validation")
+#: Config sections ``reprotune eval --set`` may change: the others describe the run, not the eval.
+SETTABLE_SECTIONS: tuple[str, ...] = ("eval", "seed")
+
+
+@dataclass(frozen=True)
+class EvalRow:
+    """One row to evaluate: its index in the data, its row hash (the manifest's), its texts."""
+
+    index: int
+    sha256: str
+    prompt: str
+    reference: str
+
+
+@dataclass(frozen=True)
+class EvalInputs:
+    """A run ready to be evaluated.
+
+    Attributes:
+        run_dir: the run directory.
+        record: its ``record.json``.
+        cfg: its resolved config, with the eval's ``--set`` overrides applied.
+        seeds: every derived seed of ``cfg`` (``eval`` seeds the sampling).
+        split: ``test`` or ``validation``.
+        split_size: rows in that split.
+        rows: the rows evaluated (the split's first ``max_rows``, in manifest order).
+        manifest_sha256: sha256 of the run's ``split.json``.
+        data: what the data check found (``identical`` or ``formatting_only``), and the file's sha256.
+        adapter_dir: the run's ``adapter/``, or None for ``--base-only``.
+        adapter_files: name -> sha256 of the adapter's files (checked against the record).
+    """
+
+    run_dir: Path
+    record: Mapping[str, Any]
+    cfg: ExperimentConfig
+    seeds: Mapping[str, int]
+    split: str
+    split_size: int
+    rows: tuple[EvalRow, ...]
+    manifest_sha256: str
+    data: Mapping[str, Any]
+    adapter_dir: Path | None
+    adapter_files: Mapping[str, str] | None
+
+    @property
+    def run_id(self) -> str:
+        value = self.record.get("run_id")
+        return value if isinstance(value, str) and value else self.run_dir.name
+
+
+def prepare_inputs(
+    run_dir: Path,
+    *,
+    split: str = "test",
+    max_rows: int | None = None,
+    overrides: Sequence[str] = (),
+    base_only: bool = False,
+) -> EvalInputs:
+    """Open and check the run in ``run_dir`` for an eval.
+
+    Args:
+        run_dir: a directory written by ``reprotune run``.
+        split: ``test`` or ``validation``.
+        max_rows: evaluate the split's first N rows (manifest order); None: ``eval.generate_max_rows``.
+        overrides: ``eval.KEY=VALUE`` / ``seed.KEY=VALUE`` changes to the recorded config.
+        base_only: evaluate the base model alone (the run needs no adapter).
+
+    Raises:
+        InputError: not a completed run with an adapter (unless ``base_only``), an adapter that
+            is not the recorded one, a bad split or ``max_rows``, an override outside ``eval`` and
+            ``seed``, an invalid setting (``ConfigError``), data that no longer matches the run's
+            manifest (naming the rows), an empty split, a row without text.
+    """
+    paths = RunLayout(Path(run_dir))
+    check_is_run_dir(paths.root)
+    record = load_record(paths.record)
+    if split not in EVAL_SPLITS:
+        raise InputError(
+            f"unknown split {split!r}", source="--split", fix=f"use one of: {', '.join(EVAL_SPLITS)}"
+        )
+    _check_max_rows(max_rows, "--max-rows")
+    adapter_dir, adapter_files = (None, None) if base_only else _checked_adapter(paths, record)
+    cfg = _eval_config(record, overrides, paths.record)
+    seeds = derive_seeds(cfg.seed.root, dict(cfg.seed.overrides))
+    manifest, manifest_sha256 = _manifest(paths)
+    table = load_table(cfg.data.path, cfg.data.format)
+    data = _check_data(manifest, table, paths.manifest, cfg.data.path)
+    indices = [int(i) for i in manifest.indices[split]]
+    if not indices:
+        other = "validation" if split == "test" else "test"
+        raise InputError(
+            f"the {split} split of the run in {paths.root} has no rows",
+            source=f"{paths.manifest} ({split})",
+            fix=f"evaluate another split (--split {other}), or train a run whose split gives {split} rows",
+        )
+    cap = max_rows if max_rows is not None else cfg.eval.generate_max_rows
+    chosen = indices[:cap] if cap is not None else indices
+    rows = tuple(_row(table, manifest, i, cfg) for i in chosen)
+    return EvalInputs(
+        run_dir=paths.root,
+        record=record,
+        cfg=cfg,
+        seeds=seeds,
+        split=split,
+        split_size=len(indices),
+        rows=rows,
+        manifest_sha256=manifest_sha256,
+        data=data,
+        adapter_dir=adapter_dir,
+        adapter_files=adapter_files,
+    )
+
+
+def _check_max_rows(value: int | None, source: str) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(
+            f"max rows must be a whole number >= 1 (got {value!r})",
+            source=source,
+            fix="give at least 1, or leave it out to evaluate every row of the split",
+        )
+
+
+def _checked_adapter(paths: RunLayout, record: Mapping[str, Any]) -> tuple[Path, dict[str, str]]:
+    """The run's adapter directory and its files' sha256, checked against the record."""
+    status = record.get("status")
+    if status != "completed" or not paths.adapter_weights.is_file():
+        why = f"status {status!r}" if status != "completed" else f"{paths.adapter_weights} is missing"
+        raise InputError(
+            f"the run in {paths.root} has no adapter to evaluate ({why})",
+            source=str(paths.record),
+            fix=f"resume it first (`reprotune resume {paths.root}`), or evaluate the base model "
+            "alone with --base-only",
+        )
+    recorded = (record.get("outputs") or {}).get("adapter_files") or {}
+    now = {name: sha256_file(paths.adapter_dir / name) for name in sorted(recorded)}
+    changed = sorted(n for n in recorded if now.get(n) != recorded[n])
+    if not recorded or changed:
+        detail = ", ".join(f"{n} (recorded {recorded[n][:12]}..., now {now[n][:12]}...)" for n in changed)
+        raise InputError(
+            f"the adapter in {paths.adapter_dir} is not the one the run recorded"
+            + (f": {detail}" if detail else " (the record names no adapter files)"),
+            source=str(paths.record),
+            fix="restore adapter/ from a copy of the run directory, or rerun the run",
+        )
+    return paths.adapter_dir, now
+
+
+def _eval_config(record: Mapping[str, Any], overrides: Sequence[str], source: Path) -> ExperimentConfig:
+    for item in overrides:
+        section = item.partition("=")[0].strip().split(".")[0]
+        if section not in SETTABLE_SECTIONS:
+            raise InputError(
+                f"--set {item!r} changes the run's {section!r} section, which an eval cannot change",
+                source=f"--set {item}",
+                fix="set only eval.* (decoding, temperature, top_k, top_p, max_new_tokens, ...) or "
+                "seed.* keys; to change the run itself, train a new run",
+            )
+    config = record.get("config")
+    if not isinstance(config, Mapping):
+        raise InputError("the record holds no config", source=str(source), fix="rerun the run")
+    return config_from_dict(config, source=str(source), overrides=overrides)
+
+
+def _manifest(paths: RunLayout) -> tuple[Manifest, str]:
+    if not paths.manifest.is_file():
+        raise InputError(
+            f"the run directory has no {paths.manifest.name}",
+            source=str(paths.root),
+            fix="copy the whole run directory: an eval takes its rows from the run's own split",
+        )
+    return load_manifest(paths.manifest), sha256_file(paths.manifest)
+
+
+def _check_data(manifest: Manifest, table: Table, manifest_path: Path, data_path: str) -> dict[str, Any]:
+    """Refuse data that is not the data of the run's manifest (formatting alone is fine)."""
+    report = check_split(manifest, table, leak_columns=[])
+    if not report.identical and not report.formatting_only:
+        raise InputError(
+            "the data is not the data the run was trained and split on:\n" + report.format(max_rows=20),
+            source=f"{data_path} vs {manifest_path}",
+            fix="restore the original data file (its sha256 is in record.json under data.file_sha256); "
+            f"`reprotune check-split {manifest_path} {data_path}` lists every changed row",
+        )
+    return {
+        "source": table.source,
+        "file_sha256": table.file_sha256,
+        "check": "identical" if report.identical else "formatting_only",
+    }
+
+
+def _row(table: Table, manifest: Manifest, index: int, cfg: ExperimentConfig) -> EvalRow:
+    values = table.row(index)
+    texts = []
+    for field in (cfg.data.prompt_field, cfg.data.response_field):
+        value = values.get(field)
+        if not isinstance(value, str):
+            what = "missing" if value is None else f"a {type(value).__name__}, not text"
+            raise InputError(
+                f"row {index}: field {field!r} is {what}",
+                source=f"{table.source}, row {index}",
+                fix=f"give every row a text {field!r}",
+            )
+        texts.append(value)
+    return EvalRow(index=index, sha256=manifest.row_hashes.hex_at(index), prompt=texts[0], reference=texts[1])
