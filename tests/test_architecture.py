@@ -20,6 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_run",),
     ("_trackers",),
     ("_train",),
+    ("_eval",),
     ("_proof", "_doctor"),
     ("_studies",),
     ("_cli", "__init__", "__main__"),
