@@ -7,6 +7,7 @@ belongs is named for what it is; a CSV whose last quote never closes names the l
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 from reprotune._cli import main
 from reprotune._config.loading import dump_config_yaml, load_config
 from reprotune._data.loaders import load_table
+from reprotune._data.manifest import load_manifest
 from reprotune._errors import ConfigError, InputError
 from tinyrun import TinyProject
 
@@ -247,3 +249,28 @@ def test_csv_quoting_that_closes_is_unchanged(tmp_path: Path) -> None:
     table = load_table(str(path))
     assert table.column("prompt") == ['a "quoted" word', "plain"]
     assert table.column("response") == ["multi\nline", 'a"b']
+
+
+# --- no code runs from a config or a manifest (docs/security.md, promise 1) -----------------------
+
+
+def test_a_python_tag_in_a_config_runs_nothing(tmp_path: Path) -> None:
+    """`!!python/object/apply` is not YAML reprotune reads: refused, and the call never happens."""
+    marker = tmp_path / "code-ran"
+    path = tmp_path / "evil.yaml"
+    path.write_text(f"seed:\n  root: !!python/object/apply:os.mkdir [{str(marker)!r}]\n")
+    with pytest.raises(ConfigError, match="could not determine a constructor"):
+        load_config(path)
+    assert not marker.exists()
+
+
+def test_a_manifest_naming_a_sidecar_outside_its_folder_is_refused(tmp_path: Path) -> None:
+    """A sidecar name with a directory in it (path traversal) is refused without reading it."""
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(f'{{"t": {i}}}\n' for i in range(20)))
+    assert main(["split", str(data), "--out", str(tmp_path / "m.json")]) == 0
+    manifest = json.loads((tmp_path / "m.json").read_text())
+    manifest["row_hashes"] = {"algorithm": "sha256", "file": "../../etc/passwd", "file_sha256": "0" * 64}
+    (tmp_path / "m.json").write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match="names neither 'inline' hashes nor a sidecar file"):
+        load_manifest(tmp_path / "m.json")
