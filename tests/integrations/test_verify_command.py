@@ -1,0 +1,125 @@
+"""``reprotune verify --command`` on examples/hf_trainer.py (tiny model): rerun IDENTICAL, the
+data-seed control DIVERGED, the Trainer's own resume judged; another seed DIVERGED naming it;
+bad usage exits 2 before anything runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from trainer_scripts import OFFLINE_ENV, ScriptProject
+
+from reprotune._cli import main
+from reprotune._proof.compare import compare_runs
+from reprotune._run.ledger import read_ledger
+from reprotune._run.record import load_record
+
+pytestmark = pytest.mark.slow  # several trainings in fresh processes
+
+
+Verified = tuple[ScriptProject, subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory: pytest.TempPathFactory) -> Verified:
+    """One verification of the Trainer example with a resume leg at step 3 (of 6)."""
+    project = ScriptProject.create(tmp_path_factory.mktemp("verify-command"))
+    command = shlex.join(project.argv("hf_trainer.py"))
+    argv = [sys.executable, "-m", "reprotune", "verify", "--out", "ver", "--command", command]
+    env = {**os.environ, **OFFLINE_ENV}
+    done = subprocess.run(
+        [*argv, "--resume-at", "3"], cwd=project.root, env=env, capture_output=True, text=True, timeout=3000
+    )
+    return project, done
+
+
+def test_verify_command_passes_and_reports_the_resume_leg(
+    verified: Verified,
+) -> None:
+    """PASS (exit 0): rerun IDENTICAL, control DIVERGED by the data-order seed, and the resume
+    leg's verdict on the Trainer's own resume_from_checkpoint, all in verification.json."""
+    project, done = verified
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "verify: PASS" in done.stdout
+    report = json.loads((project.root / "ver" / "verification.json").read_text(encoding="utf-8"))
+    assert report["schema"] == "reprotune/command-verification" and report["verdict"] == "PASS"
+    legs = {leg["name"]: leg for leg in report["legs"]}
+    assert legs["rerun"]["verdict"] == "IDENTICAL"
+    assert legs["control-data-seed"]["verdict"] == "DIVERGED"
+    assert "derived seed data_order" in legs["control-data-seed"]["note"]
+    resume = legs["resume"]
+    assert resume["verdict"] in ("IDENTICAL", "DIVERGED") and resume["evidence"]["resumed_at"] == 3
+    assert f"resume            {resume['verdict']}" in done.stdout
+
+    record = load_record(project.root / "ver" / "resume")
+    attempts = record["attempts"]
+    assert [a["resumed"] for a in attempts] == [False, True] and attempts[1]["from_step"] == 3
+    assert attempts[1]["from_checkpoint"].endswith("trainer-output/checkpoint-3")
+    assert len(read_ledger(project.root / "ver" / "resume" / "ledger.jsonl").train) == 6
+
+
+def test_trainer_runs_in_two_processes_are_identical(
+    verified: Verified,
+) -> None:
+    """The reference and the rerun: byte-identical ledgers and adapters."""
+    project, done = verified
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = project.root / "ver" / "reference", project.root / "ver" / "rerun"
+    assert compare_runs(a, b).verdict.value == "IDENTICAL"
+    assert (a / "ledger.jsonl").read_bytes() == (b / "ledger.jsonl").read_bytes()
+    weights = "adapter/adapter_model.safetensors"
+    assert (a / weights).read_bytes() == (b / weights).read_bytes()
+
+
+def test_another_seed_diverges_and_the_cause_names_it(
+    verified: Verified,
+) -> None:
+    """The same script with --seed 43: DIVERGED from step 0 (LoRA init) and the first cause is
+    the root seed, 42 vs 43."""
+    project, done = verified
+    assert done.returncode == 0, done.stderr[-3000:]
+    project.run("hf_trainer.py", "seed43", "--seed", "43")
+    comparison = compare_runs(project.root / "ver" / "reference", project.root / "seed43")
+    assert comparison.verdict.value == "DIVERGED"
+    assert comparison.where.first_divergence_step == 0
+    assert "root seed 42 vs 43" in comparison.causes[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["verify", "--resume-at", "3"], "--resume-at needs --command"),
+        (["verify", "cfg.yaml", "--command", "python train.py"], "cannot go with it"),
+        (["verify", "--command", "  "], "the command is empty"),
+        (["verify", "--command", "python 'unclosed"], "cannot split the command"),
+        (["verify", "--command", "python train.py", "--resume-at", "0"], "is not a step >= 1"),
+        (["verify"], "verify needs a config, or --command"),
+    ],
+    ids=["resume-without-command", "config-and-command", "empty", "unclosed-quote", "resume-at-0", "nothing"],
+)
+def test_bad_usage_exits_2_before_running(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    """Each misuse names the option and the fix, and writes nothing."""
+    monkeypatch.chdir(tmp_path)
+    assert main([*argv, "--out", str(tmp_path / "ver")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "fix:" in err
+    assert not (tmp_path / "ver").exists()
+
+
+def test_a_command_without_the_callback_is_a_failure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    """A command that trains nothing reprotune can see: exit 1, saying the callback is missing."""
+    monkeypatch.chdir(tmp_path)
+    command = shlex.join([sys.executable, "-c", "print('trained, unrecorded')"])
+    assert main(["verify", "--command", command, "--out", "ver"]) == 1
+    err = capsys.readouterr().err
+    assert "wrote no run directory" in err and "ReprotuneCallback" in err
