@@ -1,4 +1,4 @@
-"""``reprotune compare RUN_A RUN_B``: are two runs the same; if not, where and why.
+"""``reprotune compare RUN_A RUN_B``: are two runs (or two evals) the same; if not, where and why.
 
 Imports nothing heavy here: the comparison is imported when the command runs, and never torch.
 """
@@ -25,13 +25,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Compare the two runs, print the result; return 0 (identical or within tolerance) or 1."""
+    """Compare the two runs, print the result; return 0 (identical or within tolerance) or 1.
+
+    Two eval directories (``reprotune eval``) are compared as evals; two runs that both hold
+    evals get their evals compared too (docs/eval.md).
+    """
+    from reprotune._eval.evalfile import is_eval_dir
     from reprotune._jsonio import canonical_dumps
     from reprotune._proof.compare import compare_runs
 
+    if is_eval_dir(args.run_a) or is_eval_dir(args.run_b):
+        return _compare_evals(args)
     comparison = compare_runs(args.run_a, args.run_b, tolerance=args.tolerance)
+    from reprotune._eval.compare import compare_evals, latest_pairs
+
+    evals = [compare_evals(a, b) for a, b in latest_pairs(args.run_a, args.run_b)]
     if args.json:
-        print(canonical_dumps(comparison.to_json()), end="")
+        body = comparison.to_json()
+        if evals:
+            body["evals"] = [e.to_json() for e in evals]
+        print(canonical_dumps(body), end="")
     else:
         print(comparison.format(), end="")
+        for e in evals:
+            print(f"\nevals of the two runs: {e.format()}", end="")
+    return max([comparison.exit_code, *(e.exit_code for e in evals)])
+
+
+def _compare_evals(args: argparse.Namespace) -> int:
+    from reprotune._errors import InputError
+    from reprotune._eval.compare import compare_evals
+    from reprotune._eval.evalfile import is_eval_dir
+    from reprotune._jsonio import canonical_dumps
+
+    for path in (args.run_a, args.run_b):
+        if not is_eval_dir(path):
+            raise InputError(
+                f"{path} is not an eval directory (no eval.json), but the other one is",
+                source=str(path),
+                fix="compare two eval directories (RUN/evals/<id>), or two run directories",
+            )
+    if args.tolerance is not None:
+        raise InputError(
+            "--tolerance applies to runs; evals are compared token by token",
+            source="--tolerance",
+            fix="leave out --tolerance",
+        )
+    comparison = compare_evals(args.run_a, args.run_b)
+    print(canonical_dumps(comparison.to_json()) if args.json else comparison.format(), end="")
     return comparison.exit_code

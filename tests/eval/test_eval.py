@@ -1,0 +1,257 @@
+"""``reprotune eval`` on real tiny runs: byte-identical in fresh processes, independent of the batch
+size, seeded sampling, the tokenizer rule, comparison, and bad input refused with nothing written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reprotune._cli import main
+from reprotune._eval.compare import compare_evals
+from reprotune._eval.evaluate import EvalResult, run_eval
+
+TINY = {"eval": {"batch_size": 8, "max_new_tokens": 8}}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A tiny project of its own (tests here edit its data and tokenizer, and put them back)."""
+    from tinyrun import TinyProject
+
+    return TinyProject.create(tmp_path_factory.mktemp("eval-project"))
+
+
+@pytest.fixture(scope="module")
+def run_a(project: Any) -> Path:
+    project.run_cli("run", str(project.config("a.yaml", **TINY)), "--run-dir", "runA", "--no-progress")
+    return Path(project.root / "runA")
+
+
+def _eval(run_dir: Path, out: Path, *args: str, batch_size: int | None = None) -> EvalResult:
+    return run_eval(run_dir, out=out, batch_size=batch_size, overrides=list(args))
+
+
+def _listing(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*")) if path.exists() else []
+
+
+@pytest.fixture()
+def restored(project: Any) -> Iterator[None]:
+    """Put the project's data and tokenizer files back after a test that edits them."""
+    files = [project.root / "data.jsonl", *sorted((project.root / "tiny-model").glob("tokenizer*"))]
+    saved = {f: f.read_bytes() for f in files}
+    yield
+    for f, data in saved.items():
+        f.write_bytes(data)
+
+
+def test_eval_twice_in_fresh_processes_is_byte_identical(project: Any, run_a: Path) -> None:
+    """Two evals of one run, each in a fresh process, write byte-identical predictions.jsonl and
+    the same metrics; compare says IDENTICAL (exit 0)."""
+    first = project.run_cli("eval", str(run_a), "--out", "e1", "--no-progress")
+    project.run_cli("eval", str(run_a), "--out", "e2", "--no-progress")
+    one, two = project.root / "e1", project.root / "e2"
+    assert (one / "predictions.jsonl").read_bytes() == (two / "predictions.jsonl").read_bytes()
+    rec1, rec2 = (json.loads((d / "eval.json").read_text()) for d in (one, two))
+    assert rec1["metrics"] == rec2["metrics"]
+    assert set(rec1["metrics"]) == {
+        "bleu",
+        "chrf",
+        "rouge1",
+        "rouge2",
+        "rougeL",
+        "exact_match",
+        "mean_length",
+    }
+    assert rec1["split"]["name"] == "test" and rec1["split"]["n_rows"] == rec1["split"]["split_rows"] > 0
+    assert (
+        rec1["adapter"]["sha256"]
+        == json.loads((run_a / "record.json").read_text())["outputs"]["adapter_sha256"]
+    )
+    assert rec1["generation"]["batch_invariant"] is True and rec1["adapter"]["merged"] is False
+    assert "predictions sha256" in first.stdout
+    done = project.run_cli("compare", "e1", "e2")
+    assert done.stdout.startswith("IDENTICAL")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [(), ("eval.decoding=sample", "eval.temperature=0.9", "eval.top_k=40", "eval.top_p=0.95")],
+    ids=["greedy", "sample"],
+)
+def test_batch_sizes_give_identical_predictions(
+    run_a: Path, tmp_path: Path, overrides: tuple[str, ...]
+) -> None:
+    """Batch sizes 1, 3 and 8 give byte-identical predictions.jsonl, greedy and sampling."""
+    outputs = [
+        (
+            _eval(run_a, tmp_path / f"bs{b}", *overrides, batch_size=b).eval_dir / "predictions.jsonl"
+        ).read_bytes()
+        for b in (1, 3, 8)
+    ]
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_seeded_sampling_repeats_and_moves_with_the_eval_seed(run_a: Path, tmp_path: Path) -> None:
+    """Sampling repeats under the same eval seed and differs under another; compare names the seed."""
+    sample = ("eval.decoding=sample", "eval.temperature=1.0")
+    a = _eval(run_a, tmp_path / "a", *sample, "seed.overrides.eval=11")
+    b = _eval(run_a, tmp_path / "b", *sample, "seed.overrides.eval=11")
+    c = _eval(run_a, tmp_path / "c", *sample, "seed.overrides.eval=12")
+    assert (a.eval_dir / "predictions.jsonl").read_bytes() == (b.eval_dir / "predictions.jsonl").read_bytes()
+    comparison = compare_evals(a.eval_dir, c.eval_dir)
+    assert comparison.verdict == "DIVERGED" and comparison.rows_differing
+    assert any("eval seed differs (sampling): 11 vs 12" in cause for cause in comparison.causes)
+
+
+def test_a_changed_tokenizer_is_refused(project: Any, run_a: Path, restored: None) -> None:
+    """A tokenizer file that differs from the run's is refused (exit 2, both hashes and the file
+    named, nothing written) unless --allow-tokenizer-change, which the eval record says."""
+    config = project.root / "tiny-model" / "tokenizer_config.json"
+    data = json.loads(config.read_text())
+    data["model_max_length"] = 12345
+    config.write_text(json.dumps(data))
+    before = _listing(run_a)
+    done = project.run_cli("eval", str(run_a), "--no-progress", check=False)
+    assert done.returncode == 2, done.stderr
+    recorded = json.loads((run_a / "record.json").read_text())["model"]["tokenizer_sha256"]
+    assert recorded in done.stderr and "tokenizer_config.json" in done.stderr
+    assert "--allow-tokenizer-change" in done.stderr
+    assert _listing(run_a) == before
+    allowed = project.run_cli(
+        "eval", str(run_a), "--out", "allowed", "--allow-tokenizer-change", "--no-progress"
+    )
+    record = json.loads((project.root / "allowed" / "eval.json").read_text())
+    assert record["tokenizer"]["allowed"] is True and record["tokenizer"]["recorded_sha256"] == recorded
+    assert record["tokenizer"]["sha256"] != recorded and "WARNING" in allowed.stdout
+
+
+def test_compare_names_a_changed_adapter(project: Any, run_a: Path, tmp_path: Path) -> None:
+    """Evals of two runs whose adapters differ: compare names the adapter as the cause, with the
+    rows that differ and the metric deltas; `compare RUN_A RUN_B` compares their evals too."""
+    cfg = project.config("b.yaml", **TINY, train={**_base_train(), "learning_rate": 3.0e-2})
+    project.run_cli("run", str(cfg), "--run-dir", "runB", "--no-progress")
+    run_b = project.root / "runB"
+    ea = _eval(run_a, run_a / "evals" / "pair").eval_dir
+    eb = _eval(run_b, run_b / "evals" / "pair").eval_dir
+    comparison = compare_evals(ea, eb)
+    assert comparison.verdict == "DIVERGED"
+    assert comparison.causes[0].startswith("adapter differs")
+    assert comparison.rows_differing and all(r.first_token >= 0 for r in comparison.rows_differing)
+    done = project.run_cli("compare", "runA", "runB", check=False)
+    assert done.returncode == 1
+    assert "evals of the two runs: DIVERGED" in done.stdout and "adapter differs" in done.stdout
+
+
+def _base_train() -> dict[str, Any]:
+    from tinyrun import BASE_CONFIG
+
+    return dict(BASE_CONFIG["train"])
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--max-rows", "0"], "max rows must be a whole number >= 1 (got 0)"),
+        (["--batch-size", "0"], "batch size must be a whole number >= 1 (got 0)"),
+        (["--set", "eval.decoding=sample", "--set", "eval.temperature=0"], "eval.temperature"),
+        (["--set", "eval.decoding=sample", "--set", "eval.top_p=1.5"], "eval.top_p"),
+        (["--set", "eval.top_k=5"], "has no effect with eval.decoding: greedy"),
+        (["--set", "lora.r=2"], "an eval cannot change"),
+    ],
+    ids=["max-rows-0", "batch-size-0", "temperature-0", "top-p-1.5", "top-k-greedy", "set-lora"],
+)
+def test_bad_input_exits_2_with_nothing_written(
+    run_a: Path, capsys: pytest.CaptureFixture[str], args: list[str], expected: str
+) -> None:
+    """Bad options and settings exit 2 naming the value, and write nothing."""
+    before = _listing(run_a)
+    assert main(["eval", str(run_a), "--no-progress", *args]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "fix:" in err
+    assert _listing(run_a) == before
+
+
+def test_changed_data_is_refused_naming_the_rows(
+    project: Any, run_a: Path, restored: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Data that no longer matches the run's manifest is refused (exit 2), naming the edited row."""
+    manifest = json.loads((run_a / "split.json").read_text())
+    row = manifest["test"][0]
+    lines = (project.root / "data.jsonl").read_text().splitlines()
+    edited = json.loads(lines[row])
+    edited["response"] += " (edited)"
+    lines[row] = json.dumps(edited)
+    (project.root / "data.jsonl").write_text("\n".join(lines) + "\n")
+    before = _listing(run_a)
+    assert main(["eval", str(run_a), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"edited  row {row} (test)" in err and "check-split" in err
+    assert _listing(run_a) == before
+
+
+def test_a_run_without_adapter_or_test_rows_is_refused(
+    project: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stopped run has no adapter (exit 2; --base-only is the way round); a split without rows
+    is refused (exit 2); nothing is written either time."""
+    cfg = project.config("s.yaml", **TINY, split={"stratify_by": "category", "ratios": [0.9, 0.1, 0.0]})
+    project.run_cli("run", str(cfg), "--run-dir", "runS", "--no-progress", "--stop-after-step", "1")
+    run_s = project.root / "runS"
+    before = _listing(run_s)
+    assert main(["eval", str(run_s), "--no-progress"]) == 2
+    assert "has no adapter to evaluate (status 'stopped')" in capsys.readouterr().err
+    assert main(["eval", str(run_s), "--base-only", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "the test split of the run" in err and "has no rows" in err and "--split validation" in err
+    assert _listing(run_s) == before
+
+
+def test_an_existing_out_is_refused(run_a: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An eval never overwrites: an existing --out directory exits 2 and is left as it was."""
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "mine.txt").write_text("keep")
+    assert main(["eval", str(run_a), "--out", str(tmp_path / "taken"), "--no-progress"]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert _listing(tmp_path / "taken") == ["mine.txt"]
+
+
+def test_base_only_evaluates_the_base_model(run_a: Path, tmp_path: Path) -> None:
+    """--base-only evaluates without the adapter (recorded), on the same rows; compare says why
+    the outputs differ: the adapter."""
+    base = run_eval(run_a, out=tmp_path / "base", base_only=True)
+    tuned = run_eval(run_a, out=tmp_path / "tuned")
+    assert base.record["base_only"] is True and base.record["adapter"] is None
+    assert base.record["split"]["rows"] == tuned.record["split"]["rows"]
+    comparison = compare_evals(base.eval_dir, tuned.eval_dir)
+    assert comparison.verdict == "DIVERGED"
+    assert comparison.causes[0].startswith("adapter differs: none (base model alone)")
+
+
+def test_no_tmp_dirs_are_left_behind(run_a: Path) -> None:
+    """Evals built under a temporary name leave none behind."""
+    assert not list((run_a / "evals").glob(".tmp-*"))
+    assert not list(run_a.parent.glob(".tmp-*"))
+
+
+def test_compare_of_evals_does_not_import_torch(project: Any, run_a: Path, tmp_path: Path) -> None:
+    """`reprotune compare` on two eval directories never imports torch."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "e"
+    run_eval(run_a, out=out)
+    shutil.copytree(out, tmp_path / "f")
+    code = (
+        "import sys\nfrom reprotune._cli import main\n"
+        f"rc = main(['compare', {str(out)!r}, {str(tmp_path / 'f')!r}])\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\nsys.exit(rc)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("IDENTICAL")
