@@ -198,7 +198,14 @@ BAD_INPUT = [
         "model.pad_token_id=99999", ["pad token id 99999", "out of range", "model.pad_token_id"], id="pad"
     ),
     pytest.param(
-        "data.prompt_field=nope", ["'nope'", "not found", "columns", "data.prompt_field"], id="data-field"
+        "data.prompt_field=nope",
+        ["data.prompt_field names column 'nope'", "no such column", "--set data.prompt_field=nope"],
+        id="data-field",
+    ),
+    pytest.param(
+        "split.stratify_by=categroy",
+        ["split.stratify_by names column 'categroy' (did you mean 'category'?)", "--set split.stratify_by"],
+        id="stratify-column",
     ),
 ]
 
@@ -207,7 +214,8 @@ BAD_INPUT = [
 def test_bad_input_exits_2_and_records_failure(
     tiny_project: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str, expected: list[str]
 ) -> None:
-    """Bad input exits 2 naming the problem and the fix; the record says failed, never completed."""
+    """Bad input exits 2 naming the problem and the fix, found before the run directory is made
+    (issue 16), so nothing is left behind and the same --run-dir can be used again."""
     config = tiny_project.config("cli-bad.yaml")
     run_dir = tmp_path / "run"
     assert _run_main(config, run_dir, override) == 2
@@ -216,11 +224,7 @@ def test_bad_input_exits_2_and_records_failure(
     assert "fix: " in err
     for fragment in expected:
         assert fragment in err
-    record = _record(run_dir)
-    assert record["status"] == "failed"
-    assert record["error"]["type"] == "InputError"
-    assert expected[0] in record["error"]["message"]
-    assert not (run_dir / "adapter").exists()
+    assert not run_dir.exists()
 
 
 def test_run_on_unfinished_run_says_resume(

@@ -215,3 +215,56 @@ def test_every_code_is_known_and_documented(tmp_path: Path) -> None:
         assert f"`{code}`" in doc, code
     report = _doctor_on(["determinism.mode=off", "determinism.threads=null"], tmp_path, probe=True)
     assert set(report.codes()) <= set(FINDING_CODES)
+
+
+def test_doctor_names_columns_the_data_lacks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """prompt_field and stratify_by naming absent columns: one error each, with the key, its line
+    and column in the config, and the columns there are (the data is read without torch)."""
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"prompt": "p", "response": "r", "category": "a"}\n' * 4)
+    config = tmp_path / "cfg.yaml"
+    config.write_text(
+        "data:\n  path: data.jsonl\n  prompt_field: question\nsplit:\n  stratify_by: categroy\n"
+        "determinism:\n  device: cpu\n"
+    )
+    code = main(["doctor", str(config), "--json", "--no-probe", "--code-dir", str(tmp_path)])
+    report = json.loads(capsys.readouterr().out)
+    missing = [f for f in report["findings"] if f["code"] == "config-column-missing"]
+    assert code == 1 and [f["severity"] for f in missing] == ["error", "error"]
+    columns = "['prompt', 'response', 'category']"
+    assert missing[0]["title"] == (
+        f"data.prompt_field names column 'question', which {data} does not have "
+        f"({config}, line 3, column 17 (key data.prompt_field))"
+    )
+    assert missing[1]["title"] == (
+        f"split.stratify_by names column 'categroy', which {data} does not have "
+        f"({config}, line 5, column 16 (key split.stratify_by))"
+    )
+    assert missing[1]["fix"] == f"set split.stratify_by to one of the data's columns: {columns}"
+
+
+def test_split_command_makes_the_runs_split(tmp_path: Path) -> None:
+    """The command data-no-manifest prints, run as printed, writes the very manifest a run makes."""
+    import shlex
+
+    from reprotune._determinism.seeds import derive_seeds
+    from reprotune._model.tiny import write_tiny_dataset
+    from reprotune._train.data import prepare_data
+
+    data = write_tiny_dataset(tmp_path / "data.jsonl", 60, seed=0, n_categories=3)
+    settings = {
+        "seed": {"root": 9},
+        "data": {"path": str(data)},
+        "split": {"stratify_by": "category", "ratios": [0.7, 0.2, 0.1]},
+    }
+    finding = _by_code(_doctor_on([], tmp_path, settings=settings))["data-no-manifest"]
+    command = finding.fix.split("`")[1]
+    assert f"--seed {derive_seeds(9)['split']}" in command
+    argv = shlex.split(command)
+    assert argv[:2] == ["reprotune", "split"]
+    out = tmp_path / "split.json"
+    argv[argv.index("--out") + 1] = str(out)
+    assert main(argv[1:]) == 0
+    cfg = config_from_dict(settings)
+    prepare_data(cfg, derive_seeds(9), tmp_path / "run-split.json")
+    assert out.read_bytes() == (tmp_path / "run-split.json").read_bytes()

@@ -234,9 +234,9 @@ def test_to_json_is_canonical_and_complete(ref: Path, tmp_path: Path) -> None:
     assert data["verdict"] == "DIVERGED"
     assert data["where"]["first_divergence_step"] == 0
     assert data["causes"] == list(result.causes)
-    assert {"category": "seeds", "key": "seeds.root", "a": 42, "b": 43, "change": "changed"} in data[
-        "differences"
-    ]
+    root = {"category": "seeds", "key": "seeds.root", "a": 42, "b": 43, "change": "changed", "inert": False}
+    assert root in data["differences"]
+    assert data["resumes"] == []
     assert data["split"]["rows_differing"] == result.split.rows_differing if result.split else False
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from reprotune._config.loading import config_from_dict
 from reprotune._proof import verify as _verify
+from reprotune._proof.compare import compare_runs
 from tinyrun import BASE_CONFIG, TinyProject, merge
 
 
@@ -30,6 +31,19 @@ def test_verify_passes_on_reproducible_config(tiny_project: TinyProject, tmp_pat
     rerun = next(leg for leg in record["legs"] if leg["name"] == "rerun")
     assert rerun["evidence"]["steps"] == 8
     assert len(rerun["evidence"]["adapter_sha256"]) == 64
+    # Each control's first cause is the thing it changed, never metadata of how the run was made.
+    seed = compare_runs(out / "reference", out / "control-seed")
+    assert seed.causes[0].startswith("data order differs from step 1: derived seed data_order ")
+    skip = compare_runs(out / "reference", out / "control-resume")
+    assert skip.where.first_divergence_step == 5  # the resume point is step 4
+    assert skip.causes[0] == (
+        "numbers differ from step 5 with identical data order: run B was resumed from its step-4 "
+        "checkpoint without restoring the RNG states: every random draw after it (dropout) differs"
+    )
+    assert [r.from_step for r in skip.resumes] == [4] and not skip.resumes[0].rng_restored
+    exact = compare_runs(out / "reference", out / "resume")
+    assert [(r.run, r.from_step, r.rng_restored) for r in exact.resumes] == [("B", 4, True)]
+    assert not [d for d in exact.differences if d.key.startswith("data.")]  # the resume kept them
 
 
 def test_verify_fails_when_runs_are_not_reproducible(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

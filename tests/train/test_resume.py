@@ -7,6 +7,7 @@ Real runs of the tiny model (8 steps, a checkpoint at step 4, LoRA dropout 0.1),
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -194,3 +195,29 @@ def test_resume_of_a_non_run_dir_exits_2(
     err = capsys.readouterr().err
     assert f"{target} is not a run directory (no record.json)" in err
     assert "fix: point at a directory written by `reprotune run`" in err
+
+
+def test_resume_keeps_what_the_first_attempt_recorded(tmp_path: Path) -> None:
+    """A resume adds an attempt; the data section (manifest source, the rare-class warning) stays
+    as the first attempt wrote it, so compare finds no data difference with an uninterrupted run."""
+    project = TinyProject.create(tmp_path / "p")
+    with open(project.root / "data.jsonl", "a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"prompt": "solo", "response": "one", "category": "solo"}) + "\n")
+    project.config("rare.yaml", train={"max_steps": 6, "save_every": 3, "eval_every": 3})
+    project.run_cli("run", "rare.yaml", "--run-dir", "runs/full", "--no-progress")
+    project.run_cli(
+        "run", "rare.yaml", "--run-dir", "runs/resumed", "--no-progress", "--stop-after-step", "3"
+    )
+    project.run_cli("resume", "runs/resumed", "--no-progress")
+    full = load_record(project.root / "runs" / "full" / "record.json")
+    resumed = load_record(project.root / "runs" / "resumed" / "record.json")
+    assert resumed["data"] == full["data"]
+    assert resumed["data"]["manifest_source"] == "made for this run with the derived split seed"
+    assert (
+        len(resumed["data"]["split_warnings"]) == 1
+        and "'solo' (1 row)" in resumed["data"]["split_warnings"][0]
+    )
+    assert [(a["resumed"], a.get("from_step")) for a in resumed["attempts"]] == [(False, None), (True, 3)]
+    result = compare_runs(project.root / "runs" / "full", project.root / "runs" / "resumed")
+    assert str(result.verdict) == "IDENTICAL"
+    assert not [d for d in result.differences if d.category == "data"]

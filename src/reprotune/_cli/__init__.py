@@ -14,6 +14,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from reprotune._cli._options import locate_config_source
 from reprotune._errors import ReprotuneError
 from reprotune._version import __version__
 
@@ -73,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(command.run(args))
     except ReprotuneError as exc:
+        locate_config_source(exc, args)
         print(f"reprotune {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:

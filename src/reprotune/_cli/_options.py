@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from reprotune._config.locate import is_key_path, key_location
+from reprotune._errors import ReprotuneError
 
 
 def add_set_option(parser: argparse.ArgumentParser) -> None:
@@ -15,3 +19,19 @@ def add_set_option(parser: argparse.ArgumentParser) -> None:
         metavar="KEY.PATH=VALUE",
         help="override a config value, e.g. --set train.max_steps=10 (repeatable)",
     )
+
+
+def locate_config_source(exc: ReprotuneError, args: argparse.Namespace) -> None:
+    """Point an error about a config key (``source`` = ``split.stratify_by``) at where its value
+    came from: the ``--set`` that gave it, or the config file's line and column."""
+    key = exc.source
+    if not is_key_path(key):
+        return
+    assert key is not None
+    for override in getattr(args, "overrides", None) or []:
+        if override.partition("=")[0].strip() == key:
+            exc.source = f"--set {override}"
+            return
+    config = getattr(args, "config", None)
+    if isinstance(config, Path) and config.is_file():
+        exc.source = key_location(config, key)

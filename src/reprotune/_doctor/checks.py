@@ -13,11 +13,9 @@ import re
 from pathlib import Path
 
 from reprotune._config.schema import BUILTIN_PREFIX
-from reprotune._data.manifest import load_manifest
 from reprotune._determinism.flags import CUBLAS_DETERMINISTIC_VALUES, CUBLAS_ENV
+from reprotune._doctor.data_checks import check_columns, check_data
 from reprotune._doctor.findings import Check, Context, Finding
-from reprotune._errors import InputError
-from reprotune._jsonio import sha256_file
 from reprotune._run.fingerprint import code_fingerprint
 
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -267,74 +265,6 @@ def check_git(ctx: Context) -> list[Finding]:
     return []
 
 
-def check_data(ctx: Context) -> list[Finding]:
-    """The data file is frozen by a split manifest that matches it."""
-    cfg = ctx.cfg
-    builtin = cfg.data.path.startswith(BUILTIN_PREFIX)
-    if cfg.split.manifest is None:
-        if builtin:
-            return [
-                Finding(
-                    "data-no-manifest",
-                    "info",
-                    f"{cfg.data.path} is split at run time (no split.manifest)",
-                    "the split is recomputed from the split seed; builtin data is pinned with the package",
-                    "freeze it with `reprotune split` and set split.manifest to compare splits across runs",
-                )
-            ]
-        return [
-            Finding(
-                "data-no-manifest",
-                "warning",
-                f"data file {cfg.data.path} is not covered by a split manifest",
-                "the split is recomputed each run: if the file changes, rows move between train and test "
-                "without notice",
-                f"run `reprotune split {cfg.data.path} --out split.json` and set split.manifest",
-            )
-        ]
-
-    manifest = Path(cfg.split.manifest)
-    try:
-        loaded = load_manifest(manifest)
-    except InputError as exc:  # missing, not JSON, unknown schema version, damaged
-        return [
-            Finding(
-                "data-manifest-unreadable",
-                "error",
-                f"split manifest {manifest} cannot be read: {exc.message}",
-                "the run cannot check that the data is the data the split was made from",
-                "point split.manifest at a manifest written by `reprotune split`",
-            )
-        ]
-    if builtin:
-        return []  # the run resolves builtin data and checks it against the manifest itself
-    try:
-        actual = sha256_file(cfg.data.path)
-    except OSError as exc:
-        return [
-            Finding(
-                "data-unreadable",
-                "error",
-                f"data file {cfg.data.path} cannot be read: {exc}",
-                "the run would fail",
-                "fix data.path",
-            )
-        ]
-    expected = loaded.dataset_sha256
-    if expected != actual:
-        return [
-            Finding(
-                "data-manifest-mismatch",
-                "error",
-                f"data file {cfg.data.path} (sha256 {actual[:12]}...) is not the file manifest {manifest} "
-                f"was made from (sha256 {expected[:12]}..., {loaded.n_rows} rows)",
-                "the split indices would point at different rows",
-                f"run `reprotune check-split {manifest} {cfg.data.path}` to see what changed",
-            )
-        ]
-    return []
-
-
 def check_tokenizers(ctx: Context) -> list[Finding]:
     """TOKENIZERS_PARALLELISM."""
     value = ctx.env.get("TOKENIZERS_PARALLELISM")
@@ -392,6 +322,7 @@ CHECKS: tuple[Check, ...] = (
     check_revision,
     check_git,
     check_data,
+    check_columns,
     check_tokenizers,
     check_hash_seed,
 )

@@ -99,6 +99,7 @@ def run_doctor(
             flags=flags,
             env=os.environ if env is None else env,
             code_dir=Path(code_dir),
+            config_source=None if config_source is None else str(config_source),
         )
         findings = [finding for check in CHECKS for finding in check(ctx)]
         probe_result: dict[str, Any] | None = None

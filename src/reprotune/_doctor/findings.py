@@ -93,6 +93,7 @@ class Context:
     flags: dict[str, Any]
     env: Mapping[str, str]
     code_dir: Path
+    config_source: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -121,6 +122,7 @@ FINDING_CODES: tuple[str, ...] = (
     "data-manifest-unreadable",
     "data-unreadable",
     "data-manifest-mismatch",
+    "config-column-missing",
     "tokenizers-parallelism-unset",
     "tokenizers-parallelism-on",
     "pythonhashseed-random",

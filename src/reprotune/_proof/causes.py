@@ -4,7 +4,11 @@ The first divergence has a stage: the LoRA init (weights differ at step 0), the 
 batch rows differ first) or the numbers (loss or weights differ while the batches agree). Each
 stage ranks the kinds of difference by how directly they can cause it: a different split moves
 the data order; a different torch changes numbers, not batches. Each kind that differs gives one
-cause line, most likely first. When nothing recorded differs, the cause is nondeterminism.
+cause line, most likely first. Two kinds come first at every stage: a file of the base model that
+defines its computation (``config.json``, custom code), and a resume that skipped the RNG restore
+before the divergence. Recorded values that cannot change the numbers (``differences.INERT_KEYS``:
+where a manifest came from, a warning's text, a path) are never causes. When nothing recorded
+differs, the cause is nondeterminism.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from reprotune._proof.differences import AdapterDiff, Difference, SplitDiff, Where
+from reprotune._proof.differences import AdapterDiff, Difference, Resume, SplitDiff, Where
 
 Stage = Literal["init", "order", "numbers"]
 # Seeds that act at each stage; the root seed acts on all of them.
@@ -22,15 +26,43 @@ _STAGE_SEEDS: dict[Stage, frozenset[str]] = {
     "order": frozenset({"root", "data_order", "split"}),
     "numbers": frozenset({"root", "dropout", "eval"}),
 }
-# Evidence kinds, most direct first, for each stage.
+# Evidence kinds, most direct first, for each stage. "model_files" (config.json, custom code)
+# and "resume_rng" (a resume that skipped the RNG restore) lead every stage they can occur in.
 _RANKING: dict[Stage, tuple[str, ...]] = {
-    "init": ("seeds", "lora", "model", "config", "code", "environment", "split", "data", "other_seeds"),
-    "order": ("split", "seeds", "data", "config", "code", "environment", "other_seeds", "lora", "model"),
+    "init": (
+        "model_files",
+        "seeds",
+        "lora",
+        "model",
+        "config",
+        "code",
+        "environment",
+        "split",
+        "data",
+        "other_seeds",
+    ),
+    "order": (
+        "model_files",
+        "resume_rng",
+        "split",
+        "seeds",
+        "data",
+        "config",
+        "resume",
+        "code",
+        "environment",
+        "other_seeds",
+        "lora",
+        "model",
+    ),
     "numbers": (
+        "model_files",
+        "resume_rng",
         "split_content",
         "seeds",
         "config",
         "data",
+        "resume",
         "code",
         "environment",
         "lora",
@@ -39,6 +71,8 @@ _RANKING: dict[Stage, tuple[str, ...]] = {
         "other_seeds",
     ),
 }
+# Record keys of the model that define its computation besides weights and tokenizer.
+_MODEL_FILE_KEYS = ("model.config_sha256", "model.config_files")
 # Environment keys that most often change numbers, in that order; matched as substrings.
 _ENV_PRIORITY = ("torch", "cuda", "cudnn", "gpu", "driver", "thread", "determin", "python", "package")
 _MAX_SHOWN = 3
@@ -49,6 +83,7 @@ def explain(
     adapter: AdapterDiff | None,
     differences: Sequence[Difference],
     split: SplitDiff | None,
+    resumes: Sequence[Resume] = (),
     *,
     ledgers_equal: bool,
 ) -> list[str]:
@@ -59,6 +94,7 @@ def explain(
         adapter: the adapter comparison, if either run has one.
         differences: every recorded value that differs.
         split: how the split manifests differ, if both runs have one.
+        resumes: the resumed attempts of either run.
         ledgers_equal: whether every ledger line is equal.
 
     Returns:
@@ -86,7 +122,7 @@ def explain(
             f"only the ledger line of step {at} differs ({_fields(where)}) and every later step agrees: "
             "the ledger looks edited or corrupted, not trained differently"
         )
-    evidence = _evidence(stage, differences, split)
+    evidence = _evidence(stage, differences, split, [r for r in resumes if r.from_step < at])
     causes.extend(f"{head}: {text}" for text in evidence)
     if not evidence and not isolated:
         causes.append(
@@ -133,11 +169,18 @@ def _fields(where: Where) -> str:
     return ", ".join(names)
 
 
-def _evidence(stage: Stage, differences: Sequence[Difference], split: SplitDiff | None) -> list[str]:
-    """One sentence per kind of difference found, in the stage's ranking."""
+def _evidence(
+    stage: Stage, differences: Sequence[Difference], split: SplitDiff | None, resumes: Sequence[Resume]
+) -> list[str]:
+    """One sentence per kind of difference found, in the stage's ranking.
+
+    ``resumes`` are the resumed attempts that restarted before the first divergence."""
     by_category: dict[str, list[Difference]] = {}
     for diff in differences:
-        by_category.setdefault(diff.category, []).append(diff)
+        if diff.inert:
+            continue  # cannot change the numbers: listed under "what differs", never a cause
+        group = "model_files" if diff.key.startswith(_MODEL_FILE_KEYS) else str(diff.category)
+        by_category.setdefault(group, []).append(diff)
     # The root seed first: when it differs, every derived seed differs because of it.
     seeds = sorted(by_category.pop("seeds", []), key=lambda d: (not d.key.endswith(".root"), d.key))
     relevant = _STAGE_SEEDS[stage]
@@ -152,15 +195,37 @@ def _evidence(stage: Stage, differences: Sequence[Difference], split: SplitDiff 
         if split_text:
             # Changed row content changes numbers directly; moved rows change the order.
             texts["split_content" if split.content_changed else "split"] = split_text
+    for resume in resumes:
+        texts.setdefault("resume" if resume.rng_restored else "resume_rng", _resume_text(resume))
     ranking = _RANKING[stage]
     ordered = [texts[k] for k in ranking if k in texts]
     ordered.extend(text for kind, text in texts.items() if kind not in ranking)
     return ordered
 
 
+def _resume_text(resume: Resume) -> str:
+    if resume.rng_restored:
+        return (
+            f"run {resume.run} was resumed from its step-{resume.from_step} checkpoint; an exact resume "
+            "changes nothing, so check what it restored (docs/checkpoints.md)"
+        )
+    return (
+        f"run {resume.run} was resumed from its step-{resume.from_step} checkpoint without restoring "
+        "the RNG states: every random draw after it (dropout) differs"
+    )
+
+
 def _summarize(kind: str, diffs: list[Difference]) -> str:
     """'torch 2.13.0 vs 2.14.1; threads 4 vs 8 (and 2 more environment differences)'."""
     label: Callable[[Difference], str] = _label
+    if kind == "model_files":
+        files = [d for d in diffs if d.key.startswith("model.config_files.")] or diffs
+        shown = "; ".join(
+            f"{d.key.removeprefix('model.config_files.')} {_value(d.a, d.change == 'added')} vs "
+            f"{_value(d.b, d.change == 'removed')}"
+            for d in files[:_MAX_SHOWN]
+        )
+        return f"a file that defines the base model's computation differs: {shown}"
     if kind == "environment":
         diffs = sorted(diffs, key=_env_rank)
     elif kind in ("seeds", "other_seeds"):

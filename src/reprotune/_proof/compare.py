@@ -18,11 +18,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from reprotune._data.manifest import LISTS, Manifest
 from reprotune._errors import InputError
 from reprotune._proof.causes import explain
 from reprotune._proof.differences import (
@@ -31,14 +30,15 @@ from reprotune._proof.differences import (
     Comparison,
     Difference,
     NumberDiff,
-    RowMove,
+    Resume,
     RunSummary,
-    SplitDiff,
     TensorDiff,
     Verdict,
     Where,
+    is_inert,
     short_value,
 )
+from reprotune._proof.split_diff import compare_manifests
 from reprotune._run.adapter import load_adapter
 from reprotune._run.ledger import LedgerEntry
 from reprotune._run.rundir import RunDir, open_run_dir
@@ -97,7 +97,7 @@ def compare_opened(run_a: RunDir, run_b: RunDir, *, tolerance: float | None = No
     where = _compare_ledgers(run_a, run_b)
     adapter = _compare_adapters(run_a, run_b)
     differences = tuple(_record_differences(run_a, run_b))
-    split = _compare_manifests(run_a, run_b)
+    split = compare_manifests(run_a, run_b)
     incomparable = tuple(_incomparable_reasons(run_a, run_b, differences, adapter))
     ledgers_equal = _ledgers_equal(run_a, run_b, where)
     if incomparable:
@@ -108,7 +108,8 @@ def compare_opened(run_a: RunDir, run_b: RunDir, *, tolerance: float | None = No
         verdict = Verdict.WITHIN_TOLERANCE
     else:
         verdict = Verdict.DIVERGED
-    causes = explain(where, adapter, differences, split, ledgers_equal=ledgers_equal)
+    resumes = tuple(_resumes(run_a, "A")) + tuple(_resumes(run_b, "B"))
+    causes = explain(where, adapter, differences, split, resumes, ledgers_equal=ledgers_equal)
     return Comparison(
         verdict=verdict,
         run_a=_summary(run_a),
@@ -121,7 +122,21 @@ def compare_opened(run_a: RunDir, run_b: RunDir, *, tolerance: float | None = No
         split=split,
         causes=tuple(causes),
         notes=tuple(_notes(run_a, run_b, verdict, differences, adapter)),
+        resumes=resumes,
     )
+
+
+def _resumes(run: RunDir, label: Literal["A", "B"]) -> Iterable[Resume]:
+    """The resumed attempts of a run, from its record's ``attempts`` (the last one to resume wins
+    over earlier ones from a later step: each resume restarts from its own checkpoint)."""
+    attempts = run.record.get("attempts")
+    for attempt in attempts if isinstance(attempts, list) else []:
+        if (
+            isinstance(attempt, Mapping)
+            and attempt.get("resumed")
+            and isinstance(attempt.get("from_step"), int)
+        ):
+            yield Resume(label, attempt["from_step"], attempt.get("rng_restored") is not False)
 
 
 def _summary(run: RunDir) -> RunSummary:
@@ -269,44 +284,13 @@ def _record_differences(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
         if section in run_b.record:
             _flatten(run_b.record[section], section, flat_b)
         for key in sorted(set(flat_a) | set(flat_b)):
+            inert = is_inert(key)
             if key not in flat_b:
-                yield Difference(category, key, flat_a[key], None, "removed")
+                yield Difference(category, key, flat_a[key], None, "removed", inert)
             elif key not in flat_a:
-                yield Difference(category, key, None, flat_b[key], "added")
+                yield Difference(category, key, None, flat_b[key], "added", inert)
             elif flat_a[key] != flat_b[key] or type(flat_a[key]) is not type(flat_b[key]):
-                yield Difference(category, key, flat_a[key], flat_b[key], "changed")
-
-
-def _compare_manifests(run_a: RunDir, run_b: RunDir) -> SplitDiff | None:
-    """Which rows and splits differ between the two runs' split manifests."""
-    ma, mb = run_a.manifest, run_b.manifest
-    sha_a, sha_b = run_a.manifest_sha256, run_b.manifest_sha256
-    if ma is None or mb is None or sha_a is None or sha_b is None:
-        return None
-    if sha_a == sha_b:
-        return SplitDiff(sha_a, sha_b, (), (), ())
-    ha, hb = ma.row_hashes.hex_list(), mb.row_hashes.hex_list()
-    splits_a, splits_b = _splits(ma), _splits(mb)
-    # Rows past the end of the shorter dataset count as changed: they exist in one run only.
-    changed = tuple(i for i in range(max(len(ha), len(hb))) if i >= len(ha) or i >= len(hb) or ha[i] != hb[i])
-    where_a = {row: name for name, rows in splits_a.items() for row in rows}
-    where_b = {row: name for name, rows in splits_b.items() for row in rows}
-    moved = tuple(
-        RowMove(row, where_a.get(row), where_b.get(row))
-        for row in sorted(set(where_a) | set(where_b))
-        if where_a.get(row) != where_b.get(row)
-    )
-    reordered = tuple(
-        name
-        for name, rows in splits_a.items()
-        if rows != splits_b.get(name) and sorted(rows) == sorted(splits_b.get(name, ()))
-    )
-    return SplitDiff(sha_a, sha_b, changed, moved, reordered)
-
-
-def _splits(manifest: Manifest) -> dict[str, tuple[int, ...]]:
-    """Split name (``dropped`` included) -> its row indices, in manifest order."""
-    return {name: tuple(manifest.index_arrays[name].tolist()) for name in LISTS}
+                yield Difference(category, key, flat_a[key], flat_b[key], "changed", inert)
 
 
 def _incomparable_reasons(

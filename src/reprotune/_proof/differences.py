@@ -117,13 +117,55 @@ class AdapterDiff:
 
 @dataclass(frozen=True)
 class Difference:
-    """One recorded value that differs between the runs, by key path (``train.lr``)."""
+    """One recorded value that differs between the runs, by key path (``train.lr``).
+
+    ``inert``: the value cannot change the numbers (:data:`INERT_KEYS`); it is listed, never
+    given as a cause.
+    """
 
     category: Category
     key: str
     a: Any
     b: Any
     change: Literal["changed", "added", "removed"]
+    inert: bool = False
+
+
+#: Recorded values that cannot change the numbers: where an input came from and how it was
+#: described, never what it is (its content is covered by a hash that is compared in its own key).
+#: A key is inert when it equals one of these or lies under one of them. docs/compare.md lists them.
+INERT_KEYS: tuple[str, ...] = (
+    "code.branch",
+    "code.patch_file",
+    "config.data.path",
+    "config.model.name",
+    "config.split.manifest",
+    "config.tracking",
+    "data.manifest_file",
+    "data.manifest_source",
+    "data.source",
+    "data.split_warnings",
+    "lora.base_model_name_or_path",
+    "model.kind",
+    "model.requested_revision",
+    "model.resolved_path",
+    "model.revision",
+    "model.source",
+)
+
+
+def is_inert(key: str) -> bool:
+    """Whether the recorded value at ``key`` cannot change the numbers (:data:`INERT_KEYS`)."""
+    return any(key == inert or key.startswith(inert + ".") for inert in INERT_KEYS)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A resumed attempt of one of the runs: from which checkpoint, and whether RNG was restored."""
+
+    run: Literal["A", "B"]
+    from_step: int
+    rng_restored: bool
 
 
 @dataclass(frozen=True)
@@ -166,6 +208,7 @@ class Comparison:
     split: SplitDiff | None
     causes: tuple[str, ...]
     notes: tuple[str, ...] = field(default=())
+    resumes: tuple[Resume, ...] = field(default=())
 
     @property
     def exit_code(self) -> int:
@@ -230,7 +273,8 @@ def _format_lines(c: Comparison) -> Iterable[str]:
             for d in c.differences:
                 if d.category == category:
                     old, new = _show(d.a, d.change == "added"), _show(d.b, d.change == "removed")
-                    yield f"    {d.key}: {old} -> {new}"
+                    inert = "  (cannot change the numbers)" if d.inert else ""
+                    yield f"    {d.key}: {old} -> {new}{inert}"
     if c.split is not None and c.split.sha256_a != c.split.sha256_b:
         s = c.split
         verb = "row differs" if s.rows_differing == 1 else "rows differ"

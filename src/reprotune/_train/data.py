@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from reprotune._config.schema import ExperimentConfig
+from reprotune._data.columns import check_config_columns
 from reprotune._data.loaders import load_table
 from reprotune._data.manifest import Manifest, copy_manifest, load_manifest, write_manifest
 from reprotune._data.split import RareClassWarning, split_table
@@ -85,13 +86,7 @@ def prepare_data(
         InputError: missing fields, or a manifest made from other data.
     """
     table = load_table(cfg.data.path, cfg.data.format)
-    missing = [f for f in (cfg.data.prompt_field, cfg.data.response_field) if f not in table.columns]
-    if missing:
-        raise InputError(
-            f"data field(s) {missing} not found in {table.source}; its columns are {list(table.columns)}",
-            source="data.prompt_field / data.response_field",
-            fix="set data.prompt_field and data.response_field to existing columns",
-        )
+    check_config_columns(cfg, table)
     given = manifest if manifest is not None else cfg.split.manifest
     split_warnings: list[str] = []
     if reuse_manifest and manifest_out.exists():

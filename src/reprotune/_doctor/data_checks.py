@@ -1,0 +1,133 @@
+"""The doctor's checks of the data: a split manifest that matches it, and every column the config
+names present in it (read without torch); the exact ``reprotune split`` command for the config."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from reprotune._config.locate import key_location
+from reprotune._config.schema import BUILTIN_PREFIX, ExperimentConfig
+from reprotune._data.columns import missing_columns
+from reprotune._data.loaders import load_table
+from reprotune._data.manifest import load_manifest
+from reprotune._determinism.seeds import derive_seeds
+from reprotune._doctor.findings import Context, Finding
+from reprotune._errors import InputError
+from reprotune._jsonio import sha256_file
+
+
+def check_data(ctx: Context) -> list[Finding]:
+    """The data file is frozen by a split manifest that matches it."""
+    cfg = ctx.cfg
+    builtin = cfg.data.path.startswith(BUILTIN_PREFIX)
+    if cfg.split.manifest is None:
+        if builtin:
+            return [
+                Finding(
+                    "data-no-manifest",
+                    "info",
+                    f"{cfg.data.path} is split at run time (no split.manifest)",
+                    "the split is recomputed from the split seed; builtin data is pinned with the package",
+                    f"freeze it with `{split_command(cfg)}` and set split.manifest to compare splits "
+                    "across runs",
+                )
+            ]
+        return [
+            Finding(
+                "data-no-manifest",
+                "warning",
+                f"data file {cfg.data.path} is not covered by a split manifest",
+                "the split is recomputed each run: if the file changes, rows move between train and test "
+                "without notice",
+                f"freeze the split this config makes, exactly (its strategy, ratios, policy and derived "
+                f"split seed): `{split_command(cfg)}`, then set split.manifest: split.json",
+            )
+        ]
+
+    manifest = Path(cfg.split.manifest)
+    try:
+        loaded = load_manifest(manifest)
+    except InputError as exc:  # missing, not JSON, unknown schema version, damaged
+        return [
+            Finding(
+                "data-manifest-unreadable",
+                "error",
+                f"split manifest {manifest} cannot be read: {exc.message}",
+                "the run cannot check that the data is the data the split was made from",
+                "point split.manifest at a manifest written by `reprotune split`",
+            )
+        ]
+    if builtin:
+        return []  # the run resolves builtin data and checks it against the manifest itself
+    try:
+        actual = sha256_file(cfg.data.path)
+    except OSError as exc:
+        return [
+            Finding(
+                "data-unreadable",
+                "error",
+                f"data file {cfg.data.path} cannot be read: {exc}",
+                "the run would fail",
+                "fix data.path",
+            )
+        ]
+    expected = loaded.dataset_sha256
+    if expected != actual:
+        return [
+            Finding(
+                "data-manifest-mismatch",
+                "error",
+                f"data file {cfg.data.path} (sha256 {actual[:12]}...) is not the file manifest {manifest} "
+                f"was made from (sha256 {expected[:12]}..., {loaded.n_rows} rows)",
+                "the split indices would point at different rows",
+                f"run `reprotune check-split {manifest} {cfg.data.path}` to see what changed",
+            )
+        ]
+    return []
+
+
+def split_command(cfg: ExperimentConfig, out: str = "split.json") -> str:
+    """The ``reprotune split`` command that makes exactly the split a run of ``cfg`` makes: the
+    same strategy, column, ratios, rare-class policy and the derived ``split`` seed."""
+    seed = derive_seeds(cfg.seed.root, dict(cfg.seed.overrides))["split"]
+    parts = ["reprotune split", shlex.quote(cfg.data.path)]
+    if cfg.split.stratify_by is not None:
+        parts.append(f"--stratify-by {shlex.quote(cfg.split.stratify_by)}")
+    if cfg.split.group_by is not None:
+        parts.append(f"--group-by {shlex.quote(cfg.split.group_by)}")
+    if cfg.data.format != "auto":
+        parts.append(f"--format {cfg.data.format}")
+    ratios = ",".join(repr(float(r)) for r in cfg.split.ratios)
+    parts += [f"--ratios {ratios}", f"--rare-class-policy {cfg.split.rare_class_policy}", f"--seed {seed}"]
+    return " ".join([*parts, f"--out {shlex.quote(out)}"])
+
+
+def check_columns(ctx: Context) -> list[Finding]:
+    """Every column the config names (prompt, response, stratify, group) exists in the data."""
+    try:
+        table = load_table(ctx.cfg.data.path, ctx.cfg.data.format)
+    except InputError as exc:
+        return [
+            Finding(
+                "data-unreadable",
+                "error",
+                f"data {ctx.cfg.data.path} cannot be read: {exc.message}",
+                "the run would fail before training",
+                exc.fix or "fix data.path",
+            )
+        ]
+    config = Path(ctx.config_source) if ctx.config_source else None
+    findings = []
+    for key, name in missing_columns(ctx.cfg, table.columns):
+        where = key_location(config, key) if config is not None and config.is_file() else f"key {key}"
+        findings.append(
+            Finding(
+                "config-column-missing",
+                "error",
+                f"{key} names column {name!r}, which {table.source} does not have ({where})",
+                "the run would fail, after loading the model",
+                f"set {key} to one of the data's columns: {table.columns}",
+            )
+        )
+    return findings
