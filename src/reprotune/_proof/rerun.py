@@ -83,6 +83,14 @@ def rerun(
             source=str(paths.record),
             fix=f"resume it with `reprotune resume {run_dir}` first",
         )
+    if "trainer" in (record.get("config") or {}):
+        raise InputError(
+            f"the run in {run_dir} was written by ReprotuneCallback inside a Trainer script: it has no "
+            "reprotune config to rerun",
+            source=str(paths.record),
+            fix="run the script again and `reprotune compare` the two runs, or use `reprotune verify "
+            '--command "python train.py ..."` (docs/integrations.md)',
+        )
     checks = preflight(run_dir, record, code_dir=code_dir)
     if not allow_code_drift:
         refuse_code_drift(
