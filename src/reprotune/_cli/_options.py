@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from reprotune._config.locate import is_key_path, key_location
 from reprotune._errors import ReprotuneError
@@ -35,3 +36,20 @@ def locate_config_source(exc: ReprotuneError, args: argparse.Namespace) -> None:
     config = getattr(args, "config", None)
     if isinstance(config, Path) and config.is_file():
         exc.source = key_location(config, key)
+
+
+def add_watch_options(parser: argparse.ArgumentParser) -> None:
+    """verify's negative controls: stream the run against a reference run and stop once it parts."""
+    parser.add_argument("--watch-reference", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--watch-bound", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def watch_hooks(args: argparse.Namespace) -> tuple[Any, ...]:
+    """The ``DivergenceWatch`` step hook ``--watch-reference`` asks for, or none."""
+    if args.watch_reference is None:
+        return ()
+    from reprotune._run.layout import RunLayout
+    from reprotune._train.watch import DivergenceWatch
+
+    bound = args.watch_bound if args.watch_bound is not None else 1
+    return (DivergenceWatch(RunLayout(args.watch_reference).ledger, bound=bound),)

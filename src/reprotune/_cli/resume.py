@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from reprotune._cli._options import add_watch_options, watch_hooks
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, help="the run directory of an unfinished run")
@@ -12,6 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-tracking", action="store_true", help="do not mirror the run to MLflow")
     # verify's negative control only: a resume that forgets the RNG states must diverge.
     parser.add_argument("--skip-rng-restore", action="store_true", help=argparse.SUPPRESS)
+    add_watch_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         tracking=not args.no_tracking,
         restore_rng_on_resume=not args.skip_rng_restore,
+        hooks=watch_hooks(args),
     )
     result = resume_run(args.run_dir, options)
     print_summary(result)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from reprotune._cli._options import add_set_option
+from reprotune._cli._options import add_set_option, add_watch_options, watch_hooks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-after-step", type=int, default=None, help=argparse.SUPPRESS)
     # For rerun: train on this manifest (a recorded run's split.json) instead of the config's split.
     parser.add_argument("--manifest", type=Path, default=None, help=argparse.SUPPRESS)
+    add_watch_options(parser)
 
 
 def print_summary(result: Any) -> None:
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         tracking=not args.no_tracking,
         stop_after_step=args.stop_after_step,
         manifest=args.manifest,
+        hooks=watch_hooks(args),
     )
     result = run_experiment(cfg, options)
     print_summary(result)

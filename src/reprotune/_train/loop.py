@@ -61,9 +61,13 @@ class StepEnd:
 
 
 class StepHook(Protocol):
-    """Something that acts at the end of every optimizer step (after the weights were updated)."""
+    """Something that acts at the end of every optimizer step (after the weights were updated).
 
-    def on_step_end(self, end: StepEnd) -> None: ...
+    It returns True to stop the run after this step (as ``--stop-after-step`` would: resumable),
+    anything else to go on.
+    """
+
+    def on_step_end(self, end: StepEnd) -> bool | None: ...
 
 
 @dataclass(frozen=True)
@@ -115,10 +119,11 @@ def _loop(
         is_last = step == setup.total_steps
         shards = _rank_rows(setup, rows)
         end = StepEnd(step, epoch, rows, n_tokens, loss, lr, grad_norm, validation, is_last, shards)
+        stop = False
         for hook in hooks:
-            hook.on_step_end(end)
+            stop |= bool(hook.on_step_end(end))  # a hook returns True to stop the run here
         step_times.append(time.perf_counter() - t0)
-        if stop_after_step is not None and step >= stop_after_step and not is_last:
+        if (stop or (stop_after_step is not None and step >= stop_after_step)) and not is_last:
             return LoopResult(step, True, final_val, tuple(step_times))
     return LoopResult(step, False, final_val, tuple(step_times))
 
