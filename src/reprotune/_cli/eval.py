@@ -70,6 +70,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def eval_at_end(result: Any, *, progress: bool) -> None:
+    """After ``reprotune run`` / ``resume``: the eval ``eval.generate_at_end`` asks for, if the run
+    completed (rank 0 alone in a distributed run), and its summary."""
+    from reprotune._eval.at_end import evaluate_at_end, wants_eval_at_end
+
+    if (
+        not getattr(result, "main", True)
+        or result.status != "completed"
+        or not wants_eval_at_end(result.record)
+    ):
+        return
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    done = evaluate_at_end(result.run_dir, result.record, report=say, progress=say if progress else None)
+    print(summary(done.eval_dir, done.record), end="")
+
+
 def summary(eval_dir: Path, record: dict[str, Any]) -> str:
     """The closing lines of an eval: where it is, what was evaluated, the scores."""
     split, generation = record["split"], record["generation"]

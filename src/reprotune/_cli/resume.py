@@ -30,4 +30,7 @@ def run(args: argparse.Namespace) -> int:
     )
     result = resume_run(args.run_dir, options)
     print_summary(result)
+    from reprotune._cli.eval import eval_at_end
+
+    eval_at_end(result, progress=not args.no_progress)  # eval.generate_at_end (docs/eval.md)
     return 0

@@ -1,0 +1,36 @@
+"""``eval.generate_at_end``: a completed run is evaluated on its test split, and the metrics reach
+the run's MLflow run as ``test/<metric>``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def test_generate_at_end_evaluates_and_logs_to_mlflow(tmp_path: Path) -> None:
+    """`reprotune run` with eval.generate_at_end writes one complete eval of the test split and
+    mirrors its metrics (the same numbers) and files to the run's MLflow run."""
+    from mlflow.tracking import MlflowClient
+
+    from tinyrun import TinyProject
+
+    project = TinyProject.create(tmp_path, n_rows=40)
+    cfg = project.config(
+        train={"batch_size": 4, "max_steps": 2, "eval_every": 0, "save_every": 0},
+        eval={"batch_size": 8, "max_new_tokens": 4, "generate_at_end": True},
+        tracking={"mlflow": True, "uri": "sqlite:///mlflow.db", "artifact_location": "mlartifacts"},
+    )
+    done = project.run_cli("run", str(cfg), "--run-dir", "run", "--no-progress")
+    run_dir = project.root / "run"
+    (eval_dir,) = [p for p in (run_dir / "evals").iterdir()]
+    record = json.loads((eval_dir / "eval.json").read_text())
+    assert record["split"]["name"] == "test" and record["status"] == "completed"
+    assert f"eval {record['eval_id']}" in done.stdout
+    mlflow = json.loads((run_dir / "record.json").read_text())["trackers"]["mlflow"]
+    client = MlflowClient(tracking_uri=mlflow["tracking_uri"])
+    logged = client.get_run(mlflow["mlflow_run_id"]).data.metrics
+    assert {k: v for k, v in logged.items() if k.startswith("test/")} == {
+        f"test/{name}": value for name, value in record["metrics"].items()
+    }
+    artifacts = {a.path for a in client.list_artifacts(mlflow["mlflow_run_id"], f"evals/{eval_dir.name}")}
+    assert artifacts == {f"evals/{eval_dir.name}/eval.json", f"evals/{eval_dir.name}/predictions.jsonl"}
