@@ -19,13 +19,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from reprotune._cli.run import print_summary
+    from reprotune._train.faults import rng_restore_broken
     from reprotune._train.run import RunOptions, resume_run
 
     options = RunOptions(
         run_dir=args.run_dir,
         progress=not args.no_progress,
         tracking=not args.no_tracking,
-        restore_rng_on_resume=not args.skip_rng_restore,
+        restore_rng_on_resume=not (args.skip_rng_restore or rng_restore_broken()),
         hooks=watch_hooks(args),
     )
     result = resume_run(args.run_dir, options)

@@ -27,6 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-resume", action="store_true", help="skip the resume leg and its control")
     parser.add_argument(
+        "--thorough",
+        action="store_true",
+        help="full-length legs (rerun, seed control, resume, RNG-skip control) instead of the fast ones",
+    )
+    parser.add_argument(
         "--reference",
         type=Path,
         default=None,
@@ -65,7 +70,12 @@ def run(args: argparse.Namespace) -> int:
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
         out = Path("runs") / f"verify-{stamp}-{config_sha256(cfg)[:8]}"
     result = verify_config(
-        cfg, out, control_seed=args.control_seed, resume=not args.no_resume, reference=args.reference
+        cfg,
+        out,
+        control_seed=args.control_seed,
+        resume=not args.no_resume,
+        reference=args.reference,
+        thorough=args.thorough,
     )
     print(result.format())
     print(f"verification record: {out / 'verification.json'}")

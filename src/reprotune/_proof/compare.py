@@ -61,7 +61,9 @@ _TOLERANT_FIELDS = ("loss", "lr", "grad_norm")
 _MODEL_IDENTITY = ("weights_sha256", "tokenizer_sha256")
 
 
-def compare_runs(a: str | Path, b: str | Path, *, tolerance: float | None = None) -> Comparison:
+def compare_runs(
+    a: str | Path, b: str | Path, *, tolerance: float | None = None, prefix: bool = False
+) -> Comparison:
     """Compare run directory ``a`` (the reference) with ``b``.
 
     Args:
@@ -69,6 +71,9 @@ def compare_runs(a: str | Path, b: str | Path, *, tolerance: float | None = None
         b: the run compared with it.
         tolerance: the largest absolute difference of a number (loss, lr, grad norm, validation
             loss, adapter element) for WITHIN_TOLERANCE; None allows only IDENTICAL.
+        prefix: compare only the steps both ledgers hold, ignoring their lengths and adapters
+            (verify's negative controls stop once they part: IDENTICAL means "no difference in
+            the common steps", DIVERGED says where they part).
 
     Returns:
         The comparison: verdict, where the ledgers part, what differs and the ranked causes.
@@ -89,18 +94,22 @@ def compare_runs(a: str | Path, b: str | Path, *, tolerance: float | None = None
             fix="pass an absolute tolerance such as 1e-6",
         )
     run_a, run_b = open_run_dir(a), open_run_dir(b)
-    return compare_opened(run_a, run_b, tolerance=tolerance)
+    return compare_opened(run_a, run_b, tolerance=tolerance, prefix=prefix)
 
 
-def compare_opened(run_a: RunDir, run_b: RunDir, *, tolerance: float | None = None) -> Comparison:
+def compare_opened(
+    run_a: RunDir, run_b: RunDir, *, tolerance: float | None = None, prefix: bool = False
+) -> Comparison:
     """``compare_runs`` on run directories already opened (the report opens each run once)."""
     where = _compare_ledgers(run_a, run_b)
-    adapter = _compare_adapters(run_a, run_b)
+    adapter = None if prefix else _compare_adapters(run_a, run_b)
     differences = tuple(_record_differences(run_a, run_b))
     split = compare_manifests(run_a, run_b)
-    incomparable = tuple(_incomparable_reasons(run_a, run_b, differences, adapter))
-    ledgers_equal = _ledgers_equal(run_a, run_b, where)
-    if incomparable:
+    incomparable = tuple(_incomparable_reasons(run_a, run_b, differences, adapter, prefix=prefix))
+    ledgers_equal = where.lines_differing == 0 if prefix else _ledgers_equal(run_a, run_b, where)
+    if prefix and not incomparable:
+        verdict = Verdict.IDENTICAL if ledgers_equal else Verdict.DIVERGED
+    elif incomparable:
         verdict = Verdict.INCOMPARABLE
     elif ledgers_equal and adapter is not None and adapter.identical:
         verdict = Verdict.IDENTICAL
@@ -123,6 +132,7 @@ def compare_opened(run_a: RunDir, run_b: RunDir, *, tolerance: float | None = No
         causes=tuple(causes),
         notes=tuple(_notes(run_a, run_b, verdict, differences, adapter)),
         resumes=resumes,
+        prefix=prefix,
     )
 
 
@@ -294,7 +304,12 @@ def _record_differences(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
 
 
 def _incomparable_reasons(
-    run_a: RunDir, run_b: RunDir, differences: Sequence[Difference], adapter: AdapterDiff | None
+    run_a: RunDir,
+    run_b: RunDir,
+    differences: Sequence[Difference],
+    adapter: AdapterDiff | None,
+    *,
+    prefix: bool = False,
 ) -> Iterable[str]:
     """What makes the two runs different experiments, in plain words (empty: comparable)."""
     model_a, model_b = run_a.section("model"), run_b.section("model")
@@ -309,6 +324,8 @@ def _incomparable_reasons(
                 f" ({model_a.get('source', '?')} vs {model_b.get('source', '?')})"
             )
             break
+    if prefix:
+        return  # only the common steps are compared: lengths and adapters may differ
     na, nb = len(run_a.ledger.train), len(run_b.ledger.train)
     if na != nb:
         yield (

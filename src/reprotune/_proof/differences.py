@@ -209,6 +209,8 @@ class Comparison:
     causes: tuple[str, ...]
     notes: tuple[str, ...] = field(default=())
     resumes: tuple[Resume, ...] = field(default=())
+    prefix: bool = False
+    """Only the steps both ledgers hold were compared (``compare_runs(prefix=True)``)."""
 
     @property
     def exit_code(self) -> int:
@@ -237,7 +239,8 @@ def short_value(value: Any) -> str:
 def _format_lines(c: Comparison) -> Iterable[str]:
     """The lines of ``Comparison.format``."""
     tol = f" (tolerance {c.tolerance:g})" if c.tolerance is not None else ""
-    yield f"{c.verdict.label}{tol}"
+    scope = " over the steps both runs hold" if c.prefix else ""
+    yield f"{c.verdict.label}{tol}{scope}"
     for label, run in (("A", c.run_a), ("B", c.run_b)):
         yield f"  {label}: {run.path}  run {run.run_id}, {run.status}, {run.train_steps} steps"
     for reason in c.incomparable:

@@ -1,27 +1,40 @@
 """``reprotune verify``: prove that a config reproduces, with controls that prove the check can fail.
 
-Legs, each in a fresh process (``python -m reprotune ...``), into one verification directory:
+Every leg runs in fresh processes (``python -m reprotune ...``) into one verification directory.
+Two modes, the same strength of evidence:
 
-1. ``reference``: the experiment as configured.
-2. ``rerun``: the same again; must be IDENTICAL to the reference.
-3. ``control-seed``: one derived seed perturbed; must be DIVERGED (else the check is blind).
-4. ``resume``: stopped after a mid-run checkpoint and resumed; must be IDENTICAL to the reference.
-5. ``control-resume``: stopped at the same point and resumed *without* restoring the RNG states;
-   must be DIVERGED when anything in the run draws from them after the checkpoint (dropout).
+**fast** (the default; about one run's worth of training beyond the reference):
 
-The verdict is PASS only when every leg says what it must. A ``verification.json`` keeps the evidence.
+1. ``reference``: the experiment as configured (or ``--reference``, an existing run of it).
+2. ``rerun-resume``: run, stopped after the mid-run checkpoint K, then resumed in a fresh process
+   to the end; its whole ledger must be IDENTICAL to the reference. A first divergence at or before
+   K blames rerun nondeterminism; after K, the resume.
+3. ``control-seed``: one derived seed perturbed; streamed against the reference and stopped once it
+   has parted (seen and confirmed one step later); must be DIVERGED within a bounded number of
+   steps, else the check is blind.
+4. ``control-resume``: the same checkpoint K resumed *without* restoring the RNG states, streamed
+   and stopped the same way; must be DIVERGED when anything draws from them after K (dropout).
+
+**thorough** (``--thorough``): full-length legs: ``rerun``, ``control-seed``, ``resume`` and
+``control-resume``, each run to the end.
+
+The verdict is PASS only when every leg says what it must. ``verification.json`` keeps the
+evidence, the mode, what each leg cost (wall time, training time) and the machine.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import os
+import platform
+import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from reprotune._config.loading import dump_config_yaml
 from reprotune._config.schema import ExperimentConfig, config_sha256
@@ -29,12 +42,15 @@ from reprotune._determinism.seeds import CONSUMERS, derive_seeds
 from reprotune._errors import InputError, RunFailedError
 from reprotune._jsonio import write_json_atomic
 from reprotune._proof.compare import compare_runs
+from reprotune._proof.differences import Comparison
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.record import load_record
 from reprotune._run.rundir import check_is_run_dir
 
 SCHEMA = "reprotune/verification"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: mode, per-leg cost, machine, blame
+Mode = Literal["fast", "thorough"]
+_QUIET = ("--no-progress", "--no-tracking")
 
 
 @dataclass
@@ -48,6 +64,10 @@ class Leg:
     passed: bool | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
     note: str | None = None
+    wall_s: float = 0.0
+    """Wall time of the leg's processes (start, imports, model load, training, writing)."""
+    train_s: float | None = None
+    """The part of it spent in optimizer steps, from the leg's record."""
 
 
 @dataclass
@@ -58,12 +78,23 @@ class Verification:
     directory: str
     config_sha256: str
     legs: list[Leg]
+    mode: Mode = "fast"
+    reference_s: float | None = None
+    """The reference run's own duration (its record), the unit the cost is measured in."""
+    machine: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def legs_s(self) -> float:
+        return sum(leg.wall_s for leg in self.legs)
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **asdict(self)}
+        body = asdict(self)
+        body["legs_s"] = round(self.legs_s, 3)
+        body["cost"] = round(self.legs_s / self.reference_s, 3) if self.reference_s else None
+        return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **body}
 
     def format(self) -> str:
-        lines = [f"verify: {self.verdict}  ({self.directory})"]
+        lines = [f"verify: {self.verdict}  ({self.mode}, {self.directory})"]
         for leg in self.legs:
             mark = "ok  " if leg.passed else ("n/a " if leg.passed is None else "FAIL")
             detail = ", ".join(f"{k} {v}" for k, v in leg.evidence.items())
@@ -72,17 +103,48 @@ class Verification:
             )
             if leg.note:
                 lines.append(f"         {leg.note}")
+        if self.reference_s:
+            lines.append(
+                f"  cost: {self.legs_s:.0f} s of legs for a {self.reference_s:.0f} s run "
+                f"({self.legs_s / self.reference_s:.2f}x)"
+            )
         return "\n".join(lines)
 
 
-def _reprotune(args: Sequence[str], log: Path) -> None:
-    """Run ``python -m reprotune ARGS`` in a fresh process, its output into ``log``."""
+@dataclass
+class _Context:
+    """What every leg needs: the verification directory, the config file, the reference."""
+
+    cfg: ExperimentConfig
+    paths: VerifyLayout
+    reference: Path
+    progress: Callable[[str], None]
+
+    def reprotune(self, *args: str) -> float:
+        """Run ``python -m reprotune ARGS`` in a fresh process, logged; return its wall time."""
+        return _reprotune(args, self.paths.log)
+
+    def judge(self, leg: Leg, *, prefix: bool = False) -> Comparison:
+        """Compare the leg with the reference and record the verdict, evidence and cost."""
+        cmp = compare_runs(self.reference, Path(leg.run_dir), prefix=prefix)
+        leg.verdict = str(cmp.verdict)
+        leg.evidence = _evidence(cmp)
+        leg.passed = cmp.verdict == leg.expected
+        leg.train_s = _train_seconds(Path(leg.run_dir))
+        self.progress(f"  {leg.name}: {cmp.verdict} (must be {leg.expected})")
+        return cmp
+
+
+def _reprotune(args: Sequence[str], log: Path) -> float:
+    """Run ``python -m reprotune ARGS`` in a fresh process, its output into ``log``; its wall time."""
     env = dict(os.environ)
     env.pop("REPROTUNE_KILL_AT", None)
     with open(log, "ab") as out:
         out.write(f"$ reprotune {' '.join(args)}\n".encode())
         out.flush()
+        started = time.perf_counter()
         code = subprocess.call([sys.executable, "-m", "reprotune", *args], stdout=out, stderr=out, env=env)
+        wall = time.perf_counter() - started
     if code != 0:
         tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
         raise RunFailedError(
@@ -90,21 +152,16 @@ def _reprotune(args: Sequence[str], log: Path) -> None:
             source=str(log),
             fix="fix the run itself first (try `reprotune run` on the config)",
         )
+    return wall
 
 
-def _evidence(cmp: Any) -> dict[str, Any]:
-    data = cmp.to_json()
-    where = data.get("where") or {}
-    adapter = data.get("adapter") or {}
-    return {
-        k: v
-        for k, v in {
-            "steps": where.get("steps_compared"),
-            "first_divergence": where.get("first_divergence_step"),
-            "adapter_sha256": adapter.get("sha256_b"),  # this leg's own adapter
-        }.items()
-        if v is not None
-    }
+def _evidence(cmp: Comparison) -> dict[str, Any]:
+    evidence: dict[str, Any] = {"steps": cmp.where.steps_compared}
+    if cmp.where.first_divergence_step is not None:
+        evidence["first_divergence"] = cmp.where.first_divergence_step
+    if cmp.adapter is not None and cmp.adapter.sha256_b:
+        evidence["adapter_sha256"] = cmp.adapter.sha256_b  # this leg's own adapter
+    return evidence
 
 
 def verify_config(
@@ -114,6 +171,7 @@ def verify_config(
     control_seed: str = "data_order",
     resume: bool = True,
     reference: Path | None = None,
+    thorough: bool = False,
     progress: Callable[[str], None] = lambda line: print(line, flush=True),
 ) -> Verification:
     """Run the legs described in the module docstring into ``out_dir`` and judge them.
@@ -122,9 +180,10 @@ def verify_config(
         cfg: the experiment.
         out_dir: the verification directory (new or empty).
         control_seed: the derived seed the negative control perturbs.
-        resume: include the resume leg and its control.
+        resume: include the resume check and its control.
         reference: an existing completed run of exactly this config to use as the reference leg
             (e.g. the run just made by ``reprotune run``), instead of running one.
+        thorough: full-length legs instead of the fast ones.
         progress: where progress lines go.
 
     Raises:
@@ -143,99 +202,158 @@ def verify_config(
         raise InputError(f"verification directory {out_dir} is not empty", fix="choose a new --out directory")
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = VerifyLayout(out_dir)
-    config = paths.config
-    dump_config_yaml(cfg, config)
-    log = paths.log
-    quiet = ["--no-progress", "--no-tracking"]
-    seeds = derive_seeds(cfg.seed.root, dict(cfg.seed.overrides))
-    legs: list[Leg] = []
-
-    reference_dir = reference if reference is not None else paths.leg("reference")
-
-    def judge(leg: Leg) -> None:
-        cmp = compare_runs(reference_dir, Path(leg.run_dir))
-        leg.verdict = cmp.verdict
-        leg.evidence = _evidence(cmp)
-        leg.passed = cmp.verdict == leg.expected
-        progress(f"  {leg.name}: {cmp.verdict} (must be {leg.expected})")
-
+    dump_config_yaml(cfg, paths.config)
+    ctx = _Context(cfg, paths, reference or paths.leg("reference"), progress)
     if reference is None:
-        progress(f"verify: reference run -> {reference_dir}")
-        _reprotune(["run", str(config), "--run-dir", str(reference_dir), *quiet], log)
+        progress(f"verify: reference run -> {ctx.reference}")
+        ctx.reprotune("run", str(paths.config), "--run-dir", str(ctx.reference), *_QUIET)
     else:
-        progress(f"verify: reference is the existing run {reference_dir}")
-
-    progress("verify: rerun in a fresh process")
-    rerun = Leg("rerun", str(paths.leg("rerun")), "IDENTICAL")
-    _reprotune(["run", str(config), "--run-dir", rerun.run_dir, *quiet], log)
-    judge(rerun)
-    legs.append(rerun)
-
-    perturbed = seeds[control_seed] + 1
-    progress(f"verify: negative control, seed {control_seed} {seeds[control_seed]} -> {perturbed}")
-    control = Leg(
-        "control-seed",
-        str(paths.leg("control-seed")),
-        "DIVERGED",
-        note=f"seed.overrides.{control_seed}={perturbed}",
-    )
-    _reprotune(
-        [
-            "run",
-            str(config),
-            "--run-dir",
-            control.run_dir,
-            "--set",
-            f"seed.overrides.{control_seed}={perturbed}",
-            *quiet,
-        ],
-        log,
-    )
-    judge(control)
-    legs.append(control)
-
-    total = _total_steps(reference_dir)
-    stop = _resume_point(cfg, total)
+        progress(f"verify: reference is the existing run {ctx.reference}")
+    total = _total_steps(ctx.reference)
+    stop = _resume_point(cfg, total) if resume else None
+    legs = (_thorough_legs if thorough else _fast_legs)(ctx, control_seed, stop, total)
     if resume and stop is None:
         legs.append(
             Leg(
                 "resume",
                 "",
                 "IDENTICAL",
-                note="skipped: train.save_every gives no checkpoint "
-                "before the last step; set it to check exact resume",
+                note="skipped: train.save_every gives no checkpoint before the last step; set it to "
+                "check exact resume",
             )
         )
-    elif resume and stop is not None:
-        for name, extra, expected in (
-            ("resume", [], "IDENTICAL"),
-            ("control-resume", ["--skip-rng-restore"], "DIVERGED"),
-        ):
-            progress(f"verify: {name}: stop after step {stop}, resume in a fresh process")
-            leg = Leg(name, str(paths.leg(name)), expected)
-            _reprotune(
-                ["run", str(config), "--run-dir", leg.run_dir, "--stop-after-step", str(stop), *quiet], log
-            )
-            _reprotune(["resume", leg.run_dir, *quiet, *extra], log)
-            judge(leg)
-            if name == "control-resume" and not leg.passed and cfg.lora.dropout == 0:
-                leg.passed = None
-                leg.note = (
-                    "inconclusive: with lora.dropout 0 nothing draws from the RNG after the "
-                    "checkpoint, so skipping its restore cannot show"
-                )
-            legs.append(leg)
-
-    ok = all(leg.passed is not False for leg in legs) and rerun.passed and control.passed
-    result = Verification("PASS" if ok else "FAIL", str(out_dir), config_sha256(cfg), legs)
+    ok = all(leg.passed is not False for leg in legs) and any(leg.passed for leg in legs)
+    result = Verification(
+        "PASS" if ok else "FAIL",
+        str(out_dir),
+        config_sha256(cfg),
+        legs,
+        mode="thorough" if thorough else "fast",
+        reference_s=_run_seconds(ctx.reference),
+        machine=_machine(),
+    )
     write_json_atomic(
         paths.verification,
-        {
-            **result.to_json(),
-            "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        },
+        {**result.to_json(), "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")},
     )
     return result
+
+
+def _fast_legs(ctx: _Context, control_seed: str, stop: int | None, total: int) -> list[Leg]:
+    """rerun-resume (one full-length leg), then the two controls, stopped once they part."""
+    config, legs = str(ctx.paths.config), []
+    if stop is None:
+        ctx.progress("verify: rerun in a fresh process")
+        leg = Leg("rerun", str(ctx.paths.leg("rerun")), "IDENTICAL")
+        leg.wall_s = ctx.reprotune("run", config, "--run-dir", leg.run_dir, *_QUIET)
+        ctx.judge(leg)
+        legs.append(leg)
+    else:
+        ctx.progress(f"verify: rerun stopped after step {stop}, resumed in a fresh process")
+        leg = Leg("rerun-resume", str(ctx.paths.leg("rerun-resume")), "IDENTICAL")
+        leg.wall_s = ctx.reprotune(
+            "run", config, "--run-dir", leg.run_dir, "--stop-after-step", str(stop), *_QUIET
+        )
+        # The RNG-skip control resumes this very checkpoint (a copy, taken before the resume).
+        shutil.copytree(leg.run_dir, ctx.paths.leg("control-resume"), symlinks=True)
+        leg.wall_s += ctx.reprotune("resume", leg.run_dir, *_QUIET)
+        cmp = ctx.judge(leg)
+        at = cmp.where.first_divergence_step
+        if at is not None:
+            blamed = "rerun nondeterminism (at or before the resume point)" if at <= stop else "the resume"
+            leg.note = f"first divergence at step {at}, resume point {stop}: blames {blamed}"
+        legs.append(leg)
+    legs.append(_seed_control(ctx, control_seed, bound=_control_bound(ctx.cfg, total)))
+    if stop is not None:
+        legs.append(_resume_control(ctx, stop, bound=min(total, stop + _control_bound(ctx.cfg, total))))
+    return legs
+
+
+def _seed_control(ctx: _Context, consumer: str, *, bound: int) -> Leg:
+    seeds = derive_seeds(ctx.cfg.seed.root, dict(ctx.cfg.seed.overrides))
+    perturbed = seeds[consumer] + 1
+    ctx.progress(f"verify: negative control, seed {consumer} {seeds[consumer]} -> {perturbed}")
+    leg = Leg("control-seed", str(ctx.paths.leg("control-seed")), "DIVERGED")
+    leg.note = f"seed.overrides.{consumer}={perturbed}"
+    leg.wall_s = ctx.reprotune(
+        "run",
+        str(ctx.paths.config),
+        "--run-dir",
+        leg.run_dir,
+        "--set",
+        f"seed.overrides.{consumer}={perturbed}",
+        *_watch(ctx, bound),
+        *_QUIET,
+    )
+    ctx.judge(leg, prefix=True)
+    if not leg.passed:
+        leg.note += f"; nothing differed within {bound} steps: the check is blind to this seed"
+    return leg
+
+
+def _resume_control(ctx: _Context, stop: int, *, bound: int) -> Leg:
+    ctx.progress(f"verify: negative control, resume from step {stop} without restoring the RNG states")
+    leg = Leg("control-resume", str(ctx.paths.leg("control-resume")), "DIVERGED")
+    leg.wall_s = ctx.reprotune("resume", leg.run_dir, "--skip-rng-restore", *_watch(ctx, bound), *_QUIET)
+    ctx.judge(leg, prefix=True)
+    _inconclusive_without_dropout(ctx.cfg, leg)
+    return leg
+
+
+def _thorough_legs(ctx: _Context, control_seed: str, stop: int | None, total: int) -> list[Leg]:
+    """Full-length legs: rerun, seed control, resume, RNG-skip control."""
+    config, legs = str(ctx.paths.config), []
+    ctx.progress("verify: rerun in a fresh process")
+    rerun = Leg("rerun", str(ctx.paths.leg("rerun")), "IDENTICAL")
+    rerun.wall_s = ctx.reprotune("run", config, "--run-dir", rerun.run_dir, *_QUIET)
+    ctx.judge(rerun)
+    legs.append(rerun)
+    seeds = derive_seeds(ctx.cfg.seed.root, dict(ctx.cfg.seed.overrides))
+    perturbed = seeds[control_seed] + 1
+    ctx.progress(f"verify: negative control, seed {control_seed} {seeds[control_seed]} -> {perturbed}")
+    control = Leg("control-seed", str(ctx.paths.leg("control-seed")), "DIVERGED")
+    control.note = f"seed.overrides.{control_seed}={perturbed}"
+    override = f"seed.overrides.{control_seed}={perturbed}"
+    control.wall_s = ctx.reprotune("run", config, "--run-dir", control.run_dir, "--set", override, *_QUIET)
+    ctx.judge(control)
+    legs.append(control)
+    if stop is None:
+        return legs
+    for name, extra, expected in (
+        ("resume", [], "IDENTICAL"),
+        ("control-resume", ["--skip-rng-restore"], "DIVERGED"),
+    ):
+        ctx.progress(f"verify: {name}: stop after step {stop}, resume in a fresh process")
+        leg = Leg(name, str(ctx.paths.leg(name)), expected)
+        leg.wall_s = ctx.reprotune(
+            "run", config, "--run-dir", leg.run_dir, "--stop-after-step", str(stop), *_QUIET
+        )
+        leg.wall_s += ctx.reprotune("resume", leg.run_dir, *_QUIET, *extra)
+        ctx.judge(leg)
+        if name == "control-resume":
+            _inconclusive_without_dropout(ctx.cfg, leg)
+        legs.append(leg)
+    return legs
+
+
+def _watch(ctx: _Context, bound: int) -> list[str]:
+    return ["--watch-reference", str(ctx.reference), "--watch-bound", str(bound)]
+
+
+def _inconclusive_without_dropout(cfg: ExperimentConfig, leg: Leg) -> None:
+    if not leg.passed and cfg.lora.dropout == 0:
+        leg.passed = None
+        leg.note = (
+            "inconclusive: with lora.dropout 0 nothing draws from the RNG after the checkpoint, so "
+            "skipping its restore cannot show"
+        )
+
+
+def _control_bound(cfg: ExperimentConfig, total: int) -> int:
+    """Steps a control may run before it must have parted: a few, or up to the first validation
+    pass when only validation can show the difference (the ``eval`` seed)."""
+    every = cfg.train.eval_every or 0
+    return min(total, max(3, every + 1 if every else 3))
 
 
 def _check_reference(run_dir: Path, cfg: ExperimentConfig) -> None:
@@ -259,6 +377,28 @@ def _check_reference(run_dir: Path, cfg: ExperimentConfig) -> None:
 def _total_steps(run_dir: Path) -> int:
     record = load_record(RunLayout(run_dir).record)
     return int(record["data"]["order"]["total_steps"])
+
+
+def _run_seconds(run_dir: Path) -> float | None:
+    value = load_record(RunLayout(run_dir).record).get("timings", {}).get("duration_s")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _train_seconds(run_dir: Path) -> float | None:
+    """Seconds in optimizer steps over every attempt of the run (mean step time x steps)."""
+    timings = load_record(RunLayout(run_dir).record).get("timings", {})
+    mean, steps = timings.get("step_time_s_mean"), timings.get("steps_done")
+    return round(float(mean) * int(steps), 3) if mean is not None and steps else None
+
+
+def _machine() -> dict[str, Any]:
+    return {
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+    }
 
 
 def _resume_point(cfg: ExperimentConfig, total_steps: int) -> int | None:

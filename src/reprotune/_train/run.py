@@ -38,6 +38,7 @@ from reprotune._run.ledger import LedgerWriter, hexf, truncate_ledger
 from reprotune._run.record import load_record, start_record, utc_now, write_record
 from reprotune._trackers.base import RunDescription, Tracker, TrackerSet, flatten_params
 from reprotune._trackers.mlflow import MlflowTracker
+from reprotune._train.faults import fault_hooks
 from reprotune._train.hooks import (
     CheckpointHook,
     CrashPointHook,
@@ -205,7 +206,7 @@ def _execute(
             ]
             if CRASH_TESTS_ARMED:
                 hooks.append(CrashPointHook())
-            hooks += [progress, *options.hooks]
+            hooks += [*fault_hooks(setup), progress, *options.hooks]
             loop = train_loop(setup, hooks, start_step=start_step, stop_after_step=options.stop_after_step)
         progress.close()
         if loop.stopped:
