@@ -20,6 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_run",),
     ("_trackers",),
     ("_train",),
+    ("integrations",),
     ("_eval",),
     ("_proof", "_doctor"),
     ("_studies",),

@@ -344,6 +344,11 @@ class TrackingConfig(_Section):
     """Trackers: observers that mirror the record."""
 
     mlflow: Bool = Field(default=True, description="log params, metrics and artifacts to MLflow")
+    wandb: Bool = Field(
+        default=False,
+        description="also mirror to Weights & Biases, offline unless WANDB_MODE says otherwise "
+        "(project: tracking.experiment; needs the reprotune[wandb] extra)",
+    )
     uri: Str = Field(
         default="sqlite:///mlflow.db",
         min_length=1,

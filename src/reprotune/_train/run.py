@@ -38,6 +38,7 @@ from reprotune._run.ledger import LedgerWriter, hexf, truncate_ledger
 from reprotune._run.record import load_record, start_record, utc_now, write_record
 from reprotune._trackers.base import RunDescription, Tracker, TrackerSet, flatten_params
 from reprotune._trackers.mlflow import MlflowTracker
+from reprotune._trackers.wandb import WandbTracker
 from reprotune._train.faults import fault_hooks
 from reprotune._train.hooks import (
     CheckpointHook,
@@ -331,6 +332,9 @@ def _finish(
 def build_trackers(cfg: ExperimentConfig, options: RunOptions, report: Callable[[str], None]) -> TrackerSet:
     """The trackers the config enables (none with ``options.tracking`` off). Add new ones here."""
     trackers: list[Tracker] = []
+    if options.tracking and cfg.tracking.wandb:
+        # First: without wandb installed this raises (naming the extra) before any child starts.
+        trackers.append(WandbTracker(cfg.tracking.experiment))
     if options.tracking and cfg.tracking.mlflow:
         trackers.append(
             MlflowTracker(cfg.tracking.uri, cfg.tracking.artifact_location, cfg.tracking.experiment)
