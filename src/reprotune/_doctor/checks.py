@@ -15,6 +15,7 @@ from pathlib import Path
 from reprotune._config.schema import BUILTIN_PREFIX
 from reprotune._determinism.flags import CUBLAS_DETERMINISTIC_VALUES, CUBLAS_ENV
 from reprotune._doctor.data_checks import check_columns, check_data
+from reprotune._doctor.dist_checks import check_nccl, check_ranks
 from reprotune._doctor.findings import Check, Context, Finding
 from reprotune._run.fingerprint import code_fingerprint
 
@@ -325,4 +326,6 @@ CHECKS: tuple[Check, ...] = (
     check_columns,
     check_tokenizers,
     check_hash_seed,
+    check_nccl,
+    check_ranks,
 )

@@ -141,12 +141,13 @@ def _rank_device(device: torch.device, local_rank: int) -> torch.device:
 @contextlib.contextmanager
 def process_group(cfg: ExperimentConfig | None) -> Iterator[DistContext | None]:
     """:func:`start_process_group` for the block, and leave the group after it (None: no torchrun,
-    or no ``cfg``)."""
+    or no ``cfg``). A group the caller started already is used and left to it."""
+    ours = not dist.is_initialized()
     ctx = start_process_group(cfg) if cfg is not None else None
     try:
         yield ctx
     finally:
-        if ctx is not None and dist.is_initialized():
+        if ctx is not None and ours and dist.is_initialized():
             dist.destroy_process_group()
 
 

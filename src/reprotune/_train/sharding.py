@@ -240,15 +240,64 @@ def weights_hasher(setup: Setup) -> Callable[[], str]:
     if ctx.strategy == "ddp":
         return lambda: ""
 
-    # One all-gather per LoRA tensor: much cheaper per step than get_model_state_dict's walk of
-    # the whole model (about 100 ms a step on the tiny model).
-    sharded = [(name, p) for name, p in setup.model.named_parameters() if p.requires_grad]
+    gather = ShardGatherer([(name, p) for name, p in setup.model.named_parameters() if p.requires_grad], ctx)
 
     def gathered() -> str:
-        state = {name: p.full_tensor() for name, p in sharded}  # type: ignore[attr-defined]
+        state = gather()
         return tensors_sha256(state) if ctx.is_main else ""
 
     return gathered
+
+
+class ShardGatherer:
+    """The whole tensors of FSDP2 parameters sharded on dim 0, gathered with one all-gather.
+
+    Per step this replaces a ``full_tensor()`` per parameter (DTensor dispatch and one collective
+    each: about 40 ms a step for the tiny model's 8 LoRA tensors on 2 ranks) or
+    ``get_model_state_dict`` (a walk of the whole model: about 100 ms). Every rank's shard sizes are
+    exchanged once; each call packs this rank's shards into one flat buffer (padded to the largest
+    rank's), all-gathers it, and cuts the whole tensors out in rank order: the same bytes as
+    ``full_tensor()``. Parameters of mixed dtypes, or not sharded on dim 0, fall back to
+    ``full_tensor()``.
+    """
+
+    def __init__(self, named: list[tuple[str, torch.nn.Parameter]], ctx: DistContext) -> None:
+        from torch.distributed.tensor import Shard
+
+        self._named, self._ctx = named, ctx
+        dtypes = {p.dtype for _, p in named}
+        placements_ok = all(tuple(getattr(p, "placements", ())) == (Shard(0),) for _, p in named)
+        self._flat = len(dtypes) == 1 and placements_ok and bool(named)
+        if not self._flat:
+            return
+        device = ctx.device if ctx.backend == "nccl" else torch.device("cpu")
+        mine = torch.tensor([p.to_local().numel() for _, p in named], dtype=torch.int64, device=device)  # type: ignore[attr-defined]
+        sizes = [torch.empty_like(mine) for _ in range(ctx.world_size)]
+        dist.all_gather(sizes, mine)
+        self._sizes = [size.tolist() for size in sizes]
+        self._width = max(sum(size) for size in self._sizes)
+        self._dtype, self._device = dtypes.pop(), device
+
+    def __call__(self) -> dict[str, torch.Tensor]:
+        """Every parameter's whole tensor, by name, on every rank (a collective)."""
+        if not self._flat:
+            return {name: p.full_tensor().cpu() for name, p in self._named}  # type: ignore[attr-defined]
+        local = [p.to_local().detach().reshape(-1).to(self._device) for _, p in self._named]  # type: ignore[attr-defined]
+        flat = torch.zeros(self._width, dtype=self._dtype, device=self._device)
+        torch.cat(local, out=flat[: sum(t.numel() for t in local)])
+        parts = [torch.empty_like(flat) for _ in range(self._ctx.world_size)]
+        dist.all_gather(parts, flat)
+        parts = [part.cpu() for part in parts]
+        offsets = [0] * self._ctx.world_size
+        out = {}
+        for i, (name, param) in enumerate(self._named):
+            pieces = []
+            for rank, part in enumerate(parts):
+                n = self._sizes[rank][i]
+                pieces.append(part[offsets[rank] : offsets[rank] + n])
+                offsets[rank] += n
+            out[name] = torch.cat(pieces).reshape(param.shape)
+        return out
 
 
 def adapter_state(setup: Setup) -> dict[str, torch.Tensor] | None:
