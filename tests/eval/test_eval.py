@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from reprotune._cli import main
 from reprotune._eval.compare import compare_evals
 from reprotune._eval.evaluate import EvalResult, run_eval
+from reprotune._proof.report import write_report
 
 TINY = {"eval": {"batch_size": 8, "max_new_tokens": 8}}
 
@@ -146,6 +148,10 @@ def test_compare_names_a_changed_adapter(project: Any, run_a: Path, tmp_path: Pa
     done = project.run_cli("compare", "runA", "runB", check=False)
     assert done.returncode == 1
     assert "evals of the two runs: DIVERGED" in done.stdout and "adapter differs" in done.stdout
+    html = write_report([run_a, run_b], tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "<h2>Evaluations</h2>" in html and "Rows whose outputs differ" in html
+    for row in comparison.rows_differing:
+        assert f"<td>{escape(row.text_a)}</td><td>{escape(row.text_b)}</td>" in html
 
 
 def _base_train() -> dict[str, Any]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reprotune._errors import InputError
+from reprotune._eval.html import evals_section
 from reprotune._jsonio import write_bytes_atomic
 from reprotune._proof.compare import compare_opened
 from reprotune._proof.differences import Comparison
@@ -111,6 +112,7 @@ def render_report(runs: Sequence[RunDir], comparisons: Sequence[Comparison]) -> 
             parts.extend(_comparison_html(labels[0], label, comparison))
     else:
         parts.append("<p>One run: nothing to compare.</p>")
+    parts.extend(evals_section(labels, [r.path for r in runs]))  # none without evals (docs/eval.md)
     parts.append("</body></html>\n")
     return "\n".join(parts)
 
