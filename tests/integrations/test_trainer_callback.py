@@ -12,6 +12,7 @@ import pytest
 import torch
 from trainer_scripts import tiny_trainer
 
+from reprotune._cli import main
 from reprotune._errors import InputError
 from reprotune._model.tiny import tiny_rows
 from reprotune._run.ledger import read_ledger
@@ -63,6 +64,8 @@ def test_every_step_has_its_exact_loss_whatever_logging_steps(model_dir: Path, t
     assert record["config"]["trainer"]["args"]["logging_steps"] == 10
     assert record["outputs"]["adapter_sha256"] == load_record(every)["outputs"]["adapter_sha256"]
     assert open_run_dir(sparse).ledger.init is not None
+    # A Trainer-made run has no reprotune config: `rerun` refuses it with exit 2, naming the way.
+    assert main(["rerun", str(sparse)]) == 2
 
 
 def test_findings_are_warned_once_and_recorded(model_dir: Path, tmp_path: Path) -> None:
@@ -129,6 +132,10 @@ def _facts(**changes: Any) -> TrainerFacts:
         ({"seedable_sampler": False}, "sampler-unseeded"),
         ({"args": {"ignore_data_skip": True}}, "ignore-data-skip"),
         ({"rows_recorded": False}, "rows-unrecorded"),
+        ({"model_hashed": False}, "model-unhashed"),
+        ({"data_hashed": False}, "data-unhashed"),
+        ({"world_size": 2}, "distributed-rank0-only"),
+        ({"args": {"torch_compile": True}}, "torch-compile"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )

@@ -72,6 +72,8 @@ class TrainerFacts:
             Trainer (then the check cannot be done).
         world_size: processes training together.
         rows_recorded: the dataset indices of each batch are recorded (a map-style dataset).
+        model_hashed: the base model's weight files were found and hashed.
+        data_hashed: the train rows' content was hashed.
     """
 
     args: Any
@@ -84,6 +86,8 @@ class TrainerFacts:
     seed_probe: SeedProbe | None
     world_size: int = 1
     rows_recorded: bool = True
+    model_hashed: bool = True
+    data_hashed: bool = True
 
 
 def _finding(code: str, severity: Severity, title: str, why: str, fix: str) -> dict[str, str]:
@@ -177,6 +181,26 @@ def trainer_findings(facts: TrainerFacts) -> list[dict[str, str]]:
                 "torch_compile=True",
                 "compiled kernels can differ between runs and machines",
                 "compare runs without torch_compile first",
+            )
+        )
+    if not facts.model_hashed:
+        found.append(
+            _finding(
+                "model-unhashed",
+                "warning",
+                "the base model's weight files were not found: its weights are not hashed",
+                "compare cannot tell a run on other base weights from this one",
+                "load the model with from_pretrained from a directory, or a hub id in the local cache",
+            )
+        )
+    if not facts.data_hashed:
+        found.append(
+            _finding(
+                "data-unhashed",
+                "warning",
+                "the train rows hold values with no canonical form: their content is not hashed",
+                "compare cannot tell other data from this data (the batch indices are still recorded)",
+                "give the Trainer rows of numbers, strings, lists or tensors",
             )
         )
     if not facts.rows_recorded:

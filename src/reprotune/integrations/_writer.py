@@ -22,7 +22,7 @@ from typing import Any
 
 from reprotune._data.manifest import Manifest, write_manifest
 from reprotune._errors import InputError
-from reprotune._jsonio import fsync_dir, sha256_file, write_bytes_atomic
+from reprotune._jsonio import fsync_dir, read_json_file, sha256_file, write_bytes_atomic, write_json_atomic
 from reprotune._model.lora import save_adapter, trainable_tensors
 from reprotune._run.drift import refuse_code_drift, section_drift
 from reprotune._run.layout import RunLayout
@@ -33,6 +33,10 @@ from reprotune._run.redact import redact_data, redact_value
 from reprotune._trackers.base import RunDescription, TrackerSet, flatten_params
 from reprotune._trackers.wandb import WandbTracker
 from reprotune._version import __version__
+
+#: The file the callback writes into each Trainer checkpoint it sees saved: the run directory it
+#: belongs to, so that a resume from that checkpoint continues the same run.
+CHECKPOINT_MARKER = "reprotune-run.json"
 
 
 def report(line: str) -> None:
@@ -302,3 +306,27 @@ def _save_trainable(model: Any, directory: Path) -> dict[str, str]:
 def make_trackers(wandb: bool, project: str, on_failure: Callable[[str], None] = report) -> TrackerSet:
     """The callback's trackers: W&B when asked for (offline unless WANDB_MODE says otherwise)."""
     return TrackerSet([WandbTracker(project)] if wandb else [], report=on_failure)
+
+
+def mark_checkpoint(checkpoint: Path, run: RunWriter, step: int) -> None:
+    """Name the run a Trainer checkpoint belongs to, inside it (:data:`CHECKPOINT_MARKER`)."""
+    marker = {"run_dir": str(run.paths.root.resolve()), "run_id": run.record["run_id"], "step": step}
+    write_json_atomic(checkpoint / CHECKPOINT_MARKER, marker)
+
+
+def checkpoint_run_dir(checkpoint: str | None, step: int) -> Path:
+    """The run directory a Trainer checkpoint names.
+
+    Raises:
+        InputError: no checkpoint path, or a checkpoint the callback did not mark.
+    """
+    marker = Path(checkpoint) / CHECKPOINT_MARKER if checkpoint else None
+    if marker is None or not marker.is_file():
+        raise InputError(
+            f"the Trainer resumes from step {step}, but the checkpoint names no reprotune run "
+            f"({marker or 'no checkpoint path seen'})",
+            source="ReprotuneCallback(run_dir=...)",
+            fix="pass run_dir= with the run directory of the run that saved the checkpoint",
+        )
+    data = read_json_file(marker, what="checkpoint marker", fix="pass run_dir= to ReprotuneCallback")
+    return Path(data["run_dir"])

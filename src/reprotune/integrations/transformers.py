@@ -31,7 +31,6 @@ from transformers import TrainerCallback
 
 from reprotune._data.manifest import Manifest, load_manifest
 from reprotune._errors import InputError
-from reprotune._jsonio import read_json_file, write_json_atomic
 from reprotune._model.lora import WeightsHasher, trainable_tensors
 from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint
 from reprotune._run.ledger import train_line, val_line
@@ -53,14 +52,16 @@ from reprotune.integrations._probes import (
     steps_per_epoch,
     trainer_made_adapter,
 )
-from reprotune.integrations._writer import RunWriter, make_trackers, report
+from reprotune.integrations._writer import (
+    RunWriter,
+    checkpoint_run_dir,
+    make_trackers,
+    mark_checkpoint,
+    report,
+)
 from reprotune.integrations.controls import UNRECORDED_VARIABLES, Controls
 
-__all__ = ["CHECKPOINT_MARKER", "ReproducibilityWarning", "ReprotuneCallback"]
-
-#: The file the callback writes into each Trainer checkpoint: which run directory it belongs to,
-#: so that a resume from that checkpoint continues the same run.
-CHECKPOINT_MARKER = "reprotune-run.json"
+__all__ = ["ReproducibilityWarning", "ReprotuneCallback"]
 
 
 class ReprotuneCallback(TrainerCallback):
@@ -147,23 +148,21 @@ class ReprotuneCallback(TrainerCallback):
         if self._run is not None and not self._run.finished:
             self._run.finish("interrupted")  # a second train() on the same callback
         model, loader = kwargs["model"], kwargs["train_dataloader"]
-        self._probe = StepProbe()
-        install_probe(trainer, loader, self._probe)
-        sampler = data_sampler(loader)
-        sampler_seed = self._perturb(sampler)
-        self._steps_per_epoch = steps_per_epoch(loader, args.gradient_accumulation_steps)
-        resumed_from = int(state.global_step)
-        if resumed_from and not args.ignore_data_skip and self._steps_per_epoch:
-            # The Trainer iterates the batches it skips through the recording sampler: drop them.
-            self._probe.discard = (resumed_from % self._steps_per_epoch) * args.gradient_accumulation_steps
+        sampler, sampler_seed = self._attach(trainer, args, state, loader)
         self._hasher = WeightsHasher(trainable_tensors(model))
-        findings = self._findings(args, model, loader, sampler)
+        resumed_from = int(state.global_step)
         args_dict = sections.training_args(args)
         lora = sections.lora_section(model)
         model_info = sections.model_section(model, kwargs.get("processing_class"))
         config = sections.run_config(trainer, args_dict, model_info["source"], lora)
         config_sha = sections.config_sha256(config)
-        code = code_fingerprint(self._code_dir, outputs=[p for p in (self._run_dir, args.output_dir) if p])
+        data = None  # a resumed run keeps the data section of its start
+        if not resumed_from:
+            eval_dataset = getattr(trainer, "eval_dataset", None)
+            data = sections.data_section(getattr(loader, "dataset", None), eval_dataset, self._manifest, None)
+        findings = self._findings(args, model, loader, sampler, model_info, data)
+        run_dir = self._controls.run_dir or self._run_dir
+        code = code_fingerprint(self._code_dir, outputs=[p for p in (run_dir, args.output_dir) if p])
         code_record = code.to_record(patch_file="code.patch" if code.diff else None)
         environment = environment_fingerprint(
             {k: v for k, v in os.environ.items() if k not in UNRECORDED_VARIABLES}
@@ -196,9 +195,7 @@ class ReprotuneCallback(TrainerCallback):
             "environment": environment,
             "model": model_info,
             "lora": lora,
-            "data": sections.data_section(
-                getattr(loader, "dataset", None), getattr(trainer, "eval_dataset", None), self._manifest, None
-            ),
+            "data": data,
             "trainer": self._trainer_section(trainer, args, args_dict, state, sampler, sampler_seed),
             "findings": findings,
         }
@@ -264,8 +261,7 @@ class ReprotuneCallback(TrainerCallback):
         self._run.ledger.sync()  # every line up to the checkpoint is on disk before it is used
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if checkpoint.is_dir():
-            marker = {"run_dir": str(self._run.paths.root.resolve()), "run_id": self._run.record["run_id"]}
-            write_json_atomic(checkpoint / CHECKPOINT_MARKER, {**marker, "step": int(state.global_step)})
+            mark_checkpoint(checkpoint, self._run, int(state.global_step))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._run is None or self._run.finished:
@@ -301,6 +297,19 @@ class ReprotuneCallback(TrainerCallback):
 
         trainer.train = train
 
+    def _attach(self, trainer: Any, args: Any, state: Any, loader: Any) -> tuple[Any, int | None]:
+        """Install the step probe; apply a negative control; return the sampler and its seed."""
+        self._probe = StepProbe()
+        install_probe(trainer, loader, self._probe)
+        sampler = data_sampler(loader)
+        sampler_seed = self._perturb(sampler)
+        self._steps_per_epoch = steps_per_epoch(loader, args.gradient_accumulation_steps)
+        if state.global_step and not args.ignore_data_skip and self._steps_per_epoch:
+            # The Trainer iterates the batches it skips through the recording sampler: drop them.
+            skipped = state.global_step % self._steps_per_epoch
+            self._probe.discard = skipped * args.gradient_accumulation_steps
+        return sampler, sampler_seed
+
     def _perturb(self, sampler: Any) -> int | None:
         """Apply a negative control's data-seed perturbation; return the sampler's seed."""
         delta = self._controls.perturb_data_seed
@@ -312,7 +321,9 @@ class ReprotuneCallback(TrainerCallback):
         value = getattr(sampler, "initial_seed", None)
         return int(value) if isinstance(value, int) else None
 
-    def _findings(self, args: Any, model: Any, loader: Any, sampler: Any) -> list[dict[str, str]]:
+    def _findings(
+        self, args: Any, model: Any, loader: Any, sampler: Any, model_info: Any, data: Any
+    ) -> list[dict[str, str]]:
         facts = TrainerFacts(
             args=args,
             deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
@@ -324,6 +335,8 @@ class ReprotuneCallback(TrainerCallback):
             seed_probe=self._seed_probe if self._trainer is not None else None,
             world_size=int(getattr(args, "world_size", 1)),
             rows_recorded=self._probe.records_rows,
+            model_hashed=model_info.get("weights_sha256") is not None,
+            data_hashed=data is None or data.get("train_rows_sha256") is not None,
         )
         findings = trainer_findings(facts)
         if not self._warned:
@@ -373,16 +386,7 @@ class ReprotuneCallback(TrainerCallback):
         checkpoint = self._checkpoint
         if checkpoint == "True":  # resume_from_checkpoint=True: the Trainer took the last one
             checkpoint = str(Path(args.output_dir) / f"checkpoint-{step}")
-        marker = Path(checkpoint) / CHECKPOINT_MARKER if checkpoint else None
-        if marker is None or not marker.is_file():
-            raise InputError(
-                f"the Trainer resumes from step {step}, but the checkpoint names no reprotune run "
-                f"({marker or 'no checkpoint path seen'})",
-                source="ReprotuneCallback(run_dir=...)",
-                fix="pass run_dir= with the run directory of the run that saved the checkpoint",
-            )
-        data = read_json_file(marker, what="checkpoint marker", fix="pass run_dir= to ReprotuneCallback")
-        return Path(data["run_dir"])
+        return checkpoint_run_dir(checkpoint, step)
 
 
 def _script_dir() -> Path:
