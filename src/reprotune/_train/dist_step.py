@@ -39,9 +39,15 @@ def _context(setup: Setup) -> DistContext:
     return setup.dist
 
 
-def _row_tokens(setup: Setup, row: int) -> int:
-    """Scored tokens of one row: labels after the first position that are not ignored."""
-    return sum(label != IGNORE_INDEX for label in setup.examples.get(row)[1][1:])
+def _batch(setup: Setup, rows: list[int]) -> dict[str, torch.Tensor]:
+    return setup.examples.batch(
+        rows, pad_token_id=setup.pad_token_id, padding_side=setup.cfg.model.padding_side
+    )
+
+
+def _tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Scored tokens of a padded batch, counted as the single-process step counts them."""
+    return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
 
 
 def _hash48(rows: list[int]) -> float:
@@ -59,17 +65,18 @@ def distributed_train_step(setup: Setup, rows: list[int], step: int) -> tuple[fl
     module = setup.train_module if setup.train_module is not None else setup.model
     chunks = list(micro_batches(rows, cfg.train.batch_size))
     mine = rank_micro_batches(len(chunks), ctx.rank, ctx.world_size)
-    # Every rank counts the whole global batch's tokens itself: no collective for the denominator.
-    n_tokens = sum(_row_tokens(setup, row) for row in rows)
+    # Every rank pads every micro-batch and counts the whole global batch's tokens itself: no
+    # collective for the denominator.
+    padded = [_batch(setup, chunk) for chunk in chunks]
+    counts = [_tokens(b) for b in padded]
+    n_tokens = sum(counts)
     lr = optimizer.param_groups[0]["lr"]
     losses = [0.0] * len(chunks)
     local_tokens = 0
     for j, k in enumerate(mine):
-        on_cpu = setup.examples.batch(
-            chunks[k], pad_token_id=setup.pad_token_id, padding_side=cfg.model.padding_side
-        )
+        on_cpu = padded[k]
         keep = logits_to_keep(on_cpu["labels"]) if setup.keep_logits else None
-        local_tokens += int((on_cpu["labels"][:, 1:] != IGNORE_INDEX).sum())
+        local_tokens += counts[k]
         batch = {key: value.to(setup.device) for key, value in on_cpu.items()}
         # Dropout masks belong to the micro-batch, whichever rank trains it.
         torch.manual_seed(micro_batch_seed(setup.seeds["dropout"], step, k))
@@ -129,31 +136,29 @@ def _check_ranks(
 def distributed_validate(setup: Setup) -> tuple[float, int]:
     """The validation loss over ``setup.val_rows`` with the current weights; (mean loss, tokens).
 
-    Validation batch ``b`` runs on rank ``b % world_size``; each batch's float64 loss sum is
-    gathered and the sums are added in batch order, as a single process adds them. Under FSDP a
-    forward is a collective, so a rank with no batch left repeats the first one and discards it.
+    Validation batch ``b`` runs on rank ``b % world_size``; each batch's float64 loss sum and its
+    token count are gathered, and added in batch order, as a single process adds them. Under FSDP
+    a forward is a collective, so a rank with no batch left repeats the first one and discards it.
     """
     ctx, cfg, model = _context(setup), setup.cfg, setup.model
     chunks = list(micro_batches(setup.val_rows, cfg.eval.batch_size))
-    sums = [0.0] * len(chunks)
+    sums, counts = [0.0] * len(chunks), [0.0] * len(chunks)
     was_training = model.training
     model.eval()
     for start in range(0, len(chunks), ctx.world_size):
         b = start + ctx.rank
         if b >= len(chunks) and ctx.strategy == "ddp":
             break
-        chunk = chunks[b] if b < len(chunks) else chunks[0]
-        on_cpu = setup.examples.batch(
-            chunk, pad_token_id=setup.pad_token_id, padding_side=cfg.model.padding_side
-        )
+        on_cpu = _batch(setup, chunks[b] if b < len(chunks) else chunks[0])
         keep = logits_to_keep(on_cpu["labels"]) if setup.keep_logits else None
         batch = {key: value.to(setup.device) for key, value in on_cpu.items()}
         with autocast(cfg.train.precision, setup.device):
             loss_sum = token_loss_sum(model, batch, keep=keep)
         if b < len(chunks):
-            sums[b] = float(loss_sum)
+            sums[b], counts[b] = float(loss_sum), float(_tokens(on_cpu))
     model.train(was_training)
-    gathered = gather_f64(ctx, sums)
-    total = ordered_sum([gathered[b % ctx.world_size][b] for b in range(len(chunks))])
-    tokens = sum(_row_tokens(setup, row) for row in setup.val_rows)
+    gathered = gather_f64(ctx, [*sums, *counts])
+    n = len(chunks)
+    total = ordered_sum([gathered[b % ctx.world_size][b] for b in range(n)])
+    tokens = sum(int(gathered[b % ctx.world_size][n + b]) for b in range(n))
     return (total / tokens if tokens else math.nan), tokens
