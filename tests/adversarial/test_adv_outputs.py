@@ -88,6 +88,17 @@ def test_split_out_into_a_run_directory_is_refused(
     assert (run / "split.json").read_bytes() == manifest
 
 
+def test_verify_out_onto_its_config_is_refused(
+    project: TinyProject, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`verify CFG --out CFG`: exit 2 before anything runs; the config keeps every byte."""
+    config = project.config("verify-out.yaml")
+    before = config.read_bytes()
+    assert main(["verify", str(config), "--out", str(config)]) == 2
+    _assert_refused(capsys, "is a file, not a directory")
+    assert config.read_bytes() == before
+
+
 # --- item 7 (split): bad outputs and seeds ---------------------------------------------------------
 
 

@@ -287,3 +287,21 @@ def test_rerun_of_a_run_with_a_bad_ledger_trains_nothing(
     assert main(["rerun", str(run_dir), "--no-progress"]) == 2
     _clean_exit_2(capsys, "ledger")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_model_s_own_python_code_is_never_run(tmp_path: Path) -> None:
+    """A model directory whose config.json maps to its own modeling code (auto_map) loads with the
+    library's class for its model_type: the directory's Python file is never imported."""
+    from reprotune._model.loading import load_base_model
+
+    model_dir = build_tiny_model(tmp_path / "model", seed=0)
+    marker = tmp_path / "code-ran"
+    (model_dir / "modeling_evil.py").write_text(f"import os\nos.mkdir({str(marker)!r})\n")
+    config = json.loads((model_dir / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}
+    (model_dir / "config.json").write_text(json.dumps(config))
+    loaded = load_base_model(
+        str(model_dir), revision=None, dtype="float32", pad_token_id=None, padding_side="right", device="cpu"
+    )
+    assert type(loaded.model).__name__ == "LlamaForCausalLM"
+    assert not marker.exists()

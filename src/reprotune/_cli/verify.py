@@ -69,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
     if out is None:
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
         out = Path("runs") / f"verify-{stamp}-{config_sha256(cfg)[:8]}"
+    if out.exists() and not out.is_dir():  # e.g. --out CONFIG: never written over (issue 16)
+        raise InputError(
+            f"--out {str(out)!r} is a file, not a directory", source="--out", fix="give a new directory"
+        )
     result = verify_config(
         cfg,
         out,
