@@ -3,6 +3,9 @@ step's exact loss whatever logging_steps is, the warnings and findings at train 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -29,13 +32,15 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return TinyProject.create(tmp_path_factory.mktemp("tiny")).root / "tiny-model"
 
 
-def _train(model_dir: Path, tmp_path: Path, name: str, **kwargs: Any) -> tuple[Any, Path]:
+def _train(
+    model_dir: Path, tmp_path: Path, name: str, *, wandb: bool = False, **kwargs: Any
+) -> tuple[Any, Path]:
     run_dir = tmp_path / name
     trainer = tiny_trainer(
         model_dir,
         tiny_rows(40, seed=1),
         tmp_path / f"out-{name}",
-        lambda: ReprotuneCallback(run_dir, code_dir=tmp_path),
+        lambda: ReprotuneCallback(run_dir, code_dir=tmp_path, wandb=wandb),
         **kwargs,
     )
     with warnings.catch_warnings():
@@ -66,6 +71,20 @@ def test_every_step_has_its_exact_loss_whatever_logging_steps(model_dir: Path, t
     assert open_run_dir(sparse).ledger.init is not None
     # A Trainer-made run has no reprotune config: `rerun` refuses it with exit 2, naming the way.
     assert main(["rerun", str(sparse)]) == 2
+
+
+def test_callback_mirrors_to_wandb_offline(model_dir: Path, tmp_path: Path) -> None:
+    """ReprotuneCallback(wandb=True): an offline W&B run in the run directory whose summary holds
+    the final loss bit for bit, read back with wandb's own reader."""
+    _, run_dir = _train(model_dir, tmp_path, "wb", max_steps=3, wandb=True)
+    info = load_record(run_dir)["trackers"]["wandb"]
+    assert info["ok"] and info["mode"] == "offline" and Path(info["run_dir"]).parent == run_dir / "wandb"
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    command = [sys.executable, "-m", "wandb", "leet", "inspect", "--summary", "--json", info["run_dir"]]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=True)
+    summary = json.loads(done.stdout)["summary"]
+    assert summary["train_loss"] == read_ledger(run_dir / "ledger.jsonl").train[-1].number("loss")
+    assert summary["status"] == "completed"
 
 
 def test_findings_are_warned_once_and_recorded(model_dir: Path, tmp_path: Path) -> None:
@@ -202,8 +221,6 @@ def test_a_run_dir_holding_files_is_refused(model_dir: Path, tmp_path: Path) -> 
 
 def test_the_callback_needs_no_training_code() -> None:
     """Importing the integration does not import reprotune's own training code."""
-    import subprocess
-
     code = (
         "import sys, reprotune.integrations.transformers; "
         "print(sorted(m for m in sys.modules if m.startswith('reprotune._train')))"
