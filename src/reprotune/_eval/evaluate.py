@@ -23,7 +23,7 @@ from typing import Any
 from reprotune._determinism.device import resolve_device
 from reprotune._determinism.flags import apply_determinism
 from reprotune._errors import InputError
-from reprotune._eval.decode import Generated, generate_rows
+from reprotune._eval.decode import ROWWISE, Generated, generate_rows
 from reprotune._eval.evalfile import ids_sha256, predictions_bytes
 from reprotune._eval.inputs import EvalInputs, EvalRow, prepare_inputs
 from reprotune._eval.layout import (
@@ -134,7 +134,7 @@ def run_eval(
         )
     settings = GenerationSettings.from_config(cfg, inputs.seeds)
     prompts = [_encode_prompt(loaded.tokenizer, row, inputs) for row in inputs.rows]
-    invariant = device.type == "cpu" and cfg.model.dtype == "float32"
+    invariant = device.type == "cpu" and cfg.model.dtype == "float32" and loaded.attention == ROWWISE
     say = report or (lambda line: None)
     t0 = time.perf_counter()
     generated = generate_rows(
@@ -261,7 +261,8 @@ def _generation_section(
             "rowwise attention, batches padded to a multiple of the row quantum, per-row sampling "
             "generators, fixed threads: predictions do not depend on the batch size (tests/eval)"
             if invariant
-            else f"not shown on {device} in {cfg.model.dtype}: the batch size is part of this eval's identity"
+            else f"not shown for attention {loaded.attention!r} on {device} in {cfg.model.dtype}: the "
+            "batch size is part of this eval's identity"
         ),
     }
 

@@ -81,8 +81,11 @@ def load_eval_model(
         _refuse_changed(part, recorded, info, record_path)
     tokenizer_check = _tokenizer_check(recorded, info, allow_tokenizer_change, record_path)
     model = loaded.model
-    attention = register_rowwise_attention()
-    model.set_attn_implementation(attention)
+    _refuse_sliding_window(model.config, cfg.model.max_length + cfg.eval.max_new_tokens)
+    model.set_attn_implementation(register_rowwise_attention())
+    # A model whose attention does not go through transformers' AttentionInterface keeps its own:
+    # recorded as it is, and the eval then claims no batch invariance.
+    attention = str(getattr(model.config, "_attn_implementation", None))
     model.config.use_cache = True
     eos = _eos_token_ids(model, loaded.tokenizer)
     from transformers import GenerationConfig
@@ -100,6 +103,20 @@ def load_eval_model(
             model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
     model.eval()
     return EvalModel(model, loaded.tokenizer, info, tokenizer_check, eos, attention)
+
+
+def _refuse_sliding_window(config: Any, tokens: int) -> None:
+    """The rowwise attention attends over every earlier token: refuse a model whose sliding
+    window would cut that off within the longest sequence an eval makes."""
+    window = getattr(config, "sliding_window", None)
+    uses = getattr(config, "use_sliding_window", True)
+    if isinstance(window, int) and uses and window < tokens:
+        raise InputError(
+            f"the model attends through a sliding window of {window} tokens, which the eval's "
+            f"batch-invariant attention does not implement (sequences reach {tokens} tokens)",
+            source="model.name",
+            fix=f"lower model.max_length + eval.max_new_tokens to at most {window}",
+        )
 
 
 def _files_diff(old: Mapping[str, str], new: Mapping[str, str]) -> list[str]:
