@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Sequence
 
 from reprotune._cli._options import locate_config_source
-from reprotune._errors import ReprotuneError
+from reprotune._errors import Interrupted, ReprotuneError
 from reprotune._version import __version__
 
 # name -> (module, one-line help). Order is the order shown in --help.
@@ -77,9 +77,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         locate_config_source(exc, args)
         print(f"reprotune {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"reprotune {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        # Ctrl-C, or SIGTERM/SIGHUP during a run (reprotune._errors.Interrupted): 128 + the signal.
+        signum = getattr(exc, "signum", 2)
+        how = f" by {exc.signal_name}" if isinstance(exc, Interrupted) else ""
+        resumable = " (resumable: `reprotune resume RUN_DIR`)" if args.command in ("run", "resume") else ""
+        print(f"reprotune {args.command}: interrupted{how}{resumable}", file=sys.stderr)
+        return 128 + int(signum)
     except Exception:  # a bug, not bad input: show everything
         traceback.print_exc()
         print(f"reprotune {args.command}: internal error (please report it)", file=sys.stderr)

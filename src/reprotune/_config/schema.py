@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from reprotune._determinism.seeds import CONSUMERS, SEED_LIMIT
+from reprotune._config.secrets import mask_config
 from reprotune._jsonio import canonical_dumps, sha256_bytes
 
 #: Names accepted after ``builtin:`` in ``data.path`` and ``model.name``.
@@ -379,8 +380,14 @@ class ExperimentConfig(_Section):
     distributed: DistributedConfig = Field(default=DistributedConfig(), description="distributed runs")
 
     def resolved(self) -> dict[str, Any]:
-        """The config with every default written out, as JSON-safe data (lists, not tuples)."""
-        return self.model_dump(mode="json")
+        """The config with every default written out, as JSON-safe data (lists, not tuples).
+
+        URL user-info is masked (``http://***:***@host``): this is what the record, ``config.yaml``,
+        the trackers' params and :func:`config_sha256` are made from, so a credential in a URL
+        stays in memory (``cfg.tracking.uri``), for the connection only.
+        """
+        resolved: dict[str, Any] = mask_config(self.model_dump(mode="json"))
+        return resolved
 
 
 def config_sha256(cfg: ExperimentConfig) -> str:

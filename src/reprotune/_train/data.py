@@ -5,6 +5,7 @@ Tokenisation happens later, in the training loop, and only on rows of the split 
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,16 +29,21 @@ SPLITS = ("train", "validation", "test")
 
 @dataclass(frozen=True)
 class RunData:
-    """The table a run trains on, its manifest, and where each came from."""
+    """The table a run trains on, its manifest, and where each came from.
+
+    ``manifest_sha256`` is None until the manifest is in the run directory (:func:`save_manifest`);
+    ``given_manifest`` is the user's manifest file that is copied there, if one was given.
+    """
 
     table: Table
     manifest: Manifest
-    manifest_sha256: str
+    manifest_sha256: str | None
     manifest_source: str
     prompt_field: str
     response_field: str
     eval_max_rows: int | None
     split_warnings: tuple[str, ...] = ()
+    given_manifest: Path | None = None
 
     def split_rows(self, name: str) -> list[int]:
         """Dataset row indices of split ``name``, in manifest order."""
@@ -71,25 +77,29 @@ class RunData:
 def prepare_data(
     cfg: ExperimentConfig,
     seeds: Mapping[str, int],
-    manifest_out: Path,
+    manifest_out: Path | None,
     *,
     reuse_manifest: bool = False,
     manifest: Path | None = None,
 ) -> RunData:
     """Load the data, then take the split from the configured manifest or make it with the split seed.
 
-    The manifest used is written to ``manifest_out`` (the run directory's ``split.json``). With
-    ``reuse_manifest`` (a resumed run) the one already there is used; ``manifest`` overrides the
-    config's split (a rerun of a recorded run).
+    The manifest used is written to ``manifest_out`` (the run directory's ``split.json``); with
+    ``manifest_out`` None nothing is written (a new run checks its data before its directory
+    exists, then calls :func:`save_manifest`). With ``reuse_manifest`` (a resumed run) the one
+    already at ``manifest_out`` is used; ``manifest`` overrides the config's split (a rerun of a
+    recorded run).
 
     Raises:
-        InputError: missing fields, or a manifest made from other data.
+        InputError: missing fields, a manifest made from other data, a row without text.
     """
     table = load_table(cfg.data.path, cfg.data.format)
     check_config_columns(cfg, table)
     given = manifest if manifest is not None else cfg.split.manifest
+    reused = reuse_manifest and manifest_out is not None and manifest_out.exists()
     split_warnings: list[str] = []
-    if reuse_manifest and manifest_out.exists():
+    if reused:
+        assert manifest_out is not None
         loaded, source = load_manifest(manifest_out), "run directory (resumed)"
     elif given is not None:
         loaded, source = load_manifest(given), str(given)
@@ -114,24 +124,58 @@ def prepare_data(
             fix=f"run `reprotune check-split {given} {cfg.data.path}` to see what changed, "
             "then make a new manifest or restore the data",
         )
-    if reuse_manifest and manifest_out.exists():
-        pass  # the resumed run keeps the manifest it started with
-    elif given is None:
-        write_manifest(loaded, manifest_out)
-    else:
-        # Keep the user's file byte for byte, so the recorded sha256 is the one they hold.
-        copy_manifest(Path(given), manifest_out)
     _check_text_fields(table, loaded, (cfg.data.prompt_field, cfg.data.response_field))
-    return RunData(
+    data = RunData(
         table=table,
         manifest=loaded,
-        manifest_sha256=sha256_file(manifest_out),
+        manifest_sha256=sha256_file(manifest_out) if reused and manifest_out is not None else None,
         manifest_source=source,
         prompt_field=cfg.data.prompt_field,
         response_field=cfg.data.response_field,
         eval_max_rows=cfg.eval.max_rows,
         split_warnings=tuple(split_warnings),
+        given_manifest=None if reused or given is None else Path(given),
     )
+    if manifest_out is not None and not reused:
+        data = save_manifest(data, manifest_out)
+    return data
+
+
+def save_manifest(data: RunData, path: Path) -> RunData:
+    """Put the run's manifest at ``path``; return ``data`` with the manifest's sha256.
+
+    A manifest made for the run is written; a given one is copied byte for byte, so the recorded
+    sha256 is the one the user holds.
+    """
+    if data.given_manifest is not None:
+        digest = copy_manifest(data.given_manifest, path)
+    else:
+        digest = write_manifest(data.manifest, path)
+    return dataclasses.replace(data, manifest_sha256=digest)
+
+
+def check_rows_per_step(cfg: ExperimentConfig, data: RunData) -> None:
+    """Refuse a step that needs more rows than the training split holds (or an empty split).
+
+    Raises:
+        InputError: naming the batch size, the split's size and the fix.
+    """
+    n_train = len(data.manifest.indices["train"])
+    per_step = cfg.train.batch_size * cfg.train.grad_accum_steps
+    if n_train == 0:
+        raise InputError(
+            f"the training split of {data.table.source} is empty ({data.table.n_rows} rows in all)",
+            source="split.ratios" if data.given_manifest is None else str(data.given_manifest),
+            fix="give more rows, or a larger train ratio",
+        )
+    if per_step > n_train:
+        raise InputError(
+            f"one optimizer step takes {per_step} rows (train.batch_size {cfg.train.batch_size} x "
+            f"train.grad_accum_steps {cfg.train.grad_accum_steps}), but the training split holds "
+            f"only {n_train}",
+            source="train.batch_size",
+            fix=f"set train.batch_size x train.grad_accum_steps to at most {n_train}",
+        )
 
 
 def _check_text_fields(table: Table, manifest: Manifest, fields: tuple[str, ...]) -> None:

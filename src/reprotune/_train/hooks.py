@@ -60,6 +60,7 @@ class LedgerHook:
         # Detached views of the trainable parameters: the optimizer updates them in place, so
         # one hasher built now hashes the current weights after every step.
         self._hash_weights = weights_hasher(setup)
+        self.last_step = 0  # the last step whose line was queued (the writer flushes it on exit)
 
     def write_init(self) -> None:
         """The ledger's first line: the LoRA weights as created."""
@@ -88,6 +89,7 @@ class LedgerHook:
                     rank_rows=end.rank_rows,
                 )
             )
+            self.last_step = end.step
             self._stopwatch.seconds += time.perf_counter() - t0
         if end.validation is not None and self._ledger is not None:
             v = end.validation
@@ -188,8 +190,10 @@ class ProgressHook:
             mininterval=0.5,
         )
         self._last = time.perf_counter()
+        self.step = initial  # the last step done: what an interrupted run's record says it reached
 
     def on_step_end(self, end: StepEnd) -> None:
+        self.step = end.step
         now = time.perf_counter()
         seconds, self._last = now - self._last, now
         self._bar.set_postfix(loss=f"{end.loss:.4f}", tok_s=f"{end.n_tokens / seconds:.0f}", refresh=False)

@@ -14,12 +14,11 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from reprotune._config.loading import config_from_dict, dump_config_yaml
@@ -29,16 +28,30 @@ from reprotune._errors import InputError
 from reprotune._faults import ARMED as CRASH_TESTS_ARMED
 from reprotune._jsonio import sha256_file, write_bytes_atomic
 from reprotune._model.lora import save_adapter
-from reprotune._run.checkpoint import latest_valid_checkpoint, restore_checkpoint
-from reprotune._run.claim import claim_run_dir, new_run_dir, unlanded_first_record
+from reprotune._run.checkpoint import restore_latest_checkpoint
+from reprotune._run.claim import check_run_dir_free, claim_run_dir, new_run_dir, unlanded_first_record
 from reprotune._run.drift import refuse_code_drift, section_drift
-from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint
+from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint, own_outputs
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import LedgerWriter, hexf, truncate_ledger
+from reprotune._run.lock import holding_run_dir
+from reprotune._run.nospace import no_space_in_run
 from reprotune._run.record import load_record, start_record, utc_now, write_record
+from reprotune._run.redact import redact_data, redact_value
 from reprotune._trackers.base import RunDescription, Tracker, TrackerSet, flatten_params
 from reprotune._trackers.mlflow import MlflowTracker
 from reprotune._trackers.wandb import WandbTracker
+from reprotune._train.dist_run import (
+    distributed_section,
+    follow_resume,
+    follow_run,
+    generator_seed,
+    restore_on_main,
+    resume_world_change,
+    store_distributed,
+    torchrun_config,
+)
+from reprotune._train.distributed import DistContext, process_group
 from reprotune._train.faults import fault_hooks
 from reprotune._train.hooks import (
     CheckpointHook,
@@ -47,77 +60,60 @@ from reprotune._train.hooks import (
     ProgressHook,
     Stopwatch,
     TrackerHook,
+    attempt_timings,
+    hf_progress_bars,
+    step_predicate,
+    tracker_tags,
 )
 from reprotune._train.loop import LoopResult, StepHook, train_loop
-from reprotune._train.setup import Setup, build_setup
-from reprotune._version import __version__
+from reprotune._train.options import DEFAULT_OPTIONS, RunOptions, RunResult
+from reprotune._train.setup import Setup, build_setup, with_saved_manifest
+from reprotune._train.sharding import adapter_state, distribute_setup
+from reprotune._train.signals import interrupt_on_signals
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """How to run, beyond what the config says.
-
-    Args:
-        run_dir: where to write; default ``runs/<run-id>`` under the current directory.
-        progress: show a progress bar on stderr.
-        tracking: mirror to the trackers the config enables (False: none, e.g. in verify's legs).
-        stop_after_step: stop after this optimizer step as if interrupted (verify's resume leg),
-            leaving the run resumable.
-        restore_rng_on_resume: False only for verify's negative control of the resume leg.
-        manifest: train on this split manifest instead of the config's split (rerun uses the
-            recorded run's ``split.json``; the config, and so its hash, stay as recorded).
-        recording: which optimizer steps write their ledger line (with the weights hash) and send
-            their metrics to the trackers: every one (True, the default), none (False) or those a
-            predicate ``step -> bool`` picks. Anything but True is for the overhead benchmark only,
-            which compares recorded and unrecorded steps of one loop; such a run's ledger is not
-            complete, and ``compare`` and ``resume`` cannot use it.
-        hooks: extra step hooks, called after reprotune's own at the end of every step (the
-            benchmarks time steps with one).
-        code_dir: the directory whose git state is recorded.
-    """
-
-    run_dir: Path | None = None
-    progress: bool = True
-    tracking: bool = True
-    stop_after_step: int | None = None
-    restore_rng_on_resume: bool = True
-    manifest: Path | None = None
-    recording: bool | Callable[[int], bool] = True
-    hooks: Sequence[StepHook] = ()
-    code_dir: Path = field(default_factory=Path.cwd)
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """What a finished (or deliberately stopped) run produced."""
-
-    run_dir: Path
-    record: dict[str, Any]
-    status: str
-    steps_done: int
-    adapter_sha256: str | None
-    final_val_loss: float | None
-    step_times_s: tuple[float, ...] = ()
-    """This attempt's wall time per optimizer step, in step order (the benchmarks read it)."""
-    checkpoint_times_s: tuple[float, ...] = ()
-    """This attempt's wall time per checkpoint saved (included in the step times)."""
-
-
-def run_experiment(cfg: ExperimentConfig, options: RunOptions = RunOptions()) -> RunResult:
+def run_experiment(cfg: ExperimentConfig, options: RunOptions = DEFAULT_OPTIONS) -> RunResult:
     """Run the experiment ``cfg`` in a new run directory. See the module docstring.
 
+    Everything that can be checked before training (the data and its columns, the split, the
+    base model, the LoRA target modules) is checked before the directory is made, so bad input
+    leaves nothing behind.
+
+    Under torchrun every rank trains; rank 0 alone writes the run directory (docs/distributed.md).
+
     Raises:
-        InputError: bad data, model or config discovered while preparing (the record says failed).
+        InputError: bad data, model or config (found before the directory exists where it can
+            be; later, the record says failed), or another process writes the directory.
     """
+    with process_group(cfg) as dist:
+        if dist is not None and not dist.is_main:
+            return follow_run(cfg, dist, options, resume=False)
+        return _run_new(cfg, options, dist)
+
+
+def _run_new(cfg: ExperimentConfig, options: RunOptions, dist: DistContext | None) -> RunResult:
     run_dir = options.run_dir or new_run_dir(cfg)
-    claim_run_dir(run_dir)
+    check_run_dir_free(run_dir)
     record = start_record(run_dir.name, cfg, derive_seeds(cfg.seed.root, dict(cfg.seed.overrides)))
-    with _hf_progress_bars(options.progress):
-        return _execute(cfg, RunLayout(run_dir), options, record, resume=False)
+    run = _Run(RunLayout(run_dir), record, TrackerSet([]), dist=dist)
+    with hf_progress_bars(options.progress), interrupt_on_signals(), _closed_if_unrecorded(run):
+        run.trackers = build_trackers(cfg, options, run.report)
+        setup = distribute_setup(build_setup(cfg, manifest=options.manifest), dist)
+        with holding_run_dir(run_dir, report=run.report):
+            claim_run_dir(run_dir, report=run.report)
+            return _execute(cfg, run, options, resume=False, setup=setup)
 
 
-def resume_run(run_dir: Path, options: RunOptions = RunOptions()) -> RunResult:
-    """Continue the unfinished run in ``run_dir`` from its latest valid checkpoint."""
+def resume_run(run_dir: Path, options: RunOptions = DEFAULT_OPTIONS) -> RunResult:
+    """Continue the unfinished run in ``run_dir`` from its latest valid checkpoint (under torchrun,
+    at the world size it trained at unless ``options.allow_world_size_change``)."""
+    with process_group(torchrun_config(run_dir)) as dist:
+        if dist is not None and not dist.is_main:
+            return follow_resume(run_dir, torchrun_config(run_dir) or ExperimentConfig(), dist, options)
+        return _resume(run_dir, options, dist)
+
+
+def _resume(run_dir: Path, options: RunOptions, dist: DistContext | None) -> RunResult:
     paths = RunLayout(run_dir)
     if unlanded_first_record(run_dir):
         raise InputError(
@@ -131,16 +127,26 @@ def resume_run(run_dir: Path, options: RunOptions = RunOptions()) -> RunResult:
             source=str(run_dir),
             fix="point at a directory written by `reprotune run`",
         )
-    record = load_record(paths.record)
-    if record.get("status") == "completed":
-        raise InputError(
-            f"the run in {run_dir} is already complete; nothing to resume",
-            source=str(paths.record),
-            fix=f"compare it with `reprotune compare`, or start a new one with `reprotune rerun {run_dir}`",
-        )
-    cfg = config_from_dict(record["config"], source=str(paths.record))
-    with _hf_progress_bars(options.progress):
-        return _execute(cfg, paths, options, record, resume=True)
+    run = _Run(paths, {}, TrackerSet([]), dist=dist)
+    with (
+        holding_run_dir(run_dir, report=run.report),
+        hf_progress_bars(options.progress),
+        interrupt_on_signals(),
+        _closed_if_unrecorded(run),
+    ):
+        run.record = load_record(paths.record)  # read under the lock: no other writer now
+        if run.record.get("status") == "completed":
+            raise InputError(
+                f"the run in {run_dir} is already complete; nothing to resume",
+                source=str(paths.record),
+                fix=f"compare it with `reprotune compare`, or start a new one with "
+                f"`reprotune rerun {run_dir}`",
+            )
+        cfg = config_from_dict(run.record["config"], source=str(paths.record))
+        allow = options.allow_world_size_change
+        run.world_change = resume_world_change(run.record, dist, allow_change=allow, run_dir=run_dir)
+        run.trackers = build_trackers(cfg, options, run.report)
+        return _execute(cfg, run, options, resume=True)
 
 
 @dataclass
@@ -151,49 +157,74 @@ class _Run:
     record: dict[str, Any]
     trackers: TrackerSet
     started: float = field(default_factory=time.perf_counter)
+    recorded: bool = False
+    dist: DistContext | None = None  # rank 0 of a distributed run
+    world_change: dict[str, int] | None = None  # an allowed change of world size on resume
 
     def report(self, line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
+        print(redact_value(line), file=sys.stderr, flush=True)
 
     def write_record(self) -> None:
         write_record(self.paths.record, self.record)
+        self.recorded = True
+
+
+@contextlib.contextmanager
+def _closed_if_unrecorded(run: _Run) -> Iterator[None]:
+    """Close the trackers of a run that fails before its first record (``_finish`` does after)."""
+    try:
+        yield
+    except BaseException:
+        if not run.recorded:
+            with contextlib.suppress(Exception):
+                run.trackers.finish("failed")
+        raise
 
 
 def _execute(
-    cfg: ExperimentConfig, paths: RunLayout, options: RunOptions, record: dict[str, Any], *, resume: bool
+    cfg: ExperimentConfig,
+    run: _Run,
+    options: RunOptions,
+    *,
+    resume: bool,
+    setup: Setup | None = None,
 ) -> RunResult:
+    record, paths = run.record, run.paths
     record["status"] = "running"
     record["error"] = None
     record.setdefault("attempts", []).append({"started_at": utc_now(), "resumed": resume})
-    run = _Run(paths, record, TrackerSet([]))
     run.trackers.report = run.report
-    run.write_record()  # first: a directory with a record is a run, whatever happens next
-    if not resume:
-        dump_config_yaml(cfg, paths.config)
     progress: ProgressHook | None = None
+    ledger_hook: LedgerHook | None = None
     loop: LoopResult | None = None
     save_times: list[float] = []
     stopwatch = Stopwatch()
     try:
-        run.trackers = build_trackers(cfg, options, run.report)
-        setup = build_setup(cfg, manifest_out=paths.manifest, manifest=options.manifest, resumed=resume)
+        run.write_record()  # first: a directory with a record is a run, whatever happens next
+        if not resume:
+            dump_config_yaml(cfg, paths.config)
+        if setup is None:
+            built = build_setup(cfg, manifest_out=paths.manifest, manifest=options.manifest, resumed=resume)
+            setup = distribute_setup(built, run.dist)
+        else:
+            setup = with_saved_manifest(setup, paths.manifest)
         _fill_record(run, setup, options, resume=resume)
         start_step = _restore(run, setup, options) if resume else 0
         if start_step == 0:
             paths.ledger.unlink(missing_ok=True)  # a clean ledger for a run from the start
             # Dropout (and anything else drawing from torch's global generator) gets its own seed.
-            torch.manual_seed(setup.seeds["dropout"])
+            torch.manual_seed(generator_seed(setup))
         run.trackers.start(
             RunDescription(
                 run_id=record["run_id"],
                 run_dir=paths.root,
                 params=flatten_params(record["config"]),
-                tags=_tracker_tags(record),
+                tags=tracker_tags(record),
             )
         )
         run.write_record()
 
-        records_step = _step_predicate(options.recording)
+        records_step = step_predicate(options.recording)
         progress = ProgressHook(setup.total_steps, start_step, options.progress)
         with LedgerWriter(paths.ledger) as ledger:
             ledger_hook = LedgerHook(setup, ledger, records_step, stopwatch)
@@ -206,7 +237,7 @@ def _execute(
                 checkpoints,
             ]
             if CRASH_TESTS_ARMED:
-                hooks.append(CrashPointHook())
+                hooks.append(CrashPointHook(run.dist.rank if run.dist is not None else None))
             hooks += [*fault_hooks(setup), progress, *options.hooks]
             loop = train_loop(setup, hooks, start_step=start_step, stop_after_step=options.stop_after_step)
         progress.close()
@@ -217,7 +248,15 @@ def _execute(
         if progress is not None:
             progress.close()
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-        _finish(run, status, loop, stopwatch, save_times, error=exc)
+        error = no_space_in_run(exc, paths.root) if run.recorded else None
+        if run.recorded:
+            try:
+                reached = max(progress.step if progress else 0, ledger_hook.last_step if ledger_hook else 0)
+                _finish(run, status, loop, stopwatch, save_times, error=error or exc, reached=reached)
+            except Exception as second:  # e.g. the disk is still full: the first error is the news
+                run.report(f"warning: could not record the run's end in {paths.record}: {second}")
+        if error is not None:
+            raise error from None
         raise
 
 
@@ -236,9 +275,12 @@ def _fill_record(run: _Run, setup: Setup, options: RunOptions, *, resume: bool) 
                 run.report(f"warning: differs from the run's start: {line}")
     for warning in setup.data.split_warnings:
         run.report(f"warning: {warning}")
-    code = code_fingerprint(options.code_dir)
-    code_record = code.to_record(patch_file=run.paths.patch.name if code.dirty else None)
+    code = code_fingerprint(options.code_dir, outputs=own_outputs(setup.cfg, run.paths.root))
+    code_record = code.to_record(patch_file=run.paths.patch.name if code.diff else None)
     environment = environment_fingerprint()
+    if setup.dist is not None:  # every rank's fingerprint; ranks that differ are refused here
+        section = distributed_section(setup, environment) or {}
+        store_distributed(record, section, resume=resume, report=run.report)
     if resume and "code" in record:
         # A resumed run must be the run that started: same code. The record keeps the identity
         # the run started with; an environment that moved is noted on this attempt.
@@ -249,24 +291,28 @@ def _fill_record(run: _Run, setup: Setup, options: RunOptions, *, resume: bool) 
             run.report(f"warning: environment differs from the run's start: {line}")
     else:
         record["code"] = code_record
-        if code.dirty and code.diff is not None:
+        if code.diff:  # untracked files alone make a tree dirty but no patch: none is written
             write_bytes_atomic(run.paths.patch, code.diff)
         record["environment"] = environment
 
 
 def _restore(run: _Run, setup: Setup, options: RunOptions) -> int:
     """Restore the latest valid checkpoint into the setup; return its step (0 when there is none)."""
-    found = latest_valid_checkpoint(run.paths.checkpoints, report=run.report)
-    if found is None:
-        return 0  # nothing to restore: start over, from a clean ledger
-    state = restore_checkpoint(
-        found,
+    if setup.dist is not None:  # every rank restores together; rank 0 reads the checkpoint
+        rng, change, report = options.restore_rng_on_resume, run.world_change, run.report
+        return restore_on_main(run.record, run.paths, setup, restore_rng=rng, change=change, report=report)
+    restored = restore_latest_checkpoint(
+        run.paths.checkpoints,
         model=setup.model,
         optimizer=setup.optimizer,
         scheduler=setup.scheduler,
         scaler=setup.scaler,
         restore_rng=options.restore_rng_on_resume,
+        report=run.report,
     )
+    if restored is None:
+        return 0  # nothing to restore: start over, from a clean ledger
+    found, state = restored
     # What this attempt resumed from, for compare (a resume that skipped the RNG is a cause).
     run.record["attempts"][-1].update(from_step=state.step, rng_restored=options.restore_rng_on_resume)
     truncate_ledger(run.paths.ledger, keep_through_step=state.step)
@@ -283,17 +329,18 @@ def _finish(
     *,
     setup: Setup | None = None,
     error: BaseException | None = None,
+    reached: int = 0,
 ) -> RunResult:
     """Write the record of a run that ended: completed (with its outputs), stopped, failed or
     interrupted (with the error); the trackers learn the status and log the artifacts."""
     record, paths = run.record, run.paths
     step_times = loop.step_times_s if loop is not None else ()
-    steps_done = loop.steps_done if loop is not None else 0
+    steps_done = loop.steps_done if loop is not None else reached
     record["status"] = status
     if error is not None:
-        record["error"] = {"type": type(error).__name__, "message": str(error)}
+        record["error"] = {"type": type(error).__name__, "message": redact_value(str(error))}
     if setup is not None:
-        adapter_files = save_adapter(setup.model, paths.adapter_dir)
+        adapter_files = save_adapter(setup.model, paths.adapter_dir, state_dict=adapter_state(setup))
         final_val = loop.final_val_loss if loop is not None else None
         record["outputs"] = {
             "adapter_files": adapter_files,
@@ -301,7 +348,8 @@ def _finish(
             "ledger_sha256": sha256_file(paths.ledger),
             "final_val_loss": hexf(final_val) if final_val is not None else None,
         }
-    record["timings"].update(_timings(run.started, step_times, steps_done, stopwatch.seconds, save_times))
+    timings = attempt_timings(run.started, step_times, steps_done, stopwatch.seconds, save_times)
+    record["timings"].update(timings)
     if status == "completed":
         run.write_record()
         run.trackers.log_artifacts(
@@ -314,7 +362,7 @@ def _finish(
             }
         )
     with contextlib.suppress(Exception):
-        record["trackers"] = run.trackers.finish(status)
+        record["trackers"] = redact_data(run.trackers.finish(status))
     run.write_record()
     final_val_loss = loop.final_val_loss if loop is not None else None
     return RunResult(
@@ -336,63 +384,8 @@ def build_trackers(cfg: ExperimentConfig, options: RunOptions, report: Callable[
         # First: without wandb installed this raises (naming the extra) before any child starts.
         trackers.append(WandbTracker(cfg.tracking.experiment))
     if options.tracking and cfg.tracking.mlflow:
-        trackers.append(
-            MlflowTracker(cfg.tracking.uri, cfg.tracking.artifact_location, cfg.tracking.experiment)
-        )
+        # A record's config holds the URI with its user-info masked (a resumed run): connect
+        # without it, with MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD from the environment.
+        uri = cfg.tracking.uri.replace("://***:***@", "://").replace("://***@", "://")
+        trackers.append(MlflowTracker(uri, cfg.tracking.artifact_location, cfg.tracking.experiment))
     return TrackerSet(trackers, report=report)
-
-
-@contextlib.contextmanager
-def _hf_progress_bars(enabled: bool) -> Iterator[None]:
-    """Show transformers' own progress bars (loading weights) only when ours are shown."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    if not enabled:
-        hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
-
-
-def _step_predicate(recording: bool | Callable[[int], bool]) -> Callable[[int], bool]:
-    if callable(recording):
-        return recording
-    return (lambda _step: True) if recording else (lambda _step: False)
-
-
-def _timings(
-    started: float, step_times: Sequence[float], steps_done: int, recording_s: float, save_times: list[float]
-) -> dict[str, Any]:
-    total = sum(step_times)
-    return {
-        "ended_at": utc_now(),
-        "duration_s": round(time.perf_counter() - started, 3),
-        "steps_done": steps_done,
-        "step_time_s_mean": round(float(np.mean(step_times)), 6) if step_times else None,
-        # The median ignores the first step's warm-up and one-off stalls: the loop's typical pace.
-        "step_time_s_median": round(float(np.median(step_times)), 6) if step_times else None,
-        # The ledger lines, weights hashes and tracker hand-offs of this attempt's steps, timed
-        # where they run: what recording cost this run, as a share of its step time.
-        "recording_time_s": round(recording_s, 6),
-        "recording_share": round(recording_s / total, 6) if total else None,
-        # Checkpoint saves of this attempt (ledger sync included), part of the step times.
-        "checkpoint_time_s": round(sum(save_times), 6),
-    }
-
-
-def _tracker_tags(record: Mapping[str, Any]) -> dict[str, str]:
-    code, data, model = record.get("code", {}), record.get("data", {}), record.get("model", {})
-    return {
-        "reprotune.version": __version__,
-        "reprotune.run_id": record["run_id"],
-        "git.commit": str(code.get("commit")),
-        "git.dirty": str(code.get("dirty")),
-        "data.sha256": str(data.get("file_sha256")),
-        "data.manifest_sha256": str(data.get("manifest_sha256")),
-        "model.source": str(model.get("source")),
-        "model.weights_sha256": str(model.get("weights_sha256")),
-        "config.sha256": record["config_sha256"],
-    }

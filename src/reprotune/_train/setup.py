@@ -8,6 +8,7 @@ with the same function, so a benchmark measures the run that ``reprotune run`` m
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from reprotune._determinism.seeds import derive_seeds
 from reprotune._model.loading import load_base_model
 from reprotune._model.lora import apply_lora, lora_config_dict
 from reprotune._train.batches import Examples
-from reprotune._train.data import RunData, prepare_data
+from reprotune._train.data import RunData, check_rows_per_step, prepare_data, save_manifest
 from reprotune._train.distributed import DistContext
 from reprotune._train.loss import supports_logits_to_keep
 from reprotune._train.optim import build_optimizer, build_scheduler
@@ -110,13 +111,17 @@ class Setup:
 
 
 def build_setup(
-    cfg: ExperimentConfig, *, manifest_out: Path, manifest: Path | None = None, resumed: bool = False
+    cfg: ExperimentConfig,
+    *,
+    manifest_out: Path | None = None,
+    manifest: Path | None = None,
+    resumed: bool = False,
 ) -> Setup:
     """Build everything the run of ``cfg`` needs before its first step.
 
     Args:
         cfg: the experiment.
-        manifest_out: where the run's split manifest is written (the run directory's ``split.json``).
+        manifest_out: where the split manifest is written; None: later (:func:`with_saved_manifest`).
         manifest: train on this manifest instead of the config's split (``rerun``).
         resumed: a resumed run: keep the manifest already at ``manifest_out``.
 
@@ -133,6 +138,7 @@ def build_setup(
     data = prepare_data(cfg, seeds, manifest_out, reuse_manifest=resumed, manifest=manifest)
 
     loaded = load_base_model(
+    check_rows_per_step(cfg, data)
         cfg.model.name,
         revision=cfg.model.revision,
         dtype=cfg.model.dtype,
@@ -191,6 +197,11 @@ def _with_lora(model: torch.nn.Module, cfg: ExperimentConfig, seed: int) -> Peft
         model,
         seed=seed,
         r=cfg.lora.r,
+def with_saved_manifest(setup: Setup, path: Path) -> Setup:
+    """``setup`` after its split manifest was put at ``path`` (the run directory's ``split.json``)."""
+    return dataclasses.replace(setup, data=save_manifest(setup.data, path))
+
+
         alpha=cfg.lora.alpha,
         dropout=cfg.lora.dropout,
         target_modules=list(cfg.lora.target_modules),
