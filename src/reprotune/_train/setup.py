@@ -136,9 +136,9 @@ def build_setup(
     device = resolve_device(cfg.determinism.device)
     flags = apply_determinism(cfg.determinism.mode, cfg.determinism.threads, device.type)
     data = prepare_data(cfg, seeds, manifest_out, reuse_manifest=resumed, manifest=manifest)
+    check_rows_per_step(cfg, data)
 
     loaded = load_base_model(
-    check_rows_per_step(cfg, data)
         cfg.model.name,
         revision=cfg.model.revision,
         dtype=cfg.model.dtype,
@@ -192,16 +192,16 @@ def build_setup(
     )
 
 
-def _with_lora(model: torch.nn.Module, cfg: ExperimentConfig, seed: int) -> PeftModel:
-    return apply_lora(
-        model,
-        seed=seed,
-        r=cfg.lora.r,
 def with_saved_manifest(setup: Setup, path: Path) -> Setup:
     """``setup`` after its split manifest was put at ``path`` (the run directory's ``split.json``)."""
     return dataclasses.replace(setup, data=save_manifest(setup.data, path))
 
 
+def _with_lora(model: torch.nn.Module, cfg: ExperimentConfig, seed: int) -> PeftModel:
+    return apply_lora(
+        model,
+        seed=seed,
+        r=cfg.lora.r,
         alpha=cfg.lora.alpha,
         dropout=cfg.lora.dropout,
         target_modules=list(cfg.lora.target_modules),
