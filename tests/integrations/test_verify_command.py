@@ -96,12 +96,21 @@ def test_another_seed_diverges_and_the_cause_names_it(
     [
         (["verify", "--resume-at", "3"], "--resume-at needs --command"),
         (["verify", "cfg.yaml", "--command", "python train.py"], "cannot go with it"),
+        (["verify", "--command", "python train.py", "--thorough"], "cannot go with it"),
         (["verify", "--command", "  "], "the command is empty"),
         (["verify", "--command", "python 'unclosed"], "cannot split the command"),
         (["verify", "--command", "python train.py", "--resume-at", "0"], "is not a step >= 1"),
         (["verify"], "verify needs a config, or --command"),
     ],
-    ids=["resume-without-command", "config-and-command", "empty", "unclosed-quote", "resume-at-0", "nothing"],
+    ids=[
+        "resume-without-command",
+        "config-and-command",
+        "thorough-and-command",
+        "empty",
+        "unclosed-quote",
+        "resume-at-0",
+        "nothing",
+    ],
 )
 def test_bad_usage_exits_2_before_running(
     argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any

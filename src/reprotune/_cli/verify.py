@@ -94,9 +94,11 @@ def _run_command(args: argparse.Namespace) -> int:
 
     if args.train_command is None:
         raise InputError("--resume-at needs --command", source="--resume-at", fix=_USAGE_FIX)
-    if args.config is not None or args.overrides or args.reference is not None:
+    config_only = args.overrides or args.reference is not None or args.thorough or args.no_resume
+    if args.config is not None or config_only:
         raise InputError(
-            "--command verifies a script, not a config: a config, --set or --reference cannot go with it",
+            "--command verifies a script, not a config: a config, --set, --reference, --thorough or "
+            "--no-resume cannot go with it (its resume leg is --resume-at STEP)",
             source="--command",
             fix=_USAGE_FIX,
         )
