@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from reprotune._config.schema import dotted
-from reprotune._config.secrets import NOT_SECRET_TAG, TOKEN_FIX, token_problem
+from reprotune._config.secrets import NOT_SECRET_TAG, TOKEN_FIX, mask_url_credentials, token_problem
 from reprotune._errors import ConfigError, InputError
 
 #: Most values (mapping keys, values, list items, counted as if every alias were written out)
@@ -245,7 +245,8 @@ def parse_yaml_value(text: str, path: tuple[str | int, ...] = ()) -> Any:
         raise InputError(message, fix=fix) from None
     except (yaml.YAMLError, RecursionError) as exc:
         raise InputError(
-            f"value {text[:80]!r} is not valid YAML: {str(exc)[:200]}", fix="quote it, e.g. key='a: b'"
+            mask_url_credentials(f"value {text[:80]!r} is not valid YAML: {str(exc)[:200]}"),
+            fix="quote it, e.g. key='a: b'",
         ) from None
     finally:
         loader.dispose()
