@@ -18,7 +18,7 @@ from trainer_scripts import tiny_trainer
 from reprotune._cli import main
 from reprotune._errors import InputError
 from reprotune._model.tiny import tiny_rows
-from reprotune._run.ledger import read_ledger
+from reprotune._run.ledger import batch_sha256, read_ledger
 from reprotune._run.record import load_record
 from reprotune._run.rundir import open_run_dir
 from reprotune.integrations._findings import SeedProbe, TrainerFacts, probe_seed, trainer_findings
@@ -71,6 +71,21 @@ def test_every_step_has_its_exact_loss_whatever_logging_steps(model_dir: Path, t
     assert open_run_dir(sparse).ledger.init is not None
     # A Trainer-made run has no reprotune config: `rerun` refuses it with exit 2, naming the way.
     assert main(["rerun", str(sparse)]) == 2
+
+
+def test_gradient_accumulation_step_is_all_its_micro_batches(model_dir: Path, tmp_path: Path) -> None:
+    """With 2 micro-batches a step, each line's loss is the step's logged loss bit for bit, and its
+    rows are both micro-batches', exactly the indices the Trainer's sampler drew for that step
+    (drawn ahead of use, matched by position)."""
+    trainer, run_dir = _train(model_dir, tmp_path, "ga", max_steps=4, gradient_accumulation_steps=2)
+    logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    train = read_ledger(run_dir / "ledger.jsonl").train
+    assert [e.fields["loss"] for e in train] == [float(x).hex() for x in logged]
+    # accelerate's SeedableRandomSampler: epoch 0 is randperm(rows) from seed + 0 (seed 0 here).
+    order = torch.randperm(40, generator=torch.Generator().manual_seed(0)).tolist()
+    expected = [batch_sha256(order[8 * i : 8 * i + 8]) for i in range(4)]
+    assert [e.fields["batch_sha256"] for e in train] == expected
+    assert [e.fields["n_rows"] for e in train] == [8, 8, 8, 8]
 
 
 def test_callback_mirrors_to_wandb_offline(model_dir: Path, tmp_path: Path) -> None:
