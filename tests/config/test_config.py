@@ -230,7 +230,7 @@ def test_config_sha256_golden() -> None:
     """The default config's identity is pinned: a changed default shows up here, on purpose."""
     assert (
         config_sha256(ExperimentConfig())
-        == "3dc3d15fd0cb452ce94965344fcd35bff45e088cc277e4da873287dc2a66fa2b"
+        == "4c94974de2d5a2665a1b6d339811026641405514e24eaae8b2af0100a7dc25c0"
     )
 
 

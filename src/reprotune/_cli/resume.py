@@ -12,6 +12,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, help="the run directory of an unfinished run")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-tracking", action="store_true", help="do not mirror the run to MLflow")
+    parser.add_argument(
+        "--allow-world-size-change",
+        action="store_true",
+        help="under torchrun, resume at another world size than the run trained at (recorded; the "
+        "result is then not bitwise what an uninterrupted run gives)",
+    )
     # verify's negative control only: a resume that forgets the RNG states must diverge.
     parser.add_argument("--skip-rng-restore", action="store_true", help=argparse.SUPPRESS)
     add_watch_options(parser)
@@ -28,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
         tracking=not args.no_tracking,
         restore_rng_on_resume=not (args.skip_rng_restore or rng_restore_broken()),
         hooks=watch_hooks(args),
+        allow_world_size_change=args.allow_world_size_change,
     )
     result = resume_run(args.run_dir, options)
     print_summary(result)

@@ -23,7 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def print_summary(result: Any) -> None:
-    """The closing lines of a run: where it is, what it produced, how to look at it."""
+    """The closing lines of a run: where it is, what it produced, how to look at it (said by rank 0
+    alone in a distributed run)."""
+    if not result.main:
+        return
     record = result.record
     print(f"run {record['run_id']}: {result.status} after {result.steps_done} steps")
     print(f"  run directory   {result.run_dir}")

@@ -1,0 +1,273 @@
+"""Real ``torchrun`` launches (CPU, gloo, 2 processes) of the tiny model: twin launches are
+byte-identical under DDP and FSDP2, a rank killed mid-run leaves a recorded failure and nothing
+half-written, resume equals the uninterrupted run, another world size is refused or recorded, and
+world sizes 1 and 2 agree within a stated tolerance.
+
+Each launch costs about 20-40 s here (every process imports torch, transformers and PEFT), so the
+launches are module fixtures shared by the tests, run one after another: 9 in all.
+
+The config: 8 optimizer steps of 4 global micro-batches of 2 rows (8 rows a step, the same rows at
+every world size), LoRA dropout 0.1, a checkpoint every 4 steps, validation at 4 and 8.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from reprotune._model.lora import tensors_sha256
+from reprotune._proof.compare import compare_runs
+from reprotune._proof.differences import Verdict
+from reprotune._run.checkpoint import list_checkpoints, verify_checkpoint
+from reprotune._run.ledger import RANK_BATCHES, read_ledger
+from reprotune._run.record import load_record
+from tinyrun import TinyProject
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+TRAIN = {
+    "batch_size": 2,
+    "grad_accum_steps": 4,
+    "max_steps": 8,
+    "save_every": 4,
+    "eval_every": 4,
+    "learning_rate": 1.0e-2,
+}
+QUIET = ("--no-progress", "--no-tracking")
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+#: World sizes 1 and 2 sum each step's gradients in another order; the losses of this run agree to
+#: about 3e-8 relative (measured), so 1e-6 leaves a margin of 30 and still catches any real change.
+RELATIVE_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One finished ``torchrun`` launch: its run directory and what it printed."""
+
+    run_dir: Path
+    returncode: int
+    output: str
+
+
+def launch(project: TinyProject, nproc: int, *args: str, env: dict[str, str] | None = None) -> Launch:
+    """``torchrun --standalone --nproc_per_node NPROC -m reprotune ARGS`` in the project directory.
+
+    ``OMP_NUM_THREADS=1`` is set for every launch (torchrun sets it only for more than one process),
+    so launches at world sizes 1 and 2 run in the same environment.
+    """
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    full_env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "OMP_NUM_THREADS": "1", **(env or {})}
+    done = subprocess.run(
+        [*command, "-m", "reprotune", *args],
+        cwd=project.root,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    run_dir = next((Path(args[i + 1]) for i, a in enumerate(args) if a == "--run-dir"), Path(args[-1]))
+    return Launch(project.root / run_dir, done.returncode, done.stdout + done.stderr)
+
+
+def completed(result: Launch) -> Launch:
+    assert result.returncode == 0, result.output[-6000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> TinyProject:
+    tiny = TinyProject.create(tmp_path_factory.mktemp("dist-project"))
+    determinism = {"mode": "strict", "threads": 1, "device": "cpu"}
+    for strategy in ("ddp", "fsdp"):
+        tiny.config(
+            f"{strategy}.yaml",
+            train=TRAIN,
+            determinism=determinism,
+            distributed={"strategy": strategy, "timeout_s": 120},
+        )
+    return tiny
+
+
+@pytest.fixture(scope="module")
+def ddp_twins(project: TinyProject) -> tuple[Launch, Launch]:
+    return tuple(  # type: ignore[return-value]
+        completed(launch(project, 2, "run", "ddp.yaml", "--run-dir", f"runs/ddp-{n}", *QUIET)) for n in (1, 2)
+    )
+
+
+@pytest.fixture(scope="module")
+def fsdp_twins(project: TinyProject) -> tuple[Launch, Launch]:
+    return tuple(  # type: ignore[return-value]
+        completed(launch(project, 2, "run", "fsdp.yaml", "--run-dir", f"runs/fsdp-{n}", *QUIET))
+        for n in (1, 2)
+    )
+
+
+@pytest.fixture(scope="module")
+def crashed(project: TinyProject) -> tuple[Launch, Path, Path]:
+    """An FSDP launch whose rank 1 is SIGKILLed after step 6 (checkpoint at 4), and two copies of
+    its run directory as the crash left it (one to resume at world size 2, one at 1)."""
+    result = launch(
+        project,
+        2,
+        "run",
+        "fsdp.yaml",
+        "--run-dir",
+        "runs/crashed",
+        *QUIET,
+        env={"REPROTUNE_KILL_AT": "rank1/step-end:6"},
+    )
+    copies = project.root / "runs" / "crashed-resume", project.root / "runs" / "crashed-w1"
+    for copy in copies:
+        shutil.copytree(result.run_dir, copy)
+    return result, *copies
+
+
+def _adapter_bytes(run_dir: Path) -> dict[str, bytes]:
+    return {name: (run_dir / "adapter" / name).read_bytes() for name in ADAPTER_FILES}
+
+
+def _assert_byte_identical(a: Path, b: Path) -> None:
+    assert (a / "ledger.jsonl").read_bytes() == (b / "ledger.jsonl").read_bytes()
+    assert _adapter_bytes(a) == _adapter_bytes(b)
+    assert compare_runs(a, b).verdict is Verdict.IDENTICAL
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_twin_launches_are_byte_identical(
+    strategy: str, ddp_twins: tuple[Launch, Launch], fsdp_twins: tuple[Launch, Launch]
+) -> None:
+    """Two launches of one config at world size 2 write byte-identical ledgers and adapters; the
+    record names the world size, backend and strategy and both ranks; every train line holds both
+    ranks' batch hashes; the ledger's weights hash at step 4 is the hash of the whole weights in
+    the step-4 checkpoint (gathered another way under FSDP)."""
+    first, second = ddp_twins if strategy == "ddp" else fsdp_twins
+    _assert_byte_identical(first.run_dir, second.run_dir)
+    record = load_record(first.run_dir)
+    section = record["distributed"]
+    assert (section["world_size"], section["backend"], section["strategy"]) == (2, "gloo", strategy)
+    assert [rank["rank"] for rank in section["ranks"]] == [0, 1]
+    assert all(rank["environment_differs"] == [] for rank in section["ranks"])
+    ledger = read_ledger(first.run_dir / "ledger.jsonl")
+    assert len(ledger.train) == 8
+    assert all(len(line.fields[RANK_BATCHES]) == 2 for line in ledger.train)
+    assert len({h for line in ledger.train for h in line.fields[RANK_BATCHES]}) == 16
+    checkpoint = first.run_dir / "checkpoints" / "step-00000004" / "trainable.safetensors"
+    assert tensors_sha256(load_file(str(checkpoint))) == ledger.train[3].fields["weights_sha256"]
+
+
+def test_a_killed_rank_brings_the_launch_down_with_a_recorded_failure(
+    crashed: tuple[Launch, Path, Path],
+) -> None:
+    """Rank 1 SIGKILLed after step 6: torchrun fails, rank 0 records that the run did not complete
+    (failed: it lost its peer; or interrupted: torchrun stopped it first) with the error, the ledger
+    holds whole lines only, the step-4 checkpoint is whole and nothing half-written is left."""
+    result, snapshot, _ = crashed
+    assert result.returncode != 0
+    assert "exitcode  : -9" in result.output  # torchrun's summary: rank 1 died of SIGKILL
+    record = load_record(snapshot)
+    assert record["status"] in ("failed", "interrupted"), record["status"]
+    assert record["error"] is not None
+    if record["status"] == "failed":
+        assert "another rank left the run" in record["error"]["message"]
+    ledger = read_ledger(snapshot / "ledger.jsonl")  # strict: a partial last line would be refused
+    assert 6 <= len(ledger.train) <= 7
+    assert [path.name for path in list_checkpoints(snapshot / "checkpoints")] == ["step-00000004"]
+    assert verify_checkpoint(snapshot / "checkpoints" / "step-00000004") is None
+    leftovers = [p.name for p in snapshot.rglob("*") if ".tmp" in p.name]
+    assert leftovers == []
+    assert not (snapshot / "adapter").exists()
+
+
+def test_resume_after_a_killed_rank_equals_the_uninterrupted_run(
+    project: TinyProject, crashed: tuple[Launch, Path, Path], fsdp_twins: tuple[Launch, Launch]
+) -> None:
+    """Resumed without torchrun: refused (exit 2) with the command to use. Resumed under torchrun at
+    world size 2: from step 4, the ledger and adapter are byte-identical to an uninterrupted run."""
+    _, run_dir, _ = crashed
+    plain = project.run_cli("resume", str(run_dir), *QUIET, check=False)
+    assert plain.returncode == 2
+    assert "torchrun --nproc_per_node 2 -m reprotune resume" in plain.stderr
+    completed(launch(project, 2, "resume", str(run_dir), *QUIET))
+    _assert_byte_identical(fsdp_twins[0].run_dir, run_dir)
+    attempt = load_record(run_dir)["attempts"][-1]
+    assert (attempt["from_step"], attempt["rng_restored"]) == (4, True)
+
+
+def test_resume_at_another_world_size_is_refused_then_recorded_when_allowed(
+    project: TinyProject, crashed: tuple[Launch, Path, Path], fsdp_twins: tuple[Launch, Launch]
+) -> None:
+    """At world size 1 the resume is refused, naming the flag; with --allow-world-size-change it
+    finishes, the record says from which world size to which at which step, and the run stays
+    within the tolerance of the uninterrupted one (not identical: the gradient sums changed order)."""
+    _, _, run_dir = crashed
+    refused = launch(project, 1, "resume", str(run_dir), *QUIET)
+    assert refused.returncode != 0
+    assert "--allow-world-size-change" in refused.output
+    completed(launch(project, 1, "resume", str(run_dir), "--allow-world-size-change", *QUIET))
+    record = load_record(run_dir)
+    change = record["distributed"]["world_size_changes"]
+    assert [{k: c[k] for k in ("from", "to", "at_step")} for c in change] == [
+        {"from": 2, "to": 1, "at_step": 4}
+    ]
+    assert record["attempts"][-1]["world_size_change"] == change[0]
+    _assert_close(fsdp_twins[0].run_dir, run_dir, from_step=5)
+
+
+@pytest.fixture(scope="module")
+def world_size_1(project: TinyProject) -> Launch:
+    return completed(launch(project, 1, "run", "ddp.yaml", "--run-dir", "runs/ddp-w1", *QUIET))
+
+
+def _assert_close(a: Path, b: Path, *, from_step: int) -> None:
+    """Same rows at every step, every loss within the relative tolerance; bitwise before ``from_step``."""
+    la, lb = read_ledger(a / "ledger.jsonl"), read_ledger(b / "ledger.jsonl")
+    assert [e.fields["batch_sha256"] for e in la.train] == [e.fields["batch_sha256"] for e in lb.train]
+    for ea, eb in zip(la.train, lb.train, strict=True):
+        if ea.step < from_step:
+            assert ea.fields["loss"] == eb.fields["loss"], ea.step
+        x, y = ea.number("loss"), eb.number("loss")
+        assert abs(x - y) <= RELATIVE_TOLERANCE * abs(x), (ea.step, x, y)
+    for ea, eb in zip(la.val, lb.val, strict=True):
+        assert abs(ea.number("loss") - eb.number("loss")) <= RELATIVE_TOLERANCE * abs(ea.number("loss"))
+
+
+def test_world_sizes_1_and_2_agree_within_tolerance(
+    ddp_twins: tuple[Launch, Launch], world_size_1: Launch
+) -> None:
+    """One config at world sizes 1 and 2 (same global batch): the same rows every step, step 1's
+    loss bitwise equal (dropout masks belong to the micro-batch, not the rank), every loss within
+    1e-6 relative and every adapter element within 1e-6; not identical. The records name the
+    world sizes."""
+    w2, w1 = ddp_twins[0].run_dir, world_size_1.run_dir
+    _assert_close(w1, w2, from_step=2)
+    comparison = compare_runs(w1, w2, tolerance=RELATIVE_TOLERANCE)
+    assert comparison.verdict in (Verdict.WITHIN_TOLERANCE, Verdict.DIVERGED)
+    assert comparison.where.first_batch_step is None
+    assert comparison.adapter is not None and not comparison.adapter.identical
+    assert all(
+        t.max_abs_diff is not None and t.max_abs_diff <= RELATIVE_TOLERANCE
+        for t in comparison.adapter.tensors
+    )
+    sizes = [load_record(run)["distributed"]["world_size"] for run in (w1, w2)]
+    assert sizes == [1, 2]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="compare does not read the record's distributed section yet (the lead wires it: "
+    "issue 12's cause 'world size 2 vs 1'); remove this mark then",
+)
+def test_compare_names_the_world_size(ddp_twins: tuple[Launch, Launch], world_size_1: Launch) -> None:
+    """compare of world sizes 1 and 2 lists distributed.world_size among the differences."""
+    comparison = compare_runs(world_size_1.run_dir, ddp_twins[0].run_dir, tolerance=RELATIVE_TOLERANCE)
+    paths = json.dumps(comparison.to_json())
+    assert "distributed.world_size" in paths
