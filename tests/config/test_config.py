@@ -50,7 +50,8 @@ def _problems(exc: pytest.ExceptionInfo[ConfigError]) -> dict[str, str]:
 def test_empty_file_gives_every_default(tmp_path: Path) -> None:
     """An empty config validates to the defaults, fully written out in resolved()."""
     cfg = load_config(_write(tmp_path, ""))
-    assert cfg == ExperimentConfig()
+    assert cfg.config_dir == str(tmp_path.resolve())  # where relative paths would resolve
+    assert cfg.model_copy(update={"config_dir": None}) == ExperimentConfig()
     resolved = cfg.resolved()
     assert resolved["train"]["max_steps"] == 100 and resolved["split"]["ratios"] == [0.8, 0.1, 0.1]
     assert {k.path.split(".")[0] for k in config_keys()} == set(resolved)
@@ -192,8 +193,15 @@ def test_relative_paths_resolve_against_config_dir(tmp_path: Path) -> None:
     (tmp_path / "split.json").write_text("{}")
     path = _write(tmp_path / "sub", "data:\n  path: ../data.jsonl\nsplit:\n  manifest: ../split.json\n")
     cfg = load_config(path)
-    assert cfg.data.path == str(tmp_path / "data.jsonl")
-    assert cfg.split.manifest == str(tmp_path / "split.json")
+    # Kept as written (the config's identity does not depend on where it lives) ...
+    assert (cfg.data.path, cfg.split.manifest) == ("../data.jsonl", "../split.json")
+    assert cfg.config_dir == str((tmp_path / "sub").resolve())
+    # ... and resolved against the config's directory when a run opens them.
+    resolved = cfg.resolve_paths()
+    assert resolved.data.path == str((tmp_path / "data.jsonl").resolve())
+    assert resolved.split.manifest == str((tmp_path / "split.json").resolve())
+    moved = load_config(path).model_copy(update={"config_dir": "/elsewhere"})
+    assert config_sha256(moved) == config_sha256(cfg)
 
 
 def test_missing_data_file_says_did_you_mean(tmp_path: Path) -> None:
@@ -222,7 +230,12 @@ def test_dump_round_trip_and_sha(tmp_path: Path) -> None:
     )
     dump_config_yaml(cfg, tmp_path / "out.yaml")
     again = load_config(tmp_path / "out.yaml")
-    assert again == cfg and config_sha256(again) == config_sha256(cfg)
+    assert again.config_dir == str(tmp_path.resolve())  # the copy had none: its own directory
+    assert again.model_copy(update={"config_dir": None}) == cfg and config_sha256(again) == config_sha256(cfg)
+    # A config with a config_dir keeps it through a copy anywhere (verify, the run directory).
+    placed = cfg.model_copy(update={"config_dir": "/projects/p"})
+    dump_config_yaml(placed, tmp_path / "copy" / "config.yaml")
+    assert load_config(tmp_path / "copy" / "config.yaml") == placed
     assert config_sha256(cfg) != config_sha256(ExperimentConfig())
 
 

@@ -10,40 +10,131 @@ import pytest
 from reprotune._config.loading import config_from_dict
 from reprotune._proof import verify as _verify
 from reprotune._proof.compare import compare_runs
+from reprotune._run.ledger import read_ledger
 from tinyrun import BASE_CONFIG, TinyProject, merge
 
 
+def _legs(out: Path) -> dict[str, tuple[str, bool | None]]:
+    record = json.loads((out / "verification.json").read_text())
+    return {leg["name"]: (leg["verdict"], leg["passed"]) for leg in record["legs"]}
+
+
+def _train_steps(run_dir: Path) -> int:
+    return len(read_ledger(run_dir / "ledger.jsonl").train)
+
+
 def test_verify_passes_on_reproducible_config(tiny_project: TinyProject, tmp_path: Path) -> None:
-    """Rerun IDENTICAL, seed control DIVERGED, resume IDENTICAL, RNG-skip control DIVERGED: exit 0."""
+    """Fast mode: the rerun stopped at the checkpoint and resumed is IDENTICAL over the whole run;
+    both controls DIVERGE and stop as soon as they have (confirmed one step later): exit 0."""
     config = tiny_project.config("verify.yaml")
     out = tmp_path / "verification"
     done = tiny_project.run_cli("verify", str(config), "--out", str(out))
-    assert "verify: PASS" in done.stdout
+    assert "verify: PASS  (fast" in done.stdout
     record = json.loads((out / "verification.json").read_text())
     assert record["schema"] == "reprotune/verification" and record["verdict"] == "PASS"
-    verdicts = {leg["name"]: (leg["verdict"], leg["passed"]) for leg in record["legs"]}
-    assert verdicts == {
-        "rerun": ("IDENTICAL", True),
+    assert (record["schema_version"], record["mode"]) == (2, "fast")
+    assert _legs(out) == {
+        "rerun-resume": ("IDENTICAL", True),
         "control-seed": ("DIVERGED", True),
-        "resume": ("IDENTICAL", True),
         "control-resume": ("DIVERGED", True),
     }
-    rerun = next(leg for leg in record["legs"] if leg["name"] == "rerun")
-    assert rerun["evidence"]["steps"] == 8
-    assert len(rerun["evidence"]["adapter_sha256"]) == 64
+    rerun = next(leg for leg in record["legs"] if leg["name"] == "rerun-resume")
+    assert rerun["evidence"]["steps"] == 8 and len(rerun["evidence"]["adapter_sha256"]) == 64
+    assert all(leg["wall_s"] > 0 for leg in record["legs"]) and record["cost"] > 0
+    # The controls stopped once they had parted: data order at step 1, the RNG after step 4.
+    assert _train_steps(out / "control-seed") == 2
+    assert _train_steps(out / "control-resume") == 6
     # Each control's first cause is the thing it changed, never metadata of how the run was made.
-    seed = compare_runs(out / "reference", out / "control-seed")
+    seed = compare_runs(out / "reference", out / "control-seed", prefix=True)
     assert seed.causes[0].startswith("data order differs from step 1: derived seed data_order ")
-    skip = compare_runs(out / "reference", out / "control-resume")
+    skip = compare_runs(out / "reference", out / "control-resume", prefix=True)
     assert skip.where.first_divergence_step == 5  # the resume point is step 4
     assert skip.causes[0] == (
         "numbers differ from step 5 with identical data order: run B was resumed from its step-4 "
         "checkpoint without restoring the RNG states: every random draw after it (dropout) differs"
     )
     assert [r.from_step for r in skip.resumes] == [4] and not skip.resumes[0].rng_restored
-    exact = compare_runs(out / "reference", out / "resume")
+    exact = compare_runs(out / "reference", out / "rerun-resume")
     assert [(r.run, r.from_step, r.rng_restored) for r in exact.resumes] == [("B", 4, True)]
     assert not [d for d in exact.differences if d.key.startswith("data.")]  # the resume kept them
+    # The report of the verification says on its first screen what was proven, where, at what cost.
+    report = tmp_path / "report.html"
+    tiny_project.run_cli("report", str(out), "-o", str(report))
+    html = report.read_text()
+    first_screen = html[: html.index("<h2>Runs</h2>")]
+    assert "What was proven" in first_screen and "verify PASS</span> (fast mode" in first_screen
+    assert "Machine: host " in first_screen and f"run ({record['cost']:.2f}x)" in first_screen
+    assert "A (reference)" in html and "(control-resume)" in html
+
+
+def test_verify_thorough_runs_full_length_legs(tiny_project: TinyProject, tmp_path: Path) -> None:
+    """--thorough: rerun, seed control, resume and RNG-skip control, each to the last step."""
+    config = tiny_project.config("verify.yaml")
+    out = tmp_path / "verification"
+    done = tiny_project.run_cli("verify", str(config), "--out", str(out), "--thorough")
+    assert "verify: PASS  (thorough" in done.stdout
+    assert _legs(out) == {
+        "rerun": ("IDENTICAL", True),
+        "control-seed": ("DIVERGED", True),
+        "resume": ("IDENTICAL", True),
+        "control-resume": ("DIVERGED", True),
+    }
+    assert all(_train_steps(out / name) == 8 for name in ("rerun", "control-seed", "control-resume"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[TinyProject, Path]:
+    """A tiny project and one completed run of its config, the reference of the failing verifies."""
+    project = TinyProject.create(tmp_path_factory.mktemp("verify-fail"))
+    project.config("cfg.yaml")
+    project.run_cli("run", "cfg.yaml", "--run-dir", "runs/ref", "--no-progress")
+    return project, project.root / "runs" / "ref"
+
+
+@pytest.mark.parametrize(
+    ("env", "first", "blamed"),
+    [
+        ({"REPROTUNE_NOISE_AT_STEP": "2"}, 3, "blames rerun nondeterminism (at or before the resume point)"),
+        ({"REPROTUNE_SKIP_RNG_RESTORE": "1"}, 5, "blames the resume"),
+    ],
+    ids=["nondeterministic-op-before-K", "rng-not-restored-at-resume"],
+)
+def test_verify_fails_and_blames_the_right_leg(
+    reference: tuple[TinyProject, Path], tmp_path: Path, env: dict[str, str], first: int, blamed: str
+) -> None:
+    """A nondeterministic op before the resume point blames the rerun; a resume that forgets the
+    RNG states blames the resume: FAIL, exit 1."""
+    project, ref = reference
+    out = tmp_path / "v"
+    done = project.run_cli(
+        "verify", "cfg.yaml", "--reference", str(ref), "--out", str(out), env=env, check=False
+    )
+    assert done.returncode == 1 and "verify: FAIL" in done.stdout
+    record = json.loads((out / "verification.json").read_text())
+    leg = next(leg for leg in record["legs"] if leg["name"] == "rerun-resume")
+    assert (leg["verdict"], leg["passed"], leg["evidence"]["first_divergence"]) == ("DIVERGED", False, first)
+    assert leg["note"] == f"first divergence at step {first}, resume point 4: {blamed}"
+
+
+def test_verify_fails_when_the_control_changes_nothing(
+    reference: tuple[TinyProject, Path], tmp_path: Path
+) -> None:
+    """A control seed that changes nothing (eval, with every validation row used): the control
+    never parts within its bound, the check is blind: FAIL."""
+    project, ref = reference
+    out = tmp_path / "v"
+    done = project.run_cli(
+        "verify", "cfg.yaml", "--reference", str(ref), "--out", str(out), "--control-seed", "eval",
+        "--no-resume", check=False,
+    )  # fmt: skip
+    assert done.returncode == 1 and "verify: FAIL" in done.stdout
+    leg = next(
+        leg
+        for leg in json.loads((out / "verification.json").read_text())["legs"]
+        if leg["name"] == "control-seed"
+    )
+    assert (leg["verdict"], leg["passed"]) == ("IDENTICAL", False)
+    assert "nothing differed within 5 steps: the check is blind to this seed" in leg["note"]
 
 
 def test_verify_fails_when_runs_are_not_reproducible(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,14 +152,15 @@ def test_verify_fails_when_runs_are_not_reproducible(tmp_path: Path, monkeypatch
     real_leg = _verify._reprotune
     legs_run: list[list[str]] = []
 
-    def leg_then_edit_data(args: list[str], log: Path) -> None:
-        real_leg(args, log)
+    def leg_then_edit_data(args: list[str], log: Path) -> float:
+        seconds = real_leg(args, log)
         legs_run.append(list(args))
         if len(legs_run) == 1:  # after the reference: someone edits one row of the data
             data = project.root / "data.jsonl"
             lines = data.read_text().splitlines()
             lines[0] = lines[0].replace('"response":"', '"response":"edited ')
             data.write_text("\n".join(lines) + "\n")
+        return seconds
 
     monkeypatch.setattr(_verify, "_reprotune", leg_then_edit_data)
     result = _verify.verify_config(config, tmp_path / "verification", resume=False, progress=lambda _: None)

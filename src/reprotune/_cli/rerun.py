@@ -1,4 +1,4 @@
-"""``reprotune rerun RUN_DIR``: reproduce a recorded run from its record alone and compare."""
+"""``reprotune rerun RUN_DIR|BUNDLE``: reproduce a recorded run from its record alone and compare."""
 
 from __future__ import annotations
 
@@ -7,13 +7,30 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path, help="the recorded run to reproduce")
+    parser.add_argument(
+        "run_dir", type=Path, help="the recorded run to reproduce: a run directory, or a bundle (.tar.gz)"
+    )
     parser.add_argument(
         "--run-dir",
         dest="new_run_dir",
         type=Path,
         default=None,
-        help="where the new run goes (default: <RUN_DIR>-rerun)",
+        help="where the new run goes (default: <RUN_DIR>-rerun; for a bundle: <out>/rerun)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="for a bundle: where to unpack it (recorded/) and rerun it (rerun/) (default: runs/<name>)",
+    )
+    parser.add_argument(
+        "--data", type=Path, default=None, help="the data file to rerun on (checked row by row first)"
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        help="compare within this absolute tolerance (WITHIN TOLERANCE) instead of bit for bit",
     )
     parser.add_argument(
         "--allow-code-drift",
@@ -24,15 +41,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reprotune._proof.rerun import rerun
+    from reprotune._proof.rerun import rerun, rerun_bundle
 
-    new_dir, comparison = rerun(
-        args.run_dir,
-        new_run_dir=args.new_run_dir,
-        allow_code_drift=args.allow_code_drift,
-        code_dir=Path.cwd(),
-        progress=not args.no_progress,
-    )
+    if args.run_dir.is_file():
+        out = args.out or Path("runs") / args.run_dir.name.removesuffix(".tar.gz").removesuffix(".tgz")
+        new_dir, comparison = rerun_bundle(
+            args.run_dir,
+            out=out,
+            data=args.data,
+            allow_code_drift=args.allow_code_drift,
+            code_dir=Path.cwd(),
+            progress=not args.no_progress,
+            tolerance=args.tolerance,
+        )
+    else:
+        new_dir, comparison = rerun(
+            args.run_dir,
+            new_run_dir=args.new_run_dir,
+            allow_code_drift=args.allow_code_drift,
+            code_dir=Path.cwd(),
+            progress=not args.no_progress,
+            data=args.data,
+            tolerance=args.tolerance,
+        )
     print(f"rerun of {args.run_dir} -> {new_dir}")
     print(comparison.format())
     return 0 if comparison.verdict in ("IDENTICAL", "WITHIN_TOLERANCE") else 1

@@ -198,8 +198,9 @@ def config_from_dict(
     Args:
         data: the parsed config (None = all defaults).
         source: where ``data`` came from, for messages.
-        base_dir: directory that relative ``data.path``, ``split.manifest`` and local
-            ``model.name`` paths resolve against; None leaves them as written.
+        base_dir: the config file's directory: ``config_dir`` when the data sets none (a relative
+            ``config_dir`` resolves against it). Paths stay as written: a run resolves them
+            against ``config_dir`` (:meth:`ExperimentConfig.resolve_paths`).
         overrides: ``KEY.PATH=VALUE`` strings, values parsed as YAML.
         check_paths: also report a data file, manifest or local model directory that does not exist.
 
@@ -230,9 +231,10 @@ def config_from_dict(
     if problems:
         raise ConfigError(problems, source=source)
     if base_dir is not None:
-        cfg = _resolve_paths(cfg, Path(base_dir))
+        configured = Path(cfg.config_dir) if cfg.config_dir is not None else Path(".")
+        cfg = cfg.model_copy(update={"config_dir": str((Path(base_dir) / configured).resolve())})
     if check_paths:
-        problems.extend(_missing_paths(cfg))
+        problems.extend(_missing_paths(cfg.resolve_paths()))
         if problems:
             raise ConfigError(problems, source=source)
     return cfg
@@ -241,8 +243,10 @@ def config_from_dict(
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
     """Load, override and validate the YAML config at ``path``.
 
-    Relative ``data.path``, ``split.manifest`` and local ``model.name`` resolve against the config
-    file's directory, so the returned config holds absolute paths.
+    Paths stay as the file writes them; ``config_dir`` is set to the file's directory (unless the
+    file sets it), and relative ``data.path``, ``split.manifest`` and local ``model.name`` resolve
+    against it when a run opens them. So the config's identity (``config_sha256``) does not depend
+    on where the project lives, and a moved project keeps its hash.
 
     Args:
         path: the YAML file.
@@ -305,26 +309,6 @@ def _deep_copy(value: Any) -> Any:
     if isinstance(value, list):
         return [_deep_copy(v) for v in value]
     return value
-
-
-def _looks_like_path(name: str, base_dir: Path) -> bool:
-    return name.startswith(("/", "./", "../", "~")) or (base_dir / name).is_dir()
-
-
-def _resolve_paths(cfg: ExperimentConfig, base_dir: Path) -> ExperimentConfig:
-    """Make relative data, manifest and local model paths absolute against ``base_dir``."""
-
-    def resolve(value: str) -> str:
-        return str((base_dir / Path(value).expanduser()).resolve())
-
-    data, split, model = cfg.data, cfg.split, cfg.model
-    if not data.path.startswith(BUILTIN_PREFIX):
-        data = data.model_copy(update={"path": resolve(data.path)})
-    if split.manifest is not None:
-        split = split.model_copy(update={"manifest": resolve(split.manifest)})
-    if not model.name.startswith(BUILTIN_PREFIX) and _looks_like_path(model.name, base_dir):
-        model = model.model_copy(update={"name": resolve(model.name)})
-    return cfg.model_copy(update={"data": data, "split": split, "model": model})
 
 
 def _missing_paths(cfg: ExperimentConfig) -> list[str]:

@@ -26,7 +26,16 @@ def config_keys() -> list[ConfigKey]:
     defaults = ExperimentConfig().resolved()
     for section, section_field in ExperimentConfig.model_fields.items():
         model = submodel(section_field.annotation)
-        assert model is not None  # every top-level field is a section, by construction
+        if model is None:  # a top-level value (config_dir), not a section
+            keys.append(
+                ConfigKey(
+                    section,
+                    _type_name(section_field.annotation),
+                    defaults[section],
+                    section_field.description or "",
+                )
+            )
+            continue
         for name, field in model.model_fields.items():
             keys.append(
                 ConfigKey(
@@ -44,7 +53,7 @@ def section_docs() -> dict[str, str]:
     out = {}
     for section, field in ExperimentConfig.model_fields.items():
         model = submodel(field.annotation)
-        out[section] = (model.__doc__ or "").strip().splitlines()[0] if model else ""
+        out[section] = (model.__doc__ or "").strip().splitlines()[0] if model else "A top-level value."
     return out
 
 

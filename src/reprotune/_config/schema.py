@@ -6,6 +6,9 @@ description (the reference in docs/config.md is generated from them). :func:`con
 config's identity. Reading YAML and ``--set`` is in ``_config.loading``. Importing this module
 never imports torch.
 
+This module is over 400 lines on purpose: it is the config's one schema, every section a small
+class next to the others, so that every key, default, range and description is read in one place.
+
 Over 400 lines on purpose: the one owner of the config's format, every section with its fields,
 defaults and ranges in one place, so that what is accepted and the generated reference cannot
 drift apart.
@@ -17,12 +20,13 @@ import difflib
 import math
 import string
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from reprotune._determinism.seeds import CONSUMERS, SEED_LIMIT
 from reprotune._config.secrets import mask_config
+from reprotune._determinism.seeds import CONSUMERS, SEED_LIMIT
 from reprotune._jsonio import canonical_dumps, sha256_bytes
 
 #: Names accepted after ``builtin:`` in ``data.path`` and ``model.name``.
@@ -378,6 +382,33 @@ class ExperimentConfig(_Section):
     determinism: DeterminismConfig = Field(default=DeterminismConfig(), description="determinism")
     tracking: TrackingConfig = Field(default=TrackingConfig(), description="tracking")
     distributed: DistributedConfig = Field(default=DistributedConfig(), description="distributed runs")
+    config_dir: Str | None = Field(
+        default=None,
+        description="the directory relative data.path, split.manifest and local model.name paths "
+        "resolve against: set by load_config to the config file's directory (absolute; written into "
+        "the record and config.yaml copies so they resolve the same); not part of the config's "
+        "identity (config_sha256), so a moved project keeps its hash",
+    )
+
+    def resolve_paths(self) -> ExperimentConfig:
+        """A copy with relative data, manifest and local model paths made absolute against
+        :attr:`config_dir` (or the current directory when it is None): what a run opens."""
+        base = Path(self.config_dir) if self.config_dir is not None else Path.cwd()
+
+        def absolute(value: str) -> str:
+            return str((base / Path(value).expanduser()).resolve())
+
+        data, split, model = self.data, self.split, self.model
+        if not data.path.startswith(BUILTIN_PREFIX):
+            data = data.model_copy(update={"path": absolute(data.path)})
+        if split.manifest is not None:
+            split = split.model_copy(update={"manifest": absolute(split.manifest)})
+        name = model.name
+        if not name.startswith(BUILTIN_PREFIX) and (
+            name.startswith(("/", "./", "../", "~")) or (base / name).is_dir()
+        ):
+            model = model.model_copy(update={"name": absolute(name)})
+        return self.model_copy(update={"data": data, "split": split, "model": model})
 
     def resolved(self) -> dict[str, Any]:
         """The config with every default written out, as JSON-safe data (lists, not tuples).
@@ -391,8 +422,10 @@ class ExperimentConfig(_Section):
 
 
 def config_sha256(cfg: ExperimentConfig) -> str:
-    """sha256 of the canonical compact JSON of ``cfg.resolved()``: the config's identity."""
-    return sha256_bytes(canonical_dumps(cfg.resolved(), indent=None).encode("utf-8"))
+    """sha256 of the canonical compact JSON of ``cfg.resolved()`` without ``config_dir``: the
+    config's identity, the same wherever the project lives (paths stay as the config writes them)."""
+    identity = {key: value for key, value in cfg.resolved().items() if key != "config_dir"}
+    return sha256_bytes(canonical_dumps(identity, indent=None).encode("utf-8"))
 
 
 def _check_builtin(value: str, known: tuple[str, ...]) -> str:

@@ -82,7 +82,8 @@ def run_doctor(
         The :class:`DoctorReport`; its ``exit_code`` is 1 when an error-level finding exists.
     """
 
-    cfg = config if config is not None else ExperimentConfig()
+    # Paths as a run opens them (relative ones against config_dir).
+    cfg = (config if config is not None else ExperimentConfig()).resolve_paths()
     det = cfg.determinism
     with _torch_state_preserved():
         try:

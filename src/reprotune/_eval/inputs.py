@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reprotune._config.loading import config_from_dict
 from reprotune._config.schema import ExperimentConfig
 from reprotune._data.checksplit import check_split
 from reprotune._data.loaders import load_table
@@ -24,7 +23,7 @@ from reprotune._determinism.seeds import derive_seeds
 from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file
 from reprotune._run.layout import RunLayout
-from reprotune._run.record import load_record
+from reprotune._run.record import load_record, record_config
 from reprotune._run.rundir import check_is_run_dir
 
 #: The splits an eval can take its rows from.
@@ -191,7 +190,9 @@ def _eval_config(record: Mapping[str, Any], overrides: Sequence[str], source: Pa
     config = record.get("config")
     if not isinstance(config, Mapping):
         raise InputError("the record holds no config", source=str(source), fix="rerun the run")
-    return config_from_dict(config, source=str(source), overrides=overrides)
+    # The recorded config_dir, or where a moved project now is: relative data paths open there.
+    cfg = record_config(record, run_dir=Path(source).parent, source=str(source), overrides=overrides)
+    return cfg.resolve_paths()
 
 
 def _manifest(paths: RunLayout) -> tuple[Manifest, str]:

@@ -120,7 +120,7 @@ def _tiny_config(architecture: Architecture, vocab_size: int) -> Any:
     """The transformers config of a tiny model of ``architecture`` (same sizes for all three)."""
     from transformers import GPT2Config, LlamaConfig, Qwen2Config
 
-    special = {"bos_token_id": vocab_size - 3, "eos_token_id": vocab_size - 2, "pad_token_id": vocab_size - 1}
+    bos, eos, pad = vocab_size - 3, vocab_size - 2, vocab_size - 1
     if architecture == "gpt2":
         return GPT2Config(
             vocab_size=vocab_size,
@@ -131,7 +131,9 @@ def _tiny_config(architecture: Architecture, vocab_size: int) -> Any:
             n_positions=_MAX_POSITIONS,
             activation_function="gelu_new",
             tie_word_embeddings=False,
-            **special,
+            bos_token_id=bos,
+            eos_token_id=eos,
+            pad_token_id=pad,
         )
     config_class = Qwen2Config if architecture == "qwen2" else LlamaConfig
     return config_class(
@@ -143,7 +145,9 @@ def _tiny_config(architecture: Architecture, vocab_size: int) -> Any:
         num_key_value_heads=_KV_HEADS,
         max_position_embeddings=_MAX_POSITIONS,
         tie_word_embeddings=False,
-        **special,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
     )
 
 

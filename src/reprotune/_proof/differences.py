@@ -137,6 +137,7 @@ class Difference:
 INERT_KEYS: tuple[str, ...] = (
     "code.branch",
     "code.patch_file",
+    "config.config_dir",
     "config.data.path",
     "config.model.name",
     "config.split.manifest",

@@ -21,6 +21,7 @@ from reprotune._eval.html import evals_section
 from reprotune._jsonio import write_bytes_atomic
 from reprotune._proof.compare import compare_opened
 from reprotune._proof.differences import Comparison
+from reprotune._proof.summary import expand
 from reprotune._run.rundir import RunDir, open_run_dir
 from reprotune._version import __version__
 
@@ -73,14 +74,18 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path) -> Path:
             source="-o/--out",
             fix="pass a file name such as report.html",
         )
-    runs = [open_run_dir(path) for path in run_dirs]
+    paths, summaries = expand([Path(p) for p in run_dirs])  # a verify or bundle-rerun directory
+    runs = [open_run_dir(path) for path in paths]
     comparisons = [compare_opened(runs[0], other) for other in runs[1:]]
-    html = render_report(runs, comparisons)
+    html = render_report(runs, comparisons, summaries=summaries)
     return write_bytes_atomic(target, html.encode("utf-8"))
 
 
-def render_report(runs: Sequence[RunDir], comparisons: Sequence[Comparison]) -> str:
-    """The report's HTML text for ``runs`` and the comparisons of the first with each other."""
+def render_report(
+    runs: Sequence[RunDir], comparisons: Sequence[Comparison], *, summaries: Sequence[str] = ()
+) -> str:
+    """The report's HTML text for ``runs`` and the comparisons of the first with each other;
+    ``summaries`` (what a verification or a bundle rerun proved) open it."""
     labels = _labels(runs)
     divergences = [(labels[i + 1], c.where.first_divergence_step) for i, c in enumerate(comparisons)]
     train_png = _plot(runs, labels, divergences, kind="train")
@@ -94,6 +99,7 @@ def render_report(runs: Sequence[RunDir], comparisons: Sequence[Comparison]) -> 
         f"<style>{_CSS}</style></head><body>",
         "<h1>reprotune report</h1>",
         f"<p>Written by reprotune {escape(__version__)}. Run {escape(labels[0])} is the reference.</p>",
+        *summaries,
         "<h2>Runs</h2>",
         _table(
             ("run", "directory", "run id", "status", "train steps", "validation lines"),

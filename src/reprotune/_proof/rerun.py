@@ -7,21 +7,27 @@ uses the recorded resolved config, the recorded manifest (byte for byte) and so 
 
 from __future__ import annotations
 
+import platform
+import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reprotune._config.loading import config_from_dict
+from reprotune._config.schema import ExperimentConfig
 from reprotune._data.checksplit import check_split
 from reprotune._data.loaders import load_table
 from reprotune._data.manifest import load_manifest
 from reprotune._errors import InputError, RunFailedError
+from reprotune._jsonio import sha256_file, write_json_atomic
+from reprotune._proof.bundle import unpack
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.differences import Comparison
 from reprotune._run.drift import code_drift, refuse_code_drift, section_drift
 from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint
 from reprotune._run.layout import RunLayout
+from reprotune._run.record import record_config
 from reprotune._run.rundir import open_run_dir
 from reprotune._train.run import RunOptions, run_experiment
 
@@ -35,20 +41,20 @@ class Preflight:
     environment_drift: list[str]
 
 
-def preflight(run_dir: Path, record: dict[str, Any], *, code_dir: Path) -> Preflight:
+def preflight(run_dir: Path, record: dict[str, Any], cfg: ExperimentConfig, *, code_dir: Path) -> Preflight:
     """Check data, code and environment against the record of the run in ``run_dir``.
 
     Raises:
         RunFailedError: the data no longer matches the run's manifest.
     """
-    cfg = record["config"]
+    data_path = cfg.resolve_paths().data.path
     manifest_path = RunLayout(run_dir).manifest
-    table = load_table(cfg["data"]["path"], cfg["data"]["format"])
+    table = load_table(data_path, cfg.data.format)
     check = check_split(load_manifest(manifest_path), table)
     if not check.identical:
         raise RunFailedError(
             "the data is not the data the run was made from:\n" + check.format(),
-            source=f"{cfg['data']['path']} vs {manifest_path}",
+            source=f"{data_path} vs {manifest_path}",
             fix="restore the original data file (its sha256 is in record.json under data.file_sha256)",
         )
     now = code_fingerprint(code_dir).to_record(patch_file=None)
@@ -67,8 +73,15 @@ def rerun(
     code_dir: Path,
     progress: bool = True,
     report: Callable[[str], None] = print,
+    data: Path | None = None,
+    tolerance: float | None = None,
 ) -> tuple[Path, Comparison]:
     """Reproduce the run in ``run_dir``; return the new run's directory and the comparison.
+
+    Args:
+        data: the data file to use instead of the recorded path (checked row by row against the
+            run's manifest first).
+        tolerance: compare with this absolute tolerance (WITHIN TOLERANCE), else bit for bit.
 
     Raises:
         InputError: not a run directory, or code drift without ``allow_code_drift``.
@@ -91,7 +104,10 @@ def rerun(
             fix="run the script again and `reprotune compare` the two runs, or use `reprotune verify "
             '--command "python train.py ..."` (docs/integrations.md)',
         )
-    checks = preflight(run_dir, record, code_dir=code_dir)
+    cfg = record_config(record, run_dir=run_dir, source=str(paths.record))
+    if data is not None:
+        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": str(data.resolve())})})
+    checks = preflight(run_dir, record, cfg, code_dir=code_dir)
     if not allow_code_drift:
         refuse_code_drift(
             record.get("code", {}),
@@ -104,10 +120,77 @@ def rerun(
         report(f"warning: {line} (allowed by --allow-code-drift)")
     for line in checks.environment_drift:
         report(f"environment differs: {line}")
-    cfg = config_from_dict(record["config"], source=str(paths.record))
     target = new_run_dir or run_dir.parent / f"{run_dir.name}-rerun"
     options = RunOptions(
         run_dir=target, progress=progress, tracking=True, manifest=paths.manifest, code_dir=code_dir
     )
     result = run_experiment(cfg, options)
-    return result.run_dir, compare_runs(run_dir, result.run_dir)
+    return result.run_dir, compare_runs(run_dir, result.run_dir, tolerance=tolerance)
+
+
+def rerun_bundle(
+    bundle: Path,
+    *,
+    out: Path,
+    data: Path | None,
+    allow_code_drift: bool,
+    code_dir: Path,
+    progress: bool = True,
+    report: Callable[[str], None] = print,
+    tolerance: float | None = None,
+) -> tuple[Path, Comparison]:
+    """Check and unpack ``bundle`` into ``out/recorded``, rerun it into ``out/rerun``, compare.
+
+    Every environment difference is reported before training; the result is written to
+    ``out/rerun.json`` (verdict, tolerance, largest difference, causes, machine, cost).
+
+    Raises:
+        InputError: a damaged or hostile bundle (nothing written), no data to rerun on (pass
+            ``data``), or data that is not the run's (its rows named).
+    """
+    unpacked = unpack(bundle, out / "recorded")
+    try:
+        use = data if data is not None else unpacked.data
+        if use is None:
+            raise InputError(
+                "the bundle was packed without its data, and no --data was given",
+                source=str(bundle),
+                fix=f"pass --data PATH: the file with sha256 {unpacked.manifest.get('data_sha256')} "
+                "(checked row by row against the run's split manifest)",
+            )
+        started = time.perf_counter()
+        new_dir, comparison = rerun(
+            unpacked.run_dir,
+            new_run_dir=out / "rerun",
+            allow_code_drift=allow_code_drift,
+            code_dir=code_dir,
+            progress=progress,
+            report=report,
+            data=use,
+            tolerance=tolerance,
+        )
+    except (InputError, RunFailedError):
+        if not (out / "rerun").exists():
+            shutil.rmtree(out, ignore_errors=True)  # refused before training: leave nothing behind
+        raise
+    write_json_atomic(out / "rerun.json", _rerun_summary(bundle, comparison, time.perf_counter() - started))
+    return new_dir, comparison
+
+
+def _rerun_summary(bundle: Path, comparison: Comparison, seconds: float) -> dict[str, Any]:
+    """What a bundle rerun proved, on which machine, at what cost (read by the HTML report)."""
+    largest = comparison.where.largest_loss_diff
+    return {
+        "schema": "reprotune/bundle-rerun",
+        "schema_version": 1,
+        "bundle": str(bundle),
+        "bundle_sha256": sha256_file(bundle),
+        "verdict": str(comparison.verdict),
+        "tolerance": comparison.tolerance,
+        "largest_loss_difference": None if largest is None else largest.abs_diff,
+        "causes": list(comparison.causes),
+        "environment_differences": [d.key for d in comparison.differences if d.category == "environment"],
+        "machine": environment_fingerprint().get("platform") or platform.platform(),
+        "host": platform.node(),
+        "seconds": round(seconds, 3),
+    }

@@ -32,9 +32,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from reprotune._config.loading import dump_config_yaml
 from reprotune._config.schema import ExperimentConfig, config_sha256
@@ -43,72 +43,12 @@ from reprotune._errors import InputError, RunFailedError
 from reprotune._jsonio import write_json_atomic
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.differences import Comparison
+from reprotune._proof.verification import Leg, Verification
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.record import load_record
 from reprotune._run.rundir import check_is_run_dir
 
-SCHEMA = "reprotune/verification"
-SCHEMA_VERSION = 2  # 2: mode, per-leg cost, machine, blame
-Mode = Literal["fast", "thorough"]
 _QUIET = ("--no-progress", "--no-tracking")
-
-
-@dataclass
-class Leg:
-    """One leg of the verification and what it had to show."""
-
-    name: str
-    run_dir: str
-    expected: str  # IDENTICAL or DIVERGED
-    verdict: str | None = None
-    passed: bool | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)
-    note: str | None = None
-    wall_s: float = 0.0
-    """Wall time of the leg's processes (start, imports, model load, training, writing)."""
-    train_s: float | None = None
-    """The part of it spent in optimizer steps, from the leg's record."""
-
-
-@dataclass
-class Verification:
-    """The outcome of ``reprotune verify``."""
-
-    verdict: str  # PASS or FAIL
-    directory: str
-    config_sha256: str
-    legs: list[Leg]
-    mode: Mode = "fast"
-    reference_s: float | None = None
-    """The reference run's own duration (its record), the unit the cost is measured in."""
-    machine: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def legs_s(self) -> float:
-        return sum(leg.wall_s for leg in self.legs)
-
-    def to_json(self) -> dict[str, Any]:
-        body = asdict(self)
-        body["legs_s"] = round(self.legs_s, 3)
-        body["cost"] = round(self.legs_s / self.reference_s, 3) if self.reference_s else None
-        return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **body}
-
-    def format(self) -> str:
-        lines = [f"verify: {self.verdict}  ({self.mode}, {self.directory})"]
-        for leg in self.legs:
-            mark = "ok  " if leg.passed else ("n/a " if leg.passed is None else "FAIL")
-            detail = ", ".join(f"{k} {v}" for k, v in leg.evidence.items())
-            lines.append(
-                f"  [{mark}] {leg.name:<15} {leg.verdict or '-':<11} (must be {leg.expected}) {detail}"
-            )
-            if leg.note:
-                lines.append(f"         {leg.note}")
-        if self.reference_s:
-            lines.append(
-                f"  cost: {self.legs_s:.0f} s of legs for a {self.reference_s:.0f} s run "
-                f"({self.legs_s / self.reference_s:.2f}x)"
-            )
-        return "\n".join(lines)
 
 
 @dataclass
@@ -229,6 +169,7 @@ def verify_config(
         config_sha256(cfg),
         legs,
         mode="thorough" if thorough else "fast",
+        reference=str(ctx.reference),
         reference_s=_run_seconds(ctx.reference),
         machine=_machine(),
     )

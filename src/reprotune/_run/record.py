@@ -17,13 +17,14 @@ Importing this module never imports torch: compare and report read records.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from reprotune._config.loading import config_from_dict
 from reprotune._config.schema import ExperimentConfig, config_sha256
 from reprotune._errors import InputError, SchemaVersionError
 from reprotune._jsonio import read_json_file, write_json_atomic
@@ -266,3 +267,32 @@ def _validate(data: Mapping[str, Any], source: str) -> RunRecord:
             source=source,
             fix="the record was edited or written by another tool; rerun to regenerate it",
         ) from None
+
+
+def record_config(
+    record: Mapping[str, Any], *, run_dir: Path, source: str, overrides: Sequence[str] = ()
+) -> ExperimentConfig:
+    """The config a record holds, with a ``config_dir`` its relative paths resolve against here.
+
+    The recorded ``config_dir`` when it still exists; otherwise (a project moved, or a run
+    directory copied to another machine) the nearest parent of ``run_dir`` under which the
+    config's relative data path exists, so ``rerun`` of a moved project finds its data.
+
+    Raises:
+        ConfigError: the recorded config is not valid (a record edited by hand).
+    """
+    data = dict(record.get("config") or {})
+    recorded = data.get("config_dir")
+    if not (isinstance(recorded, str) and Path(recorded).is_dir()):
+        data["config_dir"] = str(_find_config_dir(data, run_dir))
+    return config_from_dict(data, source=source, overrides=overrides)
+
+
+def _find_config_dir(config: Mapping[str, Any], run_dir: Path) -> Path:
+    path = str((config.get("data") or {}).get("path", ""))
+    candidates = list(run_dir.resolve().parents)
+    if path and not path.startswith("builtin:") and not Path(path).is_absolute():
+        for parent in candidates:
+            if (parent / path).exists():
+                return parent
+    return candidates[1] if len(candidates) > 1 else run_dir.resolve().parent  # runs/<id>/ -> project

@@ -132,6 +132,8 @@ def build_setup(
     Raises:
         InputError: bad data, model or config found while building.
     """
+    base_model = cfg.model.name  # as the config writes it: what the adapter names as its base
+    cfg = cfg.resolve_paths()  # relative paths open against config_dir; the identity keeps them
     seeds = derive_seeds(cfg.seed.root, dict(cfg.seed.overrides))
     device = resolve_device(cfg.determinism.device)
     flags = apply_determinism(cfg.determinism.mode, cfg.determinism.threads, device.type)
@@ -146,16 +148,12 @@ def build_setup(
         padding_side=cfg.model.padding_side,
         device=str(device),
     )
-    model = _with_lora(loaded.model, cfg, seeds["lora_init"])
+    model = _with_lora(loaded.model, cfg, seeds["lora_init"], base_model)
     model.to(device)
 
     rows_per_step = cfg.train.batch_size * cfg.train.grad_accum_steps
     order = DataOrder(seeds["data_order"], data.split_rows("train"), rows_per_step)
-    if cfg.train.max_steps is not None:
-        total_steps = cfg.train.max_steps
-    else:
-        assert cfg.train.epochs is not None  # the config guarantees exactly one of the two
-        total_steps = order.steps_for_epochs(cfg.train.epochs)
+    total_steps = _total_steps(cfg, order)
 
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(
@@ -197,8 +195,8 @@ def with_saved_manifest(setup: Setup, path: Path) -> Setup:
     return dataclasses.replace(setup, data=save_manifest(setup.data, path))
 
 
-def _with_lora(model: torch.nn.Module, cfg: ExperimentConfig, seed: int) -> PeftModel:
-    return apply_lora(
+def _with_lora(model: torch.nn.Module, cfg: ExperimentConfig, seed: int, base_model: str) -> PeftModel:
+    peft_model = apply_lora(
         model,
         seed=seed,
         r=cfg.lora.r,
@@ -207,6 +205,17 @@ def _with_lora(model: torch.nn.Module, cfg: ExperimentConfig, seed: int) -> Peft
         target_modules=list(cfg.lora.target_modules),
         bias=cfg.lora.bias,
     )
+    # The base model as the config names it, not the absolute path it was loaded from:
+    # adapter_config.json stays the same wherever the project lives (PEFT writes this name there).
+    peft_model.peft_config["default"].base_model_name_or_path = base_model
+    return peft_model
+
+
+def _total_steps(cfg: ExperimentConfig, order: DataOrder) -> int:
+    if cfg.train.max_steps is not None:
+        return cfg.train.max_steps
+    assert cfg.train.epochs is not None  # the config guarantees exactly one of the two
+    return order.steps_for_epochs(cfg.train.epochs)
 
 
 def max_grad_norm(cfg: ExperimentConfig) -> float:

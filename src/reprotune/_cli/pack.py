@@ -1,0 +1,28 @@
+"""``reprotune pack RUN_DIR -o run.tar.gz [--with-data]``: a reproduction bundle of a run."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, help="a completed run directory")
+    parser.add_argument("-o", "--out", type=Path, required=True, help="the bundle to write (.tar.gz)")
+    parser.add_argument(
+        "--with-data",
+        action="store_true",
+        help="put the data file in the bundle (otherwise its hashes only: `rerun` then asks for --data)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from reprotune._proof.bundle import pack
+
+    manifest = pack(args.run_dir, args.out, with_data=args.with_data)
+    members = manifest["members"]
+    size = sum(int(m["size"]) for m in members.values())
+    print(f"bundle {args.out}: {len(members)} files, {size / 1e6:.1f} MB, run {manifest['run_id']}")
+    print(f"  data            {'included' if manifest['data'] else 'not included (rerun needs --data PATH)'}")
+    print(f"  rerun it with   reprotune rerun {args.out}")
+    return 0

@@ -1,0 +1,109 @@
+"""The first screen of a report on a proof: what was proven, on which machine, at what cost.
+
+``reprotune report`` accepts, besides run directories, a verification directory (``reprotune
+verify --out``, holding ``verification.json``) or a bundle rerun directory (``reprotune rerun
+BUNDLE --out``, holding ``rerun.json``). Each stands for its runs (the reference first), and its
+summary opens the report.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from reprotune._run.layout import VERIFICATION
+
+RERUN_SUMMARY = "rerun.json"
+
+
+@dataclass(frozen=True)
+class Proof:
+    """A verification or a bundle rerun: its runs (reference first) and its summary as HTML."""
+
+    runs: list[Path]
+    html: str
+
+
+def expand(paths: Sequence[Path]) -> tuple[list[Path], list[str]]:
+    """The run directories ``paths`` stand for, and the proof summaries to open the report with."""
+    runs: list[Path] = []
+    summaries: list[str] = []
+    for path in paths:
+        proof = _proof(Path(path))
+        if proof is None:
+            runs.append(Path(path))
+        else:
+            runs.extend(proof.runs)
+            summaries.append(proof.html)
+    return runs, summaries
+
+
+def _proof(path: Path) -> Proof | None:
+    if (path / VERIFICATION).is_file():
+        return _verification(path, json.loads((path / VERIFICATION).read_text(encoding="utf-8")))
+    if (path / RERUN_SUMMARY).is_file():
+        return _bundle_rerun(path, json.loads((path / RERUN_SUMMARY).read_text(encoding="utf-8")))
+    return None
+
+
+def _verification(path: Path, data: dict[str, Any]) -> Proof:
+    legs = [leg for leg in data.get("legs", []) if leg.get("run_dir")]
+    reference = Path(data.get("reference") or path / "reference")
+    verdict = str(data.get("verdict"))
+    proven = (
+        "The config reproduces: a rerun (stopped at a checkpoint and resumed in a fresh process) gave "
+        "bit-identical losses and weights, and the negative controls show the check can fail."
+        if verdict == "PASS"
+        else "The config did NOT verify: see the legs below, and each leg's comparison further down."
+    )
+    rows = "".join(
+        f"<tr><td>{escape(str(leg['name']))}</td><td>{escape(str(leg.get('verdict')))}</td>"
+        f"<td>{escape(str(leg.get('expected')))}</td><td>{_mark(leg.get('passed'))}</td>"
+        f"<td class='num'>{float(leg.get('wall_s') or 0):.1f}</td>"
+        f"<td>{escape(str(leg.get('note') or ''))}</td></tr>"
+        for leg in data.get("legs", [])
+    )
+    cost = data.get("cost")
+    css = "IDENTICAL" if verdict == "PASS" else "DIVERGED"
+    html = (
+        f"<h2>What was proven</h2><p><span class='verdict {css}'>"
+        f"verify {escape(verdict)}</span> ({escape(str(data.get('mode')))} mode, config sha256 "
+        f"<code>{escape(str(data.get('config_sha256', ''))[:12])}</code>). {escape(proven)}</p>"
+        f"<p>Machine: {escape(_machine(data.get('machine') or {}))}. Cost: "
+        f"{float(data.get('legs_s') or 0):.0f} s of legs for a {float(data.get('reference_s') or 0):.0f} s "
+        f"run{f' ({cost:.2f}x)' if isinstance(cost, (int, float)) else ''}.</p>"
+        "<table><tr><th>leg</th><th>verdict</th><th>must be</th><th>ok</th><th>seconds</th><th>note</th></tr>"
+        f"{rows}</table>"
+    )
+    return Proof([reference, *(Path(leg["run_dir"]) for leg in legs)], html)
+
+
+def _bundle_rerun(path: Path, data: dict[str, Any]) -> Proof:
+    verdict = str(data.get("verdict"))
+    largest = data.get("largest_loss_difference")
+    environment = [str(key) for key in data.get("environment_differences", [])]
+    html = (
+        f"<h2>What was proven</h2><p><span class='verdict {escape(verdict)}'>{escape(verdict)}</span> "
+        f"rerun of bundle <code>{escape(str(data.get('bundle')))}</code> (sha256 "
+        f"<code>{escape(str(data.get('bundle_sha256', ''))[:12])}</code>) on {escape(str(data.get('host')))}"
+        f" in {float(data.get('seconds') or 0):.0f} s"
+        + (f", tolerance {data['tolerance']:g}" if data.get("tolerance") is not None else "")
+        + (f", largest loss difference {largest:.3g}" if isinstance(largest, (int, float)) else "")
+        + ".</p>"
+        + "".join(f"<p>{escape(str(cause))}</p>" for cause in data.get("causes", []))
+        + f"<p>Environment differences: {escape(', '.join(environment) or 'none')}.</p>"
+    )
+    return Proof([path / "recorded" / "run", path / "rerun"], html)
+
+
+def _mark(passed: Any) -> str:
+    return "yes" if passed else ("n/a" if passed is None else "NO")
+
+
+def _machine(machine: dict[str, Any]) -> str:
+    keys = ("host", "platform", "processor", "cpu_count", "python")
+    return ", ".join(f"{k} {machine[k]}" for k in keys if machine.get(k) is not None) or "not recorded"

@@ -1,0 +1,70 @@
+"""What ``reprotune verify`` found: its legs and its verdict, and ``verification.json``'s format."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+SCHEMA = "reprotune/verification"
+SCHEMA_VERSION = 2  # 2: mode, per-leg cost, machine, blame
+Mode = Literal["fast", "thorough"]
+
+
+@dataclass
+class Leg:
+    """One leg of the verification and what it had to show."""
+
+    name: str
+    run_dir: str
+    expected: str  # IDENTICAL or DIVERGED
+    verdict: str | None = None
+    passed: bool | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    note: str | None = None
+    wall_s: float = 0.0
+    """Wall time of the leg's processes (start, imports, model load, training, writing)."""
+    train_s: float | None = None
+    """The part of it spent in optimizer steps, from the leg's record."""
+
+
+@dataclass
+class Verification:
+    """The outcome of ``reprotune verify``."""
+
+    verdict: str  # PASS or FAIL
+    directory: str
+    config_sha256: str
+    legs: list[Leg]
+    mode: Mode = "fast"
+    reference: str = ""
+    """The reference run's directory (``reference/`` inside, or the ``--reference`` given)."""
+    reference_s: float | None = None
+    """The reference run's own duration (its record), the unit the cost is measured in."""
+    machine: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def legs_s(self) -> float:
+        return sum(leg.wall_s for leg in self.legs)
+
+    def to_json(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["legs_s"] = round(self.legs_s, 3)
+        body["cost"] = round(self.legs_s / self.reference_s, 3) if self.reference_s else None
+        return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **body}
+
+    def format(self) -> str:
+        lines = [f"verify: {self.verdict}  ({self.mode}, {self.directory})"]
+        for leg in self.legs:
+            mark = "ok  " if leg.passed else ("n/a " if leg.passed is None else "FAIL")
+            detail = ", ".join(f"{k} {v}" for k, v in leg.evidence.items())
+            lines.append(
+                f"  [{mark}] {leg.name:<15} {leg.verdict or '-':<11} (must be {leg.expected}) {detail}"
+            )
+            if leg.note:
+                lines.append(f"         {leg.note}")
+        if self.reference_s:
+            lines.append(
+                f"  cost: {self.legs_s:.0f} s of legs for a {self.reference_s:.0f} s run "
+                f"({self.legs_s / self.reference_s:.2f}x)"
+            )
+        return "\n".join(lines)

@@ -1,0 +1,142 @@
+"""Reproduction bundles: pack a run, rerun it from another directory; hostile bundles refused."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from reprotune._cli import main
+from reprotune._proof.bundle import MANIFEST
+from tinyrun import TinyProject
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[TinyProject, Path, Path]:
+    """A completed tiny run, packed with and without its data."""
+    project = TinyProject.create(tmp_path_factory.mktemp("bundle-project"))
+    project.config("cfg.yaml", train={"max_steps": 3, "save_every": 0, "eval_every": 3})
+    project.run_cli("run", "cfg.yaml", "--run-dir", "runs/r", "--no-progress")
+    project.run_cli("pack", "runs/r", "-o", "with-data.tar.gz", "--with-data")
+    project.run_cli("pack", "runs/r", "-o", "no-data.tar.gz")
+    return project, project.root / "with-data.tar.gz", project.root / "no-data.tar.gz"
+
+
+def test_pack_is_deterministic(packed: tuple[TinyProject, Path, Path], tmp_path: Path) -> None:
+    """Packing one run twice gives the same bytes; bundle.json lists every member with its sha256."""
+    project, bundle, _ = packed
+    again = tmp_path / "again.tar.gz"
+    assert main(["pack", str(project.root / "runs" / "r"), "-o", str(again), "--with-data"]) == 0
+    assert again.read_bytes() == bundle.read_bytes()
+    with tarfile.open(bundle) as tar:
+        names = tar.getnames()
+        manifest = json.loads(tar.extractfile(MANIFEST).read())  # type: ignore[union-attr]
+    assert names[0] == MANIFEST and sorted(manifest["members"]) == sorted(names[1:])
+    assert {
+        "run/record.json",
+        "run/ledger.jsonl",
+        "run/split.json",
+        "run/config.yaml",
+        "data/data.jsonl",
+    } <= set(names)
+    assert "run/adapter/adapter_model.safetensors" in names and not any("checkpoints" in n for n in names)
+
+
+def test_bundle_reruns_identically_elsewhere(
+    packed: tuple[TinyProject, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rerun the bundle in another directory, from another working directory: IDENTICAL, and
+    rerun.json says so."""
+    _, bundle, _ = packed
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    out = tmp_path / "unpacked"
+    code = main(["rerun", str(bundle), "--out", str(out), "--no-progress"])
+    assert code == 0
+    summary = json.loads((out / "rerun.json").read_text())
+    assert summary["verdict"] == "IDENTICAL" and summary["bundle_sha256"]
+    assert (out / "rerun" / "ledger.jsonl").read_bytes() == (
+        out / "recorded" / "run" / "ledger.jsonl"
+    ).read_bytes()
+
+
+def test_bundle_without_data_asks_for_it_and_checks_it(
+    packed: tuple[TinyProject, Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No data in the bundle: exit 2 asking for --data, nothing left; --data with an edited row:
+    refused naming the row; --data with the right file: IDENTICAL."""
+    project, _, bundle = packed
+    monkeypatch.chdir(tmp_path)  # another working directory, outside any git tree
+    out = tmp_path / "u"
+    assert main(["rerun", str(bundle), "--out", str(out), "--no-progress"]) == 2
+    assert "--data PATH" in capsys.readouterr().err and not out.exists()
+    edited = tmp_path / "edited.jsonl"
+    lines = (project.root / "data.jsonl").read_text().splitlines()
+    lines[5] = lines[5].replace('"response":"', '"response":"changed ')
+    edited.write_text("\n".join(lines) + "\n")
+    assert main(["rerun", str(bundle), "--out", str(out), "--data", str(edited), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "not the data the run was made from" in err and "5" in err and not out.exists()
+    good = [
+        "rerun",
+        str(bundle),
+        "--out",
+        str(out),
+        "--data",
+        str(project.root / "data.jsonl"),
+        "--no-progress",
+    ]
+    assert main(good) == 0
+
+
+def _rewrite(bundle: Path, out: Path, edit: str) -> Path:
+    """A copy of ``bundle`` with one hostile change."""
+    with tarfile.open(bundle) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
+    with tarfile.open(out, "w:gz") as tar:
+        for member, data in members:
+            if edit == "tampered" and member.name == "run/ledger.jsonl":
+                data = data.replace(b'"loss":"0x', b'"loss":"-0x', 1)
+                member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+        extra = tarfile.TarInfo()
+        if edit == "absolute":
+            extra.name, payload = "/tmp/reprotune-evil", b"x"
+        elif edit == "dotdot":
+            extra.name, payload = "run/../../evil.txt", b"x"
+        elif edit == "symlink":
+            extra.name, extra.type, extra.linkname, payload = "run/link", tarfile.SYMTYPE, "/etc/passwd", b""
+        else:
+            return out
+        extra.size = len(payload)
+        tar.addfile(extra, io.BytesIO(payload))
+    return out
+
+
+@pytest.mark.parametrize("edit", ["tampered", "absolute", "dotdot", "symlink"])
+def test_hostile_bundles_are_refused(
+    packed: tuple[TinyProject, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: str
+) -> None:
+    """A changed member, an absolute path, a '..' path or a link: exit 2, nothing written."""
+    _, bundle, _ = packed
+    hostile = _rewrite(bundle, tmp_path / f"{edit}.tar.gz", edit)
+    out = tmp_path / "out"
+    assert main(["rerun", str(hostile), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    expected = {
+        "tampered": "does not match its sha256",
+        "absolute": "absolute path",
+        "dotdot": "points outside the bundle",
+        "symlink": "is a link",
+    }[edit]
+    assert expected in err
+    assert (
+        not out.exists() and not (tmp_path / "evil.txt").exists() and not Path("/tmp/reprotune-evil").exists()
+    )
