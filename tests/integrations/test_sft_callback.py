@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from trainer_scripts import ScriptProject
 
+from reprotune._cli import main
 from reprotune._proof.compare import compare_runs
 from reprotune._run.ledger import read_ledger
 from reprotune._run.record import load_record
@@ -52,3 +53,11 @@ def test_sft_record(project: ScriptProject) -> None:
     assert (project.root / "a" / "split.json").is_file()
     assert record["model"]["weights_sha256"] and record["model"]["tokenizer_sha256"]
     assert record["seeds"] == {"root": 42, "data_order": 42}
+
+
+def test_report_reads_trainer_made_runs(project: ScriptProject) -> None:
+    """`reprotune report` reads Trainer-made runs unchanged: one HTML file with both runs."""
+    out = project.root / "report.html"
+    assert main(["report", str(project.root / "a"), str(project.root / "c"), "-o", str(out)]) == 0
+    html = out.read_text(encoding="utf-8")
+    assert "DIVERGED" in html and load_record(project.root / "c")["run_id"] in html
