@@ -26,7 +26,8 @@ from reprotune.integrations.transformers import ReprotuneCallback  # reprotune
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--model", default="builtin:smollm2-135m-instruct")
     parser.add_argument("--data", default="builtin:chatterbot-en")
     parser.add_argument("--output-dir", default="out/hf_trainer")

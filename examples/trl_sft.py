@@ -26,7 +26,8 @@ from reprotune.integrations.transformers import ReprotuneCallback  # reprotune
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--model", default="builtin:smollm2-135m-instruct")
     parser.add_argument("--data", default="builtin:chatterbot-en")
     parser.add_argument("--output-dir", default="out/trl_sft")
@@ -51,8 +52,8 @@ def main() -> None:
     # The data, split once and for all: the manifest holds the exact rows of each split.
     table = reprotune.load_table(args.data)
     manifest = reprotune.split_table(table, seed=args.split_seed, stratify_by="category")
-    train_rows = reprotune.materialize(manifest, table)["train"]
-    train = Dataset.from_list([{"prompt": r["prompt"] + "\n", "completion": r["response"]} for r in train_rows])
+    rows = reprotune.materialize(manifest, table)["train"]
+    train = Dataset.from_list([{"prompt": r["prompt"] + "\n", "completion": r["response"]} for r in rows])
 
     # reprotune's loader finds the embedded model (or a local directory, or the local HF cache).
     loaded = reprotune.load_base_model(
