@@ -132,3 +132,14 @@ def test_a_command_without_the_callback_is_a_failure(
     assert main(["verify", "--command", command, "--out", "ver"]) == 1
     err = capsys.readouterr().err
     assert "wrote no run directory" in err and "ReprotuneCallback" in err
+
+
+def test_verify_command_itself_needs_no_torch() -> None:
+    """The orchestration (and the W&B tracker module) import neither torch nor wandb: the user's
+    script does the training, in its own processes."""
+    code = (
+        "import sys, reprotune._proof.verify_command, reprotune._trackers.wandb; "
+        "print(sorted(m for m in ('torch', 'wandb', 'transformers') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
