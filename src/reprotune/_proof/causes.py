@@ -58,6 +58,7 @@ _RANKING: dict[Stage, tuple[str, ...]] = {
     "numbers": (
         "model_files",
         "resume_rng",
+        "distributed",
         "split_content",
         "seeds",
         "config",
@@ -215,9 +216,24 @@ def _resume_text(resume: Resume) -> str:
     )
 
 
+def _distributed(diffs: list[Difference]) -> str | None:
+    """'world size 1 vs 2: gradients are summed in another order ...' when the world size differs."""
+    sizes = next((d for d in diffs if d.key == "distributed.world_size"), None)
+    if sizes is None:
+        return None
+    a, b = _value(sizes.a, sizes.change == "added"), _value(sizes.b, sizes.change == "removed")
+    return (
+        f"world size {a} vs {b}: the gradients and losses of a step are summed in another order "
+        "(another reduction tree), so the last bits differ; runs at different world sizes agree "
+        "within a tolerance, not bit for bit (compare with --tolerance)"
+    )
+
+
 def _summarize(kind: str, diffs: list[Difference]) -> str:
     """'torch 2.13.0 vs 2.14.1; threads 4 vs 8 (and 2 more environment differences)'."""
     label: Callable[[Difference], str] = _label
+    if kind == "distributed" and (world := _distributed(diffs)) is not None:
+        return world
     if kind == "model_files":
         files = [d for d in diffs if d.key.startswith("model.config_files.")] or diffs
         shown = "; ".join(

@@ -38,7 +38,7 @@ class Verdict(str, enum.Enum):
         return self.value.replace("_", " ")
 
 
-Category = Literal["config", "seeds", "code", "data", "model", "lora", "environment"]
+Category = Literal["config", "seeds", "code", "data", "model", "lora", "environment", "distributed"]
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,8 @@ INERT_KEYS: tuple[str, ...] = (
     "data.manifest_source",
     "data.source",
     "data.split_warnings",
+    "distributed.ranks",
+    "distributed.timeout_s",
     "lora.base_model_name_or_path",
     "model.kind",
     "model.requested_revision",
