@@ -250,7 +250,7 @@ def test_world_sizes_1_and_2_agree_within_tolerance(
     w2, w1 = ddp_twins[0].run_dir, world_size_1.run_dir
     _assert_close(w1, w2, from_step=2)
     comparison = compare_runs(w1, w2, tolerance=RELATIVE_TOLERANCE)
-    assert comparison.verdict in (Verdict.WITHIN_TOLERANCE, Verdict.DIVERGED)
+    assert comparison.verdict == Verdict.WITHIN_TOLERANCE
     assert comparison.where.first_batch_step is None
     assert comparison.adapter is not None and not comparison.adapter.identical
     assert all(
@@ -261,13 +261,31 @@ def test_world_sizes_1_and_2_agree_within_tolerance(
     assert sizes == [1, 2]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="compare does not read the record's distributed section yet (the lead wires it: "
-    "issue 12's cause 'world size 2 vs 1'); remove this mark then",
-)
 def test_compare_names_the_world_size(ddp_twins: tuple[Launch, Launch], world_size_1: Launch) -> None:
-    """compare of world sizes 1 and 2 lists distributed.world_size among the differences."""
-    comparison = compare_runs(world_size_1.run_dir, ddp_twins[0].run_dir, tolerance=RELATIVE_TOLERANCE)
-    paths = json.dumps(comparison.to_json())
-    assert "distributed.world_size" in paths
+    """compare of world sizes 1 and 2, within the tolerance: WITHIN TOLERANCE, the world size
+    listed among the differences and named as the cause; without a tolerance: DIVERGED, the same
+    first cause."""
+    within = compare_runs(world_size_1.run_dir, ddp_twins[0].run_dir, tolerance=RELATIVE_TOLERANCE)
+    assert within.verdict == Verdict.WITHIN_TOLERANCE
+    assert "distributed.world_size" in [d.key for d in within.differences]
+    exact = compare_runs(world_size_1.run_dir, ddp_twins[0].run_dir)
+    assert exact.verdict == Verdict.DIVERGED and exact.where.first_batch_step is None
+    assert exact.causes[0].startswith("numbers differ from step ")
+    assert (
+        "world size 1 vs 2: the gradients and losses of a step are summed in another order" in exact.causes[0]
+    )
+
+
+def test_verify_under_torchrun(project: TinyProject, ddp_twins: tuple[Launch, Launch]) -> None:
+    """`torchrun --nproc_per_node 2 -m reprotune verify`: rank 0 runs every leg as a fresh torchrun
+    launch at world size 2; the rerun-resume leg is IDENTICAL to the reference, the seed control
+    DIVERGES, and the RNG-skip control is inconclusive (dropout is reseeded per micro-batch)."""
+    reference = ddp_twins[0].run_dir
+    completed(launch(project, 2, "verify", "ddp.yaml", "--reference", str(reference), "--out", "verify-ddp"))
+    record = json.loads((project.root / "verify-ddp" / "verification.json").read_text())
+    legs = {leg["name"]: (leg["verdict"], leg["passed"]) for leg in record["legs"]}
+    assert record["verdict"] == "PASS"
+    assert legs["rerun-resume"] == ("IDENTICAL", True) and legs["control-seed"] == ("DIVERGED", True)
+    assert legs["control-resume"][1] is None
+    for name in ("rerun-resume", "control-seed"):
+        assert load_record(project.root / "verify-ddp" / name)["distributed"]["world_size"] == 2

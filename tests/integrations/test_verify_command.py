@@ -143,3 +143,33 @@ def test_verify_command_itself_needs_no_torch() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_resume_step_past_the_end_is_refused_after_the_reference_alone(tmp_path: Path) -> None:
+    """``--resume-at`` at or after the last step: exit 2 once the reference has shown the run's
+    length, before the rerun and control legs spend their training."""
+    project = ScriptProject.create(tmp_path)
+    command = shlex.join(project.argv("hf_trainer.py"))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reprotune",
+            "verify",
+            "--out",
+            "ver",
+            "--command",
+            command,
+            "--resume-at",
+            "6",
+        ],
+        cwd=project.root,
+        env={**os.environ, **OFFLINE_ENV},
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "--resume-at 6 is not before the run's last step (6)" in done.stderr
+    assert "choose a step from 1 to 5" in done.stderr
+    assert sorted(p.name for p in (project.root / "ver").iterdir() if p.is_dir()) == ["reference"]

@@ -264,7 +264,8 @@ def test_builtin_converts_with_chat_template(smollm2_cache: tuple[Path, LoadedMo
 def test_builtin_second_load_reuses_cache(
     smollm2_cache: tuple[Path, LoadedModel], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A second load converts nothing, does not re-hash the GGUF, and reports the same hashes."""
+    """A second load converts nothing, does not re-hash the GGUF or an unchanged converted file,
+    and reports the same hashes; a converted file whose mtime changed is hashed again."""
     cache, first = smollm2_cache
     monkeypatch.setenv("REPROTUNE_CACHE_DIR", str(cache))
     hashed: list[str] = []
@@ -283,7 +284,12 @@ def test_builtin_second_load_reuses_cache(
     again = _load("builtin:smollm2-135m-instruct")
     assert again.info == first.info
     assert not any(name.endswith(".gguf") for name in hashed)
-    assert "model.safetensors" in hashed  # what is loaded is always hashed
+    # The converted files' hashes are kept by size, mtime and inode: unchanged files are not read.
+    assert "model.safetensors" not in hashed
+    weights = Path(first.info["resolved_path"]) / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 1))
+    assert _load("builtin:smollm2-135m-instruct").info == first.info
+    assert hashed.count("model.safetensors") == 1  # touched: read and hashed again
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,25 @@ def test_verify_with_existing_reference(tiny_project: TinyProject, tmp_path: Pat
     assert other.returncode == 2
     assert "another config" in other.stderr
     assert not (tmp_path / "v2").exists()
+
+
+def test_verify_judges_the_evals_when_the_config_evaluates(tiny_project: TinyProject, tmp_path: Path) -> None:
+    """With eval.generate_at_end, verify's eval leg compares the reference's eval with the
+    rerun-resume leg's (made by its resumed process) row by row: IDENTICAL. A --reference whose
+    eval is missing is evaluated first, in a fresh process."""
+    config = tiny_project.config(
+        "verify-eval.yaml",
+        train={"max_steps": 4, "save_every": 2},
+        eval={"batch_size": 8, "max_new_tokens": 4, "generate_at_end": True},
+    )
+    ref = tmp_path / "ref"
+    tiny_project.run_cli("run", str(config), "--run-dir", str(ref), "--no-progress", "--no-tracking")
+    shutil.rmtree(ref / "evals")
+    out = tmp_path / "v"
+    done = tiny_project.run_cli("verify", str(config), "--out", str(out), "--reference", str(ref))
+    assert "verify: PASS" in done.stdout
+    assert _legs(out)["eval"] == ("IDENTICAL", True)
+    (evidence,) = json.loads((out / "verification.json").read_text())["legs"][-1]["evidence"].values()
+    assert evidence["rows"] > 0 and evidence["rows_differing"] == 0
+    assert len(list((ref / "evals").iterdir())) == 1
+    assert len(list((out / "rerun-resume" / "evals").iterdir())) == 1

@@ -135,6 +135,7 @@ def test_html_report(tmp_path: Path) -> None:
         ("metric", "no metric 'val_loss'"),
         ("alpha", "alpha must be in (0, 0.5]"),
         ("missing", "does not exist"),
+        ("one-run", "has 1 run(s); a spread needs at least 2"),
     ],
     ids=lambda v: str(v)[:12],
 )
@@ -156,6 +157,10 @@ def test_bad_input_exits_2(
         )
     elif case == "unfinished":
         b = write_study_dir(tmp_path / "b", [1.0, 1.1, 0.9], status="running")
+    elif case == "one-run":  # a study.json cut by hand to one run
+        b = write_study_dir(tmp_path / "b", [1.0, 1.1, 0.9])
+        study = json.loads((b / "study.json").read_text(encoding="utf-8"))
+        (b / "study.json").write_text(json.dumps({**study, "runs": study["runs"][:1]}), encoding="utf-8")
     else:
         b = write_study_dir(tmp_path / "b", [1.0, 1.1, 0.9])
         extra = {"metric": ["--metric", "val_loss"], "alpha": ["--alpha", "0.9"], "missing": []}[case]
@@ -172,6 +177,17 @@ def test_different_base_models_allowed(tmp_path: Path, capsys: pytest.CaptureFix
     b = write_study_dir(tmp_path / "b", [1.0, 1.1, 0.9], base_model={**MODEL, "weights_sha256": "c" * 64})
     assert main(["significance", str(a), str(b), "--allow"]) == 0
     assert f"base_model.weights_sha256: {'a' * 64} vs {'c' * 64}" in capsys.readouterr().out
+
+
+def test_the_same_model_written_another_way_is_not_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Studies whose base model has the same hashes but another spelling of its source are
+    compared (no --allow); the source is listed as a difference that cannot change the numbers."""
+    a = write_study_dir(tmp_path / "a", [1.0, 1.1, 0.9])
+    b = write_study_dir(tmp_path / "b", [1.0, 1.1, 0.9], base_model={**MODEL, "source": "./models/elsewhere"})
+    assert main(["significance", str(a), str(b)]) == 0
+    assert "./models/elsewhere (cannot change the numbers)" in capsys.readouterr().out
 
 
 def test_significance_never_imports_torch(tmp_path: Path) -> None:

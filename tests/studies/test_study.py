@@ -7,6 +7,7 @@ steps, and a study of 2 seeds x 2 steps with MLflow on.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
@@ -187,3 +188,26 @@ def test_mlflow_parent_and_children(
     )
     study = result.study
     assert tags == sorted((study["study_id"], r["varied"], str(r["seed"])) for r in study["runs"])
+
+
+def test_eval_metrics_reach_the_study_in_this_process(tmp_path: Path) -> None:
+    """With eval.generate_at_end, a study run in this process (``--jobs 1``) evaluates each run on
+    its test split, as ``reprotune run`` would, and the study holds each eval's scores."""
+    project = TinyProject.create(tmp_path, n_rows=40)
+    cfg_path = project.config(
+        "cfg.yaml",
+        train={"batch_size": 4, "max_steps": 2, "eval_every": 0, "save_every": 0},
+        eval={"batch_size": 8, "max_new_tokens": 4, "generate_at_end": True},
+    )
+    result = run_study(
+        load_config(cfg_path),
+        n=2,
+        vary="all",
+        options=StudyOptions(out=tmp_path / "s", tracking=False, name="cfg"),
+    )
+    study = load_study(result.directory)
+    for run in study["runs"]:
+        (eval_dir,) = (result.directory / run["dir"] / "evals").iterdir()
+        scores = json.loads((eval_dir / "eval.json").read_text(encoding="utf-8"))["metrics"]
+        assert scores and all(run["metrics"][f"test/{name}"] == value for name, value in scores.items())
+    assert "test/exact_match" in study["summary"]["all"]

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 def eval_at_end(result: Any, *, progress: bool) -> None:
     """After ``reprotune run`` / ``resume``: the eval ``eval.generate_at_end`` asks for, if the run
     completed (rank 0 alone in a distributed run), and its summary."""
-    from reprotune._eval.at_end import evaluate_at_end, wants_eval_at_end
+    from reprotune._eval.settings import wants_eval_at_end
 
     if (
         not getattr(result, "main", True)
@@ -81,6 +81,7 @@ def eval_at_end(result: Any, *, progress: bool) -> None:
         or not wants_eval_at_end(result.record)
     ):
         return
+    from reprotune._eval.at_end import evaluate_at_end
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import os
 from pathlib import Path
 
 from reprotune._cli._options import add_set_option
@@ -64,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.config is None:
         raise InputError("verify needs a config, or --command", source="reprotune verify", fix=_USAGE_FIX)
+    if os.environ.get("TORCHELASTIC_RUN_ID") and os.environ.get("RANK", "0") != "0":
+        return 0  # under torchrun, rank 0 runs the legs, each a fresh torchrun launch of its own
     cfg = load_config(args.config, args.overrides)
     out = args.out
     if out is None:

@@ -298,7 +298,10 @@ def dump_config_yaml(cfg: ExperimentConfig, path: str | Path) -> Path:
     header = f"# reprotune resolved config: every default written out. sha256 {config_sha256(cfg)}\n"
     body = yaml.dump(
         not_secret_marked(cfg.resolved()),
-        Dumper=Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False
+        Dumper=Dumper,
+        sort_keys=False,
+        allow_unicode=True,
+        default_flow_style=False,
     )
     return write_bytes_atomic(path, (header + body).encode("utf-8"))
 

@@ -139,9 +139,7 @@ def _refuse_expansion(node: Any, source: str, problem: str) -> None:
     )
 
 
-def _collect_marks(
-    root: Any, marks: Marks, problems: list[str], start: tuple[str | int, ...] = ()
-) -> None:
+def _collect_marks(root: Any, marks: Marks, problems: list[str], start: tuple[str | int, ...] = ()) -> None:
     """Record where every key and value sits, report duplicate keys (YAML keeps the last silently)
     and values that look like credentials. Each node is walked once (an alias is not re-walked)."""
     seen_nodes: set[int] = set()

@@ -18,12 +18,6 @@ from reprotune._errors import InputError, ReprotuneError
 from reprotune._eval.evaluate import EvalResult, run_eval
 
 
-def wants_eval_at_end(record: Mapping[str, Any]) -> bool:
-    """Whether a run's resolved config asks for ``eval.generate_at_end``."""
-    section = (record.get("config") or {}).get("eval") or {}
-    return bool(section.get("generate_at_end"))
-
-
 def evaluate_at_end(
     run_dir: Path,
     record: Mapping[str, Any],

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from reprotune._determinism.device import resolve_device
 from reprotune._determinism.flags import apply_determinism
@@ -65,6 +65,10 @@ class EvalResult:
     record: dict[str, Any]
     metrics: dict[str, float]
     predictions_sha256: str
+
+
+SHOWN_THREADS: Final = (1, 2)
+"""Thread counts with which batch invariance was shown (docs/eval.md); others are not claimed."""
 
 
 def run_eval(
@@ -134,7 +138,12 @@ def run_eval(
         )
     settings = GenerationSettings.from_config(cfg, inputs.seeds)
     prompts = [_encode_prompt(loaded.tokenizer, row, inputs) for row in inputs.rows]
-    invariant = device.type == "cpu" and cfg.model.dtype == "float32" and loaded.attention == ROWWISE
+    invariant = (
+        device.type == "cpu"
+        and cfg.model.dtype == "float32"
+        and loaded.attention == ROWWISE
+        and cfg.determinism.threads in SHOWN_THREADS
+    )
     say = report or (lambda line: None)
     t0 = time.perf_counter()
     generated = generate_rows(

@@ -11,7 +11,6 @@ place and renamed into place when every file is written.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -75,11 +74,3 @@ def run_evals(run_dir: Path) -> list[Path]:
     return sorted(
         p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and EvalLayout(p).is_eval_dir()
     )
-
-
-_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def safe_name(text: str) -> str:
-    """``text`` with everything but letters, digits, ``.``, ``_`` and ``-`` replaced by ``-``."""
-    return _SAFE.sub("-", text).strip("-") or "eval"

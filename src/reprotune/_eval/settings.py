@@ -122,3 +122,9 @@ def generation_identity(generation: Mapping[str, Any]) -> dict[str, Any]:
 def identity_sha256(parts: Mapping[str, Any]) -> str:
     """sha256 of the canonical compact JSON of an eval's identity parts."""
     return sha256_bytes(canonical_dumps(dict(parts), indent=None).encode("utf-8"))
+
+
+def wants_eval_at_end(record: Mapping[str, Any]) -> bool:
+    """Whether a run's resolved config asks for ``eval.generate_at_end`` (light: no torch)."""
+    section = (record.get("config") or {}).get("eval") or {}
+    return bool(section.get("generate_at_end"))

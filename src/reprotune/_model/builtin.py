@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 BUILTIN_PREFIX = "builtin:"
 CACHE_ENV = "REPROTUNE_CACHE_DIR"
 BUILTIN_META = "reprotune-model.json"
+#: Hashes of the converted files, keyed by size, mtime and inode (``_model.identity.files_sha256``).
+HASH_CACHE = ".reprotune-hashes.json"
 BUILTIN_META_SCHEMA = "reprotune/builtin-model"
 BUILTIN_META_VERSION = 1
 

@@ -7,11 +7,13 @@ computation (``config.json``, ``generation_config.json``, custom modelling code)
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
 from reprotune._errors import InputError
-from reprotune._jsonio import sha256_bytes, sha256_file
+from reprotune._jsonio import sha256_bytes, sha256_file, write_json_atomic
 
 #: Files besides weights and tokenizer that change what a model computes, whichever a directory has.
 CONFIG_FILES: tuple[str, ...] = ("config.json", "generation_config.json")
@@ -34,7 +36,9 @@ TOKENIZER_FILES: tuple[str, ...] = (
 # hashing
 
 
-def files_sha256(directory: Path, names: Iterable[str]) -> tuple[str, dict[str, str]]:
+def files_sha256(
+    directory: Path, names: Iterable[str], *, cache: Path | None = None
+) -> tuple[str, dict[str, str]]:
     """Hash the named files of ``directory`` as one digest, and each on its own.
 
     The digest is the sha256 of the ``sha256sum``-style listing ``"<hex>  <name>\\n"`` of the
@@ -44,13 +48,37 @@ def files_sha256(directory: Path, names: Iterable[str]) -> tuple[str, dict[str, 
     Args:
         directory: where the files are (symlinks, as in the HF cache, are followed).
         names: file names relative to ``directory``.
+        cache: a JSON file of earlier hashes keyed by each file's size, modification time and
+            inode: a file whose three are unchanged is not read again. Only for directories
+            reprotune owns (the converted builtin model), where nothing else writes.
 
     Returns:
         ``(digest, {name: sha256})``.
     """
-    per_file = {name: sha256_file(directory / name) for name in sorted(set(names))}
+    known = _read_cache(cache) if cache is not None else {}
+    per_file, fresh = {}, {}
+    for name in sorted(set(names)):
+        stat = (directory / name).stat()
+        key = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+        entry = known.get(name)
+        if isinstance(entry, dict) and entry.get("stat") == key and isinstance(entry.get("sha256"), str):
+            per_file[name] = entry["sha256"]
+        else:
+            per_file[name] = sha256_file(directory / name)
+        fresh[name] = {"stat": key, "sha256": per_file[name]}
+    if cache is not None and fresh != {k: known.get(k) for k in fresh}:
+        with contextlib.suppress(OSError):  # a cache that cannot be written only costs time
+            write_json_atomic(cache, {**known, **fresh})
     listing = "".join(f"{digest}  {name}\n" for name, digest in per_file.items())
     return sha256_bytes(listing.encode("utf-8")), per_file
+
+
+def _read_cache(path: Path) -> dict[str, object]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def weight_file_names(directory: Path) -> list[str]:

@@ -15,7 +15,6 @@ Never imports torch.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -40,6 +39,7 @@ from reprotune._proof.differences import (
     short_value,
 )
 from reprotune._proof.split_diff import compare_manifests
+from reprotune._proof.world import without_rank_batches, world_size
 from reprotune._run.adapter import load_adapter
 from reprotune._run.ledger import LedgerEntry
 from reprotune._run.rundir import RunDir, open_run_dir
@@ -105,7 +105,7 @@ def compare_opened(
     """``compare_runs`` on run directories already opened (the report opens each run once)."""
     if world_size(run_a) != world_size(run_b):
         # Each rank's share of a step differs by construction; the global batch is compared.
-        run_a, run_b = _without_rank_batches(run_a), _without_rank_batches(run_b)
+        run_a, run_b = without_rank_batches(run_a), without_rank_batches(run_b)
     where = _compare_ledgers(run_a, run_b)
     adapter = None if prefix else _compare_adapters(run_a, run_b)
     differences = tuple(_record_differences(run_a, run_b))
@@ -139,29 +139,6 @@ def compare_opened(
         resumes=resumes,
         prefix=prefix,
     )
-
-
-def world_size(run: RunDir) -> int:
-    """How many processes trained the run (1 for a run without a ``distributed`` section)."""
-    size = run.section("distributed").get("world_size", 1)
-    return size if isinstance(size, int) else 1
-
-
-def _without_rank_batches(run: RunDir) -> RunDir:
-    """``run`` with the per-rank batch hashes left out of its ledger lines."""
-
-    def strip(entry: LedgerEntry) -> LedgerEntry:
-        fields = {k: v for k, v in entry.fields.items() if k != "rank_batch_sha256"}
-        return dataclasses.replace(entry, fields=fields)
-
-    ledger = run.ledger
-    stripped = dataclasses.replace(
-        ledger,
-        init=strip(ledger.init) if ledger.init is not None else None,
-        train=tuple(strip(e) for e in ledger.train),
-        val=tuple(strip(e) for e in ledger.val),
-    )
-    return dataclasses.replace(run, ledger=stripped)
 
 
 def _resumes(run: RunDir, label: Literal["A", "B"]) -> Iterable[Resume]:

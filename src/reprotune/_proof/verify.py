@@ -18,6 +18,9 @@ Two modes, the same strength of evidence:
 **thorough** (``--thorough``): full-length legs: ``rerun``, ``control-seed``, ``resume`` and
 ``control-resume``, each run to the end.
 
+With ``eval.generate_at_end``, an ``eval`` leg: the reference's and the rerun's evals, each made in
+a fresh process, must be IDENTICAL (``verify_eval``).
+
 The verdict is PASS only when every leg says what it must. ``verification.json`` keeps the
 evidence, the mode, what each leg cost (wall time, training time) and the machine.
 """
@@ -44,6 +47,7 @@ from reprotune._jsonio import write_json_atomic
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.differences import Comparison
 from reprotune._proof.verification import Leg, Verification
+from reprotune._proof.verify_eval import eval_leg
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.record import load_record
 from reprotune._run.rundir import check_is_run_dir
@@ -75,15 +79,42 @@ class _Context:
         return cmp
 
 
+# Variables torchrun sets for its workers: a leg launched from a verify under torchrun is a new
+# torchrun launch of its own, which must not inherit them.
+_TORCHRUN_ENV = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+)  # fmt: skip
+
+
+def world_size() -> int:
+    """The world size verify was launched at: torchrun's ``WORLD_SIZE``, else 1."""
+    if not os.environ.get("TORCHELASTIC_RUN_ID"):
+        return 1
+    return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def _command(args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """``python -m reprotune ARGS``, or under torchrun a fresh ``torchrun --standalone`` launch of
+    it at the same number of processes; and its environment."""
+    env = {k: v for k, v in os.environ.items() if k != "REPROTUNE_KILL_AT"}
+    size = world_size()
+    if size == 1:
+        return [sys.executable, "-m", "reprotune", *args], env
+    env = {k: v for k, v in env.items() if k not in _TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={size}"]
+    return [*launch, "-m", "reprotune", *args], env
+
+
 def _reprotune(args: Sequence[str], log: Path) -> float:
-    """Run ``python -m reprotune ARGS`` in a fresh process, its output into ``log``; its wall time."""
-    env = dict(os.environ)
-    env.pop("REPROTUNE_KILL_AT", None)
+    """Run ``python -m reprotune ARGS`` in a fresh process (a fresh torchrun launch under torchrun),
+    its output into ``log``; return its wall time."""
+    command, env = _command(args)
     with open(log, "ab") as out:
-        out.write(f"$ reprotune {' '.join(args)}\n".encode())
+        out.write(f"$ {' '.join(command[command.index('reprotune') - 1 :])}\n".encode())
         out.flush()
         started = time.perf_counter()
-        code = subprocess.call([sys.executable, "-m", "reprotune", *args], stdout=out, stderr=out, env=env)
+        code = subprocess.call(command, stdout=out, stderr=out, env=env)
         wall = time.perf_counter() - started
     if code != 0:
         tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
@@ -162,6 +193,9 @@ def verify_config(
                 "check exact resume",
             )
         )
+    if cfg.eval.generate_at_end:
+        rerun = next(Path(leg.run_dir) for leg in legs if leg.name in ("rerun", "rerun-resume"))
+        legs.append(eval_leg(ctx.reference, rerun, ctx.reprotune, progress))
     ok = all(leg.passed is not False for leg in legs) and any(leg.passed for leg in legs)
     result = Verification(
         "PASS" if ok else "FAIL",
@@ -287,6 +321,13 @@ def _inconclusive_without_dropout(cfg: ExperimentConfig, leg: Leg) -> None:
         leg.note = (
             "inconclusive: with lora.dropout 0 nothing draws from the RNG after the checkpoint, so "
             "skipping its restore cannot show"
+        )
+    elif not leg.passed and world_size() > 1:
+        leg.passed = None
+        leg.note = (
+            "inconclusive: a distributed run reseeds dropout for every micro-batch from (seed, step, "
+            "micro-batch), so no RNG state carries past a checkpoint for a skipped restore to change "
+            "(docs/distributed.md)"
         )
 
 

@@ -151,6 +151,8 @@ def verify_command(
     run = _Runner(argv, layout.log, cwd or Path.cwd(), progress)
     reference = run.leg("reference", Controls(run_dir=layout.leg("reference")))
     _require_status(reference, "completed", "reference")
+    if resume_at is not None:
+        _check_resume_at(reference, resume_at)
     legs = [
         _judge("rerun", reference, run.leg("rerun", Controls(run_dir=layout.leg("rerun"))), "IDENTICAL"),
         _judge(
@@ -248,8 +250,8 @@ def _judge(name: str, reference: Path, leg: Path, expected: str) -> CommandLeg:
     return result
 
 
-def _resume_leg(run: _Runner, run_dir: Path, reference: Path, step: int) -> CommandLeg:
-    """Stop after ``step``, resume from the Trainer's checkpoint, and compare with the reference."""
+def _check_resume_at(reference: Path, step: int) -> None:
+    """Refuse a resume step at or after the reference's last step, before any other leg trains."""
     total = len(_train_steps(reference))
     if step >= total:
         raise InputError(
@@ -257,6 +259,22 @@ def _resume_leg(run: _Runner, run_dir: Path, reference: Path, step: int) -> Comm
             source="--resume-at",
             fix=f"choose a step from 1 to {total - 1}",
         )
+
+
+def _resume_leg(run: _Runner, run_dir: Path, reference: Path, step: int) -> CommandLeg:
+    """Stop after ``step``, resume from the Trainer's checkpoint, and compare with the reference.
+
+    A resume that crashes is a failed leg with the reason, not a verification without a verdict.
+    """
+    try:
+        return _stop_and_resume(run, run_dir, reference, step)
+    except RunFailedError as exc:
+        return CommandLeg(
+            "resume", str(run_dir), "IDENTICAL", "FAILED", False, {"resumed_at": step}, note=exc.message
+        )
+
+
+def _stop_and_resume(run: _Runner, run_dir: Path, reference: Path, step: int) -> CommandLeg:
     stopped = run.leg(
         "resume", Controls(run_dir=run_dir, stop_after=step), label=f"resume (stop after step {step})"
     )
@@ -273,6 +291,7 @@ def _resume_leg(run: _Runner, run_dir: Path, reference: Path, step: int) -> Comm
         Controls(run_dir=run_dir, resume_from=checkpoint),
         label=f"resume (Trainer resume_from_checkpoint at step {step})",
     )
+    _require_status(stopped, "completed", "resume")
     leg = _judge("resume", reference, stopped, "IDENTICAL")
     leg.evidence["resumed_at"] = step
     if leg.verdict == "IDENTICAL":

@@ -27,6 +27,9 @@ from typing import Any, Literal
 
 from reprotune._config.schema import config_sha256
 from reprotune._errors import InputError, RunFailedError
+from reprotune._eval.at_end import evaluate_at_end
+from reprotune._eval.layout import run_evals
+from reprotune._eval.settings import wants_eval_at_end
 from reprotune._jsonio import sha256_file
 from reprotune._run.layout import RunLayout
 from reprotune._run.record import load_record
@@ -120,7 +123,16 @@ def _verify_completed(planned: PlannedRun, run_dir: Path) -> dict[str, Any]:
                 fix=f"remove {run_dir} and run the same `reprotune seeds` command again to redo "
                 f"this {what}'s run",
             )
+    _evaluate_if_asked(run_dir, record)
     return record
+
+
+def _evaluate_if_asked(run_dir: Path, record: dict[str, Any]) -> None:
+    """The eval ``eval.generate_at_end`` asks for, where the run has none yet: a run made in this
+    process (``--jobs 1``) or one whose process was killed during its eval. ``reprotune run`` in its
+    own process (``--jobs`` > 1) has made it already, so the study is the same either way."""
+    if wants_eval_at_end(record) and not run_evals(run_dir):
+        evaluate_at_end(run_dir, record, report=lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def _run_here(planned: PlannedRun, run_dir: Path, tracking: bool) -> RunOutcome:

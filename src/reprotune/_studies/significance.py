@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from reprotune._config.schema import did_you_mean
 from reprotune._errors import InputError
+from reprotune._proof.differences import is_inert
 from reprotune._studies.metrics import FINAL_VAL_LOSS
 from reprotune._studies.studyfile import load_study
 from reprotune._studies.twosample import TestResult, compare_samples, verdict_line
@@ -79,7 +80,11 @@ class Significance:
         lines += [f"  note: {note}" for note in self.notes]
         if self.differences:
             lines.append("What differs between the studies:")
-            lines += [f"  {d['key']}: {_show(d['a'])} vs {_show(d['b'])}" for d in self.differences]
+            lines += [
+                f"  {d['key']}: {_show(d['a'])} vs {_show(d['b'])}"
+                + (" (cannot change the numbers)" if d.get("inert") else "")
+                for d in self.differences
+            ]
         else:
             lines.append("Nothing differs between the studies' configs but their seeds.")
         return "\n".join(lines) + "\n"
@@ -139,7 +144,7 @@ def significance(
             fix=f"{did_you_mean(metric, a['metrics'])}choose one of {', '.join(a['metrics'])}",
         )
     differences = study_differences(a, b)
-    model_diffs = [d for d in differences if d["key"].startswith("base_model.")]
+    model_diffs = [d for d in differences if d["key"] in MODEL_IDENTITY]
     if model_diffs and not allow_different_models:
         shown = "; ".join(f"{d['key']} {_show(d['a'])[:16]} vs {_show(d['b'])[:16]}" for d in model_diffs)
         raise InputError(
@@ -189,8 +194,15 @@ def _checked(study: dict[str, Any], option: str, path: str | Path) -> dict[str, 
     return study
 
 
+#: What makes two base models different for ``significance`` (their source, as written, does not).
+MODEL_IDENTITY: Final = ("base_model.weights_sha256", "base_model.tokenizer_sha256")
+
+
 def study_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """What differs between two studies: config keys (as ``compare`` names them), vary, base model."""
+    """What differs between two studies: config keys (as ``compare`` names them), vary, base model.
+
+    Each difference says whether it is ``inert``: a value that cannot change the numbers (where
+    the data or the model was found, as ``compare`` marks it)."""
     flat_a: dict[str, Any] = {}
     flat_b: dict[str, Any] = {}
     for study, flat in ((a, flat_a), (b, flat_b)):
@@ -198,10 +210,16 @@ def study_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[s
         flat["study.vary"] = study["vary"]
         _flatten(study.get("base_model") or {}, "base_model", flat)
     return [
-        {"key": key, "a": flat_a.get(key), "b": flat_b.get(key)}
+        {"key": key, "a": flat_a.get(key), "b": flat_b.get(key), "inert": _inert(key)}
         for key in sorted(set(flat_a) | set(flat_b))
         if flat_a.get(key) != flat_b.get(key)
     ]
+
+
+def _inert(key: str) -> bool:
+    if key.startswith("base_model."):
+        return key not in MODEL_IDENTITY
+    return not key.startswith("study.") and is_inert(f"config.{key}")
 
 
 def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:

@@ -224,7 +224,13 @@ def follow_run(cfg: ExperimentConfig, ctx: DistContext, options: RunOptions, *, 
         hooks: list[StepHook] = [ledger, CheckpointHook(setup, None, None)]
         if CRASH_TESTS_ARMED:
             hooks.append(CrashPointHook(ctx.rank))
-        loop = train_loop(setup, hooks, start_step=start_step, stop_after_step=options.stop_after_step)
+        loop = train_loop(
+            setup,
+            hooks,
+            start_step=start_step,
+            stop_after_step=options.stop_after_step,
+            stop_by_main=bool(options.hooks),  # rank 0 runs them (e.g. --watch-reference): follow it
+        )
         if not loop.stopped:
             adapter_state(setup)  # under FSDP, rank 0 gathers the adapter it saves
     except RuntimeError as exc:

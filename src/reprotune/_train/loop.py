@@ -17,7 +17,7 @@ import torch
 
 from reprotune._train.batches import micro_batches
 from reprotune._train.dist_step import distributed_train_step, distributed_validate
-from reprotune._train.distributed import is_transport_error, lost_rank_error, shard_rows
+from reprotune._train.distributed import broadcast_object, is_transport_error, lost_rank_error, shard_rows
 from reprotune._train.loss import autocast, evaluate, logits_to_keep, token_loss_sum
 from reprotune._train.setup import Setup, max_grad_norm
 
@@ -81,16 +81,26 @@ class LoopResult:
 
 
 def train_loop(
-    setup: Setup, hooks: Sequence[StepHook], *, start_step: int = 0, stop_after_step: int | None = None
+    setup: Setup,
+    hooks: Sequence[StepHook],
+    *,
+    start_step: int = 0,
+    stop_after_step: int | None = None,
+    stop_by_main: bool = False,
 ) -> LoopResult:
-    """Train from ``start_step`` to ``setup.total_steps`` (or stop after ``stop_after_step``)."""
+    """Train from ``start_step`` to ``setup.total_steps`` (or stop after ``stop_after_step``).
+
+    ``stop_by_main`` (distributed runs, every rank alike): rank 0's hooks decide after each step
+    whether the run stops, and the other ranks follow (a hook such as ``--watch-reference`` that
+    only rank 0 runs); without it each rank's own hooks decide.
+    """
     setup.model.train()
     # Everything loaded so far (torch, transformers, the model) lives for the whole run: keep it
     # out of the garbage collector's full passes, which otherwise stall steps at random.
     gc.collect()
     gc.freeze()
     try:
-        return _loop(setup, hooks, start_step, stop_after_step)
+        return _loop(setup, hooks, start_step, stop_after_step, stop_by_main)
     except RuntimeError as exc:
         if setup.dist is None or not is_transport_error(exc):
             raise
@@ -100,7 +110,7 @@ def train_loop(
 
 
 def _loop(
-    setup: Setup, hooks: Sequence[StepHook], start_step: int, stop_after_step: int | None
+    setup: Setup, hooks: Sequence[StepHook], start_step: int, stop_after_step: int | None, stop_by_main: bool
 ) -> LoopResult:
     step_times: list[float] = []
     final_val: float | None = None
@@ -122,6 +132,8 @@ def _loop(
         stop = False
         for hook in hooks:
             stop |= bool(hook.on_step_end(end))  # a hook returns True to stop the run here
+        if stop_by_main and setup.dist is not None and not is_last:
+            stop = broadcast_object(setup.dist, stop)
         step_times.append(time.perf_counter() - t0)
         if (stop or (stop_after_step is not None and step >= stop_after_step)) and not is_last:
             return LoopResult(step, True, final_val, tuple(step_times))

@@ -31,7 +31,8 @@ class RunOptions:
             which compares recorded and unrecorded steps of one loop; such a run's ledger is not
             complete, and ``compare`` and ``resume`` cannot use it.
         hooks: extra step hooks, called after reprotune's own at the end of every step (the
-            benchmarks time steps with one).
+            benchmarks time steps with one). Under torchrun every rank must be given hooks (or
+            none) alike: rank 0's hooks decide when the run stops, and the other ranks follow.
         code_dir: the directory whose git state is recorded.
         allow_world_size_change: let a distributed run resume at another world size than it
             trained at (``--allow-world-size-change``); the change is recorded.

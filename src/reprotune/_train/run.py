@@ -230,16 +230,18 @@ def _execute(
             ledger_hook = LedgerHook(setup, ledger, records_step, stopwatch)
             if start_step == 0:
                 ledger_hook.write_init()
-            checkpoints = CheckpointHook(setup, ledger, paths.checkpoints, save_times)
-            hooks: list[StepHook] = [
-                ledger_hook,
-                TrackerHook(run.trackers, records_step, stopwatch),
-                checkpoints,
-            ]
+            hooks: list[StepHook] = [ledger_hook, TrackerHook(run.trackers, records_step, stopwatch)]
+            hooks.append(CheckpointHook(setup, ledger, paths.checkpoints, save_times))
             if CRASH_TESTS_ARMED:
                 hooks.append(CrashPointHook(run.dist.rank if run.dist is not None else None))
             hooks += [*fault_hooks(setup), progress, *options.hooks]
-            loop = train_loop(setup, hooks, start_step=start_step, stop_after_step=options.stop_after_step)
+            loop = train_loop(
+                setup,
+                hooks,
+                start_step=start_step,
+                stop_after_step=options.stop_after_step,
+                stop_by_main=bool(options.hooks),
+            )
         progress.close()
         if loop.stopped:
             return _finish(run, "stopped", loop, stopwatch, save_times)

@@ -1,0 +1,50 @@
+"""``verify``'s eval leg: when the config evaluates its runs (``eval.generate_at_end``), the eval
+of the reference and the eval of the rerun leg, each made in its own fresh process, must be
+IDENTICAL row for row (every generated token id).
+
+Both evals come from ``reprotune run``/``resume`` itself (``generate_at_end``); a ``--reference``
+run made without them is evaluated here first, in a fresh process. Controls are not evaluated:
+they stop as soon as they have parted (fast mode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from reprotune._eval.compare import compare_evals, latest_pairs
+from reprotune._eval.layout import run_evals
+from reprotune._proof.verification import Leg
+
+EVAL_LEG = "eval"
+
+
+def eval_leg(reference: Path, rerun: Path, run: Callable[..., float], progress: Callable[[str], None]) -> Leg:
+    """Judge the evals of ``reference`` and ``rerun`` (run directories); ``run(*args)`` runs
+    ``reprotune ARGS`` in a fresh process and returns its wall time."""
+    leg = Leg(EVAL_LEG, "", "IDENTICAL")  # no run directory of its own: the evals are the runs'
+
+    for run_dir in (reference, rerun):
+        if not run_evals(run_dir):
+            progress(f"verify: eval of {run_dir} in a fresh process")
+            leg.wall_s += run("eval", str(run_dir), "--no-progress")
+    pairs = latest_pairs(reference, rerun)
+    if not pairs:
+        leg.passed = False
+        leg.note = "the two runs have no evals made with the same settings to compare"
+        return leg
+    verdicts = []
+    for a, b in pairs:
+        cmp = compare_evals(a, b)
+        verdicts.append(cmp.verdict)
+        leg.evidence[b.name] = {
+            "a": str(a),
+            "rows": cmp.rows_compared,
+            "rows_differing": len(cmp.rows_differing),
+        }
+        if cmp.verdict != "IDENTICAL" and leg.note is None:
+            leg.note = f"eval {b.name}: " + (cmp.causes[0] if cmp.causes else cmp.verdict)
+    leg.verdict = next((v for v in verdicts if v != "IDENTICAL"), "IDENTICAL")
+    leg.passed = leg.verdict == "IDENTICAL"
+    progress(f"  {EVAL_LEG}: {leg.verdict} (must be IDENTICAL)")
+    return leg
