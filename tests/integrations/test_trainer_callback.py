@@ -73,6 +73,27 @@ def test_every_step_has_its_exact_loss_whatever_logging_steps(model_dir: Path, t
     assert main(["rerun", str(sparse)]) == 2
 
 
+def test_the_callback_changes_nothing_the_trainer_computes(model_dir: Path, tmp_path: Path) -> None:
+    """The same Trainer with a plain callback and with ReprotuneCallback: every step's loss and
+    grad norm bit for bit equal, and the same trained LoRA weights (the callback observes: it draws
+    from no RNG and does not reorder the batches)."""
+    from transformers import TrainerCallback
+
+    plain = tiny_trainer(model_dir, tiny_rows(40, seed=1), tmp_path / "out-plain", TrainerCallback)
+    plain.train()
+    observed, _ = _train(model_dir, tmp_path, "observed")
+
+    def steps(trainer: Any) -> list[tuple[str, str]]:
+        logged = [e for e in trainer.state.log_history if "loss" in e]
+        return [(float(e["loss"]).hex(), float(e["grad_norm"]).hex()) for e in logged]
+
+    assert len(steps(plain)) == 8 and steps(plain) == steps(observed)
+    lora_plain = {k: v for k, v in plain.model.state_dict().items() if "lora_" in k}
+    lora_observed = {k: v for k, v in observed.model.state_dict().items() if "lora_" in k}
+    assert lora_plain.keys() == lora_observed.keys() and lora_plain
+    assert all(torch.equal(lora_plain[k], lora_observed[k]) for k in lora_plain)
+
+
 def test_gradient_accumulation_step_is_all_its_micro_batches(model_dir: Path, tmp_path: Path) -> None:
     """With 2 micro-batches a step, each line's loss is the step's logged loss bit for bit, and its
     rows are both micro-batches', exactly the indices the Trainer's sampler drew for that step
