@@ -103,3 +103,10 @@ def test_no_import_inside_a_function_dodges_a_cycle() -> None:
                 if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("reprotune"):
                     offenders.append(f"{path.relative_to(SRC)}:{node.lineno} {node.module}")
     assert not offenders, offenders
+
+
+def test_test_modules_have_unique_names() -> None:
+    """pytest imports test modules by their base name (rootdir mode, no packages): two test files
+    of one name in different folders stop the whole collection."""
+    names = [p.name for p in (SRC.parents[1] / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
