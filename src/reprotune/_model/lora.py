@@ -307,7 +307,10 @@ def save_adapter(
     try:
         tmp.chmod(0o755)  # mkdtemp makes 0700; an adapter is meant to be shared
         extra: dict[str, Any] = {} if state_dict is None else {"state_dict": dict(state_dict)}
-        model.save_pretrained(str(tmp), safe_serialization=True, **extra)
+        # reprotune never resizes the vocabulary, so the base embeddings are never part of the
+        # adapter; PEFT's "auto" would look the base model up by its name to find out (a hub
+        # lookup and a warning for a name like builtin:smollm2-135m-instruct).
+        model.save_pretrained(str(tmp), safe_serialization=True, save_embedding_layers=False, **extra)
         (tmp / "README.md").unlink(missing_ok=True)
         _canonical_config(tmp / ADAPTER_CONFIG)
         hashes = {path.name: sha256_file(path) for path in sorted(tmp.iterdir()) if path.is_file()}
