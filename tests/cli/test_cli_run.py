@@ -106,7 +106,9 @@ def test_record_is_complete(twin_runs: tuple[Path, Path]) -> None:
     assert {"in_git", "commit", "dirty", "diff_sha256"} <= set(record["code"])
 
     data = record["data"]
-    assert data["file_sha256"] == sha256_file(Path(record["config"]["data"]["path"]))
+    # data.path as the config writes it, relative to the config's directory (recorded beside it)
+    assert record["config"]["data"]["path"] == "data.jsonl"
+    assert data["file_sha256"] == sha256_file(Path(record["config"]["config_dir"]) / "data.jsonl")
     assert data["manifest_sha256"] == sha256_file(run_dir / "split.json")
     assert data["split_sizes"] == {"train": 64, "validation": 9, "test": 7}
 

@@ -79,9 +79,13 @@ def test_the_callback_changes_nothing_the_trainer_computes(model_dir: Path, tmp_
     from no RNG and does not reorder the batches)."""
     from transformers import TrainerCallback
 
-    plain = tiny_trainer(model_dir, tiny_rows(40, seed=1), tmp_path / "out-plain", TrainerCallback)
-    plain.train()
-    observed, _ = _train(model_dir, tmp_path, "observed")
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    try:  # full_determinism switches torch's deterministic algorithms on for the whole process
+        plain = tiny_trainer(model_dir, tiny_rows(40, seed=1), tmp_path / "out-plain", TrainerCallback)
+        plain.train()
+        observed, _ = _train(model_dir, tmp_path, "observed")
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
 
     def steps(trainer: Any) -> list[tuple[str, str]]:
         logged = [e for e in trainer.state.log_history if "loss" in e]
