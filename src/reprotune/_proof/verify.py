@@ -271,6 +271,7 @@ def _resume_control(ctx: _Context, stop: int, *, bound: int) -> Leg:
     leg = Leg("control-resume", str(ctx.paths.leg("control-resume")), "DIVERGED")
     leg.wall_s = ctx.reprotune("resume", leg.run_dir, "--skip-rng-restore", *_watch(ctx, bound), *_QUIET)
     ctx.judge(leg, prefix=True)
+    leg.train_s = _train_seconds(Path(leg.run_dir), since=stop)
     _inconclusive_without_dropout(ctx.cfg, leg)
     return leg
 
@@ -366,11 +367,12 @@ def _run_seconds(run_dir: Path) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def _train_seconds(run_dir: Path) -> float | None:
-    """Seconds in optimizer steps over every attempt of the run (mean step time x steps)."""
+def _train_seconds(run_dir: Path, *, since: int = 0) -> float | None:
+    """Seconds in optimizer steps after step ``since`` (mean step time x steps): a leg that resumes
+    a copied checkpoint did not run the steps before it."""
     timings = load_record(RunLayout(run_dir).record).get("timings", {})
     mean, steps = timings.get("step_time_s_mean"), timings.get("steps_done")
-    return round(float(mean) * int(steps), 3) if mean is not None and steps else None
+    return round(float(mean) * max(0, int(steps) - since), 3) if mean is not None and steps else None
 
 
 def _machine() -> dict[str, Any]:
