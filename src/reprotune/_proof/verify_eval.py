@@ -23,7 +23,6 @@ def eval_leg(reference: Path, rerun: Path, run: Callable[..., float], progress: 
     """Judge the evals of ``reference`` and ``rerun`` (run directories); ``run(*args)`` runs
     ``reprotune ARGS`` in a fresh process and returns its wall time."""
     leg = Leg(EVAL_LEG, "", "IDENTICAL")  # no run directory of its own: the evals are the runs'
-
     for run_dir in (reference, rerun):
         if not run_evals(run_dir):
             progress(f"verify: eval of {run_dir} in a fresh process")
