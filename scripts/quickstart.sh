@@ -13,5 +13,6 @@ run="runs/quickstart-$(date -u +%Y%m%d-%H%M%S)"
 .venv/bin/reprotune verify examples/quickstart.yaml --reference "$run" --out "$run-verify"
 # 32 test rows, generated batch-size-invariantly and scored (BLEU, chrF, ROUGE): RUN/evals/<id>/
 .venv/bin/reprotune eval "$run" --max-rows 32 --set eval.max_new_tokens=32
-.venv/bin/reprotune report "$run" "$run-verify/rerun" "$run-verify/control-seed" -o "$run-report.html"
+# the verification directory: what was proven, then the reference and every leg against it
+.venv/bin/reprotune report "$run-verify" -o "$run-report.html"
 echo "report: $run-report.html"

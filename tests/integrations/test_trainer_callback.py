@@ -141,9 +141,16 @@ def test_findings_are_warned_once_and_recorded(model_dir: Path, tmp_path: Path) 
         full_determinism=False,
         train_sampling_strategy="group_by_length",
     )
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        trainer.train()
+    # The finding reads torch's process-wide flag, which other tests in this process may have
+    # switched on (a strict-mode run, full_determinism): off here, as in a fresh script.
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(False)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.train()
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
     messages = [str(w.message) for w in caught if issubclass(w.category, ReproducibilityWarning)]
     codes = [f["code"] for f in load_record(run_dir)["findings"]]
     for code in ("deterministic-algorithms-off", "sampling-strategy", "peft-before-seed"):
