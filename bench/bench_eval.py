@@ -35,18 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _machine import cpu_pressure
+
 TARGET = 0.9
 MODEL = "builtin:smollm2-135m-instruct"
-
-
-def _cpu_pressure() -> str:
-    """Linux PSI for the CPU: the share of time some task waited for a core (other load on the box)."""
-    try:
-        some = Path("/proc/pressure/cpu").read_text(encoding="utf-8").splitlines()[0]
-    except (OSError, IndexError):
-        return "unknown"
-    fields = dict(item.split("=") for item in some.split()[1:])
-    return f"some task waiting {fields.get('avg10')}% (10 s avg), {fields.get('avg60')}% (60 s avg)"
 
 
 def _prompts(tokenizer: Any, n: int) -> list[list[int]]:
@@ -143,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         f"bench_eval: {MODEL}, {args.rows} prompts, {args.new_tokens} new tokens, batch {args.batch_size}, "
         f"{args.threads} threads, {args.rounds} rounds, torch {torch.__version__}"
     )
-    print(f"CPU pressure before: {_cpu_pressure()}")
+    print(f"CPU pressure before: {cpu_pressure()}")
     ratios: list[float] = []
     totals = {"plain": [0.0, 0], "invariant": [0.0, 0]}
     same = compared = 0
@@ -164,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{round_:>5} {number:>5} {rate['plain']:>12.2f} {rate['invariant']:>16.2f} "
                 f"{ratios[-1]:>7.3f}"
             )
-    print(f"CPU pressure after: {_cpu_pressure()}")
+    print(f"CPU pressure after: {cpu_pressure()}")
     total = {name: t[1] / t[0] for name, t in totals.items()}
     median = statistics.median(ratios)
     print(

@@ -42,6 +42,7 @@ from typing import Any
 
 import yaml
 
+from _machine import cpu_pressure
 from reprotune._config.loading import load_config
 from reprotune._model.tiny import build_tiny_model, write_tiny_dataset
 from reprotune._studies.plan import plan_study
@@ -92,16 +93,6 @@ def _study(cfg: Any, n: int, out: Path) -> tuple[float, float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu, result.seconds_in_runs
 
 
-def _cpu_pressure() -> str:
-    """Linux PSI for the CPU: the share of time some task waited for a core (other load on the box)."""
-    try:
-        some = Path("/proc/pressure/cpu").read_text(encoding="utf-8").splitlines()[0]
-    except (OSError, IndexError):
-        return "unknown"
-    fields = dict(item.split("=") for item in some.split()[1:])
-    return f"some task waiting {fields.get('avg10')}% (10 s avg), {fields.get('avg60')}% (60 s avg)"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="2 runs of 20 steps, 3 rounds")
@@ -113,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (20 if args.quick else 40)
     rounds = args.rounds or (3 if args.quick else 7)
     print(f"bench_seeds: study of {n} runs x {steps} steps vs the same {n} runs one by one, {rounds} rounds")
-    print(f"CPU pressure before: {_cpu_pressure()}")
+    print(f"CPU pressure before: {cpu_pressure()}")
     walls, cpus, outside, selfs = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="bench-seeds-") as tmp:
         root = Path(tmp)
@@ -147,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         f"the study's own work: median {statistics.median(outside):.2f} s a study (round 0, the first study "
         f"in the process, also imports SciPy: {outside[0]:.2f} s)"
     )
-    print(f"CPU pressure after: {_cpu_pressure()}")
+    print(f"CPU pressure after: {cpu_pressure()}")
     return 0 if met else 1
 
 

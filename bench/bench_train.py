@@ -53,6 +53,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 import yaml
 
+from _machine import cpu_pressure
+
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 OVERHEAD_TARGET = 0.02
@@ -443,16 +445,6 @@ def bench_throughput(warmup: int, steps: int, rounds: int) -> bool:
     return ok
 
 
-def _cpu_pressure() -> str:
-    """Linux PSI for the CPU: the share of time some task waited for a core (other load on the box)."""
-    try:
-        some = Path("/proc/pressure/cpu").read_text(encoding="utf-8").splitlines()[0]
-    except (OSError, IndexError):
-        return "unknown"
-    fields = dict(item.split("=") for item in some.split()[1:])
-    return f"some task waiting {fields.get('avg10')}% (10 s avg), {fields.get('avg60')}% (60 s avg)"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument(
@@ -483,13 +475,13 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (400 if args.quick else 1200)
     tp_steps = args.tp_steps or 4
     tp_rounds = args.rounds or (1 if args.quick else 3)
-    print(f"CPU pressure before: {_cpu_pressure()}")
+    print(f"CPU pressure before: {cpu_pressure()}")
     results = []
     if args.part in ("overhead", "all"):
         results.append(bench_overhead(repeats, steps))
     if args.part in ("throughput", "all"):
         results.append(bench_throughput(2, tp_steps, tp_rounds))
-    print(f"\nCPU pressure after: {_cpu_pressure()}")
+    print(f"\nCPU pressure after: {cpu_pressure()}")
     return 0 if all(results) else 1
 
 
