@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from reprotune._config.schema import ExperimentConfig, ModelConfig
-from reprotune._eval.decode import Generated, generate_rows, sample_row, warp_row
+from reprotune._eval.decode import Generated, generate_rows, rowwise_attention, sample_row, warp_row
 from reprotune._eval.model import EvalModel, load_eval_model
 from reprotune._eval.settings import GenerationSettings, row_seed
 from reprotune._model.tiny import build_tiny_model
@@ -130,6 +130,34 @@ def test_sampling_repeats_under_a_seed_and_moves_with_it(loaded: EvalModel) -> N
     assert sum(a.ids != b.ids for a, b in zip(first, other, strict=True)) >= len(order) // 2
     greedy = _generate(loaded, GREEDY, 8, order)
     assert sum(a.ids != b.ids for a, b in zip(first, greedy, strict=True)) >= len(order) // 2
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rowwise_attention_expands_kv_heads_without_changing_a_bit(threads: int) -> None:
+    """Grouped-query heads expanded by the kernel (``enable_gqa``) give each row, prefill and
+    decode step, the bits that SDPA gives on that row alone with its keys copied per head."""
+    torch.set_num_threads(threads)
+    generator = torch.Generator().manual_seed(0)
+    heads, kv_heads, length, dim = 9, 3, 12, 16
+    pads = [0, 3, 7, 3]
+    mask = torch.tensor([[i >= pad for i in range(length)] for pad in pads])
+    module = torch.nn.Module()
+    module.num_key_value_groups = heads // kv_heads  # type: ignore[assignment]
+    key = torch.randn(len(pads), kv_heads, length, dim, generator=generator)
+    value = torch.randn(len(pads), kv_heads, length, dim, generator=generator)
+    for q_len in (length, 1):  # a full prefill, then one new token
+        query = torch.randn(len(pads), heads, q_len, dim, generator=generator)
+        causal = torch.ones(q_len, length, dtype=torch.bool).tril(length - q_len)
+        attention_mask = mask[:, None, None, :] & causal  # [B, 1, q, L], True = attend
+        out, _ = rowwise_attention(module, query, key, value, attention_mask, scaling=dim**-0.5)
+        for b, pad in enumerate(pads):
+            first = max(0, pad - (length - q_len))
+            copied = [x[b : b + 1, :, pad:].repeat_interleave(heads // kv_heads, dim=1) for x in (key, value)]
+            alone = torch.nn.functional.scaled_dot_product_attention(
+                query[b : b + 1, :, first:].contiguous(), *copied, is_causal=q_len > 1, scale=dim**-0.5
+            )
+            assert torch.equal(out[b, first:], alone[0].transpose(0, 1))
+            assert not out[b, :first].any()  # padding queries get zeros
 
 
 def test_rowwise_attention_computes_what_sdpa_computes(loaded: EvalModel) -> None:
