@@ -33,7 +33,7 @@ def test_verify_passes_on_reproducible_config(tiny_project: TinyProject, tmp_pat
     assert "verify: PASS  (fast" in done.stdout
     record = json.loads((out / "verification.json").read_text())
     assert record["schema"] == "reprotune/verification" and record["verdict"] == "PASS"
-    assert (record["schema_version"], record["mode"]) == (2, "fast")
+    assert (record["schema_version"], record["mode"]) == (3, "fast")
     assert _legs(out) == {
         "rerun-resume": ("IDENTICAL", True),
         "control-seed": ("DIVERGED", True),
@@ -42,6 +42,13 @@ def test_verify_passes_on_reproducible_config(tiny_project: TinyProject, tmp_pat
     rerun = next(leg for leg in record["legs"] if leg["name"] == "rerun-resume")
     assert rerun["evidence"]["steps"] == 8 and len(rerun["evidence"]["adapter_sha256"]) == 64
     assert all(leg["wall_s"] > 0 for leg in record["legs"]) and record["cost"] > 0
+    # The two controls ran side by side: the verification took less than its legs added up, and
+    # the cost is what the user waited for. Their logs are whole, one after the other.
+    assert record["wall_s"] < record["legs_s"]
+    assert record["cost"] == round(record["wall_s"] / record["reference_s"], 3)
+    commands = [line for line in (out / "verify.log").read_text().splitlines() if line.startswith("$ ")]
+    assert str(out / "control-seed") in commands[-2] and str(out / "control-resume") in commands[-1]
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("verify.log")) == ["verify.log"]
     # The controls stopped once they had parted: data order at step 1, the RNG after step 4.
     assert _train_steps(out / "control-seed") == 2
     assert _train_steps(out / "control-resume") == 6

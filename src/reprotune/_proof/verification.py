@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 SCHEMA = "reprotune/verification"
-SCHEMA_VERSION = 2  # 2: mode, per-leg cost, machine, blame
+SCHEMA_VERSION = 3  # 2: mode, per-leg cost, machine, blame; 3: wall_s (legs side by side)
 Mode = Literal["fast", "thorough"]
 
 
@@ -41,15 +41,29 @@ class Verification:
     reference_s: float | None = None
     """The reference run's own duration (its record), the unit the cost is measured in."""
     machine: dict[str, Any] = field(default_factory=dict)
+    wall_s: float | None = None
+    """Elapsed time from the first leg's start to the last verdict: legs that ran side by side
+    count once. What the user waited for beyond the reference, and the cost's numerator."""
 
     @property
     def legs_s(self) -> float:
+        """The legs' process wall times added up (more than ``wall_s`` when legs overlapped)."""
         return sum(leg.wall_s for leg in self.legs)
+
+    @property
+    def spent_s(self) -> float:
+        return self.wall_s if self.wall_s is not None else self.legs_s
+
+    @property
+    def cost(self) -> float | None:
+        """The verification's time over the reference run's (``spent_s / reference_s``)."""
+        return self.spent_s / self.reference_s if self.reference_s else None
 
     def to_json(self) -> dict[str, Any]:
         body = asdict(self)
         body["legs_s"] = round(self.legs_s, 3)
-        body["cost"] = round(self.legs_s / self.reference_s, 3) if self.reference_s else None
+        body["wall_s"] = round(self.wall_s, 3) if self.wall_s is not None else None
+        body["cost"] = round(self.cost, 3) if self.cost is not None else None
         return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **body}
 
     def format(self) -> str:
@@ -62,9 +76,13 @@ class Verification:
             )
             if leg.note:
                 lines.append(f"         {leg.note}")
-        if self.reference_s:
+        if self.cost is not None:
             lines.append(
-                f"  cost: {self.legs_s:.0f} s of legs for a {self.reference_s:.0f} s run "
-                f"({self.legs_s / self.reference_s:.2f}x)"
+                f"  cost: {self.spent_s:.0f} s of legs for a {self.reference_s:.0f} s run ({self.cost:.2f}x)"
+                + (
+                    f"; {self.legs_s:.0f} s of leg processes, some side by side"
+                    if self.legs_s > self.spent_s + 1
+                    else ""
+                )
             )
         return "\n".join(lines)

@@ -31,8 +31,6 @@ import datetime as _dt
 import os
 import platform
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,10 +40,12 @@ from typing import Any
 from reprotune._config.loading import dump_config_yaml
 from reprotune._config.schema import ExperimentConfig, config_sha256
 from reprotune._determinism.seeds import CONSUMERS, derive_seeds
-from reprotune._errors import InputError, RunFailedError
+from reprotune._errors import InputError
 from reprotune._jsonio import write_json_atomic
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.differences import Comparison
+from reprotune._proof.processes import launch_world_size, run_together
+from reprotune._proof.processes import run_logged as _reprotune
 from reprotune._proof.verification import Leg, Verification
 from reprotune._proof.verify_eval import eval_leg
 from reprotune._run.layout import RunLayout, VerifyLayout
@@ -68,6 +68,13 @@ class _Context:
         """Run ``python -m reprotune ARGS`` in a fresh process, logged; return its wall time."""
         return _reprotune(args, self.paths.log)
 
+    def reprotune_together(self, *commands: Sequence[str]) -> list[float]:
+        """Run several ``python -m reprotune`` processes at once (only at world size 1), logged in
+        the order given; return each one's wall time."""
+        if launch_world_size() > 1 or len(commands) < 2:
+            return [self.reprotune(*args) for args in commands]
+        return run_together(commands, self.paths.log)
+
     def judge(self, leg: Leg, *, prefix: bool = False) -> Comparison:
         """Compare the leg with the reference and record the verdict, evidence and cost."""
         cmp = compare_runs(self.reference, Path(leg.run_dir), prefix=prefix)
@@ -77,53 +84,6 @@ class _Context:
         leg.train_s = _train_seconds(Path(leg.run_dir))
         self.progress(f"  {leg.name}: {cmp.verdict} (must be {leg.expected})")
         return cmp
-
-
-# Variables torchrun sets for its workers: a leg launched from a verify under torchrun is a new
-# torchrun launch of its own, which must not inherit them.
-_TORCHRUN_ENV = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-)  # fmt: skip
-
-
-def world_size() -> int:
-    """The world size verify was launched at: torchrun's ``WORLD_SIZE``, else 1."""
-    if not os.environ.get("TORCHELASTIC_RUN_ID"):
-        return 1
-    return max(1, int(os.environ.get("WORLD_SIZE", "1")))
-
-
-def _command(args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-    """``python -m reprotune ARGS``, or under torchrun a fresh ``torchrun --standalone`` launch of
-    it at the same number of processes; and its environment."""
-    env = {k: v for k, v in os.environ.items() if k != "REPROTUNE_KILL_AT"}
-    size = world_size()
-    if size == 1:
-        return [sys.executable, "-m", "reprotune", *args], env
-    env = {k: v for k, v in env.items() if k not in _TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")}
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={size}"]
-    return [*launch, "-m", "reprotune", *args], env
-
-
-def _reprotune(args: Sequence[str], log: Path) -> float:
-    """Run ``python -m reprotune ARGS`` in a fresh process (a fresh torchrun launch under torchrun),
-    its output into ``log``; return its wall time."""
-    command, env = _command(args)
-    with open(log, "ab") as out:
-        out.write(f"$ {' '.join(command[command.index('reprotune') - 1 :])}\n".encode())
-        out.flush()
-        started = time.perf_counter()
-        code = subprocess.call(command, stdout=out, stderr=out, env=env)
-        wall = time.perf_counter() - started
-    if code != 0:
-        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
-        raise RunFailedError(
-            f"`reprotune {' '.join(args)}` failed with exit code {code}:\n" + "\n".join(tail),
-            source=str(log),
-            fix="fix the run itself first (try `reprotune run` on the config)",
-        )
-    return wall
 
 
 def _evidence(cmp: Comparison) -> dict[str, Any]:
@@ -182,6 +142,7 @@ def verify_config(
         progress(f"verify: reference is the existing run {ctx.reference}")
     total = _total_steps(ctx.reference)
     stop = _resume_point(cfg, total) if resume else None
+    started = time.perf_counter()
     legs = (_thorough_legs if thorough else _fast_legs)(ctx, control_seed, stop, total)
     if resume and stop is None:
         legs.append(
@@ -206,6 +167,7 @@ def verify_config(
         reference=str(ctx.reference),
         reference_s=_run_seconds(ctx.reference),
         machine=_machine(),
+        wall_s=time.perf_counter() - started,
     )
     write_json_atomic(
         paths.verification,
@@ -238,38 +200,48 @@ def _fast_legs(ctx: _Context, control_seed: str, stop: int | None, total: int) -
             blamed = "rerun nondeterminism (at or before the resume point)" if at <= stop else "the resume"
             leg.note = f"first divergence at step {at}, resume point {stop}: blames {blamed}"
         legs.append(leg)
-    legs.append(_seed_control(ctx, control_seed, bound=_control_bound(ctx.cfg, total)))
+    # The controls are short and mostly single-threaded process start and model load: they run
+    # side by side (at world size 1), each still at the config's thread count.
+    bound = _control_bound(ctx.cfg, total)
+    seed_leg, seed_command = _seed_control(ctx, control_seed, bound=bound)
+    controls = [(seed_leg, seed_command)]
     if stop is not None:
-        legs.append(_resume_control(ctx, stop, bound=min(total, stop + _control_bound(ctx.cfg, total))))
+        controls.append(_resume_control(ctx, stop, bound=min(total, stop + bound)))
+    for (leg, _), wall in zip(controls, ctx.reprotune_together(*(c for _, c in controls)), strict=True):
+        leg.wall_s = wall
+    _judge_seed_control(ctx, seed_leg, bound)
+    legs.append(seed_leg)
+    if stop is not None:
+        legs.append(_judge_resume_control(ctx, controls[1][0], stop))
     return legs
 
 
-def _seed_control(ctx: _Context, consumer: str, *, bound: int) -> Leg:
+def _seed_control(ctx: _Context, consumer: str, *, bound: int) -> tuple[Leg, list[str]]:
+    """The seed control's leg and the command that runs it (streamed, stopped once it parts)."""
     seeds = derive_seeds(ctx.cfg.seed.root, dict(ctx.cfg.seed.overrides))
     perturbed = seeds[consumer] + 1
     ctx.progress(f"verify: negative control, seed {consumer} {seeds[consumer]} -> {perturbed}")
     leg = Leg("control-seed", str(ctx.paths.leg("control-seed")), "DIVERGED")
     leg.note = f"seed.overrides.{consumer}={perturbed}"
-    leg.wall_s = ctx.reprotune(
-        "run",
-        str(ctx.paths.config),
-        "--run-dir",
-        leg.run_dir,
-        "--set",
-        f"seed.overrides.{consumer}={perturbed}",
-        *_watch(ctx, bound),
-        *_QUIET,
-    )
+    override = f"seed.overrides.{consumer}={perturbed}"
+    command = ["run", str(ctx.paths.config), "--run-dir", leg.run_dir, "--set", override]
+    return leg, [*command, *_watch(ctx, bound), *_QUIET]
+
+
+def _judge_seed_control(ctx: _Context, leg: Leg, bound: int) -> None:
     ctx.judge(leg, prefix=True)
     if not leg.passed:
-        leg.note += f"; nothing differed within {bound} steps: the check is blind to this seed"
-    return leg
+        leg.note = f"{leg.note}; nothing differed within {bound} steps: the check is blind to this seed"
 
 
-def _resume_control(ctx: _Context, stop: int, *, bound: int) -> Leg:
+def _resume_control(ctx: _Context, stop: int, *, bound: int) -> tuple[Leg, list[str]]:
+    """The RNG-skip control's leg and the command that runs it (streamed, stopped once it parts)."""
     ctx.progress(f"verify: negative control, resume from step {stop} without restoring the RNG states")
     leg = Leg("control-resume", str(ctx.paths.leg("control-resume")), "DIVERGED")
-    leg.wall_s = ctx.reprotune("resume", leg.run_dir, "--skip-rng-restore", *_watch(ctx, bound), *_QUIET)
+    return leg, ["resume", leg.run_dir, "--skip-rng-restore", *_watch(ctx, bound), *_QUIET]
+
+
+def _judge_resume_control(ctx: _Context, leg: Leg, stop: int) -> Leg:
     ctx.judge(leg, prefix=True)
     leg.train_s = _train_seconds(Path(leg.run_dir), since=stop)
     _inconclusive_without_dropout(ctx.cfg, leg)
@@ -323,7 +295,7 @@ def _inconclusive_without_dropout(cfg: ExperimentConfig, leg: Leg) -> None:
             "inconclusive: with lora.dropout 0 nothing draws from the RNG after the checkpoint, so "
             "skipping its restore cannot show"
         )
-    elif not leg.passed and world_size() > 1:
+    elif not leg.passed and launch_world_size() > 1:
         leg.passed = None
         leg.note = (
             "inconclusive: a distributed run reseeds dropout for every micro-batch from (seed, step, "
