@@ -42,6 +42,8 @@ def add_watch_options(parser: argparse.ArgumentParser) -> None:
     """verify's negative controls: stream the run against a reference run and stop once it parts."""
     parser.add_argument("--watch-reference", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--watch-bound", type=int, default=None, help=argparse.SUPPRESS)
+    # Controls started side by side train in turns (reprotune._train.turn).
+    parser.add_argument("--train-lock", type=Path, default=None, help=argparse.SUPPRESS)
 
 
 def watch_hooks(args: argparse.Namespace) -> tuple[Any, ...]:

@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
         tracking=not args.no_tracking,
         restore_rng_on_resume=not (args.skip_rng_restore or rng_restore_broken()),
         hooks=watch_hooks(args),
+        train_lock=args.train_lock,
         allow_world_size_change=args.allow_world_size_change,
     )
     result = resume_run(args.run_dir, options)

@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         stop_after_step=args.stop_after_step,
         manifest=args.manifest,
         hooks=watch_hooks(args),
+        train_lock=args.train_lock,
     )
     result = run_experiment(cfg, options)
     print_summary(result)

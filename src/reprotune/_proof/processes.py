@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from reprotune._errors import RunFailedError
 
@@ -45,18 +46,12 @@ def run_logged(args: Sequence[str], log: Path) -> float:
     its output into ``log``; return its wall time."""
     command, env = _command(args)
     with open(log, "ab") as out:
-        out.write(f"$ {' '.join(command[command.index('reprotune') - 1 :])}\n".encode())
-        out.flush()
+        _header(out, command)
         started = time.perf_counter()
         code = subprocess.call(command, stdout=out, stderr=out, env=env)
         wall = time.perf_counter() - started
     if code != 0:
-        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
-        raise RunFailedError(
-            f"`reprotune {' '.join(args)}` failed with exit code {code}:\n" + "\n".join(tail),
-            source=str(log),
-            fix="fix the run itself first (try `reprotune run` on the config)",
-        )
+        raise _failed(args, code, log.read_bytes(), log)
     return wall
 
 
@@ -69,8 +64,7 @@ def run_together(commands: Sequence[Sequence[str]], log: Path) -> list[float]:
         command, env = _command(args)
         part = log.with_name(f"{log.name}.{number}")
         with open(part, "wb") as out:
-            out.write(f"$ {' '.join(command[command.index('reprotune') - 1 :])}\n".encode())
-            out.flush()
+            _header(out, command)
             running.append((subprocess.Popen(command, stdout=out, stderr=out, env=env), part))
     walls: dict[int, float] = {}
     while len(walls) < len(running):
@@ -85,13 +79,21 @@ def run_together(commands: Sequence[Sequence[str]], log: Path) -> list[float]:
             out.write(text)
         part.unlink()
         if process.returncode != 0 and failure is None:
-            tail = text.decode("utf-8", errors="replace").splitlines()[-15:]
-            failure = RunFailedError(
-                f"`reprotune {' '.join(args)}` failed with exit code {process.returncode}:\n"
-                + "\n".join(tail),
-                source=str(log),
-                fix="fix the run itself first (try `reprotune run` on the config)",
-            )
+            failure = _failed(args, process.returncode, text, log)
     if failure is not None:
         raise failure
     return [walls[number] for number in range(len(running))]
+
+
+def _header(out: BinaryIO, command: Sequence[str]) -> None:
+    out.write(f"$ {' '.join(command[list(command).index('reprotune') - 1 :])}\n".encode())
+    out.flush()
+
+
+def _failed(args: Sequence[str], code: int, output: bytes, log: Path) -> RunFailedError:
+    tail = output.decode("utf-8", errors="replace").splitlines()[-15:]
+    return RunFailedError(
+        f"`reprotune {' '.join(args)}` failed with exit code {code}:\n" + "\n".join(tail),
+        source=str(log),
+        fix="fix the run itself first (try `reprotune run` on the config)",
+    )

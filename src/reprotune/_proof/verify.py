@@ -51,6 +51,7 @@ from reprotune._proof.verify_eval import eval_leg
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.record import load_record
 from reprotune._run.rundir import check_is_run_dir
+from reprotune._train.turn import TURNS_POSSIBLE
 
 _QUIET = ("--no-progress", "--no-tracking")
 
@@ -69,11 +70,16 @@ class _Context:
         return _reprotune(args, self.paths.log)
 
     def reprotune_together(self, *commands: Sequence[str]) -> list[float]:
-        """Run several ``python -m reprotune`` processes at once (only at world size 1), logged in
-        the order given; return each one's wall time."""
-        if launch_world_size() > 1 or len(commands) < 2:
+        """Run several ``reprotune run``/``resume`` processes: side by side at world size 1, where
+        they load together and train in turns (``--train-lock``), else one after another; logged
+        in the order given. Return each one's wall time."""
+        if launch_world_size() > 1 or not TURNS_POSSIBLE or len(commands) < 2:
             return [self.reprotune(*args) for args in commands]
-        return run_together(commands, self.paths.log)
+        lock = self.paths.root / ".train-lock"
+        try:
+            return run_together([[*args, "--train-lock", str(lock)] for args in commands], self.paths.log)
+        finally:
+            lock.unlink(missing_ok=True)
 
     def judge(self, leg: Leg, *, prefix: bool = False) -> Comparison:
         """Compare the leg with the reference and record the verdict, evidence and cost."""
@@ -200,8 +206,8 @@ def _fast_legs(ctx: _Context, control_seed: str, stop: int | None, total: int) -
             blamed = "rerun nondeterminism (at or before the resume point)" if at <= stop else "the resume"
             leg.note = f"first divergence at step {at}, resume point {stop}: blames {blamed}"
         legs.append(leg)
-    # The controls are short and mostly single-threaded process start and model load: they run
-    # side by side (at world size 1), each still at the config's thread count.
+    # The controls are short: mostly process start and model load, which run side by side (at
+    # world size 1); their training takes turns, each at the config's thread count.
     bound = _control_bound(ctx.cfg, total)
     seed_leg, seed_command = _seed_control(ctx, control_seed, bound=bound)
     controls = [(seed_leg, seed_command)]

@@ -36,6 +36,8 @@ class RunOptions:
         code_dir: the directory whose git state is recorded.
         allow_world_size_change: let a distributed run resume at another world size than it
             trained at (``--allow-world-size-change``); the change is recorded.
+        train_lock: train only while holding an exclusive lock on this file (verify's controls,
+            started side by side, train in turns: ``_train.turn``); None: no lock.
     """
 
     run_dir: Path | None = None
@@ -48,6 +50,7 @@ class RunOptions:
     hooks: Sequence[StepHook] = ()
     code_dir: Path = field(default_factory=Path.cwd)
     allow_world_size_change: bool = False
+    train_lock: Path | None = None
 
 
 @dataclass(frozen=True)

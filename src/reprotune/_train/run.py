@@ -70,6 +70,7 @@ from reprotune._train.options import DEFAULT_OPTIONS, RunOptions, RunResult
 from reprotune._train.setup import Setup, build_setup, with_saved_manifest
 from reprotune._train.sharding import adapter_state, distribute_setup
 from reprotune._train.signals import interrupt_on_signals
+from reprotune._train.turn import training_turn
 
 
 def run_experiment(cfg: ExperimentConfig, options: RunOptions = DEFAULT_OPTIONS) -> RunResult:
@@ -226,7 +227,7 @@ def _execute(
 
         records_step = step_predicate(options.recording)
         progress = ProgressHook(setup.total_steps, start_step, options.progress)
-        with LedgerWriter(paths.ledger) as ledger:
+        with training_turn(options.train_lock), LedgerWriter(paths.ledger) as ledger:
             ledger_hook = LedgerHook(setup, ledger, records_step, stopwatch)
             if start_step == 0:
                 ledger_hook.write_init()

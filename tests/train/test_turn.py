@@ -1,0 +1,36 @@
+"""Training in turns (reprotune._train.turn): a turn excludes every other process's turn on the
+same lock file until it ends, however it ends."""
+
+from __future__ import annotations
+
+import fcntl
+from pathlib import Path
+
+import pytest
+
+from reprotune._train.turn import training_turn
+
+
+def _free(lock: Path) -> bool:
+    with open(lock, "ab") as other:
+        try:
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(other, fcntl.LOCK_UN)
+        return True
+
+
+def test_a_turn_excludes_others_until_it_ends(tmp_path: Path) -> None:
+    lock = tmp_path / ".train-lock"
+    with training_turn(lock):
+        assert not _free(lock)  # another open file (another process's) must wait
+    assert _free(lock)
+    with pytest.raises(RuntimeError), training_turn(lock):
+        raise RuntimeError("a failed run")
+    assert _free(lock)
+
+
+def test_no_lock_file_means_no_turns(tmp_path: Path) -> None:
+    with training_turn(None):
+        assert list(tmp_path.iterdir()) == []
