@@ -1,14 +1,16 @@
 """The processes of ``reprotune verify``'s legs: ``python -m reprotune ...`` in a fresh process (or
 a fresh torchrun launch when verify itself runs under torchrun), logged into the verification's
-log, one at a time or several side by side."""
+log, one at a time or several side by side (:class:`LegProcesses`)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -43,46 +45,118 @@ def _command(args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
 
 def run_logged(args: Sequence[str], log: Path) -> float:
     """Run ``python -m reprotune ARGS`` in a fresh process (a fresh torchrun launch under torchrun),
-    its output into ``log``; return its wall time."""
-    command, env = _command(args)
-    with open(log, "ab") as out:
-        _header(out, command)
-        started = time.perf_counter()
-        code = subprocess.call(command, stdout=out, stderr=out, env=env)
-        wall = time.perf_counter() - started
+    its output into ``log``; return its wall time.
+
+    Raises:
+        RunFailedError: it exited with another code than 0 (the message holds its output's tail).
+    """
+    wall, code = _run_into(args, log)
     if code != 0:
         raise _failed(args, code, log.read_bytes(), log)
     return wall
 
 
-def run_together(commands: Sequence[Sequence[str]], log: Path) -> list[float]:
-    """:func:`run_logged` for several commands at once, each writing its own log next to ``log``;
-    once all have ended their logs are appended to ``log`` in order, then the first failure raises.
-    Each wall time runs from the common start to that process's end."""
-    started, running = time.perf_counter(), []
-    for number, args in enumerate(commands):
-        command, env = _command(args)
-        part = log.with_name(f"{log.name}.{number}")
+def _run_into(args: Sequence[str], log: Path) -> tuple[float, int]:
+    command, env = _command(args)
+    with open(log, "ab") as out:
+        _header(out, command)
+        started = time.perf_counter()
+        code = subprocess.call(command, stdout=out, stderr=out, env=env)
+    return time.perf_counter() - started, code
+
+
+class LegProcesses:
+    """The processes of verify's fast legs, side by side or one at a time.
+
+    Side by side (``together``): each process starts at once, writes its own log next to ``log``
+    and trains only in its turn (``--train-lock``, ``_train.turn``), so that their process starts
+    and model loads overlap while no two train on the same cores. One at a time (under torchrun,
+    or where files cannot be locked): each runs to its end when started, straight into ``log``.
+
+    A context manager: on leaving it every process has ended (after an error, those still running
+    are stopped as by Ctrl-C), their logs are in ``log`` in the order they started, the lock file
+    is gone, and a failure not yet reported by :meth:`wait` raises.
+    """
+
+    def __init__(self, log: Path, *, together: bool) -> None:
+        self.log = log
+        self.together = together
+        self.lock = log.with_name(".train-lock")
+        self._started: list[_Started] = []
+
+    def start(self, args: Sequence[str]) -> int:
+        """Start ``python -m reprotune ARGS`` (``run`` or ``resume``); return its number."""
+        if not self.together:
+            wall, code = _run_into(args, self.log)
+            self._started.append(_Started(list(args), None, None, 0.0, wall, code))
+            return len(self._started) - 1
+        command, env = _command([*args, "--train-lock", str(self.lock)])
+        part = self.log.with_name(f"{self.log.name}.{len(self._started)}")
         with open(part, "wb") as out:
             _header(out, command)
-            running.append((subprocess.Popen(command, stdout=out, stderr=out, env=env), part))
-    walls: dict[int, float] = {}
-    while len(walls) < len(running):
-        for number, (process, _) in enumerate(running):
-            if number not in walls and process.poll() is not None:
-                walls[number] = time.perf_counter() - started
-        time.sleep(0.05)
-    failure = None
-    for (process, part), args in zip(running, commands, strict=True):
-        text = part.read_bytes()
-        with open(log, "ab") as out:
-            out.write(text)
-        part.unlink()
-        if process.returncode != 0 and failure is None:
-            failure = _failed(args, process.returncode, text, log)
-    if failure is not None:
-        raise failure
-    return [walls[number] for number in range(len(running))]
+            process = subprocess.Popen(command, stdout=out, stderr=out, env=env)
+        self._started.append(_Started(list(args), process, part, time.perf_counter()))
+        return len(self._started) - 1
+
+    def wait(self, number: int) -> float:
+        """Wait for process ``number`` to end; return its wall time (start to end).
+
+        Raises:
+            RunFailedError: it exited with another code than 0.
+        """
+        started = self._started[number]
+        while started.code is None:
+            self._poll()
+            time.sleep(0.05)
+        if started.code != 0:
+            started.reported = True
+            raise _failed(started.args, started.code, self._output(started), self.log)
+        assert started.wall is not None
+        return started.wall
+
+    def _poll(self) -> None:
+        for started in self._started:
+            if started.code is None and started.process is not None and started.process.poll() is not None:
+                started.code = started.process.returncode
+                started.wall = time.perf_counter() - started.at
+
+    def _output(self, started: _Started) -> bytes:
+        return started.part.read_bytes() if started.part is not None else self.log.read_bytes()
+
+    def __enter__(self) -> LegProcesses:
+        return self
+
+    def __exit__(self, kind: object, error: object, traceback: object) -> None:
+        if error is not None:
+            for started in self._started:
+                if started.code is None and started.process is not None:
+                    started.process.send_signal(signal.SIGINT)  # the run records itself interrupted
+        while any(started.code is None for started in self._started):
+            self._poll()
+            time.sleep(0.05)
+        failure = None
+        for started in self._started:
+            output = self._output(started)
+            if started.part is not None:
+                with open(self.log, "ab") as out:
+                    out.write(output)
+                started.part.unlink()
+            if started.code and not started.reported and failure is None:
+                failure = _failed(started.args, started.code, output, self.log)
+        self.lock.unlink(missing_ok=True)
+        if error is None and failure is not None:
+            raise failure
+
+
+@dataclass
+class _Started:
+    args: list[str]
+    process: subprocess.Popen[bytes] | None  # None: run to its end when started
+    part: Path | None  # its own log, while side by side
+    at: float
+    wall: float | None = None
+    code: int | None = None
+    reported: bool = False
 
 
 def _header(out: BinaryIO, command: Sequence[str]) -> None:

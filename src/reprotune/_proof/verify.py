@@ -32,7 +32,7 @@ import os
 import platform
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from reprotune._errors import InputError
 from reprotune._jsonio import write_json_atomic
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.differences import Comparison
-from reprotune._proof.processes import launch_world_size, run_together
+from reprotune._proof.processes import LegProcesses, launch_world_size
 from reprotune._proof.processes import run_logged as _reprotune
 from reprotune._proof.verification import Leg, Verification
 from reprotune._proof.verify_eval import eval_leg
@@ -68,18 +68,6 @@ class _Context:
     def reprotune(self, *args: str) -> float:
         """Run ``python -m reprotune ARGS`` in a fresh process, logged; return its wall time."""
         return _reprotune(args, self.paths.log)
-
-    def reprotune_together(self, *commands: Sequence[str]) -> list[float]:
-        """Run several ``reprotune run``/``resume`` processes: side by side at world size 1, where
-        they load together and train in turns (``--train-lock``), else one after another; logged
-        in the order given. Return each one's wall time."""
-        if launch_world_size() > 1 or not TURNS_POSSIBLE or len(commands) < 2:
-            return [self.reprotune(*args) for args in commands]
-        lock = self.paths.root / ".train-lock"
-        try:
-            return run_together([[*args, "--train-lock", str(lock)] for args in commands], self.paths.log)
-        finally:
-            lock.unlink(missing_ok=True)
 
     def judge(self, leg: Leg, *, prefix: bool = False) -> Comparison:
         """Compare the leg with the reference and record the verdict, evidence and cost."""
@@ -183,43 +171,47 @@ def verify_config(
 
 
 def _fast_legs(ctx: _Context, control_seed: str, stop: int | None, total: int) -> list[Leg]:
-    """rerun-resume (one full-length leg), then the two controls, stopped once they part."""
-    config, legs = str(ctx.paths.config), []
+    """rerun-resume (one full-length leg) and the two controls, stopped once they part.
+
+    At world size 1 the controls start beside the rerun's two processes (the seed control with
+    the first, the RNG-skip control with the resume, from a copy of its checkpoint): process
+    starts and model loads overlap, and training takes turns, each at the config's thread count.
+    """
+    config = str(ctx.paths.config)
+    bound = _control_bound(ctx.cfg, total)
+    together = launch_world_size() == 1 and TURNS_POSSIBLE
+    name = "rerun" if stop is None else "rerun-resume"
+    rerun = Leg(name, str(ctx.paths.leg(name)), "IDENTICAL")
+    first = ["run", config, "--run-dir", rerun.run_dir, *_QUIET]
     if stop is None:
         ctx.progress("verify: rerun in a fresh process")
-        leg = Leg("rerun", str(ctx.paths.leg("rerun")), "IDENTICAL")
-        leg.wall_s = ctx.reprotune("run", config, "--run-dir", leg.run_dir, *_QUIET)
-        ctx.judge(leg)
-        legs.append(leg)
     else:
         ctx.progress(f"verify: rerun stopped after step {stop}, resumed in a fresh process")
-        leg = Leg("rerun-resume", str(ctx.paths.leg("rerun-resume")), "IDENTICAL")
-        leg.wall_s = ctx.reprotune(
-            "run", config, "--run-dir", leg.run_dir, "--stop-after-step", str(stop), *_QUIET
-        )
-        # The RNG-skip control resumes this very checkpoint (a copy, taken before the resume).
-        shutil.copytree(leg.run_dir, ctx.paths.leg("control-resume"), symlinks=True)
-        leg.wall_s += ctx.reprotune("resume", leg.run_dir, *_QUIET)
-        cmp = ctx.judge(leg)
-        at = cmp.where.first_divergence_step
-        if at is not None:
-            blamed = "rerun nondeterminism (at or before the resume point)" if at <= stop else "the resume"
-            leg.note = f"first divergence at step {at}, resume point {stop}: blames {blamed}"
-        legs.append(leg)
-    # The controls are short: mostly process start and model load, which run side by side (at
-    # world size 1); their training takes turns, each at the config's thread count.
-    bound = _control_bound(ctx.cfg, total)
+        first += ["--stop-after-step", str(stop)]
     seed_leg, seed_command = _seed_control(ctx, control_seed, bound=bound)
-    controls = [(seed_leg, seed_command)]
-    if stop is not None:
-        controls.append(_resume_control(ctx, stop, bound=min(total, stop + bound)))
-    for (leg, _), wall in zip(controls, ctx.reprotune_together(*(c for _, c in controls)), strict=True):
-        leg.wall_s = wall
+    if together:
+        ctx.progress("verify: the controls run beside the rerun, training in turns")
+    with LegProcesses(ctx.paths.log, together=together) as processes:
+        rerun_process, seed_process = processes.start(first), processes.start(seed_command)
+        rerun.wall_s = processes.wait(rerun_process)
+        if stop is not None:
+            # The RNG-skip control resumes this very checkpoint (a copy, taken before the resume).
+            shutil.copytree(rerun.run_dir, ctx.paths.leg("control-resume"), symlinks=True)
+            resume_process = processes.start(["resume", rerun.run_dir, *_QUIET])
+            skip_leg, skip_command = _resume_control(ctx, stop, bound=min(total, stop + bound))
+            skip_process = processes.start(skip_command)
+            rerun.wall_s += processes.wait(resume_process)
+            skip_leg.wall_s = processes.wait(skip_process)
+        seed_leg.wall_s = processes.wait(seed_process)
+    cmp = ctx.judge(rerun)
+    at = cmp.where.first_divergence_step
+    if stop is not None and at is not None:
+        blamed = "rerun nondeterminism (at or before the resume point)" if at <= stop else "the resume"
+        rerun.note = f"first divergence at step {at}, resume point {stop}: blames {blamed}"
     _judge_seed_control(ctx, seed_leg, bound)
-    legs.append(seed_leg)
-    if stop is not None:
-        legs.append(_judge_resume_control(ctx, controls[1][0], stop))
-    return legs
+    if stop is None:
+        return [rerun, seed_leg]
+    return [rerun, seed_leg, _judge_resume_control(ctx, skip_leg, stop)]
 
 
 def _seed_control(ctx: _Context, consumer: str, *, bound: int) -> tuple[Leg, list[str]]:
