@@ -42,13 +42,22 @@ def test_verify_passes_on_reproducible_config(tiny_project: TinyProject, tmp_pat
     rerun = next(leg for leg in record["legs"] if leg["name"] == "rerun-resume")
     assert rerun["evidence"]["steps"] == 8 and len(rerun["evidence"]["adapter_sha256"]) == 64
     assert all(leg["wall_s"] > 0 for leg in record["legs"]) and record["cost"] > 0
-    # The two controls ran side by side: the verification took less than its legs added up, and
-    # the cost is what the user waited for. Their logs are whole, one after the other.
+    # The controls ran beside the rerun's processes, training in turns: the verification took
+    # less than its legs added up, and the cost is what the user waited for. Every process's log
+    # is whole, in the order they started; no part log or lock file is left.
     assert record["wall_s"] < record["legs_s"]
     assert record["cost"] == round(record["wall_s"] / record["reference_s"], 3)
     commands = [line for line in (out / "verify.log").read_text().splitlines() if line.startswith("$ ")]
-    assert str(out / "control-seed") in commands[-2] and str(out / "control-resume") in commands[-1]
-    assert sorted(p.name for p in out.iterdir() if p.name.startswith("verify.log")) == ["verify.log"]
+    assert f"--run-dir {out / 'rerun-resume'} " in commands[-4] and "--stop-after-step 4" in commands[-4]
+    assert f"--run-dir {out / 'control-seed'} " in commands[-3]
+    assert f"resume {out / 'rerun-resume'} " in commands[-2]
+    assert f"resume {out / 'control-resume'} --skip-rng-restore" in commands[-1]
+    assert all("--train-lock" in c for c in commands[-4:])
+    assert sorted(p.name for p in out.iterdir() if not p.is_dir()) == [
+        "config.yaml",
+        "verification.json",
+        "verify.log",
+    ]
     # The controls stopped once they had parted: data order at step 1, the RNG after step 4.
     assert _train_steps(out / "control-seed") == 2
     assert _train_steps(out / "control-resume") == 6

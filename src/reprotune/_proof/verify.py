@@ -15,6 +15,10 @@ Two modes, the same strength of evidence:
 4. ``control-resume``: the same checkpoint K resumed *without* restoring the RNG states, streamed
    and stopped the same way; must be DIVERGED when anything draws from them after K (dropout).
 
+At world size 1 the controls run beside the rerun's processes (``processes.LegProcesses``): their
+process starts and model loads overlap, and training takes turns (``--train-lock``), each
+process at the config's thread count, so no leg's numbers depend on the others.
+
 **thorough** (``--thorough``): full-length legs: ``rerun``, ``control-seed``, ``resume`` and
 ``control-resume``, each run to the end.
 
