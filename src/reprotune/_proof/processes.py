@@ -85,10 +85,16 @@ class LegProcesses:
         self._started: list[_Started] = []
 
     def start(self, args: Sequence[str]) -> int:
-        """Start ``python -m reprotune ARGS`` (``run`` or ``resume``); return its number."""
+        """Start ``python -m reprotune ARGS`` (``run`` or ``resume``); return its number.
+
+        Raises:
+            RunFailedError: one at a time, the process failed (side by side: :meth:`wait` says).
+        """
         if not self.together:
             wall, code = _run_into(args, self.log)
-            self._started.append(_Started(list(args), None, None, 0.0, wall, code))
+            self._started.append(_Started(list(args), None, None, 0.0, wall, code, reported=code != 0))
+            if code != 0:  # one at a time: nothing after a failed process runs
+                raise _failed(args, code, self.log.read_bytes(), self.log)
             return len(self._started) - 1
         command, env = _command([*args, "--train-lock", str(self.lock)])
         part = self.log.with_name(f"{self.log.name}.{len(self._started)}")
