@@ -12,7 +12,7 @@ imports and model load included, as a user waits for them):
 4. ``reprotune verify CONFIG`` (fast mode, training its own reference; target <= 2.5x the run).
 
 Then what each leg cost that is not training: its wall time minus the time its steps took (from
-the leg's record; the two controls run side by side, so their wall times overlap). The machine
+the leg's record; the controls run beside the rerun's processes, so wall times overlap). The machine
 may be shared: read the ratios, not the seconds. Exits 1 when a target is missed.
 """
 
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {leg['name']:16} wall {leg['wall_s']:7.1f} s  steps {train:7.1f} s  other {other:7.1f} s")
     print(
         f"  the legs took {fast_record['wall_s']:.1f} s from first start to last verdict "
-        f"({fast_record['legs_s']:.1f} s of leg processes: the controls run side by side)"
+        f"({fast_record['legs_s']:.1f} s of leg processes: the controls run beside the rerun)"
     )
     ok &= all(v == "PASS" for v in verdicts.values())
     print("PASS" if ok else "MISS")

@@ -41,7 +41,7 @@ class Verification:
     reference_s: float | None = None
     """The reference run's own duration (its record), the unit the cost is measured in."""
     machine: dict[str, Any] = field(default_factory=dict)
-    wall_s: float | None = None
+    wall_s: float = 0.0
     """Elapsed time from the first leg's start to the last verdict: legs that ran side by side
     count once. What the user waited for beyond the reference, and the cost's numerator."""
 
@@ -51,18 +51,14 @@ class Verification:
         return sum(leg.wall_s for leg in self.legs)
 
     @property
-    def spent_s(self) -> float:
-        return self.wall_s if self.wall_s is not None else self.legs_s
-
-    @property
     def cost(self) -> float | None:
-        """The verification's time over the reference run's (``spent_s / reference_s``)."""
-        return self.spent_s / self.reference_s if self.reference_s else None
+        """The verification's time over the reference run's (``wall_s / reference_s``)."""
+        return self.wall_s / self.reference_s if self.reference_s else None
 
     def to_json(self) -> dict[str, Any]:
         body = asdict(self)
         body["legs_s"] = round(self.legs_s, 3)
-        body["wall_s"] = round(self.wall_s, 3) if self.wall_s is not None else None
+        body["wall_s"] = round(self.wall_s, 3)
         body["cost"] = round(self.cost, 3) if self.cost is not None else None
         return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **body}
 
@@ -78,10 +74,10 @@ class Verification:
                 lines.append(f"         {leg.note}")
         if self.cost is not None:
             lines.append(
-                f"  cost: {self.spent_s:.0f} s of legs for a {self.reference_s:.0f} s run ({self.cost:.2f}x)"
+                f"  cost: {self.wall_s:.0f} s of legs for a {self.reference_s:.0f} s run ({self.cost:.2f}x)"
                 + (
                     f"; {self.legs_s:.0f} s of leg processes, some side by side"
-                    if self.legs_s > self.spent_s + 1
+                    if self.legs_s > self.wall_s + 1
                     else ""
                 )
             )

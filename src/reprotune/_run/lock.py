@@ -30,8 +30,8 @@ try:  # POSIX; elsewhere every lock is "not supported" and said so
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-# Errors that mean "this filesystem cannot lock", not "someone holds the lock".
-_UNSUPPORTED = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL}
+#: Errors that mean "this filesystem cannot lock", not "someone holds the lock".
+UNSUPPORTED = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL}
 _BUSY = {errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES}
 
 
@@ -158,7 +158,7 @@ def _try_flock(fd: int, path: Path, run_dir: Path) -> bool:
             holder = read_holder(path)
             os.close(fd)
             raise _busy(run_dir, holder) from None
-        if exc.errno in _UNSUPPORTED:
+        if exc.errno in UNSUPPORTED:
             return False
         os.close(fd)
         raise
