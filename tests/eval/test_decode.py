@@ -1,5 +1,6 @@
-"""Batch-invariant generation (reprotune._eval.decode): every row's tokens and logits, bit for bit,
-are those it gets at batch size 1, greedy and sampling, on the tiny models with a LoRA adapter."""
+"""Batch-invariant generation (reprotune._eval.decode, _eval.invariance): where the eval claims it on
+this machine, every row's tokens and logits, bit for bit, are those it gets at batch size 1, greedy
+and sampling, on the tiny models with a LoRA adapter; and it claims it only where it was shown."""
 
 from __future__ import annotations
 
@@ -63,6 +64,14 @@ def _generate(
     )
 
 
+def _claimed(loaded: EvalModel) -> None:
+    """The eval claims batch invariance here, with its evidence (the probe and the check)."""
+    invariance = loaded.invariance
+    assert invariance.shown, invariance.to_json()
+    assert invariance.check is not None and invariance.check["equal"]
+    assert invariance.plan is not None and invariance.plan.threads == torch.get_num_threads()
+
+
 def _same(a: list[Generated], b: list[Generated]) -> None:
     assert [g.ids for g in a] == [g.ids for g in b]
     for x, y in zip(a, b, strict=True):
@@ -79,8 +88,13 @@ def _one_thread() -> None:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, EvalModel]:
-    root = tmp_path_factory.mktemp("decode")
-    return {architecture: _model(root, architecture) for architecture in TARGETS}
+    # Loaded (and so probed) at the thread count the tests generate with.
+    root, threads = tmp_path_factory.mktemp("decode"), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return {architecture: _model(root, architecture) for architecture in TARGETS}
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture()
@@ -93,9 +107,11 @@ def loaded(models: dict[str, EvalModel]) -> EvalModel:
 def test_batch_sizes_give_bitwise_identical_rows(
     models: dict[str, EvalModel], architecture: str, settings: GenerationSettings
 ) -> None:
-    """Batch sizes 1, 3 and 8 (left padding, copies to the row quantum) give every row the same
-    token ids and the same logits bits at every step, on Llama, Qwen2 and GPT-2 with LoRA."""
+    """The eval claims batch invariance on this machine, and batch sizes 1, 3 and 8 (left padding)
+    give every row the same token ids and the same logits bits at every step, on Llama, Qwen2
+    and GPT-2 with LoRA."""
     loaded = models[architecture]
+    _claimed(loaded)
     order = list(range(len(PROMPTS)))
     alone = _generate(loaded, settings, 1, order)
     assert len({len(PROMPTS[i]) for i in order}) > 5  # prompts of many lengths: real left padding
@@ -103,10 +119,12 @@ def test_batch_sizes_give_bitwise_identical_rows(
         _same(alone, _generate(loaded, settings, batch_size, order))
 
 
-def test_batch_sizes_agree_with_two_threads(loaded: EvalModel) -> None:
-    """With 2 threads (the config's default), batch sizes 1 and 5 still agree bit for bit: the
-    row quantum keeps every matrix product at a row count whose rows do not depend on it."""
+def test_batch_sizes_agree_with_two_threads(tmp_path: Path) -> None:
+    """With 2 threads (the config's default) the probe runs at 2 threads, the claim is made, and
+    batch sizes 1 and 5 agree bit for bit."""
     torch.set_num_threads(2)
+    loaded = _model(tmp_path, "llama")
+    _claimed(loaded)
     order, short = list(range(5)), GenerationSettings("greedy", 1.0, 0, 1.0, max_new_tokens=4, eval_seed=7)
     _same(_generate(loaded, short, 1, order), _generate(loaded, short, 5, order))
 

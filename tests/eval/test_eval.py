@@ -76,6 +76,10 @@ def test_eval_twice_in_fresh_processes_is_byte_identical(project: Any, run_a: Pa
         == json.loads((run_a / "record.json").read_text())["outputs"]["adapter_sha256"]
     )
     assert rec1["generation"]["batch_invariant"] is True and rec1["adapter"]["merged"] is False
+    # The claim carries its evidence: the GEMM blocks in force and the check that was passed.
+    evidence = rec1["generation"]["invariance"]
+    assert evidence["shown"] and evidence["check"]["equal"]
+    assert rec1["generation"]["gemm_blocks"] == evidence["gemm"]["blocks"]
     assert "predictions sha256" in first.stdout
     done = project.run_cli("compare", "e1", "e2")
     assert done.stdout.startswith("IDENTICAL")

@@ -243,3 +243,15 @@ def test_verify_judges_the_evals_when_the_config_evaluates(tiny_project: TinyPro
     assert evidence["rows"] > 0 and evidence["rows_differing"] == 0
     assert len(list((ref / "evals").iterdir())) == 1
     assert len(list((out / "rerun-resume" / "evals").iterdir())) == 1
+
+
+@pytest.mark.parametrize(("wall_s", "reference_s"), [(4.89656, 4.3897), (8.2344999, 1.0)], ids=str)
+def test_cost_is_computed_from_the_times_it_is_written_with(wall_s: float, reference_s: float) -> None:
+    """verification.json's cost is its own wall_s over its reference_s, rounded once: a reader
+    recomputing it from the file gets the same number, also where the unrounded quotient rounds
+    to another last digit (4.89656 s over 4.3897 s: 1.115, but 4.897 s written gives 1.116)."""
+    from reprotune._proof.verification import Verification
+
+    body = Verification("PASS", "v", "0" * 64, [], reference_s=reference_s, wall_s=wall_s).to_json()
+    assert body["wall_s"] == round(wall_s, 3) and body["reference_s"] == reference_s
+    assert body["cost"] == round(body["wall_s"] / body["reference_s"], 3)

@@ -3,23 +3,22 @@
 Plain ``model.generate`` on a left-padded batch gives a row other logit bits than at batch size
 1 (measured on SmolLM2, fp32 CPU: every row's first logits differ, by up to 5e-5), because a
 row's arithmetic depends on its neighbours: the attention runs over a padded shape, and a matrix
-product's per-row bits depend on how many rows it has (MKL: 1, 2-3 and >= 4 rows each differ).
-A close argmax then flips. Three things remove every dependence, and ``model.generate`` still
-does the rest (cache, positions from the attention mask, eos):
+product's per-row bits depend on how many rows it has. A close argmax then flips. Three things
+remove every dependence, and ``model.generate`` still does the rest (cache, positions from the
+attention mask, eos):
 
 1. ``rowwise`` attention (:func:`rowwise_attention`): each row attends alone, its left padding
    sliced off, with exactly the call and shapes it would get at batch size 1 (grouped-query
    heads expanded by the kernel, ``enable_gqa``, not by copies).
-2. Row quantum: a batch is filled with copies of its first row up to a multiple of
-   :data:`~reprotune._eval.settings.ROW_QUANTUM` rows (outputs of copies are dropped), so every
-   linear layer runs with a row count whose per-row bits do not depend on the count.
+2. Matrix products in fixed blocks of rows, of a size probed on this machine
+   (``_eval.invariance``): no product's row count depends on the batch.
 3. Sampling per row (:class:`RowSampler`): each row warps its own logits and draws from its own
    ``torch.Generator``; the processor hands generate a score row that is 0 at the drawn token
    and -inf elsewhere, and generate's greedy pick takes it.
 
-The thread count must stay fixed for the whole eval (it is, and it is recorded). Invariance is
-proven by tests on this project's CPU (bitwise logits at batch sizes 1, 3 and 8); on CUDA it is
-not claimed, and the batch size becomes part of an eval's identity.
+The thread count must stay fixed for the whole eval (it is, and it is recorded). Whether the
+rows really are independent of the batch is measured on the machine at hand before it is
+claimed (``_eval.invariance.make_batch_invariant``); docs/eval.md says what is proven where.
 """
 
 from __future__ import annotations
@@ -32,10 +31,33 @@ import torch
 import torch.nn.functional as F
 from transformers import LogitsProcessor
 
-from reprotune._eval.settings import ROW_QUANTUM, GenerationSettings, row_seed
+from reprotune._eval.settings import GenerationSettings, row_seed
 
 #: The attention implementation's registered name.
 ROWWISE = "reprotune_rowwise"
+#: The attribute of a model whose linear layers compute in fixed blocks (``_eval.invariance``):
+#: the :class:`GeneratePass` they read to pick their block.
+PASS_ATTRIBUTE = "reprotune_generate_pass"
+
+
+class GeneratePass:
+    """Which forward pass of ``generate`` runs: the prompt's (``prefill``) or a new token's
+    (``decode``). :func:`generate_rows` sets it, never a guess from shapes: a one-token prompt's
+    pass looks like a new token's."""
+
+    def __init__(self) -> None:
+        self.name = "prefill"
+
+
+class _PromptDone(LogitsProcessor):
+    """Called by generate after each forward pass: every pass after the first is a new token's."""
+
+    def __init__(self, current: GeneratePass) -> None:
+        self.current = current
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.current.name = "decode"
+        return scores
 
 
 def rowwise_attention(
@@ -126,8 +148,7 @@ class RowSampler(LogitsProcessor):
     """A logits processor that samples each batch row from its own generator.
 
     Returns scores of -inf everywhere except 0 at each row's drawn token, so generate's greedy
-    choice is the draw. Copies added for the row quantum get generators seeded like the row they
-    copy, so they draw the same tokens and end with it.
+    choice is the draw.
     """
 
     def __init__(self, generators: Sequence[torch.Generator], settings: GenerationSettings) -> None:
@@ -192,49 +213,58 @@ def generate_rows(
     batch_size: int,
     eos_token_ids: Sequence[int],
     pad_token_id: int,
-    invariant: bool = True,
     keep_logits: bool = False,
     on_batch: Callable[[int, int], None] | None = None,
 ) -> list[Generated]:
     """Generate for each prompt, ``batch_size`` rows at a time, in the given order.
 
     Args:
-        model: a causal LM (or a PEFT model over one) whose attention is ``rowwise`` and whose
-            ``generation_config`` holds nothing of its own (the eval's config is passed whole).
+        model: a causal LM (or a PEFT model over one) whose ``generation_config`` holds nothing
+            of its own (the eval's config is passed whole); batch-invariant when its attention is
+            ``rowwise`` and its products run in fixed blocks (``_eval.invariance``).
         prompts: prompt token ids, one list per row.
         row_indices: each row's index in the data (its sampling seed depends on it).
         settings: decoding and length.
-        batch_size: rows per generate call (before the row quantum's copies).
+        batch_size: rows per generate call.
         eos_token_ids: a row stops at its first of these.
         pad_token_id: the id in padding positions.
-        invariant: pad batches to the row quantum (False only for the benchmark's baseline).
         keep_logits: keep each generated token's raw logits (tests).
         on_batch: called with (rows done, rows in all) after each batch.
 
     Returns:
         One :class:`Generated` per prompt, in order.
     """
+    from transformers import LogitsProcessorList
+
     config = generation_config(
         settings, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, logits=keep_logits
     )
     stops = {int(t) for t in eos_token_ids}
+    current: GeneratePass | None = getattr(model, PASS_ATTRIBUTE, None)
     results: list[Generated] = []
     for start in range(0, len(prompts), batch_size):
-        chunk = list(range(start, min(start + batch_size, len(prompts))))
-        rows = list(chunk)
-        while invariant and len(rows) % ROW_QUANTUM:
-            rows.append(chunk[0])
+        rows = list(range(start, min(start + batch_size, len(prompts))))
         input_ids, mask = _padded_batch([prompts[i] for i in rows], pad_token_id)
-        extra: dict[str, Any] = {}
+        processors: list[LogitsProcessor] = []
+        if current is not None:
+            current.name = "prefill"
+            processors.append(_PromptDone(current))
         if settings.sampling:
-            from transformers import LogitsProcessorList
-
             seeds = [row_seed(settings.eval_seed, int(row_indices[i])) for i in rows]
             generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-            extra["logits_processor"] = LogitsProcessorList([RowSampler(generators, settings)])
-        out = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config, **extra)
+            processors.append(RowSampler(generators, settings))
+        try:
+            out = model.generate(
+                input_ids=input_ids,
+                attention_mask=mask,
+                generation_config=config,
+                logits_processor=LogitsProcessorList(processors),
+            )
+        finally:
+            if current is not None:
+                current.name = "prefill"
         width = input_ids.shape[1]
-        for b in range(len(chunk)):
+        for b in range(len(rows)):
             ids = [int(t) for t in out.sequences[b, width:].tolist()]
             end = next((i for i, t in enumerate(ids) if t in stops), None)
             kept = ids if end is None else ids[: end + 1]

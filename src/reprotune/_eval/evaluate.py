@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from reprotune._determinism.device import resolve_device
 from reprotune._determinism.flags import apply_determinism
 from reprotune._errors import InputError
-from reprotune._eval.decode import ROWWISE, Generated, generate_rows
+from reprotune._eval.decode import Generated, generate_rows
 from reprotune._eval.evalfile import ids_sha256, predictions_bytes
 from reprotune._eval.inputs import EvalInputs, EvalRow, prepare_inputs
 from reprotune._eval.layout import (
@@ -37,7 +37,6 @@ from reprotune._eval.layout import (
 from reprotune._eval.metrics import Scores, score_rows
 from reprotune._eval.model import EvalModel, load_eval_model
 from reprotune._eval.settings import (
-    ROW_QUANTUM,
     GenerationSettings,
     generation_identity,
     identity_sha256,
@@ -65,10 +64,6 @@ class EvalResult:
     record: dict[str, Any]
     metrics: dict[str, float]
     predictions_sha256: str
-
-
-SHOWN_THREADS: Final = (1, 2)
-"""Thread counts with which batch invariance was shown (docs/eval.md); others are not claimed."""
 
 
 def run_eval(
@@ -138,12 +133,6 @@ def run_eval(
         )
     settings = GenerationSettings.from_config(cfg, inputs.seeds)
     prompts = [_encode_prompt(loaded.tokenizer, row, inputs) for row in inputs.rows]
-    invariant = (
-        device.type == "cpu"
-        and cfg.model.dtype == "float32"
-        and loaded.attention == ROWWISE
-        and cfg.determinism.threads in SHOWN_THREADS
-    )
     say = report or (lambda line: None)
     t0 = time.perf_counter()
     generated = generate_rows(
@@ -154,7 +143,6 @@ def run_eval(
         batch_size=size,
         eos_token_ids=loaded.eos_token_ids,
         pad_token_id=int(loaded.info["pad_token_id"]),
-        invariant=True,
         on_batch=lambda done, total: say(f"eval: {done}/{total} rows"),
     )
     generate_s = time.perf_counter() - t0
@@ -162,7 +150,7 @@ def run_eval(
     scores = score_rows(texts, [row.reference for row in inputs.rows], [len(g.ids) for g in generated])
     lines = _prediction_lines(inputs.rows, prompts, generated, texts, scores)
     data = predictions_bytes(lines)
-    generation = _generation_section(settings, loaded, inputs, size, invariant, str(device), flags)
+    generation = _generation_section(settings, loaded, inputs, size, str(device), flags)
     record = _record(inputs, loaded, generation, scores, data, flags)
     record["identity_sha256"] = identity_sha256(_identity(record))
     record["eval_id"] = new_eval_id(inputs.split, record["identity_sha256"])
@@ -240,12 +228,12 @@ def _generation_section(
     loaded: EvalModel,
     inputs: EvalInputs,
     batch_size: int,
-    invariant: bool,
     device: str,
     flags: dict[str, Any],
 ) -> dict[str, Any]:
     cfg = inputs.cfg
     chat = bool(getattr(loaded.tokenizer, "chat_template", None))
+    plan = loaded.invariance.plan
     return {
         **settings.to_json(),
         "eos_token_ids": list(loaded.eos_token_ids),
@@ -262,17 +250,11 @@ def _generation_section(
         "device": device,
         "threads": flags.get("torch_num_threads"),
         "attention": loaded.attention,
-        "row_quantum": ROW_QUANTUM,
+        "gemm_blocks": plan.blocks if plan is not None else None,
         "merged_adapter": False,
         "batch_size": batch_size,
-        "batch_invariant": invariant,
-        "invariance": (
-            "rowwise attention, batches padded to a multiple of the row quantum, per-row sampling "
-            "generators, fixed threads: predictions do not depend on the batch size (tests/eval)"
-            if invariant
-            else f"not shown for attention {loaded.attention!r} on {device} in {cfg.model.dtype}: the "
-            "batch size is part of this eval's identity"
-        ),
+        "batch_invariant": loaded.invariance.shown,
+        "invariance": loaded.invariance.to_json(),
     }
 
 

@@ -8,6 +8,9 @@ its own.
   caller allows it (``--allow-tokenizer-change``); the eval record then says so. The same
   tokenizer for training and evaluation is the rule.
 - The adapter is loaded as trained, not merged: merging changes the logits' last bits.
+- Its linear layers compute in fixed blocks of rows probed on this machine, and whether a row's
+  logits then depend on its batch is checked before the eval may claim they do not
+  (``_eval.invariance``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from typing import Any
 
 from reprotune._config.schema import ExperimentConfig
 from reprotune._errors import InputError
-from reprotune._eval.decode import register_rowwise_attention
+from reprotune._eval.decode import ROWWISE, register_rowwise_attention
+from reprotune._eval.invariance import Invariance, make_batch_invariant
 from reprotune._model.loading import load_base_model
 
 
@@ -35,6 +39,7 @@ class EvalModel:
         tokenizer_check: ``recorded_sha256``, ``sha256``, ``changed_files`` and ``allowed``.
         eos_token_ids: the ids that end a row.
         attention: the attention implementation in force.
+        invariance: whether rows are shown independent of their batch here, with the evidence.
     """
 
     model: Any
@@ -43,6 +48,7 @@ class EvalModel:
     tokenizer_check: Mapping[str, Any]
     eos_token_ids: tuple[int, ...]
     attention: str
+    invariance: Invariance
 
 
 def load_eval_model(
@@ -102,7 +108,16 @@ def load_eval_model(
             warnings.simplefilter("ignore", FutureWarning)
             model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
     model.eval()
-    return EvalModel(model, loaded.tokenizer, info, tokenizer_check, eos, attention)
+    invariance = make_batch_invariant(
+        model,
+        device=device,
+        attention=attention,
+        rowwise=ROWWISE,
+        eos_token_ids=eos,
+        pad_token_id=int(info["pad_token_id"]),
+        vocab_size=int(loaded.model.config.vocab_size),
+    )
+    return EvalModel(model, loaded.tokenizer, info, tokenizer_check, eos, attention, invariance)
 
 
 def _refuse_sliding_window(config: Any, tokens: int) -> None:

@@ -17,12 +17,6 @@ from typing import Any
 from reprotune._config.schema import ExperimentConfig
 from reprotune._jsonio import canonical_dumps, sha256_bytes
 
-#: Rows of every generation batch are padded (with copies) to a multiple of this, so that every
-#: matrix product runs with a row count whose per-row results do not depend on the count (MKL's
-#: sgemm gives rows of 1, 2-3 and >= 4 row products different bits; multiples of 4 agree, with 1
-#: and 2 threads). See docs/eval.md.
-ROW_QUANTUM = 4
-
 #: The version of :func:`row_seed`: records depend on it, so it never changes meaning.
 ROW_SEED_RULE = "sha256('reprotune/eval-row/v1/<eval seed>/<row index>')[:8] big-endian & (2**63-1)"
 
@@ -104,7 +98,8 @@ GENERATION_IDENTITY: tuple[str, ...] = (
     "prompt",
     "dtype",
     "attention",
-    "row_quantum",
+    "row_quantum",  # evals made before the GEMM blocks padded batches to a row quantum instead
+    "gemm_blocks",
     "merged_adapter",
 )
 

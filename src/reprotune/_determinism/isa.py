@@ -1,0 +1,201 @@
+"""The portable CPU mode (``determinism.cpu_isa``): every kernel knob pinned to a named ISA baseline.
+
+On ``native`` (the default) each library picks the kernels of the CPU at hand, so a run made on
+a CPU with AVX-512 gives other bits than the same run on one with AVX2 only. A baseline
+(``avx2``, ``avx512``) pins every knob that selects a CPU kernel to it:
+
+- ATen's vectorised kernels: ``ATEN_CPU_CAPABILITY``;
+- MKL's code path: ``MKL_ENABLE_INSTRUCTIONS``, and its conditional numerical reproducibility
+  mode ``MKL_CBWR=<branch>,STRICT`` (the same results on every CPU that has the branch, whatever
+  the thread count: MKL's own promise);
+- oneDNN's ISA: ``ONEDNN_MAX_CPU_ISA`` (and its older name ``DNNL_MAX_CPU_ISA``).
+
+These are read once, when each library starts, so they must be set before torch is imported:
+:func:`set_isa_environment` does that for the CLI (and so for every process it launches:
+verify's legs, torchrun's ranks). :func:`require_isa` then reads back what is in force and
+refuses a mode that is not, naming what differs; a mode is never claimed without being in force.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from reprotune._determinism.cpu import cpu_flags, mkl_cbwr
+from reprotune._errors import InputError
+
+CpuIsa = Literal["native", "avx2", "avx512"]
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """One named ISA baseline.
+
+    Attributes:
+        name: the ``determinism.cpu_isa`` value.
+        needs: the CPU flags (/proc/cpuinfo names) a machine must have.
+        aten: ``torch.backends.cpu.get_cpu_capability()`` when the baseline is in force.
+        mkl_cbwr: MKL's CNR mode when in force (as ``MKL_CBWR`` spells it).
+        env: the variables that pin it.
+    """
+
+    name: str
+    needs: tuple[str, ...]
+    aten: str
+    mkl_cbwr: str
+    env: Mapping[str, str]
+
+
+BASELINES: dict[str, Baseline] = {
+    "avx2": Baseline(
+        name="avx2",
+        needs=("avx", "avx2", "fma", "f16c"),
+        aten="AVX2",
+        mkl_cbwr="AVX2,STRICT",
+        env={
+            "ATEN_CPU_CAPABILITY": "avx2",
+            "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+            "MKL_CBWR": "AVX2,STRICT",
+            "ONEDNN_MAX_CPU_ISA": "AVX2",
+            "DNNL_MAX_CPU_ISA": "AVX2",
+        },
+    ),
+    "avx512": Baseline(
+        name="avx512",
+        needs=("avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl"),
+        aten="AVX512",
+        mkl_cbwr="AVX512,STRICT",
+        env={
+            "ATEN_CPU_CAPABILITY": "avx512",
+            "MKL_ENABLE_INSTRUCTIONS": "AVX512",
+            "MKL_CBWR": "AVX512,STRICT",
+            "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+            "DNNL_MAX_CPU_ISA": "AVX512_CORE",
+        },
+    ),
+}
+
+_FIX = (
+    "run it through the reprotune CLI (it sets these before torch loads), or set them yourself "
+    "before starting Python: {assignments}; or use determinism.cpu_isa: native"
+)
+
+
+def _assignments(baseline: Baseline) -> str:
+    return " ".join(f"{k}={v}" for k, v in baseline.env.items())
+
+
+def _missing_flags(baseline: Baseline) -> list[str]:
+    flags = cpu_flags()
+    if flags is None:  # not an x86-64 Linux machine: nothing to check against
+        return list(baseline.needs)
+    return [flag for flag in baseline.needs if flag not in flags]
+
+
+def set_isa_environment(mode: str, environ: MutableMapping[str, str] | None = None) -> bool:
+    """Put the baseline's variables into the environment, before torch is imported.
+
+    Does nothing for ``native``, or once torch is imported (the libraries have read their
+    settings by then: :func:`require_isa` decides whether what is in force is the mode).
+
+    Args:
+        mode: ``native`` or a key of :data:`BASELINES`.
+        environ: the environment to change (default ``os.environ``).
+
+    Returns:
+        Whether the variables were set.
+
+    Raises:
+        InputError: an unknown mode, a CPU without the baseline's instructions, or a variable
+            already set to something else (it would be overridden silently otherwise).
+    """
+    if mode == "native":
+        return False
+    baseline = _baseline(mode)
+    missing = _missing_flags(baseline)
+    if missing:
+        raise InputError(
+            f"determinism.cpu_isa {mode!r} cannot be put in force on this CPU: it lacks {', '.join(missing)}",
+            source="determinism.cpu_isa",
+            fix="choose a baseline this machine has (`reprotune doctor` lists its ISA), or native",
+        )
+    target = os.environ if environ is None else environ
+    clashes = [f"{k}={target[k]}" for k, v in baseline.env.items() if target.get(k, v) != v]
+    if clashes:
+        raise InputError(
+            f"determinism.cpu_isa {mode!r} sets {_assignments(baseline)}, but the environment already "
+            f"holds {', '.join(clashes)}",
+            source="determinism.cpu_isa (environment)",
+            fix="unset those variables, or use determinism.cpu_isa: native to keep them",
+        )
+    if "torch" in sys.modules:
+        return False
+    for key, value in baseline.env.items():
+        target[key] = value
+    return True
+
+
+def _baseline(mode: str) -> Baseline:
+    if mode not in BASELINES:
+        raise InputError(
+            f"unknown determinism.cpu_isa {mode!r}",
+            source="determinism.cpu_isa",
+            fix=f"use native or one of {', '.join(BASELINES)}",
+        )
+    return BASELINES[mode]
+
+
+def isa_in_force(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Which ``cpu_isa`` mode is in force, read back from torch, MKL and the environment.
+
+    Returns:
+        ``{"cpu_isa": name, "aten_capability": ..., "mkl_cbwr": ..., "env": {...}}``, where
+        ``cpu_isa`` is a baseline's name when every one of its knobs is in force, else ``native``.
+    """
+    import torch
+
+    env = os.environ if environ is None else environ
+    aten = torch.backends.cpu.get_cpu_capability()
+    cbwr = mkl_cbwr()
+    name = "native"
+    for baseline in BASELINES.values():
+        pinned = all(env.get(k) == v for k, v in baseline.env.items())
+        if pinned and aten == baseline.aten and cbwr in (baseline.mkl_cbwr, None):
+            name = baseline.name
+    return {
+        "cpu_isa": name,
+        "aten_capability": aten,
+        "mkl_cbwr": cbwr,
+        "env": {k: env.get(k) for k in BASELINES["avx2"].env},
+    }
+
+
+def require_isa(mode: str) -> dict[str, Any]:
+    """Refuse to go on unless ``mode`` is in force; return :func:`isa_in_force`.
+
+    Raises:
+        InputError: the mode's knobs are not all in force in this process (set after torch
+            loaded, or overridden), naming each one that differs and the fix.
+    """
+    found = isa_in_force()
+    if mode == "native" or found["cpu_isa"] == mode:
+        return found
+    baseline = _baseline(mode)
+    wrong = []
+    if found["aten_capability"] != baseline.aten:
+        wrong.append(f"ATen capability {found['aten_capability']} (needs {baseline.aten})")
+    if found["mkl_cbwr"] not in (baseline.mkl_cbwr, None):
+        wrong.append(f"MKL CNR mode {found['mkl_cbwr']} (needs {baseline.mkl_cbwr})")
+    wrong += [
+        f"{k}={found['env'].get(k)} (needs {v})"
+        for k, v in baseline.env.items()
+        if os.environ.get(k) != v and k in found["env"]
+    ]
+    raise InputError(
+        f"determinism.cpu_isa {mode!r} is not in force in this process: {'; '.join(wrong)}",
+        source="determinism.cpu_isa",
+        fix=_FIX.format(assignments=_assignments(baseline)),
+    )
