@@ -132,15 +132,45 @@ def test_environment_difference_is_cause_of_numbers(ref: Path, tmp_path: Path) -
     )
 
 
-def test_nothing_recorded_differs_points_at_doctor(ref: Path, tmp_path: Path) -> None:
-    """Runs that diverge with no recorded difference: nondeterminism, with `reprotune doctor` named."""
-    result = compare_runs(ref, write_run_dir(tmp_path / "noisy", RunSpec(noise_from_step=5)))
+def test_nothing_recorded_differs_points_at_the_trace(tmp_path: Path) -> None:
+    """Runs that diverge with no recorded difference, kernel facts included: nondeterminism, and
+    the two `reprotune trace` commands of the first divergent step (one per machine) and the
+    comparison of their traces, not `reprotune doctor` (its probe compares runs on one machine)."""
+    kernels = {"kernels": {"version": 1, "cpu": {"aten_capability": "AVX2", "model": "EPYC"}}}
+    ref = write_run_dir(tmp_path / "ref", RunSpec(environment=kernels))
+    result = compare_runs(
+        ref, write_run_dir(tmp_path / "noisy", RunSpec(noise_from_step=5, environment=kernels))
+    )
     assert result.verdict is Verdict.DIVERGED
     assert result.differences == ()
     assert len(result.causes) == 1
     assert result.causes[0].startswith("numbers differ from step 5 with identical data order, yet nothing")
-    assert "nondeterminism in this environment" in result.causes[0]
-    assert "reprotune doctor" in result.causes[0]
+    assert "kernel facts" in result.causes[0] and "nondeterminism" in result.causes[0]
+    assert "doctor" not in result.causes[0]
+    assert result.next_steps == (
+        "on A's machine (EPYC):",
+        f"  reprotune trace {ref} --step 5 --out A-step-5.trace.jsonl",
+        "on B's machine (EPYC):",
+        f"  reprotune trace {tmp_path / 'noisy'} --step 5 --out B-step-5.trace.jsonl",
+        "then, with both files in one place:",
+        "  reprotune compare A-step-5.trace.jsonl B-step-5.trace.jsonl",
+    )
+    assert "find the first op that differs" in result.format()
+
+
+def test_records_without_kernel_facts_make_them_unknown(ref: Path, tmp_path: Path) -> None:
+    """Records made before kernel facts were recorded still compare: with nothing else recorded
+    differing, the cause says the kernel facts are unknown (never "nothing recorded differs"),
+    a note says whose, and the trace commands follow."""
+    result = compare_runs(ref, write_run_dir(tmp_path / "noisy", RunSpec(noise_from_step=5)))
+    assert result.verdict is Verdict.DIVERGED
+    assert len(result.causes) == 1
+    assert "kernel facts are unknown for both runs' record" in result.causes[0]
+    assert "nothing recorded differs" not in result.causes[0]
+    assert any(
+        "neither record holds no kernel facts" in n or "neither record holds" in n for n in result.notes
+    )
+    assert result.next_steps[1].startswith(f"  reprotune trace {ref} --step 5")
 
 
 def test_hand_edited_ledger_value(ref: Path, tmp_path: Path) -> None:
@@ -230,7 +260,7 @@ def test_to_json_is_canonical_and_complete(ref: Path, tmp_path: Path) -> None:
     result = compare_runs(ref, write_run_dir(tmp_path / "seed43", RunSpec(seed=43)))
     data = json.loads(canonical_dumps(result.to_json()))
     assert data["schema"] == "reprotune/comparison"
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == 2 and "next_steps" in data
     assert data["verdict"] == "DIVERGED"
     assert data["where"]["first_divergence_step"] == 0
     assert data["causes"] == list(result.causes)

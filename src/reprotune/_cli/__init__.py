@@ -30,6 +30,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "verify": ("reprotune._cli.verify", "prove a config reproduces: rerun, resume and negative controls"),
     "compare": ("reprotune._cli.compare", "compare two runs step by step; say where and why they differ"),
+    "trace": (
+        "reprotune._cli.trace",
+        "fingerprint every op of one replayed step, to find why another machine's run differs",
+    ),
     "rerun": ("reprotune._cli.rerun", "reproduce a recorded run (a run directory or a bundle) and compare"),
     "pack": ("reprotune._cli.pack", "pack a run into a bundle that another machine reruns"),
     "doctor": ("reprotune._cli.doctor", "audit this setup for what can break reproducibility"),

@@ -55,3 +55,28 @@ def watch_hooks(args: argparse.Namespace) -> tuple[Any, ...]:
 
     bound = args.watch_bound if args.watch_bound is not None else 1
     return (DivergenceWatch(RunLayout(args.watch_reference).ledger, bound=bound),)
+
+
+def pin_cpu_isa(cpu_isa: str) -> None:
+    """Put ``determinism.cpu_isa``'s variables in the environment before torch loads (the
+    libraries read them once, at start); the run then checks they are in force
+    (``_determinism.isa``)."""
+    from reprotune._determinism.isa import set_isa_environment
+
+    set_isa_environment(cpu_isa)
+
+
+def pin_cpu_isa_of_run(run_dir: Path) -> None:
+    """:func:`pin_cpu_isa` for the config a run directory recorded (read without torch); a
+    directory that is not a run is left for the command to refuse."""
+    import json
+
+    from reprotune._run.layout import RunLayout
+
+    try:
+        record = json.loads(RunLayout(run_dir).record.read_text(encoding="utf-8"))
+        cpu_isa = record["config"]["determinism"].get("cpu_isa", "native")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return
+    if isinstance(cpu_isa, str):
+        pin_cpu_isa(cpu_isa)

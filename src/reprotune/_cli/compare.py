@@ -1,4 +1,5 @@
-"""``reprotune compare RUN_A RUN_B``: are two runs (or two evals) the same; if not, where and why.
+"""``reprotune compare RUN_A RUN_B``: are two runs (or two evals, or two traces of one step) the
+same; if not, where and why.
 
 Imports nothing heavy here: the comparison is imported when the command runs, and never torch.
 """
@@ -11,8 +12,10 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add compare's arguments to its subparser."""
-    parser.add_argument("run_a", type=Path, metavar="RUN_A", help="the reference run directory")
-    parser.add_argument("run_b", type=Path, metavar="RUN_B", help="the run directory compared with it")
+    parser.add_argument(
+        "run_a", type=Path, metavar="RUN_A", help="the reference run directory (or eval directory, or trace)"
+    )
+    parser.add_argument("run_b", type=Path, metavar="RUN_B", help="the one compared with it")
     parser.add_argument(
         "--tolerance",
         type=float,
@@ -28,12 +31,16 @@ def run(args: argparse.Namespace) -> int:
     """Compare the two runs, print the result; return 0 (identical or within tolerance) or 1.
 
     Two eval directories (``reprotune eval``) are compared as evals; two runs that both hold
-    evals get their evals compared too (docs/eval.md).
+    evals get their evals compared too (docs/eval.md); two trace files (``reprotune trace``) are
+    compared op by op (docs/microscope.md).
     """
     from reprotune._eval.evalfile import is_eval_dir
     from reprotune._jsonio import canonical_dumps
     from reprotune._proof.compare import compare_runs
+    from reprotune._proof.tracefile import is_trace_file
 
+    if is_trace_file(args.run_a) or is_trace_file(args.run_b):
+        return _compare_traces(args)
     if is_eval_dir(args.run_a) or is_eval_dir(args.run_b):
         return _compare_evals(args)
     comparison = compare_runs(args.run_a, args.run_b, tolerance=args.tolerance)
@@ -72,5 +79,29 @@ def _compare_evals(args: argparse.Namespace) -> int:
             fix="leave out --tolerance",
         )
     comparison = compare_evals(args.run_a, args.run_b)
+    print(canonical_dumps(comparison.to_json()) if args.json else comparison.format(), end="")
+    return comparison.exit_code
+
+
+def _compare_traces(args: argparse.Namespace) -> int:
+    from reprotune._errors import InputError
+    from reprotune._jsonio import canonical_dumps
+    from reprotune._proof.trace_compare import compare_traces
+    from reprotune._proof.tracefile import is_trace_file, read_trace
+
+    for path in (args.run_a, args.run_b):
+        if not is_trace_file(path):
+            raise InputError(
+                f"{path} is not a trace (written by `reprotune trace`), but the other one is",
+                source=str(path),
+                fix="compare two traces of the same step, one from each machine",
+            )
+    if args.tolerance is not None:
+        raise InputError(
+            "--tolerance applies to runs; traces are compared op by op, bit for bit",
+            source="--tolerance",
+            fix="leave out --tolerance",
+        )
+    comparison = compare_traces(read_trace(args.run_a), read_trace(args.run_b))
     print(canonical_dumps(comparison.to_json()) if args.json else comparison.format(), end="")
     return comparison.exit_code

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from reprotune._cli._options import add_set_option
+from reprotune._cli._options import add_set_option, pin_cpu_isa
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,8 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the audit and print the report; return 1 if an error-level finding exists, else 0."""
     from reprotune._config.loading import config_from_dict, load_config
-    from reprotune._doctor.doctor import run_doctor
-    from reprotune._doctor.findings import format_report
     from reprotune._jsonio import canonical_dumps
 
     if args.config is not None:
@@ -40,6 +38,11 @@ def run(args: argparse.Namespace) -> int:
         source = "default config with --set"
     else:
         config, source = None, None
+    if config is not None:
+        pin_cpu_isa(config.determinism.cpu_isa)  # before torch loads
+    from reprotune._doctor.doctor import run_doctor
+    from reprotune._doctor.findings import format_report
+
     report = run_doctor(config, config_source=source, code_dir=args.code_dir, probe=not args.no_probe)
     if args.json:
         sys.stdout.write(canonical_dumps(report.to_dict()))

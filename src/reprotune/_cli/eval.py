@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reprotune._cli._options import add_set_option
+from reprotune._cli._options import add_set_option, pin_cpu_isa_of_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    pin_cpu_isa_of_run(args.run_dir)  # before torch loads
     from reprotune._eval.evaluate import run_eval
 
     def progress(line: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from reprotune._cli._options import add_watch_options, watch_hooks
+from reprotune._cli._options import add_watch_options, pin_cpu_isa_of_run, watch_hooks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    pin_cpu_isa_of_run(args.run_dir)  # before torch loads
     from reprotune._cli.run import print_summary
     from reprotune._train.faults import rng_restore_broken
     from reprotune._train.run import RunOptions, resume_run

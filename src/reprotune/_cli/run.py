@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from reprotune._cli._options import add_set_option, add_watch_options, watch_hooks
+from reprotune._cli._options import add_set_option, add_watch_options, pin_cpu_isa, watch_hooks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,9 +49,11 @@ def print_summary(result: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from reprotune._config.loading import load_config
-    from reprotune._train.run import RunOptions, run_experiment
 
     cfg = load_config(args.config, args.overrides)
+    pin_cpu_isa(cfg.determinism.cpu_isa)  # before torch loads
+    from reprotune._train.run import RunOptions, run_experiment
+
     options = RunOptions(
         run_dir=args.run_dir,
         progress=not args.no_progress,

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from reprotune._cli._options import add_set_option
+from reprotune._cli._options import add_set_option, pin_cpu_isa
 
 VARY = ("all", "split", "data_order", "lora_init", "dropout", "each")  # _studies.plan.VARY_CHOICES
 
@@ -71,9 +71,11 @@ def format_study(study: dict[str, Any], directory: Path, actions: dict[str, str]
 
 def run(args: argparse.Namespace) -> int:
     from reprotune._config.loading import load_config
-    from reprotune._studies.study import StudyOptions, run_study
 
     cfg = load_config(args.config, args.overrides)
+    pin_cpu_isa(cfg.determinism.cpu_isa)  # before torch loads
+    from reprotune._studies.study import StudyOptions, run_study
+
     options = StudyOptions(out=args.out, jobs=args.jobs, tracking=not args.no_tracking, name=args.config.stem)
     result = run_study(cfg, n=args.n, vary=args.vary, options=options)
     print(format_study(result.study, result.directory, dict(result.actions), result.tracking))

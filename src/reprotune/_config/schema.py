@@ -331,6 +331,12 @@ class DeterminismConfig(_Section):
     device: Literal["cpu", "cuda", "auto"] = Field(
         default="cpu", description="compute device; auto = cuda if present"
     )
+    cpu_isa: Literal["native", "avx2", "avx512"] = Field(
+        default="native",
+        description="CPU kernels: native = the best this CPU has; avx2 / avx512 = every kernel knob "
+        "(ATen capability, MKL code path and CNR mode, oneDNN ISA) pinned to that baseline, so that "
+        "runs reproduce bit for bit on any x86-64 CPU that has it (docs/microscope.md)",
+    )
 
 
 class DistributedConfig(_Section):
@@ -421,10 +427,21 @@ class ExperimentConfig(_Section):
         return resolved
 
 
+#: Keys added after configs were first recorded, with the default that means what their absence
+#: meant: left out of a config's identity while at it (so a config keeps the hash older reprotune
+#: gave it), and not a difference between an older record without the key and a newer one at it.
+NEUTRAL_DEFAULTS: dict[str, Any] = {"determinism.cpu_isa": "native"}
+
+
 def config_sha256(cfg: ExperimentConfig) -> str:
     """sha256 of the canonical compact JSON of ``cfg.resolved()`` without ``config_dir``: the
-    config's identity, the same wherever the project lives (paths stay as the config writes them)."""
+    config's identity, the same wherever the project lives (paths stay as the config writes them),
+    and without the keys of :data:`NEUTRAL_DEFAULTS` while at their default."""
     identity = {key: value for key, value in cfg.resolved().items() if key != "config_dir"}
+    for dotted, default in NEUTRAL_DEFAULTS.items():
+        section, key = dotted.split(".")
+        if identity.get(section, {}).get(key) == default:
+            identity[section] = {k: v for k, v in identity[section].items() if k != key}
     return sha256_bytes(canonical_dumps(identity, indent=None).encode("utf-8"))
 
 

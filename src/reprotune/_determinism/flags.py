@@ -12,6 +12,7 @@ import os
 from typing import Any, Literal
 
 from reprotune._determinism.device import resolve_device
+from reprotune._determinism.isa import require_isa
 from reprotune._errors import InputError
 
 Mode = Literal["strict", "warn", "off"]
@@ -23,8 +24,11 @@ CUBLAS_ENV = "CUBLAS_WORKSPACE_CONFIG"
 _CUBLAS_DEFAULT = ":4096:8"
 
 
-def apply_determinism(mode: Mode, threads: int | None, device: str) -> dict[str, Any]:
-    """Set torch's determinism flags for ``mode`` and pin the thread count.
+def apply_determinism(
+    mode: Mode, threads: int | None, device: str, *, cpu_isa: str = "native"
+) -> dict[str, Any]:
+    """Set torch's determinism flags for ``mode`` and pin the thread count; refuse a
+    ``determinism.cpu_isa`` that is not in force (``_determinism.isa.require_isa``).
 
     - strict / warn: deterministic algorithms on (``warn_only`` for warn), cuDNN deterministic,
       cuDNN benchmark off, TF32 off for matmul and cuDNN, float32 matmul precision "highest",
@@ -35,12 +39,14 @@ def apply_determinism(mode: Mode, threads: int | None, device: str) -> dict[str,
         mode: ``strict``, ``warn`` or ``off``.
         threads: torch intra-op threads; None leaves the count as it is.
         device: ``cpu``, ``cuda`` or ``auto``.
+        cpu_isa: the portable CPU mode the config asks for (``native`` asks nothing).
 
     Returns:
         :func:`determinism_flags`: what is now in force, read back.
 
     Raises:
-        InputError: an unknown mode, a thread count below 1, or ``cuda`` without a GPU.
+        InputError: an unknown mode, a thread count below 1, ``cuda`` without a GPU, or a
+            ``cpu_isa`` baseline not in force in this process.
     """
     import torch
 
@@ -68,6 +74,7 @@ def apply_determinism(mode: Mode, threads: int | None, device: str) -> dict[str,
         os.environ[CUBLAS_ENV] = _CUBLAS_DEFAULT
     if threads is not None:
         torch.set_num_threads(threads)
+    require_isa(cpu_isa)
     return determinism_flags()
 
 

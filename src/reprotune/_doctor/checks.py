@@ -18,6 +18,7 @@ from reprotune._doctor.data_checks import check_columns, check_data
 from reprotune._doctor.dist_checks import check_nccl, check_ranks
 from reprotune._doctor.findings import Check, Context, Finding
 from reprotune._run.fingerprint import code_fingerprint
+from reprotune._run.kernels import kernel_facts
 
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 
@@ -188,6 +189,40 @@ def check_threads(ctx: Context) -> list[Finding]:
     ]
 
 
+def check_cpu_kernels(ctx: Context) -> list[Finding]:
+    """Which CPU kernels run (the ``determinism.cpu_isa`` mode in force, read back)."""
+    if ctx.device != "cpu":
+        return []
+    facts = kernel_facts(env=ctx.env)
+    cpu, blas = facts["cpu"], facts["blas"]
+    mode = facts["portable"]["cpu_isa"]
+    path = (
+        f"ATen capability {cpu['aten_capability']}, MKL code path {blas['mkl_code_path']} "
+        f"(CNR {blas['mkl_cbwr']})"
+    )
+    if mode != "native":
+        return [
+            Finding(
+                "cpu-kernels-portable",
+                "info",
+                f"determinism.cpu_isa {mode!r} is in force: {path}",
+                f"every CPU kernel knob is pinned to the {mode} baseline: runs reproduce on any x86-64 CPU "
+                "that has it",
+                "nothing to do",
+            )
+        ]
+    return [
+        Finding(
+            "cpu-kernels-native",
+            "info",
+            f"CPU kernels are this CPU's own (determinism.cpu_isa: native): {path}",
+            "a CPU with other vector instructions (AVX2 vs AVX-512) runs other kernels and gets other "
+            "bits: runs reproduce bit for bit only on CPUs whose kernel facts match",
+            "to rerun on other CPUs, pin a baseline they all have: determinism.cpu_isa: avx2",
+        )
+    ]
+
+
 def check_workers(ctx: Context) -> list[Finding]:
     """DataLoader worker seeding: reprotune's own loader is seeded; say what other code needs."""
     return [
@@ -319,6 +354,7 @@ CHECKS: tuple[Check, ...] = (
     check_cublas,
     check_precision,
     check_threads,
+    check_cpu_kernels,
     check_workers,
     check_revision,
     check_git,

@@ -91,7 +91,7 @@ def run_doctor(
             device_ok = True
         except InputError:
             device, device_ok = det.device, False
-        flags = apply_determinism(det.mode, det.threads, device if device_ok else "cpu")
+        flags = apply_determinism(det.mode, det.threads, device if device_ok else "cpu", cpu_isa=det.cpu_isa)
         ctx = Context(
             cfg=cfg,
             has_config=config is not None,

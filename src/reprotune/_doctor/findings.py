@@ -113,6 +113,8 @@ FINDING_CODES: tuple[str, ...] = (
     "cublas-workspace-unset",
     "fp16",
     "threads-unpinned",
+    "cpu-kernels-native",
+    "cpu-kernels-portable",
     "dataloader-workers",
     "model-revision-unpinned",
     "model-revision-not-sha",

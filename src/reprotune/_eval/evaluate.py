@@ -121,7 +121,9 @@ def run_eval(
             f"{target} already exists", source="--out", fix="choose a new directory: an eval never overwrites"
         )
     device = resolve_device(cfg.determinism.device)
-    flags = apply_determinism(cfg.determinism.mode, cfg.determinism.threads, device.type)
+    flags = apply_determinism(
+        cfg.determinism.mode, cfg.determinism.threads, device.type, cpu_isa=cfg.determinism.cpu_isa
+    )
     with hf_progress_bars(report is not None):
         loaded = load_eval_model(
             cfg,
@@ -309,7 +311,7 @@ def _record(
             "n_rows": len(rows),
         },
         "determinism": flags,
-        "environment": environment_fingerprint(),
+        "environment": environment_fingerprint(attention=loaded.attention),
     }
 
 

@@ -7,17 +7,23 @@ the data order; a different torch changes numbers, not batches. Each kind that d
 cause line, most likely first. Two kinds come first at every stage: a file of the base model that
 defines its computation (``config.json``, custom code), and a resume that skipped the RNG restore
 before the divergence. Recorded values that cannot change the numbers (``differences.INERT_KEYS``:
-where a manifest came from, a warning's text, a path) are never causes. When nothing recorded
-differs, the cause is nondeterminism.
+where a manifest came from, a warning's text, a path) are never causes.
+
+Kernel facts (``environment.kernels``: CPU capability, MKL's code path, GPU and CUDA libraries,
+attention) are a numbers cause of their own, in words a user can act on; a record made before
+they were recorded makes them unknown, and the causes say so. When the runs part at a kernel, an
+unknown kernel or nothing recorded at all (nondeterminism), ``compare`` adds the ``reprotune
+trace`` commands that find the first op that differs (``compare.trace_commands``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from reprotune._proof.differences import AdapterDiff, Difference, Resume, SplitDiff, Where
+from reprotune._run.kernels import is_gpu_difference, kernel_differences
 
 Stage = Literal["init", "order", "numbers"]
 # Seeds that act at each stage; the root seed acts on all of them.
@@ -35,6 +41,7 @@ _RANKING: dict[Stage, tuple[str, ...]] = {
         "lora",
         "model",
         "config",
+        "kernels",
         "code",
         "environment",
         "split",
@@ -62,6 +69,7 @@ _RANKING: dict[Stage, tuple[str, ...]] = {
         "split_content",
         "seeds",
         "config",
+        "kernels",
         "data",
         "resume",
         "code",
@@ -77,6 +85,17 @@ _MODEL_FILE_KEYS = ("model.config_sha256", "model.config_files")
 # Environment keys that most often change numbers, in that order; matched as substrings.
 _ENV_PRIORITY = ("torch", "cuda", "cudnn", "gpu", "driver", "thread", "determin", "python", "package")
 _MAX_SHOWN = 3
+#: How each kernel cause, unknown kernel facts and nondeterminism begin: ``is_kernel_cause``.
+_KERNEL_CAUSE = ("CPU kernels differ", "GPU kernels differ")
+_UNKNOWN = "kernel facts are unknown"
+_NONDETERMINISM = "yet nothing recorded differs"
+Kernels = tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]
+
+
+def is_kernel_cause(cause: str) -> bool:
+    """Whether a cause says the runs part at a kernel, at kernels nobody recorded, or at nothing
+    recorded: the causes an op-level trace explains."""
+    return any(word in cause for word in (*_KERNEL_CAUSE, _UNKNOWN, _NONDETERMINISM))
 
 
 def explain(
@@ -87,6 +106,7 @@ def explain(
     resumes: Sequence[Resume] = (),
     *,
     ledgers_equal: bool,
+    kernels: Kernels = (None, None),
 ) -> list[str]:
     """The ranked causes of the runs' divergence, in plain words (most likely first).
 
@@ -97,6 +117,7 @@ def explain(
         split: how the split manifests differ, if both runs have one.
         resumes: the resumed attempts of either run.
         ledgers_equal: whether every ledger line is equal.
+        kernels: each record's kernel facts (``environment.kernels``), None where it has none.
 
     Returns:
         Sentences such as "data order differs from step 1: the split manifests differ in 3 rows";
@@ -123,12 +144,19 @@ def explain(
             f"only the ledger line of step {at} differs ({_fields(where)}) and every later step agrees: "
             "the ledger looks edited or corrupted, not trained differently"
         )
-    evidence = _evidence(stage, differences, split, [r for r in resumes if r.from_step < at])
+    evidence = _evidence(stage, differences, split, [r for r in resumes if r.from_step < at], kernels)
     causes.extend(f"{head}: {text}" for text in evidence)
-    if not evidence and not isolated:
+    unknown = [label for label, facts in zip("AB", kernels, strict=True) if facts is None]
+    if unknown and not evidence and not isolated:
+        whose = f"run {unknown[0]}'s" if len(unknown) == 1 else "both runs'"
         causes.append(
-            f"{head}, yet nothing recorded differs (config, seeds, code, data, environment): the cause is "
-            "nondeterminism in this environment; run `reprotune doctor` to find the op or setting"
+            f"{head}: the {_UNKNOWN} for {whose} record (made before reprotune recorded them): whether "
+            "the CPU capability, BLAS code path or GPU libraries differ cannot be told from the records"
+        )
+    elif not evidence and not isolated:
+        causes.append(
+            f"{head}, {_NONDETERMINISM} (config, seeds, code, data, environment, kernel facts): the cause "
+            "is nondeterminism, or a kernel choice no recorded fact shows"
         )
     return causes
 
@@ -171,7 +199,11 @@ def _fields(where: Where) -> str:
 
 
 def _evidence(
-    stage: Stage, differences: Sequence[Difference], split: SplitDiff | None, resumes: Sequence[Resume]
+    stage: Stage,
+    differences: Sequence[Difference],
+    split: SplitDiff | None,
+    resumes: Sequence[Resume],
+    kernels: Kernels = (None, None),
 ) -> list[str]:
     """One sentence per kind of difference found, in the stage's ranking.
 
@@ -191,6 +223,8 @@ def _evidence(
     for kind, diffs in by_category.items():
         if diffs:
             texts[kind] = _summarize(kind, diffs)
+    if "kernels" in texts and kernels[0] is not None and kernels[1] is not None:
+        texts["kernels"] = _kernel_text(kernels[0], kernels[1]) or texts["kernels"]
     if split is not None:
         split_text = _split_text(split)
         if split_text:
@@ -202,6 +236,24 @@ def _evidence(
     ordered = [texts[k] for k in ranking if k in texts]
     ordered.extend(text for kind, text in texts.items() if kind not in ranking)
     return ordered
+
+
+def _kernel_text(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
+    """'CPU kernels differ: CPU capability AVX512 vs AVX2; ...: the same inputs give other bits'."""
+    found = kernel_differences(a, b)
+    if not found:
+        return None
+    where = _KERNEL_CAUSE[1] if is_gpu_difference(a, b) else _KERNEL_CAUSE[0]
+    more = f" (and {len(found) - _MAX_SHOWN} more)" if len(found) > _MAX_SHOWN else ""
+    fix = (
+        "determinism.cpu_isa pins CPU kernels to one baseline on both"
+        if where == _KERNEL_CAUSE[0]
+        else "the same GPU model and CUDA libraries give the same kernels"
+    )
+    return (
+        f"{where}: {'; '.join(found[:_MAX_SHOWN])}{more}: the same inputs give other bits on these two "
+        f"machines ({fix}; the trace commands below find the first op)"
+    )
 
 
 def _resume_text(resume: Resume) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -26,7 +26,6 @@ from reprotune._errors import InputError
 from reprotune._proof.causes import explain
 from reprotune._proof.differences import (
     AdapterDiff,
-    Category,
     Comparison,
     Difference,
     NumberDiff,
@@ -35,28 +34,16 @@ from reprotune._proof.differences import (
     TensorDiff,
     Verdict,
     Where,
-    is_inert,
     short_value,
 )
+from reprotune._proof.microscope import kernels_of, trace_commands
+from reprotune._proof.record_diff import record_differences
 from reprotune._proof.split_diff import compare_manifests
 from reprotune._proof.world import without_rank_batches, world_size
 from reprotune._run.adapter import load_adapter
 from reprotune._run.ledger import LedgerEntry
 from reprotune._run.rundir import RunDir, open_run_dir
 
-# Record section -> the category its differences are listed under. Sections left out (run_id,
-# status, timings, outputs, config_sha256) are results or identities, not possible causes.
-_SECTIONS: dict[str, Category] = {
-    "config": "config",
-    "seeds": "seeds",
-    "code": "code",
-    "reprotune_version": "code",
-    "data": "data",
-    "model": "model",
-    "lora": "lora",
-    "environment": "environment",
-    "distributed": "distributed",
-}
 # Numeric ledger fields a tolerance applies to; every other field must match exactly.
 _TOLERANT_FIELDS = ("loss", "lr", "grad_norm")
 # Keys that identify the base model: if any differs, the runs are of different experiments.
@@ -108,7 +95,7 @@ def compare_opened(
         run_a, run_b = without_rank_batches(run_a), without_rank_batches(run_b)
     where = _compare_ledgers(run_a, run_b)
     adapter = None if prefix else _compare_adapters(run_a, run_b)
-    differences = tuple(_record_differences(run_a, run_b))
+    differences = tuple(record_differences(run_a, run_b))
     split = compare_manifests(run_a, run_b)
     incomparable = tuple(_incomparable_reasons(run_a, run_b, differences, adapter, prefix=prefix))
     ledgers_equal = where.lines_differing == 0 if prefix else _ledgers_equal(run_a, run_b, where)
@@ -123,7 +110,10 @@ def compare_opened(
     else:
         verdict = Verdict.DIVERGED
     resumes = tuple(_resumes(run_a, "A")) + tuple(_resumes(run_b, "B"))
-    causes = explain(where, adapter, differences, split, resumes, ledgers_equal=ledgers_equal)
+    kernels = (kernels_of(run_a), kernels_of(run_b))
+    causes = explain(
+        where, adapter, differences, split, resumes, ledgers_equal=ledgers_equal, kernels=kernels
+    )
     return Comparison(
         verdict=verdict,
         run_a=_summary(run_a),
@@ -138,6 +128,7 @@ def compare_opened(
         notes=tuple(_notes(run_a, run_b, verdict, differences, adapter)),
         resumes=resumes,
         prefix=prefix,
+        next_steps=tuple(trace_commands(run_a, run_b, where, causes)),
     )
 
 
@@ -280,34 +271,6 @@ def _compare_adapters(run_a: RunDir, run_b: RunDir) -> AdapterDiff | None:
     return AdapterDiff(sha_a, sha_b, identical=False, same_structure=same_structure, tensors=tuple(tensors))
 
 
-def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
-    """Flatten nested objects into ``{"a.b.c": leaf}``; lists are leaves."""
-    if isinstance(value, Mapping) and value:
-        for key in value:
-            _flatten(value[key], f"{prefix}.{key}" if prefix else str(key), out)
-    else:
-        out[prefix] = value
-
-
-def _record_differences(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
-    """Every recorded value that differs, by section, in key-path order."""
-    for section, category in _SECTIONS.items():
-        flat_a: dict[str, Any] = {}
-        flat_b: dict[str, Any] = {}
-        if section in run_a.record:
-            _flatten(run_a.record[section], section, flat_a)
-        if section in run_b.record:
-            _flatten(run_b.record[section], section, flat_b)
-        for key in sorted(set(flat_a) | set(flat_b)):
-            inert = is_inert(key)
-            if key not in flat_b:
-                yield Difference(category, key, flat_a[key], None, "removed", inert)
-            elif key not in flat_a:
-                yield Difference(category, key, None, flat_b[key], "added", inert)
-            elif flat_a[key] != flat_b[key] or type(flat_a[key]) is not type(flat_b[key]):
-                yield Difference(category, key, flat_a[key], flat_b[key], "changed", inert)
-
-
 def _incomparable_reasons(
     run_a: RunDir,
     run_b: RunDir,
@@ -395,3 +358,10 @@ def _notes(
             yield f"run {label}'s ledger does not match the sha256 in its record (edited since?)"
     if verdict is Verdict.IDENTICAL and differences:
         yield f"{len(differences)} recorded values differ, yet no number changed"
+    unknown = [label for label, run in (("A", run_a), ("B", run_b)) if kernels_of(run) is None]
+    if verdict is not Verdict.IDENTICAL and unknown:
+        whose = f"run {unknown[0]}'s record holds no" if len(unknown) == 1 else "neither record holds"
+        yield (
+            f"{whose} kernel facts (made before reprotune recorded them): whether the two machines "
+            "ran other kernels is unknown"
+        )

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 COMPARISON_SCHEMA = "reprotune/comparison"
-COMPARISON_SCHEMA_VERSION = 1
+COMPARISON_SCHEMA_VERSION = 2  # 2: next_steps (the trace commands)
 
 
 class Verdict(str, enum.Enum):
@@ -38,7 +38,9 @@ class Verdict(str, enum.Enum):
         return self.value.replace("_", " ")
 
 
-Category = Literal["config", "seeds", "code", "data", "model", "lora", "environment", "distributed"]
+Category = Literal[
+    "config", "seeds", "code", "data", "model", "lora", "environment", "kernels", "distributed"
+]
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,7 @@ INERT_KEYS: tuple[str, ...] = (
     "data.split_warnings",
     "distributed.ranks",
     "distributed.timeout_s",
+    "environment.kernels.version",
     "lora.base_model_name_or_path",
     "model.kind",
     "model.requested_revision",
@@ -214,6 +217,9 @@ class Comparison:
     resumes: tuple[Resume, ...] = field(default=())
     prefix: bool = False
     """Only the steps both ledgers hold were compared (``compare_runs(prefix=True)``)."""
+    next_steps: tuple[str, ...] = field(default=())
+    """Commands that find the first op that differs (``reprotune trace`` on each machine, then
+    ``reprotune compare`` of the traces), when the cause is a kernel or nondeterminism."""
 
     @property
     def exit_code(self) -> int:
@@ -272,6 +278,9 @@ def _format_lines(c: Comparison) -> Iterable[str]:
     if c.causes:
         yield "why (most likely first)"
         yield from (f"  {i}. {cause}" for i, cause in enumerate(c.causes, start=1))
+    if c.next_steps:
+        yield "find the first op that differs (docs/microscope.md)"
+        yield from (f"  {line}" for line in c.next_steps)
     if c.differences:
         yield "what differs"
         for category in dict.fromkeys(d.category for d in c.differences):

@@ -23,6 +23,7 @@ from typing import Any
 from reprotune._config.schema import ExperimentConfig
 from reprotune._determinism.flags import determinism_flags
 from reprotune._jsonio import sha256_bytes
+from reprotune._run.kernels import kernel_facts
 from reprotune._run.redact import redact_env
 
 # --- environment -------------------------------------------------------------------------------
@@ -100,17 +101,28 @@ def _torch_info() -> dict[str, Any]:
     }
 
 
-def environment_fingerprint(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+def attention_of(model: Any) -> str | None:
+    """The attention implementation a (PEFT-wrapped) transformers model runs with, as in force."""
+    config = getattr(model, "config", None)
+    value = getattr(config, "_attn_implementation", None)
+    return str(value) if value is not None else None
+
+
+def environment_fingerprint(
+    env: Mapping[str, str] | None = None, *, attention: str | None = None
+) -> dict[str, Any]:
     """Everything about the machine and software a run's numbers can depend on.
 
     Args:
         env: the environment to read variables from (default ``os.environ``).
+        attention: the attention implementation the model runs with, when one is loaded.
 
     Returns:
         A JSON-safe dict with ``python``, ``platform``, ``cpu``, ``distributions`` (name -> version,
         every installed one), ``torch`` (version, CUDA, cuDNN, GPUs), ``gpu_driver`` (from
-        nvidia-smi, or None), ``threads``, ``determinism`` (flags in force) and ``env`` (relevant
-        variables, secrets redacted). Never raises when a GPU, driver or tool is absent.
+        nvidia-smi, or None), ``threads``, ``determinism`` (flags in force), ``env`` (relevant
+        variables, secrets redacted) and ``kernels`` (what selects each kernel,
+        ``_run.kernels.kernel_facts``). Never raises when a GPU, driver or tool is absent.
     """
 
     environ = os.environ if env is None else env
@@ -150,6 +162,7 @@ def environment_fingerprint(env: Mapping[str, str] | None = None) -> dict[str, A
         },
         "determinism": determinism_flags(),
         "env": redact_env(environ),
+        "kernels": kernel_facts(attention=attention, env=environ),
     }
 
 

@@ -230,7 +230,7 @@ def kernel_facts(*, attention: str | None = None, env: Mapping[str, str] | None 
         :data:`STEERING_ENV`, None when unset); ``attention`` (implementation and SDPA backends
         enabled); ``cuda`` (None on a machine without a CUDA device; else each GPU's name,
         compute capability and SM count, cuBLAS, cuDNN and NCCL versions and the math modes);
-        ``portable`` (the ``determinism.cpu_isa`` mode in force, see ``_determinism.isa``).
+        ``portable`` (``cpu_isa``: the ``determinism.cpu_isa`` mode in force, ``_determinism.isa``).
         Never raises for a missing library or device.
     """
     environ = os.environ if env is None else env
@@ -241,5 +241,79 @@ def kernel_facts(*, attention: str | None = None, env: Mapping[str, str] | None 
         "steering_env": {name: environ.get(name) for name in STEERING_ENV},
         "attention": _attention_section(attention),
         "cuda": _cuda_section(),
-        "portable": isa_in_force(),
+        "portable": {"cpu_isa": isa_in_force(environ)["cpu_isa"]},
     }
+
+
+# --- comparing two machines' facts (no torch) ---------------------------------------------------
+
+#: Kernel facts worth naming when two runs' numbers differ, most telling first: key (under
+#: ``environment.kernels``) -> how people call it.
+KERNEL_LABELS: tuple[tuple[str, str], ...] = (
+    ("cpu.aten_capability", "CPU capability"),
+    ("blas.mkl_code_path", "MKL code path"),
+    ("blas.mkl_cbwr", "MKL CNR mode"),
+    ("portable.cpu_isa", "determinism.cpu_isa"),
+    ("cuda.devices", "GPU"),
+    ("cuda.cublas", "cuBLAS"),
+    ("cuda.cudnn", "cuDNN"),
+    ("cuda.nccl", "NCCL"),
+    ("cuda.math", "CUDA math modes"),
+    ("cuda.cuda_runtime", "CUDA runtime"),
+    ("attention.implementation", "attention"),
+    ("cpu.model", "CPU"),
+    ("cpu.isa", "CPU instruction sets"),
+    ("blas.blas", "BLAS"),
+    ("blas.mkl_version", "MKL"),
+    ("blas.onednn_version", "oneDNN"),
+    ("blas.mkldnn_enabled", "oneDNN enabled"),
+    ("steering_env", "kernel environment variables"),
+    ("attention", "SDPA backends"),
+)
+
+
+def _lookup(facts: Mapping[str, Any], dotted: str) -> Any:
+    value: Any = facts
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def _shown(value: Any, other: Any) -> str:
+    if isinstance(value, list) and all(isinstance(v, str) for v in value) and isinstance(other, list):
+        only = [v for v in value if v not in other]
+        return ("only " + ", ".join(only)) if only else "a subset"
+    if isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+        return "; ".join(
+            " ".join(f"{v.get(k)}" for k in ("name", "capability", "sm_count") if v.get(k) is not None)
+            for v in value
+        )
+    if isinstance(value, Mapping):
+        other_map = other if isinstance(other, Mapping) else {}
+        changed = {k: v for k, v in sorted(value.items()) if other_map.get(k) != v}
+        return ", ".join(f"{k}={'unset' if v is None else v}" for k, v in changed.items()) or "unset"
+    return "none" if value is None else str(value)
+
+
+def kernel_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """``CPU capability AVX512 vs AVX2``: each kernel fact of two machines that differs, in
+    :data:`KERNEL_LABELS` order (a key already named under a longer one is not named again)."""
+    found: list[str] = []
+    named: list[str] = []
+    for key, label in KERNEL_LABELS:
+        va, vb = _lookup(a, key), _lookup(b, key)
+        if va == vb or any(n.startswith(key + ".") for n in named):
+            continue
+        if key == "attention":  # the SDPA backend switches, beside the implementation named above
+            va = {k: v for k, v in (va or {}).items() if k != "implementation"}
+            vb = {k: v for k, v in (vb or {}).items() if k != "implementation"}
+            if va == vb:
+                continue
+        named.append(key)
+        found.append(f"{label} {_shown(va, vb)} vs {_shown(vb, va)}")
+    return found
+
+
+def is_gpu_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether the machines' CUDA facts differ (a GPU on one side, or other GPUs or libraries)."""
+    return _lookup(a, "cuda") != _lookup(b, "cuda")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -147,9 +147,20 @@ def _rank_rows(setup: Setup, rows: list[int]) -> list[list[int]] | None:
     return shard_rows(rows, setup.cfg.train.batch_size, setup.dist.world_size)
 
 
-def train_step(setup: Setup, rows: list[int]) -> tuple[float, int, float, float]:
-    """One optimizer step over ``rows``; return (mean token loss, tokens, lr used, grad norm)."""
+def _no_mark(phase: str) -> None:
+    return None
+
+
+def train_step(
+    setup: Setup, rows: list[int], mark: Callable[[str], None] = _no_mark
+) -> tuple[float, int, float, float]:
+    """One optimizer step over ``rows``; return (mean token loss, tokens, lr used, grad norm).
+
+    ``mark`` is told each part of the step as it begins (``data``, ``forward.J``, ``backward.J``
+    for micro-batch J, ``optimizer``): ``reprotune trace`` labels the ops it sees with it.
+    """
     cfg, model, optimizer, scaler = setup.cfg, setup.model, setup.optimizer, setup.scaler
+    mark("data")
     on_cpu = [
         setup.examples.batch(chunk, pad_token_id=setup.pad_token_id, padding_side=cfg.model.padding_side)
         for chunk in micro_batches(rows, cfg.train.batch_size)
@@ -160,12 +171,15 @@ def train_step(setup: Setup, rows: list[int]) -> tuple[float, int, float, float]
     batches = [{k: v.to(setup.device) for k, v in b.items()} for b in on_cpu]
     lr = optimizer.param_groups[0]["lr"]
     step_loss = 0.0
-    for batch, keep in zip(batches, keeps, strict=True):
+    for j, (batch, keep) in enumerate(zip(batches, keeps, strict=True)):
+        mark(f"forward.{j}")
         with autocast(cfg.train.precision, setup.device):
             loss_sum = token_loss_sum(model, batch, keep=keep)
         loss = loss_sum / max(n_tokens, 1)
+        mark(f"backward.{j}")
         (scaler.scale(loss) if scaler else loss).backward()
         step_loss += float(loss.detach())
+    mark("optimizer")
     if scaler:
         scaler.unscale_(optimizer)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(setup.trainable, max_grad_norm(cfg)))

@@ -31,7 +31,7 @@ from reprotune._model.lora import save_adapter
 from reprotune._run.checkpoint import restore_latest_checkpoint
 from reprotune._run.claim import check_run_dir_free, claim_run_dir, new_run_dir, unlanded_first_record
 from reprotune._run.drift import refuse_code_drift, section_drift
-from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint, own_outputs
+from reprotune._run.fingerprint import attention_of, code_fingerprint, environment_fingerprint, own_outputs
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import LedgerWriter, hexf, truncate_ledger
 from reprotune._run.lock import holding_run_dir
@@ -280,7 +280,7 @@ def _fill_record(run: _Run, setup: Setup, options: RunOptions, *, resume: bool) 
         run.report(f"warning: {warning}")
     code = code_fingerprint(options.code_dir, outputs=own_outputs(setup.cfg, run.paths.root))
     code_record = code.to_record(patch_file=run.paths.patch.name if code.diff else None)
-    environment = environment_fingerprint()
+    environment = environment_fingerprint(attention=attention_of(setup.model))
     if setup.dist is not None:  # every rank's fingerprint; ranks that differ are refused here
         section = distributed_section(setup, environment) or {}
         store_distributed(record, section, resume=resume, report=run.report)

@@ -136,7 +136,9 @@ def build_setup(
     cfg = cfg.resolve_paths()  # relative paths open against config_dir; the identity keeps them
     seeds = derive_seeds(cfg.seed.root, dict(cfg.seed.overrides))
     device = resolve_device(cfg.determinism.device)
-    flags = apply_determinism(cfg.determinism.mode, cfg.determinism.threads, device.type)
+    flags = apply_determinism(
+        cfg.determinism.mode, cfg.determinism.threads, device.type, cpu_isa=cfg.determinism.cpu_isa
+    )
     data = prepare_data(cfg, seeds, manifest_out, reuse_manifest=resumed, manifest=manifest)
     check_rows_per_step(cfg, data)
 

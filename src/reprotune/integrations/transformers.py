@@ -32,7 +32,7 @@ from transformers import TrainerCallback
 from reprotune._data.manifest import Manifest, load_manifest
 from reprotune._errors import InputError
 from reprotune._model.lora import WeightsHasher, trainable_tensors
-from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint
+from reprotune._run.fingerprint import attention_of, code_fingerprint, environment_fingerprint
 from reprotune._run.ledger import train_line, val_line
 from reprotune._run.record import utc_now
 from reprotune._trackers.wandb import import_wandb
@@ -165,7 +165,8 @@ class ReprotuneCallback(TrainerCallback):
         code = code_fingerprint(self._code_dir, outputs=[p for p in (run_dir, args.output_dir) if p])
         code_record = code.to_record(patch_file="code.patch" if code.diff else None)
         environment = environment_fingerprint(
-            {k: v for k, v in os.environ.items() if k not in UNRECORDED_VARIABLES}
+            {k: v for k, v in os.environ.items() if k not in UNRECORDED_VARIABLES},
+            attention=attention_of(model),
         )
         trackers = make_trackers(self._wandb, self._wandb_project)
         if resumed_from:

@@ -1,0 +1,58 @@
+"""``reprotune trace RUN_DIR --step K``: the op-level fingerprint of one replayed optimizer step.
+
+Each machine traces its own run at the first step where the two runs part; ``reprotune compare
+TRACE_A TRACE_B`` then names the first op whose inputs agree and outputs do not (docs/microscope.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from reprotune._cli._options import pin_cpu_isa_of_run
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory (reprotune run)")
+    parser.add_argument("--step", type=int, required=True, metavar="K", help="the optimizer step to trace")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the trace file to write (must not exist; .gz compresses); "
+        "default trace-<run-id>-step-<K>.jsonl here",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress lines")
+
+
+def run(args: argparse.Namespace) -> int:
+    pin_cpu_isa_of_run(args.run_dir)  # before torch loads
+    from reprotune._proof.trace import trace_step
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    result = trace_step(args.run_dir, args.step, out=args.out, report=None if args.no_progress else progress)
+    header = result.header
+    reproduced = header["reproduced"]
+    print(f"trace of step {header['step']} of run {header['run_id']}")
+    print(f"  trace file        {result.path}")
+    print(f"  ops               {header['ops']}")
+    start = header["replayed_from"]
+    print(f"  replayed from     {'the start' if start == 0 else f'the checkpoint of step {start}'}")
+    if reproduced["step"] and reproduced["before"]:
+        print("  reproduced        yes: the replayed step gave the run's own ledger line, bit for bit")
+    else:
+        fields = ", ".join(reproduced["differing_fields"]) or "none"
+        print(f"  reproduced        NO: this machine's step differs from the run's ({fields}); the trace")
+        print(
+            "                    shows this machine's step (compare it with a trace made where the run was)"
+        )
+    print(f"  CPU capability    {header['kernels']['cpu']['aten_capability']}")
+    print(
+        f"  traced step       {result.seconds:.2f} s"
+        + (f" (a plain step: {result.step_s:.2f} s)" if result.step_s else "")
+    )
+    return 0

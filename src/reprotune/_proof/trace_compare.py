@@ -1,0 +1,209 @@
+"""Compare two traces of one optimizer step: the first op whose inputs agree and outputs do not.
+
+The op streams are aligned by (phase, module, op, occurrence) and walked together. The first op
+that differs in anything is the one to explain:
+
+- **same inputs, different outputs**: the kernel that computed it differs (the two headers' kernel
+  facts say how: CPU capability, MKL code path, GPU, library versions);
+- **different inputs** at an op whose every earlier op agreed: the input came from outside the
+  traced ops: a parameter (named), the batch, or an op that bypasses the dispatcher (the
+  difference then shows first at its consumer); the weights going into the step or the run's
+  inputs differ, and the record's causes (``reprotune compare RUN_A RUN_B``) say why;
+- **the op sequences part**: another code path (another attention implementation, another
+  library version): the first module whose ops differ, and both sequences there.
+
+No torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from reprotune._proof.tracefile import Trace, TraceOp
+from reprotune._run.kernels import kernel_differences
+
+Finding = Literal["identical", "kernel", "inputs", "sequence", "length"]
+_SHOWN_OPS = 8
+
+
+@dataclass(frozen=True)
+class TraceComparison:
+    """What two traces of one step show.
+
+    Attributes:
+        finding: ``identical``, ``kernel`` (same inputs, other outputs), ``inputs`` (an input
+            came from outside the traced ops and differs), ``sequence`` (the op streams part), or
+            ``length`` (one stream ends first).
+        op_a, op_b: the first op that differs, in each trace (None when identical).
+        explanation: sentences for people, most important first.
+        ops_compared: ops walked in step.
+        notes: what the headers say that a reader should know (not reproduced, other steps).
+    """
+
+    finding: Finding
+    op_a: TraceOp | None
+    op_b: TraceOp | None
+    explanation: tuple[str, ...]
+    ops_compared: int
+    notes: tuple[str, ...] = field(default=())
+    paths: tuple[str, str] = ("", "")
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.finding == "identical" else 1
+
+    def format(self) -> str:
+        head = "IDENTICAL" if self.finding == "identical" else "DIVERGED"
+        lines = [f"{head} (traces of one step, {self.ops_compared} ops compared)"]
+        lines += [f"  A: {self.paths[0]}", f"  B: {self.paths[1]}"]
+        if self.explanation:
+            lines.append("first difference" if self.finding != "identical" else "what agrees")
+            lines += [f"  {text}" for text in self.explanation]
+        lines += [f"note: {note}" for note in self.notes]
+        return "\n".join(lines) + "\n"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": "reprotune/trace-comparison",
+            "schema_version": 1,
+            "verdict": "IDENTICAL" if self.finding == "identical" else "DIVERGED",
+            "finding": self.finding,
+            "paths": list(self.paths),
+            "ops_compared": self.ops_compared,
+            "op_a": self.op_a.to_json() if self.op_a else None,
+            "op_b": self.op_b.to_json() if self.op_b else None,
+            "explanation": list(self.explanation),
+            "notes": list(self.notes),
+        }
+
+
+def _where(op: TraceOp) -> str:
+    return f"step {{step}}, {op.phase}, {op.module}: {op.signature()}"
+
+
+def _differing_inputs(a: TraceOp, b: TraceOp) -> list[int]:
+    return [k for k, (x, y) in enumerate(zip(a.inputs, b.inputs, strict=False)) if x[:3] != y[:3]]
+
+
+def _origin(index: int, op: TraceOp, produced: set[str]) -> str:
+    """Where input ``index`` of ``op`` came from, as far as the trace can see."""
+    entry = op.inputs[index]
+    label = entry[3] if len(entry) > 3 else ""
+    if label.startswith("param:"):
+        return f"input {index} is the parameter {label.removeprefix('param:')}"
+    if label:
+        return f"input {index} is {label}"
+    if entry[2] in produced:
+        return f"input {index} ({entry[0] or 'scalar'} {entry[1]}) was made by an earlier op"
+    return (
+        f"input {index} ({entry[0] or 'scalar'} {entry[1]}) was not made by any op the trace saw: it "
+        "comes from the step's data, or from an op that bypasses the dispatcher, whose difference "
+        "shows first here, at its consumer"
+    )
+
+
+def _module_ops(ops: Sequence[TraceOp], start: int, phase: str, module: str) -> list[str]:
+    found = [op.op for op in ops[start:] if op.phase == phase and op.module == module]
+    more = f" ... ({len(found)} in all)" if len(found) > _SHOWN_OPS else ""
+    return found[:_SHOWN_OPS] + ([more] if more else [])
+
+
+def _notes(a: Trace, b: Trace) -> Iterable[str]:
+    for label, trace in (("A", a), ("B", b)):
+        reproduced = trace.header.get("reproduced") or {}
+        if reproduced.get("step") is False:
+            fields = ", ".join(reproduced.get("differing_fields") or [])
+            yield (
+                f"trace {label} did not reproduce its run's ledger line of step {trace.header.get('step')} "
+                f"({fields}): it shows its machine's step, not the run's"
+            )
+        if reproduced.get("before") is False:
+            steps = ", ".join(sorted(reproduced.get("differing_steps_before") or {}, key=int))
+            yield f"trace {label}'s replay already differed from its run at step(s) {steps}"
+    if a.header.get("step") != b.header.get("step"):
+        yield f"the traces are of different steps ({a.header.get('step')} vs {b.header.get('step')})"
+    wa, wb = a.header.get("weights_in_sha256"), b.header.get("weights_in_sha256")
+    if wa and wb and wa != wb:
+        yield (
+            f"the weights going into the step differ ({str(wa)[:12]} vs {str(wb)[:12]}): trace the first "
+            "step where the runs part, where they were still equal"
+        )
+
+
+def compare_traces(a: Trace, b: Trace) -> TraceComparison:
+    """Walk two traces of one step together and explain the first op that differs."""
+    step = a.header.get("step")
+    kernels = kernel_differences(a.header.get("kernels") or {}, b.header.get("kernels") or {})
+    notes = tuple(_notes(a, b))
+    paths = (str(a.path), str(b.path))
+    produced: set[str] = set()
+    compared = 0
+    for op_a, op_b in zip(a.ops, b.ops, strict=False):
+        if op_a.key != op_b.key:
+            return _sequence(a, b, op_a, op_b, compared, notes, paths)
+        compared += 1
+        same_in = op_a.inputs == op_b.inputs and op_a.args == op_b.args
+        if same_in and op_a.outputs == op_b.outputs:
+            produced.update(t[2] for t in op_a.outputs)
+            continue
+        where = _where(op_a).format(step=step)
+        if same_in:
+            why = (
+                f"the kernel differs ({'; '.join(kernels)})"
+                if kernels
+                else "the kernel computed other bits from the same inputs, though the two machines' "
+                "kernel facts agree: nondeterminism in the op itself (run it twice on one machine: "
+                "`reprotune doctor`)"
+            )
+            text: tuple[str, ...] = (f"{where}: same inputs, different outputs: {why}",)
+            return TraceComparison("kernel", op_a, op_b, text, compared, notes, paths)
+        if op_a.args != op_b.args:
+            text = (
+                f"{where}: other arguments ({op_a.args} vs {op_b.args}): the step was asked something else",
+            )
+            return TraceComparison("inputs", op_a, op_b, text, compared, notes, paths)
+        origins = [_origin(k, op_a, produced) for k in _differing_inputs(op_a, op_b)]
+        text = (
+            f"{where}: inputs differ at the first op that reads them, while every op before it agreed",
+            *origins,
+            "the weights going into the step, the data or the config differ: `reprotune compare` of the two "
+            "runs names the recorded causes",
+        )
+        return TraceComparison("inputs", op_a, op_b, text, compared, notes, paths)
+    if len(a.ops) != len(b.ops):
+        longer, extra = ("A", a.ops[compared]) if len(a.ops) > len(b.ops) else ("B", b.ops[compared])
+        text = (
+            f"the op streams agree over {compared} ops, then trace {longer} goes on: "
+            f"{extra.phase}, {extra.module}: {extra.op}",
+        )
+        return TraceComparison("length", None, None, text, compared, notes, paths)
+    text = (f"every op of step {step} had the same inputs and outputs in both traces",)
+    return TraceComparison("identical", None, None, text, compared, notes, paths)
+
+
+def _sequence(
+    a: Trace,
+    b: Trace,
+    op_a: TraceOp,
+    op_b: TraceOp,
+    compared: int,
+    notes: tuple[str, ...],
+    paths: tuple[str, str],
+) -> TraceComparison:
+    """The op streams part at position ``compared``: another code path."""
+    step = a.header.get("step")
+    module = op_a.module if op_a.module == op_b.module else f"{op_a.module} / {op_b.module}"
+    attention = kernel_differences(
+        {"attention": (a.header.get("kernels") or {}).get("attention")},
+        {"attention": (b.header.get("kernels") or {}).get("attention")},
+    )
+    text = (
+        f"step {step}, {op_a.phase}, {module}: the op sequences part after {compared} equal ops "
+        "(another code path: another attention implementation or library version computes this part)",
+        f"A runs: {', '.join(_module_ops(a.ops, compared, op_a.phase, op_a.module))}",
+        f"B runs: {', '.join(_module_ops(b.ops, compared, op_b.phase, op_b.module))}",
+        *(f"recorded: {d}" for d in attention),
+    )
+    return TraceComparison("sequence", op_a, op_b, text, compared, notes, paths)

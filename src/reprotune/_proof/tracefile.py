@@ -1,0 +1,184 @@
+"""The trace file (``reprotune trace``): its format, written and read in one place. No torch.
+
+A trace is JSON lines: the header first, then one line per ATen op of the traced optimizer step,
+in the order the ops ran. Hashes only: no tensor values, no data rows, no secrets.
+
+Header (``"kind": "header"``): ``schema`` (``reprotune/trace``), ``schema_version``, the run
+(``run_id``, ``config_sha256``, ``run_dir``), ``step``, ``replayed_from`` (the checkpoint step the
+replay started from, 0 for the start), ``reproduced`` (did the replay give the run's own ledger
+lines: each step before the traced one, and the traced step's line, field by field),
+``weights_in_sha256`` (the trainable weights going into the step, as the ledger hashes them),
+``kernels`` (the machine's kernel facts, ``_run.kernels``), ``environment`` (host, torch, Python,
+threads), ``hash`` (the content hash used), ``ops`` (how many op lines follow). Nothing that depends
+on the time or the process: the same step traced twice on one machine gives the same bytes.
+
+Op line (``"kind": "op"``): ``i`` (position), ``phase`` (``data``, ``forward.J``, ``backward.J``,
+``optimizer``), ``module`` (the innermost module running, ``model.layers.0.self_attn.q_proj``; ``-``
+when none), ``op`` (``aten::mm``), ``n`` (its occurrence: how many ops of that name ran before it in
+that phase and module), ``args`` (the non-tensor arguments, written out, or their hash when long),
+``in`` and ``out``: one ``[shape, dtype, hash]`` per tensor (``shape`` like ``512x576``; a fourth
+element names a tensor the trace knows: a parameter, ``param:model.layers.0...``, or the batch,
+``batch:input_ids``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reprotune._errors import InputError
+from reprotune._jsonio import canonical_dumps, write_bytes_atomic
+
+SCHEMA = "reprotune/trace"
+SCHEMA_VERSION = 1
+
+#: One tensor of an op: [shape, dtype, content hash] and an optional label.
+TensorEntry = Sequence[str]
+
+
+@dataclass(frozen=True)
+class TraceOp:
+    """One op of a traced step (see the module docstring)."""
+
+    i: int
+    phase: str
+    module: str
+    op: str
+    n: int
+    args: str
+    inputs: tuple[tuple[str, ...], ...]
+    outputs: tuple[tuple[str, ...], ...]
+
+    @property
+    def key(self) -> tuple[str, str, str, int]:
+        """What aligns two traces: the same op at the same place of the step."""
+        return (self.phase, self.module, self.op, self.n)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "op",
+            "i": self.i,
+            "phase": self.phase,
+            "module": self.module,
+            "op": self.op,
+            "n": self.n,
+            "args": self.args,
+            "in": [list(t) for t in self.inputs],
+            "out": [list(t) for t in self.outputs],
+        }
+
+    def signature(self) -> str:
+        """``aten::mm 512x576 @ 576x576 float32``: the op and its inputs' shapes, for people."""
+        shapes = " @ ".join(t[0] or "scalar" for t in self.inputs) or "no tensor inputs"
+        dtypes = sorted({t[1] for t in self.inputs})
+        return f"{self.op} {shapes} {'/'.join(dtypes)}".strip()
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A trace file read back: its header and its ops."""
+
+    path: Path
+    header: Mapping[str, Any]
+    ops: tuple[TraceOp, ...]
+
+
+def write_trace(path: Path, header: Mapping[str, Any], ops: Sequence[TraceOp]) -> bytes:
+    """Write the trace atomically (gzip-compressed when ``path`` ends in ``.gz``); return its bytes."""
+    lines = [canonical_dumps({**header, "kind": "header", "ops": len(ops)}, indent=None)]
+    lines += [canonical_dumps(op.to_json(), indent=None) for op in ops]
+    data = "".join(lines).encode("utf-8")
+    if path.name.endswith(".gz"):
+        data = gzip.compress(data, mtime=0)
+    write_bytes_atomic(path, data)
+    return data
+
+
+def is_trace_file(path: Path) -> bool:
+    """Whether ``path`` is a file whose first line is a trace header (cheap: reads one line)."""
+    if not path.is_file():
+        return False
+    try:
+        opener = gzip.open if path.name.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as handle:
+            first = json.loads(handle.readline() or "null")
+    except (OSError, ValueError, EOFError, UnicodeDecodeError):
+        return False
+    return isinstance(first, dict) and first.get("schema") == SCHEMA
+
+
+def _bad(path: Path, line: int, what: str) -> InputError:
+    return InputError(
+        f"{path} line {line}: {what}",
+        source=f"{path}:{line}",
+        fix="use a file written by `reprotune trace`, whole (trace the step again if it was cut)",
+    )
+
+
+def _tensors(path: Path, line: int, value: Any, key: str) -> tuple[tuple[str, ...], ...]:
+    if not isinstance(value, list) or not all(
+        isinstance(t, list) and len(t) in (3, 4) and all(isinstance(x, str) for x in t) for t in value
+    ):
+        raise _bad(path, line, f"'{key}' is not a list of [shape, dtype, hash(, label)]")
+    return tuple(tuple(t) for t in value)
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read and check a trace file.
+
+    Raises:
+        InputError: not a trace, a schema version this reprotune does not know, a malformed line,
+            or fewer op lines than the header says (naming the file and line).
+    """
+    file = Path(path)
+    try:
+        raw = gzip.decompress(file.read_bytes()) if file.name.endswith(".gz") else file.read_bytes()
+        text = raw.decode("utf-8")
+    except (OSError, EOFError, UnicodeDecodeError, gzip.BadGzipFile) as exc:
+        raise InputError(f"cannot read {file}: {exc}", source=str(file), fix="check the path") from None
+    lines = text.splitlines()
+    try:
+        header = json.loads(lines[0]) if lines else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or header.get("schema") != SCHEMA:
+        raise _bad(file, 1, "not a reprotune trace (no trace header)")
+    if header.get("schema_version") != SCHEMA_VERSION:
+        raise InputError(
+            f"{file} is a trace of schema version {header.get('schema_version')!r}; this reprotune "
+            f"reads version {SCHEMA_VERSION}",
+            source=str(file),
+            fix="trace the step again with this reprotune",
+        )
+    ops = []
+    for number, line in enumerate(lines[1:], start=2):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            raise _bad(file, number, "not a JSON object") from None
+        if not isinstance(obj, dict) or obj.get("kind") != "op":
+            raise _bad(file, number, "not an op line")
+        try:
+            ops.append(
+                TraceOp(
+                    i=int(obj["i"]),
+                    phase=str(obj["phase"]),
+                    module=str(obj["module"]),
+                    op=str(obj["op"]),
+                    n=int(obj["n"]),
+                    args=str(obj["args"]),
+                    inputs=_tensors(file, number, obj["in"], "in"),
+                    outputs=_tensors(file, number, obj["out"], "out"),
+                )
+            )
+        except (KeyError, TypeError, ValueError):
+            raise _bad(file, number, "an op line lacks a field or has one of the wrong type") from None
+    if len(ops) != header.get("ops"):
+        raise _bad(
+            file, len(lines), f"the header announces {header.get('ops')} ops, the file holds {len(ops)}"
+        )
+    return Trace(file, header, tuple(ops))
