@@ -1,0 +1,108 @@
+"""The portable CPU mode (determinism.cpu_isa, reprotune._determinism.isa): every kernel knob pinned
+to a named baseline before torch loads, read back, refused where it cannot be in force; a run in it
+is IDENTICAL to one on a machine whose dispatch is capped to that baseline from the outside."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reprotune._determinism import isa
+from reprotune._errors import InputError
+from reprotune._proof.compare import compare_runs
+from tinyrun import TinyProject
+
+#: A lesser machine, made from the outside: every dispatch knob capped to AVX2.
+CAPPED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def test_an_environment_that_contradicts_the_mode_is_refused() -> None:
+    """A variable already set to another value is named, never overridden silently; a CPU without
+    the baseline's instructions is refused, naming what it lacks."""
+    with pytest.raises(InputError, match="already holds MKL_CBWR=COMPATIBLE"):
+        isa.set_isa_environment("avx2", {"MKL_CBWR": "COMPATIBLE"})
+    with pytest.raises(InputError, match=r"unknown determinism\.cpu_isa 'sse9'"):
+        isa.set_isa_environment("sse9", {})
+    assert isa.set_isa_environment("native", {}) is False
+
+
+def test_a_cpu_without_the_baseline_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(isa, "cpu_flags", lambda: frozenset({"sse4_2", "avx"}))
+    with pytest.raises(InputError, match="it lacks avx2, fma, f16c"):
+        isa.set_isa_environment("avx2", {})
+
+
+def test_a_mode_not_in_force_in_this_process_is_refused() -> None:
+    """torch is loaded here with this CPU's own kernels: a baseline cannot be claimed now, and the
+    refusal names each knob that differs and how to set it before Python starts."""
+    with pytest.raises(InputError) as info:
+        isa.require_isa("avx2")
+    assert "is not in force in this process" in info.value.message
+    assert "MKL_CBWR=AVX2,STRICT" in (info.value.fix or "")
+    assert isa.require_isa("native")["cpu_isa"] == "native"
+
+
+@pytest.fixture(scope="module")
+def portable(tmp_path_factory: pytest.TempPathFactory) -> TinyProject:
+    """Three runs of one config: native, avx2 here, avx2 on a machine capped to AVX2."""
+    project = TinyProject.create(tmp_path_factory.mktemp("portable"))
+    config = str(project.config("cfg.yaml"))
+    project.run_cli("run", config, "--run-dir", "native", "--no-progress")
+    avx2 = ("--set", "determinism.cpu_isa=avx2")
+    project.run_cli("run", config, "--run-dir", "avx2", "--no-progress", *avx2)
+    project.run_cli("run", config, "--run-dir", "avx2-capped", "--no-progress", *avx2, env=CAPPED)
+    return project
+
+
+def test_portable_runs_are_identical_on_a_capped_machine(portable: TinyProject) -> None:
+    """cpu_isa avx2 here and on a machine capped to AVX2 from the outside: IDENTICAL, and each
+    record says the mode was in force (read back)."""
+    result = compare_runs(portable.root / "avx2", portable.root / "avx2-capped")
+    assert result.verdict.value == "IDENTICAL", result.format()
+    for name in ("avx2", "avx2-capped"):
+        kernels = json.loads((portable.root / name / "record.json").read_text())["environment"]["kernels"]
+        assert kernels["portable"] == {"cpu_isa": "avx2"} and kernels["cpu"]["aten_capability"] == "AVX2"
+        if kernels["blas"]["blas"] == "mkl":
+            assert kernels["blas"]["mkl_cbwr"] == "AVX2,STRICT"
+
+
+def test_portable_differs_from_native_where_the_kernels_differ(portable: TinyProject) -> None:
+    """native against avx2: the records' kernel facts differ (MKL's CNR mode at least); where the
+    CPU's own capability is another than AVX2 the numbers differ too, and compare says why."""
+    native = json.loads((portable.root / "native" / "record.json").read_text())["environment"]["kernels"]
+    result = compare_runs(portable.root / "native", portable.root / "avx2")
+    assert any(d.category == "kernels" for d in result.differences)
+    if native["cpu"]["aten_capability"] != "AVX2":
+        assert result.verdict.value == "DIVERGED"
+        assert "config.determinism.cpu_isa native vs avx2" in result.causes[0]
+        assert any("CPU kernels differ" in cause for cause in result.causes)
+
+
+def test_doctor_says_which_mode_is_in_force(portable: TinyProject) -> None:
+    done = portable.run_cli(
+        "doctor", "cfg.yaml", "--set", "determinism.cpu_isa=avx2", "--no-probe", check=False
+    )
+    assert "cpu-kernels-portable: determinism.cpu_isa 'avx2' is in force" in done.stdout
+    done = portable.run_cli("doctor", "cfg.yaml", "--no-probe", check=False)
+    assert "cpu-kernels-native" in done.stdout
+
+
+def test_a_mode_that_cannot_be_put_in_force_is_refused_before_anything_is_written(
+    portable: TinyProject, tmp_path: Path
+) -> None:
+    """A machine whose ATen is capped below the baseline: exit 2, the variable named, no run."""
+    done = portable.run_cli(
+        "run",
+        "cfg.yaml",
+        "--run-dir",
+        str(tmp_path / "refused"),
+        "--set",
+        "determinism.cpu_isa=avx2",
+        env={"ATEN_CPU_CAPABILITY": "default"},
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "already holds ATEN_CPU_CAPABILITY=default" in done.stderr
+    assert not (tmp_path / "refused").exists()

@@ -1,0 +1,173 @@
+"""The op-level microscope (reprotune trace, compare of traces): inside one machine, the kernels another
+CPU would take are steered from the outside (ATen's capability, MKL's instruction cap, oneDNN's ISA
+cap), and the two runs, their comparison and their traces say what a colleague's machine would."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from reprotune._jsonio import sha256_file, write_json_atomic
+from reprotune._proof.compare import compare_runs
+from reprotune._proof.trace import trace_step
+from reprotune._proof.trace_compare import compare_traces
+from reprotune._proof.tracefile import read_trace
+from reprotune._run.checkpoint import STATE_FILE, _state_sha256
+from tinyrun import TinyProject
+
+#: Kernels below any x86-64 CPU's own: ATen without vectors beyond its baseline, MKL on SSE4.2.
+LESSER = {
+    "ATEN_CPU_CAPABILITY": "default",
+    "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+    "ONEDNN_MAX_CPU_ISA": "SSE41",
+}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> TinyProject:
+    """Two runs of one config: this machine's kernels (``native``), and a lesser CPU's (``lesser``)."""
+    project = TinyProject.create(tmp_path_factory.mktemp("microscope"))
+    config = project.config("cfg.yaml")
+    project.run_cli("run", str(config), "--run-dir", "native", "--no-progress")
+    project.run_cli("run", str(config), "--run-dir", "lesser", "--no-progress", env=LESSER)
+    return project
+
+
+def test_other_kernels_diverge_and_compare_names_them(project: TinyProject) -> None:
+    """The same config under other kernels DIVERGES; the record's kernel facts say how, the first
+    cause names them (never "nothing recorded differs"), and the trace commands of the first
+    divergent step follow."""
+    result = compare_runs(project.root / "native", project.root / "lesser")
+    assert result.verdict.value == "DIVERGED"
+    step = result.where.first_divergence_step
+    assert step is not None and step >= 1 and result.where.first_batch_step is None
+    assert "CPU kernels differ: CPU capability" in result.causes[0] and " vs DEFAULT" in result.causes[0]
+    assert not any("nothing recorded differs" in cause for cause in result.causes)
+    assert f"--step {step} " in result.next_steps[1] and "reprotune compare A-step" in result.next_steps[-1]
+    kinds = {d.key for d in result.differences if d.category == "kernels"}
+    assert "environment.kernels.cpu.aten_capability" in kinds
+    record = json.loads((project.root / "lesser" / "record.json").read_text())
+    kernels = record["environment"]["kernels"]
+    assert kernels["cpu"]["aten_capability"] == "DEFAULT"  # read back from ATen, not the variable
+    assert kernels["steering_env"]["ATEN_CPU_CAPABILITY"] == "default"
+    assert kernels["attention"]["implementation"] == "sdpa"
+
+
+def test_traces_of_the_first_divergent_step_name_the_first_op(project: TinyProject) -> None:
+    """Each side traces its own run at the first step where they part, under its own kernels: the
+    comparison names the first op with the same inputs and other outputs, its module and the kernel
+    facts; each trace says it reproduced its own run's ledger line."""
+    step = compare_runs(project.root / "native", project.root / "lesser").where.first_divergence_step
+    a, b = project.root / "a.trace.jsonl", project.root / "b.trace.jsonl"
+    project.run_cli("trace", "native", "--step", str(step), "--out", str(a), "--no-progress")
+    done = project.run_cli(
+        "trace", "lesser", "--step", str(step), "--out", str(b), "--no-progress", env=LESSER
+    )
+    assert "reproduced        yes" in done.stdout
+    ta, tb = read_trace(a), read_trace(b)
+    assert ta.header["reproduced"]["step"] and tb.header["reproduced"]["step"]
+    assert ta.header["weights_in_sha256"] == tb.header["weights_in_sha256"]  # equal going in
+    found = compare_traces(ta, tb)
+    assert found.finding == "kernel", found.format()
+    assert found.op_a is not None and found.op_a.inputs == found.op_b.inputs  # type: ignore[union-attr]
+    assert found.op_a.outputs != found.op_b.outputs  # type: ignore[union-attr]
+    first = found.explanation[0]
+    assert first.startswith(f"step {step}, {found.op_a.phase}, {found.op_a.module}: {found.op_a.op}")
+    assert "same inputs, different outputs: the kernel differs (CPU capability" in first
+    shown = project.run_cli("compare", str(a), str(b), check=False)
+    assert shown.returncode == 1 and "same inputs, different outputs" in shown.stdout
+
+
+def test_a_step_traced_twice_is_byte_identical(project: TinyProject) -> None:
+    """Two traces of one step on one machine are the same bytes (nothing of the time or process)."""
+    one, two = project.root / "twice-1.jsonl", project.root / "twice-2.jsonl"
+    for path in (one, two):
+        project.run_cli("trace", "native", "--step", "2", "--out", str(path), "--no-progress")
+    assert one.read_bytes() == two.read_bytes()
+    assert compare_traces(read_trace(one), read_trace(two)).finding == "identical"
+
+
+def test_a_replay_from_a_checkpoint_equals_one_from_the_start(project: TinyProject, tmp_path: Path) -> None:
+    """Step 6 replayed from the step-4 checkpoint and from the run's start: the same ops, bit for
+    bit, and both reproduce the run's ledger line."""
+    copy = tmp_path / "no-checkpoints"
+    shutil.copytree(project.root / "native", copy)
+    shutil.rmtree(copy / "checkpoints")
+    from_checkpoint = trace_step(project.root / "native", 6, out=tmp_path / "ckpt.jsonl")
+    from_start = trace_step(copy, 6, out=tmp_path / "start.jsonl")
+    assert (from_checkpoint.header["replayed_from"], from_start.header["replayed_from"]) == (4, 0)
+    assert from_checkpoint.header["reproduced"]["step"] and from_start.header["reproduced"]["step"]
+    ops = [
+        path.read_bytes().split(b"\n", 1)[1] for path in (tmp_path / "ckpt.jsonl", tmp_path / "start.jsonl")
+    ]
+    assert ops[0] == ops[1]
+
+
+def _edit_checkpoint_weight(checkpoint: Path, name_part: str) -> str:
+    """Nudge one trainable tensor of a checkpoint and re-seal its hashes (as a careless tool
+    would): the checkpoint verifies, its weights are not the run's."""
+    weights = load_file(str(checkpoint / "trainable.safetensors"))
+    name = next(k for k in sorted(weights) if name_part in k)
+    weights[name] = weights[name] * 1.001
+    save_file(weights, str(checkpoint / "trainable.safetensors"))
+    state = json.loads((checkpoint / STATE_FILE).read_text())
+    state["files"]["trainable.safetensors"] = sha256_file(checkpoint / "trainable.safetensors")
+    state["state_sha256"] = _state_sha256(state)
+    write_json_atomic(checkpoint / STATE_FILE, state)
+    return name
+
+
+def test_a_weight_edited_in_a_checkpoint_shows_where_it_is_first_read(
+    project: TinyProject, tmp_path: Path
+) -> None:
+    """A LoRA weight edited in the step-4 checkpoint: the replay of step 5 no longer reproduces the
+    run, and against the honest trace the first difference is "inputs differ" at the first op that
+    reads that parameter, named."""
+    edited = tmp_path / "edited"
+    shutil.copytree(project.root / "native", edited)
+    name = _edit_checkpoint_weight(
+        edited / "checkpoints" / "step-00000004", "layers.1.self_attn.v_proj.lora_A"
+    )
+    honest = trace_step(project.root / "native", 5, out=tmp_path / "honest.jsonl")
+    bent = trace_step(edited, 5, out=tmp_path / "edited.jsonl")
+    assert honest.header["reproduced"]["step"] and not bent.header["reproduced"]["step"]
+    found = compare_traces(read_trace(tmp_path / "honest.jsonl"), read_trace(tmp_path / "edited.jsonl"))
+    assert found.finding == "inputs", found.format()
+    assert found.op_a is not None and "layers.1.self_attn.v_proj.lora_A" in found.op_a.module
+    assert "lora_A" in name
+    named = "is the parameter model.layers.1.self_attn.v_proj.lora_A.default.weight"
+    assert any(named in line for line in found.explanation), found.explanation
+    assert any("the weights going into the step differ" in note for note in found.notes)
+
+
+def test_a_trace_holds_hashes_only(project: TinyProject) -> None:
+    """A trace holds no row of the data and no secret from the environment: hashes, shapes, names."""
+    out = project.root / "secret-check.jsonl"
+    token = "hf_" + "Q" * 34
+    project.run_cli(
+        "trace", "native", "--step", "1", "--out", str(out), "--no-progress", env={"HF_TOKEN": token}
+    )
+    text = out.read_text()
+    rows = [json.loads(line) for line in (project.root / "data.jsonl").read_text().splitlines()]
+    assert token not in text
+    assert not any(row["prompt"] in text or row["response"] in text for row in rows)
+
+
+def test_trace_refuses_bad_input_clearly(project: TinyProject) -> None:
+    """A step outside the run, an existing output file, a trace compared with a run: exit 2, the
+    value named, nothing written."""
+    for step in ("0", "9"):
+        done = project.run_cli("trace", "native", "--step", step, "--out", "x.jsonl", check=False)
+        assert done.returncode == 2 and "steps 1 to 8" in done.stderr
+    assert not (project.root / "x.jsonl").exists()
+    (project.root / "exists.jsonl").write_text("mine\n")
+    done = project.run_cli("trace", "native", "--step", "1", "--out", "exists.jsonl", check=False)
+    assert done.returncode == 2 and "already exists" in done.stderr
+    assert (project.root / "exists.jsonl").read_text() == "mine\n"
+    project.run_cli("trace", "native", "--step", "1", "--out", "one.jsonl", "--no-progress")
+    done = project.run_cli("compare", "one.jsonl", "native", check=False)
+    assert done.returncode == 2 and "is not a trace" in done.stderr

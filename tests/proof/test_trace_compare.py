@@ -1,0 +1,150 @@
+"""Comparing two traces (reprotune._proof.trace_compare), on traces written by hand: what each kind
+of first difference is called, and the trace file's own checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reprotune._errors import InputError
+from reprotune._proof.trace_compare import compare_traces
+from reprotune._proof.tracefile import SCHEMA, SCHEMA_VERSION, TraceOp, read_trace, write_trace
+
+KERNELS_A = {"cpu": {"aten_capability": "AVX512"}, "blas": {"mkl_code_path": "AVX512_E1"}, "attention": {}}
+KERNELS_B = {"cpu": {"aten_capability": "AVX2"}, "blas": {"mkl_code_path": "AVX2"}, "attention": {}}
+
+
+def _op(
+    i: int, module: str, op: str, inputs: list[str], outputs: list[str], n: int = 0, **kw: Any
+) -> TraceOp:
+    return TraceOp(
+        i=i,
+        phase=kw.get("phase", "forward.0"),
+        module=module,
+        op=op,
+        n=n,
+        args=kw.get("args", "['T', 'T']"),
+        inputs=tuple(("4x8", "float32", h, *kw.get("labels", {}).get(k, ())) for k, h in enumerate(inputs)),
+        outputs=tuple(("4x8", "float32", h) for h in outputs),
+    )
+
+
+def _trace(path: Path, ops: list[TraceOp], kernels: dict[str, Any], **header: Any) -> Any:
+    body = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "step": 3, "kernels": kernels, **header}
+    write_trace(path, body, ops)
+    return read_trace(path)
+
+
+BASE = [
+    _op(0, "model.embed_tokens", "aten::embedding", ["w", "ids"], ["h0"]),
+    _op(1, "model.layers.0.self_attn.q_proj", "aten::mm", ["h0", "wq"], ["q"]),
+    _op(2, "model.layers.0.self_attn", "aten::_scaled_dot_product_flash_attention_for_cpu", ["q"], ["o"]),
+]
+
+
+def test_same_inputs_other_outputs_is_the_kernel(tmp_path: Path) -> None:
+    """The first op whose inputs agree and outputs differ is named, with the kernel facts that differ."""
+    other = [
+        *BASE[:1],
+        _op(1, "model.layers.0.self_attn.q_proj", "aten::mm", ["h0", "wq"], ["q'"]),
+        *BASE[2:],
+    ]
+    found = compare_traces(_trace(tmp_path / "a", BASE, KERNELS_A), _trace(tmp_path / "b", other, KERNELS_B))
+    assert (found.finding, found.ops_compared, found.exit_code) == ("kernel", 2, 1)
+    assert found.explanation == (
+        "step 3, forward.0, model.layers.0.self_attn.q_proj: aten::mm 4x8 @ 4x8 float32: same inputs, "
+        "different outputs: the kernel differs "
+        "(CPU capability AVX512 vs AVX2; MKL code path AVX512_E1 vs AVX2)",
+    )
+
+
+def test_same_kernels_and_other_outputs_is_nondeterminism(tmp_path: Path) -> None:
+    """With equal kernel facts, other outputs from the same inputs are the op's own nondeterminism."""
+    other = [
+        *BASE[:1],
+        _op(1, "model.layers.0.self_attn.q_proj", "aten::mm", ["h0", "wq"], ["q'"]),
+        *BASE[2:],
+    ]
+    found = compare_traces(_trace(tmp_path / "a", BASE, KERNELS_A), _trace(tmp_path / "b", other, KERNELS_A))
+    assert found.finding == "kernel" and "nondeterminism in the op itself" in found.explanation[0]
+
+
+def test_inputs_from_outside_the_traced_ops(tmp_path: Path) -> None:
+    """An input that differs at the first op that reads it, made by no traced op: a named parameter,
+    or data / an op that bypasses the dispatcher, said so."""
+    labels = {"labels": {1: ("param:model.layers.0.self_attn.q_proj.weight",)}}
+    a = [BASE[0], _op(1, "model.layers.0.self_attn.q_proj", "aten::mm", ["h0", "wq"], ["q"], **labels)]
+    b = [BASE[0], _op(1, "model.layers.0.self_attn.q_proj", "aten::mm", ["h0", "wq2"], ["q2"], **labels)]
+    found = compare_traces(_trace(tmp_path / "a", a, KERNELS_A), _trace(tmp_path / "b", b, KERNELS_A))
+    assert found.finding == "inputs"
+    assert "input 1 is the parameter model.layers.0.self_attn.q_proj.weight" in found.explanation
+    c = [_op(0, "model.embed_tokens", "aten::embedding", ["w", "ids2"], ["h9"])]
+    found = compare_traces(_trace(tmp_path / "c", BASE[:1], KERNELS_A), _trace(tmp_path / "d", c, KERNELS_A))
+    assert found.finding == "inputs" and "bypasses the dispatcher" in found.explanation[1]
+
+
+def test_other_arguments_are_named(tmp_path: Path) -> None:
+    """The same tensors with other non-tensor arguments: the step was asked something else."""
+    b = [BASE[0], _op(1, "model.layers.0.self_attn.q_proj", "aten::mm", ["h0", "wq"], ["q"], args="['T', 2]")]
+    found = compare_traces(_trace(tmp_path / "a", BASE[:2], KERNELS_A), _trace(tmp_path / "b", b, KERNELS_A))
+    assert found.finding == "inputs" and "other arguments" in found.explanation[0]
+
+
+def test_op_sequences_that_part_name_the_module_and_both_sequences(tmp_path: Path) -> None:
+    """Another code path (eager attention instead of SDPA): the first module whose ops differ, what
+    each side runs there, and the recorded attention implementations."""
+    eager = [
+        *BASE[:2],
+        _op(2, "model.layers.0.self_attn", "aten::bmm", ["q"], ["s"]),
+        _op(3, "model.layers.0.self_attn", "aten::_softmax", ["s"], ["p"]),
+    ]
+    ka = {**KERNELS_A, "attention": {"implementation": "sdpa"}}
+    kb = {**KERNELS_A, "attention": {"implementation": "eager"}}
+    found = compare_traces(_trace(tmp_path / "a", BASE, ka), _trace(tmp_path / "b", eager, kb))
+    assert found.finding == "sequence" and found.ops_compared == 2
+    assert found.explanation[0].startswith(
+        "step 3, forward.0, model.layers.0.self_attn: the op sequences part"
+    )
+    assert found.explanation[1] == "A runs: aten::_scaled_dot_product_flash_attention_for_cpu"
+    assert found.explanation[2] == "B runs: aten::bmm, aten::_softmax"
+    assert "attention sdpa vs eager" in found.explanation[3]
+
+
+def test_identical_and_longer(tmp_path: Path) -> None:
+    """Equal streams are IDENTICAL (exit 0); one that goes on is named where it goes on."""
+    same = compare_traces(_trace(tmp_path / "a", BASE, KERNELS_A), _trace(tmp_path / "b", BASE, KERNELS_B))
+    assert same.finding == "identical" and same.exit_code == 0 and same.format().startswith("IDENTICAL")
+    longer = compare_traces(
+        _trace(tmp_path / "c", BASE[:2], KERNELS_A), _trace(tmp_path / "d", BASE, KERNELS_A)
+    )
+    assert longer.finding == "length" and "trace B goes on" in longer.explanation[0]
+
+
+def test_headers_that_say_not_reproduced_are_noted(tmp_path: Path) -> None:
+    """A trace whose replay did not give its run's ledger line, or that starts from other weights,
+    is said so beside the finding."""
+    not_reproduced = {"reproduced": {"step": False, "before": True, "differing_fields": ["loss"]}}
+    a = _trace(tmp_path / "a", BASE, KERNELS_A, weights_in_sha256="1" * 64)
+    b = _trace(tmp_path / "b", BASE, KERNELS_A, weights_in_sha256="2" * 64, **not_reproduced)
+    notes = compare_traces(a, b).notes
+    assert any("trace B did not reproduce its run's ledger line of step 3 (loss)" in n for n in notes)
+    assert any("the weights going into the step differ (111111111111 vs 222222222222)" in n for n in notes)
+
+
+def test_trace_files_are_checked(tmp_path: Path) -> None:
+    """A cut trace, a line that is not an op, another schema version: each refused with its line."""
+    _trace(tmp_path / "t.jsonl", BASE, KERNELS_A)
+    lines = (tmp_path / "t.jsonl").read_text().splitlines()
+    (tmp_path / "cut.jsonl").write_text("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(InputError, match="announces 3 ops, the file holds 2"):
+        read_trace(tmp_path / "cut.jsonl")
+    (tmp_path / "bad.jsonl").write_text("\n".join([*lines[:2], '{"kind": "x"}']) + "\n")
+    with pytest.raises(InputError, match="line 3: not an op line"):
+        read_trace(tmp_path / "bad.jsonl")
+    (tmp_path / "v9.jsonl").write_text(lines[0].replace('"schema_version":1', '"schema_version":9') + "\n")
+    with pytest.raises(InputError, match="schema version 9"):
+        read_trace(tmp_path / "v9.jsonl")
+    gz = _trace(tmp_path / "t.jsonl.gz", BASE, KERNELS_A)
+    assert gz.ops == read_trace(tmp_path / "t.jsonl").ops

@@ -1,0 +1,78 @@
+"""Kernel facts (reprotune._run.kernels, _determinism.cpu): what selects each kernel here, read back
+from the libraries as in force, and how two machines' facts are told apart."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from reprotune._determinism.cpu import cbwr_name, cpu_flags, mkl_cbwr
+from reprotune._run.fingerprint import environment_fingerprint
+from reprotune._run.kernels import ISA_FLAGS_X86, STEERING_ENV, kernel_differences, kernel_facts
+
+
+def test_facts_are_read_back_from_the_libraries() -> None:
+    """The ATen capability is torch's own answer; the ISA flags are the CPU's; the steering
+    variables are the environment given; the attention is the one named; no CUDA section on a
+    machine without a GPU."""
+    facts = kernel_facts(attention="sdpa", env={"MKL_CBWR": "AVX2", "OMP_NUM_THREADS": "2"})
+    assert facts["cpu"]["aten_capability"] == torch.backends.cpu.get_cpu_capability()
+    flags = cpu_flags() or frozenset()
+    assert (
+        set(facts["cpu"]["isa"]) == {f for f in ISA_FLAGS_X86 if f in flags}
+        or facts["cpu"]["arch"] != "x86_64"
+    )
+    assert set(facts["steering_env"]) == set(STEERING_ENV)
+    assert (
+        facts["steering_env"]["MKL_CBWR"] == "AVX2" and facts["steering_env"]["ATEN_CPU_CAPABILITY"] is None
+    )
+    assert facts["attention"]["implementation"] == "sdpa"
+    assert facts["cuda"] is (None if not torch.cuda.is_available() else facts["cuda"])
+    assert facts["portable"] == {"cpu_isa": "native"}
+    assert environment_fingerprint(attention="eager")["kernels"]["attention"]["implementation"] == "eager"
+
+
+def _blas_in(env: dict[str, str]) -> dict[str, str]:
+    code = "from reprotune._run.kernels import kernel_facts as k; import json; print(json.dumps(k()['blas']))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, check=True
+    )
+    return dict(json.loads(done.stdout))
+
+
+def test_mkl_reports_its_own_mode_not_the_variable() -> None:
+    """MKL's CNR mode is asked from MKL itself: processes started with MKL_CBWR=AVX2,STRICT and
+    =COMPATIBLE read back those modes (and MKL's code path); one started with a value MKL does not
+    take (lower case) reads back what MKL fell back to, not the variable; this process runs with CNR
+    off."""
+    if not torch.backends.mkl.is_available():
+        assert mkl_cbwr() is None
+        return
+    assert mkl_cbwr() == "OFF"
+    assert _blas_in({"MKL_CBWR": "AVX2,STRICT"})["mkl_cbwr"] == "AVX2,STRICT"
+    compatible = _blas_in({"MKL_CBWR": "COMPATIBLE"})
+    assert compatible["mkl_cbwr"] == "COMPATIBLE" and compatible["mkl_code_path"]
+    assert _blas_in({"MKL_CBWR": "avx2,strict"})["mkl_cbwr"] != "AVX2,STRICT"
+    assert cbwr_name(10 | 0x10000) == "AVX2,STRICT" and cbwr_name(99) == "BRANCH_99"
+
+
+def test_differences_are_named_in_words() -> None:
+    """Two machines' facts: what differs, in the order that tells most, each named once."""
+    a = {
+        "cpu": {"aten_capability": "AVX512", "isa": ["avx2", "avx512f"]},
+        "blas": {"mkl_code_path": "AVX512_E1"},
+    }
+    b = {"cpu": {"aten_capability": "AVX2", "isa": ["avx2"]}, "blas": {"mkl_code_path": "AVX2"}}
+    assert kernel_differences(a, b) == [
+        "CPU capability AVX512 vs AVX2",
+        "MKL code path AVX512_E1 vs AVX2",
+        "CPU instruction sets only avx512f vs a subset",
+    ]
+    gpu_a = {"cuda": {"devices": [{"name": "H200", "capability": "9.0", "sm_count": 132}], "cublas": 130100}}
+    gpu_b = {"cuda": {"devices": [{"name": "A100", "capability": "8.0", "sm_count": 108}], "cublas": 120100}}
+    assert kernel_differences(gpu_a, gpu_b) == ["GPU H200 9.0 132 vs A100 8.0 108", "cuBLAS 130100 vs 120100"]
+    assert kernel_differences(a, a) == []
