@@ -10,9 +10,12 @@ twice on CUDA, each in a fresh process, compares the twins with ``reprotune comp
 the mean step time from the records. Then (``--nccl``, on by default) the same strict run twice
 under ``torchrun`` with the NCCL backend (``NCCL_ALGO=Ring NCCL_PROTO=Simple``), on as many GPUs as
 there are, up to 2 (1 GPU: one rank, the distributed code path with NCCL but nothing to reduce
-across), compared the same way, and its step time against the plain strict run's. Prints a table
-and writes ``gpu_determinism.json``. Exit 0 when strict twins (and NCCL twins) are IDENTICAL; 1
-otherwise; 2 when there is no CUDA device.
+across), compared the same way, and its step time against the plain strict run's. Then the
+microscope (docs/microscope.md) on the GPU: ``reprotune trace`` of step 1 of both strict twins
+(their traces must be IDENTICAL), and of the first step where the strict run and the off run part,
+each traced under its own mode, compared to name the first op that differs. Prints a table and
+writes ``gpu_determinism.json`` (and the traces). Exit 0 when strict twins (and NCCL twins, and
+the strict twins' traces) are IDENTICAL; 1 otherwise; 2 when there is no CUDA device.
 """
 
 from __future__ import annotations
@@ -83,6 +86,44 @@ def nccl_twins(out: Path, common: list[str], world: int) -> dict[str, object]:
     }
 
 
+def _trace(run_dir: Path, step: int, out: Path) -> dict[str, object]:
+    """``reprotune trace`` of one step of a run; its header's verdict and the time it took."""
+    target = out / f"{run_dir.name}-step-{step}.trace.jsonl"
+    done = _reprotune(
+        "trace", str(run_dir), "--step", str(step), "--out", str(target), "--no-progress", cwd=out
+    )
+    (out / f"trace-{run_dir.name}-{step}.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        return {"error": f"trace failed with exit {done.returncode}: {done.stderr[-500:]}"}
+    header = json.loads(target.read_text(encoding="utf-8").split("\n", 1)[0])
+    return {"file": str(target), "reproduced": header["reproduced"]["step"], "ops": header["ops"]}
+
+
+def _compare_traces(a: dict[str, object], b: dict[str, object], out: Path) -> dict[str, object]:
+    if "error" in a or "error" in b:
+        return {"error": a.get("error") or b.get("error")}
+    cmp = _reprotune("compare", str(a["file"]), str(b["file"]), "--json", cwd=out)
+    found = json.loads(cmp.stdout)
+    return {"verdict": found["verdict"], "finding": found["finding"], "explanation": found["explanation"]}
+
+
+def microscope(out: Path, results: dict[str, dict[str, object]]) -> dict[str, object]:
+    """Traces of step 1 of the strict twins, and of the first step where strict and off part."""
+    section: dict[str, object] = {}
+    if "verdict" in results.get("strict", {}):
+        twins = [_trace(out / f"strict-{t}", 1, out) for t in ("a", "b")]
+        section["strict_twins_step_1"] = {"traces": twins, **_compare_traces(*twins, out)}
+    if "verdict" in results.get("strict", {}) and "verdict" in results.get("off", {}):
+        cmp = _reprotune("compare", str(out / "strict-a"), str(out / "off-a"), "--json", cwd=out)
+        step = json.loads(cmp.stdout)["where"].get("first_divergence_step")
+        if step:
+            pair = [_trace(out / "strict-a", int(step), out), _trace(out / "off-a", int(step), out)]
+            section["strict_vs_off"] = {"step": step, "traces": pair, **_compare_traces(*pair, out)}
+        else:
+            section["strict_vs_off"] = {"step": None, "note": "strict and off runs did not part"}
+    return section
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40)
@@ -150,6 +191,7 @@ def main() -> int:
             results["nccl"]["over_plain_strict_step_time"] = (sum(nccl_t) / len(nccl_t)) / (
                 sum(plain_t) / len(plain_t)
             )
+    results["microscope"] = microscope(args.out, results)
     strict_t = results.get("strict", {}).get("step_time_s_mean")
     off_t = results.get("off", {}).get("step_time_s_mean")
     if isinstance(strict_t, list) and isinstance(off_t, list):
@@ -159,7 +201,9 @@ def main() -> int:
     (args.out / "gpu_determinism.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     print(json.dumps(results, indent=1, sort_keys=True))
     nccl_ok = not args.nccl or results.get("nccl", {}).get("verdict") == "IDENTICAL"
-    return 0 if results.get("strict", {}).get("verdict") == "IDENTICAL" and nccl_ok else 1
+    traces = results["microscope"].get("strict_twins_step_1", {})
+    traces_ok = isinstance(traces, dict) and traces.get("verdict") == "IDENTICAL"
+    return 0 if results.get("strict", {}).get("verdict") == "IDENTICAL" and nccl_ok and traces_ok else 1
 
 
 if __name__ == "__main__":

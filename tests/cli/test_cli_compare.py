@@ -125,17 +125,25 @@ def test_report_cli_bad_input_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_compare_and_report_never_import_torch(ref: Path, tmp_path: Path) -> None:
-    """compare and report, run through the CLI in a fresh process, leave torch unimported."""
+    """compare (of runs and of traces) and report, run through the CLI in a fresh process, leave
+    torch unimported."""
+    from reprotune._proof.tracefile import SCHEMA, SCHEMA_VERSION, TraceOp, write_trace
+
     other = write_run_dir(tmp_path / "seed43", RunSpec(seed=43))
+    op = TraceOp(0, "forward.0", "model.lm_head", "aten::mm", 0, "['T', 'T']", (("2x2", "float32", "a"),), ())
+    header = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "step": 1, "kernels": {}}
+    for name in ("a.jsonl", "b.jsonl"):
+        write_trace(tmp_path / name, header, [op])
     script = (
         "import sys\n"
         "from reprotune._cli import main\n"
         f"codes = [main(['compare', {str(ref)!r}, {str(other)!r}]),\n"
-        f"         main(['report', {str(ref)!r}, {str(other)!r}, '-o', {str(tmp_path / 'r.html')!r}])]\n"
+        f"         main(['report', {str(ref)!r}, {str(other)!r}, '-o', {str(tmp_path / 'r.html')!r}]),\n"
+        f"         main(['compare', {str(tmp_path / 'a.jsonl')!r}, {str(tmp_path / 'b.jsonl')!r}])]\n"
         "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', codes)\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[-1] == "NO-TORCH [1, 0]"
+    assert proc.stdout.splitlines()[-1] == "NO-TORCH [1, 0, 0]"

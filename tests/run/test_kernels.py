@@ -8,9 +8,11 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from reprotune._determinism.cpu import cbwr_name, cpu_flags, mkl_cbwr
+from reprotune._run import kernels
 from reprotune._run.fingerprint import environment_fingerprint
 from reprotune._run.kernels import ISA_FLAGS_X86, STEERING_ENV, kernel_differences, kernel_facts
 
@@ -76,3 +78,27 @@ def test_differences_are_named_in_words() -> None:
     gpu_b = {"cuda": {"devices": [{"name": "A100", "capability": "8.0", "sm_count": 108}], "cublas": 120100}}
     assert kernel_differences(gpu_a, gpu_b) == ["GPU H200 9.0 132 vs A100 8.0 108", "cuBLAS 130100 vs 120100"]
     assert kernel_differences(a, a) == []
+
+
+def test_the_cuda_section_as_far_as_a_cpu_machine_can_show_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU here: torch's CUDA queries are stood in for (the one place this suite does so) to show
+    the section's shape and that a library that cannot be asked (cuBLAS without a handle) is None,
+    never an error. On a GPU, bench/gpu_determinism.py records the real one."""
+    import types
+
+    props = types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0, multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 21, 5))
+    section = kernels._cuda_section()
+    assert section is not None
+    assert section["devices"] == [{"index": 0, "name": "NVIDIA H200", "capability": "9.0", "sm_count": 132}]
+    assert section["nccl"] == "2.21.5" and section["cublas"] is None
+    assert set(section["math"]) == {
+        "matmul_allow_tf32",
+        "cudnn_allow_tf32",
+        "fp16_reduced_precision_reduction",
+        "bf16_reduced_precision_reduction",
+        "float32_matmul_precision",
+    }
