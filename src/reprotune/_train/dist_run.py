@@ -23,7 +23,7 @@ from reprotune._errors import InputError
 from reprotune._faults import ARMED as CRASH_TESTS_ARMED
 from reprotune._jsonio import canonical_dumps
 from reprotune._run.drift import section_drift
-from reprotune._run.fingerprint import environment_fingerprint
+from reprotune._run.fingerprint import attention_of, environment_fingerprint
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import truncate_ledger
 from reprotune._run.ranks import check_ranks_agree, check_resume_world, ranks_section
@@ -210,7 +210,7 @@ def follow_run(cfg: ExperimentConfig, ctx: DistContext, options: RunOptions, *, 
     try:
         with hf_progress_bars(False):
             setup = distribute_setup(build_setup(cfg, manifest=options.manifest), ctx)
-        distributed_section(setup, environment_fingerprint())
+        distributed_section(setup, environment_fingerprint(attention=attention_of(setup.model)))
         restored = None
         if resume:
             restore_rng = options.restore_rng_on_resume
