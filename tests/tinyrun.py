@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import yaml
 
 from reprotune._model.tiny import build_tiny_model, write_tiny_dataset
+from warm import run_reprotune
 
 BASE_CONFIG: dict[str, Any] = {
     "seed": {"root": 1},
@@ -62,18 +62,13 @@ class TinyProject:
         return path
 
     def run_cli(
-        self, *args: str, env: dict[str, str] | None = None, check: bool = True
+        self, *args: str, env: dict[str, str] | None = None, check: bool = True, cold: bool = False
     ) -> subprocess.CompletedProcess[str]:
-        """``python -m reprotune ARGS`` in a fresh process, in the project directory."""
+        """``python -m reprotune ARGS`` in a fresh process, in the project directory: forked from
+        the session's warm zygote (tests/warm.py), or a new interpreter where the call needs one
+        (``cold``, or variables read at start)."""
         full_env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", **(env or {})}
-        done = subprocess.run(
-            [sys.executable, "-m", "reprotune", *args],
-            cwd=self.root,
-            env=full_env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        done = run_reprotune(list(args), cwd=self.root, env=full_env, timeout=600, cold=cold)
         if check and done.returncode != 0:
             raise AssertionError(
                 f"reprotune {' '.join(args)} exited {done.returncode}\n"

@@ -1,8 +1,8 @@
 """Fault injection for crash tests: kill this process at a named point, on request.
 
-``REPROTUNE_KILL_AT=<point>:<n>`` in a process's environment when it starts sends SIGKILL to it
-the n-th time (from 1) it passes ``kill_point("<point>")``. Unset (always, outside the crash
-tests), ``kill_point`` costs one test of a module constant. Points: ``step-end`` (after a step's
+``REPROTUNE_KILL_AT=<point>:<n>`` in a process's environment sends SIGKILL to it the n-th time
+(from 1) it passes ``kill_point("<point>")``. Unset (always, outside the crash tests),
+``kill_point`` costs one lookup in the environment. Points: ``step-end`` (after a step's
 ledger line), ``ledger-append`` (half a line written), ``replace:<file name>`` (temporary file
 written, not yet renamed over ``<file name>``), and
 ``checkpoint-file`` (after each file of a checkpoint, and after its rename).
@@ -16,14 +16,16 @@ import signal
 _ENV = "REPROTUNE_KILL_AT"
 _counts: dict[str, int] = {}
 
-#: Read once, at import: crash tests arm a fresh process through its environment.
-_SPEC = os.environ.get(_ENV, "")
-ARMED = bool(_SPEC)
+
+def armed() -> bool:
+    """Whether this process runs under a crash test (``REPROTUNE_KILL_AT`` is set). Read when asked,
+    not at import: a process forked from another that imported reprotune arms itself too."""
+    return bool(os.environ.get(_ENV))
 
 
 def kill_point(name: str) -> None:
     """SIGKILL this process if ``REPROTUNE_KILL_AT`` names this point and occurrence."""
-    spec = _SPEC
+    spec = os.environ.get(_ENV, "")
     if not spec:
         return
     point, _, nth = spec.rpartition(":")

@@ -154,7 +154,7 @@ class LedgerWriter:
         """Queue one entry (a mapping, or a callable returning one, called at the next flush)."""
         self._queued.append(entry)
         now = time.monotonic()
-        if faults.ARMED or now - self._last_flush >= self._flush_interval_s:
+        if faults.armed() or now - self._last_flush >= self._flush_interval_s:
             self.flush()
 
     def flush(self) -> None:
@@ -162,7 +162,7 @@ class LedgerWriter:
         queued, self._queued = self._queued, []
         for entry in queued:
             line = canonical_dumps(dict(entry() if callable(entry) else entry), indent=None)
-            if faults.ARMED:  # crash tests: die with half a line on disk
+            if faults.armed():  # crash tests: die with half a line on disk
                 self._handle.write(line[: len(line) // 2])
                 self._handle.flush()
                 faults.kill_point("ledger-append")

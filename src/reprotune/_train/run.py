@@ -25,7 +25,7 @@ from reprotune._config.loading import config_from_dict, dump_config_yaml
 from reprotune._config.schema import ExperimentConfig
 from reprotune._determinism.seeds import derive_seeds
 from reprotune._errors import InputError
-from reprotune._faults import ARMED as CRASH_TESTS_ARMED
+from reprotune._faults import armed as crash_test_armed
 from reprotune._jsonio import sha256_file, write_bytes_atomic
 from reprotune._model.lora import save_adapter
 from reprotune._run.checkpoint import restore_latest_checkpoint
@@ -233,7 +233,7 @@ def _execute(
                 ledger_hook.write_init()
             hooks: list[StepHook] = [ledger_hook, TrackerHook(run.trackers, records_step, stopwatch)]
             hooks.append(CheckpointHook(setup, ledger, paths.checkpoints, save_times))
-            if CRASH_TESTS_ARMED:
+            if crash_test_armed():
                 hooks.append(CrashPointHook(run.dist.rank if run.dist is not None else None))
             hooks += [*fault_hooks(setup), progress, *options.hooks]
             loop = train_loop(

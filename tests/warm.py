@@ -1,0 +1,300 @@
+"""A warm launcher for ``python -m reprotune`` in tests: one process imports reprotune's heavy modules
+once, and each CLI call becomes a fork of it.
+
+A fresh interpreter spends about 4 of a tiny run's 5 seconds importing torch, transformers and PEFT;
+the suite makes some two hundred such calls. The zygote (``_zygote`` below, started once per test
+session) imports them and never computes anything (no op runs in it, so no thread pool exists to be
+copied half-way); for each call it forks a child with its own pid, working directory, environment,
+output files and argv, which runs ``reprotune._cli.main`` and exits with its code. Kill tests kill
+that pid as they would a subprocess's; the zygote reaps it and reports the exit status.
+
+A call still starts a real interpreter (:func:`needs_cold_start`) when its result may depend on what
+a process reads only when it starts: the hash seed, the kernel-dispatch variables (ATen's
+capability, MKL, oneDNN, OpenMP), the portable CPU mode (``determinism.cpu_isa``), or anything the
+caller marks ``cold=True`` (a claim about a fresh interpreter itself). The claims under test are
+about separate processes, and a fork is one: its own pid, memory and environment, started from the
+state every fresh interpreter reaches after its imports.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: Variables read when an interpreter or a math library starts: a child forked from the zygote
+#: would keep the zygote's reading of them.
+COLD_PREFIXES = (
+    "PYTHONHASHSEED",
+    "PYTHONPATH",
+    "ATEN_",
+    "MKL_",
+    "ONEDNN_",
+    "DNNL_",
+    "OMP_",
+    "KMP_",
+    "OPENBLAS_",
+    "CUDA_",
+    "CUBLAS",
+    "TORCH_",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+)
+
+_ZYGOTE = r"""
+import io, json, os, select, signal, sys, traceback
+import torch, transformers, peft, safetensors, numpy  # the imports every call shares
+import reprotune._cli
+from reprotune._cli import COMMANDS
+import importlib
+for module, _ in COMMANDS.values():
+    importlib.import_module(module)
+import reprotune._train.run, reprotune._proof.verify, reprotune._proof.rerun, reprotune._eval.evaluate
+import reprotune._proof.trace, reprotune._doctor.doctor, reprotune._studies.study
+
+requests, replies = sys.stdin.buffer, sys.stdout.buffer
+wake_r, wake_w = os.pipe()
+os.set_blocking(wake_w, False)
+signal.set_wakeup_fd(wake_w)
+signal.signal(signal.SIGCHLD, lambda *a: None)
+
+
+def reply(obj):
+    replies.write((json.dumps(obj) + "\n").encode())
+    replies.flush()
+
+
+def child(spec):
+    os.setpgid(0, 0)  # its own process group, as a started subprocess would lead one
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
+    os.close(wake_r)
+    os.close(wake_w)
+    os.chdir(spec["cwd"])
+    os.environ.clear()
+    os.environ.update(spec["env"])
+    null = os.open(os.devnull, os.O_RDONLY)
+    out = os.open(spec["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    err = os.open(spec["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for fd, target in ((null, 0), (out, 1), (err, 2)):
+        os.dup2(fd, target)
+        os.close(fd)
+    sys.stdin = open(0, "r", closefd=False)
+    sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), line_buffering=False)
+    sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), line_buffering=True)
+    sys.argv = ["reprotune", *spec["argv"]]
+    # As `python -m reprotune` ends: the exit code, then the interpreter's own shutdown (atexit
+    # handlers, flushed output), never back into the zygote's loop.
+    try:
+        code = reprotune._cli.main(spec["argv"])
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.exit(code)
+
+
+reply({"ready": os.getpid()})
+buffer = b""
+while True:
+    ready, _, _ = select.select([requests, wake_r], [], [])
+    if wake_r in ready:
+        os.read(wake_r, 4096)
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            reply({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+    if requests in ready:
+        line = requests.readline()
+        if not line:
+            break
+        spec = json.loads(line)
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            child(spec)
+        reply({"started": pid, "token": spec["token"]})
+"""
+
+
+def needs_cold_start(
+    args: tuple[str, ...] | list[str], env: dict[str, str], base: dict[str, str] | None = None
+) -> bool:
+    """Whether a call must start a real interpreter (see the module docstring): ``env`` differs
+    from ``base`` (the zygote's start) in a variable read at start, or the call pins CPU kernels."""
+    base = dict(os.environ) if base is None else base
+    for key in set(env) | set(base):
+        if key.startswith(COLD_PREFIXES) and env.get(key) != base.get(key):
+            return True
+    return any("cpu_isa" in arg and not arg.endswith("native") for arg in args)
+
+
+@dataclass
+class WarmProcess:
+    """A forked CLI call, as a test sees a subprocess: its pid, its exit code once it ends."""
+
+    pid: int
+    stdout_path: Path
+    stderr_path: Path
+    args: list[str]
+    _done: threading.Event = field(default_factory=threading.Event)
+    returncode: int | None = None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(9)
+
+    def result(self) -> subprocess.CompletedProcess[str]:
+        stdout = self.stdout_path.read_text(encoding="utf-8", errors="replace")
+        stderr = self.stderr_path.read_text(encoding="utf-8", errors="replace")
+        for path in (self.stdout_path, self.stderr_path):
+            path.unlink(missing_ok=True)
+        return subprocess.CompletedProcess(self.args, self.returncode or 0, stdout, stderr)
+
+
+class WarmLauncher:
+    """The zygote process and the bookkeeping of its children (one per test session)."""
+
+    def __init__(self) -> None:
+        self.env = dict(os.environ)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _ZYGOTE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=self.env,
+            cwd=tempfile.gettempdir(),
+        )
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._stdin, self._stdout = self._proc.stdin, self._proc.stdout
+        self._lock = threading.Lock()
+        self._started: dict[str, threading.Event] = {}
+        self._pids: dict[str, int] = {}
+        self._children: dict[int, WarmProcess] = {}
+        self._early: dict[int, int] = {}
+        self._tmp = Path(tempfile.mkdtemp(prefix="reprotune-warm-"))
+        self._count = 0
+        first = json.loads(self._stdout.readline())
+        assert "ready" in first, first
+        threading.Thread(target=self._read, daemon=True).start()
+        atexit.register(self.close)
+
+    def _read(self) -> None:
+        for line in self._stdout:
+            message = json.loads(line)
+            with self._lock:
+                if "started" in message:
+                    self._pids[message["token"]] = message["started"]
+                    self._started[message["token"]].set()
+                elif "exited" in message:
+                    child = self._children.pop(message["exited"], None)
+                    if child is None:
+                        self._early[message["exited"]] = message["code"]
+                    else:
+                        child.returncode = message["code"]
+                        child._done.set()
+
+    def start(self, args: list[str], *, cwd: Path, env: dict[str, str]) -> WarmProcess:
+        """Fork a child that runs ``reprotune ARGS`` in ``cwd`` with exactly ``env``."""
+        with self._lock:
+            self._count += 1
+            token = f"{os.getpid()}-{self._count}"
+            started = self._started[token] = threading.Event()
+        out, err = self._tmp / f"{token}.out", self._tmp / f"{token}.err"
+        spec = {
+            "argv": args,
+            "cwd": str(cwd),
+            "env": env,
+            "stdout": str(out),
+            "stderr": str(err),
+            "token": token,
+        }
+        with self._lock:
+            self._stdin.write((json.dumps(spec) + "\n").encode())
+            self._stdin.flush()
+        if not started.wait(60):
+            raise RuntimeError("the warm launcher did not start the call")
+        with self._lock:
+            pid = self._pids.pop(token)
+            del self._started[token]
+            child = WarmProcess(pid, out, err, ["reprotune", *args])
+            if pid in self._early:  # it ended before we could register it
+                child.returncode = self._early.pop(pid)
+                child._done.set()
+            else:
+                self._children[pid] = child
+        return child
+
+    def run(
+        self, args: list[str], *, cwd: Path, env: dict[str, str], timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        child = self.start(args, cwd=cwd, env=env)
+        try:
+            child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait(30)
+            raise
+        return child.result()
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._stdin.close()
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+
+
+_launcher: WarmLauncher | None = None
+_launcher_lock = threading.Lock()
+
+
+def launcher() -> WarmLauncher:
+    """The session's launcher, started on first use."""
+    global _launcher
+    with _launcher_lock:
+        if _launcher is None or _launcher._proc.poll() is not None:
+            _launcher = WarmLauncher()
+        return _launcher
+
+
+def run_reprotune(
+    args: list[str], *, cwd: Path, env: dict[str, str], timeout: float = 600, cold: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``python -m reprotune ARGS`` in ``cwd`` with ``env``: forked from the warm zygote, or a real
+    interpreter when the call needs one (:func:`needs_cold_start`, ``cold``)."""
+    warm = None if cold or os.environ.get("REPROTUNE_TESTS_COLD") else launcher()
+    if warm is None or needs_cold_start(args, env, warm.env):
+        return subprocess.run(
+            [sys.executable, "-m", "reprotune", *args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    return warm.run(list(args), cwd=cwd, env=env, timeout=timeout)
