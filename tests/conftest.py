@@ -58,3 +58,35 @@ def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from tinyrun import TinyProject
 
     return TinyProject.create(tmp_path_factory.mktemp("tiny-project"))
+
+
+#: The quickstart cut to three steps: the one SmolLM2 run the suite trains (tests/train and
+#: tests/eval read it). One thread, as an eval of it runs with the run's thread count.
+SMOLLM2_OVERRIDES = (
+    "train.max_steps=3",
+    "train.eval_every=3",
+    "train.save_every=0",
+    "eval.max_rows=8",
+    "eval.max_new_tokens=8",
+    "determinism.threads=1",
+)
+
+
+@pytest.fixture(scope="session")
+def smollm2_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The quickstart on the embedded SmolLM2-135M-Instruct, three steps, run by the CLI in its own
+    process (MLflow store in a tmp dir). The first run of a machine converts the GGUF model into
+    ``~/.cache/reprotune`` (about 20 s); later runs reuse it."""
+    from pathlib import Path
+
+    from warm import run_reprotune
+
+    work = tmp_path_factory.mktemp("smollm2")
+    quickstart = Path(__file__).resolve().parents[1] / "examples" / "quickstart.yaml"
+    args = ["run", str(quickstart), "--run-dir", str(work / "run"), "--no-progress"]
+    for item in SMOLLM2_OVERRIDES:
+        args += ["--set", item]
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}
+    done = run_reprotune(args, cwd=work, env=env, timeout=900)
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    return work / "run"

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import errno
 import hashlib
 import json
+import math
 import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +55,39 @@ def _encoder(indent: int | None) -> json.JSONEncoder:
 # Built once: ``json.dumps`` with options builds a new encoder per call, which the ledger's
 # per-step line would pay every step.
 _ENCODERS: dict[int | None, json.JSONEncoder] = {indent: _encoder(indent) for indent in (None, 1)}
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` as data canonical JSON can hold: enums as their values, dataclasses as dicts, sets
+    as sorted lists (by value, else by their JSON), non-finite floats as text, and anything else
+    unknown (a path, a dtype) as its ``str``: a record never fails on a value it only describes.
+
+    Example:
+        >>> json_safe({"b": {2, 1}, "a": float("inf")})
+        {'b': [1, 2], 'a': 'inf'}
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, enum.Enum):
+        return json_safe(value.value)
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        items = [json_safe(v) for v in value]
+        try:
+            return sorted(items)
+        except TypeError:  # mixed types: a stable order all the same
+            return sorted(items, key=lambda item: json.dumps(item, sort_keys=True))
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return json_safe(dataclasses.asdict(value))
+    enum_value = getattr(value, "value", None)
+    if enum_value is not None and type(value).__module__ != "builtins":
+        return json_safe(enum_value)
+    return str(value)
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:

@@ -1,15 +1,10 @@
-"""End to end on the embedded SmolLM2-135M-Instruct: the quickstart config, cut to three steps.
-
-The first run converts the GGUF model into ``~/.cache/reprotune`` (about 20 s); later runs reuse it.
-"""
+"""End to end on the embedded SmolLM2-135M-Instruct: the quickstart config, cut to three steps
+(the session's one SmolLM2 run, tests/conftest.py)."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,31 +15,11 @@ from reprotune._data.order import DataOrder
 from reprotune._jsonio import sha256_file
 from reprotune._run.ledger import batch_sha256
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
-OVERRIDES = ("train.max_steps=3", "train.eval_every=3", "eval.max_rows=8", "train.save_every=0")
 
-
-@pytest.fixture(scope="module")
-def quickstart_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The quickstart, three steps, run by the CLI in a fresh process (MLflow store in a tmp dir)."""
-    work = tmp_path_factory.mktemp("smollm2")
-    run_dir = work / "run"
-    args = [
-        sys.executable,
-        "-m",
-        "reprotune",
-        "run",
-        str(QUICKSTART),
-        "--run-dir",
-        str(run_dir),
-        "--no-progress",
-    ]
-    for item in OVERRIDES:
-        args += ["--set", item]
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
-    return run_dir
+@pytest.fixture()
+def quickstart_run(smollm2_run: Path) -> Path:
+    """The quickstart, three steps, run by the CLI in its own process (conftest.smollm2_run)."""
+    return smollm2_run
 
 
 def _record(run_dir: Path) -> dict[str, Any]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 import traceback
 from collections.abc import Sequence
@@ -43,24 +42,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _available_commands() -> dict[str, tuple[str, str]]:
-    """The commands whose module exists in this build."""
-    found = {}
-    for name, (module, help_text) in COMMANDS.items():
-        if importlib.util.find_spec(module) is not None:
-            found[name] = (module, help_text)
-    return found
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser, with one subparser per available command."""
+    """The full argument parser, with one subparser per command."""
     parser = argparse.ArgumentParser(
         prog="reprotune",
         description="Reproducible LLM fine-tuning, proven: seeds, splits, records, step-by-step comparison.",
     )
     parser.add_argument("--version", action="version", version=f"reprotune {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module, help_text) in _available_commands().items():
+    for name, (module, help_text) in COMMANDS.items():
         command = importlib.import_module(module)
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
         command.add_arguments(sub_parser)

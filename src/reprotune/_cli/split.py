@@ -43,7 +43,7 @@ def parse_ratios(text: str) -> tuple[float, float, float]:
     Raises:
         InputError: not three numbers, negative, or not summing to 1.
     """
-    from reprotune._data.split import check_ratios
+    from reprotune._data.split_options import check_ratios
 
     values = []
     for part in text.split(","):

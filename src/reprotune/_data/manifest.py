@@ -366,22 +366,7 @@ def load_manifest(path: str | Path) -> Manifest:
     """
     path = Path(path)
     source = str(path)
-    obj = _read_json(path)
-    if not isinstance(obj, dict) or obj.get("schema") != SCHEMA:
-        found = obj.get("schema") if isinstance(obj, dict) else type(obj).__name__
-        raise InputError(
-            f"not a reprotune split manifest (schema {found!r}, expected {SCHEMA!r})",
-            source=source,
-            fix="pass a manifest written by `reprotune split --out`",
-        )
-    version = obj.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise SchemaVersionError(
-            f"manifest schema_version {version!r} is not supported; this reprotune reads version "
-            f"{SCHEMA_VERSION}",
-            source=f"{source}: key 'schema_version'",
-            fix="use the reprotune version that wrote it, or make the manifest again with `reprotune split`",
-        )
+    obj = _manifest_object(path)
     check = _Checker(source)
     dataset = check.get(obj, "dataset", (dict,)) or {}
     n_rows = check.get(dataset, "n_rows", (int,), "dataset.") if dataset else None
@@ -411,14 +396,7 @@ def load_manifest(path: str | Path) -> Manifest:
     check.raise_if_any()
     assert n_rows is not None and sha is not None and hashes_info is not None  # checked above
 
-    arrays = {name: _index_array(obj.get(name), name, n_rows, check) for name in LISTS}
-    check.raise_if_any()
-    counts = np.bincount(np.concatenate(list(arrays.values())), minlength=n_rows) if n_rows else np.zeros(0)
-    if n_rows and int(counts.max()) > 1:
-        check.problems.append(f"row {int(np.argmax(counts > 1))} is in more than one list")
-    if n_rows and int(counts.min()) == 0:
-        missing = int(np.argmin(counts))
-        check.problems.append(f"row {missing} is in no list (train, validation, test, dropped)")
+    arrays = _index_arrays(obj, n_rows, check)
     row_hashes = _load_row_hashes(hashes_info, path, n_rows, check)
     classes = _load_classes(classes_raw or [], check)
     check.raise_if_any()
@@ -441,6 +419,40 @@ def load_manifest(path: str | Path) -> Manifest:
         warnings=tuple(str(w) for w in warnings_raw or []),
         algorithm_version=int((algorithm or {}).get("version", ALGORITHM_VERSION)),
     )
+
+
+def _manifest_object(path: Path) -> dict[str, Any]:
+    """The manifest's JSON object, of this schema and version (refused otherwise)."""
+    obj = _read_json(path)
+    if not isinstance(obj, dict) or obj.get("schema") != SCHEMA:
+        found = obj.get("schema") if isinstance(obj, dict) else type(obj).__name__
+        raise InputError(
+            f"not a reprotune split manifest (schema {found!r}, expected {SCHEMA!r})",
+            source=str(path),
+            fix="pass a manifest written by `reprotune split --out`",
+        )
+    version = obj.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"manifest schema_version {version!r} is not supported; this reprotune reads version "
+            f"{SCHEMA_VERSION}",
+            source=f"{path}: key 'schema_version'",
+            fix="use the reprotune version that wrote it, or make the manifest again with `reprotune split`",
+        )
+    return obj
+
+
+def _index_arrays(obj: Mapping[str, Any], n_rows: int, check: _Checker) -> dict[str, Any]:
+    """The index lists, each checked, and together covering every row exactly once."""
+    arrays = {name: _index_array(obj.get(name), name, n_rows, check) for name in LISTS}
+    check.raise_if_any()
+    counts = np.bincount(np.concatenate(list(arrays.values())), minlength=n_rows) if n_rows else np.zeros(0)
+    if n_rows and int(counts.max()) > 1:
+        check.problems.append(f"row {int(np.argmax(counts > 1))} is in more than one list")
+    if n_rows and int(counts.min()) == 0:
+        missing = int(np.argmin(counts))
+        check.problems.append(f"row {missing} is in no list (train, validation, test, dropped)")
+    return arrays
 
 
 def _load_row_hashes(info: Mapping[str, Any], path: Path, n_rows: int, check: _Checker) -> RowHashes:

@@ -28,63 +28,21 @@ import sys
 import warnings
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 
 from reprotune._data.loaders import load_table, table_from_dataset
 from reprotune._data.manifest import LISTS, SPLITS, ClassSummary, Manifest, Strategy
+from reprotune._data.split_options import check_options, check_ratios, check_seed
 from reprotune._data.table import Table, canonical_value
 from reprotune._errors import InputError
 
-RarePolicy = Literal["train", "drop", "error"]
-RARE_POLICIES: tuple[str, ...] = get_args(RarePolicy)
 DEFAULT_RATIOS = (0.8, 0.1, 0.1)
 
 
 class RareClassWarning(UserWarning):
     """A stratified split met classes too small to reach every split; the policy was applied."""
-
-
-def check_ratios(ratios: Sequence[Any], *, source: str = "ratios") -> tuple[float, float, float]:
-    """Validate three split ratios: finite, non-negative, summing to 1 (within 1e-9).
-
-    Returns:
-        The ratios as floats.
-
-    Raises:
-        InputError: wrong count, not numbers, negative, or not summing to 1.
-    """
-    fix = "give three non-negative numbers that sum to 1, e.g. 0.8,0.1,0.1 (train,validation,test)"
-    values = list(ratios)
-    if len(values) != 3:
-        raise InputError(f"ratios {values} has {len(values)} values, not 3", source=source, fix=fix)
-    out = []
-    for name, value in zip(SPLITS, values, strict=True):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise InputError(f"{name} ratio {value!r} is not a finite number", source=source, fix=fix)
-        if value < 0:
-            raise InputError(f"{name} ratio {value!r} is negative", source=source, fix=fix)
-        out.append(float(value))
-    total = sum(out)
-    if abs(total - 1.0) > 1e-9:
-        raise InputError(f"ratios {out} sum to {total!r}, not 1", source=source, fix=fix)
-    return out[0], out[1], out[2]
-
-
-def check_seed(seed: Any, *, source: str = "seed") -> int:
-    """Validate a seed: a non-negative integer (not a bool, not a float).
-
-    Raises:
-        InputError: anything else.
-    """
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
-        raise InputError(
-            f"seed {seed!r} is not a non-negative integer below 2**63 (the range of seed.root)",
-            source=source,
-            fix="pass a whole number >= 0, e.g. --seed 42",
-        )
-    return int(seed)
 
 
 def allocate(n: int, ratios: Sequence[float]) -> tuple[tuple[int, int, int], bool]:
@@ -212,24 +170,7 @@ def split_table(
     """
     ratio_values = check_ratios(ratios)
     seed = check_seed(seed)
-    if rare_class_policy not in RARE_POLICIES:
-        raise InputError(
-            f"unknown rare-class policy {rare_class_policy!r}",
-            source="rare_class_policy",
-            fix=f"use one of {list(RARE_POLICIES)}",
-        )
-    if table.n_rows == 0:
-        raise InputError(
-            "the dataset has no rows",
-            source=table.source,
-            fix="give a file with at least one row (blank lines are not rows)",
-        )
-    if stratify_by is not None and group_by is not None:
-        raise InputError(
-            f"both stratify_by ({stratify_by!r}) and group_by ({group_by!r}) were given",
-            source="--stratify-by / --group-by",
-            fix="choose one: stratify to keep class proportions, or group to keep groups together",
-        )
+    check_options(table, stratify_by, group_by, rare_class_policy)
     # One key per row from the raw PCG64 stream; see the module docstring.
     keys = np.random.PCG64(seed).random_raw(table.n_rows)
     notes: list[str] = []

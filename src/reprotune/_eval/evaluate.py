@@ -110,16 +110,7 @@ def run_eval(
         Path(run_dir), split=split, max_rows=max_rows, overrides=overrides, base_only=base_only
     )
     cfg = inputs.cfg
-    size = batch_size if batch_size is not None else cfg.eval.generate_batch_size
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise InputError(
-            f"batch size must be a whole number >= 1 (got {size!r})", source="--batch-size", fix="use e.g. 8"
-        )
-    target = Path(out) if out is not None else None
-    if target is not None and (target.exists() or target.is_symlink()):
-        raise InputError(
-            f"{target} already exists", source="--out", fix="choose a new directory: an eval never overwrites"
-        )
+    size, target = _checked_size_and_target(batch_size, out, cfg.eval.generate_batch_size)
     device = resolve_device(cfg.determinism.device)
     flags = apply_determinism(
         cfg.determinism.mode, cfg.determinism.threads, device.type, cpu_isa=cfg.determinism.cpu_isa
@@ -135,9 +126,69 @@ def run_eval(
         )
     settings = GenerationSettings.from_config(cfg, inputs.seeds)
     prompts = [_encode_prompt(loaded.tokenizer, row, inputs) for row in inputs.rows]
-    say = report or (lambda line: None)
     t0 = time.perf_counter()
-    generated = generate_rows(
+    generated = _generate(loaded, inputs, prompts, settings, size, report)
+    generate_s = time.perf_counter() - t0
+    texts = [_text(loaded.tokenizer, g, loaded.eos_token_ids) for g in generated]
+    scores = score_rows(texts, [row.reference for row in inputs.rows], [len(g.ids) for g in generated])
+    lines = _prediction_lines(inputs.rows, prompts, generated, texts, scores)
+    data = predictions_bytes(lines)
+    generation = _generation_section(settings, loaded, inputs, size, str(device), flags)
+    record = _record(inputs, loaded, generation, scores, data, flags)
+    _identify_and_time(record, inputs.split, created_at, started, generate_s, generated)
+    final = target if target is not None else evals_dir(inputs.run_dir) / record["eval_id"]
+    _write_eval_dir(final, data, record)
+    return EvalResult(final, record, dict(scores.metrics), sha256_bytes(data))
+
+
+def _identify_and_time(
+    record: dict[str, Any],
+    split: str,
+    created_at: str,
+    started: float,
+    generate_s: float,
+    generated: Sequence[Generated],
+) -> None:
+    """The record's identity, eval id, creation time and timings."""
+    record["identity_sha256"] = identity_sha256(_identity(record))
+    record["eval_id"] = new_eval_id(split, record["identity_sha256"])
+    record["created_at"] = created_at
+    tokens = sum(len(g.ids) for g in generated)
+    record["timings"] = {
+        "duration_s": time.perf_counter() - started,
+        "generate_s": generate_s,
+        "generated_tokens": tokens,
+        "tokens_per_s": tokens / generate_s if generate_s > 0 else None,
+    }
+
+
+def _checked_size_and_target(
+    batch_size: int | None, out: str | Path | None, configured: int
+) -> tuple[int, Path | None]:
+    """The batch size to use and the eval directory asked for, refused before anything loads."""
+    size = batch_size if batch_size is not None else configured
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise InputError(
+            f"batch size must be a whole number >= 1 (got {size!r})", source="--batch-size", fix="use e.g. 8"
+        )
+    target = Path(out) if out is not None else None
+    if target is not None and (target.exists() or target.is_symlink()):
+        raise InputError(
+            f"{target} already exists", source="--out", fix="choose a new directory: an eval never overwrites"
+        )
+    return size, target
+
+
+def _generate(
+    loaded: EvalModel,
+    inputs: EvalInputs,
+    prompts: Sequence[Sequence[int]],
+    settings: GenerationSettings,
+    size: int,
+    report: Callable[[str], None] | None,
+) -> list[Generated]:
+    say = report or (lambda line: None)
+    return generate_rows(
         loaded.model,
         prompts,
         [row.index for row in inputs.rows],
@@ -147,26 +198,6 @@ def run_eval(
         pad_token_id=int(loaded.info["pad_token_id"]),
         on_batch=lambda done, total: say(f"eval: {done}/{total} rows"),
     )
-    generate_s = time.perf_counter() - t0
-    texts = [_text(loaded.tokenizer, g, loaded.eos_token_ids) for g in generated]
-    scores = score_rows(texts, [row.reference for row in inputs.rows], [len(g.ids) for g in generated])
-    lines = _prediction_lines(inputs.rows, prompts, generated, texts, scores)
-    data = predictions_bytes(lines)
-    generation = _generation_section(settings, loaded, inputs, size, str(device), flags)
-    record = _record(inputs, loaded, generation, scores, data, flags)
-    record["identity_sha256"] = identity_sha256(_identity(record))
-    record["eval_id"] = new_eval_id(inputs.split, record["identity_sha256"])
-    record["created_at"] = created_at
-    tokens = sum(len(g.ids) for g in generated)
-    record["timings"] = {
-        "duration_s": time.perf_counter() - started,
-        "generate_s": generate_s,
-        "generated_tokens": tokens,
-        "tokens_per_s": tokens / generate_s if generate_s > 0 else None,
-    }
-    final = target if target is not None else evals_dir(inputs.run_dir) / record["eval_id"]
-    _write_eval_dir(final, data, record)
-    return EvalResult(final, record, dict(scores.metrics), sha256_bytes(data))
 
 
 def _encode_prompt(tokenizer: Any, row: EvalRow, inputs: EvalInputs) -> list[int]:

@@ -247,39 +247,8 @@ def load_base_model(
         )
     resolve_device(device, source="device")
     kind, directory, resolved_revision = resolve_source(name, revision)
-    if not (directory / "config.json").is_file():
-        raise InputError(
-            f"{directory} has no config.json: not a Hugging Face model directory",
-            source="model.name",
-            fix="point model.name at the folder written by save_pretrained (config.json, weights, tokenizer)",
-        )
-    _refuse_pickled_weights(directory)
-    # The converted builtin lives in reprotune's own cache: its hashes are kept beside it and a
-    # file is read again only when its size, modification time or inode changed (saves ~1 s a load).
-    cache = directory / HASH_CACHE if kind == "builtin" else None
-    weights_sha256, weights_files = files_sha256(directory, weight_file_names(directory), cache=cache)
-    tokenizer_sha256, tokenizer_files = files_sha256(directory, tokenizer_file_names(directory), cache=cache)
-    config_sha256, config_files = files_sha256(directory, config_file_names(directory), cache=cache)
-    if kind == "builtin":
-        meta = read_meta(directory / BUILTIN_META) or {}
-        if meta.get("weights_sha256") != weights_sha256:
-            raise InputError(
-                f"the cached conversion {directory} no longer matches its recorded weights hash",
-                source="model.name",
-                fix=f"delete {directory}; the next run converts the model again",
-            )
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-        model: Any = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype, local_files_only=True)
-    except (OSError, ValueError, KeyError) as exc:
-        raise InputError(
-            f"cannot load a causal LM and tokenizer from {directory}: {exc}",
-            source="model.name",
-            fix="check that the folder is a complete Hugging Face causal-LM checkpoint with its tokenizer",
-        ) from exc
+    hashes = _hashed_files(kind, directory)
+    tokenizer, model = _from_pretrained(directory, torch_dtype)
     tokenizer.padding_side = padding_side
     embedding_rows = int(model.get_input_embeddings().num_embeddings)
     pad = resolve_pad_token(tokenizer, pad_token_id, embedding_rows)
@@ -292,19 +261,61 @@ def load_base_model(
         "revision": resolved_revision,
         "requested_revision": revision,
         "resolved_path": str(directory),
-        "weights_sha256": weights_sha256,
-        "weights_files": weights_files,
-        "tokenizer_sha256": tokenizer_sha256,
-        "tokenizer_files": tokenizer_files,
-        "config_sha256": config_sha256,
-        "config_files": config_files,
+        **hashes,
         "dtype": dtype,
         "pad_token_id": pad,
         "chat_template": bool(getattr(tokenizer, "chat_template", None)),
     }
     if kind == "builtin":
-        info["gguf_sha256"] = meta["gguf"]["sha256"]
+        info["gguf_sha256"] = (read_meta(directory / BUILTIN_META) or {})["gguf"]["sha256"]
     return LoadedModel(model=model, tokenizer=tokenizer, info=info)
+
+
+def _hashed_files(kind: str, directory: Path) -> dict[str, Any]:
+    """The model folder checked (a Hugging Face directory, no pickled weights, a builtin that still
+    matches its conversion) and its weights, tokenizer and config files hashed."""
+    if not (directory / "config.json").is_file():
+        raise InputError(
+            f"{directory} has no config.json: not a Hugging Face model directory",
+            source="model.name",
+            fix="point model.name at the folder written by save_pretrained (config.json, weights, tokenizer)",
+        )
+    _refuse_pickled_weights(directory)
+    # The converted builtin lives in reprotune's own cache: its hashes are kept beside it and a
+    # file is read again only when its size, modification time or inode changed (saves ~1 s a load).
+    cache = directory / HASH_CACHE if kind == "builtin" else None
+    hashes: dict[str, Any] = {}
+    for part, names in (
+        ("weights", weight_file_names(directory)),
+        ("tokenizer", tokenizer_file_names(directory)),
+        ("config", config_file_names(directory)),
+    ):
+        hashes[f"{part}_sha256"], hashes[f"{part}_files"] = files_sha256(directory, names, cache=cache)
+    if kind == "builtin":
+        meta = read_meta(directory / BUILTIN_META) or {}
+        if meta.get("weights_sha256") != hashes["weights_sha256"]:
+            raise InputError(
+                f"the cached conversion {directory} no longer matches its recorded weights hash",
+                source="model.name",
+                fix=f"delete {directory}; the next run converts the model again",
+            )
+    return hashes
+
+
+def _from_pretrained(directory: Path, torch_dtype: Any) -> tuple[Any, Any]:
+    """(tokenizer, model) from a local folder; nothing downloaded."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        model: Any = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise InputError(
+            f"cannot load a causal LM and tokenizer from {directory}: {exc}",
+            source="model.name",
+            fix="check that the folder is a complete Hugging Face causal-LM checkpoint with its tokenizer",
+        ) from exc
+    return tokenizer, model
 
 
 def _refuse_pickled_weights(directory: Path) -> None:

@@ -9,7 +9,6 @@ of its seed alone and the caller's RNG stream goes on as if nothing had happened
 
 from __future__ import annotations
 
-import enum
 import functools
 import hashlib
 import json
@@ -18,12 +17,11 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 from reprotune._errors import InputError
-from reprotune._jsonio import fsync_dir, sha256_file
+from reprotune._jsonio import fsync_dir, json_safe, sha256_file
 
 if TYPE_CHECKING:
     import torch
@@ -346,23 +344,6 @@ def _canonical_config(path: Path) -> None:
     path.write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
 
 
-def _json_safe(value: Any) -> Any:
-    """``value`` with sets sorted into lists, enums as their values, dataclasses as dicts."""
-    if isinstance(value, enum.Enum):
-        return _json_safe(value.value)
-    if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (set, frozenset)):
-        return sorted(_json_safe(v) for v in value)
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if is_dataclass(value) and not isinstance(value, type):
-        return _json_safe(asdict(value))
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)  # e.g. a Path: keep it readable rather than fail the record
-
-
 def lora_config_dict(config: LoraConfig | PeftModel, adapter_name: str = "default") -> dict[str, Any]:
     """The LoRA config PEFT received, as JSON-safe data for the record.
 
@@ -376,4 +357,4 @@ def lora_config_dict(config: LoraConfig | PeftModel, adapter_name: str = "defaul
     peft_config = getattr(config, "peft_config", None)
     if peft_config is not None:
         config = peft_config[adapter_name]
-    return cast(dict[str, Any], _json_safe(config.to_dict()))
+    return cast(dict[str, Any], json_safe(config.to_dict()))

@@ -344,8 +344,24 @@ def trace_step(
         done = train_step(setup, setup.order.step_rows(step), mark=tracer.mark)
         seconds = time.perf_counter() - t0
     line = _line(setup, step, done, hasher())
+    header = _header(run, setup, step, start, line, before, weights_in)
+    header["ops"] = len(tracer.ops)
+    write_trace(target, header, tracer.ops)
+    return TraceResult(target, header, seconds, step_s)
+
+
+def _header(
+    run: RunDir,
+    setup: Setup,
+    step: int,
+    start: int,
+    line: Mapping[str, Any],
+    before: Mapping[str, list[str]],
+    weights_in: str,
+) -> dict[str, Any]:
+    """The trace's first line: the run, the step, whether the replay reproduced it, the machine."""
     differs = _differing(run, step, line)
-    header = {
+    return {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "run_id": run.run_id,
@@ -357,9 +373,9 @@ def trace_step(
             "step": not differs,
             "before": not before,
             "differing_fields": differs,
-            "differing_steps_before": before,
+            "differing_steps_before": dict(before),
             "ledger_line": dict(run.ledger.train[step - 1].fields),
-            "replayed_line": line,
+            "replayed_line": dict(line),
         },
         "weights_in_sha256": weights_in,
         "kernels": kernel_facts(attention=getattr(setup.model.config, "_attn_implementation", None)),
@@ -371,6 +387,3 @@ def trace_step(
         },
         "hash": HASH,
     }
-    header["ops"] = len(tracer.ops)
-    write_trace(target, header, tracer.ops)
-    return TraceResult(target, header, seconds, step_s)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,6 @@ from reprotune._train.dist_checkpoint import save_distributed_checkpoint
 from reprotune._train.loop import StepEnd
 from reprotune._train.setup import Setup
 from reprotune._train.sharding import weights_hasher
-from reprotune._version import __version__
 
 
 @dataclass
@@ -246,20 +245,4 @@ def attempt_timings(
         "recording_share": round(recording_s / total, 6) if total else None,
         # Checkpoint saves of this attempt (ledger sync included), part of the step times.
         "checkpoint_time_s": round(sum(save_times), 6),
-    }
-
-
-def tracker_tags(record: Mapping[str, Any]) -> dict[str, str]:
-    """The tags a run gives its trackers: version, run id, code, data, model and config hashes."""
-    code, data, model = record.get("code", {}), record.get("data", {}), record.get("model", {})
-    return {
-        "reprotune.version": __version__,
-        "reprotune.run_id": record["run_id"],
-        "git.commit": str(code.get("commit")),
-        "git.dirty": str(code.get("dirty")),
-        "data.sha256": str(data.get("file_sha256")),
-        "data.manifest_sha256": str(data.get("manifest_sha256")),
-        "model.source": str(model.get("source")),
-        "model.weights_sha256": str(model.get("weights_sha256")),
-        "config.sha256": record["config_sha256"],
     }

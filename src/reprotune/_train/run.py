@@ -38,7 +38,7 @@ from reprotune._run.lock import holding_run_dir
 from reprotune._run.nospace import no_space_in_run
 from reprotune._run.record import load_record, start_record, utc_now, write_record
 from reprotune._run.redact import redact_data, redact_value
-from reprotune._trackers.base import RunDescription, Tracker, TrackerSet, flatten_params
+from reprotune._trackers.base import RunDescription, Tracker, TrackerSet, flatten_params, tracker_tags
 from reprotune._trackers.mlflow import MlflowTracker
 from reprotune._trackers.wandb import WandbTracker
 from reprotune._train.dist_run import (
@@ -63,7 +63,6 @@ from reprotune._train.hooks import (
     attempt_timings,
     hf_progress_bars,
     step_predicate,
-    tracker_tags,
 )
 from reprotune._train.loop import LoopResult, StepHook, train_loop
 from reprotune._train.options import DEFAULT_OPTIONS, RunOptions, RunResult

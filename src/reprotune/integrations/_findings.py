@@ -7,6 +7,7 @@ per finding) and records them in the record's ``findings`` (the objects ``doctor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -94,136 +95,143 @@ def _finding(code: str, severity: Severity, title: str, why: str, fix: str) -> d
     return {"code": code, "severity": severity, "title": title, "why": why, "fix": fix}
 
 
+@dataclass(frozen=True)
+class _Rule:
+    """One finding and when it applies: ``title`` may name values of the facts."""
+
+    applies: Callable[[TrainerFacts], bool]
+    code: str
+    severity: Severity
+    title: Callable[[TrainerFacts], str]
+    why: str
+    fix: str
+
+
+def _strategy(facts: TrainerFacts) -> str:
+    return str(getattr(facts.args, "train_sampling_strategy", "random"))
+
+
+#: Every finding about a Trainer's settings but the seed's, most important first (one table: a new
+#: check is a row here, its code in FINDING_CODES and docs/integrations.md).
+_RULES: tuple[_Rule, ...] = (
+    _Rule(
+        lambda f: not f.args.full_determinism and not f.deterministic_algorithms,
+        "deterministic-algorithms-off",
+        "warning",
+        lambda f: "TrainingArguments.full_determinism is False: torch's deterministic algorithms are off",
+        "on a GPU, cuBLAS and cuDNN may pick nondeterministic kernels; twin runs then differ in "
+        "the last bits and drift apart",
+        "pass full_determinism=True to TrainingArguments (it seeds with args.seed too)",
+    ),
+    _Rule(
+        lambda f: f.args.dataloader_num_workers > 0 and not f.workers_seeded,
+        "dataloader-workers-unseeded",
+        "warning",
+        lambda f: (
+            f"dataloader_num_workers={f.args.dataloader_num_workers} and the train dataloader has "
+            "no worker_init_fn"
+        ),
+        "random draws in the workers (augmentation, sampling) differ from run to run",
+        "keep the Trainer's own get_train_dataloader, or pass worker_init_fn=reprotune.seed_worker",
+    ),
+    _Rule(
+        lambda f: bool(f.args.fp16 or f.args.fp16_full_eval),
+        "fp16",
+        "warning",
+        lambda f: "fp16 mixed precision is on",
+        "the loss scaler skips steps on overflow and fp16 kernels differ across GPUs",
+        "use bf16 or float32 where the hardware allows",
+    ),
+    _Rule(
+        lambda f: bool(f.args.tf32 or f.tf32_matmul),
+        "tf32-matmul-on",
+        "warning",
+        lambda f: "TF32 matmuls are on",
+        "TF32 rounds matmul inputs to 10 mantissa bits; results depend on the GPU model",
+        "pass tf32=False to TrainingArguments",
+    ),
+)
+
+#: The rules that follow the seed's findings.
+_LATER_RULES: tuple[_Rule, ...] = (
+    _Rule(
+        lambda f: _strategy(f) in ("group_by_length", "batch_rebalance"),
+        "sampling-strategy",
+        "warning",
+        lambda f: f"train_sampling_strategy={_strategy(f)!r} (the successor of group_by_length)",
+        "the order depends on a seeded megabatch shuffle and on the token lengths: another "
+        "tokenizer or max length reorders every batch",
+        "use train_sampling_strategy='random' when comparing runs, or keep lengths fixed",
+    ),
+    _Rule(
+        lambda f: not f.seedable_sampler,
+        "sampler-unseeded",
+        "warning",
+        lambda f: "the train rows are not ordered by a seedable sampler",
+        "the data order is drawn from the global RNG, so anything that draws before the first "
+        "epoch moves it (and the negative control cannot perturb it)",
+        "keep accelerator_config.use_seedable_sampler=True (the default)",
+    ),
+    _Rule(
+        lambda f: bool(f.args.ignore_data_skip),
+        "ignore-data-skip",
+        "warning",
+        lambda f: "ignore_data_skip=True",
+        "a resumed run starts its epoch over instead of skipping the batches already seen",
+        "leave ignore_data_skip=False",
+    ),
+    _Rule(
+        lambda f: bool(f.args.torch_compile),
+        "torch-compile",
+        "info",
+        lambda f: "torch_compile=True",
+        "compiled kernels can differ between runs and machines",
+        "compare runs without torch_compile first",
+    ),
+    _Rule(
+        lambda f: not f.model_hashed,
+        "model-unhashed",
+        "warning",
+        lambda f: "the base model's weight files were not found: its weights are not hashed",
+        "compare cannot tell a run on other base weights from this one",
+        "load the model with from_pretrained from a directory, or a hub id in the local cache",
+    ),
+    _Rule(
+        lambda f: not f.data_hashed,
+        "data-unhashed",
+        "warning",
+        lambda f: "the train rows hold values with no canonical form: their content is not hashed",
+        "compare cannot tell other data from this data (the batch indices are still recorded)",
+        "give the Trainer rows of numbers, strings, lists or tensors",
+    ),
+    _Rule(
+        lambda f: not f.rows_recorded,
+        "rows-unrecorded",
+        "warning",
+        lambda f: (
+            "the train dataloader has no batch sampler: the dataset indices of batches are not recorded"
+        ),
+        "the ledger's batch_sha256 then hashes the collated inputs instead of row indices",
+        "use a map-style dataset (with __len__ and __getitem__)",
+    ),
+    _Rule(
+        lambda f: f.world_size > 1,
+        "distributed-rank0-only",
+        "warning",
+        lambda f: f"{f.world_size} processes train together; the callback records rank 0's view only",
+        "the ledger holds rank 0's loss and rows; other ranks' rows are not recorded",
+        "use `reprotune run` under torchrun for a record of every rank",
+    ),
+)
+
+
+def _apply(rules: tuple[_Rule, ...], facts: TrainerFacts) -> list[dict[str, str]]:
+    return [_finding(r.code, r.severity, r.title(facts), r.why, r.fix) for r in rules if r.applies(facts)]
+
+
 def trainer_findings(facts: TrainerFacts) -> list[dict[str, str]]:
     """The reproducibility findings about a Trainer's settings, most important first."""
-    args, found = facts.args, []
-    if not args.full_determinism and not facts.deterministic_algorithms:
-        found.append(
-            _finding(
-                "deterministic-algorithms-off",
-                "warning",
-                "TrainingArguments.full_determinism is False: torch's deterministic algorithms are off",
-                "on a GPU, cuBLAS and cuDNN may pick nondeterministic kernels; twin runs then differ in "
-                "the last bits and drift apart",
-                "pass full_determinism=True to TrainingArguments (it seeds with args.seed too)",
-            )
-        )
-    if args.dataloader_num_workers > 0 and not facts.workers_seeded:
-        found.append(
-            _finding(
-                "dataloader-workers-unseeded",
-                "warning",
-                f"dataloader_num_workers={args.dataloader_num_workers} and the train dataloader has no "
-                "worker_init_fn",
-                "random draws in the workers (augmentation, sampling) differ from run to run",
-                "keep the Trainer's own get_train_dataloader, or pass worker_init_fn=reprotune.seed_worker",
-            )
-        )
-    if args.fp16 or args.fp16_full_eval:
-        found.append(
-            _finding(
-                "fp16",
-                "warning",
-                "fp16 mixed precision is on",
-                "the loss scaler skips steps on overflow and fp16 kernels differ across GPUs",
-                "use bf16 or float32 where the hardware allows",
-            )
-        )
-    if args.tf32 or facts.tf32_matmul:
-        found.append(
-            _finding(
-                "tf32-matmul-on",
-                "warning",
-                "TF32 matmuls are on",
-                "TF32 rounds matmul inputs to 10 mantissa bits; results depend on the GPU model",
-                "pass tf32=False to TrainingArguments",
-            )
-        )
-    found.extend(_seed_findings(facts))
-    strategy = getattr(args, "train_sampling_strategy", "random")
-    if strategy in ("group_by_length", "batch_rebalance"):
-        found.append(
-            _finding(
-                "sampling-strategy",
-                "warning",
-                f"train_sampling_strategy={strategy!r} (the successor of group_by_length)",
-                "the order depends on a seeded megabatch shuffle and on the token lengths: another "
-                "tokenizer or max length reorders every batch",
-                "use train_sampling_strategy='random' when comparing runs, or keep lengths fixed",
-            )
-        )
-    if not facts.seedable_sampler:
-        found.append(
-            _finding(
-                "sampler-unseeded",
-                "warning",
-                "the train rows are not ordered by a seedable sampler",
-                "the data order is drawn from the global RNG, so anything that draws before the first "
-                "epoch moves it (and the negative control cannot perturb it)",
-                "keep accelerator_config.use_seedable_sampler=True (the default)",
-            )
-        )
-    if args.ignore_data_skip:
-        found.append(
-            _finding(
-                "ignore-data-skip",
-                "warning",
-                "ignore_data_skip=True",
-                "a resumed run starts its epoch over instead of skipping the batches already seen",
-                "leave ignore_data_skip=False",
-            )
-        )
-    if args.torch_compile:
-        found.append(
-            _finding(
-                "torch-compile",
-                "info",
-                "torch_compile=True",
-                "compiled kernels can differ between runs and machines",
-                "compare runs without torch_compile first",
-            )
-        )
-    if not facts.model_hashed:
-        found.append(
-            _finding(
-                "model-unhashed",
-                "warning",
-                "the base model's weight files were not found: its weights are not hashed",
-                "compare cannot tell a run on other base weights from this one",
-                "load the model with from_pretrained from a directory, or a hub id in the local cache",
-            )
-        )
-    if not facts.data_hashed:
-        found.append(
-            _finding(
-                "data-unhashed",
-                "warning",
-                "the train rows hold values with no canonical form: their content is not hashed",
-                "compare cannot tell other data from this data (the batch indices are still recorded)",
-                "give the Trainer rows of numbers, strings, lists or tensors",
-            )
-        )
-    if not facts.rows_recorded:
-        found.append(
-            _finding(
-                "rows-unrecorded",
-                "warning",
-                "the train dataloader has no batch sampler: the dataset indices of batches are not recorded",
-                "the ledger's batch_sha256 then hashes the collated inputs instead of row indices",
-                "use a map-style dataset (with __len__ and __getitem__)",
-            )
-        )
-    if facts.world_size > 1:
-        found.append(
-            _finding(
-                "distributed-rank0-only",
-                "warning",
-                f"{facts.world_size} processes train together; the callback records rank 0's view only",
-                "the ledger holds rank 0's loss and rows; other ranks' rows are not recorded",
-                "use `reprotune run` under torchrun for a record of every rank",
-            )
-        )
-    return found
+    return [*_apply(_RULES, facts), *_seed_findings(facts), *_apply(_LATER_RULES, facts)]
 
 
 def _seed_findings(facts: TrainerFacts) -> list[dict[str, str]]:

@@ -18,8 +18,6 @@ Trainer holds, so that ``compare`` reads it unchanged:
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,7 +27,7 @@ from reprotune._data.manifest import Manifest
 from reprotune._data.row_hashes import RowHashes
 from reprotune._data.table import canonical_value, row_sha256
 from reprotune._errors import InputError
-from reprotune._jsonio import canonical_dumps, sha256_bytes
+from reprotune._jsonio import canonical_dumps, json_safe, sha256_bytes
 from reprotune._model.identity import config_file_names, files_sha256, tokenizer_file_names, weight_file_names
 from reprotune._model.lora import lora_config_dict
 
@@ -52,24 +50,6 @@ PLACE_ARGS: tuple[str, ...] = (
     "trackio_space_id",
     "trackio_static_space_id",
 )
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` as canonical-JSON-safe data: enums as values, non-finite floats as text, and
-    anything else unknown as its ``str``."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, Mapping):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = [json_safe(v) for v in value]
-        return sorted(items, key=json.dumps) if isinstance(value, (set, frozenset)) else items
-    enum_value = getattr(value, "value", None)
-    if enum_value is not None and type(value).__module__ != "builtins":
-        return json_safe(enum_value)
-    return str(value)
 
 
 def training_args(args: Any) -> dict[str, Any]:

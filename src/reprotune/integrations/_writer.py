@@ -30,9 +30,8 @@ from reprotune._run.ledger import Entry, LedgerWriter, read_ledger, truncate_led
 from reprotune._run.lock import RunDirLock, lock_run_dir
 from reprotune._run.record import load_record, utc_now, write_record
 from reprotune._run.redact import redact_data, redact_value
-from reprotune._trackers.base import RunDescription, TrackerSet, flatten_params
+from reprotune._trackers.base import RunDescription, TrackerSet, flatten_params, tracker_tags
 from reprotune._trackers.wandb import WandbTracker
-from reprotune._version import __version__
 
 #: The file the callback writes into each Trainer checkpoint it sees saved: the run directory it
 #: belongs to, so that a resume from that checkpoint continues the same run.
@@ -42,22 +41,6 @@ CHECKPOINT_MARKER = "reprotune-run.json"
 def report(line: str) -> None:
     """Where the callback's notes go: stderr, secrets redacted."""
     print(redact_value(line), file=sys.stderr, flush=True)
-
-
-def tracker_tags(record: Mapping[str, Any]) -> dict[str, str]:
-    """The tags ``reprotune run`` gives its trackers (``_train.hooks.tracker_tags``), for this run."""
-    code, data, model = record.get("code") or {}, record.get("data") or {}, record.get("model") or {}
-    return {
-        "reprotune.version": __version__,
-        "reprotune.run_id": record["run_id"],
-        "git.commit": str(code.get("commit")),
-        "git.dirty": str(code.get("dirty")),
-        "data.sha256": str(data.get("file_sha256")),
-        "data.manifest_sha256": str(data.get("manifest_sha256")),
-        "model.source": str(model.get("source")),
-        "model.weights_sha256": str(model.get("weights_sha256")),
-        "config.sha256": record["config_sha256"],
-    }
 
 
 class RunWriter:
