@@ -4,8 +4,9 @@ Builds two run directories (10,000 train steps, a validation line every 100 step
 about 4 MB) whose numbers part at step 9,500, then times the CLI in a fresh process, as a user
 runs it, against a floor measured in the same run: a fresh Python process that reads and parses
 both ledgers' JSON lines and does nothing else (the least any comparison of them must do). The
-figure is the median of 5 of each, alternating; the target is compare within 6x the floor, which
-on a quiet machine is about the issue's first limit of 1 second (it also prints the seconds).
+figure is the median of 5 of each, alternating; the target is compare within 10x the floor: the
+issue's first limit of 1 second on this project's machine, where the floor takes about 0.1 s (the
+seconds are printed too). Measured 2026-12-01: 0.587 s against a floor of 0.106 s, 5.5x.
 
 Run: ``.venv/bin/python bench/bench_compare.py``; exit 1 when the target is missed.
 """
@@ -29,7 +30,7 @@ from rundirs import RunSpec, write_run_dir  # noqa: E402  (the test helper build
 
 STEPS = 10_000
 PART_AT = 9_500
-TARGET = 6.0
+TARGET = 10.0
 REPEATS = 5
 _FLOOR = """import json, sys
 for path in sys.argv[1:]:
