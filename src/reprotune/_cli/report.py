@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from reprotune._cli._outputs import refuse_overwrite
+from reprotune._run.outputs import refuse_overwrite
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out",
         type=Path,
         default=None,
-        help="for a bundle: where to unpack it (recorded/) and rerun it (rerun/) (default: runs/<name>)",
+        help="for a bundle: a new or empty directory to unpack it (recorded/) and rerun it (rerun/) in "
+        "(default: runs/<name>, or runs/<name>-rerun when that exists)",
     )
     parser.add_argument(
         "--data", type=Path, default=None, help="the data file to rerun on (checked row by row first)"
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from reprotune._proof.rerun import rerun, rerun_bundle
 
     if args.run_dir.is_file():
-        out = args.out or Path("runs") / args.run_dir.name.removesuffix(".tar.gz").removesuffix(".tgz")
+        out = args.out or _new_out(args.run_dir)
         new_dir, comparison = rerun_bundle(
             args.run_dir,
             out=out,
@@ -71,3 +72,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"rerun of {args.run_dir} -> {new_dir}")
     print(comparison.format())
     return 0 if comparison.verdict in ("IDENTICAL", "WITHIN_TOLERANCE") else 1
+
+
+def _new_out(bundle: Path) -> Path:
+    """``runs/<bundle name>``, or ``runs/<name>-rerun``, ``-rerun-2``, ... when that exists (as the
+    run it was packed from does, packed beside its directory): never an existing directory."""
+    name = bundle.name.removesuffix(".tar.gz").removesuffix(".tgz")
+    candidate, suffix = Path("runs") / name, 1
+    while candidate.exists():
+        candidate = Path("runs") / (f"{name}-rerun" if suffix == 1 else f"{name}-rerun-{suffix}")
+        suffix += 1
+    return candidate

@@ -11,8 +11,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from reprotune._cli._outputs import refuse_overwrite
 from reprotune._errors import InputError
+from reprotune._run.outputs import refuse_overwrite
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 from reprotune._errors import InputError
 from reprotune._jsonio import canonical_dumps, fsync_dir, sha256_bytes, sha256_file
 from reprotune._run import layout
+from reprotune._run.outputs import refuse_overwrite
 from reprotune._run.record import load_record, record_config
 from reprotune._run.rundir import check_is_run_dir
 
@@ -59,7 +60,7 @@ def pack(run_dir: Path, out: Path, *, with_data: bool = False) -> dict[str, Any]
 
     Raises:
         InputError: not a completed run directory, the data file is not there (``with_data``),
-            or ``out`` is inside the run directory.
+            or ``out`` is one of the files it packs or lies in a run directory (``_run.outputs``).
     """
     check_is_run_dir(run_dir)
     paths = layout.RunLayout(run_dir)
@@ -70,18 +71,13 @@ def pack(run_dir: Path, out: Path, *, with_data: bool = False) -> dict[str, Any]
             source=str(paths.record),
             fix=f"resume it with `reprotune resume {run_dir}` first; a bundle is for reproducing a result",
         )
-    if out.resolve().is_relative_to(run_dir.resolve()):
-        raise InputError(
-            f"{out} is inside the run directory it packs",
-            source="-o",
-            fix="write the bundle beside the run directory, e.g. -o run.tar.gz",
-        )
+    data_file = _data_file(record, run_dir) if with_data else None
+    refuse_overwrite(out, reads=[run_dir, *([data_file] if data_file else [])], option="-o")
     files: dict[str, Path] = {}
     for path in _run_files(paths):
         files[f"{RUN}/{path.relative_to(run_dir).as_posix()}"] = path
     data_info: dict[str, Any] | None = None
-    if with_data:
-        data_file = _data_file(record, run_dir)
+    if data_file is not None:
         files[f"{DATA}/{data_file.name}"] = data_file
         data_info = {"member": f"{DATA}/{data_file.name}", "sha256": sha256_file(data_file)}
     members = {

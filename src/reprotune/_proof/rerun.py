@@ -27,6 +27,7 @@ from reprotune._proof.differences import Comparison
 from reprotune._run.drift import code_drift, refuse_code_drift, section_drift
 from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint
 from reprotune._run.layout import RunLayout
+from reprotune._run.outputs import refuse_nonempty_dir, refuse_overwrite
 from reprotune._run.record import record_config
 from reprotune._run.rundir import open_run_dir
 from reprotune._train.run import RunOptions, run_experiment
@@ -144,12 +145,19 @@ def rerun_bundle(
     Every environment difference is reported before training; the result is written to
     ``out/rerun.json`` (verdict, tolerance, largest difference, causes, machine, cost).
 
+    ``out`` must be new or empty, and neither a run directory nor inside one; a refusal removes only
+    what this call created (``out`` itself when it made it, else what it put in it).
+
     Raises:
         InputError: a damaged or hostile bundle (nothing written), no data to rerun on (pass
-            ``data``), or data that is not the run's (its rows named).
+            ``data``), data that is not the run's (its rows named), or an ``out`` that is a run
+            directory, in one, or not empty.
     """
-    unpacked = unpack(bundle, out / "recorded")
+    refuse_overwrite(out, reads=[bundle, *([data] if data is not None else [])], option="--out")
+    refuse_nonempty_dir(out, option="--out")
+    created = _first_missing(out)
     try:
+        unpacked = unpack(bundle, out / "recorded")
         use = data if data is not None else unpacked.data
         if use is None:
             raise InputError(
@@ -170,11 +178,22 @@ def rerun_bundle(
             tolerance=tolerance,
         )
     except (InputError, RunFailedError):
-        if not (out / "rerun").exists():
-            shutil.rmtree(out, ignore_errors=True)  # refused before training: leave nothing behind
+        if not (out / "rerun").exists():  # refused before training: remove what this call made, only
+            shutil.rmtree(created if created is not None else out / "recorded", ignore_errors=True)
         raise
     write_json_atomic(out / "rerun.json", _rerun_summary(bundle, comparison, time.perf_counter() - started))
     return new_dir, comparison
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost directory of ``path`` that does not exist yet (what this call will create),
+    or None when ``path`` exists."""
+    missing = None
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            break
+        missing = candidate
+    return missing
 
 
 def _rerun_summary(bundle: Path, comparison: Comparison, seconds: float) -> dict[str, Any]:

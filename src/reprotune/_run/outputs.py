@@ -1,10 +1,12 @@
 """Outputs never overwrite inputs: a command's output path is checked against what it reads.
 
 ``split --out d.jsonl`` on ``d.jsonl`` (or on a symlink to it) would replace the data with the
-manifest; ``report -o RUN/record.json`` would replace a record with HTML. Paths are compared
-resolved (symlinks followed) and by identity (hard links), and no output may land inside a run or
-verification directory, whose files belong to the run. Imports only the standard library and
-``_run.layout``'s names, so commands that need no model stay light.
+manifest; ``report -o RUN/record.json`` would replace a record with HTML; ``pack -o data.jsonl
+--with-data`` would replace the data it packs; ``rerun BUNDLE --out runs/A`` would write into the run
+it came from. Paths are compared resolved (symlinks followed) and by identity (hard links), and no
+output may be, or land inside, a run or verification directory, whose files belong to the run.
+One check for every command that writes (split, report, pack, rerun). Imports only the standard
+library and ``_run.layout``'s names, so commands that need no model stay light.
 """
 
 from __future__ import annotations
@@ -39,10 +41,29 @@ def refuse_overwrite(out: Path, *, reads: Sequence[str | Path], option: str) -> 
             continue
         if target == source.resolve() or (out.exists() and os.path.samefile(out, source)):
             raise _refusal(out, option, f"is the input {source} (the same file)")
-    for parent in target.parents:
+    for parent in (target, *target.parents):
+        if parent == target and (parent / RECORD).is_file():
+            raise _refusal(out, option, "is a run directory, whose files belong to its run")
+        if parent == target:
+            continue
         if (parent / RECORD).is_file() or (parent / VERIFICATION).is_file():
             kind = "run" if (parent / RECORD).is_file() else "verification"
             raise _refusal(out, option, f"is inside the {kind} directory {parent}, whose files belong to it")
+
+
+def refuse_nonempty_dir(out: Path, *, option: str) -> None:
+    """Refuse an output directory that exists with something in it, or that is a file: a command
+    that fills a directory takes a new or empty one, and so never mixes its files with others'."""
+    if out.is_file() or (out.exists() and not out.is_dir()):
+        raise InputError(
+            f"{option} {str(out)!r} is a file, not a directory", source=option, fix="give a new directory"
+        )
+    if out.is_dir() and any(out.iterdir()):
+        raise InputError(
+            f"{option} {str(out)!r} exists and is not empty",
+            source=option,
+            fix=f"give {option} a new (or empty) directory",
+        )
 
 
 def _refusal(out: Path, option: str, problem: str) -> InputError:
