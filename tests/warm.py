@@ -89,11 +89,18 @@ def child(spec):
     sys.stdin = open(0, "r", closefd=False)
     sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), line_buffering=False)
     sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), line_buffering=True)
-    sys.argv = ["reprotune", *spec["argv"]]
-    # As `python -m reprotune` ends: the exit code, then the interpreter's own shutdown (atexit
-    # handlers, flushed output), never back into the zygote's loop.
+    script = spec.get("script")
+    sys.argv = [script, *spec["argv"]] if script else ["reprotune", *spec["argv"]]
+    # As `python -m reprotune` (or `python SCRIPT`) ends: the exit code, then the interpreter's own
+    # shutdown (atexit handlers, flushed output), never back into the zygote's loop.
     try:
-        code = reprotune._cli.main(spec["argv"])
+        if script:
+            sys.path[0] = os.path.dirname(os.path.abspath(script))
+            import runpy
+            runpy.run_path(script, run_name="__main__")
+            code = 0
+        else:
+            code = reprotune._cli.main(spec["argv"])
     except SystemExit as exc:
         code = exc.code
     except BaseException:
@@ -217,8 +224,11 @@ class WarmLauncher:
                         child.returncode = message["code"]
                         child._done.set()
 
-    def start(self, args: list[str], *, cwd: Path, env: dict[str, str]) -> WarmProcess:
-        """Fork a child that runs ``reprotune ARGS`` in ``cwd`` with exactly ``env``."""
+    def start(
+        self, args: list[str], *, cwd: Path, env: dict[str, str], script: str | None = None
+    ) -> WarmProcess:
+        """Fork a child that runs ``reprotune ARGS`` (or ``python SCRIPT ARGS``) in ``cwd`` with
+        exactly ``env``."""
         with self._lock:
             self._count += 1
             token = f"{os.getpid()}-{self._count}"
@@ -226,6 +236,7 @@ class WarmLauncher:
         out, err = self._tmp / f"{token}.out", self._tmp / f"{token}.err"
         spec = {
             "argv": args,
+            "script": script,
             "cwd": str(cwd),
             "env": env,
             "stdout": str(out),
@@ -240,7 +251,7 @@ class WarmLauncher:
         with self._lock:
             pid = self._pids.pop(token)
             del self._started[token]
-            child = WarmProcess(pid, out, err, ["reprotune", *args])
+            child = WarmProcess(pid, out, err, [script or "reprotune", *args])
             if pid in self._early:  # it ended before we could register it
                 child.returncode = self._early.pop(pid)
                 child._done.set()
@@ -249,9 +260,9 @@ class WarmLauncher:
         return child
 
     def run(
-        self, args: list[str], *, cwd: Path, env: dict[str, str], timeout: float
+        self, args: list[str], *, cwd: Path, env: dict[str, str], timeout: float, script: str | None = None
     ) -> subprocess.CompletedProcess[str]:
-        child = self.start(args, cwd=cwd, env=env)
+        child = self.start(args, cwd=cwd, env=env, script=script)
         try:
             child.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -298,3 +309,16 @@ def run_reprotune(
             timeout=timeout,
         )
     return warm.run(list(args), cwd=cwd, env=env, timeout=timeout)
+
+
+def run_script(
+    script: str, args: list[str], *, cwd: Path, env: dict[str, str], timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
+    """``python SCRIPT ARGS`` in ``cwd`` with ``env`` (a user's training script): forked from the warm
+    zygote as ``run_reprotune`` forks the CLI, or a new interpreter where the call needs one."""
+    warm = None if os.environ.get("REPROTUNE_TESTS_COLD") else launcher()
+    if warm is None or needs_cold_start(args, env, warm.env):
+        return subprocess.run(
+            [sys.executable, script, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    return warm.run(list(args), cwd=cwd, env=env, timeout=timeout, script=script)

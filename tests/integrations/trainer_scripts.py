@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tinyrun import TinyProject
+from warm import run_script
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 #: Offline, quiet, one thread: what every script run here gets.
@@ -65,7 +66,8 @@ class ScriptProject:
         """Run an example script into ``run_dir`` in a fresh process; fail the test if it fails."""
         argv = self.argv(script, "--run-dir", run_dir, "--output-dir", f"out/{run_dir}", *extra)
         env = {**os.environ, **OFFLINE_ENV}
-        done = subprocess.run(argv, cwd=self.root, env=env, capture_output=True, text=True, timeout=900)
+        # A fresh process for the script, forked from the session's warm zygote (tests/warm.py).
+        done = run_script(str(self.root / script), argv[2:], cwd=self.root, env=env, timeout=900)
         if done.returncode != 0:
             raise AssertionError(f"{' '.join(argv)} exited {done.returncode}\n{done.stderr[-4000:]}")
         return done

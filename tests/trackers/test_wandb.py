@@ -44,7 +44,7 @@ def test_run_mirrors_to_wandb_offline_without_network(tmp_path: Path) -> None:
     trace = tmp_path / "connect.trace"
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
-    command = ["strace", "-f", "-qq", "-e", "trace=connect", "-o", str(trace)]
+    command = ["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=connect", "-o", str(trace)]
     command += [sys.executable, "-m", "reprotune", "run", str(cfg), "--run-dir", "run"]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
