@@ -106,3 +106,16 @@ def test_a_mode_that_cannot_be_put_in_force_is_refused_before_anything_is_writte
     assert done.returncode == 2
     assert "already holds ATEN_CPU_CAPABILITY=default" in done.stderr
     assert not (tmp_path / "refused").exists()
+
+
+def test_a_bundle_of_a_portable_run_reruns_in_its_mode(portable: TinyProject, tmp_path: Path) -> None:
+    """`rerun BUNDLE` reads the mode from the record inside the archive and sets it before torch
+    loads: the bundle of an avx2 run reruns IDENTICAL in a fresh interpreter."""
+    bundle = tmp_path / "avx2.tar.gz"
+    portable.run_cli("pack", "avx2", "-o", str(bundle), "--with-data")
+    done = portable.run_cli(
+        "rerun", str(bundle), "--out", str(tmp_path / "rerun"), "--no-progress", cold=True
+    )
+    assert "IDENTICAL" in done.stdout
+    kernels = json.loads((tmp_path / "rerun" / "rerun" / "record.json").read_text())["environment"]["kernels"]
+    assert kernels["portable"] == {"cpu_isa": "avx2"}

@@ -80,3 +80,22 @@ def pin_cpu_isa_of_run(run_dir: Path) -> None:
         return
     if isinstance(cpu_isa, str):
         pin_cpu_isa(cpu_isa)
+
+
+def pin_cpu_isa_of_bundle(bundle: Path) -> None:
+    """:func:`pin_cpu_isa` for the config a bundle's record holds (its ``run/record.json``, read
+    from the archive without unpacking it; a member over 16 MB or any unreadable bundle is left
+    for ``rerun`` to check and refuse)."""
+    import json
+    import tarfile
+
+    try:
+        with tarfile.open(bundle, mode="r:gz") as tar:
+            member = tar.getmember("run/record.json")
+            handle = tar.extractfile(member) if member.isreg() and member.size < 16 << 20 else None
+            record = json.loads(handle.read()) if handle is not None else {}
+        cpu_isa = record["config"]["determinism"].get("cpu_isa", "native")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, tarfile.TarError, EOFError):
+        return
+    if isinstance(cpu_isa, str):
+        pin_cpu_isa(cpu_isa)

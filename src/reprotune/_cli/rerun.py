@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from reprotune._cli._options import pin_cpu_isa_of_run
+from reprotune._cli._options import pin_cpu_isa_of_bundle, pin_cpu_isa_of_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.run_dir.is_dir():
         pin_cpu_isa_of_run(args.run_dir)  # before torch loads
+    elif args.run_dir.is_file():
+        pin_cpu_isa_of_bundle(args.run_dir)
     from reprotune._proof.rerun import rerun, rerun_bundle
 
     if args.run_dir.is_file():
