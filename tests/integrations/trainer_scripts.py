@@ -31,6 +31,25 @@ OFFLINE_ENV = {
 }
 
 
+def as_logged(loss_hex: str) -> str:
+    """The loss the Trainer logs for a step whose exact loss is ``loss_hex`` (a ledger field):
+    the loss itself from transformers 5 on; 4.x logs it rounded to 4 decimals."""
+    import transformers
+
+    loss = float.fromhex(loss_hex)
+    return (loss if int(transformers.__version__.split(".")[0]) >= 5 else round(loss, 4)).hex()
+
+
+def length_grouped() -> dict[str, Any]:
+    """TrainingArguments for a length-grouped order: transformers 5's train_sampling_strategy,
+    4.x's group_by_length."""
+    from transformers import TrainingArguments
+
+    if "train_sampling_strategy" in TrainingArguments.__dataclass_fields__:
+        return {"train_sampling_strategy": "group_by_length"}
+    return {"group_by_length": True}
+
+
 @dataclass(frozen=True)
 class ScriptProject:
     """A directory with the tiny model, its data and copies of the example scripts."""

@@ -67,8 +67,7 @@ def test_quickstart_adapter_holds_only_lora_tensors(quickstart_run: Path) -> Non
 @pytest.mark.slow
 def test_quickstart_masks_the_prompt(quickstart_run: Path) -> None:
     """Step 1's labelled tokens are its rows' response tokens, far fewer than all tokens."""
-    from transformers import AutoTokenizer
-
+    from reprotune._compat import load_tokenizer
     from reprotune._data.loaders import load_table
 
     record = _record(quickstart_run)
@@ -79,7 +78,7 @@ def test_quickstart_masks_the_prompt(quickstart_run: Path) -> None:
     assert step1["batch_sha256"] == batch_sha256(rows)
 
     table = load_table(record["config"]["data"]["path"], "auto")
-    tokenizer = AutoTokenizer.from_pretrained(record["model"]["resolved_path"], local_files_only=True)
+    tokenizer = load_tokenizer(Path(record["model"]["resolved_path"]))
     total = response = 0
     for row in rows:
         prompt, answer = table.row(row)["prompt"], table.row(row)["response"]

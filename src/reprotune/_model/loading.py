@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from reprotune._compat import load_tokenizer
 from reprotune._determinism.device import resolve_device
 from reprotune._errors import InputError
 from reprotune._model.builtin import (
@@ -304,10 +305,10 @@ def _hashed_files(kind: str, directory: Path) -> dict[str, Any]:
 
 def _from_pretrained(directory: Path, torch_dtype: Any) -> tuple[Any, Any]:
     """(tokenizer, model) from a local folder; nothing downloaded."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        tokenizer = load_tokenizer(directory)
         model: Any = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype, local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise InputError(

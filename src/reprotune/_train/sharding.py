@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from reprotune._compat import ddp_no_buffer_sync
 from reprotune._errors import InputError
 from reprotune._model.lora import WeightsHasher, tensors_sha256, trainable_tensors
 from reprotune._train.distributed import DistContext, check_placement
@@ -107,7 +108,7 @@ def wrap_model(model: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
             # No broadcasts of rank 0's parameters or buffers: every rank built the same ones, and
             # the record checks the LoRA init's hash on every rank instead of overwriting it.
             init_sync=False,
-            forward_sync_buffers=False,
+            **ddp_no_buffer_sync(),
         )
         ddp.register_comm_hook(None, _sum_hook)
         return ddp

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from reprotune._compat import sampling_strategy
+
 Severity = Literal["error", "warning", "info"]
 
 #: Every finding code the callback can record (docs/integrations.md explains each).
@@ -108,7 +110,14 @@ class _Rule:
 
 
 def _strategy(facts: TrainerFacts) -> str:
-    return str(getattr(facts.args, "train_sampling_strategy", "random"))
+    return sampling_strategy(facts.args)
+
+
+def _strategy_setting(facts: TrainerFacts) -> str:
+    """The setting as the user wrote it (transformers 4.x has only ``group_by_length``)."""
+    if hasattr(facts.args, "train_sampling_strategy"):
+        return f"train_sampling_strategy={_strategy(facts)!r} (the successor of group_by_length)"
+    return "group_by_length=True"
 
 
 #: Every finding about a Trainer's settings but the seed's, most important first (one table: a new
@@ -158,10 +167,11 @@ _LATER_RULES: tuple[_Rule, ...] = (
         lambda f: _strategy(f) in ("group_by_length", "batch_rebalance"),
         "sampling-strategy",
         "warning",
-        lambda f: f"train_sampling_strategy={_strategy(f)!r} (the successor of group_by_length)",
+        _strategy_setting,
         "the order depends on a seeded megabatch shuffle and on the token lengths: another "
         "tokenizer or max length reorders every batch",
-        "use train_sampling_strategy='random' when comparing runs, or keep lengths fixed",
+        "use train_sampling_strategy='random' (transformers 4: group_by_length=False) when comparing "
+        "runs, or keep lengths fixed",
     ),
     _Rule(
         lambda f: not f.seedable_sampler,

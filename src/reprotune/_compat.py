@@ -1,0 +1,69 @@
+"""Every path that differs between the library versions reprotune supports, in one place.
+
+pyproject.toml declares ranges (transformers 4.56+ and 5.x, torch 2.8+, ...); CI proves the lock
+(requirements/lock.txt) and the floors (requirements/floor.txt). Where an older release spells
+something differently, the difference is handled here and nowhere else, so that dropping a
+version is deleting a branch in this file.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+
+@cache
+def transformers_major() -> int:
+    """The major version of the installed transformers (4 or 5)."""
+    import transformers
+
+    return int(transformers.__version__.split(".", 1)[0])
+
+
+def load_tokenizer(directory: Path) -> Any:
+    """``AutoTokenizer.from_pretrained(directory)``, offline.
+
+    transformers 5 saves a fast tokenizer as ``tokenizer_class: TokenizersBackend``, a class 4.x
+    does not have; 4.x then loads the same ``tokenizer.json`` as ``PreTrainedTokenizerFast``
+    (the class 5.x's backend replaced), so a folder saved by either version loads in both (the
+    converted builtin model is cached once per machine and shared by every environment).
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if transformers_major() < 5 and _saved_tokenizer_class(directory) == "TokenizersBackend":
+        return PreTrainedTokenizerFast.from_pretrained(directory, local_files_only=True)
+    return AutoTokenizer.from_pretrained(directory, local_files_only=True)
+
+
+def _saved_tokenizer_class(directory: Path) -> str | None:
+    try:
+        config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config.get("tokenizer_class") if isinstance(config, dict) else None
+
+
+def sampling_strategy(args: Any) -> str:
+    """The order a Trainer draws its rows in: transformers 5's ``train_sampling_strategy``
+    ("random", "group_by_length", "batch_rebalance"); 4.x has only ``group_by_length=True``."""
+    strategy = getattr(args, "train_sampling_strategy", None)
+    if strategy is not None:
+        return str(strategy)
+    return "group_by_length" if getattr(args, "group_by_length", False) else "random"
+
+
+def ddp_no_buffer_sync() -> dict[str, Any]:
+    """The DistributedDataParallel keyword that stops its buffer broadcasts from rank 0.
+
+    torch 2.13 renamed ``broadcast_buffers`` (deprecated there) to ``forward_sync_buffers``; from
+    2.7 (where ``init_sync`` appeared) both mean "no buffer broadcast before a forward", and with
+    ``init_sync=False`` neither broadcasts at construction.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
