@@ -3,16 +3,16 @@
 #   scripts/install.sh          .venv        runtime only, on the lock
 #   scripts/install.sh dev      .venv        runtime + test tools, on the lock
 #   scripts/install.sh floor    .venv-floor  runtime + test tools, on the floors
-# pyproject.toml declares ranges (what a user's stack may hold); the lock, requirements/lock.txt,
-# pins the exact versions this project runs with, and requirements/floor.txt pins the oldest
-# versions the ranges allow (what CI proves besides the lock). Both are applied as constraints.
+# pyproject.toml declares ranges (what a user's stack may hold); the lock (src/reprotune/stacks/
+# lock.txt) pins the exact versions this project runs with, and the floors (stacks/floor.txt) the
+# oldest versions the ranges allow, which CI proves too. Either is applied as pip constraints.
 # torch comes first and pinned, so pip takes the local CPU wheel instead of a CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
-    "") venv=.venv extra="" constraints=requirements/lock.txt ;;
-    dev) venv=.venv extra="[dev]" constraints=requirements/lock.txt ;;
-    floor) venv=.venv-floor extra="[dev]" constraints=requirements/floor.txt ;;
+    "") venv=.venv extra="" constraints=src/reprotune/stacks/lock.txt ;;
+    dev) venv=.venv extra="[dev]" constraints=src/reprotune/stacks/lock.txt ;;
+    floor) venv=.venv-floor extra="[dev]" constraints=src/reprotune/stacks/floor.txt ;;
     *)
         echo "usage: scripts/install.sh [dev|floor]" >&2
         exit 2

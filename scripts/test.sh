@@ -15,3 +15,14 @@ export MLFLOW_DISABLE_TELEMETRY=true HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=fal
 .venv/bin/ruff format --check src tests bench
 .venv/bin/mypy
 .venv/bin/pytest "$@"
+# The floors: the oldest versions pyproject.toml allows (src/reprotune/stacks/floor.txt), on which
+# a focused part of the suite runs. Only with no arguments (REPROTUNE_FLOOR=1: always, =0: never).
+floor="${REPROTUNE_FLOOR:-}"
+if [ "$floor" = 1 ] || { [ $# -eq 0 ] && [ "$floor" != 0 ]; }; then
+    ./scripts/install.sh floor
+    .venv-floor/bin/pytest -p no:cacheprovider \
+        tests/train/test_run.py tests/train/test_resume.py tests/train/test_smollm2_e2e.py \
+        tests/integrations/test_trainer_callback.py tests/integrations/test_verify_command.py \
+        tests/integrations/test_sft_callback.py tests/proof/test_compare.py tests/proof/test_report.py \
+        tests/trackers/test_mlflow.py tests/run/test_stack.py tests/test_install.py
+fi

@@ -1,7 +1,7 @@
 """Every path that differs between the library versions reprotune supports, in one place.
 
 pyproject.toml declares ranges (transformers 4.56+ and 5.x, torch 2.8+, ...); CI proves the lock
-(requirements/lock.txt) and the floors (requirements/floor.txt). Where an older release spells
+and the floors (``reprotune/stacks/lock.txt`` and ``floor.txt``). Where an older release spells
 something differently, the difference is handled here and nowhere else, so that dropping a
 version is deleting a branch in this file.
 """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import subprocess
 import sys
@@ -213,3 +214,61 @@ def test_pure_functions_do_not_import_torch() -> None:
         "assert 'torch' not in sys.modules and 'numpy' not in sys.modules, 'heavy import'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_seed_everything_records_what_it_seeded() -> None:
+    """Python, NumPy and torch always; TensorFlow exactly when it is installed."""
+    import importlib.util
+
+    from reprotune._determinism.seeds import last_seeding
+
+    seed_everything(2**40 + 7)
+    seeding = last_seeding()
+    assert seeding is not None and seeding["seed"] == 2**40 + 7
+    has_tensorflow = importlib.util.find_spec("tensorflow") is not None
+    expected = ["python", "numpy", "torch", *(["tensorflow"] if has_tensorflow else [])]
+    assert seeding["seeded"] == expected
+    assert ("tensorflow" in seeding) == has_tensorflow
+
+
+#: A stand-in for TensorFlow (a 600 MB install, not one of reprotune's requirements): its
+#: ``random.set_seed`` and ``config.experimental.enable_op_determinism``, by their real names,
+#: record how they were called.
+_TENSORFLOW_STANDIN = """
+import types
+__version__ = "2.99.0-standin"
+calls = []
+random = types.SimpleNamespace(set_seed=lambda seed: calls.append(("set_seed", seed)))
+config = types.SimpleNamespace(
+    experimental=types.SimpleNamespace(
+        enable_op_determinism=lambda: calls.append(("enable_op_determinism",))
+    )
+)
+"""
+
+
+def test_seed_everything_seeds_tensorflow_when_installed(tmp_path: Path) -> None:
+    """With a ``tensorflow`` package importable, seed_everything calls tf.random.set_seed with the
+    seed and turns on TF's deterministic ops, and records both (in a fresh process, so that the
+    stand-in never meets this one's imports)."""
+    package = tmp_path / "site" / "tensorflow"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(_TENSORFLOW_STANDIN, encoding="utf-8")
+    script = (
+        "import json, sys, tensorflow\n"
+        "from reprotune import seed_everything\n"
+        "from reprotune._determinism.seeds import last_seeding\n"
+        "seed_everything(1234)\n"
+        "print(json.dumps({'calls': tensorflow.calls, 'seeding': last_seeding()}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    command = [sys.executable, "-c", script]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["calls"] == [["set_seed", 1234], ["enable_op_determinism"]]
+    assert out["seeding"] == {
+        "seed": 1234,
+        "seeded": ["python", "numpy", "torch", "tensorflow"],
+        "tensorflow": {"version": "2.99.0-standin", "op_determinism": True},
+    }

@@ -53,6 +53,9 @@ def test_sft_record(project: ScriptProject) -> None:
     assert (project.root / "a" / "split.json").is_file()
     assert record["model"]["weights_sha256"] and record["model"]["tokenizer_sha256"]
     assert record["seeds"] == {"root": 42, "data_order": 42}
+    # What the script's reprotune.seed_everything(args.seed) seeded (TensorFlow too where installed).
+    assert record["trainer"]["seed_everything"]["seed"] == 42
+    assert record["trainer"]["seed_everything"]["seeded"][:3] == ["python", "numpy", "torch"]
 
 
 def test_report_reads_trainer_made_runs(project: ScriptProject) -> None:

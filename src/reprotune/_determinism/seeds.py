@@ -13,9 +13,10 @@ that touch torch or NumPy import them when called.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import random
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from reprotune._errors import InputError
 
@@ -106,11 +107,19 @@ def derive_seeds(root: int, overrides: Mapping[str, int] | None = None) -> dict[
     return seeds
 
 
+#: What the last :func:`seed_everything` in this process seeded (None before the first call).
+_last_seeding: dict[str, Any] | None = None
+
+
 def seed_everything(seed: int) -> int:
-    """Seed Python's ``random``, NumPy's legacy global RNG and torch (CPU and every CUDA device).
+    """Seed Python's ``random``, NumPy's legacy global RNG and torch (CPU and every CUDA device),
+    and TensorFlow when it is installed.
 
     NumPy's legacy seeding takes 32-bit words, so the seed is passed as its low and high 32-bit
-    halves: every bit of a 63-bit seed counts.
+    halves: every bit of a 63-bit seed counts. TensorFlow (never a requirement of reprotune) gets
+    ``tf.random.set_seed(seed)`` and its deterministic ops
+    (``tf.config.experimental.enable_op_determinism()``), for scripts that use it beside torch.
+    What was seeded is kept for the run's record (:func:`last_seeding`).
 
     Args:
         seed: an integer in ``[0, 2**63)``.
@@ -124,11 +133,38 @@ def seed_everything(seed: int) -> int:
     import numpy as np
     import torch
 
+    global _last_seeding
     _check_seed(seed, "seed")
     random.seed(seed)
     np.random.seed([seed & _U32, seed >> 32])
     torch.manual_seed(seed)  # also seeds every CUDA device
+    seeding: dict[str, Any] = {"seed": seed, "seeded": ["python", "numpy", "torch"]}
+    tensorflow = _seed_tensorflow(seed)
+    if tensorflow is not None:
+        seeding["seeded"].append("tensorflow")
+        seeding["tensorflow"] = tensorflow
+    _last_seeding = seeding
     return seed
+
+
+def _seed_tensorflow(seed: int) -> dict[str, Any] | None:
+    """Seed TensorFlow and turn on its deterministic ops, if it is installed; what was done."""
+    if importlib.util.find_spec("tensorflow") is None:
+        return None
+    import tensorflow as tf
+
+    tf.random.set_seed(seed)
+    tf.config.experimental.enable_op_determinism()
+    return {"version": str(tf.__version__), "op_determinism": True}
+
+
+def last_seeding() -> dict[str, Any] | None:
+    """What the last :func:`seed_everything` in this process seeded, or None if it was never called:
+    ``{"seed": ..., "seeded": ["python", "numpy", "torch", ("tensorflow")], ("tensorflow":
+    {"version": ..., "op_determinism": true})}``."""
+    if _last_seeding is None:
+        return None
+    return {**_last_seeding, "seeded": list(_last_seeding["seeded"])}
 
 
 def seed_worker(worker_id: int) -> None:

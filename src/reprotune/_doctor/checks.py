@@ -17,8 +17,9 @@ from reprotune._determinism.flags import CUBLAS_DETERMINISTIC_VALUES, CUBLAS_ENV
 from reprotune._doctor.data_checks import check_columns, check_data
 from reprotune._doctor.dist_checks import check_nccl, check_ranks
 from reprotune._doctor.findings import Check, Context, Finding
-from reprotune._run.fingerprint import code_fingerprint
+from reprotune._run.fingerprint import code_fingerprint, installed_distributions
 from reprotune._run.kernels import kernel_facts
+from reprotune._run.stack import stack_facts
 
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 
@@ -223,6 +224,37 @@ def check_cpu_kernels(ctx: Context) -> list[Finding]:
     ]
 
 
+def check_stack(ctx: Context) -> list[Finding]:
+    """Whether CI proves the installed library stack (the record's ``environment.stack``)."""
+    del ctx
+    facts = stack_facts(installed_distributions())
+    if facts["stack"] != "untested":
+        return [
+            Finding(
+                "stack-tested",
+                "info",
+                f"the installed libraries are a stack CI proves: {facts['stack']}",
+                "reprotune's own tests passed on exactly these versions",
+                "nothing to do",
+            )
+        ]
+    closest = facts["closest"]
+    differs = ", ".join(
+        f"{name} {versions['installed']} ({closest}: {versions.get(closest)})"
+        for name, versions in facts["differs"].items()
+    )
+    return [
+        Finding(
+            "stack-untested",
+            "info",
+            f"the installed libraries are not a stack CI proves: {differs}",
+            "pyproject.toml's ranges allow them, but reprotune's tests ran on the lock and on the "
+            "floors only; twin runs still prove themselves (compare, verify)",
+            "to run on a proven stack: pip install -c <reprotune>/stacks/lock.txt (or floor.txt) reprotune",
+        )
+    ]
+
+
 def check_workers(ctx: Context) -> list[Finding]:
     """DataLoader worker seeding: reprotune's own loader is seeded; say what other code needs."""
     return [
@@ -355,6 +387,7 @@ CHECKS: tuple[Check, ...] = (
     check_precision,
     check_threads,
     check_cpu_kernels,
+    check_stack,
     check_workers,
     check_revision,
     check_git,

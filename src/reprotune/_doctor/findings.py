@@ -115,6 +115,8 @@ FINDING_CODES: tuple[str, ...] = (
     "threads-unpinned",
     "cpu-kernels-native",
     "cpu-kernels-portable",
+    "stack-tested",
+    "stack-untested",
     "dataloader-workers",
     "model-revision-unpinned",
     "model-revision-not-sha",

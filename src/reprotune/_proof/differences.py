@@ -151,6 +151,7 @@ INERT_KEYS: tuple[str, ...] = (
     "distributed.ranks",
     "distributed.timeout_s",
     "environment.kernels.version",
+    "environment.stack",
     "lora.base_model_name_or_path",
     "model.kind",
     "model.requested_revision",

@@ -25,6 +25,7 @@ from reprotune._determinism.flags import determinism_flags
 from reprotune._jsonio import sha256_bytes
 from reprotune._run.kernels import kernel_facts
 from reprotune._run.redact import redact_env
+from reprotune._run.stack import stack_facts
 
 # --- environment -------------------------------------------------------------------------------
 
@@ -39,7 +40,8 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _distributions() -> dict[str, str]:
+def installed_distributions() -> dict[str, str]:
+    """Every installed distribution: canonical name -> version."""
     out: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
         name = dist.metadata["Name"]
@@ -119,13 +121,15 @@ def environment_fingerprint(
 
     Returns:
         A JSON-safe dict with ``python``, ``platform``, ``cpu``, ``distributions`` (name -> version,
-        every installed one), ``torch`` (version, CUDA, cuDNN, GPUs), ``gpu_driver`` (from
+        every installed one), ``stack`` (whether CI proves this stack, ``_run.stack``),
+        ``torch`` (version, CUDA, cuDNN, GPUs), ``gpu_driver`` (from
         nvidia-smi, or None), ``threads``, ``determinism`` (flags in force), ``env`` (relevant
         variables, secrets redacted) and ``kernels`` (what selects each kernel,
         ``_run.kernels.kernel_facts``). Never raises when a GPU, driver or tool is absent.
     """
 
     environ = os.environ if env is None else env
+    distributions = installed_distributions()
     torch_info = _torch_info()
     smi = _nvidia_smi()
     intra, inter = _torch_threads()
@@ -143,7 +147,8 @@ def environment_fingerprint(
             "libc": "-".join(platform.libc_ver()) or None,
         },
         "cpu": {"model": _cpu_model(), "logical_cores": os.cpu_count()},
-        "distributions": _distributions(),
+        "distributions": distributions,
+        "stack": stack_facts(distributions),
         "torch": torch_info,
         "gpu_driver": smi["driver_version"] if smi else None,
         "nvidia_smi_gpus": smi["gpus"] if smi else [],

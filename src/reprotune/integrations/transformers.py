@@ -30,6 +30,7 @@ import torch
 from transformers import TrainerCallback
 
 from reprotune._data.manifest import Manifest, load_manifest
+from reprotune._determinism.seeds import last_seeding
 from reprotune._errors import InputError
 from reprotune._model.lora import WeightsHasher, trainable_tensors
 from reprotune._run.fingerprint import attention_of, code_fingerprint, environment_fingerprint
@@ -362,6 +363,7 @@ class ReprotuneCallback(TrainerCallback):
             "sampler_seed": seed,
             "perturb_data_seed": self._controls.perturb_data_seed,
             "full_determinism": bool(args.full_determinism),
+            "seed_everything": last_seeding(),
             "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
             "max_steps": int(state.max_steps),
             "steps_per_epoch": self._steps_per_epoch,

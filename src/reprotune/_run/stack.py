@@ -1,0 +1,81 @@
+"""Whether the installed library stack is one CI proves: the record's ``environment.stack``.
+
+pyproject.toml declares ranges; CI proves two points in them, each a constraints file shipped in
+the package (``reprotune/stacks/``): the lock (the exact versions this project's own runs use)
+and the floors (the oldest versions the ranges allow). A stack is *tested* when every runtime
+requirement of reprotune (and torch) is installed at one file's exact version, else *untested*,
+with the packages that differ named. Versions compare by their public part: torch's local build
+label (``+cpu``, ``+cu128``) is another record field (``environment.torch``).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+from importlib import resources
+from typing import Any
+
+#: The constraints files CI proves, in the order they are tried.
+STACK_FILES: tuple[str, ...] = ("lock", "floor")
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _public(version: str) -> str:
+    return version.split("+", 1)[0]
+
+
+def pinned(stack: str) -> dict[str, str]:
+    """``name -> version`` of every ``name==version`` line of a shipped constraints file."""
+    text = resources.files("reprotune").joinpath("stacks", f"{stack}.txt").read_text(encoding="utf-8")
+    pins: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            name, version = line.split("==", 1)
+            pins[_canonical(name)] = _public(version.strip())
+    return pins
+
+
+def runtime_requirements() -> tuple[str, ...]:
+    """The names of reprotune's runtime requirements (no extras), canonical; empty when
+    reprotune is not installed as a distribution (run from a source tree)."""
+    try:
+        requires = importlib.metadata.requires("reprotune") or []
+    except importlib.metadata.PackageNotFoundError:
+        return ()
+    runtime = [spec for spec in requires if "extra" not in spec]
+    names = {_canonical(re.split(r"[\s;<>=!~\[(]", spec, maxsplit=1)[0]) for spec in runtime}
+    return tuple(sorted(names))
+
+
+def stack_facts(distributions: dict[str, str]) -> dict[str, Any]:
+    """``{"stack": "tested (lock)" | "tested (floor)" | "untested", "differs": {...}}``.
+
+    Args:
+        distributions: canonical name -> installed version (the record's
+            ``environment.distributions``).
+
+    Returns:
+        For an untested stack, ``closest`` names the file it differs least from and ``differs``
+        maps each runtime requirement installed at another version (or missing) to
+        ``{"installed": ..., <closest>: ...}``; ``differs`` is empty for a tested stack.
+    """
+    names = runtime_requirements()
+    if not names:
+        return {"stack": "untested", "closest": None, "differs": {"reprotune": {"installed": None}}}
+    installed = {name: _public(distributions[name]) if name in distributions else None for name in names}
+    files = {stack: pinned(stack) for stack in STACK_FILES}
+    off = {
+        stack: [name for name in names if installed[name] != pins.get(name)] for stack, pins in files.items()
+    }
+    for stack in STACK_FILES:
+        if not off[stack]:
+            return {"stack": f"tested ({stack})", "differs": {}}
+    closest = min(STACK_FILES, key=lambda stack: len(off[stack]))
+    differs = {
+        name: {"installed": installed[name], closest: files[closest].get(name)} for name in off[closest]
+    }
+    return {"stack": "untested", "closest": closest, "differs": differs}
