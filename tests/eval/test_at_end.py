@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 
-def test_generate_at_end_evaluates_and_logs_to_mlflow(tmp_path: Path) -> None:
+
+def test_generate_at_end_evaluates_and_logs_to_mlflow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`reprotune run` with eval.generate_at_end writes one complete eval of the test split and
     mirrors its metrics (the same numbers) and files to the run's MLflow run."""
     from mlflow.tracking import MlflowClient
@@ -32,5 +36,7 @@ def test_generate_at_end_evaluates_and_logs_to_mlflow(tmp_path: Path) -> None:
     assert {k: v for k, v in logged.items() if k.startswith("test/")} == {
         f"test/{name}": value for name, value in record["metrics"].items()
     }
+    # MLflow 3.1's list_artifacts(run_id, path) reads the default tracking URI, not the client's
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow["tracking_uri"])
     artifacts = {a.path for a in client.list_artifacts(mlflow["mlflow_run_id"], f"evals/{eval_dir.name}")}
     assert artifacts == {f"evals/{eval_dir.name}/eval.json", f"evals/{eval_dir.name}/predictions.jsonl"}
