@@ -102,7 +102,10 @@ def _rewrite(bundle: Path, out: Path, edit: str) -> Path:
         members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
     with tarfile.open(out, "w:gz") as tar:
         for member, data in members:
-            if edit == "tampered" and member.name == "run/ledger.jsonl":
+            if edit == "tampered" and member.name == "run/ledger.jsonl":  # one digit, same size
+                i = data.index(b'"loss":"0x1.') + len(b'"loss":"0x1.')
+                data = data[:i] + (b"0" if data[i : i + 1] != b"0" else b"1") + data[i + 1 :]
+            if edit == "resized" and member.name == "run/ledger.jsonl":
                 data = data.replace(b'"loss":"0x', b'"loss":"-0x', 1)
                 member.size = len(data)
             tar.addfile(member, io.BytesIO(data))
@@ -120,7 +123,7 @@ def _rewrite(bundle: Path, out: Path, edit: str) -> Path:
     return out
 
 
-@pytest.mark.parametrize("edit", ["tampered", "absolute", "dotdot", "symlink"])
+@pytest.mark.parametrize("edit", ["tampered", "resized", "absolute", "dotdot", "symlink"])
 def test_hostile_bundles_are_refused(
     packed: tuple[TinyProject, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: str
 ) -> None:
@@ -132,6 +135,7 @@ def test_hostile_bundles_are_refused(
     err = capsys.readouterr().err
     expected = {
         "tampered": "does not match its sha256",
+        "resized": "bundle.json says",
         "absolute": "absolute path",
         "dotdot": "points outside the bundle",
         "symlink": "is a link",

@@ -84,18 +84,18 @@ def pin_cpu_isa_of_run(run_dir: Path) -> None:
 
 def pin_cpu_isa_of_bundle(bundle: Path) -> None:
     """:func:`pin_cpu_isa` for the config a bundle's record holds (its ``run/record.json``, read
-    from the archive without unpacking it; a member over 16 MB or any unreadable bundle is left
-    for ``rerun`` to check and refuse)."""
+    from the archive with the checks ``rerun`` makes, stopping there; a record over 16 MB or any
+    bundle that does not pass is left for ``rerun`` to refuse)."""
     import json
-    import tarfile
+
+    from reprotune._errors import InputError
+    from reprotune._proof.unpack import read_member
 
     try:
-        with tarfile.open(bundle, mode="r:gz") as tar:
-            member = tar.getmember("run/record.json")
-            handle = tar.extractfile(member) if member.isreg() and member.size < 16 << 20 else None
-            record = json.loads(handle.read()) if handle is not None else {}
+        raw = read_member(bundle, "run/record.json")
+        record = json.loads(raw) if raw is not None else {}
         cpu_isa = record["config"]["determinism"].get("cpu_isa", "native")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, tarfile.TarError, EOFError):
+    except (InputError, OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return
     if isinstance(cpu_isa, str):
         pin_cpu_isa(cpu_isa)

@@ -12,7 +12,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--with-data",
         action="store_true",
-        help="put the data file in the bundle (otherwise its hashes only: `rerun` then asks for --data)",
+        help="put the data file in the bundle, checked against the run's record (otherwise its hashes "
+        "only: `rerun` then asks for --data); builtin data is never packed: every reprotune has it",
     )
 
 
@@ -23,6 +24,10 @@ def run(args: argparse.Namespace) -> int:
     members = manifest["members"]
     size = sum(int(m["size"]) for m in members.values())
     print(f"bundle {args.out}: {len(members)} files, {size / 1e6:.1f} MB, run {manifest['run_id']}")
-    print(f"  data            {'included' if manifest['data'] else 'not included (rerun needs --data PATH)'}")
+    if manifest["data_builtin"]:
+        data = f"{manifest['data_builtin']} (ships with reprotune; checked against the manifest on rerun)"
+    else:
+        data = "included" if manifest["data"] else "not included (rerun needs --data PATH)"
+    print(f"  data            {data}")
     print(f"  rerun it with   reprotune rerun {args.out}")
     return 0

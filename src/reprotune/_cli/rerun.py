@@ -27,7 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: runs/<name>, or runs/<name>-rerun when that exists)",
     )
     parser.add_argument(
-        "--data", type=Path, default=None, help="the data file to rerun on (checked row by row first)"
+        "--data",
+        default=None,
+        help="the data file (or builtin:NAME) to rerun on (checked row by row against the run's manifest)",
     )
     parser.add_argument(
         "--tolerance",

@@ -21,9 +21,10 @@ from reprotune._data.loaders import load_table
 from reprotune._data.manifest import load_manifest
 from reprotune._errors import InputError, RunFailedError
 from reprotune._jsonio import sha256_file, write_json_atomic
-from reprotune._proof.bundle import unpack
+from reprotune._proof.bundle import builtin_data
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.differences import Comparison
+from reprotune._proof.unpack import unpack
 from reprotune._run.drift import code_drift, refuse_code_drift, section_drift
 from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint
 from reprotune._run.layout import RunLayout
@@ -74,14 +75,14 @@ def rerun(
     code_dir: Path,
     progress: bool = True,
     report: Callable[[str], None] = print,
-    data: Path | None = None,
+    data: Path | str | None = None,
     tolerance: float | None = None,
 ) -> tuple[Path, Comparison]:
     """Reproduce the run in ``run_dir``; return the new run's directory and the comparison.
 
     Args:
-        data: the data file to use instead of the recorded path (checked row by row against the
-            run's manifest first).
+        data: the data file (or ``builtin:...`` name) to use instead of the recorded one (checked
+            row by row against the run's manifest first).
         tolerance: compare with this absolute tolerance (WITHIN TOLERANCE), else bit for bit.
 
     Raises:
@@ -107,7 +108,8 @@ def rerun(
         )
     cfg = record_config(record, run_dir=run_dir, source=str(paths.record))
     if data is not None:
-        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": str(data.resolve())})})
+        source = str(data) if str(data).startswith("builtin:") else str(Path(data).resolve())
+        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": source})})
     checks = preflight(run_dir, record, cfg, code_dir=code_dir)
     if not allow_code_drift:
         refuse_code_drift(
@@ -133,7 +135,7 @@ def rerun_bundle(
     bundle: Path,
     *,
     out: Path,
-    data: Path | None,
+    data: Path | str | None,
     allow_code_drift: bool,
     code_dir: Path,
     progress: bool = True,
@@ -153,12 +155,15 @@ def rerun_bundle(
             ``data``), data that is not the run's (its rows named), or an ``out`` that is a run
             directory, in one, or not empty.
     """
-    refuse_overwrite(out, reads=[bundle, *([data] if data is not None else [])], option="--out")
+    files_read = [Path(data)] if data is not None and not str(data).startswith("builtin:") else []
+    refuse_overwrite(out, reads=[bundle, *files_read], option="--out")
     refuse_nonempty_dir(out, option="--out")
     created = _first_missing(out)
     try:
         unpacked = unpack(bundle, out / "recorded")
         use = data if data is not None else unpacked.data
+        if use is None:  # builtin data ships with reprotune: checked against the manifest like any
+            use = builtin_data(dict(open_run_dir(unpacked.run_dir).record), unpacked.run_dir)
         if use is None:
             raise InputError(
                 "the bundle was packed without its data, and no --data was given",

@@ -1,0 +1,305 @@
+"""Unpacking a reproduction bundle, trusting nothing in it.
+
+Every member must be a regular file at a normalised relative path inside the bundle (no absolute
+path, no ``..``, no link, no device), listed in ``bundle.json`` (which comes first) with its size
+and sha256, within the size limits; ``bundle.json``'s claims are checked against those limits and
+the archive's own size before any member is read, so a compression bomb costs nothing. Members
+are streamed (bounded memory) into a hidden temporary directory renamed into place: a damaged or
+hostile bundle is refused with the file tree as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from reprotune._errors import InputError
+from reprotune._proof.bundle import DATA, MANIFEST, RUN, SCHEMA, SCHEMA_VERSION
+from reprotune._run import layout
+
+#: Refused above these sizes (a bundle holds a LoRA adapter and a ledger, not a base model).
+MAX_MEMBER_BYTES = 4 * 1024**3
+MAX_TOTAL_BYTES = 8 * 1024**3
+MAX_MEMBERS = 10_000
+MAX_MANIFEST_BYTES = 16 * 1024**2
+#: bundle.json may list at most this many bytes per byte of the archive (a gzip bomb expands
+#: 1000x; a run's ledger and data about 5-20x, its adapter about 1x).
+MAX_EXPANSION = 200
+
+_FIX = "ask for the bundle again, or make it again with `reprotune pack RUN_DIR -o run.tar.gz`"
+
+
+@dataclass(frozen=True)
+class Unpacked:
+    """A bundle checked and unpacked: the recorded run directory, and the data file if bundled."""
+
+    root: Path
+    run_dir: Path
+    data: Path | None
+    manifest: dict[str, Any]
+
+
+def unpack(bundle: Path, target: Path) -> Unpacked:
+    """Check every member of ``bundle`` as it is streamed into a hidden temporary directory beside
+    ``target`` (new or empty), then rename that into place.
+
+    Memory stays bounded whatever the bundle claims: ``bundle.json`` comes first and is checked
+    (sizes, the expansion ratio, every reference a member), then each member is checked (type,
+    path, listed, its header size the listed size) before a byte of it is read, and hashed as it
+    is copied. Any refusal removes the temporary directory: the file tree is as it was.
+
+    Raises:
+        InputError: the bundle is not a readable .tar.gz, ``bundle.json`` is missing, first-but-not,
+            malformed or claims more than the limits, a member is a link, device or directory, has
+            an absolute, ``..`` or unnormalised path, is not listed, differs from its size or
+            sha256, or cannot be written (a name too long, a path that is also a directory); or
+            ``target`` is not empty.
+    """
+    if target.exists() and any(target.iterdir()):
+        raise InputError(f"{target} exists and is not empty", fix="choose a new directory with --out")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        manifest = _extract_checked(bundle, tmp)
+        if target.exists():
+            target.rmdir()
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    data_member = (manifest.get("data") or {}).get("member")
+    return Unpacked(
+        root=target,
+        run_dir=target / RUN,
+        data=target.joinpath(*PurePosixPath(data_member).parts) if data_member else None,
+        manifest=manifest,
+    )
+
+
+def read_member(bundle: Path, name: str, *, limit: int = 16 << 20) -> bytes | None:
+    """One member's bytes, checked like :func:`unpack` checks it (stopping there), or None when
+    the bundle does not hold it or it is larger than ``limit``.
+
+    Raises:
+        InputError: as :func:`unpack`, for what is read before the member.
+    """
+    with _open(bundle) as tar:
+        manifest = _first_manifest(tar, bundle)
+        for member in _after_manifest(tar):
+            _check_member(member, bundle, manifest["members"])
+            if member.name == name:
+                if member.size > limit:
+                    return None
+                with tempfile.TemporaryFile() as sink:
+                    _copy_checked(tar, member, sink, manifest["members"][name], bundle)
+                    sink.seek(0)
+                    return sink.read()
+    return None
+
+
+def _after_manifest(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    """The members after ``bundle.json``, one at a time (iterating the TarFile would start over
+    from the members it has already read)."""
+    while (member := tar.next()) is not None:
+        yield member
+
+
+def _open(bundle: Path) -> tarfile.TarFile:
+    try:
+        return tarfile.open(bundle, mode="r|gz")
+    except (OSError, tarfile.TarError, EOFError) as exc:
+        raise InputError(f"not a readable .tar.gz bundle ({exc})", source=str(bundle), fix=_FIX) from None
+
+
+def _extract_checked(bundle: Path, root: Path) -> dict[str, Any]:
+    """Stream every member of ``bundle`` into ``root``, checking it; return ``bundle.json``."""
+    with _open(bundle) as tar:
+        manifest = _first_manifest(tar, bundle)
+        listed: dict[str, dict[str, Any]] = manifest["members"]
+        seen: set[str] = set()
+        try:
+            for member in _after_manifest(tar):
+                _check_member(member, bundle, listed)
+                if member.name in seen:
+                    raise InputError(f"member {member.name!r} appears twice", source=str(bundle), fix=_FIX)
+                seen.add(member.name)
+                path = root.joinpath(*PurePosixPath(member.name).parts)
+                _make_parent(path, member.name, bundle)
+                try:
+                    with open(path, "xb") as sink:
+                        _copy_checked(tar, member, sink, listed[member.name], bundle)
+                except (IsADirectoryError, FileExistsError, NotADirectoryError) as exc:
+                    raise InputError(
+                        f"member {member.name!r} is also a directory of another member ({exc.strerror})",
+                        source=str(bundle),
+                        fix=_FIX,
+                    ) from None
+                except OSError as exc:
+                    raise InputError(
+                        f"member {member.name[:120]!r} cannot be written here ({exc.strerror})",
+                        source=str(bundle),
+                        fix=_FIX,
+                    ) from None
+        except (tarfile.TarError, EOFError, zlib.error) as exc:
+            raise InputError(f"the bundle is damaged ({exc})", source=str(bundle), fix=_FIX) from None
+    missing = sorted(set(listed) - seen)
+    if missing:
+        raise InputError(
+            f"bundle.json lists members the bundle lacks: {missing}", source=str(bundle), fix=_FIX
+        )
+    if f"{RUN}/{layout.RECORD}" not in seen:
+        raise InputError(f"the bundle holds no {RUN}/{layout.RECORD}", source=str(bundle), fix=_FIX)
+    return manifest
+
+
+def _make_parent(path: Path, name: str, bundle: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise InputError(
+            f"member {name!r} lies inside another member (a file, not a directory)",
+            source=str(bundle),
+            fix=_FIX,
+        ) from None
+    except OSError as exc:
+        raise InputError(
+            f"member {name[:120]!r} cannot be written here ({exc.strerror})", source=str(bundle), fix=_FIX
+        ) from None
+
+
+def _copy_checked(
+    tar: tarfile.TarFile, member: tarfile.TarInfo, sink: Any, listing: dict[str, Any], bundle: Path
+) -> None:
+    """Copy ``member`` to ``sink`` in chunks, hashing it; refuse a sha256 other than listed."""
+    handle = tar.extractfile(member)
+    assert handle is not None  # a regular file, checked
+    digest = hashlib.sha256()
+    while chunk := handle.read(1 << 20):
+        digest.update(chunk)
+        sink.write(chunk)
+    if digest.hexdigest() != listing.get("sha256"):
+        raise InputError(
+            f"member {member.name!r} does not match its sha256 in bundle.json: the bundle was changed",
+            source=str(bundle),
+            fix=_FIX,
+        )
+
+
+def _first_manifest(tar: tarfile.TarFile, bundle: Path) -> dict[str, Any]:
+    """``bundle.json``, which ``pack`` writes first: read (size-limited) and checked."""
+    try:
+        first = tar.next()
+    except (tarfile.TarError, EOFError, zlib.error) as exc:
+        raise InputError(f"the bundle is damaged ({exc})", source=str(bundle), fix=_FIX) from None
+    if first is None or first.name != MANIFEST or not first.isreg():
+        raise InputError(f"the bundle does not start with {MANIFEST}", source=str(bundle), fix=_FIX)
+    if first.size > MAX_MANIFEST_BYTES:
+        raise InputError(f"{MANIFEST} is {first.size} bytes: refused", source=str(bundle), fix=_FIX)
+    handle = tar.extractfile(first)
+    assert handle is not None
+    manifest = _parse_manifest(handle.read(), bundle)
+    _check_claims(manifest, bundle)
+    return manifest
+
+
+def _check_claims(manifest: dict[str, Any], bundle: Path) -> None:
+    """What bundle.json lists fits the limits and the archive's own size, and its data reference
+    is one of its members, before any member is read."""
+    listed: dict[str, dict[str, Any]] = manifest["members"]
+    if len(listed) > MAX_MEMBERS:
+        raise InputError(f"bundle.json lists {len(listed)} members", source=str(bundle), fix=_FIX)
+    claimed = [entry.get("size") for entry in listed.values()]
+    sizes = [size for size in claimed if isinstance(size, int) and not isinstance(size, bool) and size >= 0]
+    if len(sizes) != len(claimed):
+        raise InputError("bundle.json gives a member no valid size", source=str(bundle), fix=_FIX)
+    total = sum(sizes)
+    compressed = bundle.stat().st_size
+    if max(sizes, default=0) > MAX_MEMBER_BYTES or total > MAX_TOTAL_BYTES:
+        raise InputError(
+            f"bundle.json claims {total} bytes (the limits are {MAX_MEMBER_BYTES} a member, "
+            f"{MAX_TOTAL_BYTES} in all)",
+            source=str(bundle),
+            fix=_FIX,
+        )
+    if total > MAX_EXPANSION * compressed + (1 << 20):
+        raise InputError(
+            f"bundle.json claims {total} bytes from a {compressed}-byte archive (more than "
+            f"{MAX_EXPANSION}x): a compression bomb, refused before reading",
+            source=str(bundle),
+            fix=_FIX,
+        )
+    data = manifest.get("data")
+    if data is not None:
+        member = data.get("member") if isinstance(data, dict) else None
+        if not isinstance(member, str) or member not in listed or not member.startswith(f"{DATA}/"):
+            raise InputError(
+                f"bundle.json's data member {member!r} is not one of its data/ members: refused "
+                "before anything is read",
+                source=str(bundle),
+                fix=_FIX,
+            )
+
+
+def _check_member(member: tarfile.TarInfo, bundle: Path, listed: dict[str, dict[str, Any]]) -> None:
+    """A member may be read only if it is a regular file at a normalised relative path, listed in
+    bundle.json with its own size."""
+    name = member.name
+    if not member.isreg():
+        kind = "link" if member.issym() or member.islnk() else "directory" if member.isdir() else "device"
+        raise InputError(
+            f"member {name!r} is a {kind}, not a regular file: refused", source=str(bundle), fix=_FIX
+        )
+    path = PurePosixPath(name)
+    if path.is_absolute() or name.startswith(("/", "\\")) or ":" in path.parts[0]:
+        raise InputError(f"member {name!r} has an absolute path: refused", source=str(bundle), fix=_FIX)
+    if ".." in path.parts or "\\" in name or not path.parts:
+        raise InputError(
+            f"member {name!r} points outside the bundle ('..'): refused", source=str(bundle), fix=_FIX
+        )
+    if path.as_posix() != name or "." in name.split("/"):
+        raise InputError(
+            f"member {name!r} is not a normalised path (it would be written as {path.as_posix()!r}): refused",
+            source=str(bundle),
+            fix=_FIX,
+        )
+    if name not in listed:
+        raise InputError(
+            f"member {name!r} is not listed in bundle.json: refused", source=str(bundle), fix=_FIX
+        )
+    if member.size != listed[name].get("size"):
+        raise InputError(
+            f"member {name!r} is {member.size} bytes, bundle.json says {listed[name].get('size')}",
+            source=str(bundle),
+            fix=_FIX,
+        )
+
+
+def _parse_manifest(raw: bytes, bundle: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads(raw)
+    except RecursionError:
+        raise InputError(f"{MANIFEST} is nested too deeply", source=str(bundle), fix=_FIX) from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{MANIFEST} is not JSON ({exc})", source=str(bundle), fix=_FIX) from None
+    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
+        raise InputError(f"{MANIFEST} is not a reprotune bundle manifest", source=str(bundle), fix=_FIX)
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise InputError(
+            f"bundle schema_version {manifest.get('schema_version')!r} is not supported "
+            f"(this reprotune reads {SCHEMA_VERSION})",
+            source=str(bundle),
+            fix="use the reprotune version that packed it",
+        )
+    members = manifest.get("members")
+    if not isinstance(members, dict) or not all(isinstance(v, dict) for v in members.values()):
+        raise InputError(f"{MANIFEST} lists no members", source=str(bundle), fix=_FIX)
+    return manifest
