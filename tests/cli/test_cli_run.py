@@ -124,7 +124,7 @@ def test_record_is_complete(twin_runs: tuple[Path, Path]) -> None:
     env = record["environment"]
     assert env["determinism"]["deterministic_algorithms"] is True
     assert env["determinism"]["torch_num_threads"] == 1
-    for package in ("torch", "transformers", "peft", "mlflow"):
+    for package in ("torch", "transformers", "peft", "mlflow-skinny"):
         assert env["distributions"][package] == importlib.metadata.version(package)
 
     timings = record["timings"]

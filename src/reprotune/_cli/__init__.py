@@ -8,10 +8,12 @@ model (split, check-split, compare, report) must never import torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, TextIO
 
 from reprotune._cli._options import locate_config_source
 from reprotune._errors import Interrupted, ReprotuneError
@@ -58,8 +60,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _MaskedStream:
+    """A text stream that masks credentials in everything written through it
+    (``_config.secrets.mask_secrets``): the one gate every message of the CLI passes, whoever
+    prints it (errors, warnings, a tracker's failure, a progress bar)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        from reprotune._config.secrets import mask_secrets
+
+        self._stream.write(mask_secrets(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _masked_output() -> Iterator[None]:
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _MaskedStream(sys.stdout), _MaskedStream(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the reprotune CLI on ``argv``; return the exit code (0 ok, 1 finding, 2 bad input)."""
+    """Run the reprotune CLI on ``argv``; return the exit code (0 ok, 1 finding, 2 bad input).
+    Everything it prints passes :class:`_MaskedStream`."""
+    with _masked_output():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -15,12 +15,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="put the data file in the bundle, checked against the run's record (otherwise its hashes "
         "only: `rerun` then asks for --data); builtin data is never packed: every reprotune has it",
     )
+    parser.add_argument(
+        "--allow-secrets",
+        action="store_true",
+        help="pack even when the run's code.patch holds a token-shaped string (refused otherwise)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from reprotune._proof.bundle import pack
 
-    manifest = pack(args.run_dir, args.out, with_data=args.with_data)
+    manifest = pack(args.run_dir, args.out, with_data=args.with_data, allow_secrets=args.allow_secrets)
     members = manifest["members"]
     size = sum(int(m["size"]) for m in members.values())
     print(f"bundle {args.out}: {len(members)} files, {size / 1e6:.1f} MB, run {manifest['run_id']}")

@@ -24,7 +24,16 @@ from typing import Any
 NOT_SECRET_TAG = "!not-secret"
 MASK = "***"
 
-URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:@/\s?#]+)(?::[^@/\s?#]*)?@")
+# A URL's user-info: ``user@`` or ``user:password@``. The scheme's slashes may have been collapsed
+# by path normalisation (``https:/u:p@h``); a password may hold ``/`` or ``@`` (it then runs to the
+# last ``@`` before white space: over-masking costs nothing, leaking costs a credential).
+URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:/{1,3})(?:[^:@/\s?#]+:\S*|[^:@/\s?#]+)@")
+# A query parameter named like a secret: ``?api_key=...``, ``&token=...``, ``;sig=...``.
+SECRET_QUERY = re.compile(
+    r"(?P<key>[?&;](?:[^=&#\s]*(?:token|key|secret|password|passwd|sig|signature|auth|credential)[^=&#\s]*)=)"
+    r"[^&#\s]*",
+    re.IGNORECASE,
+)
 
 # (what, pattern): tokens recognised by their shape wherever they appear in a value.
 _TOKEN_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
@@ -47,18 +56,56 @@ _RANDOM_MIN_BITS_PER_CHAR = 3.0
 
 
 def mask_url_credentials(value: str) -> str:
-    """``value`` with the user-info of every URL masked: ``https://u:p@h`` -> ``https://***:***@h``."""
-    return URL_CREDENTIALS.sub(_mask, value) if "@" in value else value
+    """``value`` with the user-info of every URL masked (``https://u:p@h`` -> ``https://***:***@h``)
+    and every secret-named query parameter (``?token=abc`` -> ``?token=***``)."""
+    if "@" in value:
+        value = URL_CREDENTIALS.sub(_mask, value)
+    if "=" in value:
+        value = SECRET_QUERY.sub(lambda m: f"{m.group('key')}{MASK}", value)
+    return value
+
+
+def mask_tokens(value: str) -> str:
+    """``value`` with every token-shaped string (``hf_...``, ``ghp_...``, ``sk-...``, an AWS key
+    id, ...) replaced by ``***``, whatever its context."""
+    for _, pattern in _TOKEN_SHAPES:
+        value = pattern.sub(MASK, value)
+    return value
+
+
+def mask_secrets(value: str) -> str:
+    """Everything reprotune prints or writes outside a config: URL credentials, secret query
+    parameters and token-shaped strings masked. (A config's own values are masked by
+    :func:`mask_config`, which keeps token-shaped text a config marked ``!not-secret``.)"""
+    return mask_tokens(mask_url_credentials(value))
+
+
+def token_shape(value: str) -> str | None:
+    """What token ``value`` holds by its shape alone (``a GitHub token (ghp_...)``), or None."""
+    return next((what for what, pattern in _TOKEN_SHAPES if pattern.search(value)), None)
+
+
+def mask_data(value: Any) -> Any:
+    """A copy of JSON-like data with :func:`mask_secrets` applied to every text (keys kept)."""
+    if isinstance(value, str):
+        return mask_secrets(value)
+    if isinstance(value, dict):
+        return {key: mask_data(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [mask_data(item) for item in value]
+    return value
 
 
 def _mask(match: re.Match[str]) -> str:
     scheme = match.group("scheme")
     has_password = ":" in match.group(0)[len(scheme) :]
+    scheme = scheme.split(":", 1)[0] + "://"  # collapsed slashes restored: the mask is one form
     return f"{scheme}{MASK}:{MASK}@" if has_password else f"{scheme}{MASK}@"
 
 
 def mask_config(value: Any) -> Any:
-    """A copy of config data (dicts, lists, scalars) with every text's URL user-info masked."""
+    """A copy of config data (dicts, lists, scalars) with every text's URL user-info and secret
+    query parameters masked."""
     if isinstance(value, str):
         return mask_url_credentials(value)
     if isinstance(value, dict):

@@ -13,10 +13,12 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import re
 import tarfile
 from pathlib import Path
 from typing import Any
 
+from reprotune._config.secrets import token_shape
 from reprotune._errors import InputError
 from reprotune._jsonio import canonical_dumps, fsync_dir, sha256_file
 from reprotune._run import layout
@@ -31,12 +33,13 @@ RUN = "run"  # members of the run directory live under run/
 DATA = "data"  # the data file, with --with-data, under data/
 
 
-def pack(run_dir: Path, out: Path, *, with_data: bool = False) -> dict[str, Any]:
+def pack(run_dir: Path, out: Path, *, with_data: bool = False, allow_secrets: bool = False) -> dict[str, Any]:
     """Write the bundle of the completed run in ``run_dir`` to ``out``; return its ``bundle.json``.
 
     Raises:
         InputError: not a completed run directory, the data file is not there (``with_data``),
-            or ``out`` is one of the files it packs or lies in a run directory (``_run.outputs``).
+            ``out`` is one of the files it packs or lies in a run directory (``_run.outputs``), or
+            the run's ``code.patch`` holds a token-shaped string (unless ``allow_secrets``).
     """
     check_is_run_dir(run_dir)
     paths = layout.RunLayout(run_dir)
@@ -47,6 +50,8 @@ def pack(run_dir: Path, out: Path, *, with_data: bool = False) -> dict[str, Any]
             source=str(paths.record),
             fix=f"resume it with `reprotune resume {run_dir}` first; a bundle is for reproducing a result",
         )
+    if not allow_secrets and paths.patch.is_file():
+        refuse_secrets_in_patch(paths.patch)
     data_file = _data_file(record, run_dir) if with_data else None  # None for builtin data
     refuse_overwrite(out, reads=[run_dir, *([data_file] if data_file else [])], option="-o")
     files: dict[str, Path] = {}
@@ -95,6 +100,48 @@ def _run_files(paths: layout.RunLayout) -> list[Path]:
                 fix="replace the link by the file itself (cp --remove-destination TARGET LINK), then pack",
             )
     return found
+
+
+def refuse_secrets_in_patch(patch: Path) -> None:
+    """Refuse to ship a ``code.patch`` that holds a token-shaped string: the run directory keeps it
+    (a rerun here needs it), but a bundle leaves the machine.
+
+    Raises:
+        InputError: naming the changed file and its line, and what the token looks like.
+    """
+    found = first_token_in_patch(patch.read_text(encoding="utf-8", errors="replace"))
+    if found is None:
+        return
+    file, line, what = found
+    raise InputError(
+        f"the run's code.patch holds what looks like {what}, in {file} line {line}: a bundle would carry "
+        "it to every machine it is sent to",
+        source=str(patch),
+        fix="take the secret out of that file (commit, rerun), or pack anyway with --allow-secrets",
+    )
+
+
+def first_token_in_patch(patch: str) -> tuple[str, int, str] | None:
+    """``(file, line, what)`` of the first token-shaped string in a git diff, the line numbered in
+    the file's new version (its old one for a removed line), or None."""
+    file, old, new = "?", 0, 0
+    for text in patch.splitlines():
+        if text.startswith("diff --git "):
+            file = text.rsplit(" b/", 1)[-1]
+        elif text.startswith("@@"):
+            header = re.match(r"@@ -(\d+)(?:,\d+)? \+(\d+)", text)
+            old, new = (int(header[1]), int(header[2])) if header else (0, 0)
+            continue
+        what = token_shape(text)
+        if what is not None:
+            return file, (old if text.startswith("-") else new), what
+        if text.startswith("-"):
+            old += 1
+        elif text.startswith("+"):
+            new += 1
+        elif text.startswith(" "):
+            old, new = old + 1, new + 1
+    return None
 
 
 def builtin_data(record: dict[str, Any], run_dir: Path) -> str | None:

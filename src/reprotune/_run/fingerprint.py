@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from reprotune._config.schema import ExperimentConfig
+from reprotune._config.secrets import mask_secrets
 from reprotune._determinism.flags import determinism_flags
 from reprotune._jsonio import sha256_bytes
 from reprotune._run.kernels import kernel_facts
@@ -302,7 +303,7 @@ def code_fingerprint(
         head = _git(["rev-parse", "--verify", "--quiet", "HEAD"], cwd)
         commit = head.stdout.decode().strip() if head.returncode == 0 else None
         branch_run = _git(["symbolic-ref", "--quiet", "--short", "HEAD"], cwd)
-        branch = branch_run.stdout.decode().strip() if branch_run.returncode == 0 else None
+        branch = mask_secrets(branch_run.stdout.decode().strip()) if branch_run.returncode == 0 else None
         diff = b""
         if commit is not None:
             # Pinned options so the patch bytes do not depend on the user's git config.

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reprotune._config.loading import config_from_dict
 from reprotune._config.schema import ExperimentConfig, config_sha256
+from reprotune._config.secrets import mask_config, mask_data
 from reprotune._errors import InputError, SchemaVersionError
 from reprotune._jsonio import read_json_file, write_json_atomic
 from reprotune._run import layout
@@ -194,7 +195,15 @@ def write_record(path: str | os.PathLike[str], record: RunRecord | Mapping[str, 
             raise ValueError(
                 f"refusing to write an invalid record to {os.fspath(path)}: {_problems(exc)}"
             ) from None
-    return write_json_atomic(path, data)
+    return write_json_atomic(path, masked_record(data))
+
+
+def masked_record(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` as it may be written: every text outside ``config`` with URL credentials, secret
+    query parameters and token-shaped strings masked (a branch named after a key, a Trainer's
+    ``hub_token``); ``config`` with URL credentials and query secrets masked only, since a value
+    the config marked ``!not-secret`` is an input of the run."""
+    return {key: mask_config(value) if key == "config" else mask_data(value) for key, value in data.items()}
 
 
 def parse_record(data: Any, source: str = "<dict>") -> RunRecord:

@@ -1,8 +1,9 @@
 """Secrets kept out of everything reprotune writes: environment variables, URLs, query strings.
 
-A variable whose name looks secret (``HF_TOKEN``, ``WANDB_API_KEY``) is recorded as
-:data:`REDACTED`; every other recorded value has URL credentials (``https://user:pass@host``) and
-secret-looking query parameters masked.
+A variable whose name looks secret (``HF_TOKEN``, ``WANDB_API_KEY``), or whose value holds a
+token-shaped string whatever its name (``WANDB_NOTES=ghp_...``), is recorded as :data:`REDACTED`;
+every other recorded value has URL credentials (``https://user:pass@host``) and secret-looking
+query parameters masked (``_config.secrets``, the one place that knows what a secret looks like).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from reprotune._config.secrets import mask_url_credentials
+from reprotune._config.secrets import mask_url_credentials, token_shape
 
 REDACTED = "***REDACTED***"
 
@@ -50,12 +51,6 @@ ENV_PREFIXES: tuple[str, ...] = (
 # WANDB_API_KEY do not. Over-redacting costs nothing; leaking costs a credential.
 _SECRET_SUFFIXES = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "AUTH")
 _SECRET_WORDS = ("PASS", "PWD", "AUTHORIZATION", "COOKIE", "SESSION", "SIGNATURE", "SIG", "PRIVATE")
-_SECRET_QUERY = re.compile(
-    r"(?P<key>[?&;](?:[^=&#\s]*(?:token|key|secret|password|passwd|sig|signature|auth|credential)[^=&#\s]*)=)"
-    r"[^&#\s]*",
-    re.IGNORECASE,
-)
-
 # --- secrets -----------------------------------------------------------------------------------
 
 
@@ -70,8 +65,7 @@ def redact_value(value: str) -> str:
 
     ``https://user:pass@host/x?token=abc&a=1`` becomes ``https://***:***@host/x?token=***&a=1``.
     """
-    value = mask_url_credentials(value)
-    return _SECRET_QUERY.sub(lambda m: f"{m.group('key')}***", value)
+    return mask_url_credentials(value)
 
 
 def redact_data(value: Any) -> Any:
@@ -93,13 +87,15 @@ def redact_env(env: Mapping[str, str], prefixes: Iterable[str] = ENV_PREFIXES) -
         prefixes: a variable is kept when its name starts with one of these.
 
     Returns:
-        name -> value, sorted by name; a secret-looking name's value is :data:`REDACTED`, and
-        every other value has URL credentials and secret query parameters masked.
+        name -> value, sorted by name; a secret-looking name's value, or a value holding a
+        token-shaped string, is :data:`REDACTED`, and every other value has URL credentials and
+        secret query parameters masked.
     """
     wanted = tuple(prefixes)
     out = {}
     for name in sorted(env):
         if not name.startswith(wanted):
             continue
-        out[name] = REDACTED if is_secret_name(name) else redact_value(env[name])
+        secret = is_secret_name(name) or token_shape(env[name]) is not None
+        out[name] = REDACTED if secret else redact_value(env[name])
     return out

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from reprotune._config.secrets import mask_data
 from reprotune._version import __version__
 
 _MAX_PARAM_CHARS = 6000
@@ -109,14 +110,16 @@ def flatten_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str
 def tracker_tags(record: Mapping[str, Any]) -> dict[str, str]:
     """The tags a run gives its trackers: version, run id, code, data, model and config hashes."""
     code, data, model = record.get("code") or {}, record.get("data") or {}, record.get("model") or {}
-    return {
-        "reprotune.version": __version__,
-        "reprotune.run_id": record["run_id"],
-        "git.commit": str(code.get("commit")),
-        "git.dirty": str(code.get("dirty")),
-        "data.sha256": str(data.get("file_sha256")),
-        "data.manifest_sha256": str(data.get("manifest_sha256")),
-        "model.source": str(model.get("source")),
-        "model.weights_sha256": str(model.get("weights_sha256")),
-        "config.sha256": record["config_sha256"],
-    }
+    return mask_data(
+        {
+            "reprotune.version": __version__,
+            "reprotune.run_id": record["run_id"],
+            "git.commit": str(code.get("commit")),
+            "git.dirty": str(code.get("dirty")),
+            "data.sha256": str(data.get("file_sha256")),
+            "data.manifest_sha256": str(data.get("manifest_sha256")),
+            "model.source": str(model.get("source")),
+            "model.weights_sha256": str(model.get("weights_sha256")),
+            "config.sha256": record["config_sha256"],
+        }
+    )
