@@ -47,9 +47,13 @@ def _problems(exc: pytest.ExceptionInfo[ConfigError]) -> dict[str, str]:
     return {p.split(":", 1)[0]: p for p in exc.value.problems}
 
 
-def test_empty_file_gives_every_default(tmp_path: Path) -> None:
-    """An empty config validates to the defaults, fully written out in resolved()."""
-    cfg = load_config(_write(tmp_path, ""))
+def test_empty_file_is_refused_and_an_empty_mapping_gives_every_default(tmp_path: Path) -> None:
+    """A 0-byte (or comments-only) config is refused: it would silently start a fine-tune of the
+    builtin model. ``{}`` asks for the defaults, fully written out in resolved()."""
+    for empty in ("", "\n  \n", "# nothing here\n"):
+        with pytest.raises(InputError, match="is empty: it would run every default"):
+            load_config(_write(tmp_path, empty))
+    cfg = load_config(_write(tmp_path, "{}\n"))
     assert cfg.config_dir == str(tmp_path.resolve())  # where relative paths would resolve
     assert cfg.model_copy(update={"config_dir": None}) == ExperimentConfig()
     resolved = cfg.resolved()
@@ -137,7 +141,7 @@ def test_overrides_apply_yaml_values(tmp_path: Path) -> None:
 
 def test_bad_overrides_are_all_reported(tmp_path: Path) -> None:
     """Unknown --set paths (with did-you-mean), sections, malformed items and bad values come together."""
-    path = _write(tmp_path, "")
+    path = _write(tmp_path, "{}")
     with pytest.raises(ConfigError) as info:
         load_config(path, ["train.max_step=3", "train=5", "nokey", "train.batch_size=big", "seed.root.x=1"])
     text = "\n".join(info.value.problems)

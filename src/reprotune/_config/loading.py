@@ -43,6 +43,9 @@ from reprotune._config.yaml_io import (
 from reprotune._errors import ConfigError, InputError
 from reprotune._jsonio import path_kind, write_bytes_atomic
 
+#: The largest config file read (1 MiB): a config names data and models, it does not hold them.
+MAX_CONFIG_BYTES = 1 << 20
+
 
 def _check_key_path(parts: Sequence[str]) -> str | None:
     """None if ``parts`` names a settable key in the schema, else the problem (with did-you-mean)."""
@@ -272,12 +275,27 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentCo
             source=str(path),
             fix=f"pass a YAML file{_inside_hint(file, ('.yaml', '.yml'))}",
         )
+    size = file.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise InputError(
+            f"config file {str(path)!r} is {size} bytes; a config is at most {MAX_CONFIG_BYTES} "
+            "(data and prompts belong in files it names)",
+            source=str(path),
+            fix="pass the experiment config (YAML), not a data file",
+        )
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(
             f"cannot read config file: {exc}", source=str(path), fix="pass a UTF-8 YAML file"
         ) from None
+    if not text.strip() or all(line.lstrip().startswith("#") for line in text.splitlines() if line.strip()):
+        raise InputError(
+            f"config file {str(path)!r} is empty: it would run every default (a fine-tune of the "
+            "builtin model), which no one asks for with an empty file",
+            source=str(path),
+            fix="write the settings you want (see examples/quickstart.yaml), or `{}` to run the defaults",
+        )
     data, marks = parse_yaml(text, str(path))
     return config_from_dict(
         data,

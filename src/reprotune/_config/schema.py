@@ -327,7 +327,9 @@ class DeterminismConfig(_Section):
         default="strict",
         description="strict = raise on nondeterministic ops; warn = warn; off = torch defaults",
     )
-    threads: Int | None = Field(default=2, ge=1, description="torch intra-op threads; null = leave unpinned")
+    threads: Int | None = Field(
+        default=2, ge=1, le=1024, description="torch intra-op threads (1 to 1024); null = leave unpinned"
+    )
     device: Literal["cpu", "cuda", "auto"] = Field(
         default="cpu", description="compute device; auto = cuda if present"
     )

@@ -206,10 +206,34 @@ def _parse_jsonl(data: bytes, source: str) -> dict[str, Column]:
                 source=f"{source}:{lineno}:1",
                 fix='make every non-blank line one JSON object such as {"prompt": ..., "response": ...}',
             )
+        if "\\u" in text and (column := _surrogate_column(row)) is not None:
+            raise InputError(
+                f"line {lineno}, column {column!r} holds a lone UTF-16 surrogate (a \\ud800-\\udfff "
+                "escape that is half a character): no text can be hashed, tokenized or written with it",
+                source=f"{source}:{lineno}",
+                fix="write the character itself, or its full surrogate pair (e.g. \\ud83d\\ude00)",
+            )
         for key in row:
             names.setdefault(key, None)
         rows.append(row)
     return {name: [row.get(name) for row in rows] for name in names}
+
+
+def _surrogate_column(row: dict[str, Any]) -> str | None:
+    """The first column of ``row`` whose name or value holds a lone surrogate, or None."""
+    for key, value in row.items():
+        stack: list[Any] = [key, value]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, str):
+                if not item.isascii() and any("\ud800" <= ch <= "\udfff" for ch in item):
+                    return key
+            elif isinstance(item, dict):
+                stack.extend(item.keys())
+                stack.extend(item.values())
+            elif isinstance(item, list):
+                stack.extend(item)
+    return None
 
 
 #: Deepest nesting of lists and objects accepted in a JSONL value (rows are hashed recursively).

@@ -34,6 +34,8 @@ SEED_RULE: Final = (
     "--vary each applies the rule of each consumer in turn; derive_seed(root, name) = first 8 bytes "
     "of sha256('reprotune/seed/v1/<root>/<name>'), big-endian, masked to 63 bits"
 )
+#: The most runs per group a study plans (each is a fine-tune; the plan is held in memory).
+MAX_RUNS: Final = 1000
 MIN_RUNS: Final = 2
 
 
@@ -99,6 +101,12 @@ def plan_study(cfg: ExperimentConfig, *, n: int, vary: str, name: str = "study")
             f"a study needs at least {MIN_RUNS} runs per group (got {n!r})",
             source="--n",
             fix="pass --n 5 or more for a useful spread",
+        )
+    if n > MAX_RUNS:
+        raise InputError(
+            f"--n {n} runs per group is more than a study holds (at most {MAX_RUNS}): each is a training",
+            source="--n",
+            fix=f"pass --n {MAX_RUNS} or fewer (5 to 20 is the useful range)",
         )
     if vary not in VARY_CHOICES:
         raise InputError(

@@ -1,0 +1,84 @@
+"""Issue 24, bounded work: a config is a config (not 110 MB, not empty), a study and a thread count
+have limits, and a lone surrogate in the data is refused at load with its line and column. Each
+is a clear exit 2 before any work, with nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from reprotune._cli import main
+from reprotune._config.loading import MAX_CONFIG_BYTES
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# a comment only\n"], ids=["0-bytes", "blank", "comment"])
+def test_an_empty_config_starts_nothing(
+    text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty config would silently fine-tune the builtin model for 100 steps: refused."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.yaml").write_text(text)
+    assert main(["run", "empty.yaml", "--no-progress", "--no-tracking"]) == 2
+    assert "is empty" in capsys.readouterr().err
+    assert _files(tmp_path) == ["empty.yaml"]
+
+
+def test_a_config_over_the_size_limit_is_refused_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A config past 1 MiB (here 2 MiB of unknown keys, which once took minutes and gigabytes):
+    refused by its size, before YAML parses it."""
+    monkeypatch.chdir(tmp_path)
+    lines = (f"key_{i}: {i}\n" for i in range(200_000))
+    (tmp_path / "big.yaml").write_text("".join(lines))
+    assert (tmp_path / "big.yaml").stat().st_size > MAX_CONFIG_BYTES
+    assert main(["doctor", "big.yaml"]) == 2
+    assert f"a config is at most {MAX_CONFIG_BYTES}" in capsys.readouterr().err
+
+
+def test_thread_counts_past_the_limit_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """determinism.threads=100000 once segfaulted torch: now a config error naming the bound."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cfg.yaml").write_text("train:\n  max_steps: 1\n")
+    assert main(["run", "cfg.yaml", "--set", "determinism.threads=100000", "--no-progress"]) == 2
+    assert "determinism.threads: input should be less than or equal to 1024" in capsys.readouterr().err
+    assert _files(tmp_path) == ["cfg.yaml"]
+
+
+def test_a_study_of_a_billion_runs_is_refused_before_planning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`seeds --n 1000000000` grew a plan without bound: refused, naming the limit."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cfg.yaml").write_text("train:\n  max_steps: 1\n")
+    assert main(["seeds", "cfg.yaml", "--n", "1000000000", "--no-tracking"]) == 2
+    assert "at most 1000" in capsys.readouterr().err
+    assert _files(tmp_path) == ["cfg.yaml"]
+
+
+@pytest.mark.parametrize(
+    ("line", "column"),
+    [
+        ('{"prompt": "p", "response": "r", "category": "\\udc80"}', "category"),
+        ('{"prompt": "a\\ud800b", "response": "r", "category": "c"}', "prompt"),
+    ],
+)
+def test_a_lone_surrogate_in_the_data_is_refused_at_load(
+    line: str, column: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A lone surrogate as a class or inside a prompt (a traceback in split and run before):
+    refused at load with its line and column; a proper surrogate pair is an ordinary character."""
+    good = '{"prompt": "\\ud83d\\ude00", "response": "r", "category": "c"}'
+    data = tmp_path / "data.jsonl"
+    data.write_text(f"{good}\n{line}\n")
+    assert main(["split", str(data), "--out", str(tmp_path / "split.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"line 2, column {column!r} holds a lone UTF-16 surrogate" in err
+    assert _files(tmp_path) == ["data.jsonl"]
