@@ -57,6 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from reprotune._train.signals import interrupt_on_signals
+
+    with interrupt_on_signals():  # SIGTERM/SIGHUP as Ctrl-C: the legs are stopped, exit 128 + signal
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.train_command is not None or args.resume_at is not None:
         return _run_command(args)
     from reprotune._config.loading import load_config

@@ -31,13 +31,19 @@ def launch_world_size() -> int:
     return max(1, int(os.environ.get("WORLD_SIZE", "1")))
 
 
+#: Set for a leg: the pid of the verify that started it. The leg's CLI asks the kernel for SIGTERM
+#: when that process ends (``reprotune._cli``), so a leg never trains on as an orphan after its
+#: verify is killed, even by SIGKILL.
+PARENT_ENV = "REPROTUNE_DIE_WITH_PARENT"
+
+
 def _command(args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     """``python -m reprotune ARGS``, or under torchrun a fresh ``torchrun --standalone`` launch of
     it at the same number of processes; and its environment."""
-    env = {k: v for k, v in os.environ.items() if k != "REPROTUNE_KILL_AT"}
+    env = {k: v for k, v in os.environ.items() if k not in ("REPROTUNE_KILL_AT", PARENT_ENV)}
     size = launch_world_size()
     if size == 1:
-        return [sys.executable, "-m", "reprotune", *args], env
+        return [sys.executable, "-m", "reprotune", *args], {**env, PARENT_ENV: str(os.getpid())}
     env = {k: v for k, v in env.items() if k not in _TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")}
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={size}"]
     return [*launch, "-m", "reprotune", *args], env

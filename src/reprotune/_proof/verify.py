@@ -128,6 +128,12 @@ def verify_config(
     if reference is not None:
         _check_reference(reference, cfg)
     if out_dir.exists() and any(out_dir.iterdir()):
+        if not (out_dir / "verification.json").exists():
+            raise InputError(
+                f"verification directory {out_dir} holds a verification that did not finish "
+                "(interrupted, or still running): its legs cannot be trusted to continue",
+                fix=f"remove {out_dir} and verify again, or choose a new --out directory",
+            )
         raise InputError(f"verification directory {out_dir} is not empty", fix="choose a new --out directory")
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = VerifyLayout(out_dir)
