@@ -199,7 +199,8 @@ def test_verify_rejects_bad_control_seed(tiny_project: TinyProject, tmp_path: Pa
 
 
 def test_verify_with_existing_reference(tiny_project: TinyProject, tmp_path: Path) -> None:
-    """--reference reuses a completed run of the same config; one of another config is refused."""
+    """--reference reuses a completed run of the same config (whatever its tracking settings); one
+    of another config is refused."""
     config = tiny_project.config("verify-ref.yaml", train={"max_steps": 4, "save_every": 0})
     tiny_project.run_cli("run", str(config), "--run-dir", str(tmp_path / "ref"), "--no-progress")
     done = tiny_project.run_cli(
@@ -207,6 +208,12 @@ def test_verify_with_existing_reference(tiny_project: TinyProject, tmp_path: Pat
     )
     assert "verify: PASS" in done.stdout
     assert not (tmp_path / "v" / "reference").exists()
+    # Another tracking setting cannot change the numbers: still a reference of this config.
+    tracked = tiny_project.run_cli(
+        "verify", str(config), "--set", "tracking.experiment=elsewhere", "--out", str(tmp_path / "vt"),
+        "--reference", str(tmp_path / "ref"),
+    )  # fmt: skip
+    assert "verify: PASS" in tracked.stdout
     other = tiny_project.run_cli(
         "verify",
         str(config),

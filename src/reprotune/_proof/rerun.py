@@ -19,6 +19,8 @@ from reprotune._config.schema import ExperimentConfig
 from reprotune._data.checksplit import check_split
 from reprotune._data.loaders import load_table
 from reprotune._data.manifest import load_manifest
+from reprotune._determinism.device import resolve_device
+from reprotune._determinism.flags import apply_determinism
 from reprotune._errors import InputError, RunFailedError
 from reprotune._jsonio import sha256_file, write_json_atomic
 from reprotune._proof.bundle import builtin_data
@@ -60,11 +62,22 @@ def preflight(run_dir: Path, record: dict[str, Any], cfg: ExperimentConfig, *, c
             fix="restore the original data file (its sha256 is in record.json under data.file_sha256)",
         )
     now = code_fingerprint(code_dir).to_record(patch_file=None)
+    # What the run sets from its config (determinism flags, thread counts) is set first, as the
+    # run will: the environment is then read as it will be in force, not as this process started.
+    det = cfg.determinism
+    apply_determinism(det.mode, det.threads, resolve_device(det.device).type, cpu_isa=det.cpu_isa)
+    recorded = record.get("environment", {})
+    environment = section_drift(recorded, environment_fingerprint(), prefix="environment")
     return Preflight(
         now,
         code_drift(record.get("code", {}), now),
-        section_drift(record.get("environment", {}), environment_fingerprint(), prefix="environment"),
+        [line for line in environment if not line.startswith(_KNOWN_ONCE_LOADED)],
     )
+
+
+#: The attention implementation is known once the model is loaded: the comparison after the run
+#: compares it (as every environment fact), the list before it cannot.
+_KNOWN_ONCE_LOADED = "environment.kernels.attention."
 
 
 def rerun(

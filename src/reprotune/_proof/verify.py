@@ -53,7 +53,7 @@ from reprotune._proof.processes import run_logged as _reprotune
 from reprotune._proof.verification import Leg, Verification
 from reprotune._proof.verify_eval import eval_leg
 from reprotune._run.layout import RunLayout, VerifyLayout
-from reprotune._run.record import load_record
+from reprotune._run.record import load_record, record_config
 from reprotune._run.rundir import check_is_run_dir
 from reprotune._train.turn import TURNS_POSSIBLE
 
@@ -320,7 +320,7 @@ def _control_bound(cfg: ExperimentConfig, total: int) -> int:
 
 
 def _check_reference(run_dir: Path, cfg: ExperimentConfig) -> None:
-    """Refuse a reference run that is unfinished or of another config."""
+    """Refuse a reference run that is unfinished or of another config (tracking settings aside)."""
     check_is_run_dir(run_dir, option="--reference")
     record = load_record(RunLayout(run_dir).record)
     if record.get("status") != "completed":
@@ -329,12 +329,21 @@ def _check_reference(run_dir: Path, cfg: ExperimentConfig) -> None:
             source="--reference",
             fix="resume it first, or leave --reference out",
         )
-    if record.get("config_sha256") != config_sha256(cfg):
+    recorded = record_config(record, run_dir=run_dir, source=str(RunLayout(run_dir).record))
+    if record.get("config_sha256") != config_sha256(cfg) and _numbers_config(recorded) != _numbers_config(
+        cfg
+    ):
         raise InputError(
             f"reference run {run_dir} was made from another config",
             source="--reference",
             fix="pass the same config (and --set overrides) the reference was run with",
         )
+
+
+def _numbers_config(cfg: ExperimentConfig) -> str:
+    """The config's identity without ``tracking``, which cannot change the numbers (compare treats
+    it so): a reference mirrored elsewhere, or not at all, is still a reference of this config."""
+    return config_sha256(cfg.model_copy(update={"tracking": type(cfg.tracking)()}))
 
 
 def _total_steps(run_dir: Path) -> int:
