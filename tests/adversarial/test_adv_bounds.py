@@ -82,3 +82,20 @@ def test_a_lone_surrogate_in_the_data_is_refused_at_load(
     err = capsys.readouterr().err
     assert f"line 2, column {column!r} holds a lone UTF-16 surrogate" in err
     assert _files(tmp_path) == ["data.jsonl"]
+
+
+def test_a_long_csv_field_is_data_and_a_huge_one_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 200,000-character field (over Python csv's 131,072 default) loads; one over reprotune's
+    16 Mi limit is refused with its line and the limit, not "check the quoting"."""
+    from reprotune._data.loaders import MAX_CSV_FIELD, load_table
+
+    long = tmp_path / "long.csv"
+    long.write_text("prompt,response,category\n" + f"a,{'x' * 200_000},c\n" + "b,y,c\n")
+    assert len(load_table(str(long)).column("response")[0]) == 200_000
+    huge = tmp_path / "huge.csv"
+    huge.write_text("prompt,response,category\n" + f"a,{'x' * (MAX_CSV_FIELD + 1)},c\n")
+    assert main(["split", str(huge), "--out", str(tmp_path / "split.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"line 2 has a field over {MAX_CSV_FIELD} characters" in err and "quoting" not in err

@@ -259,6 +259,10 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+#: The longest CSV field read (characters): 16 Mi, where Python's csv stops at 128 Ki.
+MAX_CSV_FIELD = 16 << 20
+
+
 def _parse_csv(data: bytes, source: str) -> dict[str, Column]:
     # Decode per line first, so a bad byte is reported with its line.
     try:
@@ -267,6 +271,10 @@ def _parse_csv(data: bytes, source: str) -> dict[str, Column]:
         for lineno, raw in enumerate(data.split(b"\n"), start=1):
             _decode_line(raw, source, lineno)
         raise
+    # Python's csv refuses fields over 131,072 characters by default; a long document or a base64
+    # image in one field is data, so the limit is the one reprotune states (process-wide, raised
+    # only).
+    csv.field_size_limit(max(csv.field_size_limit(), MAX_CSV_FIELD))
     reader = csv.reader(io.StringIO(text, newline=""))
     try:
         header = next(reader)
@@ -304,6 +312,13 @@ def _parse_csv(data: bytes, source: str) -> dict[str, Column]:
             for column, value in zip(values, record, strict=True):
                 column.append(value)
     except csv.Error as exc:
+        if "field larger than field limit" in str(exc):
+            raise InputError(
+                f"line {reader.line_num} has a field over {csv.field_size_limit()} characters",
+                source=f"{source}:{reader.line_num}",
+                fix="keep each field under that (a long text is fine; a whole file in one cell is not), "
+                "or use JSONL",
+            ) from exc
         raise InputError(
             f"line {reader.line_num} is not valid CSV: {exc}",
             source=f"{source}:{reader.line_num}",
