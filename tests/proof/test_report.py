@@ -46,8 +46,11 @@ def test_divergence_marked_and_differences_tabled(runs: list[Path], tmp_path: Pa
     html = write_report(runs, tmp_path / "report.html").read_text(encoding="utf-8")
     marks = "B (seed43) parts from A (ref) at step 0, C (noisy) parts from A (ref) at step 7"
     assert f"dashed vertical lines: {marks}" in html
-    assert html.count('<span class="verdict DIVERGED">DIVERGED</span>') == 2
+    assert html.count('<span class="verdict DIVERGED">DIVERGED</span>') == 4  # at a glance, and below
     assert "root seed 42 vs 43" in html
+    # The verdict and the first cause come first, before the runs table, the plots and the details.
+    glance = html[: html.index("<h2>Runs</h2>")]
+    assert '<span class="verdict DIVERGED">DIVERGED</span> from step 7: numbers differ from step 7' in glance
     assert "numbers differ from step 7 with identical data order: torch.num_threads 2 vs 4" in html
     assert "<td>environment.torch.num_threads</td>" in html
 

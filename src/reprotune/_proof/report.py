@@ -36,6 +36,7 @@ body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; co
 h1 { font-size: 1.6em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ccc; }
 table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.92em; max-width: 100%; }
 td { overflow-wrap: anywhere; } table.diffs td:nth-child(2) { white-space: nowrap; }
+table.runs td:nth-child(4) { white-space: nowrap; } .glance li { margin: 0.3em 0; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 code, td.val { font-family: ui-monospace, monospace; word-break: break-all; }
@@ -99,6 +100,7 @@ def render_report(
         f"<style>{_CSS}</style></head><body>",
         "<h1>reprotune report</h1>",
         f"<p>Written by reprotune {escape(__version__)}. Run {escape(labels[0])} is the reference.</p>",
+        *_glance(labels, comparisons),
         *summaries,
         "<h2>Runs</h2>",
         _table(
@@ -107,6 +109,7 @@ def render_report(
                 (label, str(r.path), r.run_id, r.status, len(r.ledger.train), len(r.ledger.val))
                 for label, r in zip(labels, runs, strict=True)
             ),
+            css="runs",
         ),
         "<h2>Loss</h2>",
         _figure(train_png, "Training loss of every run by optimizer step" + marks),
@@ -121,6 +124,24 @@ def render_report(
     parts.extend(evals_section(labels, [r.path for r in runs]))  # none without evals (docs/eval.md)
     parts.append("</body></html>\n")
     return "\n".join(parts)
+
+
+def _glance(labels: Sequence[str], comparisons: Sequence[Comparison]) -> Iterable[str]:
+    """Each comparison's verdict and its first cause (or where the runs part), on the first
+    screen: the details follow below."""
+    if not comparisons:
+        return
+    yield '<ul class="glance">'
+    for label, c in zip(labels[1:], comparisons, strict=True):
+        at = c.where.first_divergence_step
+        why = c.causes[0] if c.causes else (c.incomparable[0] if c.incomparable else "")
+        where = f" from step {at}" if at is not None else ""
+        yield (
+            f"<li>{escape(labels[0])} vs {escape(label)}: "
+            f'<span class="verdict {escape(c.verdict.value)}">{escape(c.verdict.label)}</span>'
+            f"{escape(where)}{': ' + escape(why) if why else ''}</li>"
+        )
+    yield "</ul>"
 
 
 def _labels(runs: Sequence[RunDir]) -> list[str]:
