@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 #: The YAML tag that marks a value as not secret: ``system_prompt: !not-secret "sk-..."``.
@@ -87,12 +87,17 @@ def token_shape(value: str) -> str | None:
 
 def mask_data(value: Any) -> Any:
     """A copy of JSON-like data with :func:`mask_secrets` applied to every text (keys kept)."""
+    return map_texts(value, mask_secrets)
+
+
+def map_texts(value: Any, mask: Callable[[str], str]) -> Any:
+    """A copy of JSON-like data (mappings, lists, scalars) with ``mask`` applied to every text."""
     if isinstance(value, str):
-        return mask_secrets(value)
-    if isinstance(value, dict):
-        return {key: mask_data(item) for key, item in value.items()}
+        return mask(value)
+    if isinstance(value, Mapping):
+        return {key: map_texts(item, mask) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [mask_data(item) for item in value]
+        return [map_texts(item, mask) for item in value]
     return value
 
 
@@ -106,13 +111,7 @@ def _mask(match: re.Match[str]) -> str:
 def mask_config(value: Any) -> Any:
     """A copy of config data (dicts, lists, scalars) with every text's URL user-info and secret
     query parameters masked."""
-    if isinstance(value, str):
-        return mask_url_credentials(value)
-    if isinstance(value, dict):
-        return {key: mask_config(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [mask_config(item) for item in value]
-    return value
+    return map_texts(value, mask_url_credentials)
 
 
 def is_secret_key(name: str) -> bool:

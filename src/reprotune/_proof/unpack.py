@@ -132,23 +132,7 @@ def _extract_checked(bundle: Path, root: Path) -> dict[str, Any]:
                 if member.name in seen:
                     raise InputError(f"member {member.name!r} appears twice", source=str(bundle), fix=_FIX)
                 seen.add(member.name)
-                path = root.joinpath(*PurePosixPath(member.name).parts)
-                _make_parent(path, member.name, bundle)
-                try:
-                    with open(path, "xb") as sink:
-                        _copy_checked(tar, member, sink, listed[member.name], bundle)
-                except (IsADirectoryError, FileExistsError, NotADirectoryError) as exc:
-                    raise InputError(
-                        f"member {member.name!r} is also a directory of another member ({exc.strerror})",
-                        source=str(bundle),
-                        fix=_FIX,
-                    ) from None
-                except OSError as exc:
-                    raise InputError(
-                        f"member {member.name[:120]!r} cannot be written here ({exc.strerror})",
-                        source=str(bundle),
-                        fix=_FIX,
-                    ) from None
+                _write_member(tar, member, root, listed[member.name], bundle)
         except (tarfile.TarError, EOFError, zlib.error) as exc:
             raise InputError(f"the bundle is damaged ({exc})", source=str(bundle), fix=_FIX) from None
     missing = sorted(set(listed) - seen)
@@ -161,12 +145,21 @@ def _extract_checked(bundle: Path, root: Path) -> dict[str, Any]:
     return manifest
 
 
-def _make_parent(path: Path, name: str, bundle: Path) -> None:
+def _write_member(
+    tar: tarfile.TarFile, member: tarfile.TarInfo, root: Path, listing: dict[str, Any], bundle: Path
+) -> None:
+    """Write ``member`` under ``root`` (checked as it is copied); a path that cannot be written, or
+    that is a file and a directory at once, is bad input, not a traceback."""
+    name = member.name
+    path = root.joinpath(*PurePosixPath(name).parts)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
+        with open(path, "xb") as sink:
+            _copy_checked(tar, member, sink, listing, bundle)
+    except (FileExistsError, NotADirectoryError, IsADirectoryError):
         raise InputError(
-            f"member {name!r} lies inside another member (a file, not a directory)",
+            f"member {name!r} lies inside another member, or another inside it (one path cannot be "
+            "a file and a directory)",
             source=str(bundle),
             fix=_FIX,
         ) from None

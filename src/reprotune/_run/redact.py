@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from reprotune._config.secrets import mask_url_credentials, token_shape
+from reprotune._config.secrets import map_texts, mask_url_credentials, token_shape
 
 REDACTED = "***REDACTED***"
 
@@ -70,13 +70,7 @@ def redact_value(value: str) -> str:
 
 def redact_data(value: Any) -> Any:
     """A copy of JSON-like data with :func:`redact_value` applied to every text (keys kept)."""
-    if isinstance(value, str):
-        return redact_value(value)
-    if isinstance(value, Mapping):
-        return {key: redact_data(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [redact_data(item) for item in value]
-    return value
+    return map_texts(value, redact_value)
 
 
 def redact_env(env: Mapping[str, str], prefixes: Iterable[str] = ENV_PREFIXES) -> dict[str, str]:
