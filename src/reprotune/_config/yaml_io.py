@@ -116,6 +116,14 @@ def check_expansion(root: Any, source: str) -> None:
             on_path.discard(key)
             sizes[key] = 1 + sum(sizes[id(child)] for child in _children(node))
             if sizes[key] > MAX_NODES:
+                if len(sizes) > MAX_NODES:  # as many distinct values: a big document, no alias trick
+                    raise ConfigError(
+                        [
+                            f"the YAML document holds more than {MAX_NODES:,} values (a config has a "
+                            "few dozen); fix: pass the experiment config, not a data or results file"
+                        ],
+                        source=source,
+                    )
                 _refuse_expansion(node, source, f"expands to more than {MAX_NODES:,} values")
             continue
         if key in sizes:
