@@ -4,6 +4,7 @@ is a clear exit 2 before any work, with nothing written."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,16 @@ def test_a_config_of_many_keys_is_refused_as_what_it_is(
     assert main(["doctor", str(tmp_path / "many.yaml")]) == 2
     err = capsys.readouterr().err
     assert "holds more than 10,000 values" in err and "alias" not in err
+
+
+def test_classes_that_print_alike_are_told_apart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stratify column holding 1 and "1" has two classes: the summary shows them as 1 and "1"
+    (both were printed as 1)."""
+    rows = [("a", 1), ("b", "1"), ("c", 1), ("d", "1")]
+    data = tmp_path / "mixed.jsonl"
+    data.write_text(
+        "".join(f'{{"prompt": "{p}", "response": "r", "category": {json.dumps(c)}}}\n' for p, c in rows)
+    )
+    assert main(["split", str(data), "--stratify-by", "category", "--out", str(tmp_path / "s.json")]) == 0
+    table = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.split()[1:2] == ["2"]]
+    assert sorted(table) == ['"1"', "1"]

@@ -132,11 +132,12 @@ class Manifest:
         if self.groups is not None:
             lines.append("  groups: " + ", ".join(f"{name} {self.groups[name]}" for name in SPLITS))
         if self.classes:
-            width = max(len(str(c.value)) for c in self.classes)
+            shown = _class_names([c.value for c in self.classes])
+            width = max(len(name) for name in shown)
             lines.append(f"  {'class':<{width}}  {'rows':>7} {'train':>7} {'val':>7} {'test':>7}  decision")
-            for c in self.classes:
+            for name, c in zip(shown, self.classes, strict=True):
                 lines.append(
-                    f"  {c.value!s:<{width}}  {c.n_rows:>7} {c.train:>7} {c.validation:>7} "
+                    f"  {name:<{width}}  {c.n_rows:>7} {c.train:>7} {c.validation:>7} "
                     f"{c.test:>7}  {c.decision}"
                 )
         return "\n".join(lines)
@@ -494,6 +495,15 @@ def _load_row_hashes(info: Mapping[str, Any], path: Path, n_rows: int, check: _C
     if len(hashes) != n_rows:
         check.problems.append(f"the sidecar holds {len(hashes)} row hashes for {n_rows} rows")
     return hashes
+
+
+def _class_names(values: list[Any]) -> list[str]:
+    """How each class is printed: as itself, unless two print alike (``1`` and ``"1"``, ``True``
+    and ``"True"``): then every class as JSON, so that ``1`` and ``"1"`` are told apart."""
+    plain = [str(value) for value in values]
+    if len(set(plain)) == len(plain):
+        return plain
+    return [json.dumps(value, ensure_ascii=False) for value in values]
 
 
 def _load_classes(raw: list[Any], check: _Checker) -> tuple[ClassSummary, ...]:
