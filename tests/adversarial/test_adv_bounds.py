@@ -5,6 +5,7 @@ is a clear exit 2 before any work, with nothing written."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,21 @@ def test_classes_that_print_alike_are_told_apart(tmp_path: Path, capsys: pytest.
     assert main(["split", str(data), "--stratify-by", "category", "--out", str(tmp_path / "s.json")]) == 0
     table = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.split()[1:2] == ["2"]]
     assert sorted(table) == ['"1"', "1"]
+
+
+def test_a_second_study_on_a_directory_being_written_is_refused_in_its_own_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """While one `seeds --out st` writes st (its one-writer lock held, as here), a second is
+    refused naming the study directory, the holder and --out (it once suggested --run-dir, an
+    option of `run`)."""
+    from reprotune._run.lock import holding_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cfg.yaml").write_text("train:\n  max_steps: 1\n")
+    with holding_run_dir(tmp_path / "st", report=print, what="study directory", option="--out"):
+        assert main(["seeds", "cfg.yaml", "--n", "2", "--out", "st", "--no-tracking"]) == 2
+    err = capsys.readouterr().err
+    assert f"study directory st is being written by another process (pid {os.getpid()}" in err
+    assert "choose another --out" in err and "--run-dir" not in err
+    assert _files(tmp_path) == ["cfg.yaml", "st"]

@@ -70,12 +70,15 @@ def holder_info() -> dict[str, Any]:
     return {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
-def lock_run_dir(run_dir: Path, *, report: Callable[[str], None]) -> RunDirLock:
+def lock_run_dir(
+    run_dir: Path, *, report: Callable[[str], None], what: str = "run directory", option: str = "--run-dir"
+) -> RunDirLock:
     """Take the one-writer lock of ``run_dir`` (created if missing); return it, held.
 
     Args:
-        run_dir: the run directory.
+        run_dir: the run directory (or another directory with one writer: a study's).
         report: where notes go (a stale lock taken over, a filesystem that cannot lock).
+        what, option: what the directory is and the option that chose it, for the messages.
 
     Raises:
         InputError: another live process holds the lock (its pid and host are named), or the
@@ -100,6 +103,21 @@ def lock_run_dir(run_dir: Path, *, report: Callable[[str], None]) -> RunDirLock:
         ) from None
     if not run_dir.is_dir():
         raise _not_a_directory(run_dir)
+    try:
+        return _take(path, run_dir, report)
+    except _Busy as busy:
+        raise _busy(run_dir, busy.holder, what, option) from None
+
+
+class _Busy(Exception):
+    """Another live process holds the lock (its recorded holder)."""
+
+    def __init__(self, holder: dict[str, Any]) -> None:
+        super().__init__()
+        self.holder = holder
+
+
+def _take(path: Path, run_dir: Path, report: Callable[[str], None]) -> RunDirLock:
     for _attempt in range(10):
         fd = _open(path, run_dir)
         if not _try_flock(fd, path, run_dir):
@@ -118,9 +136,11 @@ def lock_run_dir(run_dir: Path, *, report: Callable[[str], None]) -> RunDirLock:
 
 
 @contextlib.contextmanager
-def holding_run_dir(run_dir: Path, *, report: Callable[[str], None]) -> Iterator[RunDirLock]:
+def holding_run_dir(
+    run_dir: Path, *, report: Callable[[str], None], what: str = "run directory", option: str = "--run-dir"
+) -> Iterator[RunDirLock]:
     """``with holding_run_dir(d, report=...) as lock:`` the lock of ``d`` for the block."""
-    lock = lock_run_dir(run_dir, report=report)
+    lock = lock_run_dir(run_dir, report=report, what=what, option=option)
     try:
         yield lock
     finally:
@@ -157,7 +177,7 @@ def _try_flock(fd: int, path: Path, run_dir: Path) -> bool:
         if exc.errno in _BUSY:
             holder = read_holder(path)
             os.close(fd)
-            raise _busy(run_dir, holder) from None
+            raise _Busy(holder) from None
         if exc.errno in UNSUPPORTED:
             return False
         os.close(fd)
@@ -171,7 +191,7 @@ def _refuse_live_holder(path: Path, run_dir: Path, fd: int) -> None:
     pid, host = holder.get("pid"), holder.get("host")
     if isinstance(pid, int) and pid != os.getpid() and host == socket.gethostname() and _alive(pid):
         os.close(fd)
-        raise _busy(run_dir, holder)
+        raise _Busy(holder)
 
 
 def _alive(pid: int) -> bool:
@@ -216,14 +236,14 @@ def _same_file(fd: int, path: Path) -> bool:
     return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
-def _busy(run_dir: Path, holder: dict[str, Any]) -> InputError:
+def _busy(run_dir: Path, holder: dict[str, Any], what: str, option: str) -> InputError:
     pid, host = holder.get("pid", "?"), holder.get("host", "?")
     since = f" since {holder['since']}" if holder.get("since") else ""
     return InputError(
-        f"run directory {run_dir} is being written by another process (pid {pid} on host {host}{since}); "
-        "a run directory has one writer",
+        f"{what} {run_dir} is being written by another process (pid {pid} on host {host}{since}); "
+        f"a {what} has one writer",
         source=str(RunLayout(run_dir).lock),
-        fix="wait for that process to end (or stop it), then try again; or choose another --run-dir",
+        fix=f"wait for that process to end (or stop it), then try again; or choose another {option}",
     )
 
 

@@ -20,6 +20,8 @@ from reprotune._config.loading import dump_config_yaml
 from reprotune._config.schema import ExperimentConfig, config_sha256
 from reprotune._determinism.seeds import derive_seed
 from reprotune._errors import InputError
+from reprotune._run.layout import LOCK
+from reprotune._run.lock import holding_run_dir
 from reprotune._studies import layout
 from reprotune._studies.execute import Action, RunOutcome, execute_runs
 from reprotune._studies.layout import StudyLayout
@@ -94,6 +96,14 @@ def run_study(
         )
     plan = plan_study(cfg, n=n, vary=vary, name=options.name)
     paths = StudyLayout(options.out or Path("studies") / plan.study_id)
+    # One writer: a second `seeds` on the same directory is refused while this one runs.
+    with holding_run_dir(paths.root, report=options.progress, what="study directory", option="--out"):
+        return _run_locked(cfg, plan, paths, options)
+
+
+def _run_locked(
+    cfg: ExperimentConfig, plan: StudyPlan, paths: StudyLayout, options: StudyOptions
+) -> StudyResult:
     study = _open(paths, plan)
     dump_config_yaml(cfg, paths.config)
     tracker = _tracker(cfg, plan, paths, options)
@@ -158,7 +168,7 @@ def _open(paths: StudyLayout, plan: StudyPlan) -> dict[str, Any]:
     if paths.root.is_dir():
         for leftover in paths.root.glob(f".{layout.STUDY}.*.tmp"):
             leftover.unlink()  # a first study.json killed before it landed: nothing was run
-    if paths.root.exists() and (not paths.root.is_dir() or any(paths.root.iterdir())):
+    if paths.root.exists() and (not paths.root.is_dir() or any(p.name != LOCK for p in paths.root.iterdir())):
         raise InputError(
             f"{paths.root} exists and is not a study directory (it has no {layout.STUDY})",
             source="--out",
