@@ -224,3 +224,51 @@ def test_pack_with_data_checks_the_data_against_the_record(
         _refused(argv, tmp_path, capsys, "has changed since the run")
     finally:
         data.write_bytes(original)
+
+
+def test_a_cut_bundle_is_damaged_not_a_traceback(
+    honest: tuple[dict[str, Any], list], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bundle cut off inside bundle.json, or inside a member: exit 2 "damaged" (the record peek
+    that runs before torch loads reads it too)."""
+    manifest, members = honest
+    whole = _write(tmp_path / "whole.tar.gz", manifest, members)
+    raw = gzip.decompress(whole.read_bytes())
+    for cut in (700, len(raw) // 2):
+        bundle = tmp_path / f"cut-{cut}.tar.gz"
+        bundle.write_bytes(gzip.compress(raw[:cut]))
+        argv = ["rerun", str(bundle), "--out", str(tmp_path / "out"), "--no-progress"]
+        _refused(argv, tmp_path, capsys, "the bundle is damaged")
+
+
+@pytest.mark.parametrize(("name", "expected"), [(".", "has no name"), ("run/" + "a/" * 20 + "f", "levels")])
+def test_member_names_that_are_no_path_or_too_deep_are_refused(
+    honest: tuple[dict[str, Any], list],
+    name: str,
+    expected: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A member named "." (an IndexError before) or nested 21 levels (a RecursionError while its
+    folders were made): exit 2 before it is read."""
+    manifest, members = honest
+    extra = [*members, (name, b"x")]
+    bundle = _write(tmp_path / "odd.tar.gz", dict(manifest, members=_listing(extra)), extra)
+    argv = ["rerun", str(bundle), "--out", str(tmp_path / "out"), "--no-progress"]
+    _refused(argv, tmp_path, capsys, expected)
+
+
+def test_a_header_larger_than_the_listing_allows_is_refused(
+    honest: tuple[dict[str, Any], list], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A member whose GNU long-name header is 8 MB (read whole by tar before any check; 500 MB once
+    took 2 GB of memory): the decompressed stream is bounded to what bundle.json lists, refused."""
+    manifest, _ = honest
+    bundle = tmp_path / "longname.tar.gz"
+    with tarfile.open(bundle, "w:gz", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in [(MANIFEST, json.dumps(manifest).encode()), (f"run/{'n' * (8 << 20)}", b"x")]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    argv = ["rerun", str(bundle), "--out", str(tmp_path / "out"), "--no-progress"]
+    _refused(argv, tmp_path, capsys, "the bundle holds more than its bundle.json lists")

@@ -272,3 +272,29 @@ def test_seed_everything_seeds_tensorflow_when_installed(tmp_path: Path) -> None
         "seeded": ["python", "numpy", "torch", "tensorflow"],
         "tensorflow": {"version": "2.99.0-standin", "op_determinism": True},
     }
+
+
+def test_a_broken_tensorflow_does_not_stop_seed_everything(tmp_path: Path) -> None:
+    """TensorFlow installed but failing to import (built against another NumPy, say): torch and the
+    rest are seeded, a warning says why TensorFlow was not, and the record keeps the error."""
+    package = tmp_path / "site" / "tensorflow"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('built against another numpy')\n")
+    script = (
+        "import json, warnings\n"
+        "from reprotune import seed_everything\n"
+        "from reprotune._determinism.seeds import last_seeding\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    seed_everything(7)\n"
+        "print(json.dumps({'seeding': last_seeding(), 'warnings': [str(w.message) for w in caught]}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["seeding"]["seeded"] == ["python", "numpy", "torch"]
+    assert out["seeding"]["tensorflow"] == {"error": "ImportError: built against another numpy"}
+    assert any("TensorFlow is installed but ImportError" in w for w in out["warnings"])

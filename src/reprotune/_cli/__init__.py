@@ -12,7 +12,7 @@ import contextlib
 import importlib
 import sys
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TextIO
 
 from reprotune._cli._options import locate_config_source
@@ -74,6 +74,10 @@ class _MaskedStream:
         self._stream.write(mask_secrets(text))
         return len(text)
 
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
@@ -81,7 +85,10 @@ class _MaskedStream:
 @contextlib.contextmanager
 def _masked_output() -> Iterator[None]:
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _MaskedStream(sys.stdout), _MaskedStream(sys.stderr)
+    if sys.stdout is not None:  # None where the stream is closed (pythonw, fd 1 closed)
+        sys.stdout = _MaskedStream(sys.stdout)
+    if sys.stderr is not None:
+        sys.stderr = _MaskedStream(sys.stderr)
     try:
         yield
     finally:

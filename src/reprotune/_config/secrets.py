@@ -24,10 +24,14 @@ from typing import Any
 NOT_SECRET_TAG = "!not-secret"
 MASK = "***"
 
-# A URL's user-info: ``user@`` or ``user:password@``. The scheme's slashes may have been collapsed
-# by path normalisation (``https:/u:p@h``); a password may hold ``/`` or ``@`` (it then runs to the
-# last ``@`` before white space: over-masking costs nothing, leaking costs a credential).
-URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:/{1,3})(?:[^:@/\s?#]+:\S*|[^:@/\s?#]+)@")
+# A URL's user-info: ``user@`` or ``user:password@``. A password may hold ``/`` or ``@`` (it then
+# runs to the last ``@`` before white space); ``host:8443/x@v1`` is a port and a path, not a
+# password. In what reprotune prints and records (not in a config's own values, which a rerun
+# reads back), the scheme's slashes may also have been collapsed by path normalisation
+# (``https:/u:p@h``).
+_USERINFO = r"(?:[^:@/\s?#]+:(?!\d+(?:[/?#\s]|$))\S*|[^:@/\s?#]+)@"
+URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)" + _USERINFO)
+_URL_CREDENTIALS_LOOSE = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:/{1,3})" + _USERINFO)
 # A query parameter named like a secret: ``?api_key=...``, ``&token=...``, ``;sig=...``.
 SECRET_QUERY = re.compile(
     r"(?P<key>[?&;](?:[^=&#\s]*(?:token|key|secret|password|passwd|sig|signature|auth|credential)[^=&#\s]*)=)"
@@ -55,12 +59,15 @@ _RANDOM_MIN_LENGTH = 16
 _RANDOM_MIN_BITS_PER_CHAR = 3.0
 
 
-def mask_url_credentials(value: str) -> str:
+def mask_url_credentials(value: str, *, loose: bool = False) -> str:
     """``value`` with the user-info of every URL masked (``https://u:p@h`` -> ``https://***:***@h``)
-    and every secret-named query parameter (``?token=abc`` -> ``?token=***``)."""
+    and, in a text holding a URL, every secret-named query parameter (``?token=abc`` ->
+    ``?token=***``); a plain path such as ``data/train;key=3.jsonl`` is left alone. ``loose``
+    also reads a URL whose slashes path normalisation collapsed (for what is printed or recorded
+    outside a config)."""
     if "@" in value:
-        value = URL_CREDENTIALS.sub(_mask, value)
-    if "=" in value:
+        value = (_URL_CREDENTIALS_LOOSE if loose else URL_CREDENTIALS).sub(_mask, value)
+    if "=" in value and (":/" in value if loose else "://" in value):
         value = SECRET_QUERY.sub(lambda m: f"{m.group('key')}{MASK}", value)
     return value
 
@@ -68,21 +75,39 @@ def mask_url_credentials(value: str) -> str:
 def mask_tokens(value: str) -> str:
     """``value`` with every token-shaped string (``hf_...``, ``ghp_...``, ``sk-...``, an AWS key
     id, ...) replaced by ``***``, whatever its context."""
-    for _, pattern in _TOKEN_SHAPES:
-        value = pattern.sub(MASK, value)
+    for what, pattern in _TOKEN_SHAPES:
+
+        def masked(match: re.Match[str], what: str = what) -> str:
+            return MASK if _plausible(what, match.group(0)) else match.group(0)
+
+        value = pattern.sub(masked, value)
     return value
+
+
+def _plausible(what: str, token: str) -> bool:
+    """``sk-`` is also how words start (``sk-sentiment-finetune-2024``, a folder name): an API key
+    of that shape is random, with upper and lower case letters and digits."""
+    if not what.startswith("an API secret key"):
+        return True
+    body = token[3:]
+    return (
+        any(c.isupper() for c in body) and any(c.islower() for c in body) and any(c.isdigit() for c in body)
+    )
 
 
 def mask_secrets(value: str) -> str:
     """Everything reprotune prints or writes outside a config: URL credentials, secret query
     parameters and token-shaped strings masked. (A config's own values are masked by
     :func:`mask_config`, which keeps token-shaped text a config marked ``!not-secret``.)"""
-    return mask_tokens(mask_url_credentials(value))
+    return mask_tokens(mask_url_credentials(value, loose=True))
 
 
 def token_shape(value: str) -> str | None:
     """What token ``value`` holds by its shape alone (``a GitHub token (ghp_...)``), or None."""
-    return next((what for what, pattern in _TOKEN_SHAPES if pattern.search(value)), None)
+    for what, pattern in _TOKEN_SHAPES:
+        if any(_plausible(what, m.group(0)) for m in pattern.finditer(value)):
+            return what
+    return None
 
 
 def mask_data(value: Any) -> Any:

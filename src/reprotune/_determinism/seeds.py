@@ -141,7 +141,8 @@ def seed_everything(seed: int) -> int:
     seeding: dict[str, Any] = {"seed": seed, "seeded": ["python", "numpy", "torch"]}
     tensorflow = _seed_tensorflow(seed)
     if tensorflow is not None:
-        seeding["seeded"].append("tensorflow")
+        if "error" not in tensorflow:
+            seeding["seeded"].append("tensorflow")
         seeding["tensorflow"] = tensorflow
     _last_seeding = seeding
     return seed
@@ -151,10 +152,17 @@ def _seed_tensorflow(seed: int) -> dict[str, Any] | None:
     """Seed TensorFlow and turn on its deterministic ops, if it is installed; what was done."""
     if importlib.util.find_spec("tensorflow") is None:
         return None
-    import tensorflow as tf
+    try:
+        import tensorflow as tf
 
-    tf.random.set_seed(seed)
-    tf.config.experimental.enable_op_determinism()
+        tf.random.set_seed(seed)
+        tf.config.experimental.enable_op_determinism()
+    except Exception as exc:  # a broken TensorFlow must not stop a torch script: said and recorded
+        import warnings
+
+        problem = f"{type(exc).__name__}: {str(exc)[:200]}"
+        warnings.warn(f"reprotune.seed_everything: TensorFlow is installed but {problem}", stacklevel=3)
+        return {"error": problem}
     return {"version": str(tf.__version__), "op_determinism": True}
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from reprotune._config.schema import ExperimentConfig
+from reprotune._config.secrets import mask_data
 from reprotune._data.checksplit import check_split
 from reprotune._data.loaders import load_table
 from reprotune._data.manifest import load_manifest
@@ -67,7 +68,8 @@ def preflight(run_dir: Path, record: dict[str, Any], cfg: ExperimentConfig, *, c
     det = cfg.determinism
     apply_determinism(det.mode, det.threads, resolve_device(det.device).type, cpu_isa=det.cpu_isa)
     recorded = record.get("environment", {})
-    environment = section_drift(recorded, environment_fingerprint(), prefix="environment")
+    # Read as a record writes it (masked), so that only real differences are listed.
+    environment = section_drift(recorded, mask_data(environment_fingerprint()), prefix="environment")
     return Preflight(
         now,
         code_drift(record.get("code", {}), now),

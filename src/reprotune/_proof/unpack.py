@@ -10,6 +10,8 @@ hostile bundle is refused with the file tree as it was.
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import hashlib
 import json
 import os
@@ -30,7 +32,12 @@ from reprotune._run import layout
 MAX_MEMBER_BYTES = 4 * 1024**3
 MAX_TOTAL_BYTES = 8 * 1024**3
 MAX_MEMBERS = 10_000
-MAX_MANIFEST_BYTES = 16 * 1024**2
+MAX_MANIFEST_BYTES = 4 * 1024**2
+#: The longest member name and the deepest member path read (a run's files are a few levels deep).
+MAX_NAME = 1024
+MAX_DEPTH = 16
+#: Bytes of tar headers and padding allowed around each member (a pack writes 1 KiB at most).
+_HEADROOM = 16 * 1024
 #: bundle.json may list at most this many bytes per byte of the archive (a gzip bomb expands
 #: 1000x; a run's ledger and data about 5-20x, its adapter about 1x).
 MAX_EXPANSION = 200
@@ -92,8 +99,8 @@ def read_member(bundle: Path, name: str, *, limit: int = 16 << 20) -> bytes | No
     Raises:
         InputError: as :func:`unpack`, for what is read before the member.
     """
-    with _open(bundle) as tar:
-        manifest = _first_manifest(tar, bundle)
+    with _reading(bundle) as (tar, stream):
+        manifest = _first_manifest(tar, stream, bundle)
         for member in _after_manifest(tar):
             _check_member(member, bundle, manifest["members"])
             if member.name == name:
@@ -113,28 +120,61 @@ def _after_manifest(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
         yield member
 
 
-def _open(bundle: Path) -> tarfile.TarFile:
+class _Overrun(Exception):
+    """The archive holds more bytes than its bundle.json lets it."""
+
+
+class _Bounded:
+    """The decompressed archive, refusing to yield more than ``limit`` bytes: a tar header (a long
+    name, a pax record) is read whole before any check, so the bound is on the stream itself."""
+
+    def __init__(self, raw: Any, limit: int) -> None:
+        self._raw = raw
+        self.limit = limit
+        self.consumed = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data: bytes = self._raw.read(size)
+        self.consumed += len(data)
+        if self.consumed > self.limit:
+            raise _Overrun
+        return data
+
+
+@contextlib.contextmanager
+def _reading(bundle: Path) -> Iterator[tuple[tarfile.TarFile, _Bounded]]:
+    """The bundle as a tar stream bounded to what bundle.json may list; every way a damaged or
+    hostile archive can fail while it is read is an :class:`InputError`."""
     try:
-        return tarfile.open(bundle, mode="r|gz")
-    except (OSError, tarfile.TarError, EOFError) as exc:
+        raw = gzip.open(bundle, "rb")  # noqa: SIM115 (closed by the with below)
+    except OSError as exc:
         raise InputError(f"not a readable .tar.gz bundle ({exc})", source=str(bundle), fix=_FIX) from None
+    stream = _Bounded(raw, MAX_MANIFEST_BYTES + _HEADROOM)
+    try:
+        with raw, tarfile.open(fileobj=stream, mode="r|") as tar:  # type: ignore[call-overload]
+            yield tar, stream
+    except _Overrun:
+        raise InputError(
+            f"the bundle holds more than its bundle.json lists (over {stream.limit} bytes): refused",
+            source=str(bundle),
+            fix=_FIX,
+        ) from None
+    except (OSError, tarfile.TarError, EOFError, zlib.error, RecursionError) as exc:
+        raise InputError(f"the bundle is damaged ({exc})", source=str(bundle), fix=_FIX) from None
 
 
 def _extract_checked(bundle: Path, root: Path) -> dict[str, Any]:
     """Stream every member of ``bundle`` into ``root``, checking it; return ``bundle.json``."""
-    with _open(bundle) as tar:
-        manifest = _first_manifest(tar, bundle)
+    with _reading(bundle) as (tar, stream):
+        manifest = _first_manifest(tar, stream, bundle)
         listed: dict[str, dict[str, Any]] = manifest["members"]
         seen: set[str] = set()
-        try:
-            for member in _after_manifest(tar):
-                _check_member(member, bundle, listed)
-                if member.name in seen:
-                    raise InputError(f"member {member.name!r} appears twice", source=str(bundle), fix=_FIX)
-                seen.add(member.name)
-                _write_member(tar, member, root, listed[member.name], bundle)
-        except (tarfile.TarError, EOFError, zlib.error) as exc:
-            raise InputError(f"the bundle is damaged ({exc})", source=str(bundle), fix=_FIX) from None
+        for member in _after_manifest(tar):
+            _check_member(member, bundle, listed)
+            if member.name in seen:
+                raise InputError(f"member {member.name!r} appears twice", source=str(bundle), fix=_FIX)
+            seen.add(member.name)
+            _write_member(tar, member, root, listed[member.name], bundle)
     missing = sorted(set(listed) - seen)
     if missing:
         raise InputError(
@@ -187,12 +227,10 @@ def _copy_checked(
         )
 
 
-def _first_manifest(tar: tarfile.TarFile, bundle: Path) -> dict[str, Any]:
-    """``bundle.json``, which ``pack`` writes first: read (size-limited) and checked."""
-    try:
-        first = tar.next()
-    except (tarfile.TarError, EOFError, zlib.error) as exc:
-        raise InputError(f"the bundle is damaged ({exc})", source=str(bundle), fix=_FIX) from None
+def _first_manifest(tar: tarfile.TarFile, stream: _Bounded, bundle: Path) -> dict[str, Any]:
+    """``bundle.json``, which ``pack`` writes first: read (size-limited) and checked; the stream
+    is then bounded to what it lists (each member's size, and room for its headers)."""
+    first = tar.next()
     if first is None or first.name != MANIFEST or not first.isreg():
         raise InputError(f"the bundle does not start with {MANIFEST}", source=str(bundle), fix=_FIX)
     if first.size > MAX_MANIFEST_BYTES:
@@ -201,6 +239,8 @@ def _first_manifest(tar: tarfile.TarFile, bundle: Path) -> dict[str, Any]:
     assert handle is not None
     manifest = _parse_manifest(handle.read(), bundle)
     _check_claims(manifest, bundle)
+    members = manifest["members"].values()
+    stream.limit = stream.consumed + sum(m["size"] for m in members) + _HEADROOM * (len(members) + 2)
     return manifest
 
 
@@ -252,6 +292,13 @@ def _check_member(member: tarfile.TarInfo, bundle: Path, listed: dict[str, dict[
             f"member {name!r} is a {kind}, not a regular file: refused", source=str(bundle), fix=_FIX
         )
     path = PurePosixPath(name)
+    if not path.parts or len(name) > MAX_NAME or len(path.parts) > MAX_DEPTH:
+        raise InputError(
+            f"member {name[:120]!r} has no name, or a name over {MAX_NAME} characters or "
+            f"{MAX_DEPTH} levels: refused",
+            source=str(bundle),
+            fix=_FIX,
+        )
     if path.is_absolute() or name.startswith(("/", "\\")) or ":" in path.parts[0]:
         raise InputError(f"member {name!r} has an absolute path: refused", source=str(bundle), fix=_FIX)
     if ".." in path.parts or "\\" in name or not path.parts:
