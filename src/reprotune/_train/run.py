@@ -68,7 +68,7 @@ from reprotune._train.loop import LoopResult, StepHook, train_loop
 from reprotune._train.options import DEFAULT_OPTIONS, RunOptions, RunResult
 from reprotune._train.setup import Setup, build_setup, with_saved_manifest
 from reprotune._train.sharding import adapter_state, distribute_setup
-from reprotune._train.signals import interrupt_on_signals
+from reprotune._train.signals import interrupt_on_signals, recording_the_end
 from reprotune._train.turn import training_turn
 
 
@@ -254,7 +254,8 @@ def _execute(
         if run.recorded:
             try:
                 reached = max(progress.step if progress else 0, ledger_hook.last_step if ledger_hook else 0)
-                _finish(run, status, loop, stopwatch, save_times, error=error or exc, reached=reached)
+                with recording_the_end():
+                    _finish(run, status, loop, stopwatch, save_times, error=error or exc, reached=reached)
             except Exception as second:  # e.g. the disk is still full: the first error is the news
                 run.report(f"warning: could not record the run's end in {paths.record}: {second}")
         if error is not None:

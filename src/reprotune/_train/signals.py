@@ -49,3 +49,20 @@ def interrupt_on_signals() -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def recording_the_end() -> Iterator[None]:
+    """While a run records how it ended (failed or interrupted), SIGTERM and SIGHUP are ignored:
+    a launcher's stop arriving then (torchrun stops every rank as soon as one fails) would cut the
+    record's write short and leave it ``running``. The run exits right after; handlers restored.
+    Outside the main thread this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
