@@ -27,3 +27,12 @@ def dead_pid() -> int:
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
     return int(done.stdout)
+
+
+def file_tree(root: Path) -> dict[str, bytes | None]:
+    """Every file under ``root`` with its bytes, and every directory or link (None): a refusal
+    that leaves the tree as it was leaves this equal."""
+    return {
+        str(p.relative_to(root)): p.read_bytes() if p.is_file() and not p.is_symlink() else None
+        for p in sorted(root.rglob("*"))
+    }

@@ -8,17 +8,10 @@ import os
 from pathlib import Path
 
 import pytest
+from adv_support import file_tree
 
 from reprotune._cli import main
 from tinyrun import TinyProject
-
-
-def _tree(root: Path) -> dict[str, bytes | None]:
-    """Every file under ``root`` with its bytes, and every directory (None)."""
-    found: dict[str, bytes | None] = {}
-    for path in sorted(root.rglob("*")):
-        found[str(path.relative_to(root))] = path.read_bytes() if path.is_file() else None
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +32,10 @@ def test_a_refused_rerun_keeps_an_existing_out_directory(
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("mine\n")
-    before = _tree(tmp_path)
+    before = file_tree(tmp_path)
     assert main(["rerun", str(bundle), "--out", str(mine), "--no-progress"]) == 2
     assert "not empty" in capsys.readouterr().err
-    assert _tree(tmp_path) == before
+    assert file_tree(tmp_path) == before
 
 
 def test_a_rerun_never_writes_into_the_original_run(
@@ -52,10 +45,10 @@ def test_a_rerun_never_writes_into_the_original_run(
     anything is read or written; the run keeps every byte."""
     project, bundle = bundled
     run = project.root / "runs" / "r"
-    before = _tree(run)
+    before = file_tree(run)
     assert main(["rerun", str(bundle), "--out", str(run), "--no-progress"]) == 2
     assert "is a run directory" in capsys.readouterr().err
-    assert _tree(run) == before
+    assert file_tree(run) == before
 
 
 def test_a_refusal_removes_only_what_this_rerun_created(
@@ -81,11 +74,11 @@ def test_the_default_out_never_lands_on_the_original_run(
     the default --out is a new directory beside it, and its refusal (no data) touches nothing."""
     project, _ = bundled
     monkeypatch.chdir(project.root)
-    before = _tree(project.root / "runs")
+    before = file_tree(project.root / "runs")
     assert main(["rerun", "runs/r.tar.gz", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "--data PATH" in err
-    assert _tree(project.root / "runs") == before
+    assert file_tree(project.root / "runs") == before
 
 
 @pytest.mark.parametrize("target", ["data.jsonl", "runs/other/record.json", "runs/r/adapter/x.tar.gz"])
@@ -98,10 +91,10 @@ def test_pack_never_writes_over_its_inputs_or_into_a_run(
     other = project.root / "runs" / "other"
     if not other.exists():
         project.run_cli("run", "cfg.yaml", "--run-dir", "runs/other", "--no-progress", "--no-tracking")
-    before = _tree(project.root)
+    before = file_tree(project.root)
     code = main(["pack", str(project.root / "runs" / "r"), "-o", str(project.root / target), "--with-data"])
     assert code == 2
     err = capsys.readouterr().err
     assert "writing it would destroy what it holds" in err or "inside the run directory" in err, err
-    assert _tree(project.root) == before
+    assert file_tree(project.root) == before
     assert os.path.isfile(project.root / "data.jsonl")

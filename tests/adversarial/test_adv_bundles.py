@@ -12,19 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from adv_support import file_tree
 
 from reprotune._cli import main
 from reprotune._jsonio import sha256_bytes
 from reprotune._proof.bundle import MANIFEST, SCHEMA, SCHEMA_VERSION
 from tinyrun import TinyProject
-
-
-def _tree(root: Path) -> dict[str, bytes | None]:
-    """Every file under ``root`` with its bytes, and every directory (None)."""
-    return {
-        str(p.relative_to(root)): p.read_bytes() if p.is_file() and not p.is_symlink() else None
-        for p in sorted(root.rglob("*"))
-    }
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +83,12 @@ def _listing(members: list[tuple[str, bytes]]) -> dict[str, dict[str, Any]]:
 
 
 def _refused(argv: list[str], root: Path, capsys: pytest.CaptureFixture[str], expected: str) -> None:
-    before = _tree(root)
+    before = file_tree(root)
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert expected in err, err
     assert "Traceback" not in err
-    assert _tree(root) == before
+    assert file_tree(root) == before
 
 
 @pytest.mark.parametrize(
