@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def test_verify_passes_on_reproducible_config(tiny_project: TinyProject, tmp_pat
     assert "verify: PASS  (fast" in done.stdout
     record = json.loads((out / "verification.json").read_text())
     assert record["schema"] == "reprotune/verification" and record["verdict"] == "PASS"
-    assert (record["schema_version"], record["mode"]) == (3, "fast")
+    assert (record["schema_version"], record["mode"]) == (4, "fast")
     assert _legs(out) == {
         "rerun-resume": ("IDENTICAL", True),
         "control-seed": ("DIVERGED", True),
@@ -82,6 +83,14 @@ def test_verify_passes_on_reproducible_config(tiny_project: TinyProject, tmp_pat
     assert "What was proven" in first_screen and "verify PASS</span> (fast mode" in first_screen
     assert "Machine: host " in first_screen and f"run ({record['cost']:.2f}x)" in first_screen
     assert "A (reference)" in html and "(control-resume)" in html
+    # Each leg's badge in the report is its verdict in verification.json: the controls, compared
+    # over the steps both ran (as verify compared them), are DIVERGED, never INCOMPARABLE.
+    assert [leg["prefix"] for leg in record["legs"]] == [False, True, True]
+    glance = first_screen[: first_screen.index("What was proven")]
+    badges = re.findall(r'vs [A-Z] \((.+?)\): <span class="verdict (\w+)"', glance)
+    assert badges == [(leg["name"], leg["verdict"]) for leg in record["legs"]]
+    assert "INCOMPARABLE" not in html.replace(".INCOMPARABLE {", "")
+    assert html.count("this negative control stops once it parts") == 2
 
 
 def test_verify_thorough_runs_full_length_legs(tiny_project: TinyProject, tmp_path: Path) -> None:

@@ -75,9 +75,12 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path) -> Path:
             source="-o/--out",
             fix="pass a file name such as report.html",
         )
-    paths, summaries = expand([Path(p) for p in run_dirs])  # a verify or bundle-rerun directory
+    paths, prefix, summaries = expand([Path(p) for p in run_dirs])  # a verify or bundle-rerun dir
     runs = [open_run_dir(path) for path in paths]
-    comparisons = [compare_opened(runs[0], other) for other in runs[1:]]
+    comparisons = [
+        compare_opened(runs[0], other, prefix=common)
+        for other, common in zip(runs[1:], prefix[1:], strict=True)
+    ]
     html = render_report(runs, comparisons, summaries=summaries)
     return write_bytes_atomic(target, html.encode("utf-8"))
 
@@ -245,6 +248,12 @@ def _comparison_html(ref: str, label: str, c: Comparison) -> Iterable[str]:
         f"<h3>{escape(ref)} vs {escape(label)}: "
         f'<span class="verdict {escape(verdict)}">{escape(c.verdict.label)}</span>{escape(tol)}</h3>'
     )
+    if c.prefix:
+        yield (
+            f"<p>Compared over the {c.where.steps_compared} steps both ran: this negative control "
+            "stops once it parts from the reference, by design (its length and adapter are not "
+            "compared).</p>"
+        )
     if c.incomparable:
         yield "<p>Not the same experiment:</p><ul>"
         yield from (f"<li>{escape(reason)}</li>" for reason in c.incomparable)

@@ -22,24 +22,31 @@ RERUN_SUMMARY = "rerun.json"
 
 @dataclass(frozen=True)
 class Proof:
-    """A verification or a bundle rerun: its runs (reference first) and its summary as HTML."""
+    """A verification or a bundle rerun: its runs (reference first), whether each is compared with
+    the reference over the steps both hold only (a control that stops once it parts, by design),
+    and its summary as HTML."""
 
     runs: list[Path]
+    prefix: list[bool]
     html: str
 
 
-def expand(paths: Sequence[Path]) -> tuple[list[Path], list[str]]:
-    """The run directories ``paths`` stand for, and the proof summaries to open the report with."""
+def expand(paths: Sequence[Path]) -> tuple[list[Path], list[bool], list[str]]:
+    """The run directories ``paths`` stand for, whether each is to be compared over the common
+    steps only (verify's fast controls), and the proof summaries to open the report with."""
     runs: list[Path] = []
+    prefix: list[bool] = []
     summaries: list[str] = []
     for path in paths:
         proof = _proof(Path(path))
         if proof is None:
             runs.append(Path(path))
+            prefix.append(False)
         else:
             runs.extend(proof.runs)
+            prefix.extend(proof.prefix)
             summaries.append(proof.html)
-    return runs, summaries
+    return runs, prefix, summaries
 
 
 def _proof(path: Path) -> Proof | None:
@@ -80,7 +87,10 @@ def _verification(path: Path, data: dict[str, Any]) -> Proof:
         "<table><tr><th>leg</th><th>verdict</th><th>must be</th><th>ok</th><th>seconds</th><th>note</th></tr>"
         f"{rows}</table>"
     )
-    return Proof([reference, *(Path(leg["run_dir"]) for leg in legs)], html)
+    # Before schema 4 the flag was not written: the fast mode's controls were compared so.
+    fast = data.get("mode") == "fast"
+    prefix = [bool(leg.get("prefix", fast and str(leg.get("name")).startswith("control"))) for leg in legs]
+    return Proof([reference, *(Path(leg["run_dir"]) for leg in legs)], [False, *prefix], html)
 
 
 def _bundle_rerun(path: Path, data: dict[str, Any]) -> Proof:
@@ -98,7 +108,7 @@ def _bundle_rerun(path: Path, data: dict[str, Any]) -> Proof:
         + "".join(f"<p>{escape(str(cause))}</p>" for cause in data.get("causes", []))
         + f"<p>Environment differences: {escape(', '.join(environment) or 'none')}.</p>"
     )
-    return Proof([path / "recorded" / "run", path / "rerun"], html)
+    return Proof([path / "recorded" / "run", path / "rerun"], [False, False], html)
 
 
 def _mark(passed: Any) -> str:

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 SCHEMA = "reprotune/verification"
-SCHEMA_VERSION = 3  # 2: mode, per-leg cost, machine, blame; 3: wall_s (legs side by side)
+SCHEMA_VERSION = 4  # 2: mode, per-leg cost, machine, blame; 3: wall_s (legs side by side); 4: legs' prefix
 Mode = Literal["fast", "thorough"]
 
 
@@ -25,6 +25,8 @@ class Leg:
     """Wall time of the leg's processes (start, imports, model load, training, writing)."""
     train_s: float | None = None
     """The part of it spent in optimizer steps, from the leg's record."""
+    prefix: bool = False
+    """Compared over the steps both ledgers hold: a control that stops once it parts, by design."""
 
 
 @dataclass

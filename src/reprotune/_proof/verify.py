@@ -76,6 +76,7 @@ class _Context:
     def judge(self, leg: Leg, *, prefix: bool = False) -> Comparison:
         """Compare the leg with the reference and record the verdict, evidence and cost."""
         cmp = compare_runs(self.reference, Path(leg.run_dir), prefix=prefix)
+        leg.prefix = prefix
         leg.verdict = str(cmp.verdict)
         leg.evidence = _evidence(cmp)
         leg.passed = cmp.verdict == leg.expected
