@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -85,3 +86,38 @@ def test_a_stopped_verify_says_so_and_is_not_continued_blindly(project: TinyProj
     again = project.run_cli("verify", "long.yaml", "--out", "v-term", "--no-resume", check=False)
     assert again.returncode == 2
     assert "holds a verification that did not finish" in again.stderr
+
+
+def test_a_killed_verify_takes_the_users_command_with_it(tmp_path: Path) -> None:
+    """SIGKILL of `verify --command`: the user's own script (here one that would run ten minutes;
+    a torchrun launch is stopped the same way and passes it on to its workers) ends too."""
+    script = tmp_path / "train.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}
+    verify = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "reprotune",
+            "verify",
+            "--command",
+            f"{sys.executable} train.py",
+            "--out",
+            "v",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    legs: list[psutil.Process] = []
+    while not legs and time.monotonic() < deadline:
+        assert verify.poll() is None, "verify ended before it ran the command"
+        legs = [p for p in psutil.Process(verify.pid).children() if "train.py" in " ".join(p.cmdline())]
+        time.sleep(0.1)
+    assert legs, "verify did not run the command in 120 s"
+    os.kill(verify.pid, signal.SIGKILL)
+    verify.wait()
+    assert _gone(legs[0], within=30), "the user's command ran on after its verify was killed"

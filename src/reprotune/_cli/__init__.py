@@ -98,27 +98,8 @@ def _masked_output() -> Iterator[None]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the reprotune CLI on ``argv``; return the exit code (0 ok, 1 finding, 2 bad input).
     Everything it prints passes :class:`_MaskedStream`."""
-    _die_with_parent()
     with _masked_output():
         return _main(argv)
-
-
-def _die_with_parent() -> None:
-    """A verify leg (``REPROTUNE_DIE_WITH_PARENT`` = its verify's pid) gets SIGTERM from the kernel
-    when that verify ends, however it ends (Linux ``prctl(PR_SET_PDEATHSIG)``); one whose verify
-    is already gone stops at once. Elsewhere, nothing."""
-    import os
-
-    parent = os.environ.pop("REPROTUNE_DIE_WITH_PARENT", None)
-    if parent is None or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1: PR_SET_PDEATHSIG
-    if str(os.getppid()) != parent:
-        raise SystemExit(128 + int(signal.SIGTERM))
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -31,19 +31,38 @@ def launch_world_size() -> int:
     return max(1, int(os.environ.get("WORLD_SIZE", "1")))
 
 
-#: Set for a leg: the pid of the verify that started it. The leg's CLI asks the kernel for SIGTERM
-#: when that process ends (``reprotune._cli``), so a leg never trains on as an orphan after its
-#: verify is killed, even by SIGKILL.
-PARENT_ENV = "REPROTUNE_DIE_WITH_PARENT"
+def ending_with_this_process() -> Callable[[], None] | None:
+    """A ``preexec_fn`` for every process verify starts (a ``reprotune`` leg, a torchrun launch,
+    the user's ``--command``): the kernel sends it SIGTERM when this process ends, however it ends,
+    SIGKILL included (Linux ``prctl(PR_SET_PDEATHSIG)``, kept across ``exec``), and one started
+    after this process was already gone exits at once. So a leg never trains on as an orphan into
+    the verification directory; torchrun passes the SIGTERM on to its workers, and a reprotune run
+    records itself interrupted. None where the kernel has no such request (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def in_the_child() -> None:
+        prctl(1, int(signal.SIGTERM))  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # this process ended between the fork and the request
+            os._exit(128 + int(signal.SIGTERM))
+
+    return in_the_child
 
 
 def _command(args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     """``python -m reprotune ARGS``, or under torchrun a fresh ``torchrun --standalone`` launch of
     it at the same number of processes; and its environment."""
-    env = {k: v for k, v in os.environ.items() if k not in ("REPROTUNE_KILL_AT", PARENT_ENV)}
+    env = {k: v for k, v in os.environ.items() if k != "REPROTUNE_KILL_AT"}
     size = launch_world_size()
     if size == 1:
-        return [sys.executable, "-m", "reprotune", *args], {**env, PARENT_ENV: str(os.getpid())}
+        return [sys.executable, "-m", "reprotune", *args], env
     env = {k: v for k, v in env.items() if k not in _TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")}
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={size}"]
     return [*launch, "-m", "reprotune", *args], env
@@ -67,7 +86,9 @@ def _run_into(args: Sequence[str], log: Path) -> tuple[float, int]:
     with open(log, "ab") as out:
         _header(out, command)
         started = time.perf_counter()
-        code = subprocess.call(command, stdout=out, stderr=out, env=env)
+        code = subprocess.call(
+            command, stdout=out, stderr=out, env=env, preexec_fn=ending_with_this_process()
+        )
     return time.perf_counter() - started, code
 
 
@@ -106,7 +127,9 @@ class LegProcesses:
         part = self.log.with_name(f"{self.log.name}.{len(self._started)}")
         with open(part, "wb") as out:
             _header(out, command)
-            process = subprocess.Popen(command, stdout=out, stderr=out, env=env)
+            process = subprocess.Popen(
+                command, stdout=out, stderr=out, env=env, preexec_fn=ending_with_this_process()
+            )
         self._started.append(_Started(list(args), process, part, time.perf_counter()))
         return len(self._started) - 1
 

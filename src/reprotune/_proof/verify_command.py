@@ -35,6 +35,7 @@ from typing import Any
 from reprotune._errors import InputError, RunFailedError
 from reprotune._jsonio import write_json_atomic
 from reprotune._proof.compare import compare_runs
+from reprotune._proof.processes import ending_with_this_process
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
 from reprotune._run.record import load_record
@@ -200,7 +201,14 @@ class _Runner:
             out.write(f"$ {shown} {shlex.join(self.argv)}\n".encode())
             out.flush()
             try:
-                code = subprocess.call(list(self.argv), stdout=out, stderr=out, env=env, cwd=self.cwd)
+                code = subprocess.call(
+                    list(self.argv),
+                    stdout=out,
+                    stderr=out,
+                    env=env,
+                    cwd=self.cwd,
+                    preexec_fn=ending_with_this_process(),  # never trains on after this verify
+                )
             except OSError as exc:
                 raise InputError(
                     f"cannot run the command {self.argv[0]!r}: {exc.strerror or exc}",
