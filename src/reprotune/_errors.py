@@ -40,13 +40,19 @@ class NoSpaceError(InputError):
 
 
 class ConfigError(InputError):
-    """The experiment config is invalid; carries every problem found, not just the first."""
+    """The experiment config is invalid; carries every problem found, not just the first. The
+    message lists the first :attr:`SHOWN` and counts the rest (a file of thousands of unknown keys
+    is not a config, and its refusal stays a screen long)."""
+
+    SHOWN = 30
 
     def __init__(self, problems: list[str], *, source: str | None = None) -> None:
         self.problems = list(problems)
         noun = "problem" if len(problems) == 1 else "problems"
-        body = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"invalid config ({len(problems)} {noun}):\n{body}", source=source)
+        lines = [f"  - {p}" for p in problems[: self.SHOWN]]
+        if len(problems) > self.SHOWN:
+            lines.append(f"  ... and {len(problems) - self.SHOWN:,} more (is this the experiment config?)")
+        super().__init__(f"invalid config ({len(problems):,} {noun}):\n" + "\n".join(lines), source=source)
 
 
 class SchemaVersionError(InputError):

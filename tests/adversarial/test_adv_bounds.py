@@ -116,6 +116,19 @@ def test_a_config_of_many_keys_is_refused_as_what_it_is(
     assert "holds more than 10,000 values" in err and "alias" not in err
 
 
+def test_a_refusal_of_thousands_of_unknown_keys_stays_a_screen_long(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """4,000 unknown keys (under the value bound): the first 30 named with line and fix, the rest
+    counted (the message was 4,000 lines and 700 KB)."""
+    (tmp_path / "many.yaml").write_text("".join(f"k{i}: {i}\n" for i in range(4_000)))
+    assert main(["doctor", str(tmp_path / "many.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "invalid config (4,000 problems)" in err and "... and 3,970 more" in err
+    assert "k29: unknown key (got 29) [line 30, column 1]" in err and "k30:" not in err
+    assert len(err.splitlines()) < 40
+
+
 def test_classes_that_print_alike_are_told_apart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A stratify column holding 1 and "1" has two classes: the summary shows them as 1 and "1"
     (both were printed as 1)."""
