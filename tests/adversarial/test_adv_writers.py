@@ -259,3 +259,45 @@ def test_sighup_interrupts_the_run_and_the_old_handler_comes_back(
     assert record["status"] == "interrupted" and record["error"]["message"] == "stopped by SIGHUP"
     steps = [e.fields["step"] for e in read_ledger(tmp_path / "run" / "ledger.jsonl").entries()]
     assert max(steps) == 3
+
+
+class _SignalInsideDel:
+    """A step hook that, after a given step, has the garbage collector run a ``__del__`` that
+    sends this process SIGTERM: Python runs the handler inside that ``__del__`` and drops the
+    exception it raises ("Exception ignored in ..."), as happened once in the wild (a regex
+    object's ``__del__`` during model loading) and let the run train on to ``completed``."""
+
+    def __init__(self, after_step: int) -> None:
+        self.after_step = after_step
+
+    def on_step_end(self, end: StepEnd) -> None:
+        if end.step == self.after_step:
+            _Kills()  # made and dropped at once: its __del__ runs here
+
+
+class _Kills:
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # the handler runs at the next bytecodes, still inside __del__
+            pass
+
+
+def test_a_signal_whose_exception_a_del_drops_still_stops_the_run(
+    project: TinyProject, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SIGTERM taken inside a __del__ (its exception dropped there) stops the run before the
+    next step: status interrupted, the ledger through that step."""
+    dropped: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", dropped.append)
+    cfg = load_config(project.config(), [])
+    options = RunOptions(
+        run_dir=tmp_path / "run", progress=False, tracking=False, hooks=[_SignalInsideDel(2)]
+    )
+    with torch.random.fork_rng(), pytest.raises(Interrupted) as caught:
+        run_experiment(cfg, options)
+    assert caught.value.signum == signal.SIGTERM
+    assert [type(d.exc_value) for d in dropped] == [Interrupted]  # dropped where it was raised
+    record = load_record(tmp_path / "run" / "record.json")
+    assert record["status"] == "interrupted" and record["error"]["message"] == "stopped by SIGTERM"
+    steps = [e.fields["step"] for e in read_ledger(tmp_path / "run" / "ledger.jsonl").entries()]
+    assert max(steps) == 2

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from reprotune._errors import RunFailedError
+from reprotune._train.signals import raise_if_interrupted
 
 # Variables torchrun sets for its workers: a leg launched from a verify under torchrun is a new
 # torchrun launch of its own, which must not inherit them.
@@ -141,6 +142,7 @@ class LegProcesses:
         """
         started = self._started[number]
         while started.code is None:
+            raise_if_interrupted()  # verify's stop, should a __del__ have dropped its exception
             self._poll()
             time.sleep(0.05)
         if started.code != 0:

@@ -20,6 +20,7 @@ from reprotune._train.dist_step import distributed_train_step, distributed_valid
 from reprotune._train.distributed import broadcast_object, is_transport_error, lost_rank_error, shard_rows
 from reprotune._train.loss import autocast, evaluate, logits_to_keep, token_loss_sum
 from reprotune._train.setup import Setup, max_grad_norm
+from reprotune._train.signals import raise_if_interrupted
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ def _loop(
     final_val: float | None = None
     step = start_step
     for step in range(start_step + 1, setup.total_steps + 1):
+        raise_if_interrupted()  # a stop whose exception a __del__ dropped is not lost
         t0 = time.perf_counter()
         rows = setup.order.step_rows(step)
         epoch, _ = setup.order.position(step)

@@ -5,6 +5,12 @@ one, while a run trains, raises :class:`reprotune._errors.Interrupted` (a ``Keyb
 in the main thread, so the run ends the way an interrupted run does: ledger flushed, record
 ``status: interrupted``, resumable. A second signal while the run is already stopping is ignored,
 so that the record gets written. The previous handlers are restored when the run ends.
+
+Python runs a handler wherever the main thread happens to be, and an exception raised inside a
+``__del__`` or a weakref callback (the garbage collector runs them at any moment) is printed and
+dropped: such a stop once let a run train on to ``completed``, deaf to further signals. So the
+signal taken is also remembered, and :func:`raise_if_interrupted` (at every step's start, so
+also after the setup, and while verify waits for a leg) raises it again where it cannot be dropped.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ def interrupt_on_signals() -> Iterator[None]:
         yield
         return
     raised: list[int] = []
+    _scopes.append(raised)
 
     def handler(signum: int, _frame: FrameType | None) -> None:
         if raised:  # already stopping: let the record be written
@@ -49,6 +56,18 @@ def interrupt_on_signals() -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+        _scopes.remove(raised)
+
+
+#: The signals taken in each open :func:`interrupt_on_signals` block, innermost last.
+_scopes: list[list[int]] = []
+
+
+def raise_if_interrupted() -> None:
+    """Raise :class:`Interrupted` if a signal was taken in the innermost block and its exception
+    never arrived (dropped by a ``__del__`` or callback it was raised in); else nothing."""
+    if _scopes and _scopes[-1]:
+        raise Interrupted(_scopes[-1][0])
 
 
 @contextlib.contextmanager
