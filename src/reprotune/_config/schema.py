@@ -233,6 +233,12 @@ class TrainConfig(_Section):
     save_every: Int = Field(default=0, ge=0, description="checkpoint every N steps; 0 = never")
     keep_checkpoints: Int = Field(default=2, ge=1, description="how many latest checkpoints to keep")
     precision: Literal["fp32", "bf16", "fp16"] = Field(default="fp32", description="compute precision")
+    world_size_invariant: Bool = Field(
+        default=False,
+        description="under torchrun: keep each micro-batch's LoRA gradient apart, gather them and add "
+        "them in global micro-batch order, so that world sizes 1, 2, 4 ... give the same bits "
+        "(docs/distributed.md); a plain run ignores it",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -432,7 +438,7 @@ class ExperimentConfig(_Section):
 #: Keys added after configs were first recorded, with the default that means what their absence
 #: meant: left out of a config's identity while at it (so a config keeps the hash older reprotune
 #: gave it), and not a difference between an older record without the key and a newer one at it.
-NEUTRAL_DEFAULTS: dict[str, Any] = {"determinism.cpu_isa": "native"}
+NEUTRAL_DEFAULTS: dict[str, Any] = {"determinism.cpu_isa": "native", "train.world_size_invariant": False}
 
 
 def config_sha256(cfg: ExperimentConfig) -> str:

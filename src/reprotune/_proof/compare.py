@@ -39,7 +39,7 @@ from reprotune._proof.differences import (
 from reprotune._proof.microscope import kernels_of, trace_commands
 from reprotune._proof.record_diff import record_differences
 from reprotune._proof.split_diff import compare_manifests
-from reprotune._proof.world import without_rank_batches, world_size
+from reprotune._proof.world import same_world_throughout, without_rank_batches
 from reprotune._run.adapter import load_adapter
 from reprotune._run.ledger import LedgerEntry
 from reprotune._run.rundir import RunDir, open_run_dir
@@ -90,7 +90,7 @@ def compare_opened(
     run_a: RunDir, run_b: RunDir, *, tolerance: float | None = None, prefix: bool = False
 ) -> Comparison:
     """``compare_runs`` on run directories already opened (the report opens each run once)."""
-    if world_size(run_a) != world_size(run_b):
+    if not same_world_throughout(run_a, run_b):
         # Each rank's share of a step differs by construction; the global batch is compared.
         run_a, run_b = without_rank_batches(run_a), without_rank_batches(run_b)
     where = _compare_ledgers(run_a, run_b)

@@ -15,6 +15,20 @@ def world_size(run: RunDir) -> int:
     return size if isinstance(size, int) else 1
 
 
+def world_sizes(run: RunDir) -> set[int]:
+    """Every world size the run trained at: its first, and each a resume changed to."""
+    sizes = {world_size(run)}
+    changes = run.section("distributed").get("world_size_changes") or []
+    sizes.update(c["to"] for c in changes if isinstance(c, dict) and isinstance(c.get("to"), int))
+    return sizes
+
+
+def same_world_throughout(run_a: RunDir, run_b: RunDir) -> bool:
+    """Whether both runs trained every step at one and the same world size (then their per-rank
+    batch hashes are comparable line by line)."""
+    return world_sizes(run_a) == world_sizes(run_b) and len(world_sizes(run_a)) == 1
+
+
 def without_rank_batches(run: RunDir) -> RunDir:
     """``run`` with the per-rank batch hashes left out of its ledger lines."""
 

@@ -91,7 +91,7 @@ def distributed_section(setup: Setup, environment: Mapping[str, Any]) -> dict[st
     decided_by_main(ctx, lambda: check_ranks_agree(identities or []))
     if identities is None:
         return None
-    cfg, fsdp = setup.cfg, ctx.strategy == "fsdp"
+    cfg = setup.cfg
     return {
         **ctx.describe(),
         "launcher": "torchrun",
@@ -107,15 +107,27 @@ def distributed_section(setup: Setup, environment: Mapping[str, Any]) -> dict[st
             "grad_norm": "float64 sum of squares of "
             + (
                 "each rank's gradient shards, gathered and added in rank order"
-                if fsdp
+                if ctx.trainable_sharded
                 else "the summed gradients"
             ),
             "validation_loss": "each batch's float64 loss sum gathered, added in batch order",
-            "gradients": "backend sum: "
-            + ("FSDP2 reduce-scatter" if fsdp else "DDP all-reduce (comm hook, no division)"),
+            "gradients": _gradient_reduction(ctx),
         },
+        "world_size_invariant": ctx.world_size_invariant,
         "ranks": ranks_section(identities),
     }
+
+
+def _gradient_reduction(ctx: DistContext) -> str:
+    if ctx.world_size_invariant:
+        return (
+            "world-size invariant: each micro-batch's LoRA gradient all-gathered, added in global "
+            "micro-batch order (the trainable weights whole on every rank"
+            + ("; FSDP2 shards the frozen weights only)" if ctx.strategy == "fsdp" else ")")
+        )
+    return "backend sum: " + (
+        "FSDP2 reduce-scatter" if ctx.strategy == "fsdp" else "DDP all-reduce (comm hook, no division)"
+    )
 
 
 def store_distributed(
@@ -144,11 +156,14 @@ def _comparable(section: Mapping[str, Any]) -> dict[str, Any]:
 def resume_world_change(
     record: Mapping[str, Any], ctx: DistContext | None, *, allow_change: bool, run_dir: Path
 ) -> dict[str, int] | None:
-    """:func:`reprotune._run.ranks.check_resume_world` for a resume of the run ``record`` holds."""
+    """:func:`reprotune._run.ranks.check_resume_world` for a resume of the run ``record`` holds. A
+    run in the world-size invariant mode may change its world size without being told: the
+    result is bitwise what the uninterrupted run gives (the change is recorded all the same)."""
+    train = (record.get("config") or {}).get("train") or {}
     return check_resume_world(
         record.get("distributed"),
         ctx.world_size if ctx is not None else None,
-        allow_change=allow_change,
+        allow_change=allow_change or train.get("world_size_invariant") is True,
         run_dir=str(run_dir),
     )
 

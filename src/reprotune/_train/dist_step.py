@@ -7,6 +7,13 @@ all-gather carries every rank's per-micro-batch losses, its gradient shards' sum
 its token count and a 48-bit prefix of its rows' hash; every rank then adds them in the same
 order, so every rank (and every rerun) gets the same bits, and rank 0 checks that each rank
 trained the rows the ledger names.
+
+With ``train.world_size_invariant`` the backend's sum of the gradients (DDP's all-reduce, FSDP2's
+reduce-scatter: rank partial sums, added in an order that depends on the world size) is replaced:
+each micro-batch's gradient of the trainable (LoRA) parameters is kept apart, every rank's are
+all-gathered, and they are added one after another in global micro-batch order, the left fold a
+single process's backward accumulates. Each micro-batch's gradient is the same bits whichever rank
+computes it (same weights, rows, dropout seed), so every step is the same bits at every world size.
 """
 
 from __future__ import annotations
@@ -27,7 +34,13 @@ from reprotune._train.distributed import (
 )
 from reprotune._train.loss import autocast, logits_to_keep, token_loss_sum
 from reprotune._train.setup import Setup, max_grad_norm
-from reprotune._train.sharding import grad_square_sum, gradient_sync, scale_grads
+from reprotune._train.sharding import (
+    add_in_global_order,
+    grad_square_sum,
+    gradient_sync,
+    scale_grads,
+    take_gradients,
+)
 
 #: ``torch.nn.utils.clip_grad_norm_``'s epsilon, so clipping means the same as in a single process.
 _CLIP_EPS = 1e-6
@@ -73,6 +86,8 @@ def distributed_train_step(setup: Setup, rows: list[int], step: int) -> tuple[fl
     lr = optimizer.param_groups[0]["lr"]
     losses = [0.0] * len(chunks)
     local_tokens = 0
+    invariant = ctx.world_size_invariant
+    kept: list[torch.Tensor] = []  # invariant: this rank's micro-batches' gradients, apart
     for j, k in enumerate(mine):
         on_cpu = padded[k]
         keep = logits_to_keep(on_cpu["labels"]) if setup.keep_logits else None
@@ -85,7 +100,11 @@ def distributed_train_step(setup: Setup, rows: list[int], step: int) -> tuple[fl
                 loss_sum = token_loss_sum(module, batch, keep=keep)
             loss = loss_sum / max(n_tokens, 1)
             (scaler.scale(loss) if scaler else loss).backward()
+        if invariant:
+            kept.append(take_gradients(setup.trainable))
         losses[k] = float(loss.detach())
+    if invariant:
+        add_in_global_order(ctx, setup.trainable, kept)
     if scaler:
         scaler.unscale_(optimizer)
     my_rows = [row for k in mine for row in chunks[k]]
@@ -93,8 +112,9 @@ def distributed_train_step(setup: Setup, rows: list[int], step: int) -> tuple[fl
     gathered = gather_f64(ctx, [*losses, square, float(local_tokens), _hash48(my_rows)])
     _check_ranks(ctx, gathered, chunks, n_tokens, step)
     step_loss = ordered_sum([gathered[_owner(k, len(chunks), ctx)][k] for k in range(len(chunks))])
-    # DDP: every rank holds the whole (already summed) gradient; FSDP: each holds a shard.
-    total = ordered_sum([part[len(chunks)] for part in gathered]) if ctx.strategy == "fsdp" else square
+    # DDP and the invariant mode: every rank holds the whole summed gradient; FSDP: each a shard.
+    sharded = ctx.trainable_sharded
+    total = ordered_sum([part[len(chunks)] for part in gathered]) if sharded else square
     grad_norm = math.sqrt(total)
     coef = max_grad_norm(cfg) / (grad_norm + _CLIP_EPS)
     if coef < 1.0:

@@ -56,6 +56,9 @@ class DistContext:
         backend: the process group's backend for the training tensors: ``gloo`` or ``nccl``.
         device: this rank's compute device.
         timeout_s: how long a collective waits for the other ranks before failing.
+        world_size_invariant: ``train.world_size_invariant``: the gradients are summed by
+            reprotune in global micro-batch order, and the trainable weights are whole on every
+            rank (DDP does not wrap the model; FSDP2 shards only the frozen weights).
     """
 
     rank: int
@@ -65,11 +68,17 @@ class DistContext:
     backend: str
     device: torch.device
     timeout_s: float
+    world_size_invariant: bool = False
 
     @property
     def is_main(self) -> bool:
         """Rank 0: the one that writes the run directory."""
         return self.rank == 0
+
+    @property
+    def trainable_sharded(self) -> bool:
+        """Whether each rank holds only a shard of the trainable weights (FSDP2, not invariant)."""
+        return self.strategy == "fsdp" and not self.world_size_invariant
 
     def describe(self) -> dict[str, Any]:
         """World size, backend and strategy (the record's and the checkpoint's ``distributed``)."""
@@ -121,6 +130,7 @@ def start_process_group(cfg: ExperimentConfig) -> DistContext | None:
         backend=backend,
         device=device,
         timeout_s=settings.timeout_s,
+        world_size_invariant=cfg.train.world_size_invariant,
     )
 
 

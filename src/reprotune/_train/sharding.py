@@ -99,6 +99,8 @@ def wrap_model(model: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
     Raises:
         InputError: FSDP on a model whose decoder layers cannot be found.
     """
+    if ctx.strategy == "ddp" and ctx.world_size_invariant:
+        return model  # the gradients are gathered and summed by reprotune (add_in_global_order)
     if ctx.strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -146,9 +148,12 @@ def _fully_shard(model: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
             fix="use distributed.strategy: ddp for this model",
         )
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    # Invariant mode: the trainable (LoRA) weights stay whole on every rank, out of FSDP2's hands,
+    # so that reprotune sums their gradients in global micro-batch order; the frozen base is sharded.
+    ignored = {p for p in model.parameters() if p.requires_grad} if ctx.world_size_invariant else None
     for layer in layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, ignored_params=ignored)
+    fully_shard(model, mesh=mesh, ignored_params=ignored)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
@@ -160,8 +165,12 @@ def _fully_shard(model: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
 def gradient_sync(train_module: torch.nn.Module, ctx: DistContext, *, sync: bool) -> Iterator[None]:
     """Within the block, a backward reduces the gradients across ranks only when ``sync``.
 
-    A rank's micro-batches accumulate locally; the last one's backward reduces the sum.
+    A rank's micro-batches accumulate locally; the last one's backward reduces the sum. In the
+    world-size invariant mode nothing is reduced by the backend (:func:`add_in_global_order` sums).
     """
+    if ctx.world_size_invariant:  # DDP does not wrap the model; FSDP2 does not hold the LoRA weights
+        yield
+        return
     if ctx.strategy == "ddp":
         with contextlib.nullcontext() if sync else train_module.no_sync():  # type: ignore[operator]
             yield
@@ -177,6 +186,47 @@ def local_grad(param: torch.nn.Parameter) -> torch.Tensor | None:
         return None
     to_local = getattr(grad, "to_local", None)
     return to_local() if callable(to_local) else grad
+
+
+def take_gradients(trainable: list[torch.nn.Parameter]) -> torch.Tensor:
+    """This micro-batch's gradients of ``trainable``, flat in parameter order (zeros for one that
+    got none), on the collectives' device; the parameters' gradients are cleared for the next."""
+    flat = torch.cat(
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1) for p in trainable]
+    )
+    for param in trainable:
+        param.grad = None
+    return flat
+
+
+def add_in_global_order(
+    ctx: DistContext, trainable: list[torch.nn.Parameter], kept: list[torch.Tensor]
+) -> None:
+    """Every rank's micro-batch gradients (``kept``: this rank's, by its micro-batches in order)
+    all-gathered and added one after another in global micro-batch order, into ``trainable``'s
+    gradients on every rank. Rank r holds the block of micro-batches r*K/W ... (r+1)*K/W-1, so the
+    ranks' blocks in rank order are the global order; the left fold from the first is what a
+    single process's backward accumulates (``grad = g0``, then ``grad += g1``, ...).
+
+    Raises:
+        ValueError: the trainable parameters are of mixed dtypes (one flat buffer holds them).
+    """
+    if len({p.dtype for p in trainable}) > 1:
+        raise ValueError("world_size_invariant needs the trainable parameters in one dtype")
+    device = ctx.device if ctx.backend == "nccl" else torch.device("cpu")
+    local = torch.stack(kept).to(device)
+    parts = [torch.empty_like(local) for _ in range(ctx.world_size)]
+    dist.all_gather(parts, local)
+    every = torch.cat(parts)
+    total = every[0].clone()
+    for k in range(1, every.shape[0]):
+        total.add_(every[k])
+    total = total.to(trainable[0].device)
+    offset = 0
+    for param in trainable:
+        n = param.numel()
+        param.grad = total[offset : offset + n].view_as(param)
+        offset += n
 
 
 def grad_square_sum(trainable: list[torch.nn.Parameter]) -> float:
@@ -203,7 +253,7 @@ def full_trainable_state(model: torch.nn.Module, ctx: DistContext) -> dict[str, 
     DDP: this rank's own (every rank holds them whole). FSDP: gathered, a collective every rank
     must call; rank 0 gets the tensors, the others an empty dict.
     """
-    if ctx.strategy == "ddp":
+    if not ctx.trainable_sharded:
         return trainable_tensors(model)
     state: dict[str, Any] = get_model_state_dict(model, options=_FULL_TRAINABLE)
     return state
@@ -236,9 +286,9 @@ def weights_hasher(setup: Setup) -> Callable[[], str]:
     FSDP gathers them first, a collective every rank calls (rank 0 gets the digest, the others "").
     """
     ctx = setup.dist
-    if ctx is None or (ctx.strategy == "ddp" and ctx.is_main):
+    if ctx is None or (not ctx.trainable_sharded and ctx.is_main):
         return WeightsHasher(trainable_tensors(setup.model))
-    if ctx.strategy == "ddp":
+    if not ctx.trainable_sharded:
         return lambda: ""
 
     gather = ShardGatherer([(name, p) for name, p in setup.model.named_parameters() if p.requires_grad], ctx)
@@ -304,7 +354,7 @@ class ShardGatherer:
 def adapter_state(setup: Setup) -> dict[str, torch.Tensor] | None:
     """The trainable weights to save as the adapter when the model cannot give them itself: under
     FSDP, gathered (a collective every rank calls; rank 0 gets them). None otherwise."""
-    if setup.dist is None or setup.dist.strategy != "fsdp":
+    if setup.dist is None or not setup.dist.trainable_sharded:
         return None
     state = full_trainable_state(setup.model, setup.dist)
     return state if setup.dist.is_main else None
