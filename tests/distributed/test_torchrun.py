@@ -13,11 +13,7 @@ every world size), LoRA dropout 0.1, a checkpoint every 4 steps, validation at 4
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,6 +26,7 @@ from reprotune._run.checkpoint import list_checkpoints, verify_checkpoint
 from reprotune._run.ledger import RANK_BATCHES, read_ledger
 from reprotune._run.record import load_record
 from tinyrun import TinyProject
+from torchruns import Launch, completed, launch
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -46,40 +43,6 @@ ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 #: World sizes 1 and 2 sum each step's gradients in another order; the losses of this run agree to
 #: about 3e-8 relative (measured), so 1e-6 leaves a margin of 30 and still catches any real change.
 RELATIVE_TOLERANCE = 1e-6
-
-
-@dataclass(frozen=True)
-class Launch:
-    """One finished ``torchrun`` launch: its run directory and what it printed."""
-
-    run_dir: Path
-    returncode: int
-    output: str
-
-
-def launch(project: TinyProject, nproc: int, *args: str, env: dict[str, str] | None = None) -> Launch:
-    """``torchrun --standalone --nproc_per_node NPROC -m reprotune ARGS`` in the project directory.
-
-    ``OMP_NUM_THREADS=1`` is set for every launch (torchrun sets it only for more than one process),
-    so launches at world sizes 1 and 2 run in the same environment.
-    """
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-    full_env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "OMP_NUM_THREADS": "1", **(env or {})}
-    done = subprocess.run(
-        [*command, "-m", "reprotune", *args],
-        cwd=project.root,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    run_dir = next((Path(args[i + 1]) for i, a in enumerate(args) if a == "--run-dir"), Path(args[-1]))
-    return Launch(project.root / run_dir, done.returncode, done.stdout + done.stderr)
-
-
-def completed(result: Launch) -> Launch:
-    assert result.returncode == 0, result.output[-6000:]
-    return result
 
 
 @pytest.fixture(scope="module")

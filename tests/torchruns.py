@@ -1,0 +1,46 @@
+"""``torchrun`` launches of ``python -m reprotune`` for the distributed tests: one launch, run to
+its end, with its run directory and output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tinyrun import TinyProject
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One finished ``torchrun`` launch: its run directory and what it printed."""
+
+    run_dir: Path
+    returncode: int
+    output: str
+
+
+def launch(project: TinyProject, nproc: int, *args: str, env: dict[str, str] | None = None) -> Launch:
+    """``torchrun --standalone --nproc_per_node NPROC -m reprotune ARGS`` in the project directory.
+
+    ``OMP_NUM_THREADS=1`` is set for every launch (torchrun sets it only for more than one process),
+    so launches at world sizes 1 and 2 run in the same environment.
+    """
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    full_env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "OMP_NUM_THREADS": "1", **(env or {})}
+    done = subprocess.run(
+        [*command, "-m", "reprotune", *args],
+        cwd=project.root,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    run_dir = next((Path(args[i + 1]) for i, a in enumerate(args) if a == "--run-dir"), Path(args[-1]))
+    return Launch(project.root / run_dir, done.returncode, done.stdout + done.stderr)
+
+
+def completed(result: Launch) -> Launch:
+    assert result.returncode == 0, result.output[-6000:]
+    return result
