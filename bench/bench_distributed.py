@@ -17,7 +17,15 @@ World size 2 on 2 cores gives no speed-up on a model this small: the figures sho
 the distributed machinery, not a scaling curve. On a shared machine step times move with the load;
 compare the ratios of one invocation.
 
-Run: ``.venv/bin/python bench/bench_distributed.py [--quick] [--steps N] [--reps N]``
+``--part invariant``: ``train.world_size_invariant`` (each micro-batch's LoRA gradient gathered and
+added in global micro-batch order) against the plain backend reduction, on the tiny model (DDP and
+FSDP2) and on the quickstart (SmolLM2-135M, LoRA r=8 on q/v, batch 4, 2 micro-batches a step; DDP)
+at world sizes 1 and 2. Launches of the two modes alternate (off, on, off, on ...: ``--rounds``
+pairs), and each pair's ratio of median step times is taken; the figure is the median of those
+ratios. Target: at most 1.15x. The extra memory is that of the gradient copies, per rank: the LoRA
+parameters' elements x 4 bytes x (its own micro-batches + all micro-batches gathered + the sum).
+
+Run: ``.venv/bin/python bench/bench_distributed.py [--quick] [--part reductions|invariant|all]``
 """
 
 from __future__ import annotations
@@ -34,7 +42,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_SHARE = 0.05
+TARGET_INVARIANT = 1.15
 VARIANTS = (("ddp", 1), ("ddp", 2), ("fsdp", 1), ("fsdp", 2))
+#: (config, world size) of the invariant part: the tiny model under both strategies, the quickstart.
+INVARIANT_VARIANTS = (("ddp", 1), ("ddp", 2), ("fsdp", 1), ("fsdp", 2), ("quickstart", 1), ("quickstart", 2))
 WARMUP_STEPS = 3
 
 
@@ -66,6 +77,23 @@ def write_project(root: Path, steps: int) -> None:
             "distributed": {"strategy": strategy, "timeout_s": 300},
         }
         (root / f"{strategy}.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+        invariant = {**config, "train": {**config["train"], "world_size_invariant": True}}  # type: ignore[dict-item]
+        (root / f"{strategy}-invariant.yaml").write_text(yaml.safe_dump(invariant), encoding="utf-8")
+    quickstart = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text(encoding="utf-8"))
+    quickstart["train"].update(
+        {
+            "grad_accum_steps": 2,
+            "max_steps": max(steps // 2, WARMUP_STEPS + 4),
+            "eval_every": 0,
+            "save_every": 0,
+        }
+    )
+    quickstart["determinism"]["threads"] = 1
+    quickstart["tracking"] = {"mlflow": False}
+    quickstart["distributed"] = {"strategy": "ddp", "timeout_s": 600}
+    (root / "quickstart.yaml").write_text(yaml.safe_dump(quickstart), encoding="utf-8")
+    quickstart["train"]["world_size_invariant"] = True
+    (root / "quickstart-invariant.yaml").write_text(yaml.safe_dump(quickstart), encoding="utf-8")
 
 
 def worker(config: Path, run_dir: Path, out: Path, reps: int) -> None:
@@ -98,6 +126,11 @@ def worker(config: Path, run_dir: Path, out: Path, reps: int) -> None:
         plain.append(time.perf_counter() - start)
     result = run_experiment(cfg, RunOptions(run_dir=run_dir, progress=False, tracking=False))
     if ctx.is_main:
+        import resource
+
+        from safetensors.torch import load_file
+
+        adapter = load_file(str(run_dir / "adapter" / "adapter_model.safetensors"))
         out.write_text(
             json.dumps(
                 {
@@ -105,6 +138,9 @@ def worker(config: Path, run_dir: Path, out: Path, reps: int) -> None:
                     "fixed_s": statistics.median(fixed),
                     "plain_s": statistics.median(plain),
                     "recording_share": result.record["timings"].get("recording_share"),
+                    "lora_elements": sum(t.numel() for t in adapter.values()),
+                    "micro_batches": cfg.train.grad_accum_steps,
+                    "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                 }
             ),
             encoding="utf-8",
@@ -112,9 +148,9 @@ def worker(config: Path, run_dir: Path, out: Path, reps: int) -> None:
     dist.destroy_process_group()
 
 
-def launch(root: Path, strategy: str, world: int, reps: int) -> dict[str, object]:
-    """One torchrun launch of the worker; rank 0's figures."""
-    out = root / f"{strategy}-{world}.json"
+def launch(root: Path, strategy: str, world: int, reps: int, *, tag: str = "") -> dict[str, object]:
+    """One torchrun launch of the worker on ``root/STRATEGY.yaml``; rank 0's figures."""
+    out = root / f"{strategy}-{world}{tag}.json"
     command = [
         sys.executable,
         "-m",
@@ -126,7 +162,7 @@ def launch(root: Path, strategy: str, world: int, reps: int) -> dict[str, object
         "--worker",
         str(root / f"{strategy}.yaml"),
         "--run-dir",
-        str(root / "runs" / f"{strategy}-{world}"),
+        str(root / "runs" / f"{strategy}-{world}{tag}"),
         "--out",
         str(out),
         "--reps",
@@ -142,26 +178,12 @@ def launch(root: Path, strategy: str, world: int, reps: int) -> dict[str, object
     return figures
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run every variant and print the table; 1 when the reduction target is missed."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer steps and repetitions")
-    parser.add_argument(
-        "--steps", type=int, default=None, help="optimizer steps per run (default 40; quick 12)"
-    )
-    parser.add_argument(
-        "--reps", type=int, default=None, help="reductions timed per launch (default 400; quick 100)"
-    )
-    parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--run-dir", type=Path, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    reps = args.reps or (100 if args.quick else 400)
-    if args.worker is not None:
-        assert args.run_dir is not None and args.out is not None
-        worker(args.worker, args.run_dir, args.out, reps)
-        return 0
-    steps = args.steps or (12 if args.quick else 40)
+def _median_step(figures: dict[str, object]) -> float:
+    return statistics.median(list(figures["step_times_s"])[WARMUP_STEPS:])  # type: ignore[call-overload]
+
+
+def reductions(steps: int, reps: int) -> bool:
+    """The fixed-order reductions of the loss vector against a plain all-reduce; True when met."""
     import torch
 
     print(
@@ -180,9 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     worst = 0.0
     for (strategy, world), figures in rows.items():
-        times = list(figures["step_times_s"])[WARMUP_STEPS:]  # type: ignore[call-overload]
-        step = statistics.median(times)
-        base = statistics.median(list(rows[(strategy, 1)]["step_times_s"])[WARMUP_STEPS:])  # type: ignore[call-overload]
+        step = _median_step(figures)
+        base = _median_step(rows[(strategy, 1)])
         fixed, plain = float(figures["fixed_s"]), float(figures["plain_s"])  # type: ignore[arg-type]
         share, extra = fixed / step, (fixed - plain) / step
         worst = max(worst, share) if world > 1 else worst
@@ -197,6 +218,80 @@ def main(argv: list[str] | None = None) -> int:
         f"\nfixed-order reduction per step at world size 2: at most {worst:.2%} of a step "
         f"(target <= {TARGET_SHARE:.0%}): {'met' if met else 'MISSED'}"
     )
+    return met
+
+
+def invariant(steps: int, rounds: int) -> bool:
+    """The world-size invariant mode against the plain backend reduction; True when met."""
+    print(
+        f"\ntrain.world_size_invariant on vs off: tiny model {steps} steps (4 micro-batches of 2), "
+        f"quickstart {max(steps // 2, WARMUP_STEPS + 4)} steps (2 micro-batches of 4); {rounds} "
+        "alternating pairs of launches per variant, 1 thread per rank"
+    )
+    print(
+        f"\n  {'variant':<16}{'off (median)':>14}{'on (median)':>14}{'on / off':>10}"
+        f"{'pair ratios':>24}{'extra grads':>13}{'max RSS on-off':>16}"
+    )
+    worst = 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        write_project(root, steps)
+        for config, world in INVARIANT_VARIANTS:
+            ratios, offs, ons, rss = [], [], [], []
+            for n in range(rounds):
+                off = launch(root, config, world, 1, tag=f"-off{n}")
+                on = launch(root, f"{config}-invariant", world, 1, tag=f"-on{n}")
+                offs.append(_median_step(off))
+                ons.append(_median_step(on))
+                ratios.append(ons[-1] / offs[-1])
+                rss.append((int(on["max_rss_kib"]) - int(off["max_rss_kib"])) / 1024)  # type: ignore[call-overload]
+            elements, k = int(on["lora_elements"]), int(on["micro_batches"])  # type: ignore[call-overload]
+            extra_mib = elements * 4 * (k // world + k + 1) / 2**20
+            ratio = statistics.median(ratios)
+            worst = max(worst, ratio)
+            print(
+                f"  {config + ' W=' + str(world):<16}{statistics.median(offs) * 1e3:>11.1f} ms"
+                f"{statistics.median(ons) * 1e3:>11.1f} ms{ratio:>9.3f}x"
+                f"{' '.join(f'{r:.3f}' for r in ratios):>24}{extra_mib:>9.2f} MiB"
+                f"{statistics.median(rss):>+12.1f} MiB"
+            )
+    met = worst <= TARGET_INVARIANT
+    print(
+        f"\nworld-size invariant mode: at most {worst:.3f}x the plain reduction's step time "
+        f"(target <= {TARGET_INVARIANT}x): {'met' if met else 'MISSED'}"
+    )
+    return met
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the parts and print their tables; 1 when a target is missed."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps, repetitions and rounds")
+    parser.add_argument("--part", choices=("reductions", "invariant", "all"), default="all")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="optimizer steps per run (default 40; quick 12)"
+    )
+    parser.add_argument(
+        "--reps", type=int, default=None, help="reductions timed per launch (default 400; quick 100)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="invariant part: pairs of launches (default 3; quick 1)"
+    )
+    parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--run-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    reps = args.reps or (100 if args.quick else 400)
+    if args.worker is not None:
+        assert args.run_dir is not None and args.out is not None
+        worker(args.worker, args.run_dir, args.out, reps)
+        return 0
+    steps = args.steps or (12 if args.quick else 40)
+    met = True
+    if args.part in ("reductions", "all"):
+        met &= reductions(steps, reps)
+    if args.part in ("invariant", "all"):
+        met &= invariant(steps, args.rounds or (1 if args.quick else 3))
     return 0 if met else 1
 
 
