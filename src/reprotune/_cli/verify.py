@@ -15,7 +15,11 @@ _USAGE_FIX = 'run `reprotune verify CONFIG` or `reprotune verify --command "pyth
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "config", type=Path, nargs="?", default=None, help="experiment config (YAML); not with --command"
+        "config",
+        type=Path,
+        nargs="?",
+        default=None,
+        help="experiment config (YAML); with --spot, the run directory to check; not with --command",
     )
     add_set_option(parser)
     parser.add_argument(
@@ -47,6 +51,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "needs reprotune's ReprotuneCallback; docs/integrations.md)",
     )
     parser.add_argument(
+        "--spot",
+        action="store_true",
+        help="check the existing run RUN_DIR by replaying sampled intervals between its checkpoints "
+        "(always the first and the last) for a fraction of its cost",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="with --spot: the share of the run's steps to replay (default 0.2)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="with --spot: the seed that draws the intervals (recorded; default 0)",
+    )
+    parser.add_argument(
         "--resume-at",
         type=int,
         default=None,
@@ -64,6 +86,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.spot:
+        return _run_spot(args)
+    if args.budget is not None:
+        raise InputError(
+            "--budget goes with --spot", source="--budget", fix="add --spot, or leave --budget out"
+        )
     if args.train_command is not None or args.resume_at is not None:
         return _run_command(args)
     from reprotune._config.loading import load_config
@@ -117,6 +145,29 @@ def _run_command(args: argparse.Namespace) -> int:
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
         out = Path("runs") / f"verify-{stamp}-{hashlib.sha256(args.train_command.encode()).hexdigest()[:8]}"
     result = verify_command(args.train_command, out, resume_at=args.resume_at)
+    print(result.format())
+    print(f"verification record: {out / 'verification.json'}")
+    return 0 if result.verdict == "PASS" else 1
+
+
+def _run_spot(args: argparse.Namespace) -> int:
+    """``verify RUN_DIR --spot``: replay sampled checkpoint intervals (``_proof.spot``)."""
+    from reprotune._proof.spot import DEFAULT_BUDGET, spot_verify
+
+    others = args.train_command or args.overrides or args.reference or args.thorough or args.no_resume
+    if args.config is None or others or args.resume_at is not None:
+        raise InputError(
+            "--spot checks an existing run: give its run directory, and none of --command, --set, "
+            "--reference, --thorough, --no-resume, --resume-at",
+            source="--spot",
+            fix="run `reprotune verify RUN_DIR --spot [--budget 0.2] [--seed N]`",
+        )
+    out = args.out
+    if out is None:
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+        out = Path("runs") / f"verify-spot-{stamp}-{Path(args.config).name}"
+    budget = DEFAULT_BUDGET if args.budget is None else args.budget
+    result = spot_verify(args.config, out, budget=budget, seed=args.seed)
     print(result.format())
     print(f"verification record: {out / 'verification.json'}")
     return 0 if result.verdict == "PASS" else 1

@@ -57,33 +57,33 @@ def ending_with_this_process() -> Callable[[], None] | None:
     return in_the_child
 
 
-def _command(args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-    """``python -m reprotune ARGS``, or under torchrun a fresh ``torchrun --standalone`` launch of
-    it at the same number of processes; and its environment."""
+def _command(args: Sequence[str], module: str = "reprotune") -> tuple[list[str], dict[str, str]]:
+    """``python -m MODULE ARGS`` (``reprotune``: the CLI), or under torchrun a fresh ``torchrun
+    --standalone`` launch of it at the same number of processes; and its environment."""
     env = {k: v for k, v in os.environ.items() if k != "REPROTUNE_KILL_AT"}
     size = launch_world_size()
     if size == 1:
-        return [sys.executable, "-m", "reprotune", *args], env
+        return [sys.executable, "-m", module, *args], env
     env = {k: v for k, v in env.items() if k not in _TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")}
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={size}"]
-    return [*launch, "-m", "reprotune", *args], env
+    return [*launch, "-m", module, *args], env
 
 
-def run_logged(args: Sequence[str], log: Path) -> float:
-    """Run ``python -m reprotune ARGS`` in a fresh process (a fresh torchrun launch under torchrun),
-    its output into ``log``; return its wall time.
+def run_logged(args: Sequence[str], log: Path, *, module: str = "reprotune") -> float:
+    """Run ``python -m MODULE ARGS`` (``reprotune``: the CLI) in a fresh process (a fresh torchrun
+    launch under torchrun), its output into ``log``; return its wall time.
 
     Raises:
         RunFailedError: it exited with another code than 0 (the message holds its output's tail).
     """
-    wall, code = _run_into(args, log)
+    wall, code = _run_into(args, log, module)
     if code != 0:
         raise _failed(args, code, log.read_bytes(), log)
     return wall
 
 
-def _run_into(args: Sequence[str], log: Path) -> tuple[float, int]:
-    command, env = _command(args)
+def _run_into(args: Sequence[str], log: Path, module: str = "reprotune") -> tuple[float, int]:
+    command, env = _command(args, module)
     with open(log, "ab") as out:
         _header(out, command)
         started = time.perf_counter()
@@ -197,7 +197,8 @@ class _Started:
 
 
 def _header(out: BinaryIO, command: Sequence[str]) -> None:
-    out.write(f"$ {' '.join(command[list(command).index('reprotune') - 1 :])}\n".encode())
+    shown = len(command) - 1 - list(reversed(command)).index("-m")  # from the last -m: what runs
+    out.write(f"$ {' '.join(command[shown:])}\n".encode())
     out.flush()
 
 

@@ -42,7 +42,7 @@ from reprotune._run.checkpoint import list_checkpoints, restore_checkpoint, veri
 from reprotune._run.kernels import kernel_facts
 from reprotune._run.ledger import train_line
 from reprotune._run.rundir import RunDir, open_run_dir
-from reprotune._train.dist_run import generator_seed
+from reprotune._train.dist_run import seed_generators
 from reprotune._train.loop import train_step
 from reprotune._train.setup import Setup, build_setup
 from reprotune._train.sharding import weights_hasher
@@ -267,7 +267,7 @@ def _restore(setup: Setup, run: RunDir, step: int, report: Callable[[str], None]
             path, model=setup.model, optimizer=setup.optimizer, scheduler=setup.scheduler, scaler=setup.scaler
         )
         return state.step
-    torch.manual_seed(generator_seed(setup))
+    seed_generators(setup)
     return 0
 
 

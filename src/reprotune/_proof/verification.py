@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import platform
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 SCHEMA = "reprotune/verification"
-SCHEMA_VERSION = 4  # 2: mode, per-leg cost, machine, blame; 3: wall_s (legs side by side); 4: legs' prefix
-Mode = Literal["fast", "thorough"]
+SCHEMA_VERSION = 5  # 2: mode, per-leg cost, machine, blame; 3: wall_s (legs side by side); 4: legs'
+# prefix; 5: mode spot and its spot section
+Mode = Literal["fast", "thorough", "spot"]
 
 
 @dataclass
@@ -46,6 +49,8 @@ class Verification:
     wall_s: float = 0.0
     """Elapsed time from the first leg's start to the last verdict: legs that ran side by side
     count once. What the user waited for beyond the reference, and the cost's numerator."""
+    spot: dict[str, Any] | None = None
+    """``--spot``: the budget, the seed, the intervals chosen and what their replay proves."""
 
     @property
     def legs_s(self) -> float:
@@ -76,6 +81,14 @@ class Verification:
             )
             if leg.note:
                 lines.append(f"         {leg.note}")
+        if self.spot is not None:
+            s = self.spot
+            lines.append(
+                f"  covered: {s['intervals_replayed']} of {s['intervals_available']} intervals, "
+                f"{s['steps_replayed']} of {s['total_steps']} steps "
+                f"(budget {s['budget']:g}, seed {s['seed']})"
+            )
+            lines.append(f"  proves: {s['proves']}")
         if self.cost is not None:
             lines.append(
                 f"  cost: {self.wall_s:.0f} s of legs for a {self.reference_s:.0f} s run ({self.cost:.2f}x)"
@@ -86,3 +99,14 @@ class Verification:
                 )
             )
         return "\n".join(lines)
+
+
+def machine_summary() -> dict[str, Any]:
+    """The machine a verification ran on, as ``verification.json`` records it."""
+    return {
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+    }

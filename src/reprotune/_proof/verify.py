@@ -32,8 +32,6 @@ evidence, the mode, what each leg cost (wall time, training time) and the machin
 from __future__ import annotations
 
 import datetime as _dt
-import os
-import platform
 import shutil
 import time
 from collections.abc import Callable
@@ -50,7 +48,7 @@ from reprotune._proof.compare import compare_runs
 from reprotune._proof.differences import Comparison
 from reprotune._proof.processes import LegProcesses, launch_world_size
 from reprotune._proof.processes import run_logged as _reprotune
-from reprotune._proof.verification import Leg, Verification
+from reprotune._proof.verification import Leg, Verification, machine_summary
 from reprotune._proof.verify_eval import eval_leg
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.record import load_record, record_config
@@ -171,7 +169,7 @@ def verify_config(
         mode="thorough" if thorough else "fast",
         reference=str(ctx.reference),
         reference_s=_run_seconds(ctx.reference),
-        machine=_machine(),
+        machine=machine_summary(),
         wall_s=time.perf_counter() - started,
     )
     write_json_atomic(
@@ -363,16 +361,6 @@ def _train_seconds(run_dir: Path, *, since: int = 0) -> float | None:
     timings = load_record(RunLayout(run_dir).record).get("timings", {})
     mean, steps = timings.get("step_time_s_mean"), timings.get("steps_done")
     return round(float(mean) * max(0, int(steps) - since), 3) if mean is not None and steps else None
-
-
-def _machine() -> dict[str, Any]:
-    return {
-        "host": platform.node(),
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-    }
 
 
 def _resume_point(cfg: ExperimentConfig, total_steps: int) -> int | None:

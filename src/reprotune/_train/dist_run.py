@@ -184,6 +184,22 @@ def generator_seed(setup: Setup) -> int:
     return rank_seed(setup.seeds["dropout"], setup.dist.rank)
 
 
+def seed_generators(setup: Setup) -> None:
+    """Seed the process's global generators when a run starts from step 0: torch's (dropout, and
+    anything else that draws from it) and also Python's ``random`` and NumPy's legacy global RNG,
+    with :func:`generator_seed`. reprotune draws from neither, but a checkpoint holds their states
+    (a resume restores them for a user's hook or library that does): seeded, those states are
+    the same in every rerun, so a checkpoint's RNG file is too (``verify --spot`` compares it)."""
+    import random
+
+    import numpy as np
+
+    seed = generator_seed(setup)
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed([seed & 0xFFFFFFFF, seed >> 32])
+
+
 def torchrun_config(run_dir: Path) -> ExperimentConfig | None:
     """Under torchrun, the config of the run in ``run_dir``, read by every rank (it chooses the
     backend and the device before the ranks can talk); None outside torchrun."""
@@ -232,7 +248,7 @@ def follow_run(cfg: ExperimentConfig, ctx: DistContext, options: RunOptions, *, 
             restored = restore_distributed(setup, None, restore_rng=restore_rng, report=lambda _: None)
         start_step = restored.state.step if restored is not None else 0
         if start_step == 0:
-            torch.manual_seed(generator_seed(setup))
+            seed_generators(setup)
         ledger = LedgerHook(setup, None, step_predicate(options.recording), Stopwatch())
         if start_step == 0:
             ledger.write_init()  # under FSDP, rank 0 gathers the weights it hashes

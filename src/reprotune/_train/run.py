@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from reprotune._config.loading import config_from_dict, dump_config_yaml
 from reprotune._config.schema import ExperimentConfig
 from reprotune._determinism.seeds import derive_seeds
@@ -45,9 +43,9 @@ from reprotune._train.dist_run import (
     distributed_section,
     follow_resume,
     follow_run,
-    generator_seed,
     restore_on_main,
     resume_world_change,
+    seed_generators,
     store_distributed,
     torchrun_config,
 )
@@ -213,7 +211,7 @@ def _execute(
         if start_step == 0:
             paths.ledger.unlink(missing_ok=True)  # a clean ledger for a run from the start
             # Dropout (and anything else drawing from torch's global generator) gets its own seed.
-            torch.manual_seed(generator_seed(setup))
+            seed_generators(setup)
         run.trackers.start(
             RunDescription(
                 run_id=record["run_id"],

@@ -1,0 +1,94 @@
+"""The replays of ``reprotune verify RUN_DIR --spot``, all in one fresh process.
+
+``python -m reprotune._proof.replay SPOT_DIR`` reads ``SPOT_DIR/plan.json`` (written by
+``_proof.spot``) and, one after another in this process (the imports paid once), replays each
+chosen interval of the reference run into its own run directory under ``SPOT_DIR``:
+
+- from the initial state (interval ``0 -> b``): a fresh run of the recorded config on the recorded
+  split manifest, stopped after step ``b`` (its checkpoint written there, as the reference's was);
+- from checkpoint ``a``: a run directory holding a copy of the reference's record, config, split
+  manifest, ledger and checkpoint ``a`` only, resumed (``resume_run``: the same restore a user's
+  resume makes) and stopped after step ``b``, or run to the end for the last interval.
+
+Then the negative controls, each stopped as soon as it has parted from the reference: the first
+interval with the data-order seed perturbed, and (when a checkpoint was replayed) a resume from it
+without restoring the RNG states. Judging is the parent's (``_proof.spot``); this writes nothing
+but the run directories.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from reprotune._jsonio import write_json_atomic
+from reprotune._run.layout import RunLayout
+from reprotune._run.record import load_record, record_config
+
+PLAN = "plan.json"
+
+
+def prepare_from_checkpoint(reference: Path, start: int, target: Path) -> None:
+    """A run directory at ``target`` that resumes the reference from its checkpoint ``start``:
+    the record (status ``stopped``), config, split manifest, ledger and that one checkpoint."""
+    ref, out = RunLayout(reference), RunLayout(target)
+    out.checkpoints.mkdir(parents=True)
+    record = load_record(ref.record)
+    record["status"] = "stopped"
+    write_json_atomic(out.record, record)
+    for name in ("config", "manifest", "ledger"):
+        source = getattr(ref, name)
+        if source.exists():
+            shutil.copyfile(source, getattr(out, name))
+    checkpoint = ref.checkpoints / f"step-{start:08d}"
+    shutil.copytree(checkpoint, out.checkpoints / checkpoint.name)
+
+
+def replay(plan: dict[str, Any], spot_dir: Path) -> None:
+    """Every interval of ``plan``, then the controls, each into its run directory."""
+    from reprotune._train.options import RunOptions
+    from reprotune._train.run import resume_run, run_experiment
+    from reprotune._train.watch import DivergenceWatch
+
+    reference = Path(plan["reference"])
+    paths = RunLayout(reference)
+    record = load_record(paths.record)
+    cfg = record_config(record, run_dir=reference, source=str(paths.record))
+    total = int(plan["total_steps"])
+    quiet = RunOptions(progress=False, tracking=False, manifest=paths.manifest)
+    for interval in plan["intervals"]:
+        start, end, target = int(interval["start"]), int(interval["end"]), Path(interval["run_dir"])
+        stop = end if end < total else None
+        print(f"replay: steps {start + 1}-{end} -> {target}", flush=True)
+        if start == 0:
+            run_experiment(cfg, replace(quiet, run_dir=target, stop_after_step=stop))
+        else:
+            prepare_from_checkpoint(reference, start, target)
+            resume_run(target, replace(quiet, stop_after_step=stop))
+    for control in plan["controls"]:
+        target, watch = Path(control["run_dir"]), DivergenceWatch(paths.ledger, bound=int(control["bound"]))
+        print(f"replay: negative control {control['name']} -> {target}", flush=True)
+        if control["name"] == "control-seed":
+            perturbed = cfg.model_copy(
+                update={"seed": cfg.seed.model_copy(update={"overrides": control["overrides"]})}
+            )
+            run_experiment(perturbed, replace(quiet, run_dir=target, hooks=[watch]))
+        else:
+            prepare_from_checkpoint(reference, int(control["start"]), target)
+            resume_run(target, replace(quiet, hooks=[watch], restore_rng_on_resume=False))
+
+
+def main(argv: list[str]) -> int:
+    """``python -m reprotune._proof.replay SPOT_DIR``."""
+    spot_dir = Path(argv[0])
+    plan = json.loads((spot_dir / PLAN).read_text(encoding="utf-8"))
+    replay(plan, spot_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,346 @@
+"""``reprotune verify RUN_DIR --spot``: check an existing run for a fraction of its cost.
+
+The run already holds what a cheaper proof needs: checkpoints at known steps with every RNG state
+and the data position, and a ledger with each step's exact bits. The states are the initial one
+(step 0), each checkpoint that verifies, and the end. Intervals between consecutive states are
+chosen (:func:`plan_intervals`): always the first (from the initial state: the LoRA init and the
+start of the data order), always the last (it ends at the adapter), the rest drawn with a
+recorded seed while they fit in the budget (a share of the run's steps). Each is replayed in one
+fresh process (``_proof.replay``) and must give, bit for bit, every ledger line of its steps and
+the state at its end: the next checkpoint's weights, optimizer and RNG files (their sha256 in its
+``state.json``), or the adapter for the last. Negative controls show the check can fail: the
+first interval with the data-order seed perturbed, and a resume from a replayed checkpoint without
+its RNG states, each stopped as soon as it parts.
+
+What it proves: a fault that touches every step (a nondeterministic kernel, a changed library) is
+caught by any interval; a fault confined to one interval is caught when that interval is drawn:
+with probability (intervals replayed) / (intervals in the run) for an interval picked at random.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reprotune._errors import InputError
+from reprotune._jsonio import write_json_atomic
+from reprotune._proof.compare import compare_runs
+from reprotune._proof.processes import run_logged
+from reprotune._proof.replay import PLAN
+from reprotune._proof.verification import Leg, Verification, machine_summary
+from reprotune._run.checkpoint import STATE_FILE, list_checkpoints, verify_checkpoint
+from reprotune._run.layout import RunLayout, VerifyLayout
+from reprotune._run.ledger import read_ledger
+from reprotune._run.record import load_record
+from reprotune._run.rundir import check_is_run_dir
+
+DEFAULT_BUDGET = 0.2
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Steps ``start + 1`` ... ``end`` of the run, replayed from the state after ``start``."""
+
+    start: int
+    end: int
+    why: str  # "first", "last", "first and last" or "drawn"
+
+    @property
+    def steps(self) -> int:
+        return self.end - self.start
+
+
+def plan_intervals(states: Sequence[int], total: int, *, budget: float, seed: int) -> list[Interval]:
+    """The intervals to replay, in step order.
+
+    Args:
+        states: the steps with a checkpoint (others than 0 and ``total`` are the cut points).
+        total: the run's last step.
+        budget: the share of ``total`` steps the drawn intervals may bring the replay up to (the
+            first and the last are always replayed, whatever they cost).
+        seed: the seed of the draw.
+    """
+    points = sorted({0, total, *(s for s in states if 0 < s < total)})
+    spans = list(itertools.pairwise(points))
+    chosen = {spans[0]: "first", spans[-1]: "last"} if len(spans) > 1 else {spans[0]: "first and last"}
+    covered = sum(b - a for a, b in chosen)
+    rest = spans[1:-1]
+    random.Random(seed).shuffle(rest)
+    for a, b in rest:
+        if covered + (b - a) <= budget * total:
+            chosen[(a, b)] = "drawn"
+            covered += b - a
+    return [Interval(a, b, why) for (a, b), why in sorted(chosen.items())]
+
+
+def spot_verify(
+    run_dir: Path,
+    out_dir: Path,
+    *,
+    budget: float = DEFAULT_BUDGET,
+    seed: int = 0,
+    progress: Callable[[str], None] = lambda line: print(line, flush=True),
+) -> Verification:
+    """Replay sampled intervals of the completed run in ``run_dir`` into ``out_dir``; judge them.
+
+    Raises:
+        InputError: not a completed single-process run directory, a bad budget, or ``out_dir``
+            not new.
+        RunFailedError: the replay process failed.
+    """
+    reference = run_dir.resolve()
+    record = _check_run(reference, budget)
+    total = int(record["data"]["order"]["total_steps"])
+    states = [s for s in _checkpoint_steps(reference) if s < total]
+    intervals = plan_intervals(states, total, budget=budget, seed=seed)
+    _new_dir(out_dir)
+    layout = VerifyLayout(out_dir)
+    plan = _plan(reference, out_dir, intervals, total, record)
+    write_json_atomic(out_dir / PLAN, plan)
+    replayed = sum(i.steps for i in intervals)
+    progress(
+        f"verify --spot: {len(intervals)} of {len(states) + 1} intervals, {replayed} of {total} steps "
+        f"(budget {budget:g}, seed {seed}), replayed in one fresh process"
+    )
+    started = time.perf_counter()
+    run_logged([str(out_dir)], layout.log, module="reprotune._proof.replay")
+    legs = [_judge_interval(reference, i, plan, total) for i in intervals]
+    legs += [_judge_control(reference, c) for c in plan["controls"]]
+    for leg in legs:
+        progress(f"  {leg.name}: {leg.verdict} (must be {leg.expected})")
+    ok = all(leg.passed is not False for leg in legs) and any(leg.passed for leg in legs)
+    spot = _spot_section(intervals, states, total, budget, seed)
+    result = Verification(
+        "PASS" if ok else "FAIL",
+        str(out_dir),
+        str(record.get("config_sha256", "")),
+        legs,
+        mode="spot",
+        reference=str(reference),
+        reference_s=_seconds(record),
+        machine=machine_summary(),
+        wall_s=time.perf_counter() - started,
+        spot=spot,
+    )
+    write_json_atomic(layout.verification, result.to_json())
+    return result
+
+
+def _check_run(run_dir: Path, budget: float) -> dict[str, Any]:
+    if not (0 < budget <= 1):
+        raise InputError(
+            f"--budget {budget!r} is not a share of the run's steps in (0, 1]",
+            source="--budget",
+            fix="pass e.g. --budget 0.2 (a fifth of the steps)",
+        )
+    check_is_run_dir(run_dir, option="RUN_DIR")
+    record = load_record(RunLayout(run_dir).record)
+    if record.get("status") != "completed":
+        raise InputError(
+            f"the run in {run_dir} did not complete (status {record.get('status')!r})",
+            source=str(RunLayout(run_dir).record),
+            fix=f"resume it first: `reprotune resume {run_dir}`",
+        )
+    if "distributed" in record or "trainer" in (record.get("config") or {}):
+        raise InputError(
+            f"--spot replays runs made by `reprotune run` in one process; {run_dir} was made "
+            + ("under torchrun" if "distributed" in record else "by a Trainer script"),
+            source=str(RunLayout(run_dir).record),
+            fix="verify it in full: `reprotune verify CONFIG --reference RUN_DIR`",
+        )
+    return record
+
+
+def _checkpoint_steps(run_dir: Path) -> list[int]:
+    steps = []
+    for path in list_checkpoints(RunLayout(run_dir).checkpoints):
+        if verify_checkpoint(path) is None:
+            steps.append(int(json.loads((path / STATE_FILE).read_text(encoding="utf-8"))["step"]))
+    return steps
+
+
+def _new_dir(out_dir: Path) -> None:
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise InputError(
+            f"verification directory {out_dir} is not new and empty",
+            source="--out",
+            fix="choose a new --out directory",
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _plan(
+    reference: Path, out_dir: Path, intervals: list[Interval], total: int, record: dict[str, Any]
+) -> dict[str, Any]:
+    root = out_dir.resolve()
+    plan: dict[str, Any] = {
+        "reference": str(reference),
+        "total_steps": total,
+        "intervals": [
+            {
+                "start": i.start,
+                "end": i.end,
+                "why": i.why,
+                "run_dir": str(root / f"steps-{i.start + 1}-{i.end}"),
+            }
+            for i in intervals
+        ],
+    }
+    first = intervals[0]
+    seeds = record.get("seeds") or {}
+    overrides = {**((record.get("config") or {}).get("seed", {}).get("overrides") or {})}
+    overrides["data_order"] = int(seeds.get("data_order", 0)) + 1
+    controls: list[dict[str, Any]] = [
+        {
+            "name": "control-seed",
+            "run_dir": str(root / "control-seed"),
+            "overrides": overrides,
+            "bound": min(first.end, 3),
+        }
+    ]
+    resumed = [i for i in intervals if i.start > 0]
+    if resumed:
+        start = resumed[0].start
+        controls.append(
+            {
+                "name": "control-resume",
+                "run_dir": str(root / "control-resume"),
+                "start": start,
+                "bound": min(total, start + 3),
+            }
+        )
+    plan["controls"] = controls
+    return plan
+
+
+def _lines(run_dir: Path, start: int, end: int) -> dict[tuple[str, int], dict[str, Any]]:
+    """The ledger lines of steps ``start + 1 ... end`` (and the init line when ``start`` is 0)."""
+    ledger = read_ledger(RunLayout(run_dir).ledger)
+    out = {("train", e.step): dict(e.fields) for e in ledger.train if start < e.step <= end}
+    out.update({("val", e.step): dict(e.fields) for e in ledger.val if start < e.step <= end})
+    if start == 0 and ledger.init is not None:
+        out[("init", 0)] = dict(ledger.init.fields)
+    return out
+
+
+def _judge_interval(reference: Path, interval: Interval, plan: dict[str, Any], total: int) -> Leg:
+    run_dir = Path(next(p["run_dir"] for p in plan["intervals"] if p["start"] == interval.start))
+    leg = Leg(f"steps {interval.start + 1}-{interval.end}", str(run_dir), "IDENTICAL")
+    origin = "the initial state" if interval.start == 0 else f"checkpoint {interval.start}"
+    leg.note = f"{interval.why}; from {origin}"
+    mine, theirs = (
+        _lines(run_dir, interval.start, interval.end),
+        _lines(reference, interval.start, interval.end),
+    )
+    order = {"init": 0, "train": 1, "val": 2}
+    differing = sorted(
+        (k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k)),
+        key=lambda k: (k[1], order[k[0]]),
+    )
+    end_state, end_ok = _end_state(reference, run_dir, interval.end, total)
+    leg.evidence = {
+        "from": interval.start,
+        "to": interval.end,
+        "steps": interval.steps,
+        "end_state": end_state,
+    }
+    if differing:
+        kind, step = differing[0][0], differing[0][1]
+        fields = sorted(
+            f
+            for f in set(mine.get((kind, step), {})) | set(theirs.get((kind, step), {}))
+            if mine.get((kind, step), {}).get(f) != theirs.get((kind, step), {}).get(f)
+        )
+        leg.evidence.update(first_divergence=step, differing=[f"{kind} {f}" for f in fields])
+    leg.verdict = "IDENTICAL" if not differing and end_ok else "DIVERGED"
+    leg.passed = leg.verdict == leg.expected
+    return leg
+
+
+def _end_state(reference: Path, replay: Path, end: int, total: int) -> tuple[str, bool]:
+    """What the interval's end state was checked against, and whether it matched."""
+    if end == total:
+        ours = (load_record(RunLayout(replay).record).get("outputs") or {}).get("adapter_sha256")
+        theirs = (load_record(RunLayout(reference).record).get("outputs") or {}).get("adapter_sha256")
+        ok = ours is not None and ours == theirs
+        return f"adapter sha256 {'identical' if ok else f'{ours} vs {theirs}'}", ok
+    name = f"step-{end:08d}"
+    ours_state, theirs_state = (
+        _state(RunLayout(replay).checkpoints / name),
+        _state(RunLayout(reference).checkpoints / name),
+    )
+    keys = ("step", "position", "files")
+    differing = [k for k in keys if ours_state.get(k) != theirs_state.get(k)]
+    if not differing:
+        return f"checkpoint {end}: weights, optimizer, scheduler and RNG files identical", True
+    files = ours_state.get("files") or {}
+    other = [
+        f
+        for f in sorted(set(files) | set(theirs_state.get("files") or {}))
+        if files.get(f) != (theirs_state.get("files") or {}).get(f)
+    ]
+    return f"checkpoint {end} differs: {', '.join(other) or ', '.join(differing)}", False
+
+
+def _state(checkpoint: Path) -> dict[str, Any]:
+    try:
+        state: dict[str, Any] = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return state
+
+
+def _judge_control(reference: Path, control: dict[str, Any]) -> Leg:
+    leg = Leg(str(control["name"]), str(control["run_dir"]), "DIVERGED")
+    cmp = compare_runs(reference, Path(leg.run_dir), prefix=True)
+    leg.prefix = True
+    leg.verdict = str(cmp.verdict)
+    leg.passed = cmp.verdict == leg.expected
+    leg.evidence = {"steps": cmp.where.steps_compared}
+    if cmp.where.first_divergence_step is not None:
+        leg.evidence["first_divergence"] = cmp.where.first_divergence_step
+    if control["name"] == "control-seed":
+        leg.note = f"seed.overrides.data_order={control['overrides']['data_order']}"
+    else:
+        leg.note = f"resumed from checkpoint {control['start']} without restoring the RNG states"
+        lora = (load_record(RunLayout(reference).record).get("config") or {}).get("lora") or {}
+        if not leg.passed and not lora.get("dropout"):
+            leg.passed = None
+            leg.note += (
+                "; inconclusive: with lora.dropout 0 nothing draws from the RNG after the "
+                "checkpoint, so skipping its restore cannot show"
+            )
+    return leg
+
+
+def _spot_section(
+    intervals: list[Interval], states: list[int], total: int, budget: float, seed: int
+) -> dict[str, Any]:
+    available = len(states) + 1
+    replayed = sum(i.steps for i in intervals)
+    return {
+        "budget": budget,
+        "seed": seed,
+        "total_steps": total,
+        "states": [0, *states],
+        "intervals_available": available,
+        "intervals_replayed": len(intervals),
+        "steps_replayed": replayed,
+        "intervals": [{"start": i.start, "end": i.end, "why": i.why} for i in intervals],
+        "proves": (
+            "every fault that touches every step is caught; a fault confined to one interval is "
+            f"caught with probability {len(intervals)}/{available} = {len(intervals) / available:.0%} "
+            "(for an interval picked at random)"
+        ),
+    }
+
+
+def _seconds(record: dict[str, Any]) -> float | None:
+    value = (record.get("timings") or {}).get("duration_s")
+    return float(value) if isinstance(value, (int, float)) else None
