@@ -6,9 +6,13 @@ import argparse
 import datetime as _dt
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from reprotune._cli._options import add_set_option
 from reprotune._errors import InputError
+
+if TYPE_CHECKING:
+    from reprotune._proof.verification import Verification
 
 _USAGE_FIX = 'run `reprotune verify CONFIG` or `reprotune verify --command "python train.py ..."`'
 
@@ -119,9 +123,7 @@ def _run(args: argparse.Namespace) -> int:
         reference=args.reference,
         thorough=args.thorough,
     )
-    print(result.format())
-    print(f"verification record: {out / 'verification.json'}")
-    return 0 if result.verdict == "PASS" else 1
+    return _done(result, out)
 
 
 def _run_command(args: argparse.Namespace) -> int:
@@ -168,6 +170,14 @@ def _run_spot(args: argparse.Namespace) -> int:
         out = Path("runs") / f"verify-spot-{stamp}-{Path(args.config).name}"
     budget = DEFAULT_BUDGET if args.budget is None else args.budget
     result = spot_verify(args.config, out, budget=budget, seed=args.seed)
+    return _done(result, out)
+
+
+def _done(result: Verification, out: Path) -> int:
+    """Print the verdict, put it on the reference's tracker run; the exit code (0 PASS, 1 FAIL)."""
+    from reprotune._proof.verdict_tags import tag_reference
+
     print(result.format())
     print(f"verification record: {out / 'verification.json'}")
+    tag_reference(result, out / "verification.json", report=print)
     return 0 if result.verdict == "PASS" else 1
