@@ -16,6 +16,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "only: `rerun` then asks for --data); builtin data is never packed: every reprotune has it",
     )
     parser.add_argument(
+        "--checkpoints",
+        action="store_true",
+        help="also pack the run's checkpoints (each verified), so that `reprotune verify BUNDLE --spot` "
+        "can replay intervals of the run on another machine",
+    )
+    parser.add_argument(
         "--allow-secrets",
         action="store_true",
         help="pack even when the run's code.patch holds a token-shaped string (refused otherwise)",
@@ -25,7 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from reprotune._proof.bundle import pack
 
-    manifest = pack(args.run_dir, args.out, with_data=args.with_data, allow_secrets=args.allow_secrets)
+    manifest = pack(
+        args.run_dir,
+        args.out,
+        with_data=args.with_data,
+        allow_secrets=args.allow_secrets,
+        with_checkpoints=args.checkpoints,
+    )
     members = manifest["members"]
     size = sum(int(m["size"]) for m in members.values())
     print(f"bundle {args.out}: {len(members)} files, {size / 1e6:.1f} MB, run {manifest['run_id']}")
@@ -34,5 +46,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         data = "included" if manifest["data"] else "not included (rerun needs --data PATH)"
     print(f"  data            {data}")
+    checkpoints = sorted({name.split("/")[2] for name in members if name.startswith("run/checkpoints/")})
+    if checkpoints:
+        print(f"  checkpoints     {len(checkpoints)} ({', '.join(checkpoints)})")
+        print(f"  spot-check it   reprotune verify {args.out} --spot")
     print(f"  rerun it with   reprotune rerun {args.out}")
     return 0

@@ -154,7 +154,7 @@ def _run_command(args: argparse.Namespace) -> int:
 
 def _run_spot(args: argparse.Namespace) -> int:
     """``verify RUN_DIR --spot``: replay sampled checkpoint intervals (``_proof.spot``)."""
-    from reprotune._proof.spot import DEFAULT_BUDGET, spot_verify
+    from reprotune._proof.spot import DEFAULT_BUDGET, spot_verify, spot_verify_bundle
 
     others = args.train_command or args.overrides or args.reference or args.thorough or args.no_resume
     if args.config is None or others or args.resume_at is not None:
@@ -169,7 +169,10 @@ def _run_spot(args: argparse.Namespace) -> int:
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
         out = Path("runs") / f"verify-spot-{stamp}-{Path(args.config).name}"
     budget = DEFAULT_BUDGET if args.budget is None else args.budget
-    result = spot_verify(args.config, out, budget=budget, seed=args.seed)
+    if Path(args.config).is_file():  # a bundle packed with --checkpoints
+        result = spot_verify_bundle(args.config, out, budget=budget, seed=args.seed)
+    else:
+        result = spot_verify(args.config, out, budget=budget, seed=args.seed)
     return _done(result, out)
 
 

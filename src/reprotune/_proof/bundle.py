@@ -1,7 +1,8 @@
 """Reproduction bundles: what another machine needs to rerun a run, in one ``.tar.gz``.
 
 ``pack`` writes the run's record, resolved config, split manifest (and its row-hash sidecar),
-ledger, adapter and code patch, and with ``with_data`` the data file (checked against the record
+ledger, adapter and code patch (with ``with_checkpoints`` its checkpoints), and with ``with_data``
+the data file (checked against the record
 first; builtin data is never packed: every reprotune has it), plus ``bundle.json``, first: the
 sha256 and size of every member. The archive is deterministic (sorted members, fixed owner, mode
 and time), so one run packs to the same bytes. Only the run's own files are packed: a symbolic
@@ -33,8 +34,18 @@ RUN = "run"  # members of the run directory live under run/
 DATA = "data"  # the data file, with --with-data, under data/
 
 
-def pack(run_dir: Path, out: Path, *, with_data: bool = False, allow_secrets: bool = False) -> dict[str, Any]:
+def pack(
+    run_dir: Path,
+    out: Path,
+    *,
+    with_data: bool = False,
+    allow_secrets: bool = False,
+    with_checkpoints: bool = False,
+) -> dict[str, Any]:
     """Write the bundle of the completed run in ``run_dir`` to ``out``; return its ``bundle.json``.
+
+    ``with_checkpoints``: also every checkpoint that verifies (``verify BUNDLE --spot`` replays
+    the intervals between them on another machine); one that does not is refused.
 
     Raises:
         InputError: not a completed run directory, the data file is not there (``with_data``),
@@ -55,7 +66,7 @@ def pack(run_dir: Path, out: Path, *, with_data: bool = False, allow_secrets: bo
     data_file = _data_file(record, run_dir) if with_data else None  # None for builtin data
     refuse_overwrite(out, reads=[run_dir, *([data_file] if data_file else [])], option="-o")
     files: dict[str, Path] = {}
-    for path in _run_files(paths):
+    for path in _run_files(paths) + (_checkpoint_files(paths) if with_checkpoints else []):
         files[f"{RUN}/{path.relative_to(run_dir).as_posix()}"] = path
     data_info: dict[str, Any] | None = None
     if data_file is not None:
@@ -99,6 +110,36 @@ def _run_files(paths: layout.RunLayout) -> list[Path]:
                 source=str(paths.root),
                 fix="replace the link by the file itself (cp --remove-destination TARGET LINK), then pack",
             )
+    return found
+
+
+def _checkpoint_files(paths: layout.RunLayout) -> list[Path]:
+    """Every file of every checkpoint of the run, each checkpoint verified first.
+
+    Raises:
+        InputError: a checkpoint does not verify, or holds a symbolic link.
+    """
+    from reprotune._run.checkpoint import list_checkpoints, verify_checkpoint
+
+    found: list[Path] = []
+    for checkpoint in list_checkpoints(paths.checkpoints):
+        problem = verify_checkpoint(checkpoint)
+        links = [p for p in (checkpoint, *checkpoint.iterdir()) if p.is_symlink()]
+        if problem is not None or links:
+            raise InputError(
+                f"checkpoint {checkpoint} {problem or 'holds a symbolic link'}: a bundle carries only "
+                "whole, verified checkpoints",
+                source=str(checkpoint),
+                fix="pack without --checkpoints, or remove that checkpoint",
+            )
+        found += sorted(p for p in checkpoint.iterdir() if p.is_file())
+    if not found:
+        raise InputError(
+            f"the run in {paths.root} has no checkpoint to pack",
+            source="--checkpoints",
+            fix="set train.save_every (and train.keep_checkpoints) for the run, or pack without "
+            "--checkpoints",
+        )
     return found
 
 

@@ -58,6 +58,8 @@ def replay(plan: dict[str, Any], spot_dir: Path) -> None:
     paths = RunLayout(reference)
     record = load_record(paths.record)
     cfg = record_config(record, run_dir=reference, source=str(paths.record))
+    if plan.get("data"):  # a bundle's data, or a builtin name, in place of the recorded path
+        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": plan["data"]})})
     total = int(plan["total_steps"])
     quiet = RunOptions(progress=False, tracking=False, manifest=paths.manifest)
     for interval in plan["intervals"]:

@@ -86,12 +86,19 @@ def spot_verify(
     budget: float = DEFAULT_BUDGET,
     seed: int = 0,
     progress: Callable[[str], None] = lambda line: print(line, flush=True),
+    data: Path | str | None = None,
+    bundle: Path | None = None,
 ) -> Verification:
     """Replay sampled intervals of the completed run in ``run_dir`` into ``out_dir``; judge them.
 
+    Args:
+        data: the data file (or ``builtin:`` name) to train on instead of the recorded path (a
+            bundle's), checked against the run's split manifest as the run is set up.
+        bundle: the bundle ``run_dir`` was unpacked from (into ``out_dir``), for the record.
+
     Raises:
         InputError: not a completed single-process run directory, a bad budget, or ``out_dir``
-            not new.
+            not new (unless ``bundle``: the caller unpacked it there).
         RunFailedError: the replay process failed.
     """
     reference = run_dir.resolve()
@@ -99,9 +106,11 @@ def spot_verify(
     total = int(record["data"]["order"]["total_steps"])
     states = [s for s in _checkpoint_steps(reference) if s < total]
     intervals = plan_intervals(states, total, budget=budget, seed=seed)
-    _new_dir(out_dir)
+    if bundle is None:
+        _new_dir(out_dir)
     layout = VerifyLayout(out_dir)
     plan = _plan(reference, out_dir, intervals, total, record)
+    plan["data"] = None if data is None else str(data)
     write_json_atomic(out_dir / PLAN, plan)
     replayed = sum(i.steps for i in intervals)
     progress(
@@ -116,6 +125,8 @@ def spot_verify(
         progress(f"  {leg.name}: {leg.verdict} (must be {leg.expected})")
     ok = all(leg.passed is not False for leg in legs) and any(leg.passed for leg in legs)
     spot = _spot_section(intervals, states, total, budget, seed)
+    if bundle is not None:
+        spot["bundle"] = str(bundle)
     result = Verification(
         "PASS" if ok else "FAIL",
         str(out_dir),
@@ -344,3 +355,44 @@ def _spot_section(
 def _seconds(record: dict[str, Any]) -> float | None:
     value = (record.get("timings") or {}).get("duration_s")
     return float(value) if isinstance(value, (int, float)) else None
+
+
+def spot_verify_bundle(
+    bundle: Path,
+    out_dir: Path,
+    *,
+    budget: float = DEFAULT_BUDGET,
+    seed: int = 0,
+    progress: Callable[[str], None] = lambda line: print(line, flush=True),
+) -> Verification:
+    """``verify BUNDLE --spot``: check and unpack the bundle (packed with ``--checkpoints``) into
+    ``out_dir/recorded``, then :func:`spot_verify` its run there, on its bundled or builtin data.
+
+    Raises:
+        InputError: a damaged bundle, one without checkpoints or data, or ``out_dir`` not new.
+    """
+    from reprotune._proof.bundle import builtin_data
+    from reprotune._proof.unpack import unpack
+    from reprotune._run.outputs import refuse_nonempty_dir, refuse_overwrite
+
+    refuse_overwrite(out_dir, reads=[bundle], option="--out")
+    refuse_nonempty_dir(out_dir, option="--out")
+    unpacked = unpack(bundle, out_dir / "recorded")
+    if not list_checkpoints(RunLayout(unpacked.run_dir).checkpoints):
+        raise InputError(
+            f"the bundle {bundle} holds no checkpoints: --spot replays the intervals between them",
+            source=str(bundle),
+            fix=f"pack the run with `reprotune pack RUN_DIR -o {bundle.name} --checkpoints`, or rerun the "
+            f"bundle in full: `reprotune rerun {bundle}`",
+        )
+    data = unpacked.data or builtin_data(load_record(RunLayout(unpacked.run_dir).record), unpacked.run_dir)
+    if data is None:
+        raise InputError(
+            f"the bundle {bundle} was packed without its data",
+            source=str(bundle),
+            fix=f"pack the run with --with-data as well: `reprotune pack RUN_DIR -o {bundle.name} "
+            "--checkpoints --with-data`",
+        )
+    return spot_verify(
+        unpacked.run_dir, out_dir, budget=budget, seed=seed, progress=progress, data=data, bundle=bundle
+    )

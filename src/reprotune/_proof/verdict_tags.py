@@ -48,8 +48,8 @@ def tag_reference(result: Verification, verification: Path, report: Callable[[st
     Nothing to do (False, silently) when the reference was not mirrored to MLflow; a failure is
     reported as a warning (False).
     """
-    if not result.reference:
-        return False
+    if not result.reference or (result.spot or {}).get("bundle"):
+        return False  # a bundle's run was mirrored on the machine that made it, not here
     try:
         record = load_record(RunLayout(Path(result.reference)).record)
     except Exception:
@@ -57,6 +57,9 @@ def tag_reference(result: Verification, verification: Path, report: Callable[[st
     mirrored: dict[str, Any] = (record.get("trackers") or {}).get("mlflow") or {}
     uri, run_id = mirrored.get("tracking_uri"), mirrored.get("mlflow_run_id")
     if not mirrored.get("ok") or not isinstance(uri, str) or not isinstance(run_id, str):
+        return False
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
+        report(f"warning: the verdict was not put on MLflow run {run_id}: its store {uri} is not here")
         return False
     if "***" in uri:
         report(
