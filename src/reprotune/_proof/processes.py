@@ -78,7 +78,8 @@ def run_logged(args: Sequence[str], log: Path, *, module: str = "reprotune") -> 
     """
     wall, code = _run_into(args, log, module)
     if code != 0:
-        raise _failed(args, code, log.read_bytes(), log)
+        shown = "reprotune" if module == "reprotune" else f"python -m {module}"
+        raise _failed(args, code, log.read_bytes(), log, program=shown)
     return wall
 
 
@@ -202,10 +203,12 @@ def _header(out: BinaryIO, command: Sequence[str]) -> None:
     out.flush()
 
 
-def _failed(args: Sequence[str], code: int, output: bytes, log: Path) -> RunFailedError:
+def _failed(
+    args: Sequence[str], code: int, output: bytes, log: Path, *, program: str = "reprotune"
+) -> RunFailedError:
     tail = output.decode("utf-8", errors="replace").splitlines()[-15:]
     return RunFailedError(
-        f"`reprotune {' '.join(args)}` failed with exit code {code}:\n" + "\n".join(tail),
+        f"`{program} {' '.join(args)}` failed with exit code {code}:\n" + "\n".join(tail),
         source=str(log),
         fix="fix the run itself first (try `reprotune run` on the config)",
     )

@@ -32,13 +32,16 @@ from reprotune._run.record import load_record, record_config
 PLAN = "plan.json"
 
 
-def prepare_from_checkpoint(reference: Path, start: int, target: Path) -> None:
+def prepare_from_checkpoint(reference: Path, start: int, target: Path, *, data: str | None = None) -> None:
     """A run directory at ``target`` that resumes the reference from its checkpoint ``start``:
-    the record (status ``stopped``), config, split manifest, ledger and that one checkpoint."""
+    the record (status ``stopped``; its data path ``data`` when given: a bundle's data here),
+    config, split manifest, ledger and that one checkpoint."""
     ref, out = RunLayout(reference), RunLayout(target)
     out.checkpoints.mkdir(parents=True)
     record = load_record(ref.record)
     record["status"] = "stopped"
+    if data is not None:
+        record["config"]["data"]["path"] = data
     write_json_atomic(out.record, record)
     for name in ("config", "manifest", "ledger"):
         source = getattr(ref, name)
@@ -58,8 +61,9 @@ def replay(plan: dict[str, Any], spot_dir: Path) -> None:
     paths = RunLayout(reference)
     record = load_record(paths.record)
     cfg = record_config(record, run_dir=reference, source=str(paths.record))
-    if plan.get("data"):  # a bundle's data, or a builtin name, in place of the recorded path
-        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": plan["data"]})})
+    data = plan.get("data")  # a bundle's data, or a builtin name, in place of the recorded path
+    if data:
+        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": data})})
     total = int(plan["total_steps"])
     quiet = RunOptions(progress=False, tracking=False, manifest=paths.manifest)
     for interval in plan["intervals"]:
@@ -69,7 +73,7 @@ def replay(plan: dict[str, Any], spot_dir: Path) -> None:
         if start == 0:
             run_experiment(cfg, replace(quiet, run_dir=target, stop_after_step=stop))
         else:
-            prepare_from_checkpoint(reference, start, target)
+            prepare_from_checkpoint(reference, start, target, data=data)
             resume_run(target, replace(quiet, stop_after_step=stop))
     for control in plan["controls"]:
         target, watch = Path(control["run_dir"]), DivergenceWatch(paths.ledger, bound=int(control["bound"]))
@@ -80,7 +84,7 @@ def replay(plan: dict[str, Any], spot_dir: Path) -> None:
             )
             run_experiment(perturbed, replace(quiet, run_dir=target, hooks=[watch]))
         else:
-            prepare_from_checkpoint(reference, int(control["start"]), target)
+            prepare_from_checkpoint(reference, int(control["start"]), target, data=data)
             resume_run(target, replace(quiet, hooks=[watch], restore_rng_on_resume=False))
 
 

@@ -269,9 +269,22 @@ def _judge_interval(reference: Path, interval: Interval, plan: dict[str, Any], t
             if mine.get((kind, step), {}).get(f) != theirs.get((kind, step), {}).get(f)
         )
         leg.evidence.update(first_divergence=step, differing=[f"{kind} {f}" for f in fields])
+        if step > 0:
+            leg.note += "; " + _trace_hint(reference, step, plan)
     leg.verdict = "IDENTICAL" if not differing and end_ok else "DIVERGED"
     leg.passed = leg.verdict == leg.expected
     return leg
+
+
+def _trace_hint(reference: Path, step: int, plan: dict[str, Any]) -> str:
+    """The ``reprotune trace`` commands that find the first op of ``step`` that differs."""
+    made = "on the machine that made the run" if plan.get("data") else "for the run"
+    return (
+        f"to find the first op that differs, {made}: `reprotune trace RUN_DIR --step {step} --out "
+        f"A-step-{step}.trace.jsonl`; here: `reprotune trace {reference} --step {step} --out "
+        f"B-step-{step}.trace.jsonl`; then `reprotune compare A-step-{step}.trace.jsonl "
+        f"B-step-{step}.trace.jsonl`"
+    )
 
 
 def _end_state(reference: Path, replay: Path, end: int, total: int) -> tuple[str, bool]:
@@ -385,7 +398,8 @@ def spot_verify_bundle(
             fix=f"pack the run with `reprotune pack RUN_DIR -o {bundle.name} --checkpoints`, or rerun the "
             f"bundle in full: `reprotune rerun {bundle}`",
         )
-    data = unpacked.data or builtin_data(load_record(RunLayout(unpacked.run_dir).record), unpacked.run_dir)
+    bundled = unpacked.data.resolve() if unpacked.data is not None else None
+    data = bundled or builtin_data(load_record(RunLayout(unpacked.run_dir).record), unpacked.run_dir)
     if data is None:
         raise InputError(
             f"the bundle {bundle} was packed without its data",

@@ -1,0 +1,209 @@
+"""``reprotune verify RUN_DIR --spot`` (issue 27): sampled checkpoint intervals replayed bit for bit.
+
+The reference: the tiny model, 20 steps, a checkpoint every 4 (all kept), mirrored to MLflow on a
+SQLite store: states 0, 4, 8, 12, 16 and the end, so 5 intervals of 4 steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from reprotune._jsonio import sha256_file, write_json_atomic
+from reprotune._proof.spot import Interval, plan_intervals
+from reprotune._run import checkpoint as checkpoint_module
+from tinyrun import TinyProject
+from warm import run_reprotune
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_plan_always_holds_the_first_and_the_last_and_draws_within_the_budget() -> None:
+    """First and last always (even past the budget); the others drawn by the seed while they fit."""
+    states = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110]
+    plan = plan_intervals(states, 120, budget=0.2, seed=7)
+    assert plan[0] == Interval(0, 10, "first") and plan[-1] == Interval(110, 120, "last")
+    assert sum(i.steps for i in plan) == 20  # 0.2 x 120 = 24: one more interval of 10 would pass it
+    wider = plan_intervals(states, 120, budget=0.5, seed=7)
+    assert len(wider) == 6 and [i.why for i in wider].count("drawn") == 4
+    assert plan_intervals(states, 120, budget=0.5, seed=7) == wider  # the seed decides
+    draws = {tuple(plan_intervals(states, 120, budget=0.5, seed=s)) for s in range(10)}
+    assert len(draws) > 1
+    assert plan_intervals([], 30, budget=0.2, seed=0) == [Interval(0, 30, "first and last")]
+    # States at or past the end are not cut points.
+    assert plan_intervals([10, 30], 30, budget=1.0, seed=0) == [
+        Interval(0, 10, "first"),
+        Interval(10, 30, "last"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_project: TinyProject) -> Path:
+    config = tiny_project.config(
+        "spot.yaml",
+        train={"max_steps": 20, "save_every": 4, "keep_checkpoints": 10, "eval_every": 8},
+        tracking={"mlflow": True, "experiment": "spot"},
+    )
+    tiny_project.run_cli("run", str(config), "--run-dir", "runs/spot-ref", "--no-progress")
+    return tiny_project.root / "runs" / "spot-ref"
+
+
+def _verification(out: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((out / "verification.json").read_text())
+    return data
+
+
+def _legs(out: Path) -> dict[str, dict[str, Any]]:
+    return {leg["name"]: leg for leg in _verification(out)["legs"]}
+
+
+def test_an_honest_run_passes_and_the_verdict_reaches_mlflow(
+    tiny_project: TinyProject, reference: Path
+) -> None:
+    """PASS with the first, the last and one drawn interval (budget 0.6 = 12 of 20 steps), each
+    IDENTICAL up to its end state; both controls DIVERGED; the intervals, seed and coverage in
+    verification.json; the reference's MLflow run tagged, verification.json attached."""
+    done = tiny_project.run_cli(
+        "verify", str(reference), "--spot", "--budget", "0.6", "--seed", "1", "--out", "spot-ok"
+    )
+    out = tiny_project.root / "spot-ok"
+    record = _verification(out)
+    assert (record["schema_version"], record["mode"], record["verdict"]) == (5, "spot", "PASS")
+    spot = record["spot"]
+    assert (spot["seed"], spot["budget"], spot["total_steps"]) == (1, 0.6, 20)
+    assert spot["states"] == [0, 4, 8, 12, 16] and spot["intervals_available"] == 5
+    intervals = [(i["start"], i["end"], i["why"]) for i in spot["intervals"]]
+    assert intervals[0] == (0, 4, "first") and intervals[-1] == (16, 20, "last")
+    assert len(intervals) == 3 and intervals[1][2] == "drawn" and spot["steps_replayed"] == 12
+    assert "3/5 = 60%" in spot["proves"] and "covered: 3 of 5 intervals, 12 of 20 steps" in done.stdout
+    legs = _legs(out)
+    for start, end, _ in intervals:
+        leg = legs[f"steps {start + 1}-{end}"]
+        assert (leg["verdict"], leg["passed"]) == ("IDENTICAL", True)
+        expected_end = "adapter sha256 identical" if end == 20 else f"checkpoint {end}: weights, optimizer"
+        assert leg["evidence"]["end_state"].startswith(expected_end)
+    assert (legs["control-seed"]["verdict"], legs["control-resume"]["verdict"]) == ("DIVERGED", "DIVERGED")
+    assert legs["control-seed"]["evidence"]["steps"] <= 3  # cut short once it parted
+    # The verdict where the user looks: the reference run's MLflow run, read back with MLflow.
+    from mlflow.tracking import MlflowClient
+
+    mirrored = json.loads((reference / "record.json").read_text())["trackers"]["mlflow"]
+    client = MlflowClient(tracking_uri=mirrored["tracking_uri"])
+    tags = client.get_run(mirrored["mlflow_run_id"]).data.tags
+    assert tags["reprotune.verify.verdict"] == "PASS" and tags["reprotune.verify.mode"] == "spot"
+    assert tags["reprotune.verify.steps_covered"] == "12/20"
+    assert tags["reprotune.verify.sha256"] == sha256_file(out / "verification.json")
+    artifacts = [a.path for a in client.list_artifacts(mirrored["mlflow_run_id"], "reprotune")]
+    assert artifacts == ["reprotune/verification.json"]
+
+
+def _copy(reference: Path, name: str) -> Path:
+    copy = reference.parent / name
+    shutil.copytree(reference, copy)
+    return copy
+
+
+def _edit_optimizer(checkpoint: Path) -> None:
+    """Nudge one AdamW moment in the checkpoint and rewrite its hashes, so the checkpoint still
+    verifies (a forged or buggy checkpoint, not a damaged one)."""
+    states = torch.load(checkpoint / "optimizer.pt", weights_only=True)
+    moments = states["optimizer"]["state"][0]["exp_avg"]
+    moments.view(-1)[0] += 1e-3
+    torch.save(states, checkpoint / "optimizer.pt")
+    state = json.loads((checkpoint / "state.json").read_text())
+    state["files"]["optimizer.pt"] = sha256_file(checkpoint / "optimizer.pt")
+    state["state_sha256"] = checkpoint_module._state_sha256(state)
+    write_json_atomic(checkpoint / "state.json", state)
+    assert checkpoint_module.verify_checkpoint(checkpoint) is None
+
+
+def test_an_edited_optimizer_state_fails_the_intervals_that_touch_it(
+    tiny_project: TinyProject, reference: Path
+) -> None:
+    """Checkpoint 8's optimizer state edited (hashes rewritten): every interval replayed (budget
+    1), the one ending there differs in its end state (optimizer.pt) and the one starting there
+    from step 9 on: FAIL. With the default budget it is not drawn: PASS, covering 2 of 5."""
+    run = _copy(reference, "spot-edited-optimizer")
+    _edit_optimizer(run / "checkpoints" / "step-00000008")
+    failed = tiny_project.run_cli(
+        "verify", str(run), "--spot", "--budget", "1", "--out", "spot-opt", check=False
+    )
+    assert failed.returncode == 1 and "verify: FAIL  (spot" in failed.stdout
+    legs = _legs(tiny_project.root / "spot-opt")
+    assert legs["steps 5-8"]["verdict"] == "DIVERGED"
+    assert legs["steps 5-8"]["evidence"]["end_state"] == "checkpoint 8 differs: optimizer.pt"
+    assert "first_divergence" not in legs["steps 5-8"]["evidence"]  # its ledger lines are right
+    after = legs["steps 9-12"]
+    assert after["verdict"] == "DIVERGED" and after["evidence"]["first_divergence"] == 9
+    assert "train weights_sha256" in after["evidence"]["differing"]
+    assert "reprotune trace" in after["note"]
+    for name in ("steps 1-4", "steps 13-16", "steps 17-20"):
+        assert legs[name]["verdict"] == "IDENTICAL", name
+    lucky = tiny_project.run_cli("verify", str(run), "--spot", "--out", "spot-opt-default")
+    spot = _verification(tiny_project.root / "spot-opt-default")["spot"]
+    assert [(i["start"], i["end"]) for i in spot["intervals"]] == [(0, 4), (16, 20)]
+    assert "covered: 2 of 5 intervals, 8 of 20 steps" in lucky.stdout
+
+
+def test_an_edited_ledger_line_fails_naming_the_step(tiny_project: TinyProject, reference: Path) -> None:
+    """The loss of step 18 edited in the ledger (the last interval is always replayed): FAIL, the
+    last interval DIVERGED from step 18 in its train loss."""
+    run = _copy(reference, "spot-edited-ledger")
+    ledger = run / "ledger.jsonl"
+    lines = ledger.read_text().splitlines()
+    index = next(i for i, line in enumerate(lines) if '"kind":"train"' in line and '"step":18,' in line)
+    entry = json.loads(lines[index])
+    entry["loss"] = float.fromhex(entry["loss"]).__add__(1e-6).hex()
+    lines[index] = json.dumps(entry, separators=(",", ":"), sort_keys=True)
+    ledger.write_text("\n".join(lines) + "\n")
+    failed = tiny_project.run_cli("verify", str(run), "--spot", "--out", "spot-ledger", check=False)
+    assert failed.returncode == 1
+    last = _legs(tiny_project.root / "spot-ledger")["steps 17-20"]
+    assert last["verdict"] == "DIVERGED" and last["evidence"]["first_divergence"] == 18
+    assert last["evidence"]["differing"] == ["train loss"]
+    assert last["evidence"]["end_state"] == "adapter sha256 identical"
+
+
+def test_a_bundle_with_checkpoints_is_spot_checked_elsewhere(
+    tiny_project: TinyProject, reference: Path, tmp_path: Path
+) -> None:
+    """pack --checkpoints --with-data, the bundle alone in another directory (the run and its data
+    moved away): verify BUNDLE --spot PASSes there; the reference's MLflow run is not touched from
+    a bundle. A bundle without checkpoints is refused, saying how to pack one."""
+    bundle = tmp_path / "elsewhere" / "run.tar.gz"
+    bundle.parent.mkdir()
+    tiny_project.run_cli("pack", str(reference), "-o", str(bundle), "--checkpoints", "--with-data")
+    bare = tmp_path / "elsewhere" / "bare.tar.gz"
+    tiny_project.run_cli("pack", str(reference), "-o", str(bare), "--with-data")
+    hidden = [tiny_project.root / "data.jsonl", reference]
+    for path in hidden:
+        path.rename(path.with_name(path.name + ".away"))
+    try:
+        env = {"MLFLOW_DISABLE_TELEMETRY": "true"}
+        done = run_reprotune(
+            ["verify", "run.tar.gz", "--spot", "--budget", "0.6", "--out", "spot"],
+            cwd=bundle.parent,
+            env={**os.environ, **env},
+            timeout=600,
+        )
+        refused = run_reprotune(
+            ["verify", "bare.tar.gz", "--spot", "--out", "spot-bare"],
+            cwd=bundle.parent,
+            env={**os.environ, **env},
+            timeout=600,
+        )
+    finally:
+        for path in hidden:
+            path.with_name(path.name + ".away").rename(path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = _verification(bundle.parent / "spot")
+    assert record["verdict"] == "PASS" and record["spot"]["bundle"] == "run.tar.gz"
+    assert "verdict tagged" not in done.stdout
+    assert refused.returncode == 2 and "holds no checkpoints" in refused.stderr
+    assert "--checkpoints" in refused.stderr
