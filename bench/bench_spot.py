@@ -33,7 +33,7 @@ QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 TARGET = 0.3
 
 
-def _timed(args: list[str], log: Path) -> float:
+def _timed(args: list[str], log: Path, cwd: Path) -> float:
     env = {
         **os.environ,
         "MLFLOW_DISABLE_TELEMETRY": "true",
@@ -42,7 +42,8 @@ def _timed(args: list[str], log: Path) -> float:
     }
     started = time.perf_counter()
     with open(log, "ab") as out:
-        code = subprocess.call([sys.executable, "-m", "reprotune", *args], stdout=out, stderr=out, env=env)
+        command = [sys.executable, "-m", "reprotune", *args]
+        code = subprocess.call(command, stdout=out, stderr=out, env=env, cwd=cwd)
     if code not in (0, 1):
         raise SystemExit(f"`reprotune {' '.join(args)}` failed ({code}); see {log}")
     return time.perf_counter() - started
@@ -65,8 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-spot-"))
     log = work / "bench.log"
     run_dir, out = work / "run", work / "spot"
-    run_s = _timed(["run", str(QUICKSTART), "--run-dir", str(run_dir), "--no-progress", *sets], log)
-    spot_s = _timed(["verify", str(run_dir), "--spot", "--out", str(out)], log)
+    # In the work directory: the code fingerprint is of no repository (this one may change while
+    # the benchmark runs, and a spot check refuses code that differs from the run's).
+    run_s = _timed(["run", str(QUICKSTART), "--run-dir", str(run_dir), "--no-progress", *sets], log, work)
+    spot_s = _timed(["verify", str(run_dir), "--spot", "--out", str(out)], log, work)
     verification = json.loads((out / "verification.json").read_text(encoding="utf-8"))
     spot = verification["spot"]
     ratio = spot_s / run_s

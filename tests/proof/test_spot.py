@@ -207,3 +207,28 @@ def test_a_bundle_with_checkpoints_is_spot_checked_elsewhere(
     assert "verdict tagged" not in done.stdout
     assert refused.returncode == 2 and "holds no checkpoints" in refused.stderr
     assert "--checkpoints" in refused.stderr
+
+
+def test_code_that_differs_from_the_runs_is_refused_unless_allowed(tmp_path: Path) -> None:
+    """A run made in a git repository, then a commit: --spot refuses before replaying anything
+    (exit 2, naming the commits and the option); with --allow-code-drift it replays, says so,
+    and PASSes here (the change touched no code that runs)."""
+    import subprocess
+
+    project = TinyProject.create(tmp_path / "repo")
+    config = project.config("drift.yaml", train={"max_steps": 8, "save_every": 4, "keep_checkpoints": 4})
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=project.root, check=True, capture_output=True)
+
+    git("init", "-q")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "start")
+    project.run_cli("run", str(config), "--run-dir", "runs/drift", "--no-progress")
+    (project.root / "notes.txt").write_text("a change\n")
+    git("add", "notes.txt")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "change")
+    refused = project.run_cli("verify", "runs/drift", "--spot", "--out", "spot-drift", check=False)
+    assert refused.returncode == 2 and "the code differs" in refused.stderr
+    assert "--allow-code-drift" in refused.stderr and not (project.root / "spot-drift").exists()
+    allowed = project.run_cli("verify", "runs/drift", "--spot", "--out", "spot-drift", "--allow-code-drift")
+    assert "allowed by --allow-code-drift" in allowed.stdout and "verify: PASS  (spot" in allowed.stdout

@@ -73,6 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --spot: the seed that draws the intervals (recorded; default 0)",
     )
     parser.add_argument(
+        "--allow-code-drift",
+        action="store_true",
+        help="with --spot: replay even when the code here differs from the run's (said, and noted)",
+    )
+    parser.add_argument(
         "--resume-at",
         type=int,
         default=None,
@@ -169,10 +174,11 @@ def _run_spot(args: argparse.Namespace) -> int:
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
         out = Path("runs") / f"verify-spot-{stamp}-{Path(args.config).name}"
     budget = DEFAULT_BUDGET if args.budget is None else args.budget
+    drift = args.allow_code_drift
     if Path(args.config).is_file():  # a bundle packed with --checkpoints
-        result = spot_verify_bundle(args.config, out, budget=budget, seed=args.seed)
+        result = spot_verify_bundle(args.config, out, budget=budget, seed=args.seed, allow_code_drift=drift)
     else:
-        result = spot_verify(args.config, out, budget=budget, seed=args.seed)
+        result = spot_verify(args.config, out, budget=budget, seed=args.seed, allow_code_drift=drift)
     return _done(result, out)
 
 

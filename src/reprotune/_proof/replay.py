@@ -65,7 +65,13 @@ def replay(plan: dict[str, Any], spot_dir: Path) -> None:
     if data:
         cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": data})})
     total = int(plan["total_steps"])
-    quiet = RunOptions(progress=False, tracking=False, manifest=paths.manifest)
+    quiet = RunOptions(
+        progress=False,
+        tracking=False,
+        manifest=paths.manifest,
+        code_dir=Path(plan["code_dir"]),
+        allow_code_drift=bool(plan.get("allow_code_drift")),
+    )
     for interval in plan["intervals"]:
         start, end, target = int(interval["start"]), int(interval["end"]), Path(interval["run_dir"])
         stop = end if end < total else None

@@ -88,8 +88,14 @@ def spot_verify(
     progress: Callable[[str], None] = lambda line: print(line, flush=True),
     data: Path | str | None = None,
     bundle: Path | None = None,
+    allow_code_drift: bool = False,
+    code_dir: Path | None = None,
 ) -> Verification:
     """Replay sampled intervals of the completed run in ``run_dir`` into ``out_dir``; judge them.
+
+    Before anything is replayed, as ``rerun`` does: the data is checked against the run's split
+    manifest, the code here (``code_dir``, default the current directory) against the record
+    (refused unless ``allow_code_drift``), and environment differences are reported.
 
     Args:
         data: the data file (or ``builtin:`` name) to train on instead of the recorded path (a
@@ -97,12 +103,14 @@ def spot_verify(
         bundle: the bundle ``run_dir`` was unpacked from (into ``out_dir``), for the record.
 
     Raises:
-        InputError: not a completed single-process run directory, a bad budget, or ``out_dir``
-            not new (unless ``bundle``: the caller unpacked it there).
-        RunFailedError: the replay process failed.
+        InputError: not a completed single-process run directory, a bad budget, ``out_dir``
+            not new (unless ``bundle``: the caller unpacked it there), or code drift.
+        RunFailedError: the data is not the run's, or the replay process failed.
     """
     reference = run_dir.resolve()
     record = _check_run(reference, budget)
+    code_dir = (code_dir or Path.cwd()).resolve()
+    _preflight(reference, record, data, code_dir, allow_code_drift=allow_code_drift, report=progress)
     total = int(record["data"]["order"]["total_steps"])
     states = [s for s in _checkpoint_steps(reference) if s < total]
     intervals = plan_intervals(states, total, budget=budget, seed=seed)
@@ -110,7 +118,9 @@ def spot_verify(
         _new_dir(out_dir)
     layout = VerifyLayout(out_dir)
     plan = _plan(reference, out_dir, intervals, total, record)
-    plan["data"] = None if data is None else str(data)
+    plan.update(
+        data=None if data is None else str(data), code_dir=str(code_dir), allow_code_drift=allow_code_drift
+    )
     write_json_atomic(out_dir / PLAN, plan)
     replayed = sum(i.steps for i in intervals)
     progress(
@@ -166,6 +176,37 @@ def _check_run(run_dir: Path, budget: float) -> dict[str, Any]:
             fix="verify it in full: `reprotune verify CONFIG --reference RUN_DIR`",
         )
     return record
+
+
+def _preflight(
+    reference: Path,
+    record: dict[str, Any],
+    data: Path | str | None,
+    code_dir: Path,
+    *,
+    allow_code_drift: bool,
+    report: Callable[[str], None],
+) -> None:
+    from reprotune._proof.rerun import preflight
+    from reprotune._run.drift import refuse_code_drift
+    from reprotune._run.record import record_config
+
+    cfg = record_config(record, run_dir=reference, source=str(RunLayout(reference).record))
+    if data is not None:
+        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": str(data)})})
+    checks = preflight(reference, record, cfg, code_dir=code_dir)
+    if not allow_code_drift:
+        refuse_code_drift(
+            record.get("code", {}),
+            checks.code_now,
+            reference,
+            what="spot-checking it",
+            override="--allow-code-drift",
+        )
+    for line in checks.code_drift:
+        report(f"warning: {line} (allowed by --allow-code-drift)")
+    for line in checks.environment_drift:
+        report(f"environment differs: {line}")
 
 
 def _checkpoint_steps(run_dir: Path) -> list[int]:
@@ -377,6 +418,7 @@ def spot_verify_bundle(
     budget: float = DEFAULT_BUDGET,
     seed: int = 0,
     progress: Callable[[str], None] = lambda line: print(line, flush=True),
+    allow_code_drift: bool = False,
 ) -> Verification:
     """``verify BUNDLE --spot``: check and unpack the bundle (packed with ``--checkpoints``) into
     ``out_dir/recorded``, then :func:`spot_verify` its run there, on its bundled or builtin data.
@@ -408,5 +450,12 @@ def spot_verify_bundle(
             "--checkpoints --with-data`",
         )
     return spot_verify(
-        unpacked.run_dir, out_dir, budget=budget, seed=seed, progress=progress, data=data, bundle=bundle
+        unpacked.run_dir,
+        out_dir,
+        budget=budget,
+        seed=seed,
+        progress=progress,
+        data=data,
+        bundle=bundle,
+        allow_code_drift=allow_code_drift,
     )

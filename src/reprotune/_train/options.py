@@ -38,6 +38,9 @@ class RunOptions:
             trained at (``--allow-world-size-change``); the change is recorded.
         train_lock: train only while holding an exclusive lock on this file (verify's controls,
             started side by side, train in turns: ``_train.turn``); None: no lock.
+        allow_code_drift: a resume goes on when the code differs from the run's (noted on the
+            attempt as ``code_drift``) instead of being refused (``verify --spot
+            --allow-code-drift`` replays a run's intervals with the code here).
     """
 
     run_dir: Path | None = None
@@ -51,6 +54,7 @@ class RunOptions:
     code_dir: Path = field(default_factory=Path.cwd)
     allow_world_size_change: bool = False
     train_lock: Path | None = None
+    allow_code_drift: bool = False
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from reprotune._jsonio import sha256_file, write_bytes_atomic
 from reprotune._model.lora import save_adapter
 from reprotune._run.checkpoint import restore_latest_checkpoint
 from reprotune._run.claim import check_run_dir_free, claim_run_dir, new_run_dir, unlanded_first_record
-from reprotune._run.drift import refuse_code_drift, section_drift
+from reprotune._run.drift import code_drift, refuse_code_drift, section_drift
 from reprotune._run.fingerprint import attention_of, code_fingerprint, environment_fingerprint, own_outputs
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import LedgerWriter, hexf, truncate_ledger
@@ -285,7 +285,10 @@ def _fill_record(run: _Run, setup: Setup, options: RunOptions, *, resume: bool) 
     if resume and "code" in record:
         # A resumed run must be the run that started: same code. The record keeps the identity
         # the run started with; an environment that moved is noted on this attempt.
-        refuse_code_drift(record["code"], code_record, run.paths.root, what="resuming", override=None)
+        if options.allow_code_drift:
+            record["attempts"][-1]["code_drift"] = code_drift(record["code"], code_record)
+        else:
+            refuse_code_drift(record["code"], code_record, run.paths.root, what="resuming", override=None)
         drift = section_drift(record.get("environment", {}), environment, prefix="environment")
         record["attempts"][-1]["environment_drift"] = drift
         for line in drift:
