@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -213,8 +215,6 @@ def test_code_that_differs_from_the_runs_is_refused_unless_allowed(tmp_path: Pat
     """A run made in a git repository, then a commit: --spot refuses before replaying anything
     (exit 2, naming the commits and the option); with --allow-code-drift it replays, says so,
     and PASSes here (the change touched no code that runs)."""
-    import subprocess
-
     project = TinyProject.create(tmp_path / "repo")
     config = project.config("drift.yaml", train={"max_steps": 8, "save_every": 4, "keep_checkpoints": 4})
 
@@ -232,3 +232,31 @@ def test_code_that_differs_from_the_runs_is_refused_unless_allowed(tmp_path: Pat
     assert "--allow-code-drift" in refused.stderr and not (project.root / "spot-drift").exists()
     allowed = project.run_cli("verify", "runs/drift", "--spot", "--out", "spot-drift", "--allow-code-drift")
     assert "allowed by --allow-code-drift" in allowed.stdout and "verify: PASS  (spot" in allowed.stdout
+
+
+def test_the_verdict_reaches_the_references_wandb_run(tiny_project: TinyProject) -> None:
+    """A reference mirrored to W&B (offline): after verify --spot, the same W&B run (resumed by its
+    id: a second offline run directory, which `wandb sync` merges) holds the verdict in its summary
+    and a reprotune-verify-PASS tag, read back with wandb's own reader."""
+    config = tiny_project.config(
+        "spot-wandb.yaml",
+        train={"max_steps": 8, "save_every": 4, "keep_checkpoints": 4},
+        tracking={"mlflow": False, "wandb": True},
+    )
+    env = {"WANDB_MODE": "offline"}
+    tiny_project.run_cli("run", str(config), "--run-dir", "runs/spot-wandb", "--no-progress", env=env)
+    done = tiny_project.run_cli("verify", "runs/spot-wandb", "--spot", "--out", "spot-wandb-v", env=env)
+    mirrored = json.loads((tiny_project.root / "runs" / "spot-wandb" / "record.json").read_text())["trackers"]
+    run_id = mirrored["wandb"]["wandb_run_id"]
+    assert f"verdict put on W&B run {run_id} (offline)" in done.stdout
+    offline = sorted(Path(mirrored["wandb"]["run_dir"]).parent.glob(f"offline-run-*-{run_id}*"))
+    assert len(offline) == 2  # the run's own, and the verdict's resume of it
+    inspect = [sys.executable, "-m", "wandb", "leet", "inspect", "--summary", "--json", str(offline[-1])]
+    shown = subprocess.run(inspect, capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
+    summary = json.loads(shown.stdout)
+    assert summary["run_id"] == run_id and "reprotune-verify-PASS" in summary["tags"]
+    assert summary["summary"]["reprotune.verify.verdict"] == "PASS"
+    assert summary["summary"]["reprotune.verify.mode"] == "spot"
+    assert summary["summary"]["reprotune.verify.sha256"] == sha256_file(
+        tiny_project.root / "spot-wandb-v" / "verification.json"
+    )

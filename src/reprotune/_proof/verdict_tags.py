@@ -1,11 +1,14 @@
-"""A verification's verdict where the user looks: the reference run's MLflow run.
+"""A verification's verdict where the user looks: the reference run's MLflow and W&B runs.
 
 After ``reprotune verify``, when the reference run was mirrored to MLflow (its record's
 ``trackers.mlflow`` names the tracking URI and the MLflow run id), that run gets tags
 (``reprotune.verify.verdict``, ``.mode``, ``.steps_covered``, ``.cost``, ``.machine``, ``.sha256``
-of ``verification.json``) and ``verification.json`` as an artifact under ``reprotune/``.
-Trackers stay observers: a failure here is one warning line and never changes the verdict or
-the exit code.
+of ``verification.json``, ``.directory``) and ``verification.json`` as an artifact under
+``reprotune/``. When it was mirrored to W&B (``trackers.wandb``), that W&B run is resumed by its
+id (offline: a new offline run directory beside the first, merged by ``wandb sync``) and gets the
+same keys in its summary, a ``reprotune-verify-<VERDICT>`` tag and a ``reprotune-verification``
+artifact. Trackers stay observers: a failure here is one warning line and never changes the
+verdict or the exit code.
 """
 
 from __future__ import annotations
@@ -43,10 +46,10 @@ def verdict_tags(result: Verification, verification: Path) -> dict[str, str]:
 
 
 def tag_reference(result: Verification, verification: Path, report: Callable[[str], None]) -> bool:
-    """Tag the reference run's MLflow run with the verdict; True when it was done.
+    """Put the verdict on the reference run's MLflow and W&B runs; True when one was tagged.
 
-    Nothing to do (False, silently) when the reference was not mirrored to MLflow; a failure is
-    reported as a warning (False).
+    Nothing to do (False, silently) when the reference was mirrored to neither; a failure is
+    reported as a warning.
     """
     if not result.reference or (result.spot or {}).get("bundle"):
         return False  # a bundle's run was mirrored on the machine that made it, not here
@@ -54,7 +57,65 @@ def tag_reference(result: Verification, verification: Path, report: Callable[[st
         record = load_record(RunLayout(Path(result.reference)).record)
     except Exception:
         return False
-    mirrored: dict[str, Any] = (record.get("trackers") or {}).get("mlflow") or {}
+    trackers = record.get("trackers") or {}
+    tagged = _tag_mlflow(trackers.get("mlflow") or {}, result, verification, report)
+    return _tag_wandb(trackers.get("wandb") or {}, result, verification, report) or tagged
+
+
+def _tag_wandb(
+    mirrored: dict[str, Any], result: Verification, verification: Path, report: Callable[[str], None]
+) -> bool:
+    run_id, run_dir = mirrored.get("wandb_run_id"), mirrored.get("run_dir")
+    if not mirrored.get("ok") or not isinstance(run_id, str) or not isinstance(run_dir, str):
+        return False
+    directory = Path(run_dir).parent.parent  # <dir>/wandb/<offline-run-...>: wandb.init's dir
+    if not directory.is_dir():
+        report(f"warning: the verdict was not put on W&B run {run_id}: its directory {directory} is not here")
+        return False
+    try:
+        _resume_wandb(mirrored, run_id, directory, verdict_tags(result, verification), verification)
+    except Exception as exc:  # an observer: never the verdict's business
+        report(f"warning: could not put the verdict on W&B run {run_id}: {exc}")
+        return False
+    report(f"verdict put on W&B run {run_id} ({mirrored.get('mode')}), verification.json attached")
+    return True
+
+
+def _resume_wandb(
+    mirrored: dict[str, Any], run_id: str, directory: Path, tags: dict[str, str], verification: Path
+) -> None:
+    from reprotune._trackers.wandb import import_wandb
+
+    wandb = import_wandb("the verdict's W&B tags")
+    mode = str(mirrored.get("mode") or "offline")
+    if mode == "offline" and wandb.run is None:
+        wandb.setup(settings=wandb.Settings(mode="offline"))  # as the tracker does: no telemetry
+    settings = wandb.Settings(
+        silent=True, console="off", x_disable_stats=True, x_disable_meta=True, disable_git=True,
+        save_code=False, x_save_requirements=False,
+    )  # fmt: skip
+    run = wandb.init(
+        project=mirrored.get("project"),
+        id=run_id,
+        resume="allow",
+        dir=str(directory),
+        mode=mode,
+        settings=settings,
+        reinit="create_new",
+    )
+    try:
+        run.tags = (*(run.tags or ()), f"reprotune-verify-{tags[PREFIX + 'verdict']}")
+        run.summary.update(tags)
+        artifact = wandb.Artifact(f"reprotune-verification-{run_id}", type="reprotune-verification")
+        artifact.add_file(str(verification), name="verification.json")
+        run.log_artifact(artifact)
+    finally:
+        run.finish()
+
+
+def _tag_mlflow(
+    mirrored: dict[str, Any], result: Verification, verification: Path, report: Callable[[str], None]
+) -> bool:
     uri, run_id = mirrored.get("tracking_uri"), mirrored.get("mlflow_run_id")
     if not mirrored.get("ok") or not isinstance(uri, str) or not isinstance(run_id, str):
         return False
