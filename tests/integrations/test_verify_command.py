@@ -173,3 +173,47 @@ def test_a_resume_step_past_the_end_is_refused_after_the_reference_alone(tmp_pat
     assert "--resume-at 6 is not before the run's last step (6)" in done.stderr
     assert "choose a step from 1 to 5" in done.stderr
     assert sorted(p.name for p in (project.root / "ver").iterdir() if p.is_dir()) == ["reference"]
+
+
+def test_verify_command_spot_replays_intervals_between_the_trainers_checkpoints(tmp_path: Path) -> None:
+    """``--command --spot`` on the Trainer example saving a checkpoint every 2 of 6 steps, budget 1:
+    the reference, then every interval (steps 1-2 from the start, 3-4 and 5-6 resumed from the
+    Trainer's own checkpoints through resume_from_checkpoint), each IDENTICAL in its ledger lines
+    and its end state (the Trainer checkpoint's weights, optimizer, scheduler and RNG files, or the
+    adapter), and the data-seed control DIVERGED: PASS."""
+    project = ScriptProject.create(tmp_path)
+    command = shlex.join(project.argv("hf_trainer.py", "--save-steps", "2"))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reprotune",
+            "verify",
+            "--out",
+            "ver",
+            "--command",
+            command,
+            "--spot",
+            "--budget",
+            "1",
+        ],
+        cwd=project.root,
+        env={**os.environ, **OFFLINE_ENV},
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    report = json.loads((project.root / "ver" / "verification.json").read_text(encoding="utf-8"))
+    assert (report["schema_version"], report["verdict"]) == (2, "PASS")
+    assert [(i["start"], i["end"]) for i in report["spot"]["intervals"]] == [(0, 2), (2, 4), (4, 6)]
+    legs = {leg["name"]: leg for leg in report["legs"]}
+    for name in ("steps 1-2", "steps 3-4", "steps 5-6"):
+        assert legs[name]["verdict"] == "IDENTICAL", legs[name]
+    assert legs["steps 3-4"]["evidence"]["end_state"].startswith("Trainer checkpoint-4: ")
+    assert "optimizer.pt" in legs["steps 3-4"]["evidence"]["end_state"]
+    assert "rng_state.pth" in legs["steps 3-4"]["evidence"]["end_state"]
+    assert legs["steps 5-6"]["evidence"]["end_state"] == "adapter sha256 identical"
+    assert "Trainer checkpoint-4" in legs["steps 5-6"]["note"]
+    assert legs["control-data-seed"]["verdict"] == "DIVERGED"
+    assert "covered: 3 of 3 intervals, 6 of 6 steps" in done.stdout

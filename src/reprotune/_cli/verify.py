@@ -161,6 +161,8 @@ def _run_spot(args: argparse.Namespace) -> int:
     """``verify RUN_DIR --spot``: replay sampled checkpoint intervals (``_proof.spot``)."""
     from reprotune._proof.spot import DEFAULT_BUDGET, spot_verify, spot_verify_bundle
 
+    if args.train_command is not None and not (args.config or args.overrides or args.reference):
+        return _run_command_spot(args)
     others = args.train_command or args.overrides or args.reference or args.thorough or args.no_resume
     if args.config is None or others or args.resume_at is not None:
         raise InputError(
@@ -189,4 +191,29 @@ def _done(result: Verification, out: Path) -> int:
     print(result.format())
     print(f"verification record: {out / 'verification.json'}")
     tag_reference(result, out / "verification.json", report=print)
+    return 0 if result.verdict == "PASS" else 1
+
+
+def _run_command_spot(args: argparse.Namespace) -> int:
+    """``verify --command "..." --spot``: the Trainer's own checkpoints (``_proof.spot_command``)."""
+    import hashlib
+
+    from reprotune._proof.spot import DEFAULT_BUDGET
+    from reprotune._proof.spot_command import spot_verify_command
+
+    if args.thorough or args.no_resume or args.resume_at is not None or args.allow_code_drift:
+        raise InputError(
+            "--command --spot takes --budget, --seed and --out only",
+            source="--spot",
+            fix='run `reprotune verify --command "python train.py ..." --spot [--budget 0.2]`',
+        )
+    out = args.out
+    if out is None:
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+        digest = hashlib.sha256(args.train_command.encode()).hexdigest()[:8]
+        out = Path("runs") / f"verify-spot-{stamp}-{digest}"
+    budget = DEFAULT_BUDGET if args.budget is None else args.budget
+    result = spot_verify_command(args.train_command, out, budget=budget, seed=args.seed)
+    print(result.format())
+    print(f"verification record: {out / 'verification.json'}")
     return 0 if result.verdict == "PASS" else 1

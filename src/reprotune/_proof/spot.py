@@ -134,7 +134,7 @@ def spot_verify(
     for leg in legs:
         progress(f"  {leg.name}: {leg.verdict} (must be {leg.expected})")
     ok = all(leg.passed is not False for leg in legs) and any(leg.passed for leg in legs)
-    spot = _spot_section(intervals, states, total, budget, seed)
+    spot = coverage(intervals, states, total, budget, seed)
     if bundle is not None:
         spot["bundle"] = str(bundle)
     result = Verification(
@@ -271,8 +271,9 @@ def _plan(
     return plan
 
 
-def _lines(run_dir: Path, start: int, end: int) -> dict[tuple[str, int], dict[str, Any]]:
-    """The ledger lines of steps ``start + 1 ... end`` (and the init line when ``start`` is 0)."""
+def interval_lines(run_dir: Path, start: int, end: int) -> dict[tuple[str, int], dict[str, Any]]:
+    """The ledger lines of steps ``start + 1 ... end`` of a run (and the init line when ``start``
+    is 0), by (kind, step)."""
     ledger = read_ledger(RunLayout(run_dir).ledger)
     out = {("train", e.step): dict(e.fields) for e in ledger.train if start < e.step <= end}
     out.update({("val", e.step): dict(e.fields) for e in ledger.val if start < e.step <= end})
@@ -287,8 +288,8 @@ def _judge_interval(reference: Path, interval: Interval, plan: dict[str, Any], t
     origin = "the initial state" if interval.start == 0 else f"checkpoint {interval.start}"
     leg.note = f"{interval.why}; from {origin}"
     mine, theirs = (
-        _lines(run_dir, interval.start, interval.end),
-        _lines(reference, interval.start, interval.end),
+        interval_lines(run_dir, interval.start, interval.end),
+        interval_lines(reference, interval.start, interval.end),
     )
     order = {"init": 0, "train": 1, "val": 2}
     differing = sorted(
@@ -384,9 +385,10 @@ def _judge_control(reference: Path, control: dict[str, Any]) -> Leg:
     return leg
 
 
-def _spot_section(
+def coverage(
     intervals: list[Interval], states: list[int], total: int, budget: float, seed: int
 ) -> dict[str, Any]:
+    """``verification.json``'s ``spot`` section: what was chosen and what replaying it proves."""
     available = len(states) + 1
     replayed = sum(i.steps for i in intervals)
     return {

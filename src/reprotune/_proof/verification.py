@@ -81,14 +81,7 @@ class Verification:
             )
             if leg.note:
                 lines.append(f"         {leg.note}")
-        if self.spot is not None:
-            s = self.spot
-            lines.append(
-                f"  covered: {s['intervals_replayed']} of {s['intervals_available']} intervals, "
-                f"{s['steps_replayed']} of {s['total_steps']} steps "
-                f"(budget {s['budget']:g}, seed {s['seed']})"
-            )
-            lines.append(f"  proves: {s['proves']}")
+        lines += coverage_lines(self.spot)
         if self.cost is not None:
             lines.append(
                 f"  cost: {self.wall_s:.0f} s of legs for a {self.reference_s:.0f} s run ({self.cost:.2f}x)"
@@ -110,3 +103,15 @@ def machine_summary() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
     }
+
+
+def coverage_lines(spot: dict[str, Any] | None) -> list[str]:
+    """What a spot check covered and proves, for people (none without one)."""
+    if spot is None:
+        return []
+    return [
+        f"  covered: {spot['intervals_replayed']} of {spot['intervals_available']} intervals, "
+        f"{spot['steps_replayed']} of {spot['total_steps']} steps "
+        f"(budget {spot['budget']:g}, seed {spot['seed']})",
+        f"  proves: {spot['proves']}",
+    ]

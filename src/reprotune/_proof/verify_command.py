@@ -36,6 +36,7 @@ from reprotune._errors import InputError, RunFailedError
 from reprotune._jsonio import write_json_atomic
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.processes import ending_with_this_process
+from reprotune._proof.verification import coverage_lines
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
 from reprotune._run.record import load_record
@@ -43,7 +44,7 @@ from reprotune.integrations import controls as control_vars
 from reprotune.integrations.controls import Controls
 
 SCHEMA = "reprotune/command-verification"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: spot (verify --command --spot)
 #: Where each leg's Trainer writes its own checkpoints, inside the leg's run directory.
 TRAINER_OUTPUT = "trainer-output"
 _CONTROL_VARIABLES = (
@@ -77,6 +78,8 @@ class CommandVerification:
     command: str
     resume_at: int | None
     legs: list[CommandLeg]
+    spot: dict[str, Any] | None = None
+    """``--spot``: the intervals between the Trainer's checkpoints replayed, and what that proves."""
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **asdict(self)}
@@ -91,6 +94,7 @@ class CommandVerification:
             )
             if leg.note:
                 lines.append(f"         {leg.note}")
+        lines += coverage_lines(self.spot)
         return "\n".join(lines)
 
 

@@ -1,0 +1,192 @@
+"""``reprotune verify --command "python train.py ..." --spot``: a user's Trainer script, checked by
+replaying sampled intervals between the Trainer's own checkpoints.
+
+The reference leg runs the command as given (its Trainer saving checkpoints by its own
+``save_steps``). The intervals between its checkpoints are chosen as ``_proof.spot`` chooses them
+(the first from the initial state, the last to the end, the rest drawn with the seed within the
+budget); each is the command again in a fresh process, steered by ``ReprotuneCallback``'s controls:
+the first stopped after its last step, every other resumed from a copy of its starting checkpoint
+through the Trainer's own ``resume_from_checkpoint`` and stopped at its end (the callback saves a
+checkpoint there). Each must give the reference's ledger lines of its steps bit for bit, and its
+end state: the Trainer checkpoint's weights, optimizer, scheduler, scaler and RNG files, or the
+adapter for the last. The data-seed control, cut to a few steps, shows the check can fail.
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from reprotune._errors import InputError
+from reprotune._jsonio import sha256_file, write_json_atomic
+from reprotune._proof.compare import compare_runs
+from reprotune._proof.spot import Interval, coverage, interval_lines, plan_intervals
+from reprotune._proof.verify_command import (
+    TRAINER_OUTPUT,
+    CommandLeg,
+    CommandVerification,
+    _require_status,
+    _Runner,
+    parse_command,
+)
+from reprotune._run.layout import RunLayout, VerifyLayout
+from reprotune._run.ledger import read_ledger
+from reprotune._run.record import load_record
+from reprotune.integrations.controls import Controls
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+#: The files of a Trainer checkpoint that hold the state a resume continues from (the rest,
+#: ``trainer_state.json`` with its wall times and ``training_args.bin`` with its paths, differ
+#: between any two runs).
+STATE_FILES = re.compile(
+    r"^(adapter_model\.safetensors|model\.safetensors|optimizer\.pt|scheduler\.pt|scaler\.pt|rng_state(_\d+)?\.pth)$"
+)
+
+
+def trainer_checkpoints(run_dir: Path) -> dict[int, Path]:
+    """The Trainer checkpoints a leg's Trainer wrote, by step."""
+    output = run_dir / TRAINER_OUTPUT
+    found = {}
+    for path in output.iterdir() if output.is_dir() else []:
+        match = _CHECKPOINT.match(path.name)
+        if match and path.is_dir():
+            found[int(match.group(1))] = path
+    return dict(sorted(found.items()))
+
+
+def state_hashes(checkpoint: Path) -> dict[str, str]:
+    """The sha256 of each state file of a Trainer checkpoint (:data:`STATE_FILES`)."""
+    return {p.name: sha256_file(p) for p in sorted(checkpoint.iterdir()) if STATE_FILES.match(p.name)}
+
+
+def spot_verify_command(
+    command: str,
+    out_dir: Path,
+    *,
+    budget: float,
+    seed: int,
+    cwd: Path | None = None,
+    progress: Callable[[str], None] = lambda line: print(line, flush=True),
+) -> CommandVerification:
+    """Run the reference leg, then replay the chosen intervals and the control; judge them.
+
+    Raises:
+        InputError: a bad command, budget or ``out_dir``.
+        RunFailedError: the command failed, or wrote no run directory.
+    """
+    argv = parse_command(command)
+    if not (0 < budget <= 1):
+        raise InputError(f"--budget {budget!r} is not in (0, 1]", source="--budget", fix="e.g. --budget 0.2")
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise InputError(
+            f"verification directory {out_dir} is not new and empty", source="--out", fix="choose a new --out"
+        )
+    layout = VerifyLayout(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run = _Runner(argv, layout.log, cwd or Path.cwd(), progress)
+    reference = run.leg("reference", Controls(run_dir=layout.leg("reference")))
+    _require_status(reference, "completed", "reference")
+    total = len(read_ledger(RunLayout(reference).ledger).train)
+    checkpoints = {s: p for s, p in trainer_checkpoints(reference).items() if s < total}
+    intervals = plan_intervals(list(checkpoints), total, budget=budget, seed=seed)
+    progress(
+        f"verify --command --spot: {len(intervals)} of {len(checkpoints) + 1} intervals between the "
+        f"Trainer's checkpoints, {sum(i.steps for i in intervals)} of {total} steps"
+    )
+    legs = [_interval_leg(run, out_dir, reference, checkpoints, i, total) for i in intervals]
+    control_dir = layout.leg("control-data-seed")
+    bound = min(total, 3)
+    run.leg(
+        "control-data-seed",
+        Controls(run_dir=control_dir, perturb_data_seed=1, stop_after=bound if bound < total else None),
+    )
+    legs.append(_control_leg(reference, control_dir))
+    verdict = "PASS" if all(leg.passed for leg in legs) else "FAIL"
+    result = CommandVerification(verdict, str(out_dir), command, None, legs)
+    result.spot = coverage(intervals, list(checkpoints), total, budget, seed)
+    write_json_atomic(layout.verification, result.to_json())
+    return result
+
+
+def _interval_leg(
+    run: _Runner, out_dir: Path, reference: Path, checkpoints: dict[int, Path], interval: Interval, total: int
+) -> CommandLeg:
+    name = f"steps {interval.start + 1}-{interval.end}"
+    leg_dir = (out_dir / f"steps-{interval.start + 1}-{interval.end}").resolve()
+    stop = interval.end if interval.end < total else None
+    if interval.start == 0:
+        run.leg(name, Controls(run_dir=leg_dir, stop_after=stop))
+    else:
+        checkpoint = _prepare_resume(reference, checkpoints[interval.start], leg_dir)
+        run.leg(name, Controls(run_dir=leg_dir, resume_from=checkpoint, stop_after=stop))
+    mine = interval_lines(leg_dir, interval.start, interval.end)
+    theirs = interval_lines(reference, interval.start, interval.end)
+    order = {"init": 0, "train": 1, "val": 2}
+    differing = sorted(
+        (k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k)),
+        key=lambda k: (k[1], order[k[0]]),
+    )
+    end_state, end_ok = _end_state(reference, leg_dir, interval.end, total)
+    evidence: dict[str, Any] = {
+        "from": interval.start,
+        "to": interval.end,
+        "steps": interval.steps,
+        "end_state": end_state,
+    }
+    if differing:
+        evidence["first_divergence"] = differing[0][1]
+    verdict = "IDENTICAL" if not differing and end_ok else "DIVERGED"
+    origin = "the initial state" if interval.start == 0 else f"Trainer checkpoint-{interval.start}"
+    return CommandLeg(
+        name,
+        str(leg_dir),
+        "IDENTICAL",
+        verdict,
+        verdict == "IDENTICAL",
+        evidence,
+        f"{interval.why}; from {origin}",
+    )
+
+
+def _prepare_resume(reference: Path, checkpoint: Path, leg_dir: Path) -> Path:
+    """A copy of the reference's run directory (record ``stopped``) and of the one checkpoint the
+    interval starts from, for the callback to resume into; the checkpoint's path in the copy."""
+    shutil.copytree(reference, leg_dir, ignore=shutil.ignore_patterns(TRAINER_OUTPUT, ".writer.lock"))
+    record = load_record(RunLayout(leg_dir).record)
+    record["status"] = "stopped"
+    write_json_atomic(RunLayout(leg_dir).record, record)
+    target = leg_dir / TRAINER_OUTPUT / checkpoint.name
+    shutil.copytree(checkpoint, target)
+    return target
+
+
+def _end_state(reference: Path, leg_dir: Path, end: int, total: int) -> tuple[str, bool]:
+    if end == total:
+        ours = (load_record(RunLayout(leg_dir).record).get("outputs") or {}).get("adapter_sha256")
+        theirs = (load_record(RunLayout(reference).record).get("outputs") or {}).get("adapter_sha256")
+        ok = ours is not None and ours == theirs
+        return f"adapter sha256 {'identical' if ok else f'{ours} vs {theirs}'}", ok
+    ours_dir, theirs_dir = trainer_checkpoints(leg_dir).get(end), trainer_checkpoints(reference).get(end)
+    if ours_dir is None or theirs_dir is None:
+        return f"no Trainer checkpoint-{end} to compare", False
+    ours, theirs = state_hashes(ours_dir), state_hashes(theirs_dir)
+    differing = [f for f in sorted(set(ours) | set(theirs)) if ours.get(f) != theirs.get(f)]
+    if not differing:
+        return f"Trainer checkpoint-{end}: {', '.join(sorted(ours))} identical", True
+    return f"Trainer checkpoint-{end} differs: {', '.join(differing)}", False
+
+
+def _control_leg(reference: Path, control_dir: Path) -> CommandLeg:
+    comparison = compare_runs(reference, control_dir, prefix=True)
+    verdict = comparison.verdict.value
+    evidence: dict[str, Any] = {"steps": comparison.where.steps_compared}
+    if comparison.where.first_divergence_step is not None:
+        evidence["first_divergence"] = comparison.where.first_divergence_step
+    note = f"why: {comparison.causes[0]}" if comparison.causes else None
+    return CommandLeg(
+        "control-data-seed", str(control_dir), "DIVERGED", verdict, verdict == "DIVERGED", evidence, note
+    )
