@@ -260,3 +260,18 @@ def test_the_verdict_reaches_the_references_wandb_run(tiny_project: TinyProject)
     assert summary["summary"]["reprotune.verify.sha256"] == sha256_file(
         tiny_project.root / "spot-wandb-v" / "verification.json"
     )
+
+
+def test_a_tracker_that_fails_never_changes_the_verdict(tiny_project: TinyProject, reference: Path) -> None:
+    """The reference's MLflow store is broken (its SQLite file holds garbage): the spot check still
+    PASSes with exit 0, and says in one warning line that the verdict could not be tagged."""
+    run = _copy(reference, "spot-broken-store")
+    broken = tiny_project.root / "broken.db"
+    broken.write_text("not a database\n")
+    record = json.loads((run / "record.json").read_text())
+    record["trackers"]["mlflow"]["tracking_uri"] = f"sqlite:///{broken}"
+    write_json_atomic(run / "record.json", record)
+    done = tiny_project.run_cli("verify", str(run), "--spot", "--out", "spot-broken")
+    assert "verify: PASS  (spot" in done.stdout
+    warnings = [line for line in done.stdout.splitlines() if "could not put the verdict on MLflow" in line]
+    assert len(warnings) == 1 and str(broken) in warnings[0]
