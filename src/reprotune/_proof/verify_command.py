@@ -24,9 +24,11 @@ Never imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -177,14 +179,23 @@ def verify_command(
     return result
 
 
-@dataclass(frozen=True)
+#: A leg after the reference may take this many times the reference's wall time (at least
+#: :data:`MIN_LEG_TIMEOUT_S`) before it is stopped as one that cannot finish: a rank waiting
+#: forever on another that stopped must not hold verify forever.
+LEG_TIMEOUT_FACTOR = 4.0
+MIN_LEG_TIMEOUT_S = 300.0
+
+
+@dataclass
 class _Runner:
-    """Runs the user's command in fresh processes, output appended to the verification log."""
+    """Runs the user's command in fresh processes, output appended to the verification log.
+    ``timeout_s`` (set from the reference leg's wall time) bounds every later leg."""
 
     argv: Sequence[str]
     log: Path
     cwd: Path
     progress: Callable[[str], None]
+    timeout_s: float | None = None
 
     def leg(self, name: str, controls: Controls, *, label: str | None = None) -> Path:
         """Run the command for one leg; return its run directory (absolute)."""
@@ -204,8 +215,9 @@ class _Runner:
         with open(self.log, "ab") as out:
             out.write(f"$ {shown} {shlex.join(self.argv)}\n".encode())
             out.flush()
+            started = time.perf_counter()
             try:
-                code = subprocess.call(
+                process = subprocess.Popen(
                     list(self.argv),
                     stdout=out,
                     stderr=out,
@@ -219,6 +231,10 @@ class _Runner:
                     source="--command",
                     fix='give a command that runs from this directory, e.g. --command "python train.py"',
                 ) from None
+            code = _wait(process, self.timeout_s, name)
+        if self.timeout_s is None and name == "reference":
+            wall = time.perf_counter() - started
+            self.timeout_s = max(MIN_LEG_TIMEOUT_S, LEG_TIMEOUT_FACTOR * wall)
         if code != 0:
             tail = self.log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
             raise RunFailedError(
@@ -233,6 +249,33 @@ class _Runner:
                 fix="give the script's Trainer a reprotune ReprotuneCallback (docs/integrations.md)",
             )
         return run_dir
+
+
+def _wait(process: subprocess.Popen[bytes], timeout_s: float | None, name: str) -> int:
+    """The leg's exit code; past ``timeout_s`` it is stopped (SIGTERM, which torchrun passes on
+    to its workers; SIGKILL 30 s later) and the leg fails, saying why."""
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        raise RunFailedError(
+            f"the {name} leg did not finish within {timeout_s:.0f} s ({LEG_TIMEOUT_FACTOR:g}x the "
+            "reference's wall time): stopped. Under torchrun this is most often a rank waiting for "
+            "another that stopped (a stop or a negative control applied on one rank only)",
+            source="--command",
+            fix="see verify.log; the callback applies verify's stop and controls on every rank, so check "
+            "that every rank's Trainer has a ReprotuneCallback",
+        ) from None
+    except BaseException:
+        process.terminate()  # Ctrl-C or SIGTERM of verify: the leg stops with it
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=30)
+        raise
 
 
 def _require_status(run_dir: Path, status: str, leg: str) -> None:

@@ -132,6 +132,9 @@ class ReprotuneCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero:
+            # Every rank orders its rows with its own sampler: a negative control's perturbation
+            # must reach each (rank 0 only once trained ranks on other data orders than it records).
+            self._perturb(data_sampler(kwargs.get("train_dataloader")))
             return
         trainer = self._trainer or find_trainer()
         if trainer is None:
@@ -221,6 +224,7 @@ class ReprotuneCallback(TrainerCallback):
             self._probe.lr = float(optimizer.param_groups[0]["lr"])
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._stop_if_asked(state, control)  # on every rank: a stop on rank 0 alone hangs the others
         if self._run is None or self._run.finished or self._hasher is None:
             return
         began = time.perf_counter()
@@ -237,9 +241,13 @@ class ReprotuneCallback(TrainerCallback):
             line["batch_sha256"] = numbers.inputs_sha256  # no indices to hash: the rows' content
         metrics = {"train_loss": numbers.loss, "lr": numbers.lr, "grad_norm": numbers.grad_norm}
         self._run.step(step, line, metrics, began - self._step_started, began)
-        stop = self._controls.stop_after
+
+    def _stop_if_asked(self, state: Any, control: Any) -> None:
+        """verify's stop after step K (``REPROTUNE_STOP_AFTER``): a Trainer checkpoint is saved
+        there, even with ``save_strategy="no"``, and training ends; the same on every rank."""
+        stop, step = self._controls.stop_after, int(state.global_step)
         if stop is not None and step == stop and step < state.max_steps:
-            control.should_save = True  # a Trainer checkpoint to resume from, even with save_strategy="no"
+            control.should_save = True
             control.should_training_stop = True
             self._stopping = True
 
