@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from reprotune._jsonio import sha256_file, write_json_atomic
-from reprotune._proof.spot import Interval, plan_intervals
+from reprotune._proof.intervals import Interval, plan_intervals
 from reprotune._run import checkpoint as checkpoint_module
 from tinyrun import TinyProject
 from warm import run_reprotune

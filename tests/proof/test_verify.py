@@ -34,7 +34,7 @@ def test_verify_passes_on_reproducible_config(tiny_project: TinyProject, tmp_pat
     assert "verify: PASS  (fast" in done.stdout
     record = json.loads((out / "verification.json").read_text())
     assert record["schema"] == "reprotune/verification" and record["verdict"] == "PASS"
-    assert (record["schema_version"], record["mode"]) == (4, "fast")
+    assert (record["schema_version"], record["mode"]) == (5, "fast")
     assert _legs(out) == {
         "rerun-resume": ("IDENTICAL", True),
         "control-seed": ("DIVERGED", True),

@@ -198,7 +198,7 @@ def _run_command_spot(args: argparse.Namespace) -> int:
     """``verify --command "..." --spot``: the Trainer's own checkpoints (``_proof.spot_command``)."""
     import hashlib
 
-    from reprotune._proof.spot import DEFAULT_BUDGET
+    from reprotune._proof.intervals import DEFAULT_BUDGET
     from reprotune._proof.spot_command import spot_verify_command
 
     if args.thorough or args.no_resume or args.resume_at is not None or args.allow_code_drift:

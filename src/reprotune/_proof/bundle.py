@@ -23,6 +23,7 @@ from reprotune._config.secrets import token_shape
 from reprotune._errors import InputError
 from reprotune._jsonio import canonical_dumps, fsync_dir, sha256_file
 from reprotune._run import layout
+from reprotune._run.checkpoint_files import list_checkpoints, verify_checkpoint
 from reprotune._run.outputs import refuse_overwrite
 from reprotune._run.record import load_record, record_config
 from reprotune._run.rundir import check_is_run_dir
@@ -119,8 +120,6 @@ def _checkpoint_files(paths: layout.RunLayout) -> list[Path]:
     Raises:
         InputError: a checkpoint does not verify, or holds a symbolic link.
     """
-    from reprotune._run.checkpoint import list_checkpoints, verify_checkpoint
-
     found: list[Path] = []
     for checkpoint in list_checkpoints(paths.checkpoints):
         problem = verify_checkpoint(checkpoint)

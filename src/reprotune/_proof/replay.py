@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from reprotune._jsonio import write_json_atomic
-from reprotune._run.layout import RunLayout
+from reprotune._run.layout import SPOT_PLAN, RunLayout
 from reprotune._run.record import load_record, record_config
-
-PLAN = "plan.json"
+from reprotune._train.options import RunOptions
+from reprotune._train.run import resume_run, run_experiment
+from reprotune._train.watch import DivergenceWatch
 
 
 def prepare_from_checkpoint(reference: Path, start: int, target: Path, *, data: str | None = None) -> None:
@@ -53,10 +54,6 @@ def prepare_from_checkpoint(reference: Path, start: int, target: Path, *, data: 
 
 def replay(plan: dict[str, Any], spot_dir: Path) -> None:
     """Every interval of ``plan``, then the controls, each into its run directory."""
-    from reprotune._train.options import RunOptions
-    from reprotune._train.run import resume_run, run_experiment
-    from reprotune._train.watch import DivergenceWatch
-
     reference = Path(plan["reference"])
     paths = RunLayout(reference)
     record = load_record(paths.record)
@@ -97,7 +94,7 @@ def replay(plan: dict[str, Any], spot_dir: Path) -> None:
 def main(argv: list[str]) -> int:
     """``python -m reprotune._proof.replay SPOT_DIR``."""
     spot_dir = Path(argv[0])
-    plan = json.loads((spot_dir / PLAN).read_text(encoding="utf-8"))
+    plan = json.loads((spot_dir / SPOT_PLAN).read_text(encoding="utf-8"))
     replay(plan, spot_dir)
     return 0
 

@@ -19,64 +19,33 @@ with probability (intervals replayed) / (intervals in the run) for an interval p
 
 from __future__ import annotations
 
-import itertools
 import json
-import random
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from reprotune._errors import InputError
 from reprotune._jsonio import write_json_atomic
+from reprotune._proof.bundle import builtin_data
 from reprotune._proof.compare import compare_runs
+from reprotune._proof.intervals import (
+    DEFAULT_BUDGET,
+    Interval,
+    coverage,
+    interval_lines,
+    plan_intervals,
+)
 from reprotune._proof.processes import run_logged
-from reprotune._proof.replay import PLAN
+from reprotune._proof.rerun import preflight
+from reprotune._proof.unpack import unpack
 from reprotune._proof.verification import Leg, Verification, machine_summary
-from reprotune._run.checkpoint import STATE_FILE, list_checkpoints, verify_checkpoint
-from reprotune._run.layout import RunLayout, VerifyLayout
-from reprotune._run.ledger import read_ledger
-from reprotune._run.record import load_record
+from reprotune._run.checkpoint_files import STATE_FILE, list_checkpoints, verify_checkpoint
+from reprotune._run.drift import refuse_code_drift
+from reprotune._run.layout import SPOT_PLAN, RunLayout, VerifyLayout
+from reprotune._run.outputs import refuse_nonempty_dir, refuse_overwrite
+from reprotune._run.record import load_record, record_config
 from reprotune._run.rundir import check_is_run_dir
-
-DEFAULT_BUDGET = 0.2
-
-
-@dataclass(frozen=True)
-class Interval:
-    """Steps ``start + 1`` ... ``end`` of the run, replayed from the state after ``start``."""
-
-    start: int
-    end: int
-    why: str  # "first", "last", "first and last" or "drawn"
-
-    @property
-    def steps(self) -> int:
-        return self.end - self.start
-
-
-def plan_intervals(states: Sequence[int], total: int, *, budget: float, seed: int) -> list[Interval]:
-    """The intervals to replay, in step order.
-
-    Args:
-        states: the steps with a checkpoint (others than 0 and ``total`` are the cut points).
-        total: the run's last step.
-        budget: the share of ``total`` steps the drawn intervals may bring the replay up to (the
-            first and the last are always replayed, whatever they cost).
-        seed: the seed of the draw.
-    """
-    points = sorted({0, total, *(s for s in states if 0 < s < total)})
-    spans = list(itertools.pairwise(points))
-    chosen = {spans[0]: "first", spans[-1]: "last"} if len(spans) > 1 else {spans[0]: "first and last"}
-    covered = sum(b - a for a, b in chosen)
-    rest = spans[1:-1]
-    random.Random(seed).shuffle(rest)
-    for a, b in rest:
-        if covered + (b - a) <= budget * total:
-            chosen[(a, b)] = "drawn"
-            covered += b - a
-    return [Interval(a, b, why) for (a, b), why in sorted(chosen.items())]
 
 
 def spot_verify(
@@ -121,7 +90,7 @@ def spot_verify(
     plan.update(
         data=None if data is None else str(data), code_dir=str(code_dir), allow_code_drift=allow_code_drift
     )
-    write_json_atomic(out_dir / PLAN, plan)
+    write_json_atomic(out_dir / SPOT_PLAN, plan)
     replayed = sum(i.steps for i in intervals)
     progress(
         f"verify --spot: {len(intervals)} of {len(states) + 1} intervals, {replayed} of {total} steps "
@@ -187,10 +156,6 @@ def _preflight(
     allow_code_drift: bool,
     report: Callable[[str], None],
 ) -> None:
-    from reprotune._proof.rerun import preflight
-    from reprotune._run.drift import refuse_code_drift
-    from reprotune._run.record import record_config
-
     cfg = record_config(record, run_dir=reference, source=str(RunLayout(reference).record))
     if data is not None:
         cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": str(data)})})
@@ -269,17 +234,6 @@ def _plan(
         )
     plan["controls"] = controls
     return plan
-
-
-def interval_lines(run_dir: Path, start: int, end: int) -> dict[tuple[str, int], dict[str, Any]]:
-    """The ledger lines of steps ``start + 1 ... end`` of a run (and the init line when ``start``
-    is 0), by (kind, step)."""
-    ledger = read_ledger(RunLayout(run_dir).ledger)
-    out = {("train", e.step): dict(e.fields) for e in ledger.train if start < e.step <= end}
-    out.update({("val", e.step): dict(e.fields) for e in ledger.val if start < e.step <= end})
-    if start == 0 and ledger.init is not None:
-        out[("init", 0)] = dict(ledger.init.fields)
-    return out
 
 
 def _judge_interval(reference: Path, interval: Interval, plan: dict[str, Any], total: int) -> Leg:
@@ -385,29 +339,6 @@ def _judge_control(reference: Path, control: dict[str, Any]) -> Leg:
     return leg
 
 
-def coverage(
-    intervals: list[Interval], states: list[int], total: int, budget: float, seed: int
-) -> dict[str, Any]:
-    """``verification.json``'s ``spot`` section: what was chosen and what replaying it proves."""
-    available = len(states) + 1
-    replayed = sum(i.steps for i in intervals)
-    return {
-        "budget": budget,
-        "seed": seed,
-        "total_steps": total,
-        "states": [0, *states],
-        "intervals_available": available,
-        "intervals_replayed": len(intervals),
-        "steps_replayed": replayed,
-        "intervals": [{"start": i.start, "end": i.end, "why": i.why} for i in intervals],
-        "proves": (
-            "every fault that touches every step is caught; a fault confined to one interval is "
-            f"caught with probability {len(intervals)}/{available} = {len(intervals) / available:.0%} "
-            "(for an interval picked at random)"
-        ),
-    }
-
-
 def _seconds(record: dict[str, Any]) -> float | None:
     value = (record.get("timings") or {}).get("duration_s")
     return float(value) if isinstance(value, (int, float)) else None
@@ -428,10 +359,6 @@ def spot_verify_bundle(
     Raises:
         InputError: a damaged bundle, one without checkpoints or data, or ``out_dir`` not new.
     """
-    from reprotune._proof.bundle import builtin_data
-    from reprotune._proof.unpack import unpack
-    from reprotune._run.outputs import refuse_nonempty_dir, refuse_overwrite
-
     refuse_overwrite(out_dir, reads=[bundle], option="--out")
     refuse_nonempty_dir(out_dir, option="--out")
     unpacked = unpack(bundle, out_dir / "recorded")

@@ -24,7 +24,7 @@ from typing import Any
 from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file, write_json_atomic
 from reprotune._proof.compare import compare_runs
-from reprotune._proof.spot import Interval, coverage, interval_lines, plan_intervals
+from reprotune._proof.intervals import Interval, coverage, interval_lines, plan_intervals
 from reprotune._proof.verify_command import (
     TRAINER_OUTPUT,
     CommandLeg,

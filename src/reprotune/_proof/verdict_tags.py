@@ -23,6 +23,7 @@ from reprotune._jsonio import sha256_file
 from reprotune._proof.verification import Verification
 from reprotune._run.layout import RunLayout
 from reprotune._run.record import load_record
+from reprotune._trackers.wandb import import_wandb
 
 PREFIX = "reprotune.verify."
 
@@ -84,8 +85,6 @@ def _tag_wandb(
 def _resume_wandb(
     mirrored: dict[str, Any], run_id: str, directory: Path, tags: dict[str, str], verification: Path
 ) -> None:
-    from reprotune._trackers.wandb import import_wandb
-
     wandb = import_wandb("the verdict's W&B tags")
     mode = str(mirrored.get("mode") or "offline")
     if mode == "offline" and wandb.run is None:

@@ -35,23 +35,23 @@ from reprotune._determinism.rng import (
 from reprotune._errors import InputError
 from reprotune._faults import kill_point
 from reprotune._jsonio import (
-    canonical_dumps,
     free_bytes,
     fsync_dir,
     is_no_space,
     no_space_error,
-    sha256_bytes,
     sha256_file,
     write_json_atomic,
 )
 from reprotune._model.lora import trainable_tensors
-
-STATE_FILE = "state.json"
-SCHEMA_VERSION = 2  # 2: state.json carries its own sha256 and must list exactly DATA_FILES
-_PREFIX = "step-"
-_TMP_PREFIX = ".tmp-"
-#: The files a checkpoint holds besides state.json; state.json must list exactly these.
-DATA_FILES = ("optimizer.pt", "rng.json", "rng.safetensors", "trainable.safetensors")
+from reprotune._run.checkpoint_files import (
+    _PREFIX,
+    _TMP_PREFIX,
+    SCHEMA_VERSION,
+    STATE_FILE,
+    _state_sha256,
+    list_checkpoints,
+    verify_checkpoint,
+)
 
 
 @dataclass(frozen=True)
@@ -90,12 +90,6 @@ class RankStates:
 def _fsync_file(path: Path) -> None:
     with open(path, "rb+") as handle:
         os.fsync(handle.fileno())
-
-
-def _state_sha256(state: dict[str, Any]) -> str:
-    """sha256 of state.json's content without its own ``state_sha256`` key, as canonical JSON."""
-    body = {k: v for k, v in state.items() if k != "state_sha256"}
-    return sha256_bytes(canonical_dumps(body).encode("utf-8"))
 
 
 def save_checkpoint(
@@ -205,56 +199,6 @@ def _write_files(
     write_json_atomic(tmp / STATE_FILE, manifest)
     kill_point("checkpoint-file")
     fsync_dir(tmp)
-
-
-def list_checkpoints(directory: Path) -> list[Path]:
-    """Completed checkpoint directories, oldest first (temporary ones are ignored)."""
-    if not directory.is_dir():
-        return []
-    return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def verify_checkpoint(path: Path) -> str | None:
-    """None when the checkpoint at ``path`` is whole; otherwise what is wrong with it.
-
-    state.json must match its own ``state_sha256``, have the expected fields and list exactly
-    ``DATA_FILES``; each of those must match its recorded sha256.
-    """
-    try:
-        state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        return f"{STATE_FILE} unreadable ({exc})"
-    if not isinstance(state, dict):
-        return f"{STATE_FILE} is not a JSON object"
-    if state.get("schema_version") != SCHEMA_VERSION:
-        return f"unknown checkpoint schema version {state.get('schema_version')!r}"
-    if state.get("state_sha256") != _state_sha256(state):
-        return f"{STATE_FILE} does not match its recorded sha256"
-    position = state.get("position")
-    files = state.get("files")
-    if not (
-        state.get("schema") == "reprotune/checkpoint"
-        and _is_int(state.get("step"))
-        and _is_int(state.get("epoch"))
-        and isinstance(position, list)
-        and len(position) == 2
-        and all(_is_int(v) for v in position)
-        and isinstance(files, dict)
-    ):
-        return f"{STATE_FILE} lacks a field or has one of the wrong type"
-    if sorted(files) != sorted(DATA_FILES):
-        return f"{STATE_FILE} lists files {sorted(files)}, expected {sorted(DATA_FILES)}"
-    for name, expected in files.items():
-        file = path / name
-        if not file.is_file():
-            return f"{name} is missing"
-        if sha256_file(file) != expected:
-            return f"{name} does not match its recorded sha256"
-    return None
 
 
 def latest_valid_checkpoint(directory: Path, *, report: Callable[[str], None]) -> Path | None:

@@ -34,6 +34,8 @@ LOCK: Final = ".writer.lock"
 
 VERIFICATION: Final = "verification.json"
 VERIFY_LOG: Final = "verify.log"
+#: ``verify --spot``: the intervals and controls the replay process runs (``_proof.replay``).
+SPOT_PLAN: Final = "plan.json"
 
 
 @dataclass(frozen=True)

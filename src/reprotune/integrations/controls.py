@@ -20,10 +20,10 @@ Importing this module imports nothing heavy: ``verify`` uses it without torch.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from reprotune._errors import InputError
 
@@ -72,6 +72,29 @@ class Controls:
         if self.perturb_data_seed:
             env[PERTURB_DATA_SEED] = str(self.perturb_data_seed)
         return env
+
+    def stop_here(self, state: Any, control: Any) -> bool:
+        """The stop after step K on the Trainer's ``control`` (a checkpoint saved there, even with
+        ``save_strategy="no"``, and training ended) when ``state`` is at K; whether it stopped.
+        The callback calls it on every rank."""
+        step = int(state.global_step)
+        if self.stop_after is None or step != self.stop_after or step >= state.max_steps:
+            return False
+        control.should_save = True
+        control.should_training_stop = True
+        return True
+
+    def perturb(self, sampler: Any, report: Callable[[str], None]) -> int | None:
+        """Apply the data-seed perturbation to the train sampler (on every rank: each orders its
+        rows with its own); return the sampler's seed, or None without one."""
+        delta = self.perturb_data_seed
+        seed = getattr(sampler, "initial_seed", None)
+        if delta and seed is not None:
+            sampler.initial_seed = seed + delta
+        elif delta:
+            report("warning: REPROTUNE_PERTURB_DATA_SEED is set but the sampler has no seed to perturb")
+        value = getattr(sampler, "initial_seed", None)
+        return int(value) if isinstance(value, int) else None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Controls:

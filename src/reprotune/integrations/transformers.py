@@ -134,7 +134,7 @@ class ReprotuneCallback(TrainerCallback):
         if not state.is_world_process_zero:
             # Every rank orders its rows with its own sampler: a negative control's perturbation
             # must reach each (rank 0 only once trained ranks on other data orders than it records).
-            self._perturb(data_sampler(kwargs.get("train_dataloader")))
+            self._controls.perturb(data_sampler(kwargs.get("train_dataloader")), report)
             return
         trainer = self._trainer or find_trainer()
         if trainer is None:
@@ -224,7 +224,8 @@ class ReprotuneCallback(TrainerCallback):
             self._probe.lr = float(optimizer.param_groups[0]["lr"])
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._stop_if_asked(state, control)  # on every rank: a stop on rank 0 alone hangs the others
+        # On every rank: a stop on rank 0 alone left the others waiting for it forever.
+        self._stopping |= self._controls.stop_here(state, control)
         if self._run is None or self._run.finished or self._hasher is None:
             return
         began = time.perf_counter()
@@ -241,15 +242,6 @@ class ReprotuneCallback(TrainerCallback):
             line["batch_sha256"] = numbers.inputs_sha256  # no indices to hash: the rows' content
         metrics = {"train_loss": numbers.loss, "lr": numbers.lr, "grad_norm": numbers.grad_norm}
         self._run.step(step, line, metrics, began - self._step_started, began)
-
-    def _stop_if_asked(self, state: Any, control: Any) -> None:
-        """verify's stop after step K (``REPROTUNE_STOP_AFTER``): a Trainer checkpoint is saved
-        there, even with ``save_strategy="no"``, and training ends; the same on every rank."""
-        stop, step = self._controls.stop_after, int(state.global_step)
-        if stop is not None and step == stop and step < state.max_steps:
-            control.should_save = True
-            control.should_training_stop = True
-            self._stopping = True
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         metrics = kwargs.get("metrics") or {}
@@ -312,24 +304,13 @@ class ReprotuneCallback(TrainerCallback):
         self._probe = StepProbe()
         install_probe(trainer, loader, self._probe)
         sampler = data_sampler(loader)
-        sampler_seed = self._perturb(sampler)
+        sampler_seed = self._controls.perturb(sampler, report)
         self._steps_per_epoch = steps_per_epoch(loader, args.gradient_accumulation_steps)
         if state.global_step and not args.ignore_data_skip and self._steps_per_epoch:
             # The Trainer iterates the batches it skips through the recording sampler: drop them.
             skipped = state.global_step % self._steps_per_epoch
             self._probe.discard = skipped * args.gradient_accumulation_steps
         return sampler, sampler_seed
-
-    def _perturb(self, sampler: Any) -> int | None:
-        """Apply a negative control's data-seed perturbation; return the sampler's seed."""
-        delta = self._controls.perturb_data_seed
-        seed = getattr(sampler, "initial_seed", None)
-        if delta and seed is not None:
-            sampler.initial_seed = seed + delta
-        elif delta:
-            report("warning: REPROTUNE_PERTURB_DATA_SEED is set but the sampler has no seed to perturb")
-        value = getattr(sampler, "initial_seed", None)
-        return int(value) if isinstance(value, int) else None
 
     def _findings(
         self, args: Any, model: Any, loader: Any, sampler: Any, model_info: Any, data: Any

@@ -1,0 +1,97 @@
+"""The intervals of a spot check (``verify --spot``): which to replay, the ledger lines each
+covers, how its lines differ, and what replaying them proves. No torch: ``verify --command
+--spot`` uses it too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reprotune._run.layout import RunLayout
+from reprotune._run.ledger import read_ledger
+
+DEFAULT_BUDGET = 0.2
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Steps ``start + 1`` ... ``end`` of the run, replayed from the state after ``start``."""
+
+    start: int
+    end: int
+    why: str  # "first", "last", "first and last" or "drawn"
+
+    @property
+    def steps(self) -> int:
+        return self.end - self.start
+
+
+def plan_intervals(states: Sequence[int], total: int, *, budget: float, seed: int) -> list[Interval]:
+    """The intervals to replay, in step order.
+
+    Args:
+        states: the steps with a checkpoint (others than 0 and ``total`` are the cut points).
+        total: the run's last step.
+        budget: the share of ``total`` steps the drawn intervals may bring the replay up to (the
+            first and the last are always replayed, whatever they cost).
+        seed: the seed of the draw.
+    """
+    points = sorted({0, total, *(s for s in states if 0 < s < total)})
+    spans = list(itertools.pairwise(points))
+    chosen = {spans[0]: "first", spans[-1]: "last"} if len(spans) > 1 else {spans[0]: "first and last"}
+    covered = sum(b - a for a, b in chosen)
+    rest = spans[1:-1]
+    random.Random(seed).shuffle(rest)
+    for a, b in rest:
+        if covered + (b - a) <= budget * total:
+            chosen[(a, b)] = "drawn"
+            covered += b - a
+    return [Interval(a, b, why) for (a, b), why in sorted(chosen.items())]
+
+
+def interval_lines(run_dir: Path, start: int, end: int) -> dict[tuple[str, int], dict[str, Any]]:
+    """The ledger lines of steps ``start + 1 ... end`` of a run (and the init line when ``start``
+    is 0), by (kind, step)."""
+    ledger = read_ledger(RunLayout(run_dir).ledger)
+    out = {("train", e.step): dict(e.fields) for e in ledger.train if start < e.step <= end}
+    out.update({("val", e.step): dict(e.fields) for e in ledger.val if start < e.step <= end})
+    if start == 0 and ledger.init is not None:
+        out[("init", 0)] = dict(ledger.init.fields)
+    return out
+
+
+def differing_lines(
+    mine: dict[tuple[str, int], dict[str, Any]], theirs: dict[tuple[str, int], dict[str, Any]]
+) -> list[tuple[str, int]]:
+    """The (kind, step) of every line that differs, in step order (init, train, then val)."""
+    order = {"init": 0, "train": 1, "val": 2}
+    keys = (k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    return sorted(keys, key=lambda k: (k[1], order[k[0]]))
+
+
+def coverage(
+    intervals: list[Interval], states: list[int], total: int, budget: float, seed: int
+) -> dict[str, Any]:
+    """``verification.json``'s ``spot`` section: what was chosen and what replaying it proves."""
+    available = len(states) + 1
+    replayed = sum(i.steps for i in intervals)
+    return {
+        "budget": budget,
+        "seed": seed,
+        "total_steps": total,
+        "states": [0, *states],
+        "intervals_available": available,
+        "intervals_replayed": len(intervals),
+        "steps_replayed": replayed,
+        "intervals": [{"start": i.start, "end": i.end, "why": i.why} for i in intervals],
+        "proves": (
+            "every fault that touches every step is caught; a fault confined to one interval is "
+            f"caught with probability {len(intervals)}/{available} = {len(intervals) / available:.0%} "
+            "(for an interval picked at random)"
+        ),
+    }

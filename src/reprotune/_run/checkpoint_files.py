@@ -1,0 +1,75 @@
+"""A checkpoint's files checked without torch: its ``state.json`` format, the directory names, and
+:func:`verify_checkpoint` (every file against its recorded sha256). ``_run.checkpoint`` writes and
+restores checkpoints; ``pack --checkpoints`` and ``verify --spot`` only need to check them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from reprotune._jsonio import canonical_dumps, sha256_bytes, sha256_file
+
+STATE_FILE = "state.json"
+SCHEMA_VERSION = 2  # 2: state.json carries its own sha256 and must list exactly DATA_FILES
+_PREFIX = "step-"
+_TMP_PREFIX = ".tmp-"
+#: The files a checkpoint holds besides state.json; state.json must list exactly these.
+DATA_FILES = ("optimizer.pt", "rng.json", "rng.safetensors", "trainable.safetensors")
+
+
+def _state_sha256(state: dict[str, Any]) -> str:
+    """sha256 of state.json's content without its own ``state_sha256`` key, as canonical JSON."""
+    body = {k: v for k, v in state.items() if k != "state_sha256"}
+    return sha256_bytes(canonical_dumps(body).encode("utf-8"))
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    """Completed checkpoint directories, oldest first (temporary ones are ignored)."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """None when the checkpoint at ``path`` is whole; otherwise what is wrong with it.
+
+    state.json must match its own ``state_sha256``, have the expected fields and list exactly
+    ``DATA_FILES``; each of those must match its recorded sha256.
+    """
+    try:
+        state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"{STATE_FILE} unreadable ({exc})"
+    if not isinstance(state, dict):
+        return f"{STATE_FILE} is not a JSON object"
+    if state.get("schema_version") != SCHEMA_VERSION:
+        return f"unknown checkpoint schema version {state.get('schema_version')!r}"
+    if state.get("state_sha256") != _state_sha256(state):
+        return f"{STATE_FILE} does not match its recorded sha256"
+    position = state.get("position")
+    files = state.get("files")
+    if not (
+        state.get("schema") == "reprotune/checkpoint"
+        and _is_int(state.get("step"))
+        and _is_int(state.get("epoch"))
+        and isinstance(position, list)
+        and len(position) == 2
+        and all(_is_int(v) for v in position)
+        and isinstance(files, dict)
+    ):
+        return f"{STATE_FILE} lacks a field or has one of the wrong type"
+    if sorted(files) != sorted(DATA_FILES):
+        return f"{STATE_FILE} lists files {sorted(files)}, expected {sorted(DATA_FILES)}"
+    for name, expected in files.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if sha256_file(file) != expected:
+            return f"{name} does not match its recorded sha256"
+    return None
