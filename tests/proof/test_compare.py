@@ -280,3 +280,84 @@ def test_bad_tolerance(ref: Path, tolerance: float) -> None:
     """A tolerance that is negative or not finite is bad input."""
     with pytest.raises(InputError, match="tolerance"):
         compare_runs(ref, ref, tolerance=tolerance)
+
+
+#: One row per kind of fact the inert table holds (differences.INERT_KEYS and its patterns), each
+#: with a value pair: listed under "cannot change the numbers", never a cause.
+INERT_ROWS = [
+    ("code.branch", "main", "feature"),
+    ("code.patch_file", "code.patch", None),
+    ("config.config_dir", "/a", "/b"),
+    ("config.data.path", "a.jsonl", "b.jsonl"),
+    ("config.model.name", "tiny", "tiny-copy"),
+    ("config.split.manifest", "a.json", "b.json"),
+    ("config.tracking.uri", "sqlite:///a.db", "sqlite:///b.db"),
+    ("data.manifest_file", "split.json", "other.json"),
+    ("data.manifest_source", "made", "given"),
+    ("data.source", "a.jsonl", "b.jsonl"),
+    ("data.split_warnings", [], ["rare"]),
+    ("distributed.ranks", [], [{"rank": 0}]),
+    ("distributed.timeout_s", 60, 120),
+    ("environment.kernels.version", 1, 2),
+    ("environment.stack", "tested (lock)", "untested"),
+    ("lora.base_model_name_or_path", "a", "b"),
+    ("model.kind", "a", "b"),
+    ("model.requested_revision", "a", "b"),
+    ("model.resolved_path", "/a", "/b"),
+    ("model.revision", "a", "b"),
+    ("model.source", "a", "b"),
+    ("environment.env.MLFLOW_EXPERIMENT_ID", None, "3"),
+    ("environment.env.MLFLOW_TRACKING_URI", None, "sqlite:///mlflow.db"),
+    ("environment.env.WANDB_NOTES", None, "x"),
+    ("environment.env.TENSORBOARD_LOGDIR", None, "tb"),
+    ("environment.env.HF_HUB_DISABLE_TELEMETRY", None, "1"),
+    ("code.untracked", [], ["train.log", "wandb/run-1/files/output.log", "events.out.tfevents.17.host"]),
+]
+
+#: And what stays a possible cause however innocent its name looks.
+CAUSE_ROWS = [
+    ("environment.env.CUBLAS_WORKSPACE_CONFIG", None, ":4096:8"),
+    ("environment.env.OMP_NUM_THREADS", "1", "2"),
+    ("code.untracked", [], ["train.log", "helpers.py"]),
+    ("code.commit", "a" * 40, "b" * 40),
+    ("config.train.learning_rate", 0.1, 0.2),
+]
+
+
+@pytest.mark.parametrize(("key", "a", "b"), INERT_ROWS, ids=[row[0] for row in INERT_ROWS])
+def test_each_row_of_the_inert_table_cannot_change_the_numbers(key: str, a: object, b: object) -> None:
+    from reprotune._proof.differences import INERT_KEYS, is_inert
+
+    assert is_inert(key, a, b)
+    assert {row[0] for row in INERT_ROWS} >= set(INERT_KEYS) - {"config.tracking"} | {"config.tracking.uri"}
+
+
+@pytest.mark.parametrize(("key", "a", "b"), CAUSE_ROWS, ids=[f"{r[0]}={r[2]}" for r in CAUSE_ROWS])
+def test_what_can_change_the_numbers_is_not_inert(key: str, a: object, b: object) -> None:
+    from reprotune._proof.differences import is_inert
+
+    assert not is_inert(key, a, b)
+
+
+def test_log_files_and_tracker_variables_never_rank_above_a_seed(ref: Path, tmp_path: Path) -> None:
+    """Run B has another data-order seed, untracked log files and the variables a Trainer's MLflow
+    reporting sets: the seed is the one cause; the rest is listed as unable to change the numbers."""
+    other = write_run_dir(
+        tmp_path / "noisy",
+        RunSpec(
+            seed_overrides={"data_order": 5},
+            environment={"env": {"MLFLOW_EXPERIMENT_ID": "3", "MLFLOW_TRACKING_URI": "file:./mlruns"}},
+        ),
+    )
+    record = json.loads((other / "record.json").read_text())
+    record["code"]["untracked"] = ["train.log", "logs/stdout.txt"]
+    (other / "record.json").write_text(json.dumps(record))
+    result = compare_runs(ref, other)
+    assert result.causes == (f"data order differs from step 1: derived seed data_order {_seed(ref)} vs 5",)
+    inert = {d.key for d in result.differences if d.inert}
+    assert {
+        "environment.env.MLFLOW_EXPERIMENT_ID",
+        "environment.env.MLFLOW_TRACKING_URI",
+        "code.untracked",
+    } <= inert
+    assert "(cannot change the numbers)" in result.format()

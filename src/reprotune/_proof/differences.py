@@ -161,9 +161,46 @@ INERT_KEYS: tuple[str, ...] = (
 )
 
 
-def is_inert(key: str) -> bool:
-    """Whether the recorded value at ``key`` cannot change the numbers (:data:`INERT_KEYS`)."""
-    return any(key == inert or key.startswith(inert + ".") for inert in INERT_KEYS)
+#: Environment variables of trackers and loggers (a Trainer's MLflow reporting sets
+#: ``MLFLOW_EXPERIMENT_ID`` and ``MLFLOW_TRACKING_URI`` itself): where a run is mirrored, never
+#: what it computes. ``environment.env.<NAME>`` is inert when NAME starts with one of these.
+INERT_VARIABLE_PREFIXES: tuple[str, ...] = (
+    "MLFLOW_", "WANDB_", "TENSORBOARD_", "COMET_", "NEPTUNE_", "CLEARML_", "AIM_", "DVCLIVE_",
+    "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY",
+    "DISABLE_MLFLOW_INTEGRATION",
+)  # fmt: skip
+
+#: Untracked files that are neither code that runs nor an input: logs and tracker output. A
+#: difference in ``code.untracked`` is inert when every file it adds or removes is one of these.
+INERT_UNTRACKED_SUFFIXES: tuple[str, ...] = (".log", ".out", ".err", ".wandb", ".lock", ".pyc")
+INERT_UNTRACKED_DIRS: tuple[str, ...] = (
+    "runs/", "wandb/", "mlruns/", "mlartifacts/", "lightning_logs/", "logs/", "__pycache__/",
+    ".ipynb_checkpoints/",
+)  # fmt: skip
+
+
+def is_inert(key: str, a: Any = None, b: Any = None) -> bool:
+    """Whether the recorded value at ``key`` cannot change the numbers: one of
+    :data:`INERT_KEYS`, a tracker or logging variable (:data:`INERT_VARIABLE_PREFIXES`), or
+    untracked files of runs ``a`` and ``b`` that differ only in logs and tracker output."""
+    if any(key == inert or key.startswith(inert + ".") for inert in INERT_KEYS):
+        return True
+    if key.startswith("environment.env."):
+        return key[len("environment.env.") :].startswith(INERT_VARIABLE_PREFIXES)
+    if key == "code.untracked" and isinstance(a, list) and isinstance(b, list):
+        changed = set(map(str, a)) ^ set(map(str, b))
+        return all(_log_file(name) for name in changed)
+    return False
+
+
+def _log_file(name: str) -> bool:
+    path = name.replace("\\", "/")
+    tensorboard = ".tfevents." in path.rsplit("/", 1)[-1]  # events.out.tfevents.<time>.<host>
+    return (
+        tensorboard
+        or path.endswith(INERT_UNTRACKED_SUFFIXES)
+        or any(path.startswith(d) or f"/{d}" in path for d in INERT_UNTRACKED_DIRS)
+    )
 
 
 @dataclass(frozen=True)

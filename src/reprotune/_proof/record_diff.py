@@ -52,7 +52,7 @@ def record_differences(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
         if section in run_b.record:
             _flatten(run_b.record[section], section, flat_b)
         for key in sorted(set(flat_a) | set(flat_b)):
-            inert = is_inert(key)
+            inert = is_inert(key, flat_a.get(key), flat_b.get(key))
             category: Category = "kernels" if key.startswith(_KERNELS) else section_category
             if category == "kernels" and not both_kernels:
                 continue
