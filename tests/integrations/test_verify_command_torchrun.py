@@ -77,3 +77,41 @@ def test_a_leg_that_cannot_finish_is_stopped_within_the_bound(tmp_path: Path) ->
     assert "a rank waiting for another that stopped" in caught.value.message
     left = [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
     assert left == []
+
+
+def test_a_rank_resumed_without_its_rng_file_is_named_as_the_cause(tmp_path: Path) -> None:
+    """A 2-rank Trainer run stopped after step 3, its checkpoint's rng_state_1.pth removed, then
+    resumed: the callback warns at once and records what was restored; the finished run DIVERGES
+    from an uninterrupted one, and the first cause names rank 1 and the file (the Trainer itself
+    only logs it at INFO level)."""
+    from reprotune._proof.compare import compare_runs
+    from reprotune._run.record import load_record
+    from reprotune.integrations import controls
+
+    project = ScriptProject.create(tmp_path)
+    command = shlex.split(_torchrun(project))
+    env = {**os.environ, **OFFLINE_ENV, "OMP_NUM_THREADS": "1"}
+
+    def launch(run_dir: str, **steer: str) -> subprocess.CompletedProcess[str]:
+        variables = {
+            controls.RUN_DIR: str(project.root / run_dir),
+            controls.OUTPUT_DIR: str(project.root / run_dir / "out"),
+            **steer,
+        }
+        done = subprocess.run(
+            command, cwd=project.root, env={**env, **variables}, capture_output=True, text=True, timeout=900
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+        return done
+
+    launch("whole")
+    launch("cut", **{controls.STOP_AFTER: "3"})
+    checkpoint = project.root / "cut" / "out" / "checkpoint-3"
+    (checkpoint / "rng_state_1.pth").unlink()
+    resumed = launch("cut", **{controls.RESUME_FROM: str(checkpoint)})
+    assert f"rank 1 resumes without its RNG state: {checkpoint} has no rng_state_1.pth" in resumed.stderr
+    attempt = load_record(project.root / "cut")["attempts"][-1]
+    assert (attempt["rng_restored"], attempt["rng_missing"]) == (False, ["rng_state_1.pth"])
+    comparison = compare_runs(project.root / "whole", project.root / "cut")
+    assert comparison.verdict.value == "DIVERGED" and comparison.where.first_divergence_step == 4
+    assert "without the RNG state of rank 1: the checkpoint has no rng_state_1.pth" in comparison.causes[0]

@@ -262,6 +262,18 @@ def _resume_text(resume: Resume) -> str:
             f"run {resume.run} was resumed from its step-{resume.from_step} checkpoint; an exact resume "
             "changes nothing, so check what it restored (docs/checkpoints.md)"
         )
+    if resume.rng_missing:
+        ranks = ", ".join(
+            f"rank {name.removeprefix('rng_state_').removesuffix('.pth')}"
+            if name != "rng_state.pth"
+            else "it"
+            for name in resume.rng_missing
+        )
+        return (
+            f"run {resume.run} resumed from its step-{resume.from_step} checkpoint without the RNG state of "
+            f"{ranks}: the checkpoint has no {', '.join(resume.rng_missing)}; those draws (dropout, "
+            "sampling) differ from the uninterrupted run's (docs/integrations.md)"
+        )
     return (
         f"run {resume.run} was resumed from its step-{resume.from_step} checkpoint without restoring "
         "the RNG states: every random draw after it (dropout) differs"

@@ -142,7 +142,9 @@ def _resumes(run: RunDir, label: Literal["A", "B"]) -> Iterable[Resume]:
             and attempt.get("resumed")
             and isinstance(attempt.get("from_step"), int)
         ):
-            yield Resume(label, attempt["from_step"], attempt.get("rng_restored") is not False)
+            missing = attempt.get("rng_missing")
+            names = tuple(str(m) for m in missing) if isinstance(missing, list) else ()
+            yield Resume(label, attempt["from_step"], attempt.get("rng_restored") is not False, names)
 
 
 def _summary(run: RunDir) -> RunSummary:

@@ -210,6 +210,8 @@ class Resume:
     run: Literal["A", "B"]
     from_step: int
     rng_restored: bool
+    rng_missing: tuple[str, ...] = ()
+    """The Trainer's RNG files the resume did not find (``rng_state_<rank>.pth``)."""
 
 
 @dataclass(frozen=True)

@@ -112,9 +112,12 @@ class RunWriter:
         environment: Mapping[str, Any],
         weights_sha256: str,
         trackers: TrackerSet,
+        world_size: int = 1,
     ) -> RunWriter:
         """Continue the run in ``run_dir`` from step ``from_step`` (the Trainer's checkpoint):
-        the ledger is cut back to that step and a new attempt is recorded.
+        the ledger is cut back to that step and a new attempt is recorded, with what the Trainer
+        will restore of every rank's RNG state (its ``rng_state*.pth`` files in the checkpoint:
+        a rank without its file resumes with whatever RNG state it has, said at once).
 
         Raises:
             InputError: no run there, a completed run, other settings or code than the run's, or
@@ -136,9 +139,14 @@ class RunWriter:
                 "started_at": utc_now(),
                 "resumed": True,
                 "from_step": from_step,
-                "rng_restored": True,  # the Trainer restores rng_state.pth from its checkpoint
                 "from_checkpoint": checkpoint,
             }
+            missing = missing_rng_files(checkpoint, world_size)
+            attempt["rng_restored"] = not missing
+            if missing:
+                attempt["rng_missing"] = missing
+            for name in missing:
+                report(f"warning: {_rank_of(name)} resumes without its RNG state: {checkpoint} has no {name}")
             drift = section_drift(record.get("environment") or {}, environment, prefix="environment")
             attempt["environment_drift"] = drift
             for line in drift:
@@ -242,6 +250,21 @@ class RunWriter:
             "recording_time_s": round(self._recording_s, 6),
             "recording_share": round(self._recording_s / total, 6) if total else None,
         }
+
+
+def missing_rng_files(checkpoint: str | None, world_size: int) -> list[str]:
+    """The Trainer's RNG files a resume from ``checkpoint`` at ``world_size`` needs and does not
+    find (the Trainer reads ``rng_state.pth`` in one process, ``rng_state_<rank>.pth`` per rank
+    otherwise, and only logs at INFO level when one is missing)."""
+    if checkpoint is None:
+        return []
+    names = ["rng_state.pth"] if world_size <= 1 else [f"rng_state_{r}.pth" for r in range(world_size)]
+    return [name for name in names if not (Path(checkpoint) / name).is_file()]
+
+
+def _rank_of(name: str) -> str:
+    digits = name.removeprefix("rng_state_").removesuffix(".pth")
+    return f"rank {digits}" if digits.isdigit() else "the run"
 
 
 def _check_resumable(

@@ -183,6 +183,7 @@ class ReprotuneCallback(TrainerCallback):
                 environment=environment,
                 weights_sha256=self._hasher(),
                 trackers=trackers,
+                world_size=int(getattr(args, "world_size", 1) or 1),
             )
             return
         run_id = f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{config_sha[:8]}"
