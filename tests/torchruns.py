@@ -11,6 +11,18 @@ from pathlib import Path
 
 from tinyrun import TinyProject
 
+#: The distributed tests' training: 8 optimizer steps of 4 global micro-batches of 2 rows (8 rows
+#: a step, the same rows at every world size), a checkpoint every 4 steps, validation at 4 and 8.
+TRAIN = {
+    "batch_size": 2,
+    "grad_accum_steps": 4,
+    "max_steps": 8,
+    "save_every": 4,
+    "eval_every": 4,
+    "learning_rate": 1.0e-2,
+}
+QUIET = ("--no-progress", "--no-tracking")
+
 
 @dataclass(frozen=True)
 class Launch:

@@ -26,19 +26,10 @@ from reprotune._run.checkpoint import list_checkpoints, verify_checkpoint
 from reprotune._run.ledger import RANK_BATCHES, read_ledger
 from reprotune._run.record import load_record
 from tinyrun import TinyProject
-from torchruns import Launch, completed, launch
+from torchruns import QUIET, TRAIN, Launch, completed, launch
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
-TRAIN = {
-    "batch_size": 2,
-    "grad_accum_steps": 4,
-    "max_steps": 8,
-    "save_every": 4,
-    "eval_every": 4,
-    "learning_rate": 1.0e-2,
-}
-QUIET = ("--no-progress", "--no-tracking")
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 #: World sizes 1 and 2 sum each step's gradients in another order; the losses of this run agree to
 #: about 3e-8 relative (measured), so 1e-6 leaves a margin of 30 and still catches any real change.

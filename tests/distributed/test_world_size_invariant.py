@@ -19,19 +19,10 @@ from reprotune._proof.differences import Verdict
 from reprotune._run.ledger import read_ledger
 from reprotune._run.record import load_record
 from tinyrun import TinyProject
-from torchruns import completed, launch
+from torchruns import QUIET, TRAIN, completed, launch
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
-TRAIN = {
-    "batch_size": 2,
-    "grad_accum_steps": 4,
-    "max_steps": 8,
-    "save_every": 4,
-    "eval_every": 4,
-    "learning_rate": 1.0e-2,
-}
-QUIET = ("--no-progress", "--no-tracking")
 WORLD_SIZES = (1, 2, 4)
 
 

@@ -82,6 +82,39 @@ def preflight(run_dir: Path, record: dict[str, Any], cfg: ExperimentConfig, *, c
 _KNOWN_ONCE_LOADED = "environment.kernels.attention."
 
 
+def checked_before_rerun(
+    run_dir: Path,
+    record: dict[str, Any],
+    *,
+    data: Path | str | None,
+    code_dir: Path,
+    allow_code_drift: bool,
+    what: str,
+    report: Callable[[str], None],
+) -> ExperimentConfig:
+    """The recorded config (on ``data`` when given), after :func:`preflight`: code that differs
+    is refused unless ``allow_code_drift`` (then said), environment differences are said.
+
+    Raises:
+        InputError: the code differs, without ``allow_code_drift``.
+        RunFailedError: the data is not the run's.
+    """
+    cfg = record_config(record, run_dir=run_dir, source=str(RunLayout(run_dir).record))
+    if data is not None:
+        source = str(data) if str(data).startswith("builtin:") else str(Path(data).resolve())
+        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": source})})
+    checks = preflight(run_dir, record, cfg, code_dir=code_dir)
+    if not allow_code_drift:
+        refuse_code_drift(
+            record.get("code", {}), checks.code_now, run_dir, what=what, override="--allow-code-drift"
+        )
+    for line in checks.code_drift:
+        report(f"warning: {line} (allowed by --allow-code-drift)")
+    for line in checks.environment_drift:
+        report(f"environment differs: {line}")
+    return cfg
+
+
 def rerun(
     run_dir: Path,
     *,
@@ -121,23 +154,15 @@ def rerun(
             fix="run the script again and `reprotune compare` the two runs, or use `reprotune verify "
             '--command "python train.py ..."` (docs/integrations.md)',
         )
-    cfg = record_config(record, run_dir=run_dir, source=str(paths.record))
-    if data is not None:
-        source = str(data) if str(data).startswith("builtin:") else str(Path(data).resolve())
-        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": source})})
-    checks = preflight(run_dir, record, cfg, code_dir=code_dir)
-    if not allow_code_drift:
-        refuse_code_drift(
-            record.get("code", {}),
-            checks.code_now,
-            run_dir,
-            what="rerunning",
-            override="--allow-code-drift",
-        )
-    for line in checks.code_drift:
-        report(f"warning: {line} (allowed by --allow-code-drift)")
-    for line in checks.environment_drift:
-        report(f"environment differs: {line}")
+    cfg = checked_before_rerun(
+        run_dir,
+        record,
+        data=data,
+        code_dir=code_dir,
+        allow_code_drift=allow_code_drift,
+        what="rerunning",
+        report=report,
+    )
     target = new_run_dir or run_dir.parent / f"{run_dir.name}-rerun"
     options = RunOptions(
         run_dir=target, progress=progress, tracking=True, manifest=paths.manifest, code_dir=code_dir

@@ -37,14 +37,13 @@ from reprotune._proof.intervals import (
     plan_intervals,
 )
 from reprotune._proof.processes import run_logged
-from reprotune._proof.rerun import preflight
+from reprotune._proof.rerun import checked_before_rerun
 from reprotune._proof.unpack import unpack
 from reprotune._proof.verification import Leg, Verification, machine_summary
 from reprotune._run.checkpoint_files import STATE_FILE, list_checkpoints, verify_checkpoint
-from reprotune._run.drift import refuse_code_drift
 from reprotune._run.layout import SPOT_PLAN, RunLayout, VerifyLayout
 from reprotune._run.outputs import refuse_nonempty_dir, refuse_overwrite
-from reprotune._run.record import load_record, record_config
+from reprotune._run.record import load_record
 from reprotune._run.rundir import check_is_run_dir
 
 
@@ -79,7 +78,15 @@ def spot_verify(
     reference = run_dir.resolve()
     record = _check_run(reference, budget)
     code_dir = (code_dir or Path.cwd()).resolve()
-    _preflight(reference, record, data, code_dir, allow_code_drift=allow_code_drift, report=progress)
+    checked_before_rerun(
+        reference,
+        record,
+        data=data,
+        code_dir=code_dir,
+        allow_code_drift=allow_code_drift,
+        what="spot-checking it",
+        report=progress,
+    )
     total = int(record["data"]["order"]["total_steps"])
     states = [s for s in _checkpoint_steps(reference) if s < total]
     intervals = plan_intervals(states, total, budget=budget, seed=seed)
@@ -145,33 +152,6 @@ def _check_run(run_dir: Path, budget: float) -> dict[str, Any]:
             fix="verify it in full: `reprotune verify CONFIG --reference RUN_DIR`",
         )
     return record
-
-
-def _preflight(
-    reference: Path,
-    record: dict[str, Any],
-    data: Path | str | None,
-    code_dir: Path,
-    *,
-    allow_code_drift: bool,
-    report: Callable[[str], None],
-) -> None:
-    cfg = record_config(record, run_dir=reference, source=str(RunLayout(reference).record))
-    if data is not None:
-        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": str(data)})})
-    checks = preflight(reference, record, cfg, code_dir=code_dir)
-    if not allow_code_drift:
-        refuse_code_drift(
-            record.get("code", {}),
-            checks.code_now,
-            reference,
-            what="spot-checking it",
-            override="--allow-code-drift",
-        )
-    for line in checks.code_drift:
-        report(f"warning: {line} (allowed by --allow-code-drift)")
-    for line in checks.environment_drift:
-        report(f"environment differs: {line}")
 
 
 def _checkpoint_steps(run_dir: Path) -> list[int]:
