@@ -46,6 +46,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--eval-rows", type=int, default=32, help="validation rows evaluated at the end")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--wandb", action="store_true", help="also mirror the run to W&B (offline)")
+    parser.add_argument("--report-to", default="none", help="the Trainer's own reporting, e.g. mlflow")
     return parser.parse_args()
 
 
@@ -93,7 +94,7 @@ def main() -> None:
         eval_steps=args.max_steps,
         save_strategy="steps" if args.save_steps else "no",
         save_steps=args.save_steps or 500,
-        report_to="none",
+        report_to=args.report_to,
         seed=args.seed,
         full_determinism=True,
         use_cpu=True,

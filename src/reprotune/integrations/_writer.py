@@ -30,7 +30,8 @@ from reprotune._run.ledger import Entry, LedgerWriter, read_ledger, truncate_led
 from reprotune._run.lock import RunDirLock, lock_run_dir
 from reprotune._run.record import load_record, utc_now, write_record
 from reprotune._run.redact import redact_data, redact_value
-from reprotune._trackers.base import RunDescription, TrackerSet, flatten_params, tracker_tags
+from reprotune._trackers.base import RunDescription, Tracker, TrackerSet, flatten_params, tracker_tags
+from reprotune._trackers.mlflow_link import MlflowRunLink
 from reprotune._trackers.wandb import WandbTracker
 
 #: The file the callback writes into each Trainer checkpoint it sees saved: the run directory it
@@ -309,9 +310,19 @@ def _save_trainable(model: Any, directory: Path) -> dict[str, str]:
     return hashes
 
 
-def make_trackers(wandb: bool, project: str, on_failure: Callable[[str], None] = report) -> TrackerSet:
-    """The callback's trackers: W&B when asked for (offline unless WANDB_MODE says otherwise)."""
-    return TrackerSet([WandbTracker(project)] if wandb else [], report=on_failure)
+def make_trackers(
+    wandb: bool,
+    project: str,
+    on_failure: Callable[[str], None] = report,
+    *,
+    mlflow_run: tuple[str, str] | None = None,
+) -> TrackerSet:
+    """The callback's trackers: W&B when asked for (offline unless WANDB_MODE says otherwise), and
+    the MLflow run the script already logs to (``mlflow_run``: tracking URI and run id), linked."""
+    trackers: list[Tracker] = [WandbTracker(project)] if wandb else []
+    if mlflow_run is not None:
+        trackers.append(MlflowRunLink(*mlflow_run))
+    return TrackerSet(trackers, report=on_failure)
 
 
 def mark_checkpoint(checkpoint: Path, run: RunWriter, step: int) -> None:

@@ -36,6 +36,7 @@ from reprotune._model.lora import WeightsHasher, trainable_tensors
 from reprotune._run.fingerprint import attention_of, code_fingerprint, environment_fingerprint
 from reprotune._run.ledger import train_line, val_line
 from reprotune._run.record import utc_now
+from reprotune._trackers.mlflow_link import run_to_link
 from reprotune._trackers.wandb import import_wandb
 from reprotune._version import __version__
 from reprotune.integrations import _sections as sections
@@ -81,6 +82,10 @@ class ReprotuneCallback(TrainerCallback):
             otherwise; needs ``pip install 'reprotune[wandb]'``).
         wandb_project: the W&B project.
         code_dir: the directory whose git state is recorded (default: the script's directory).
+        mlflow: link the MLflow run the script logs to (``report_to="mlflow"``, or its own
+            ``mlflow.start_run()``): that run gets reprotune's tags and artifacts, no second run
+            is made. None (default): when one is active at train begin; True: also warn when none
+            is; False: never.
 
     Raises:
         InputError: a manifest that cannot be read, W&B asked for but not installed, or a bad
@@ -95,8 +100,10 @@ class ReprotuneCallback(TrainerCallback):
         wandb: bool = False,
         wandb_project: str = "reprotune",
         code_dir: str | os.PathLike[str] | None = None,
+        mlflow: bool | None = None,
     ) -> None:
         self._controls = Controls.from_env()
+        self._mlflow = mlflow
         self._run_dir = Path(run_dir) if run_dir is not None else None
         self._manifest = (
             load_manifest(Path(manifest)) if isinstance(manifest, (str, os.PathLike)) else manifest
@@ -172,7 +179,9 @@ class ReprotuneCallback(TrainerCallback):
             {k: v for k, v in os.environ.items() if k not in UNRECORDED_VARIABLES},
             attention=attention_of(model),
         )
-        trackers = make_trackers(self._wandb, self._wandb_project)
+        trackers = make_trackers(
+            self._wandb, self._wandb_project, mlflow_run=run_to_link(self._mlflow, report)
+        )
         if resumed_from:
             self._run = RunWriter.resume(
                 self._resume_dir(args, resumed_from),
