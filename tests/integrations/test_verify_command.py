@@ -231,23 +231,28 @@ def test_the_trainers_own_mlflow_run_gets_reprotunes_tags_and_artifacts(tmp_path
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {"MLFLOW_TRACKING_URI": store, "MLFLOW_EXPERIMENT_NAME": "trainer"}
     with pytest.MonkeyPatch.context() as patch:
+        # MLflow's reader resolves a run's artifacts through the default tracking URI and the
+        # current directory on older versions (the floor stack): both the script's here.
+        patch.chdir(project.root)
         for key, value in env.items():
             patch.setenv(key, value)
         project.run("hf_trainer.py", "runs/mlflow", "--report-to", "mlflow")
-    record = load_record(project.root / "runs" / "mlflow")
-    linked = record["trackers"]["mlflow"]
-    assert linked["ok"] and linked["linked"] == "the Trainer's run"
-    client = MlflowClient(tracking_uri=store)
-    experiment = client.get_experiment_by_name("trainer")
-    runs = client.search_runs([experiment.experiment_id])
-    assert [r.info.run_id for r in runs] == [linked["mlflow_run_id"]]  # the same run, not a second
-    run = runs[0]
-    assert "train_loss" in run.data.metrics or "loss" in run.data.metrics  # the Trainer's own logging
-    tags = run.data.tags
-    assert tags["config.sha256"] == record["config_sha256"] and tags["reprotune.run_id"] == record["run_id"]
-    assert tags["data.manifest_sha256"] == str(record["data"]["manifest_sha256"])
-    assert tags["model.weights_sha256"] == str(record["model"]["weights_sha256"])
-    assert {"git.commit", "git.dirty"} <= set(tags) and tags["reprotune.status"] == "completed"
-    assert tags["reprotune.run_dir"] == str((project.root / "runs" / "mlflow").resolve())
-    listed = {a.path for a in client.list_artifacts(run.info.run_id, "reprotune")}
-    assert {"reprotune/record.json", "reprotune/ledger", "reprotune/adapter", "reprotune/split"} <= listed
+        record = load_record(project.root / "runs" / "mlflow")
+        linked = record["trackers"]["mlflow"]
+        assert linked["ok"] and linked["linked"] == "the Trainer's run"
+        client = MlflowClient(tracking_uri=store)
+        experiment = client.get_experiment_by_name("trainer")
+        runs = client.search_runs([experiment.experiment_id])
+        assert [r.info.run_id for r in runs] == [linked["mlflow_run_id"]]  # the same run, not a second
+        run = runs[0]
+        assert "train_loss" in run.data.metrics or "loss" in run.data.metrics  # the Trainer's own logging
+        tags = run.data.tags
+        assert (
+            tags["config.sha256"] == record["config_sha256"] and tags["reprotune.run_id"] == record["run_id"]
+        )
+        assert tags["data.manifest_sha256"] == str(record["data"]["manifest_sha256"])
+        assert tags["model.weights_sha256"] == str(record["model"]["weights_sha256"])
+        assert {"git.commit", "git.dirty"} <= set(tags) and tags["reprotune.status"] == "completed"
+        assert tags["reprotune.run_dir"] == str((project.root / "runs" / "mlflow").resolve())
+        listed = {a.path for a in client.list_artifacts(run.info.run_id, "reprotune")}
+        assert {"reprotune/record.json", "reprotune/ledger", "reprotune/adapter", "reprotune/split"} <= listed
