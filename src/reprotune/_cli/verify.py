@@ -114,8 +114,7 @@ def _run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     out = args.out
     if out is None:
-        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-        out = Path("runs") / f"verify-{stamp}-{config_sha256(cfg)[:8]}"
+        out = _default_out("verify", config_sha256(cfg)[:8])
     if out.exists() and not out.is_dir():  # e.g. --out CONFIG: never written over (issue 16)
         raise InputError(
             f"--out {str(out)!r} is a file, not a directory", source="--out", fix="give a new directory"
@@ -133,8 +132,6 @@ def _run(args: argparse.Namespace) -> int:
 
 def _run_command(args: argparse.Namespace) -> int:
     """``verify --command``: the user's own Trainer script (``_proof.verify_command``)."""
-    import hashlib
-
     from reprotune._proof.verify_command import verify_command
 
     if args.train_command is None:
@@ -149,8 +146,7 @@ def _run_command(args: argparse.Namespace) -> int:
         )
     out = args.out
     if out is None:
-        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-        out = Path("runs") / f"verify-{stamp}-{hashlib.sha256(args.train_command.encode()).hexdigest()[:8]}"
+        out = _default_out("verify", _command_digest(args.train_command))
     result = verify_command(args.train_command, out, resume_at=args.resume_at)
     print(result.format())
     print(f"verification record: {out / 'verification.json'}")
@@ -173,8 +169,7 @@ def _run_spot(args: argparse.Namespace) -> int:
         )
     out = args.out
     if out is None:
-        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-        out = Path("runs") / f"verify-spot-{stamp}-{Path(args.config).name}"
+        out = _default_out("verify-spot", Path(args.config).name)
     budget = DEFAULT_BUDGET if args.budget is None else args.budget
     drift = args.allow_code_drift
     if Path(args.config).is_file():  # a bundle packed with --checkpoints
@@ -196,8 +191,6 @@ def _done(result: Verification, out: Path) -> int:
 
 def _run_command_spot(args: argparse.Namespace) -> int:
     """``verify --command "..." --spot``: the Trainer's own checkpoints (``_proof.spot_command``)."""
-    import hashlib
-
     from reprotune._proof.intervals import DEFAULT_BUDGET
     from reprotune._proof.spot_command import spot_verify_command
 
@@ -209,11 +202,20 @@ def _run_command_spot(args: argparse.Namespace) -> int:
         )
     out = args.out
     if out is None:
-        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-        digest = hashlib.sha256(args.train_command.encode()).hexdigest()[:8]
-        out = Path("runs") / f"verify-spot-{stamp}-{digest}"
+        out = _default_out("verify-spot", _command_digest(args.train_command))
     budget = DEFAULT_BUDGET if args.budget is None else args.budget
     result = spot_verify_command(args.train_command, out, budget=budget, seed=args.seed)
     print(result.format())
     print(f"verification record: {out / 'verification.json'}")
     return 0 if result.verdict == "PASS" else 1
+
+
+def _default_out(prefix: str, key: str) -> Path:
+    """``runs/<prefix>-<UTC time>-<key>``: where a verification goes without ``--out``."""
+    return Path("runs") / f"{prefix}-{_dt.datetime.now(_dt.timezone.utc):%Y%m%d-%H%M%S}-{key}"
+
+
+def _command_digest(command: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(command.encode()).hexdigest()[:8]

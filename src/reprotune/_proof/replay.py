@@ -52,7 +52,7 @@ def prepare_from_checkpoint(reference: Path, start: int, target: Path, *, data: 
     shutil.copytree(checkpoint, out.checkpoints / checkpoint.name)
 
 
-def replay(plan: dict[str, Any], spot_dir: Path) -> None:
+def replay(plan: dict[str, Any]) -> None:
     """Every interval of ``plan``, then the controls, each into its run directory."""
     reference = Path(plan["reference"])
     paths = RunLayout(reference)
@@ -95,7 +95,7 @@ def main(argv: list[str]) -> int:
     """``python -m reprotune._proof.replay SPOT_DIR``."""
     spot_dir = Path(argv[0])
     plan = json.loads((spot_dir / SPOT_PLAN).read_text(encoding="utf-8"))
-    replay(plan, spot_dir)
+    replay(plan)
     return 0
 
 
