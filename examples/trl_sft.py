@@ -39,6 +39,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=2e-4)
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--logging-steps", type=int, default=10)
+    parser.add_argument(
+        "--save-steps", type=int, default=0, help="save a Trainer checkpoint every N steps (0: none)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--wandb", action="store_true", help="also mirror the run to W&B (offline)")
     return parser.parse_args()
@@ -67,7 +70,8 @@ def main() -> None:
         warmup_steps=2,
         logging_steps=args.logging_steps,
         max_length=args.max_length,
-        save_strategy="no",
+        save_strategy="steps" if args.save_steps else "no",
+        save_steps=args.save_steps or 500,
         report_to="none",
         seed=args.seed,
         full_determinism=True,

@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -22,30 +24,17 @@ from reprotune._proof import verify_command
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
-def _torchrun(project: ScriptProject, *extra: str) -> str:
-    argv = project.argv("hf_trainer.py", *extra)
+def _torchrun(project: ScriptProject, *extra: str, script: str = "hf_trainer.py") -> str:
+    argv = project.argv(script, *extra)
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     return shlex.join([*launch, *argv[1:]])
 
 
-def test_verify_command_under_torchrun_passes_with_a_resume_leg(tmp_path: Path) -> None:
-    """World size 2, --resume-at 3 (no Trainer checkpoint there but the one the stop makes): the
-    rerun IDENTICAL, the control DIVERGED, the stop-and-resume leg ends (it once hung) and is
-    judged; PASS."""
-    project = ScriptProject.create(tmp_path)
+def _verify(project: ScriptProject, command: str, resume_at: int) -> dict[str, dict[str, Any]]:
+    """``reprotune verify --command COMMAND --resume-at K``: PASS, and its legs by name."""
+    argv = ["verify", "--out", "ver", "--command", command, "--resume-at", str(resume_at)]
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "reprotune",
-            "verify",
-            "--out",
-            "ver",
-            "--command",
-            _torchrun(project),
-            "--resume-at",
-            "3",
-        ],
+        [sys.executable, "-m", "reprotune", *argv],
         cwd=project.root,
         env={**os.environ, **OFFLINE_ENV, "OMP_NUM_THREADS": "1"},
         capture_output=True,
@@ -57,9 +46,30 @@ def test_verify_command_under_torchrun_passes_with_a_resume_leg(tmp_path: Path) 
     legs = {leg["name"]: leg for leg in report["legs"]}
     assert legs["rerun"]["verdict"] == "IDENTICAL"
     assert legs["control-data-seed"]["verdict"] == "DIVERGED"
-    assert legs["resume"]["verdict"] == "IDENTICAL" and legs["resume"]["evidence"]["resumed_at"] == 3
+    assert legs["resume"]["verdict"] == "IDENTICAL" and legs["resume"]["evidence"]["resumed_at"] == resume_at
+    return legs
+
+
+def test_verify_command_under_torchrun_passes_with_a_resume_leg(tmp_path: Path) -> None:
+    """Trainer, world size 2, --resume-at 3 (no Trainer checkpoint there but the one the stop
+    makes): the rerun IDENTICAL, the control DIVERGED, the stop-and-resume leg ends (it once hung)
+    and is judged; PASS."""
+    project = ScriptProject.create(tmp_path)
+    _verify(project, _torchrun(project), resume_at=3)
     checkpoint = project.root / "ver" / "resume" / "trainer-output" / "checkpoint-3"
     assert sorted(p.name for p in checkpoint.glob("rng_state*.pth")) == ["rng_state_0.pth", "rng_state_1.pth"]
+
+
+def test_verify_command_sft_trainer_under_torchrun_resumes_at_a_save_step(tmp_path: Path) -> None:
+    """TRL's SFTTrainer, world size 2, saving every 2 steps, --resume-at 2 (a save step): PASS,
+    and the resumed leg started from the Trainer's own step-2 checkpoint, which names its run."""
+    project = ScriptProject.create(tmp_path)
+    _verify(project, _torchrun(project, "--save-steps", "2", script="trl_sft.py"), resume_at=2)
+    checkpoint = project.root / "ver" / "resume" / "trainer-output" / "checkpoint-2"
+    assert sorted(p.name for p in checkpoint.glob("rng_state*.pth")) == ["rng_state_0.pth", "rng_state_1.pth"]
+    record = json.loads((project.root / "ver" / "resume" / "record.json").read_text(encoding="utf-8"))
+    assert record["trainer"]["class"] == "trl.trainer.sft_trainer.SFTTrainer"
+    assert [a.get("from_step") for a in record["attempts"]] == [None, 2]
 
 
 def test_a_leg_that_cannot_finish_is_stopped_within_the_bound(tmp_path: Path) -> None:
@@ -84,9 +94,11 @@ def test_a_rank_resumed_without_its_rng_file_is_named_as_the_cause(tmp_path: Pat
     resumed: the callback warns at once and records what was restored; the finished run DIVERGES
     from an uninterrupted one, and the first cause names rank 1 and the file (the Trainer itself
     only logs it at INFO level)."""
+    from reprotune._jsonio import sha256_file
     from reprotune._proof.compare import compare_runs
     from reprotune._run.record import load_record
     from reprotune.integrations import controls
+    from reprotune.integrations._ranks import CHECKPOINT_MARKER
 
     project = ScriptProject.create(tmp_path)
     command = shlex.split(_torchrun(project))
@@ -107,11 +119,25 @@ def test_a_rank_resumed_without_its_rng_file_is_named_as_the_cause(tmp_path: Pat
     launch("whole")
     launch("cut", **{controls.STOP_AFTER: "3"})
     checkpoint = project.root / "cut" / "out" / "checkpoint-3"
+    # Every rank's facts at the checkpoint, gathered to rank 0: who, and its own RNG file's hash.
+    marker = json.loads((checkpoint / CHECKPOINT_MARKER).read_text(encoding="utf-8"))
+    assert [(r["rank"], r["host"]) for r in marker["ranks"]] == [
+        (0, socket.gethostname()),
+        (1, socket.gethostname()),
+    ]
+    assert all(r["device"].startswith("cpu") for r in marker["ranks"]), marker["ranks"]
+    assert [r["rng_sha256"] for r in marker["ranks"]] == [
+        sha256_file(checkpoint / "rng_state_0.pth"),
+        sha256_file(checkpoint / "rng_state_1.pth"),
+    ]
     (checkpoint / "rng_state_1.pth").unlink()
     resumed = launch("cut", **{controls.RESUME_FROM: str(checkpoint)})
     assert f"rank 1 resumes without its RNG state: {checkpoint} has no rng_state_1.pth" in resumed.stderr
-    attempt = load_record(project.root / "cut")["attempts"][-1]
+    record = load_record(project.root / "cut")
+    assert [r["rank"] for r in record["trainer"]["ranks"]] == [0, 1]
+    attempt = record["attempts"][-1]
     assert (attempt["rng_restored"], attempt["rng_missing"]) == (False, ["rng_state_1.pth"])
+    assert [(r["rank"], r["missing"]) for r in attempt["ranks"]] == [(0, []), (1, ["rng_state_1.pth"])]
     comparison = compare_runs(project.root / "whole", project.root / "cut")
     assert comparison.verdict.value == "DIVERGED" and comparison.where.first_divergence_step == 4
     assert "without the RNG state of rank 1: the checkpoint has no rng_state_1.pth" in comparison.causes[0]

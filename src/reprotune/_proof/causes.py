@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from reprotune._proof.differences import AdapterDiff, Difference, Resume, SplitDiff, Where
+from reprotune._run.checkpoint_files import TRAINER_PIECES
 from reprotune._run.kernels import is_gpu_difference, kernel_differences
 
 Stage = Literal["init", "order", "numbers"]
@@ -231,7 +232,7 @@ def _evidence(
             # Changed row content changes numbers directly; moved rows change the order.
             texts["split_content" if split.content_changed else "split"] = split_text
     for resume in resumes:
-        texts.setdefault("resume" if resume.rng_restored else "resume_rng", _resume_text(resume))
+        texts.setdefault("resume" if resume.exact else "resume_rng", _resume_text(resume))
     ranking = _RANKING[stage]
     ordered = [texts[k] for k in ranking if k in texts]
     ordered.extend(text for kind, text in texts.items() if kind not in ranking)
@@ -257,26 +258,38 @@ def _kernel_text(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
 
 
 def _resume_text(resume: Resume) -> str:
-    if resume.rng_restored:
+    where = f"run {resume.run} resumed from its step-{resume.from_step} checkpoint"
+    if resume.exact:
         return (
             f"run {resume.run} was resumed from its step-{resume.from_step} checkpoint; an exact resume "
             "changes nothing, so check what it restored (docs/checkpoints.md)"
         )
+    if not (resume.rng_missing or resume.rng_changed or resume.state_missing):
+        return f"{where} without restoring the RNG states: every random draw after it (dropout) differs"
+    parts = []
     if resume.rng_missing:
-        ranks = ", ".join(
-            f"rank {name.removeprefix('rng_state_').removesuffix('.pth')}"
-            if name != "rng_state.pth"
-            else "it"
-            for name in resume.rng_missing
+        parts.append(
+            f"without the RNG state of {_ranks(resume.rng_missing)}: the checkpoint has no "
+            f"{', '.join(resume.rng_missing)}; {TRAINER_PIECES['rng']}"
         )
-        return (
-            f"run {resume.run} resumed from its step-{resume.from_step} checkpoint without the RNG state of "
-            f"{ranks}: the checkpoint has no {', '.join(resume.rng_missing)}; those draws (dropout, "
-            "sampling) differ from the uninterrupted run's (docs/integrations.md)"
+    if resume.rng_changed:
+        parts.append(
+            f"with another RNG state for {_ranks(resume.rng_changed)} than saved there "
+            f"({', '.join(resume.rng_changed)} was replaced); {TRAINER_PIECES['rng']}"
         )
-    return (
-        f"run {resume.run} was resumed from its step-{resume.from_step} checkpoint without restoring "
-        "the RNG states: every random draw after it (dropout) differs"
+    if resume.state_missing:
+        parts.extend(
+            f"without {piece}: {TRAINER_PIECES.get(piece, 'it starts again')}"
+            for piece in resume.state_missing
+        )
+    return f"{where} {'; and '.join(parts)} (docs/integrations.md)"
+
+
+def _ranks(files: tuple[str, ...]) -> str:
+    """'rank 1, rank 3' for ``rng_state_1.pth, rng_state_3.pth``; 'it' for ``rng_state.pth``."""
+    return ", ".join(
+        f"rank {name.removeprefix('rng_state_').removesuffix('.pth')}" if name != "rng_state.pth" else "it"
+        for name in files
     )
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -142,9 +142,18 @@ def _resumes(run: RunDir, label: Literal["A", "B"]) -> Iterable[Resume]:
             and attempt.get("resumed")
             and isinstance(attempt.get("from_step"), int)
         ):
-            missing = attempt.get("rng_missing")
-            names = tuple(str(m) for m in missing) if isinstance(missing, list) else ()
-            yield Resume(label, attempt["from_step"], attempt.get("rng_restored") is not False, names)
+            yield Resume(
+                label,
+                attempt["from_step"],
+                attempt.get("rng_restored") is not False,
+                _names(attempt.get("rng_missing")),
+                _names(attempt.get("rng_changed")),
+                _names(attempt.get("state_missing")),
+            )
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in value) if isinstance(value, list) else ()
 
 
 def _summary(run: RunDir) -> RunSummary:

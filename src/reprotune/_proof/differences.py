@@ -212,6 +212,15 @@ class Resume:
     rng_restored: bool
     rng_missing: tuple[str, ...] = ()
     """The Trainer's RNG files the resume did not find (``rng_state_<rank>.pth``)."""
+    rng_changed: tuple[str, ...] = ()
+    """The Trainer's RNG files found, but other than the ones saved at that checkpoint."""
+    state_missing: tuple[str, ...] = ()
+    """Other state the Trainer's resume did not find (``optimizer.pt``, ``scheduler.pt``...)."""
+
+    @property
+    def exact(self) -> bool:
+        """Whether it restored everything the record says a resume needs."""
+        return self.rng_restored and not self.state_missing
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,18 @@ _TMP_PREFIX = ".tmp-"
 #: The files a checkpoint holds besides state.json; state.json must list exactly these.
 DATA_FILES = ("optimizer.pt", "rng.json", "rng.safetensors", "trainable.safetensors")
 
+#: A Hugging Face Trainer checkpoint's state files: what a resume without each loses (the
+#: callback's warning and compare's cause say the same). The Trainer restores the optimizer and
+#: the schedule only when both files are there, and logs a missing one at INFO level at most.
+TRAINER_DATA_POSITION = "the data position"
+TRAINER_PIECES = {
+    "rng": "its dropout and sampling draws differ from the uninterrupted run's",
+    "optimizer.pt": "the optimizer's moments and step count start again from zero",
+    "scheduler.pt": "the learning-rate schedule starts again, and the optimizer's state with it",
+    "scaler.pt": "the fp16 loss scale starts again from its initial value",
+    TRAINER_DATA_POSITION: "ignore_data_skip=True: the resumed epoch starts again from its first batch",
+}
+
 
 def _state_sha256(state: dict[str, Any]) -> str:
     """sha256 of state.json's content without its own ``state_sha256`` key, as canonical JSON."""

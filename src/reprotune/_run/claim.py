@@ -30,11 +30,15 @@ _RUN_DIRS = (layout.ADAPTER_DIR, layout.CHECKPOINTS)
 
 def new_run_dir(cfg: ExperimentConfig, base: Path = Path("runs")) -> Path:
     """``runs/<run id>`` (``make_run_id``: UTC time and config hash), with a suffix if that exists."""
-    run_id = make_run_id(cfg)
-    candidate, suffix = base / run_id, 1
+    return unused_path(base, make_run_id(cfg))
+
+
+def unused_path(base: Path, name: str) -> Path:
+    """``base/name``, or ``base/name-2``, ``-3``... : the first that does not exist."""
+    candidate, suffix = base / name, 1
     while candidate.exists():
         suffix += 1
-        candidate = base / f"{run_id}-{suffix}"
+        candidate = base / f"{name}-{suffix}"
     return candidate
 
 

@@ -206,3 +206,11 @@ def data_section(
         "eval_rows_sha256": eval_sha,
     }
     return section
+
+
+def script_dir() -> Path:
+    """The directory of the script being run (``__main__``), else the current directory."""
+    import __main__
+
+    main_file = getattr(__main__, "__file__", None)
+    return Path(main_file).resolve().parent if main_file else Path.cwd()

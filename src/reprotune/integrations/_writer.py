@@ -16,7 +16,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +33,7 @@ from reprotune._run.redact import redact_data, redact_value
 from reprotune._trackers.base import RunDescription, Tracker, TrackerSet, flatten_params, tracker_tags
 from reprotune._trackers.mlflow_link import MlflowRunLink
 from reprotune._trackers.wandb import WandbTracker
-
-#: The file the callback writes into each Trainer checkpoint it sees saved: the run directory it
-#: belongs to, so that a resume from that checkpoint continues the same run.
-CHECKPOINT_MARKER = "reprotune-run.json"
+from reprotune.integrations._ranks import CHECKPOINT_MARKER, resume_problems, rng_changed
 
 
 def report(line: str) -> None:
@@ -113,12 +110,13 @@ class RunWriter:
         environment: Mapping[str, Any],
         weights_sha256: str,
         trackers: TrackerSet,
-        world_size: int = 1,
+        ranks: Sequence[Mapping[str, Any]],
     ) -> RunWriter:
         """Continue the run in ``run_dir`` from step ``from_step`` (the Trainer's checkpoint):
-        the ledger is cut back to that step and a new attempt is recorded, with what the Trainer
-        will restore of every rank's RNG state (its ``rng_state*.pth`` files in the checkpoint:
-        a rank without its file resumes with whatever RNG state it has, said at once).
+        the ledger is cut back to that step and a new attempt is recorded, with what each rank
+        will restore (``ranks``: :func:`reprotune.integrations._ranks.restore_plan` of every rank):
+        a rank without its RNG file, or without the optimizer's, the schedule's or the scaler's
+        state, resumes with whatever it has; each such piece is said at once and recorded.
 
         Raises:
             InputError: no run there, a completed run, other settings or code than the run's, or
@@ -142,12 +140,7 @@ class RunWriter:
                 "from_step": from_step,
                 "from_checkpoint": checkpoint,
             }
-            missing = missing_rng_files(checkpoint, world_size)
-            attempt["rng_restored"] = not missing
-            if missing:
-                attempt["rng_missing"] = missing
-            for name in missing:
-                report(f"warning: {_rank_of(name)} resumes without its RNG state: {checkpoint} has no {name}")
+            attempt.update(_restored(ranks, checkpoint))
             drift = section_drift(record.get("environment") or {}, environment, prefix="environment")
             attempt["environment_drift"] = drift
             for line in drift:
@@ -253,19 +246,28 @@ class RunWriter:
         }
 
 
-def missing_rng_files(checkpoint: str | None, world_size: int) -> list[str]:
-    """The Trainer's RNG files a resume from ``checkpoint`` at ``world_size`` needs and does not
-    find (the Trainer reads ``rng_state.pth`` in one process, ``rng_state_<rank>.pth`` per rank
-    otherwise, and only logs at INFO level when one is missing)."""
-    if checkpoint is None:
-        return []
-    names = ["rng_state.pth"] if world_size <= 1 else [f"rng_state_{r}.pth" for r in range(world_size)]
-    return [name for name in names if not (Path(checkpoint) / name).is_file()]
-
-
-def _rank_of(name: str) -> str:
-    digits = name.removeprefix("rng_state_").removesuffix(".pth")
-    return f"rank {digits}" if digits.isdigit() else "the run"
+def _restored(ranks: Sequence[Mapping[str, Any]], checkpoint: str | None) -> dict[str, Any]:
+    """The attempt's record of what its ranks restore, each missing piece warned about: the RNG
+    files not found (``rng_missing``) or not the ones saved there (``rng_changed``), and the
+    other pieces (``state_missing``: optimizer, schedule, scaler, data position)."""
+    problems = resume_problems(ranks, checkpoint)
+    for line in problems:
+        report(f"warning: {line}")
+    rng_missing = [r["rng_file"] for r in ranks if r["rng_file"] in r["missing"]]
+    changed = rng_changed(ranks, checkpoint)
+    state_missing = sorted({p for r in ranks for p in r["missing"] if p != r["rng_file"]})
+    restored: dict[str, Any] = {
+        "rng_restored": not (rng_missing or changed),
+        "ranks": [dict(r) for r in ranks],
+    }
+    for key, value in (
+        ("rng_missing", rng_missing),
+        ("rng_changed", changed),
+        ("state_missing", state_missing),
+    ):
+        if value:
+            restored[key] = value
+    return restored
 
 
 def _check_resumable(
@@ -325,9 +327,15 @@ def make_trackers(
     return TrackerSet(trackers, report=on_failure)
 
 
-def mark_checkpoint(checkpoint: Path, run: RunWriter, step: int) -> None:
-    """Name the run a Trainer checkpoint belongs to, inside it (:data:`CHECKPOINT_MARKER`)."""
-    marker = {"run_dir": str(run.paths.root.resolve()), "run_id": run.record["run_id"], "step": step}
+def mark_checkpoint(checkpoint: Path, run: RunWriter, step: int, ranks: Sequence[Mapping[str, Any]]) -> None:
+    """Name the run a Trainer checkpoint belongs to, inside it (:data:`CHECKPOINT_MARKER`), with
+    every rank's facts there (``ranks``: host, device, its RNG file's sha256)."""
+    marker = {
+        "run_dir": str(run.paths.root.resolve()),
+        "run_id": run.record["run_id"],
+        "step": step,
+        "ranks": [dict(r) for r in ranks],
+    }
     write_json_atomic(checkpoint / CHECKPOINT_MARKER, marker)
 
 

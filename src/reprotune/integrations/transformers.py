@@ -33,12 +33,14 @@ from reprotune._data.manifest import Manifest, load_manifest
 from reprotune._determinism.seeds import last_seeding
 from reprotune._errors import InputError
 from reprotune._model.lora import WeightsHasher, trainable_tensors
+from reprotune._run.claim import unused_path
 from reprotune._run.fingerprint import attention_of, code_fingerprint, environment_fingerprint
 from reprotune._run.ledger import train_line, val_line
 from reprotune._run.record import utc_now
 from reprotune._trackers.mlflow_link import run_to_link
 from reprotune._trackers.wandb import import_wandb
 from reprotune._version import __version__
+from reprotune.integrations import _ranks as ranks_of
 from reprotune.integrations import _sections as sections
 from reprotune.integrations._findings import (
     ReproducibilityWarning,
@@ -111,7 +113,7 @@ class ReprotuneCallback(TrainerCallback):
         if wandb:
             import_wandb("ReprotuneCallback(wandb=True)")
         self._wandb, self._wandb_project = wandb, wandb_project
-        self._code_dir = Path(code_dir) if code_dir is not None else _script_dir()
+        self._code_dir = Path(code_dir) if code_dir is not None else sections.script_dir()
         # torch's RNG now, before the Trainer re-seeds it: was the PEFT model built after the seed?
         self._seed_probe = probe_seed()
         self._trainer: Any = None
@@ -138,6 +140,12 @@ class ReprotuneCallback(TrainerCallback):
         self._wrap_train(trainer)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # Every rank, first (a collective): who it is and, on a resume, what it will restore.
+        loader = kwargs.get("train_dataloader")
+        checkpoint = self._checkpoint_path(args, int(state.global_step))
+        ranks = ranks_of.gather(
+            ranks_of.rank_facts(args, state, loader, trainer=self._trainer, checkpoint=checkpoint)
+        )
         if not state.is_world_process_zero:
             # Every rank orders its rows with its own sampler: a negative control's perturbation
             # must reach each (rank 0 only once trained ranks on other data orders than it records).
@@ -192,7 +200,7 @@ class ReprotuneCallback(TrainerCallback):
                 environment=environment,
                 weights_sha256=self._hasher(),
                 trackers=trackers,
-                world_size=int(getattr(args, "world_size", 1) or 1),
+                ranks=[r["restore"] for r in ranks if r["restore"] is not None],
             )
             return
         run_id = f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{config_sha[:8]}"
@@ -211,11 +219,14 @@ class ReprotuneCallback(TrainerCallback):
             "model": model_info,
             "lora": lora,
             "data": data,
-            "trainer": self._trainer_section(trainer, args, args_dict, state, sampler, sampler_seed),
+            "trainer": {
+                **self._trainer_section(trainer, args, args_dict, state, sampler, sampler_seed),
+                "ranks": [r["identity"] for r in ranks],
+            },
             "findings": findings,
         }
         self._run = RunWriter.new(
-            self._new_dir(run_id),
+            self._controls.run_dir or self._run_dir or unused_path(Path("runs"), run_id),
             record,
             patch=code.diff,
             manifest=self._manifest,
@@ -268,12 +279,14 @@ class ReprotuneCallback(TrainerCallback):
         self._run.validation(val_line(step, float(loss), n_rows, 0), step, float(loss))
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        # Every rank (a collective): its facts and the sha256 of the RNG file it just saved.
+        ranks = ranks_of.gather(ranks_of.saved_state(checkpoint, args))
         if self._run is None or self._run.finished:
             return
         self._run.ledger.sync()  # every line up to the checkpoint is on disk before it is used
-        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if checkpoint.is_dir():
-            mark_checkpoint(checkpoint, self._run, int(state.global_step))
+            mark_checkpoint(checkpoint, self._run, int(state.global_step), ranks)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._run is None or self._run.finished:
@@ -371,29 +384,14 @@ class ReprotuneCallback(TrainerCallback):
             "rows_recorded": self._probe.records_rows,
         }
 
-    def _new_dir(self, run_id: str) -> Path:
-        chosen = self._controls.run_dir or self._run_dir
-        if chosen is not None:
-            return chosen
-        candidate, suffix = Path("runs") / run_id, 1
-        while candidate.exists():
-            suffix += 1
-            candidate = Path("runs") / f"{run_id}-{suffix}"
-        return candidate
-
     def _resume_dir(self, args: Any, step: int) -> Path:
         chosen = self._controls.run_dir or self._run_dir
         if chosen is not None:
             return chosen
-        checkpoint = self._checkpoint
-        if checkpoint == "True":  # resume_from_checkpoint=True: the Trainer took the last one
-            checkpoint = str(Path(args.output_dir) / f"checkpoint-{step}")
-        return checkpoint_run_dir(checkpoint, step)
+        return checkpoint_run_dir(self._checkpoint_path(args, step), step)
 
-
-def _script_dir() -> Path:
-    """The directory of the script being run (``__main__``), else the current directory."""
-    import __main__
-
-    main_file = getattr(__main__, "__file__", None)
-    return Path(main_file).resolve().parent if main_file else Path.cwd()
+    def _checkpoint_path(self, args: Any, step: int) -> str | None:
+        """The checkpoint the Trainer resumes from (``resume_from_checkpoint=True``: its last)."""
+        if self._checkpoint == "True":
+            return str(Path(args.output_dir) / f"checkpoint-{step}")
+        return self._checkpoint

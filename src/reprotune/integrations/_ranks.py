@@ -1,0 +1,152 @@
+"""Every rank of a Trainer run: who it is (host, device), the RNG file it saved at each checkpoint
+(its sha256), and on a resume what of the Trainer's checkpoint it will restore.
+
+The callback runs on every rank and global rank 0 alone writes the run directory, so each rank's
+facts are gathered to it (``torch.distributed.all_gather_object``; in one process, itself). Each
+rank looks at the checkpoint as it sees it: a rank on another host with its own copy is checked
+there. What the Trainer restores is read off the files its loaders read (transformers'
+``Trainer._load_rng_state``, ``_load_optimizer_and_scheduler``, ``_load_scaler``): it restores
+the optimizer and the learning-rate schedule only when both files are there, and says nothing
+above INFO level when any is missing.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from reprotune._jsonio import read_json_file, sha256_file
+from reprotune._run.checkpoint_files import TRAINER_DATA_POSITION as DATA_POSITION
+from reprotune._run.checkpoint_files import TRAINER_PIECES as CONSEQUENCES
+from reprotune.integrations._probes import steps_per_epoch
+
+_T = TypeVar("_T")
+
+#: The file the callback writes into each Trainer checkpoint it sees saved: the run directory it
+#: belongs to, so that a resume from that checkpoint continues the same run, and every rank's facts.
+CHECKPOINT_MARKER = "reprotune-run.json"
+
+OPTIMIZER_FILES = ("optimizer.pt", "optimizer.bin")
+SCHEDULER_FILE = "scheduler.pt"
+SCALER_FILE = "scaler.pt"
+
+
+def gather(fact: _T) -> list[_T]:
+    """``fact`` of every rank, in rank order (all ranks must call it at the same point)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [fact]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, fact)
+    return gathered
+
+
+def identity(args: Any) -> dict[str, Any]:
+    """This rank: its global and local rank, host and device."""
+    return {
+        "rank": int(getattr(args, "process_index", 0) or 0),
+        "local_rank": int(getattr(args, "local_process_index", 0) or 0),
+        "host": socket.gethostname(),
+        "device": str(getattr(args, "device", "cpu")),
+    }
+
+
+def rng_file_name(rank: int, world_size: int) -> str:
+    """The RNG file the Trainer saves and reads for ``rank`` (one process: ``rng_state.pth``)."""
+    return "rng_state.pth" if world_size <= 1 else f"rng_state_{rank}.pth"
+
+
+def rank_facts(args: Any, state: Any, loader: Any, *, trainer: Any, checkpoint: str | None) -> dict[str, Any]:
+    """This rank's :func:`identity` and, resuming from ``checkpoint``, its :func:`restore_plan`."""
+    step = int(state.global_step)
+    per_epoch = steps_per_epoch(loader, args.gradient_accumulation_steps) if loader is not None else None
+    scaler = getattr(getattr(trainer, "accelerator", None), "scaler", None)
+    restore = None
+    if step:
+        mid_epoch = not per_epoch or step % per_epoch != 0
+        restore = restore_plan(checkpoint, args, mid_epoch=mid_epoch, scaling=scaler is not None)
+    return {"identity": identity(args), "restore": restore}
+
+
+def saved_state(checkpoint: Path, args: Any) -> dict[str, Any]:
+    """This rank's facts at a checkpoint the Trainer just saved: who, and its RNG file's sha256."""
+    me = identity(args)
+    name = rng_file_name(me["rank"], int(getattr(args, "world_size", 1) or 1))
+    path = checkpoint / name
+    return {**me, "rng_file": name, "rng_sha256": sha256_file(path) if path.is_file() else None}
+
+
+def restore_plan(
+    checkpoint: str | None, args: Any, *, mid_epoch: bool, scaling: bool
+) -> dict[str, Any] | None:
+    """What this rank will restore resuming from ``checkpoint`` (None: not a resume): its facts,
+    its RNG file's sha256 and the pieces the Trainer will not find (``missing``)."""
+    if checkpoint is None:
+        return None
+    directory = Path(checkpoint)
+    plan = saved_state(directory, args)
+    missing: list[str] = [] if plan["rng_sha256"] else [plan["rng_file"]]
+    if not any((directory / name).is_file() for name in OPTIMIZER_FILES):
+        missing.append(OPTIMIZER_FILES[0])
+    if not (directory / SCHEDULER_FILE).is_file():
+        missing.append(SCHEDULER_FILE)
+    if scaling and not (directory / SCALER_FILE).is_file():
+        missing.append(SCALER_FILE)
+    if mid_epoch and bool(getattr(args, "ignore_data_skip", False)):
+        missing.append(DATA_POSITION)
+    return {**plan, "missing": missing}
+
+
+def saved_ranks(checkpoint: str | None) -> dict[int, Mapping[str, Any]]:
+    """The ranks' facts the callback wrote into ``checkpoint``'s marker when it was saved, by rank
+    (empty for a checkpoint saved before they were recorded, or not marked)."""
+    marker = Path(checkpoint) / CHECKPOINT_MARKER if checkpoint else None
+    if marker is None or not marker.is_file():
+        return {}
+    ranks = read_json_file(marker, what="checkpoint marker", fix="pass run_dir= to ReprotuneCallback").get(
+        "ranks"
+    )
+    if not isinstance(ranks, list):
+        return {}
+    return {int(r["rank"]): r for r in ranks if isinstance(r, Mapping) and isinstance(r.get("rank"), int)}
+
+
+def rng_changed(plans: Sequence[Mapping[str, Any]], checkpoint: str | None) -> list[str]:
+    """The RNG files in ``checkpoint`` other than the ones their ranks saved there (by the
+    sha256 its marker holds; none for a checkpoint marked before ranks were recorded)."""
+    saved = saved_ranks(checkpoint)
+    changed = []
+    for plan in plans:
+        before = saved.get(int(plan["rank"]), {}).get("rng_sha256")
+        if before and plan["rng_sha256"] and before != plan["rng_sha256"]:
+            changed.append(str(plan["rng_file"]))
+    return changed
+
+
+def resume_problems(plans: Sequence[Mapping[str, Any]], checkpoint: str | None) -> list[str]:
+    """One sentence per piece a rank will not restore, naming the rank and the file, in rank
+    order; an RNG file other than the one the rank saved there counts as not restored."""
+    changed = rng_changed(plans, checkpoint)
+    problems: list[str] = []
+    for plan in plans:
+        who = f"rank {plan['rank']}" if len(plans) > 1 else "the run"
+        for piece in plan["missing"]:
+            if piece == plan["rng_file"]:
+                problems.append(
+                    f"{who} resumes without its RNG state: {checkpoint} has no {piece}; {CONSEQUENCES['rng']}"
+                )
+            elif piece == DATA_POSITION:
+                problems.append(f"{who} resumes without {piece}: {CONSEQUENCES[piece]}")
+            else:
+                problems.append(
+                    f"{who} resumes without {piece}: {checkpoint} has none; {CONSEQUENCES[piece]}"
+                )
+        if plan["rng_file"] in changed:
+            problems.append(
+                f"{who} resumes with another RNG state than it saved: {plan['rng_file']} in {checkpoint} "
+                f"is not the file written at that step; {CONSEQUENCES['rng']}"
+            )
+    return problems

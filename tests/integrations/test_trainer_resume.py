@@ -1,0 +1,79 @@
+"""What a Trainer resume restores, checked before its first step and recorded: a checkpoint
+without the optimizer's state, or with an RNG file other than the one saved there, is warned about
+at once, recorded in the attempt, and is the first cause when the run diverges (the Trainer itself
+logs a missing file at INFO level at most, and restores another RNG file without a word)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from trainer_scripts import ScriptProject
+
+from reprotune._jsonio import sha256_file
+from reprotune._proof.compare import compare_runs
+from reprotune._run.record import load_record
+from reprotune.integrations import controls
+from reprotune.integrations._ranks import CHECKPOINT_MARKER
+
+pytestmark = pytest.mark.slow  # four Trainer runs in fresh processes
+
+
+def test_a_resume_without_the_optimizer_and_with_another_rng_file_is_warned_recorded_and_blamed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = ScriptProject.create(tmp_path)
+    project.run("hf_trainer.py", "whole")
+    monkeypatch.setenv(controls.STOP_AFTER, "3")
+    project.run("hf_trainer.py", "cut")
+    monkeypatch.delenv(controls.STOP_AFTER)
+
+    checkpoint = project.root / "out" / "cut" / "checkpoint-3"
+    marker = json.loads((checkpoint / CHECKPOINT_MARKER).read_text(encoding="utf-8"))
+    assert [r["rank"] for r in marker["ranks"]] == [0]
+    assert marker["ranks"][0]["rng_sha256"] == sha256_file(checkpoint / "rng_state.pth")
+
+    (checkpoint / "optimizer.pt").unlink()
+    states = torch.load(checkpoint / "rng_state.pth", weights_only=False)
+    states["cpu"] = torch.Generator().manual_seed(12345).get_state()  # another run's draws
+    torch.save(states, checkpoint / "rng_state.pth")
+    monkeypatch.setenv(controls.RESUME_FROM, str(checkpoint))
+    resumed = project.run("hf_trainer.py", "cut")
+
+    assert f"the run resumes without optimizer.pt: {checkpoint} has none" in resumed.stderr
+    assert "the run resumes with another RNG state than it saved: rng_state.pth" in resumed.stderr
+    attempt = load_record(project.root / "cut")["attempts"][-1]
+    assert attempt["rng_restored"] is False and attempt["rng_changed"] == ["rng_state.pth"]
+    assert attempt["state_missing"] == ["optimizer.pt"] and "rng_missing" not in attempt
+    assert [r["missing"] for r in attempt["ranks"]] == [["optimizer.pt"]]
+
+    comparison = compare_runs(project.root / "whole", project.root / "cut")
+    assert comparison.verdict.value == "DIVERGED" and comparison.where.first_divergence_step == 4
+    first = comparison.causes[0]
+    assert first.startswith(
+        "numbers differ from step 4 with identical data order: "
+        "run B resumed from its step-3 checkpoint with another RNG state for it"
+    )
+    assert "without optimizer.pt: the optimizer's moments and step count start again from zero" in first
+
+
+def test_an_exact_resume_records_every_piece_restored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same stop and resume with the checkpoint untouched: nothing missing, nothing warned,
+    IDENTICAL to the uninterrupted run."""
+    project = ScriptProject.create(tmp_path)
+    project.run("hf_trainer.py", "whole")
+    monkeypatch.setenv(controls.STOP_AFTER, "3")
+    project.run("hf_trainer.py", "cut")
+    monkeypatch.delenv(controls.STOP_AFTER)
+    monkeypatch.setenv(controls.RESUME_FROM, str(project.root / "out" / "cut" / "checkpoint-3"))
+    resumed = project.run("hf_trainer.py", "cut")
+
+    assert "resumes without" not in resumed.stderr and "another RNG state" not in resumed.stderr
+    attempt = load_record(project.root / "cut")["attempts"][-1]
+    assert attempt["rng_restored"] is True and [r["missing"] for r in attempt["ranks"]] == [[]]
+    assert not {"rng_missing", "rng_changed", "state_missing"} & attempt.keys()
+    assert compare_runs(project.root / "whole", project.root / "cut").verdict.value == "IDENTICAL"
