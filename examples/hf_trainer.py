@@ -46,6 +46,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--eval-rows", type=int, default=32, help="validation rows evaluated at the end")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--wandb", action="store_true", help="also mirror the run to W&B (offline)")
+    parser.add_argument(
+        "--mlflow",
+        action="store_true",
+        help="mirror the run to MLflow even when the Trainer does not report there",
+    )
     parser.add_argument("--report-to", default="none", help="the Trainer's own reporting, e.g. mlflow")
     return parser.parse_args()
 
@@ -107,7 +112,9 @@ def main() -> None:
         eval_dataset=tokenize(splits["validation"][: args.eval_rows], tokenizer, args.max_length),
         data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100),
         processing_class=tokenizer,
-        callbacks=[ReprotuneCallback(args.run_dir, manifest=manifest, wandb=args.wandb)],  # reprotune
+        callbacks=[
+            ReprotuneCallback(args.run_dir, manifest=manifest, wandb=args.wandb, mlflow=args.mlflow or None)
+        ],  # reprotune
     )
     trainer.train()
 

@@ -23,6 +23,7 @@ if [ "$floor" = 1 ] || { [ $# -eq 0 ] && [ "$floor" != 0 ]; }; then
     .venv-floor/bin/pytest -p no:cacheprovider \
         tests/train/test_run.py tests/train/test_resume.py tests/train/test_smollm2_e2e.py \
         tests/integrations/test_trainer_callback.py tests/integrations/test_verify_command.py \
-        tests/integrations/test_sft_callback.py tests/proof/test_compare.py tests/proof/test_report.py \
+        tests/integrations/test_sft_callback.py tests/integrations/test_trainer_resume.py \
+        tests/proof/test_compare.py tests/proof/test_report.py \
         tests/trackers/test_mlflow.py tests/run/test_stack.py tests/test_install.py
 fi

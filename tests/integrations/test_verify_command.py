@@ -256,3 +256,35 @@ def test_the_trainers_own_mlflow_run_gets_reprotunes_tags_and_artifacts(tmp_path
         assert tags["reprotune.run_dir"] == str((project.root / "runs" / "mlflow").resolve())
         listed = {a.path for a in client.list_artifacts(run.info.run_id, "reprotune")}
         assert {"reprotune/record.json", "reprotune/ledger", "reprotune/adapter", "reprotune/split"} <= listed
+
+
+def test_mlflow_true_starts_the_run_when_the_trainer_reports_nowhere(tmp_path: Path) -> None:
+    """``ReprotuneCallback(mlflow=True)`` with report_to="none": the callback starts one MLflow run
+    (the tracking URI and experiment in force), which gets every step's train_loss, reprotune's tags
+    and artifacts, and ends FINISHED; the record names it."""
+    from mlflow.tracking import MlflowClient
+
+    project = ScriptProject.create(tmp_path)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(project.root)
+        patch.setenv("MLFLOW_TRACKING_URI", store)
+        patch.setenv("MLFLOW_EXPERIMENT_NAME", "own")
+        done = project.run("hf_trainer.py", "runs/own", "--mlflow")
+        record = load_record(project.root / "runs" / "own")
+        linked = record["trackers"]["mlflow"]
+        assert linked["ok"] and linked["linked"] == "started by ReprotuneCallback(mlflow=True)"
+        assert f"started run {linked['mlflow_run_id']}" in done.stderr
+        client = MlflowClient(tracking_uri=store)
+        runs = client.search_runs([client.get_experiment_by_name("own").experiment_id])
+        assert [r.info.run_id for r in runs] == [linked["mlflow_run_id"]]
+        run = runs[0]
+        assert run.info.status == "FINISHED" and run.data.tags["reprotune.status"] == "completed"
+        assert run.data.tags["config.sha256"] == record["config_sha256"]
+        history = client.get_metric_history(run.info.run_id, "train_loss")
+        ledger = read_ledger(project.root / "runs" / "own" / "ledger.jsonl")
+        assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == [
+            (e.fields["step"], float.fromhex(e.fields["loss"])) for e in ledger.train
+        ]
+        listed = {a.path for a in client.list_artifacts(run.info.run_id, "reprotune")}
+        assert {"reprotune/record.json", "reprotune/ledger", "reprotune/adapter"} <= listed

@@ -9,11 +9,18 @@ manifest as artifacts under ``reprotune/``. It logs no metrics (the Trainer logs
 works through ``MlflowClient`` on the run id, so it also reaches the run after the Trainer ended
 it. The record's ``trackers.mlflow`` then names the run, and ``reprotune verify`` puts its verdict
 there too.
+
+With ``ReprotuneCallback(mlflow=True)`` and no MLflow run active at train begin (the Trainer does
+not report there), the callback starts one itself (:func:`start_own_run`: MLflow's tracking URI
+in force, ``MLFLOW_EXPERIMENT_ID`` or ``MLFLOW_EXPERIMENT_NAME`` else experiment ``reprotune``);
+then this tracker also logs each step's metrics and ends the run with the run's status.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,10 +33,10 @@ class MlflowRunLink:
 
     name = "mlflow"
 
-    def __init__(self, tracking_uri: str, run_id: str) -> None:
+    def __init__(self, tracking_uri: str, run_id: str, *, owned: bool = False) -> None:
         from mlflow.tracking import MlflowClient
 
-        self.tracking_uri, self.run_id = tracking_uri, run_id
+        self.tracking_uri, self.run_id, self.owned = tracking_uri, run_id, owned
         self._client = MlflowClient(tracking_uri=tracking_uri)
 
     def start(self, run: RunDescription) -> None:
@@ -37,7 +44,14 @@ class MlflowRunLink:
             self._client.set_tag(self.run_id, key, value)
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        return None  # the Trainer logs its own metrics to this run
+        if not self.owned:
+            return  # the Trainer logs its own metrics to this run
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self._client.log_batch(
+            self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()]
+        )
 
     def log_artifacts(self, paths: Mapping[str, Path]) -> None:
         for key, path in paths.items():
@@ -49,10 +63,13 @@ class MlflowRunLink:
 
     def finish(self, status: str) -> dict[str, Any]:
         self._client.set_tag(self.run_id, "reprotune.status", status)
+        if self.owned:
+            ended = {"completed": "FINISHED", "stopped": "FINISHED", "interrupted": "KILLED"}
+            self._client.set_terminated(self.run_id, ended.get(status, "FAILED"))
         return {
             "tracking_uri": self.tracking_uri,
             "mlflow_run_id": self.run_id,
-            "linked": "the Trainer's run",
+            "linked": "started by ReprotuneCallback(mlflow=True)" if self.owned else "the Trainer's run",
         }
 
     def close(self) -> None:
@@ -71,12 +88,35 @@ def active_mlflow_run() -> tuple[str, str] | None:
     return str(mlflow.get_tracking_uri()), str(run.info.run_id)
 
 
-def run_to_link(setting: bool | None, report: Callable[[str], None]) -> tuple[str, str] | None:
-    """The MLflow run ``ReprotuneCallback(mlflow=setting)`` links: the active one unless False;
-    with True, a warning when none is active."""
+def start_own_run(run_name: str) -> tuple[str, str]:
+    """Start an MLflow run for a Trainer that reports nowhere: (tracking URI, run id). The URI in
+    force (``MLFLOW_TRACKING_URI`` or MLflow's default); the experiment ``MLFLOW_EXPERIMENT_ID``,
+    else ``MLFLOW_EXPERIMENT_NAME``, else ``reprotune`` (made if missing)."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    uri = str(mlflow.get_tracking_uri())
+    client = MlflowClient(tracking_uri=uri)
+    experiment_id = os.environ.get("MLFLOW_EXPERIMENT_ID")
+    if not experiment_id:
+        name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "reprotune"
+        found = client.get_experiment_by_name(name)
+        experiment_id = found.experiment_id if found is not None else client.create_experiment(name)
+    return uri, str(client.create_run(experiment_id, run_name=run_name).info.run_id)
+
+
+def run_to_link(
+    setting: bool | None, report: Callable[[str], None], run_name: str
+) -> tuple[str, str, bool] | None:
+    """The MLflow run ``ReprotuneCallback(mlflow=setting)`` mirrors to, as (tracking URI, run id,
+    started here): the active one unless False; with True and none active, one started here."""
     if setting is False:
         return None
     found = active_mlflow_run()
-    if found is None and setting:
-        report("warning: ReprotuneCallback(mlflow=True): no MLflow run is active at train begin")
-    return found
+    if found is not None:
+        return (*found, False)
+    if not setting:
+        return None
+    uri, run_id = start_own_run(run_name)
+    report(f"reprotune: no MLflow run was active: started run {run_id} at {uri}")
+    return uri, run_id, True

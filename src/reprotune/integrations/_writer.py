@@ -317,13 +317,15 @@ def make_trackers(
     project: str,
     on_failure: Callable[[str], None] = report,
     *,
-    mlflow_run: tuple[str, str] | None = None,
+    mlflow_run: tuple[str, str, bool] | None = None,
 ) -> TrackerSet:
     """The callback's trackers: W&B when asked for (offline unless WANDB_MODE says otherwise), and
-    the MLflow run the script already logs to (``mlflow_run``: tracking URI and run id), linked."""
+    the MLflow run the script logs to (``mlflow_run``: tracking URI, run id, and whether the
+    callback started it), linked."""
     trackers: list[Tracker] = [WandbTracker(project)] if wandb else []
     if mlflow_run is not None:
-        trackers.append(MlflowRunLink(*mlflow_run))
+        uri, run_id, owned = mlflow_run
+        trackers.append(MlflowRunLink(uri, run_id, owned=owned))
     return TrackerSet(trackers, report=on_failure)
 
 

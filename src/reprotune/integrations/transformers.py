@@ -86,8 +86,9 @@ class ReprotuneCallback(TrainerCallback):
         code_dir: the directory whose git state is recorded (default: the script's directory).
         mlflow: link the MLflow run the script logs to (``report_to="mlflow"``, or its own
             ``mlflow.start_run()``): that run gets reprotune's tags and artifacts, no second run
-            is made. None (default): when one is active at train begin; True: also warn when none
-            is; False: never.
+            is made. None (default): when one is active at train begin; True: that one, or when
+            none is, a run the callback starts (MLflow's tracking URI in force; it also gets
+            each step's metrics); False: never.
 
     Raises:
         InputError: a manifest that cannot be read, W&B asked for but not installed, or a bad
@@ -188,7 +189,9 @@ class ReprotuneCallback(TrainerCallback):
             attention=attention_of(model),
         )
         trackers = make_trackers(
-            self._wandb, self._wandb_project, mlflow_run=run_to_link(self._mlflow, report)
+            self._wandb,
+            self._wandb_project,
+            mlflow_run=run_to_link(self._mlflow, report, run_name=f"reprotune-{config_sha[:8]}"),
         )
         if resumed_from:
             self._run = RunWriter.resume(
