@@ -21,7 +21,13 @@ from reprotune._model.tiny import tiny_rows
 from reprotune._run.ledger import batch_sha256, read_ledger
 from reprotune._run.record import load_record
 from reprotune._run.rundir import open_run_dir
-from reprotune.integrations._findings import SeedProbe, TrainerFacts, probe_seed, trainer_findings
+from reprotune.integrations._findings import (
+    SeedProbe,
+    TrainerFacts,
+    probe_seed,
+    seeds_before_adapter,
+    trainer_findings,
+)
 from reprotune.integrations.controls import STOP_AFTER, Controls
 from reprotune.integrations.transformers import ReproducibilityWarning, ReprotuneCallback
 from tinyrun import TinyProject
@@ -224,6 +230,42 @@ def test_each_setting_gives_its_finding(changes: dict[str, Any], code: str) -> N
 def test_no_seed_finding_where_it_cannot_apply(changes: dict[str, Any]) -> None:
     """An adapter the trainer builds after seeding, a model without one, or no probe: no finding."""
     assert trainer_findings(_facts(**changes)) == []
+
+
+def test_an_adapter_the_trainer_builds_before_seeding_gives_the_seed_finding() -> None:
+    """SFTTrainer(peft_config=...) on a TRL that builds the adapter before it seeds (0.x), made
+    without seed_everything(args.seed) first: the finding, whose fix names where the seed goes;
+    the same with the seed set first, or a trainer that seeds first (TRL 1.x): none."""
+    unseeded = {"adapter_made_by_trainer": True, "trainer_seeds_first": False}
+    findings = trainer_findings(_facts(**unseeded, seed_probe=SeedProbe(initial_seed=7, fresh=False)))
+    assert [f["code"] for f in findings] == ["peft-before-seed"]
+    assert "built the LoRA adapter from peft_config before it seeded" in findings[0]["title"]
+    assert "seed_everything(args.seed) before making the trainer" in findings[0]["fix"]
+    assert trainer_findings(_facts(**unseeded, seed_probe=SeedProbe(initial_seed=42, fresh=True))) == []
+
+
+def test_which_trainers_seed_before_they_build_the_adapter() -> None:
+    """Read from the source of the ``__init__`` that builds the adapter: a subclass that seeds
+    first, one that does not, and the installed TRL's SFTTrainer (1.x seeds first, 0.x did not)."""
+    import trl
+    from peft import get_peft_model
+    from transformers import Trainer, set_seed
+    from trl import SFTTrainer
+
+    class SeedsFirst(Trainer):
+        def __init__(self, model: Any, args: Any, peft_config: Any) -> None:
+            set_seed(args.seed)
+            super().__init__(model=get_peft_model(model, peft_config), args=args)
+
+    class BuildsFirst(Trainer):
+        def __init__(self, model: Any, args: Any, peft_config: Any) -> None:
+            model = get_peft_model(model, peft_config)
+            set_seed(args.seed)
+            super().__init__(model=model, args=args)
+
+    assert seeds_before_adapter(SeedsFirst) is True
+    assert seeds_before_adapter(BuildsFirst) is False
+    assert seeds_before_adapter(SFTTrainer) is (int(trl.__version__.split(".")[0]) >= 1)
 
 
 def test_seed_probe_reads_the_rng_without_drawing() -> None:

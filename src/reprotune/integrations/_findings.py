@@ -7,6 +7,7 @@ per finding) and records them in the record's ``findings`` (the objects ``doctor
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -71,6 +72,8 @@ class TrainerFacts:
         seedable_sampler: the train rows are ordered by a sampler with its own seed.
         is_peft: the model is a PEFT model.
         adapter_made_by_trainer: the trainer built the adapter itself from a ``peft_config``.
+        trainer_seeds_first: its ``__init__`` seeds before it builds the adapter
+            (:func:`seeds_before_adapter`: TRL 1.x's ``SFTTrainer`` does, 0.x's did not).
         seed_probe: the RNG when the callback was made, or None when it was made after the
             Trainer (then the check cannot be done).
         world_size: processes training together.
@@ -87,6 +90,7 @@ class TrainerFacts:
     is_peft: bool
     adapter_made_by_trainer: bool
     seed_probe: SeedProbe | None
+    trainer_seeds_first: bool = True
     world_size: int = 1
     rows_recorded: bool = True
     model_hashed: bool = True
@@ -228,8 +232,9 @@ _LATER_RULES: tuple[_Rule, ...] = (
         lambda f: f.world_size > 1,
         "distributed-rank0-only",
         "warning",
-        lambda f: f"{f.world_size} processes train together; the callback records rank 0's view only",
-        "the ledger holds rank 0's loss and rows; other ranks' rows are not recorded",
+        lambda f: f"{f.world_size} processes train together; the ledger holds rank 0's view only",
+        "the ledger holds rank 0's loss and rows; other ranks' rows are not recorded (their host, "
+        "device, checkpoint RNG hashes and what each restores on resume are)",
         "use `reprotune run` under torchrun for a record of every rank",
     ),
 )
@@ -247,13 +252,22 @@ def trainer_findings(facts: TrainerFacts) -> list[dict[str, str]]:
 def _seed_findings(facts: TrainerFacts) -> list[dict[str, str]]:
     """Was the PEFT adapter built after ``args.seed`` was set (so its init is covered by it)?"""
     probe, seed = facts.seed_probe, facts.args.seed
-    if probe is None or not facts.is_peft or facts.adapter_made_by_trainer:
+    if probe is None or not facts.is_peft:
         return []
     why = (
         "get_peft_model draws the LoRA init from torch's global RNG; the Trainer seeds only later, so "
         "the adapter's initial weights are not determined by seed"
     )
     fix = "call reprotune.seed_everything(args.seed) (or set_seed) before building the PEFT model"
+    if facts.adapter_made_by_trainer:
+        if facts.trainer_seeds_first or probe.initial_seed == seed:
+            return []
+        title = (
+            f"the trainer built the LoRA adapter from peft_config before it seeded (torch's RNG was last "
+            f"seeded with {probe.initial_seed}, not TrainingArguments.seed={seed}, when it was made)"
+        )
+        fix = "call reprotune.seed_everything(args.seed) before making the trainer (SFTTrainer(...))"
+        return [_finding("peft-before-seed", "warning", title, why, fix)]
     if probe.initial_seed != seed:
         title = (
             f"torch's RNG was last seeded with {probe.initial_seed}, not TrainingArguments.seed={seed}, "
@@ -267,3 +281,27 @@ def _seed_findings(facts: TrainerFacts) -> list[dict[str, str]]:
         )
         return [_finding("peft-before-seed", "warning", title, why, fix)]
     return []
+
+
+#: Calls that build a PEFT adapter, and that seed, in a trainer's ``__init__`` source.
+_BUILDS_ADAPTER = ("get_peft_model(", "prepare_peft_model(")
+_SEEDS = ("set_seed(", "enable_full_determinism(")
+
+
+def seeds_before_adapter(trainer_class: type) -> bool:
+    """Whether the ``__init__`` that builds the adapter from ``peft_config`` (the nearest in the
+    class's MRO that calls one of ``_BUILDS_ADAPTER``) seeds before it, read from its source.
+    False when no source can be read: then the check assumes the adapter was built unseeded."""
+    for cls in trainer_class.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            source = inspect.getsource(init)
+        except (OSError, TypeError):
+            return False
+        builds = [source.find(call) for call in _BUILDS_ADAPTER if call in source]
+        if builds:
+            seeds = [source.find(call) for call in _SEEDS if call in source]
+            return bool(seeds) and min(seeds) < min(builds)
+    return False

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from collections.abc import Sized
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from reprotune.integrations._findings import (
     ReproducibilityWarning,
     TrainerFacts,
     probe_seed,
+    seeds_before_adapter,
     trainer_findings,
 )
 from reprotune.integrations._probes import (
@@ -273,10 +275,7 @@ class ReprotuneCallback(TrainerCallback):
         if self._run is None or self._run.finished or not isinstance(loss, (int, float)):
             return
         eval_dataset = getattr(self._trainer, "eval_dataset", None)
-        try:
-            n_rows = len(eval_dataset) if eval_dataset is not None else 0
-        except TypeError:
-            n_rows = 0
+        n_rows = len(eval_dataset) if isinstance(eval_dataset, Sized) else 0
         # The Trainer reports no token count for its mean eval loss: n_tokens is 0.
         step = int(state.global_step)
         self._run.validation(val_line(step, float(loss), n_rows, 0), step, float(loss))
@@ -349,6 +348,7 @@ class ReprotuneCallback(TrainerCallback):
             seedable_sampler=isinstance(getattr(sampler, "initial_seed", None), int),
             is_peft=getattr(model, "peft_config", None) is not None,
             adapter_made_by_trainer=self._adapter_made_by_trainer,
+            trainer_seeds_first=seeds_before_adapter(type(self._trainer)),
             seed_probe=self._seed_probe if self._trainer is not None else None,
             world_size=int(getattr(args, "world_size", 1)),
             rows_recorded=self._probe.records_rows,
