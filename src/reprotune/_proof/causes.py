@@ -265,7 +265,10 @@ def _resume_text(resume: Resume) -> str:
             "changes nothing, so check what it restored (docs/checkpoints.md)"
         )
     if not (resume.rng_missing or resume.rng_changed or resume.state_missing):
-        return f"{where} without restoring the RNG states: every random draw after it (dropout) differs"
+        return (
+            f"run {resume.run} was resumed from its step-{resume.from_step} checkpoint without restoring "
+            "the RNG states: every random draw after it (dropout) differs"
+        )
     parts = []
     if resume.rng_missing:
         parts.append(

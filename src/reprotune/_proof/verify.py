@@ -118,22 +118,7 @@ def verify_config(
         InputError: bad options, or a reference run of another config.
         RunFailedError: a leg failed to run.
     """
-    if control_seed not in CONSUMERS:
-        raise InputError(
-            f"unknown seed consumer {control_seed!r}",
-            source="--control-seed",
-            fix=f"choose one of {', '.join(CONSUMERS)}",
-        )
-    if reference is not None:
-        _check_reference(reference, cfg)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        if not (out_dir / "verification.json").exists():
-            raise InputError(
-                f"verification directory {out_dir} holds a verification that did not finish "
-                "(interrupted, or still running): its legs cannot be trusted to continue",
-                fix=f"remove {out_dir} and verify again, or choose a new --out directory",
-            )
-        raise InputError(f"verification directory {out_dir} is not empty", fix="choose a new --out directory")
+    _check_options(cfg, out_dir, control_seed, reference)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = VerifyLayout(out_dir)
     dump_config_yaml(cfg, paths.config)
@@ -177,6 +162,27 @@ def verify_config(
         {**result.to_json(), "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")},
     )
     return result
+
+
+def _check_options(cfg: ExperimentConfig, out_dir: Path, control_seed: str, reference: Path | None) -> None:
+    """Refuse, before anything runs, an unknown control seed, a reference run of another config,
+    or an ``out_dir`` that is not empty (naming an unfinished verification as such)."""
+    if control_seed not in CONSUMERS:
+        raise InputError(
+            f"unknown seed consumer {control_seed!r}",
+            source="--control-seed",
+            fix=f"choose one of {', '.join(CONSUMERS)}",
+        )
+    if reference is not None:
+        _check_reference(reference, cfg)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        if not (out_dir / "verification.json").exists():
+            raise InputError(
+                f"verification directory {out_dir} holds a verification that did not finish "
+                "(interrupted, or still running): its legs cannot be trusted to continue",
+                fix=f"remove {out_dir} and verify again, or choose a new --out directory",
+            )
+        raise InputError(f"verification directory {out_dir} is not empty", fix="choose a new --out directory")
 
 
 def _fast_legs(ctx: _Context, control_seed: str, stop: int | None, total: int) -> list[Leg]:

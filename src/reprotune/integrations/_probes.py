@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from reprotune._errors import InputError
+
 # The attribute a probed Trainer carries: its current probe (the wrappers look it up each call,
 # so a second train() on the same Trainer reuses them with a fresh probe).
 _PROBE_ATTR = "_reprotune_probe"
@@ -50,6 +52,29 @@ def find_trainer() -> Any | None:
             return candidate
         frame = frame.f_back  # type: ignore[assignment]
     return None
+
+
+def trainer_or_refuse(known: Any, *, steered: bool) -> Any:
+    """The Trainer a callback is in: ``known`` (found when the Trainer was made) or the one on the
+    stack now; ``steered``: verify steers the run, which needs the callback from the start.
+
+    Raises:
+        InputError: no Trainer found, or a steered run that was given the callback late.
+    """
+    trainer = known or find_trainer()
+    if trainer is None:
+        raise InputError(
+            "ReprotuneCallback was called outside a transformers Trainer",
+            source="ReprotuneCallback",
+            fix="pass it in Trainer(..., callbacks=[ReprotuneCallback()])",
+        )
+    if known is None and steered:
+        raise InputError(
+            "reprotune verify steers this run, but the callback was added after the Trainer was made",
+            source="ReprotuneCallback",
+            fix="pass it in Trainer(..., callbacks=[ReprotuneCallback()]) instead of add_callback",
+        )
+    return trainer
 
 
 def trainer_made_adapter(trainer: Any) -> bool:

@@ -22,14 +22,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from reprotune._data.loaders import table_from_dataset
 from reprotune._data.manifest import Manifest
 from reprotune._data.row_hashes import RowHashes
 from reprotune._data.table import canonical_value, row_sha256
+from reprotune._determinism.seeds import last_seeding
 from reprotune._errors import InputError
 from reprotune._jsonio import canonical_dumps, json_safe, sha256_bytes
 from reprotune._model.identity import config_file_names, files_sha256, tokenizer_file_names, weight_file_names
 from reprotune._model.lora import lora_config_dict
+from reprotune.integrations.controls import Controls
 
 #: TrainingArguments that name where things go or how they are shown, never what is computed:
 #: in the record's ``trainer.args``, left out of ``config`` (so two legs of a verification, which
@@ -214,3 +218,41 @@ def script_dir() -> Path:
 
     main_file = getattr(__main__, "__file__", None)
     return Path(main_file).resolve().parent if main_file else Path.cwd()
+
+
+def trainer_section(
+    trainer: Any,
+    args: Any,
+    args_dict: dict[str, Any],
+    max_steps: int,
+    sampler: Any,
+    sampler_seed: int | None,
+    *,
+    integration: str,
+    controls: Controls,
+    steps_per_epoch: int | None,
+    rows_recorded: bool,
+    ranks: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The record's ``trainer`` section: the class, its arguments, seeds and sampler, the
+    verification controls in force, and every rank's identity."""
+    cls = type(trainer)
+    return {
+        "integration": integration,
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "args": args_dict,
+        "seed": args.seed,
+        "data_seed": args.data_seed,
+        "sampler": type(sampler).__name__ if sampler is not None else None,
+        "sampler_seed": sampler_seed,
+        "perturb_data_seed": controls.perturb_data_seed,
+        "full_determinism": bool(args.full_determinism),
+        "seed_everything": last_seeding(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "max_steps": max_steps,
+        "steps_per_epoch": steps_per_epoch,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "stop_after": controls.stop_after,
+        "rows_recorded": rows_recorded,
+        "ranks": ranks,
+    }

@@ -31,11 +31,14 @@ import torch
 from transformers import TrainerCallback
 
 from reprotune._data.manifest import Manifest, load_manifest
-from reprotune._determinism.seeds import last_seeding
-from reprotune._errors import InputError
 from reprotune._model.lora import WeightsHasher, trainable_tensors
 from reprotune._run.claim import unused_path
-from reprotune._run.fingerprint import attention_of, code_fingerprint, environment_fingerprint
+from reprotune._run.fingerprint import (
+    CodeInfo,
+    attention_of,
+    code_fingerprint,
+    environment_fingerprint,
+)
 from reprotune._run.ledger import train_line, val_line
 from reprotune._run.record import utc_now
 from reprotune._trackers.mlflow_link import run_to_link
@@ -57,6 +60,7 @@ from reprotune.integrations._probes import (
     install_probe,
     steps_per_epoch,
     trainer_made_adapter,
+    trainer_or_refuse,
 )
 from reprotune.integrations._writer import (
     RunWriter,
@@ -154,19 +158,13 @@ class ReprotuneCallback(TrainerCallback):
             # must reach each (rank 0 only once trained ranks on other data orders than it records).
             self._controls.perturb(data_sampler(kwargs.get("train_dataloader")), report)
             return
-        trainer = self._trainer or find_trainer()
-        if trainer is None:
-            raise InputError(
-                "ReprotuneCallback was called outside a transformers Trainer",
-                source="ReprotuneCallback",
-                fix="pass it in Trainer(..., callbacks=[ReprotuneCallback()])",
-            )
-        if self._trainer is None and (self._controls.resume_from or self._controls.output_dir):
-            raise InputError(
-                "reprotune verify steers this run, but the callback was added after the Trainer was made",
-                source="ReprotuneCallback",
-                fix="pass it in Trainer(..., callbacks=[ReprotuneCallback()]) instead of add_callback",
-            )
+        self._begin(args, state, kwargs, ranks)
+
+    def _begin(self, args: Any, state: Any, kwargs: dict[str, Any], ranks: list[dict[str, Any]]) -> None:
+        """Rank 0 at train begin: start the run directory, or continue it on a resume."""
+        trainer = trainer_or_refuse(
+            self._trainer, steered=bool(self._controls.resume_from or self._controls.output_dir)
+        )
         if self._run is not None and not self._run.finished:
             self._run.finish("interrupted")  # a second train() on the same callback
         model, loader = kwargs["model"], kwargs["train_dataloader"]
@@ -183,18 +181,10 @@ class ReprotuneCallback(TrainerCallback):
             eval_dataset = getattr(trainer, "eval_dataset", None)
             data = sections.data_section(getattr(loader, "dataset", None), eval_dataset, self._manifest, None)
         findings = self._findings(args, model, loader, sampler, model_info, data)
-        run_dir = self._controls.run_dir or self._run_dir
-        code = code_fingerprint(self._code_dir, outputs=[p for p in (run_dir, args.output_dir) if p])
+        code, environment = self._code_and_environment(args, model)
         code_record = code.to_record(patch_file="code.patch" if code.diff else None)
-        environment = environment_fingerprint(
-            {k: v for k, v in os.environ.items() if k not in UNRECORDED_VARIABLES},
-            attention=attention_of(model),
-        )
-        trackers = make_trackers(
-            self._wandb,
-            self._wandb_project,
-            mlflow_run=run_to_link(self._mlflow, report, run_name=f"reprotune-{config_sha[:8]}"),
-        )
+        mlflow_run = run_to_link(self._mlflow, report, run_name=f"reprotune-{config_sha[:8]}")
+        trackers = make_trackers(self._wandb, self._wandb_project, mlflow_run=mlflow_run)
         if resumed_from:
             self._run = RunWriter.resume(
                 self._resume_dir(args, resumed_from),
@@ -224,10 +214,19 @@ class ReprotuneCallback(TrainerCallback):
             "model": model_info,
             "lora": lora,
             "data": data,
-            "trainer": {
-                **self._trainer_section(trainer, args, args_dict, state, sampler, sampler_seed),
-                "ranks": [r["identity"] for r in ranks],
-            },
+            "trainer": sections.trainer_section(
+                trainer,
+                args,
+                args_dict,
+                int(state.max_steps),
+                sampler,
+                sampler_seed,
+                integration=f"{__name__}.{type(self).__name__}",
+                controls=self._controls,
+                steps_per_epoch=self._steps_per_epoch,
+                rows_recorded=self._probe.records_rows,
+                ranks=[r["identity"] for r in ranks],
+            ),
             "findings": findings,
         }
         self._run = RunWriter.new(
@@ -364,28 +363,12 @@ class ReprotuneCallback(TrainerCallback):
                     warnings.warn(message, ReproducibilityWarning, stacklevel=3)
         return findings
 
-    def _trainer_section(
-        self, trainer: Any, args: Any, args_dict: dict[str, Any], state: Any, sampler: Any, seed: int | None
-    ) -> dict[str, Any]:
-        cls = type(trainer)
-        return {
-            "integration": f"{__name__}.{type(self).__name__}",
-            "class": f"{cls.__module__}.{cls.__qualname__}",
-            "args": args_dict,
-            "seed": args.seed,
-            "data_seed": args.data_seed,
-            "sampler": type(sampler).__name__ if sampler is not None else None,
-            "sampler_seed": seed,
-            "perturb_data_seed": self._controls.perturb_data_seed,
-            "full_determinism": bool(args.full_determinism),
-            "seed_everything": last_seeding(),
-            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-            "max_steps": int(state.max_steps),
-            "steps_per_epoch": self._steps_per_epoch,
-            "gradient_accumulation_steps": args.gradient_accumulation_steps,
-            "stop_after": self._controls.stop_after,
-            "rows_recorded": self._probe.records_rows,
-        }
+    def _code_and_environment(self, args: Any, model: Any) -> tuple[CodeInfo, dict[str, Any]]:
+        """The script's code (git state, the run's own outputs left out) and the environment."""
+        run_dir = self._controls.run_dir or self._run_dir
+        code = code_fingerprint(self._code_dir, outputs=[p for p in (run_dir, args.output_dir) if p])
+        variables = {k: v for k, v in os.environ.items() if k not in UNRECORDED_VARIABLES}
+        return code, environment_fingerprint(variables, attention=attention_of(model))
 
     def _resume_dir(self, args: Any, step: int) -> Path:
         chosen = self._controls.run_dir or self._run_dir
