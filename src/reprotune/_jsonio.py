@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import errno
@@ -12,7 +13,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +213,56 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         pass
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def publishing_dir(target: Path, *, replace: bool) -> Iterator[Path]:
+    """Build a directory beside ``target`` and put it in place whole, or not at all.
+
+    Yields an empty temporary directory next to ``target`` (the same filesystem; its mode as
+    ``mkdir`` would make it). When the block ends normally, every file in it is flushed to disk, and
+    it is renamed to ``target``: an existing ``target`` is replaced when ``replace`` (kept aside until
+    the rename has landed, and put back if it fails), else refused. When the block raises, the
+    temporary directory is removed and ``target`` is left as it was.
+
+    Raises:
+        FileExistsError: ``target`` exists (even empty) and ``replace`` is false.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    aside: Path | None = None
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())
+        yield tmp
+        for path in sorted(tmp.rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                with open(path, "rb") as handle:
+                    os.fsync(handle.fileno())
+        fsync_dir(tmp)
+        if target.exists() or target.is_symlink():
+            if not replace:
+                raise FileExistsError(errno.EEXIST, "it already exists", str(target))
+            aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            os.replace(target, aside / target.name)
+        try:
+            os.rename(tmp, target)
+        except BaseException:
+            if aside is not None:
+                os.replace(aside / target.name, target)
+            raise
+        fsync_dir(target.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def sha256_bytes(data: bytes) -> str:

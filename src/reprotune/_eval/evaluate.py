@@ -11,9 +11,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,7 +29,6 @@ from reprotune._eval.layout import (
     EvalLayout,
     evals_dir,
     new_eval_id,
-    temporary_dir_name,
 )
 from reprotune._eval.metrics import Scores, score_rows
 from reprotune._eval.model import EvalModel, load_eval_model
@@ -41,7 +37,13 @@ from reprotune._eval.settings import (
     generation_identity,
     identity_sha256,
 )
-from reprotune._jsonio import canonical_dumps, fsync_dir, sha256_bytes, write_bytes_atomic, write_json_atomic
+from reprotune._jsonio import (
+    canonical_dumps,
+    publishing_dir,
+    sha256_bytes,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 from reprotune._run.fingerprint import environment_fingerprint
 from reprotune._run.record import utc_now
 from reprotune._train.batches import IGNORE_INDEX, encode_example
@@ -358,38 +360,20 @@ def _identity(record: dict[str, Any]) -> dict[str, Any]:
 
 def _write_eval_dir(final: Path, predictions: bytes, record: dict[str, Any]) -> None:
     """Build the eval directory beside ``final`` and rename it into place (complete or absent)."""
-    parent = final.parent
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-        building = Path(tempfile.mkdtemp(prefix=temporary_dir_name(final), dir=parent))
-    except OSError as exc:
+        with publishing_dir(final, replace=False) as building:
+            paths = EvalLayout(building)
+            write_bytes_atomic(paths.predictions, predictions)
+            write_json_atomic(paths.eval_file, record)
+    except FileExistsError as exc:
+        raise InputError(
+            f"cannot put the eval directory in place at {final}: {exc.strerror or exc}",
+            source=str(final),
+            fix="choose a new directory (--out): an eval never overwrites",
+        ) from None
+    except OSError as exc:  # the folder cannot be made or renamed there
         raise InputError(
             f"cannot create the eval directory {final}: {exc.strerror or exc}",
             source=str(final),
             fix="choose a directory you can write to (--out)",
         ) from None
-    try:
-        os.chmod(building, 0o777 & ~_umask())
-        paths = EvalLayout(building)
-        write_bytes_atomic(paths.predictions, predictions)
-        write_json_atomic(paths.eval_file, record)
-        try:
-            if final.exists() or final.is_symlink():  # rename() would replace an empty directory
-                raise FileExistsError(17, "it already exists")
-            os.rename(building, final)
-        except OSError as exc:
-            raise InputError(
-                f"cannot put the eval directory in place at {final}: {exc.strerror or exc}",
-                source=str(final),
-                fix="choose a new directory (--out): an eval never overwrites",
-            ) from None
-        fsync_dir(parent)
-    except BaseException:
-        shutil.rmtree(building, ignore_errors=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

@@ -23,8 +23,6 @@ SCHEMA: Final = "reprotune/eval"
 SCHEMA_VERSION: Final = 1
 PREDICTIONS_SCHEMA: Final = "reprotune/eval-predictions"
 
-_TMP_PREFIX = ".tmp-"
-
 
 @dataclass(frozen=True)
 class EvalLayout:
@@ -59,11 +57,6 @@ def new_eval_id(split: str, identity_sha256: str, now: datetime | None = None) -
     """``YYYYmmdd-HHMMSS-<split>-<first 8 hex of the eval's identity>`` (UTC)."""
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%d-%H%M%S")
     return f"{stamp}-{split}-{identity_sha256[:8]}"
-
-
-def temporary_dir_name(final: Path) -> str:
-    """The name an eval directory is built under before it is renamed to ``final``."""
-    return f"{_TMP_PREFIX}{final.name}-"
 
 
 def run_evals(run_dir: Path) -> list[Path]:

@@ -13,15 +13,13 @@ import functools
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 from reprotune._errors import InputError
-from reprotune._jsonio import fsync_dir, json_safe, sha256_file
+from reprotune._jsonio import json_safe, publishing_dir, sha256_file
 
 if TYPE_CHECKING:
     import torch
@@ -298,12 +296,7 @@ def save_adapter(
     Returns:
         File name -> sha256 of every file in the adapter folder.
     """
-    target = Path(directory)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    old: Path | None = None
-    try:
-        tmp.chmod(0o755)  # mkdtemp makes 0700; an adapter is meant to be shared
+    with publishing_dir(Path(directory), replace=True) as tmp:
         extra: dict[str, Any] = {} if state_dict is None else {"state_dict": dict(state_dict)}
         # reprotune never resizes the vocabulary, so the base embeddings are never part of the
         # adapter; PEFT's "auto" would look the base model up by its name to find out (a hub
@@ -312,18 +305,6 @@ def save_adapter(
         (tmp / "README.md").unlink(missing_ok=True)
         _canonical_config(tmp / ADAPTER_CONFIG)
         hashes = {path.name: sha256_file(path) for path in sorted(tmp.iterdir()) if path.is_file()}
-        fsync_dir(tmp)
-        if target.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-            os.replace(target, old / target.name)
-        os.replace(tmp, target)
-        fsync_dir(target.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
     return hashes
 
 

@@ -14,8 +14,6 @@ import contextlib
 import gzip
 import hashlib
 import json
-import os
-import shutil
 import tarfile
 import tempfile
 import zlib
@@ -25,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from reprotune._errors import InputError
+from reprotune._jsonio import publishing_dir
 from reprotune._proof.bundle import DATA, MANIFEST, RUN, SCHEMA, SCHEMA_VERSION
 from reprotune._run import layout
 
@@ -73,16 +72,8 @@ def unpack(bundle: Path, target: Path) -> Unpacked:
     """
     if target.exists() and any(target.iterdir()):
         raise InputError(f"{target} exists and is not empty", fix="choose a new directory with --out")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
+    with publishing_dir(target, replace=True) as tmp:  # replaces nothing but an empty directory
         manifest = _extract_checked(bundle, tmp)
-        if target.exists():
-            target.rmdir()
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     data_member = (manifest.get("data") or {}).get("member")
     return Unpacked(
         root=target,

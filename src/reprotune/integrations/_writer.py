@@ -10,11 +10,8 @@ one :meth:`RunWriter.finish` whatever happened: completed (adapter saved and has
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -22,7 +19,13 @@ from typing import Any
 
 from reprotune._data.manifest import Manifest, write_manifest
 from reprotune._errors import InputError
-from reprotune._jsonio import fsync_dir, read_json_file, sha256_file, write_bytes_atomic, write_json_atomic
+from reprotune._jsonio import (
+    publishing_dir,
+    read_json_file,
+    sha256_file,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 from reprotune._model.lora import save_adapter, trainable_tensors
 from reprotune._run.drift import refuse_code_drift, section_drift
 from reprotune._run.layout import RunLayout
@@ -297,18 +300,10 @@ def _save_trainable(model: Any, directory: Path) -> dict[str, str]:
     from safetensors.torch import save_file
 
     target = Path(directory)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
+    with publishing_dir(target, replace=True) as tmp:
         tensors = {name: t.detach().cpu().contiguous() for name, t in trainable_tensors(model).items()}
         save_file(tensors, str(tmp / RunLayout(target.parent).adapter_weights.name))
         hashes = {path.name: sha256_file(path) for path in sorted(tmp.iterdir())}
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-        fsync_dir(target.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return hashes
 
 
