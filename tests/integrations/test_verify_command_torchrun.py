@@ -77,7 +77,7 @@ def test_a_leg_that_cannot_finish_is_stopped_within_the_bound(tmp_path: Path) ->
     did not finish and why that happens under torchrun; no process of it is left."""
     script = tmp_path / "sleepy.py"
     script.write_text("import time\ntime.sleep(600)\n")
-    runner = verify_command._Runner([sys.executable, str(script)], tmp_path / "log", tmp_path, print, 1.0)
+    runner = verify_command.Runner([sys.executable, str(script)], tmp_path / "log", tmp_path, print, 1.0)
     from reprotune._errors import RunFailedError
     from reprotune.integrations.controls import Controls
 

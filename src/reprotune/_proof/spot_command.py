@@ -23,15 +23,14 @@ from typing import Any
 
 from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file, write_json_atomic
-from reprotune._proof.compare import compare_runs
 from reprotune._proof.intervals import Interval, coverage, interval_lines, plan_intervals
+from reprotune._proof.verification import Leg, judge_leg
 from reprotune._proof.verify_command import (
     TRAINER_OUTPUT,
-    CommandLeg,
     CommandVerification,
-    _require_status,
-    _Runner,
+    Runner,
     parse_command,
+    require_status,
 )
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
@@ -87,9 +86,9 @@ def spot_verify_command(
         )
     layout = VerifyLayout(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    run = _Runner(argv, layout.log, cwd or Path.cwd(), progress)
+    run = Runner(argv, layout.log, cwd or Path.cwd(), progress)
     reference = run.leg("reference", Controls(run_dir=layout.leg("reference")))
-    _require_status(reference, "completed", "reference")
+    require_status(reference, "completed", "reference")
     total = len(read_ledger(RunLayout(reference).ledger).train)
     checkpoints = {s: p for s, p in trainer_checkpoints(reference).items() if s < total}
     intervals = plan_intervals(list(checkpoints), total, budget=budget, seed=seed)
@@ -113,8 +112,8 @@ def spot_verify_command(
 
 
 def _interval_leg(
-    run: _Runner, out_dir: Path, reference: Path, checkpoints: dict[int, Path], interval: Interval, total: int
-) -> CommandLeg:
+    run: Runner, out_dir: Path, reference: Path, checkpoints: dict[int, Path], interval: Interval, total: int
+) -> Leg:
     name = f"steps {interval.start + 1}-{interval.end}"
     leg_dir = (out_dir / f"steps-{interval.start + 1}-{interval.end}").resolve()
     stop = interval.end if interval.end < total else None
@@ -141,7 +140,7 @@ def _interval_leg(
         evidence["first_divergence"] = differing[0][1]
     verdict = "IDENTICAL" if not differing and end_ok else "DIVERGED"
     origin = "the initial state" if interval.start == 0 else f"Trainer checkpoint-{interval.start}"
-    return CommandLeg(
+    return Leg(
         name,
         str(leg_dir),
         "IDENTICAL",
@@ -180,13 +179,8 @@ def _end_state(reference: Path, leg_dir: Path, end: int, total: int) -> tuple[st
     return f"Trainer checkpoint-{end} differs: {', '.join(differing)}", False
 
 
-def _control_leg(reference: Path, control_dir: Path) -> CommandLeg:
-    comparison = compare_runs(reference, control_dir, prefix=True)
-    verdict = comparison.verdict.value
-    evidence: dict[str, Any] = {"steps": comparison.where.steps_compared}
-    if comparison.where.first_divergence_step is not None:
-        evidence["first_divergence"] = comparison.where.first_divergence_step
-    note = f"why: {comparison.causes[0]}" if comparison.causes else None
-    return CommandLeg(
-        "control-data-seed", str(control_dir), "DIVERGED", verdict, verdict == "DIVERGED", evidence, note
-    )
+def _control_leg(reference: Path, control_dir: Path) -> Leg:
+    leg = Leg("control-data-seed", str(control_dir), "DIVERGED")
+    comparison = judge_leg(leg, reference, prefix=True)  # the control stops once it parts
+    leg.note = f"why: {comparison.causes[0]}" if comparison.causes else None
+    return leg

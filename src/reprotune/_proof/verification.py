@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
+
+from reprotune._proof.compare import compare_runs
+from reprotune._proof.differences import Comparison
 
 SCHEMA = "reprotune/verification"
 SCHEMA_VERSION = 5  # 2: mode, per-leg cost, machine, blame; 3: wall_s (legs side by side); 4: legs'
@@ -72,15 +76,7 @@ class Verification:
         return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **body}
 
     def format(self) -> str:
-        lines = [f"verify: {self.verdict}  ({self.mode}, {self.directory})"]
-        for leg in self.legs:
-            mark = "ok  " if leg.passed else ("n/a " if leg.passed is None else "FAIL")
-            detail = ", ".join(f"{k} {v}" for k, v in leg.evidence.items())
-            lines.append(
-                f"  [{mark}] {leg.name:<15} {leg.verdict or '-':<11} (must be {leg.expected}) {detail}"
-            )
-            if leg.note:
-                lines.append(f"         {leg.note}")
+        lines = [f"verify: {self.verdict}  ({self.mode}, {self.directory})", *leg_lines(self.legs, 15)]
         lines += coverage_lines(self.spot)
         if self.cost is not None:
             lines.append(
@@ -92,6 +88,39 @@ class Verification:
                 )
             )
         return "\n".join(lines)
+
+
+def judge_leg(leg: Leg, reference: Path, *, prefix: bool = False) -> Comparison:
+    """Compare ``leg``'s run with the reference and record on it the verdict, whether that is what
+    it had to show, and the evidence (steps compared, first divergence, its own adapter's sha256);
+    ``prefix``: over the steps both ledgers hold (a control that stops once it parts)."""
+    cmp = compare_runs(reference, Path(leg.run_dir), prefix=prefix)
+    leg.prefix = prefix
+    leg.verdict = str(cmp.verdict)
+    leg.passed = cmp.verdict == leg.expected
+    leg.evidence = {"steps": cmp.where.steps_compared}
+    if cmp.where.first_divergence_step is not None:
+        leg.evidence["first_divergence"] = cmp.where.first_divergence_step
+    if cmp.adapter is not None and cmp.adapter.sha256_b:
+        leg.evidence["adapter_sha256"] = cmp.adapter.sha256_b
+    return cmp
+
+
+def leg_lines(legs: list[Leg], width: int) -> list[str]:
+    """One line per leg (mark, name, verdict, what it had to show, evidence; hashes cut to 12
+    characters), and its note below it."""
+    lines = []
+    for leg in legs:
+        mark = "ok  " if leg.passed else ("n/a " if leg.passed is None else "FAIL")
+        detail = ", ".join(
+            f"{k} {str(v)[:12] if k.endswith('sha256') else v}" for k, v in leg.evidence.items()
+        )
+        lines.append(
+            f"  [{mark}] {leg.name:<{width}} {leg.verdict or '-':<11} (must be {leg.expected}) {detail}"
+        )
+        if leg.note:
+            lines.append(f"         {leg.note}")
+    return lines
 
 
 def machine_summary() -> dict[str, Any]:

@@ -37,18 +37,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from reprotune._config.loading import dump_config_yaml
 from reprotune._config.schema import ExperimentConfig, config_sha256
 from reprotune._determinism.seeds import CONSUMERS, derive_seeds
 from reprotune._errors import InputError
 from reprotune._jsonio import write_json_atomic
-from reprotune._proof.compare import compare_runs
 from reprotune._proof.differences import Comparison
 from reprotune._proof.processes import LegProcesses, launch_world_size
 from reprotune._proof.processes import run_logged as _reprotune
-from reprotune._proof.verification import Leg, Verification, machine_summary
+from reprotune._proof.verification import Leg, Verification, judge_leg, machine_summary
 from reprotune._proof.verify_eval import eval_leg
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.record import load_record, record_config
@@ -73,23 +71,10 @@ class _Context:
 
     def judge(self, leg: Leg, *, prefix: bool = False) -> Comparison:
         """Compare the leg with the reference and record the verdict, evidence and cost."""
-        cmp = compare_runs(self.reference, Path(leg.run_dir), prefix=prefix)
-        leg.prefix = prefix
-        leg.verdict = str(cmp.verdict)
-        leg.evidence = _evidence(cmp)
-        leg.passed = cmp.verdict == leg.expected
+        cmp = judge_leg(leg, self.reference, prefix=prefix)
         leg.train_s = _train_seconds(Path(leg.run_dir))
         self.progress(f"  {leg.name}: {cmp.verdict} (must be {leg.expected})")
         return cmp
-
-
-def _evidence(cmp: Comparison) -> dict[str, Any]:
-    evidence: dict[str, Any] = {"steps": cmp.where.steps_compared}
-    if cmp.where.first_divergence_step is not None:
-        evidence["first_divergence"] = cmp.where.first_divergence_step
-    if cmp.adapter is not None and cmp.adapter.sha256_b:
-        evidence["adapter_sha256"] = cmp.adapter.sha256_b  # this leg's own adapter
-    return evidence
 
 
 def verify_config(

@@ -30,15 +30,14 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from reprotune._errors import InputError, RunFailedError
 from reprotune._jsonio import write_json_atomic
-from reprotune._proof.compare import compare_runs
 from reprotune._proof.processes import ending_with_this_process
-from reprotune._proof.verification import coverage_lines
+from reprotune._proof.verification import Leg, coverage_lines, judge_leg, leg_lines
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
 from reprotune._run.record import load_record
@@ -59,19 +58,6 @@ _CONTROL_VARIABLES = (
 
 
 @dataclass
-class CommandLeg:
-    """One leg and what it had to show."""
-
-    name: str
-    run_dir: str
-    expected: str  # IDENTICAL or DIVERGED
-    verdict: str | None = None
-    passed: bool | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)
-    note: str | None = None
-
-
-@dataclass
 class CommandVerification:
     """The outcome of ``reprotune verify --command``."""
 
@@ -79,7 +65,7 @@ class CommandVerification:
     directory: str
     command: str
     resume_at: int | None
-    legs: list[CommandLeg]
+    legs: list[Leg]
     spot: dict[str, Any] | None = None
     """``--spot``: the intervals between the Trainer's checkpoints replayed, and what that proves."""
 
@@ -88,14 +74,7 @@ class CommandVerification:
 
     def format(self) -> str:
         lines = [f"verify: {self.verdict}  ({self.directory})", f"  command: {self.command}"]
-        for leg in self.legs:
-            mark = "ok  " if leg.passed else "FAIL"
-            detail = ", ".join(f"{k} {v}" for k, v in leg.evidence.items())
-            lines.append(
-                f"  [{mark}] {leg.name:<17} {leg.verdict or '-':<11} (must be {leg.expected}) {detail}"
-            )
-            if leg.note:
-                lines.append(f"         {leg.note}")
+        lines += leg_lines(self.legs, 17)
         lines += coverage_lines(self.spot)
         return "\n".join(lines)
 
@@ -155,9 +134,9 @@ def verify_command(
         )
     layout = VerifyLayout(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    run = _Runner(argv, layout.log, cwd or Path.cwd(), progress)
+    run = Runner(argv, layout.log, cwd or Path.cwd(), progress)
     reference = run.leg("reference", Controls(run_dir=layout.leg("reference")))
-    _require_status(reference, "completed", "reference")
+    require_status(reference, "completed", "reference")
     if resume_at is not None:
         _check_resume_at(reference, resume_at)
     legs = [
@@ -187,7 +166,7 @@ MIN_LEG_TIMEOUT_S = 300.0
 
 
 @dataclass
-class _Runner:
+class Runner:
     """Runs the user's command in fresh processes, output appended to the verification log.
     ``timeout_s`` (set from the reference leg's wall time) bounds every later leg."""
 
@@ -278,7 +257,7 @@ def _wait(process: subprocess.Popen[bytes], timeout_s: float | None, name: str) 
         raise
 
 
-def _require_status(run_dir: Path, status: str, leg: str) -> None:
+def require_status(run_dir: Path, status: str, leg: str) -> None:
     found = load_record(run_dir).get("status")
     if found != status:
         raise RunFailedError(
@@ -288,21 +267,14 @@ def _require_status(run_dir: Path, status: str, leg: str) -> None:
         )
 
 
-def _judge(name: str, reference: Path, leg: Path, expected: str) -> CommandLeg:
-    comparison = compare_runs(reference, leg)
-    verdict = comparison.verdict.value
-    where = comparison.where
-    evidence: dict[str, Any] = {"steps": where.steps_compared}
-    if where.first_divergence_step is not None:
-        evidence["first_divergence"] = where.first_divergence_step
-    if comparison.adapter is not None and comparison.adapter.sha256_b:
-        evidence["adapter_sha256"] = comparison.adapter.sha256_b[:12]
-    result = CommandLeg(name, str(leg), expected, verdict, verdict == expected, evidence)
-    if verdict != "IDENTICAL" and comparison.causes:
-        result.note = f"why: {comparison.causes[0]}"
+def _judge(name: str, reference: Path, leg_dir: Path, expected: str) -> Leg:
+    leg = Leg(name, str(leg_dir), expected)
+    comparison = judge_leg(leg, reference)
+    if leg.verdict != "IDENTICAL" and comparison.causes:
+        leg.note = f"why: {comparison.causes[0]}"
     if comparison.incomparable:
-        result.note = f"incomparable: {comparison.incomparable[0]}"
-    return result
+        leg.note = f"incomparable: {comparison.incomparable[0]}"
+    return leg
 
 
 def _check_resume_at(reference: Path, step: int) -> None:
@@ -316,7 +288,7 @@ def _check_resume_at(reference: Path, step: int) -> None:
         )
 
 
-def _resume_leg(run: _Runner, run_dir: Path, reference: Path, step: int) -> CommandLeg:
+def _resume_leg(run: Runner, run_dir: Path, reference: Path, step: int) -> Leg:
     """Stop after ``step``, resume from the Trainer's checkpoint, and compare with the reference.
 
     A resume that crashes is a failed leg with the reason, not a verification without a verdict.
@@ -324,16 +296,16 @@ def _resume_leg(run: _Runner, run_dir: Path, reference: Path, step: int) -> Comm
     try:
         return _stop_and_resume(run, run_dir, reference, step)
     except RunFailedError as exc:
-        return CommandLeg(
+        return Leg(
             "resume", str(run_dir), "IDENTICAL", "FAILED", False, {"resumed_at": step}, note=exc.message
         )
 
 
-def _stop_and_resume(run: _Runner, run_dir: Path, reference: Path, step: int) -> CommandLeg:
+def _stop_and_resume(run: Runner, run_dir: Path, reference: Path, step: int) -> Leg:
     stopped = run.leg(
         "resume", Controls(run_dir=run_dir, stop_after=step), label=f"resume (stop after step {step})"
     )
-    _require_status(stopped, "stopped", "resume")
+    require_status(stopped, "stopped", "resume")
     checkpoint = stopped / TRAINER_OUTPUT / f"checkpoint-{step}"
     if not checkpoint.is_dir():
         raise RunFailedError(
@@ -346,7 +318,7 @@ def _stop_and_resume(run: _Runner, run_dir: Path, reference: Path, step: int) ->
         Controls(run_dir=run_dir, resume_from=checkpoint),
         label=f"resume (Trainer resume_from_checkpoint at step {step})",
     )
-    _require_status(stopped, "completed", "resume")
+    require_status(stopped, "completed", "resume")
     leg = _judge("resume", reference, stopped, "IDENTICAL")
     leg.evidence["resumed_at"] = step
     if leg.verdict == "IDENTICAL":
