@@ -28,7 +28,6 @@ from typing import Any
 from reprotune._errors import InputError
 from reprotune._jsonio import write_json_atomic
 from reprotune._proof.bundle import builtin_data
-from reprotune._proof.compare import compare_runs
 from reprotune._proof.intervals import (
     DEFAULT_BUDGET,
     Interval,
@@ -39,7 +38,7 @@ from reprotune._proof.intervals import (
 from reprotune._proof.processes import run_logged
 from reprotune._proof.rerun import checked_before_rerun
 from reprotune._proof.unpack import unpack
-from reprotune._proof.verification import Leg, Verification, machine_summary
+from reprotune._proof.verification import Leg, Verification, judge_leg, machine_summary
 from reprotune._run.checkpoint_files import STATE_FILE, list_checkpoints, verify_checkpoint
 from reprotune._run.layout import SPOT_PLAN, RunLayout, VerifyLayout
 from reprotune._run.outputs import refuse_nonempty_dir, refuse_overwrite
@@ -298,13 +297,7 @@ def _state(checkpoint: Path) -> dict[str, Any]:
 
 def _judge_control(reference: Path, control: dict[str, Any]) -> Leg:
     leg = Leg(str(control["name"]), str(control["run_dir"]), "DIVERGED")
-    cmp = compare_runs(reference, Path(leg.run_dir), prefix=True)
-    leg.prefix = True
-    leg.verdict = str(cmp.verdict)
-    leg.passed = cmp.verdict == leg.expected
-    leg.evidence = {"steps": cmp.where.steps_compared}
-    if cmp.where.first_divergence_step is not None:
-        leg.evidence["first_divergence"] = cmp.where.first_divergence_step
+    judge_leg(leg, reference, prefix=True)
     if control["name"] == "control-seed":
         leg.note = f"seed.overrides.data_order={control['overrides']['data_order']}"
     else:
