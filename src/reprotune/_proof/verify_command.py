@@ -40,7 +40,7 @@ from reprotune._proof.processes import ending_with_this_process
 from reprotune._proof.verification import Leg, coverage_lines, judge_leg, leg_lines
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
-from reprotune._run.record import load_record
+from reprotune._run.record import Status, load_record
 from reprotune.integrations import controls as control_vars
 from reprotune.integrations.controls import Controls
 
@@ -257,7 +257,7 @@ def _wait(process: subprocess.Popen[bytes], timeout_s: float | None, name: str) 
         raise
 
 
-def require_status(run_dir: Path, status: str, leg: str) -> None:
+def require_status(run_dir: Path, status: Status, leg: str) -> None:
     found = load_record(run_dir).get("status")
     if found != status:
         raise RunFailedError(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from reprotune._config.secrets import mask_data
+from reprotune._run.record import Status
 from reprotune._version import __version__
 
 _MAX_PARAM_CHARS = 6000
@@ -40,7 +41,7 @@ class Tracker(Protocol):
 
     def log_artifacts(self, paths: Mapping[str, Path]) -> None: ...
 
-    def finish(self, status: str) -> dict[str, Any]: ...
+    def finish(self, status: Status) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
 
@@ -81,7 +82,7 @@ class TrackerSet:
     def log_artifacts(self, paths: Mapping[str, Path]) -> None:
         self._each("log_artifacts", lambda t: t.log_artifacts(paths))
 
-    def finish(self, status: str) -> dict[str, Any]:
+    def finish(self, status: Status) -> dict[str, Any]:
         """Finish every tracker; return each one's summary (or its failure) for the record."""
         summaries: dict[str, Any] = {}
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from reprotune._run.record import Status
 from reprotune._trackers.base import RunDescription
 
 
@@ -126,7 +127,7 @@ class MlflowTracker:
             if handle is not None and not handle.closed:
                 handle.close()
 
-    def finish(self, status: str) -> dict[str, Any]:
+    def finish(self, status: Status) -> dict[str, Any]:
         """Tell the child to finish, wait until every metric is stored, and return its summary."""
         if not self._started:  # the run failed before it had anything to mirror
             self.close()

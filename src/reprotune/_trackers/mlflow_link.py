@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from reprotune._run.record import Status
 from reprotune._trackers.base import RunDescription
 
 
@@ -61,7 +62,7 @@ class MlflowRunLink:
             elif path.is_file():
                 self._client.log_artifact(self.run_id, str(path), artifact_path=where)
 
-    def finish(self, status: str) -> dict[str, Any]:
+    def finish(self, status: Status) -> dict[str, Any]:
         self._client.set_tag(self.run_id, "reprotune.status", status)
         if self.owned:
             ended = {"completed": "FINISHED", "stopped": "FINISHED", "interrupted": "KILLED"}

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from reprotune._errors import InputError
+from reprotune._run.record import Status
 from reprotune._trackers.base import RunDescription
 
 #: The install command that provides the ``wandb`` package.
@@ -137,7 +138,7 @@ class WandbTracker:
                 artifact.add_file(str(path), name=f"{key}/{path.name}" if key else path.name)
         self._run.log_artifact(artifact)
 
-    def finish(self, status: str) -> dict[str, Any]:
+    def finish(self, status: Status) -> dict[str, Any]:
         """Write the status into the summary and finish the run; return where it is."""
         if self._run is None:
             return {"started": False}

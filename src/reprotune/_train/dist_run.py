@@ -27,7 +27,7 @@ from reprotune._run.fingerprint import attention_of, environment_fingerprint
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import truncate_ledger
 from reprotune._run.ranks import check_ranks_agree, check_resume_world, ranks_section
-from reprotune._run.record import load_record
+from reprotune._run.record import Status, load_record
 from reprotune._train.dist_checkpoint import Restored, restore_distributed
 from reprotune._train.distributed import (
     SEED_PREFIX,
@@ -268,7 +268,7 @@ def follow_run(cfg: ExperimentConfig, ctx: DistContext, options: RunOptions, *, 
         if not is_transport_error(exc):
             raise
         raise lost_rank_error(ctx, exc) from exc
-    status = "stopped" if loop.stopped else "completed"
+    status: Status = "stopped" if loop.stopped else "completed"
     return RunResult(
         options.run_dir or Path(), {}, status, loop.steps_done, None, loop.final_val_loss, main=False
     )

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reprotune._run.record import Status
 from reprotune._train.loop import StepHook
 
 
@@ -63,7 +64,7 @@ class RunResult:
 
     run_dir: Path
     record: dict[str, Any]
-    status: str
+    status: Status
     steps_done: int
     adapter_sha256: str | None
     final_val_loss: float | None

@@ -34,7 +34,7 @@ from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import LedgerWriter, hexf, truncate_ledger
 from reprotune._run.lock import holding_run_dir
 from reprotune._run.nospace import no_space_in_run
-from reprotune._run.record import load_record, start_record, utc_now, write_record
+from reprotune._run.record import Status, load_record, start_record, utc_now, write_record
 from reprotune._run.redact import redact_data, redact_value
 from reprotune._trackers.base import RunDescription, Tracker, TrackerSet, flatten_params, tracker_tags
 from reprotune._trackers.mlflow import MlflowTracker
@@ -247,7 +247,7 @@ def _execute(
     except BaseException as exc:
         if progress is not None:
             progress.close()
-        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        status: Status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         error = no_space_in_run(exc, paths.root) if run.recorded else None
         if run.recorded:
             try:
@@ -326,7 +326,7 @@ def _restore(run: _Run, setup: Setup, options: RunOptions) -> int:
 
 def _finish(
     run: _Run,
-    status: str,
+    status: Status,
     loop: LoopResult | None,
     stopwatch: Stopwatch,
     save_times: list[float],

@@ -31,7 +31,7 @@ from reprotune._run.drift import refuse_code_drift, section_drift
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import Entry, LedgerWriter, read_ledger, truncate_ledger
 from reprotune._run.lock import RunDirLock, lock_run_dir
-from reprotune._run.record import load_record, utc_now, write_record
+from reprotune._run.record import Status, load_record, utc_now, write_record
 from reprotune._run.redact import redact_data, redact_value
 from reprotune._trackers.base import RunDescription, Tracker, TrackerSet, flatten_params, tracker_tags
 from reprotune._trackers.mlflow_link import MlflowRunLink
@@ -200,7 +200,7 @@ class RunWriter:
 
     # -- the end ---------------------------------------------------------------------------------
 
-    def finish(self, status: str, *, model: Any = None, error: BaseException | None = None) -> None:
+    def finish(self, status: Status, *, model: Any = None, error: BaseException | None = None) -> None:
         """End the attempt: adapter (when completed), outputs, timings, trackers, record; unlock."""
         if self.finished:
             return

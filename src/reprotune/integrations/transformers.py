@@ -40,7 +40,7 @@ from reprotune._run.fingerprint import (
     environment_fingerprint,
 )
 from reprotune._run.ledger import train_line, val_line
-from reprotune._run.record import utc_now
+from reprotune._run.record import Status, utc_now
 from reprotune._trackers.mlflow_link import run_to_link
 from reprotune._trackers.wandb import import_wandb
 from reprotune._version import __version__
@@ -292,7 +292,7 @@ class ReprotuneCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._run is None or self._run.finished:
             return
-        status = "stopped" if self._stopping else "completed"
+        status: Status = "stopped" if self._stopping else "completed"
         self._run.finish(status, model=kwargs.get("model"))
         report(f"reprotune: run {status}: {self._run.paths.root}")
 
@@ -314,7 +314,7 @@ class ReprotuneCallback(TrainerCallback):
                 return original(*args, **kwargs)
             except BaseException as exc:
                 if self._run is not None and not self._run.finished:
-                    status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+                    status: Status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
                     try:
                         self._run.finish(status, error=exc)
                     except Exception as second:  # the first error is the news
