@@ -27,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
     pin_cpu_isa_of_run(args.run_dir)  # before torch loads
     from reprotune._cli.run import print_summary
     from reprotune._train.faults import rng_restore_broken
-    from reprotune._train.run import RunOptions, resume_run
+    from reprotune._train.options import RunOptions
+    from reprotune._train.run import resume_run
 
     options = RunOptions(
         run_dir=args.run_dir,

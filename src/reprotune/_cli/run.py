@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     pin_cpu_isa(cfg.determinism.cpu_isa)  # before torch loads
-    from reprotune._train.run import RunOptions, run_experiment
+    from reprotune._train.options import RunOptions
+    from reprotune._train.run import run_experiment
 
     options = RunOptions(
         run_dir=args.run_dir,

@@ -155,7 +155,8 @@ def _run_command(args: argparse.Namespace) -> int:
 
 def _run_spot(args: argparse.Namespace) -> int:
     """``verify RUN_DIR --spot``: replay sampled checkpoint intervals (``_proof.spot``)."""
-    from reprotune._proof.spot import DEFAULT_BUDGET, spot_verify, spot_verify_bundle
+    from reprotune._proof.intervals import DEFAULT_BUDGET
+    from reprotune._proof.spot import spot_verify, spot_verify_bundle
 
     if args.train_command is not None and not (args.config or args.overrides or args.reference):
         return _run_command_spot(args)

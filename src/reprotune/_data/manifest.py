@@ -106,7 +106,8 @@ class Manifest:
     @property
     def dropped(self) -> list[int]:
         """Row indices in no split (rare classes under the ``drop`` policy)."""
-        return self.index_arrays["dropped"].tolist()
+        dropped: list[int] = self.index_arrays["dropped"].tolist()
+        return dropped
 
     @property
     def sizes(self) -> dict[str, int]:

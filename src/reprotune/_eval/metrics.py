@@ -61,7 +61,8 @@ def score_rows(predictions: Sequence[str], references: Sequence[str], lengths: S
         InputError: no rows, or the three sequences differ in length.
     """
     from rouge_score import rouge_scorer
-    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.metrics.bleu import BLEU
+    from sacrebleu.metrics.chrf import CHRF
 
     if not predictions or not len(predictions) == len(references) == len(lengths):
         raise InputError(

@@ -156,7 +156,8 @@ def _torch_dtype(dtype: str) -> torch.dtype:
             source="model.dtype",
             fix=f"use one of: {', '.join(get_args(Dtype))}",
         )
-    return getattr(torch, dtype)
+    found: torch.dtype = getattr(torch, dtype)
+    return found
 
 
 def resolve_pad_token(tokenizer: Any, pad_token_id: int | None, embedding_rows: int) -> int:

@@ -34,7 +34,8 @@ from reprotune._run.layout import RunLayout
 from reprotune._run.outputs import refuse_nonempty_dir, refuse_overwrite
 from reprotune._run.record import record_config
 from reprotune._run.rundir import open_run_dir
-from reprotune._train.run import RunOptions, run_experiment
+from reprotune._train.options import RunOptions
+from reprotune._train.run import run_experiment
 
 
 @dataclass(frozen=True)

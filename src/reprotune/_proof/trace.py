@@ -38,7 +38,8 @@ from torch.utils._pytree import tree_flatten
 from reprotune._config.loading import config_from_dict
 from reprotune._errors import InputError
 from reprotune._proof.tracefile import SCHEMA, SCHEMA_VERSION, TraceOp, write_trace
-from reprotune._run.checkpoint import list_checkpoints, restore_checkpoint, verify_checkpoint
+from reprotune._run.checkpoint import restore_checkpoint
+from reprotune._run.checkpoint_files import list_checkpoints, verify_checkpoint
 from reprotune._run.kernels import kernel_facts
 from reprotune._run.ledger import train_line
 from reprotune._run.rundir import RunDir, open_run_dir
@@ -138,11 +139,11 @@ class ModulePaths(TorchFunctionMode):
             register_module_forward_pre_hook(self._push),
             register_module_forward_hook(self._pop, always_call=True),
         ]
-        super().__enter__()
+        super().__enter__()  # type: ignore[no-untyped-call]  # torch's mode is untyped
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        super().__exit__(*exc)
+        super().__exit__(*exc)  # type: ignore[no-untyped-call]
         for handle in self._handles:
             handle.remove()
         self._stack.clear()
@@ -158,7 +159,7 @@ class OpTracer(TorchDispatchMode):
     """
 
     def __init__(self, modules: ModulePaths, labels: Mapping[int, str]) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.modules = modules
         self.labels = dict(labels)
         self.phase = "setup"

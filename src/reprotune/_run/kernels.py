@@ -316,4 +316,4 @@ def kernel_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
 
 def is_gpu_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Whether the machines' CUDA facts differ (a GPU on one side, or other GPUs or libraries)."""
-    return _lookup(a, "cuda") != _lookup(b, "cuda")
+    return bool(_lookup(a, "cuda") != _lookup(b, "cuda"))

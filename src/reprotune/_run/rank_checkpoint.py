@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 
 from reprotune._determinism.rng import ranks_rng_from_tensors
 from reprotune._errors import InputError
-from reprotune._run.checkpoint import STATE_FILE, CheckpointState, RankStates, load_states
+from reprotune._run.checkpoint import CheckpointState, RankStates, load_states
+from reprotune._run.checkpoint_files import STATE_FILE
 
 
 @dataclass(frozen=True)

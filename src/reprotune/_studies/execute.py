@@ -35,7 +35,8 @@ from reprotune._run.layout import RunLayout
 from reprotune._run.record import load_record
 from reprotune._studies.layout import StudyLayout
 from reprotune._studies.plan import PlannedRun
-from reprotune._train.run import RunOptions, resume_run, run_experiment
+from reprotune._train.options import RunOptions
+from reprotune._train.run import resume_run, run_experiment
 
 Action = Literal["kept", "ran", "resumed"]
 

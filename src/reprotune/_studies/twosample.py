@@ -162,7 +162,7 @@ def seeds_for_power(d: float, alpha: float, power: float = POWER) -> int | None:
         n -= 1
     while achieved(n) < power:
         n += 1
-    return n
+    return int(n)
 
 
 def verdict_line(result: TestResult) -> str:

@@ -111,7 +111,7 @@ def flatten_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str
 def tracker_tags(record: Mapping[str, Any]) -> dict[str, str]:
     """The tags a run gives its trackers: version, run id, code, data, model and config hashes."""
     code, data, model = record.get("code") or {}, record.get("data") or {}, record.get("model") or {}
-    return mask_data(
+    tags: dict[str, str] = mask_data(
         {
             "reprotune.version": __version__,
             "reprotune.run_id": record["run_id"],
@@ -124,3 +124,4 @@ def tracker_tags(record: Mapping[str, Any]) -> dict[str, str]:
             "config.sha256": record["config_sha256"],
         }
     )
+    return tags

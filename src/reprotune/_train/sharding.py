@@ -117,7 +117,7 @@ def wrap_model(model: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
     return _fully_shard(model, ctx)
 
 
-def _sum_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def _sum_hook(state: object, bucket: Any) -> torch.futures.Future[torch.Tensor]:
     """DDP's all-reduce as a plain sum (DDP's default hook divides by the world size)."""
     work: Any = dist.all_reduce(bucket.buffer(), async_op=True)
     fut: torch.futures.Future[list[torch.Tensor]] = work.get_future()
@@ -127,7 +127,7 @@ def _sum_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[to
 # DDP checks a hook's annotations as objects; this module's are strings (postponed evaluation).
 _sum_hook.__annotations__ = {
     "state": object,
-    "bucket": dist.GradBucket,
+    "bucket": dist.GradBucket,  # type: ignore[attr-defined]  # torch exports it, without __all__
     "return": torch.futures.Future[torch.Tensor],
 }
 
