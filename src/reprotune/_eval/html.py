@@ -6,7 +6,6 @@ side by side. HTML fragments only; ``_proof.report`` places them. Never imports 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from reprotune._eval.compare import EvalComparison, compare_evals, latest_pairs
 from reprotune._eval.evalfile import open_eval_dir
 from reprotune._eval.layout import run_evals
 from reprotune._eval.metrics import CORPUS_METRICS
+from reprotune._html import escape, table
 
 #: Rows shown side by side per comparison (the rest are counted).
 SHOWN_ROWS = 50
@@ -48,7 +48,7 @@ def evals_section(labels: Sequence[str], run_dirs: Sequence[Path]) -> list[str]:
         "<h2>Evaluations</h2>",
         "<p>Each run's evals (<code>reprotune eval</code>): generated on the rows of the run's own split, "
         "scored with sacreBLEU and rouge-score.</p>",
-        _table(("run", "eval", "split", "adapter", "decoding", "batch-invariant", *CORPUS_METRICS), rows),
+        table(("run", "eval", "split", "adapter", "decoding", "batch-invariant", *CORPUS_METRICS), rows),
     ]
     for label, run_dir in zip(labels[1:], run_dirs[1:], strict=True):
         for a, b in latest_pairs(run_dirs[0], run_dir):
@@ -70,13 +70,13 @@ def comparison_html(ref: str, label: str, c: EvalComparison) -> Iterable[str]:
         yield "</ol>"
     deltas = [d for d in c.metric_deltas if d.delta]
     if deltas:
-        yield _table(
+        yield table(
             ("metric", ref, label, "difference"),
             ((d.name, d.a, d.b, d.delta) for d in deltas),
         )
     if n:
         yield f"<h4>Rows whose outputs differ{f' (first {SHOWN_ROWS} of {n})' if n > SHOWN_ROWS else ''}</h4>"
-        yield _table(
+        yield table(
             ("row", "first differing token", f"output of {ref}", f"output of {label}"),
             ((r.index, r.first_token, r.text_a, r.text_b) for r in c.rows_differing[:SHOWN_ROWS]),
             css="diffs",
@@ -94,20 +94,3 @@ def _decoding(g: Any) -> str:
 
 def _short(value: Any) -> str:
     return f"{value[:12]}..." if isinstance(value, str) and len(value) > 12 else str(value)
-
-
-def _table(header: Sequence[str], rows: Iterable[Sequence[Any]], css: str = "") -> str:
-    head = "".join(f"<th>{escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(_cell(value) for value in row) + "</tr>" for row in rows)
-    attr = f' class="{css}"' if css else ""
-    return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return '<td class="val">(absent)</td>'
-    if isinstance(value, float):
-        return f'<td class="num">{value:.6g}</td>'
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f'<td class="num">{value}</td>'
-    return f"<td>{escape(str(value))}</td>"

@@ -8,16 +8,15 @@ to open: no scripts, no external URLs. The same runs give the same bytes. Never 
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 from collections.abc import Iterable, Sequence
-from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reprotune._errors import InputError
 from reprotune._eval.html import evals_section
+from reprotune._html import escape, figure_png, head, table
 from reprotune._jsonio import write_bytes_atomic
 from reprotune._proof.compare import compare_opened
 from reprotune._proof.differences import Comparison
@@ -32,16 +31,8 @@ if TYPE_CHECKING:
 # and marker spacing, so every curve stays visible on top of the others.
 _STYLES = ("-", "--", ":", "-.")
 _CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
-h1 { font-size: 1.6em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ccc; }
-table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.92em; max-width: 100%; }
-td { overflow-wrap: anywhere; } table.diffs td:nth-child(2) { white-space: nowrap; }
-table.runs td:nth-child(4) { white-space: nowrap; } .glance li { margin: 0.3em 0; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
-th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-code, td.val { font-family: ui-monospace, monospace; word-break: break-all; }
-figure { margin: 0.6em 0; } img { max-width: 100%; height: auto; }
-.verdict { padding: 0.1em 0.5em; border-radius: 0.3em; color: #fff; }
+table.diffs td:nth-child(2) { white-space: nowrap; } table.runs td:nth-child(4) { white-space: nowrap; }
+.glance li { margin: 0.3em 0; }
 .IDENTICAL, .WITHIN_TOLERANCE { background: #2e7d32; } .DIVERGED { background: #c62828; }
 .INCOMPARABLE { background: #6a1b9a; }
 """
@@ -97,16 +88,13 @@ def render_report(
     parted = [f"{label} parts from {labels[0]} at step {at}" for label, at in divergences if at is not None]
     marks = f"; dashed vertical lines: {', '.join(parted)}" if parted else ""
     parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>reprotune report: {escape(', '.join(r.run_id for r in runs))}</title>",
-        f"<style>{_CSS}</style></head><body>",
+        *head(f"reprotune report: {', '.join(r.run_id for r in runs)}", _CSS),
         "<h1>reprotune report</h1>",
         f"<p>Written by reprotune {escape(__version__)}. Run {escape(labels[0])} is the reference.</p>",
         *_glance(labels, comparisons),
         *summaries,
         "<h2>Runs</h2>",
-        _table(
+        table(
             ("run", "directory", "run id", "status", "train steps", "validation lines"),
             (
                 (label, str(r.path), r.run_id, r.status, len(r.ledger.train), len(r.ledger.val))
@@ -115,8 +103,8 @@ def render_report(
             css="runs",
         ),
         "<h2>Loss</h2>",
-        _figure(train_png, "Training loss of every run by optimizer step" + marks),
-        _figure(val_png, "Validation loss of every run by optimizer step" + marks),
+        figure_png(train_png, "Training loss of every run by optimizer step" + marks),
+        figure_png(val_png, "Validation loss of every run by optimizer step" + marks),
     ]
     if comparisons:
         parts.append("<h2>Comparisons</h2>")
@@ -213,33 +201,6 @@ def _mark(ax: Axes, step: int, text: str, row: int) -> None:
     )
 
 
-def _figure(png: bytes, caption: str) -> str:
-    data = base64.b64encode(png).decode("ascii")
-    return (
-        f'<figure><img src="data:image/png;base64,{data}" alt="{escape(caption)}">'
-        f"<figcaption>{escape(caption)}</figcaption></figure>"
-    )
-
-
-def _table(header: Sequence[str], rows: Iterable[Sequence[Any]], css: str = "") -> str:
-    head = "".join(f"<th>{escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(_cell(value) for value in row) + "</tr>" for row in rows)
-    attr = f' class="{css}"' if css else ""
-    return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
-        return f'<td class="val">{escape(str(value).lower() if value is not None else "(absent)")}</td>'
-    if isinstance(value, int | float):
-        return f'<td class="num">{escape(_num(value))}</td>'
-    return f"<td>{escape(str(value))}</td>"
-
-
-def _num(value: int | float) -> str:
-    return str(value) if isinstance(value, int) else f"{value:.6g}"
-
-
 def _comparison_html(ref: str, label: str, c: Comparison) -> Iterable[str]:
     """One comparison's section: verdict, causes, where, adapter, differences, split, notes."""
     verdict = c.verdict.value
@@ -279,7 +240,7 @@ def _comparison_html(ref: str, label: str, c: Comparison) -> Iterable[str]:
         if diff is not None:
             rows.append((name, f"{diff.abs_diff:.6g} at step {diff.step} ({diff.a!r} vs {diff.b!r})"))
     yield "<h4>Where</h4>"
-    yield _table(("what", "step or value"), ((name, "never" if v is None else v) for name, v in rows))
+    yield table(("what", "step or value"), ((name, "never" if v is None else v) for name, v in rows))
     if c.adapter is not None:
         yield "<h4>Adapter</h4>"
         if c.adapter.identical:
@@ -289,13 +250,13 @@ def _comparison_html(ref: str, label: str, c: Comparison) -> Iterable[str]:
                 f"<p>Differs: sha256 <code>{escape(str(c.adapter.sha256_a))}</code> vs "
                 f"<code>{escape(str(c.adapter.sha256_b))}</code></p>"
             )
-            yield _table(
+            yield table(
                 ("tensor", "shape A", "shape B", "max |difference|"),
                 ((t.name, str(t.shape_a), str(t.shape_b), t.max_abs_diff) for t in c.adapter.tensors),
             )
     if c.differences:
         yield "<h4>What differs</h4>"
-        yield _table(
+        yield table(
             ("category", "key", "A", "B"),
             (
                 (d.category, d.key, _show(d.a, d.change == "added"), _show(d.b, d.change == "removed"))
@@ -313,7 +274,7 @@ def _comparison_html(ref: str, label: str, c: Comparison) -> Iterable[str]:
         split_rows += [
             (m.row, "in another split", m.split_a or "(none)", m.split_b or "(none)") for m in s.moved
         ]
-        yield _table(("row", "difference", "split in A", "split in B"), sorted(split_rows))
+        yield table(("row", "difference", "split in A", "split in B"), sorted(split_rows))
         if s.reordered:
             yield f"<p>Same rows in another order: {escape(', '.join(s.reordered))}</p>"
     if c.notes:

@@ -11,10 +11,10 @@ same bytes. Never imports torch.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from html import escape
 from pathlib import Path
 from typing import Any
 
+from reprotune._html import escape, figure_svg, head, table
 from reprotune._jsonio import write_bytes_atomic
 from reprotune._studies.significance import Significance
 from reprotune._studies.stats import shares_line, source_label
@@ -22,14 +22,7 @@ from reprotune._studies.svg import Column, bar_chart, strip_plot
 from reprotune._version import __version__
 
 _CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
-h1 { font-size: 1.6em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ccc; }
-table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.92em; max-width: 100%; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
-th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-code { font-family: ui-monospace, monospace; word-break: break-all; }
-figure { margin: 0.6em 0; } svg { max-width: 100%; height: auto; }
-.verdict { padding: 0.2em 0.5em; border-radius: 0.3em; color: #fff; font-weight: 600; }
+.verdict { padding: 0.2em 0.5em; font-weight: 600; }
 .beyond { background: #c62828; } .within { background: #2e7d32; }
 """
 
@@ -49,7 +42,7 @@ def write_significance_report(
 def render_study(study: Mapping[str, Any]) -> str:
     """The study report's HTML text."""
     sid = study["study_id"]
-    parts = _head(f"reprotune seed study: {sid}")
+    parts = head(f"reprotune seed study: {sid}", _CSS)
     parts += [
         f"<h1>Seed study <code>{escape(sid)}</code></h1>",
         f"<p>Written by reprotune {escape(__version__)}. Status: {escape(study['status'])}. "
@@ -66,7 +59,7 @@ def render_study(study: Mapping[str, Any]) -> str:
         rows = study["summary"]
         columns = [_column(source_label(g), rows[g][metric]) for g in study["groups"]]
         parts.append(
-            _figure(
+            figure_svg(
                 strip_plot(columns, title=f"{metric}: every run", y_label=metric),
                 f"{metric} of every run by the seed that moved; bar: mean; whisker: 95% interval",
             )
@@ -87,7 +80,7 @@ def render_study(study: Mapping[str, Any]) -> str:
             parts.append(f"<p>Share of the variance: {escape(shares_line(shares))}.</p>")
             if bars:
                 parts.append(
-                    _figure(
+                    figure_svg(
                         bar_chart(bars, title=f"{metric}: share of the variance by source"),
                         "each source's variance (only that seed moving) over the sum",
                     )
@@ -119,7 +112,7 @@ def render_significance(result: Significance, study_a: Mapping[str, Any], study_
     """The significance report's HTML text: verdict, both studies side by side, what differs."""
     t = result.test
     css = "beyond" if t.beyond_noise else "within"
-    parts = _head(f"reprotune significance: {result.study_id_a} vs {result.study_id_b}")
+    parts = head(f"reprotune significance: {result.study_id_a} vs {result.study_id_b}", _CSS)
     parts += [
         "<h1>Beyond seed noise?</h1>",
         f'<p><span class="verdict {css}">{escape(result.verdict)}</span></p>',
@@ -133,7 +126,7 @@ def render_significance(result: Significance, study_a: Mapping[str, Any], study_
         for label, s, _ in sides
     ]
     parts.append(
-        _figure(
+        figure_svg(
             strip_plot(columns, title=result.metric, y_label=result.metric),
             "each study's runs; bar: mean; whisker: the study's 95% bootstrap interval",
         )
@@ -192,15 +185,6 @@ def render_significance(result: Significance, study_a: Mapping[str, Any], study_
     return "\n".join(parts)
 
 
-def _head(title: str) -> list[str]:
-    return [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{escape(title)}</title>",
-        f"<style>{_CSS}</style></head><body>",
-    ]
-
-
 def _column(label: str, d: Mapping[str, Any]) -> Column:
     interval = (d["ci_low"], d["ci_high"]) if d.get("ci_low") is not None else None
     return Column(label, d["values"], d["mean"], interval)
@@ -226,20 +210,5 @@ def _notes(notes: Sequence[str]) -> list[str]:
     return ["<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>"]
 
 
-def _figure(svg: str, caption: str) -> str:
-    return f"<figure>{svg}<figcaption>{escape(caption)}</figcaption></figure>"
-
-
 def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    head = "".join(f"<th>{escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "<td>-</td>"
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        shown = str(value) if isinstance(value, int) else f"{value:.6g}"
-        return f'<td class="num">{escape(shown)}</td>'
-    return f"<td>{escape(str(value))}</td>"
+    return table(header, rows, absent="-")  # a study shows what it lacks as "-"
