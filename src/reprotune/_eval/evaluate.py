@@ -44,7 +44,9 @@ from reprotune._jsonio import (
     write_bytes_atomic,
     write_json_atomic,
 )
+from reprotune._run import layout as run_layout
 from reprotune._run.fingerprint import environment_fingerprint
+from reprotune._run.layout import RunLayout
 from reprotune._run.record import utc_now
 from reprotune._train.batches import IGNORE_INDEX, encode_example
 from reprotune._train.hooks import hf_progress_bars
@@ -124,7 +126,7 @@ def run_eval(
             inputs.adapter_dir,
             device=str(device),
             allow_tokenizer_change=allow_tokenizer_change,
-            record_path=inputs.run_dir / "record.json",
+            record_path=RunLayout(inputs.run_dir).record,
         )
     settings = GenerationSettings.from_config(cfg, inputs.seeds)
     prompts = [_encode_prompt(loaded.tokenizer, row, inputs) for row in inputs.rows]
@@ -306,7 +308,7 @@ def _record(
     adapter = None
     if inputs.adapter_files is not None:
         adapter = {
-            "sha256": inputs.adapter_files.get("adapter_model.safetensors"),
+            "sha256": inputs.adapter_files.get(run_layout.ADAPTER_WEIGHTS),
             "files": dict(inputs.adapter_files),
             "merged": False,
         }

@@ -24,6 +24,7 @@ from reprotune._config.schema import ExperimentConfig
 from reprotune._config.secrets import mask_secrets
 from reprotune._determinism.flags import determinism_flags
 from reprotune._jsonio import sha256_bytes
+from reprotune._run import layout
 from reprotune._run.kernels import kernel_facts
 from reprotune._run.redact import redact_env
 from reprotune._run.stack import stack_facts
@@ -237,7 +238,11 @@ def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess[bytes]:
 #: study directories, the MLflow store and its artifacts. They never make a tree dirty.
 DEFAULT_OUTPUTS: tuple[str, ...] = ("runs", "studies", "mlflow.db", "mlartifacts", "mlruns")
 #: A directory holding one of these is a reprotune output (a run, verification or study directory).
-_OUTPUT_MARKERS: tuple[str, ...] = ("record.json", "verification.json", "study.json")
+_OUTPUT_MARKERS: tuple[str, ...] = (
+    layout.RECORD,
+    layout.VERIFICATION,
+    "study.json",
+)  # _studies.layout.STUDY, a pillar above
 
 
 def own_outputs(cfg: ExperimentConfig, run_dir: Path) -> list[Path]:

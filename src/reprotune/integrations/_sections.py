@@ -33,6 +33,7 @@ from reprotune._errors import InputError
 from reprotune._jsonio import canonical_dumps, json_safe, sha256_bytes
 from reprotune._model.identity import config_file_names, files_sha256, tokenizer_file_names, weight_file_names
 from reprotune._model.lora import lora_config_dict
+from reprotune._run import layout
 from reprotune.integrations.controls import Controls
 
 #: TrainingArguments that name where things go or how they are shown, never what is computed:
@@ -202,7 +203,7 @@ def data_section(
         "file_sha256": manifest.dataset_sha256 if manifest else None,
         "n_rows": manifest.n_rows if manifest else n_train,
         "manifest_sha256": manifest_sha256,
-        "manifest_file": "split.json" if manifest else None,
+        "manifest_file": layout.MANIFEST if manifest else None,
         "split_sizes": dict(manifest.sizes) if manifest else {},
         "train_rows": n_train,
         "train_rows_sha256": train_sha,

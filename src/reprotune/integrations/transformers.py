@@ -32,6 +32,7 @@ from transformers import TrainerCallback
 
 from reprotune._data.manifest import Manifest, load_manifest
 from reprotune._model.lora import WeightsHasher, trainable_tensors
+from reprotune._run import layout
 from reprotune._run.claim import unused_path
 from reprotune._run.fingerprint import (
     CodeInfo,
@@ -182,7 +183,7 @@ class ReprotuneCallback(TrainerCallback):
             data = sections.data_section(getattr(loader, "dataset", None), eval_dataset, self._manifest, None)
         findings = self._findings(args, model, loader, sampler, model_info, data)
         code, environment = self._code_and_environment(args, model)
-        code_record = code.to_record(patch_file="code.patch" if code.diff else None)
+        code_record = code.to_record(patch_file=layout.PATCH if code.diff else None)
         mlflow_run = run_to_link(self._mlflow, report, run_name=f"reprotune-{config_sha[:8]}")
         trackers = make_trackers(self._wandb, self._wandb_project, mlflow_run=mlflow_run)
         if resumed_from:
