@@ -53,7 +53,7 @@ def write_project(root: Path, steps: int) -> None:
     """The tiny model, its data, and one config per strategy in ``root``."""
     import yaml
 
-    from reprotune._model.tiny import build_tiny_model, write_tiny_dataset
+    from reprotune.testing import build_tiny_model, write_tiny_dataset
 
     build_tiny_model(root / "tiny-model", seed=0)
     write_tiny_dataset(root / "data.jsonl", 400, seed=0, n_categories=3)

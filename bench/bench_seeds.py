@@ -44,10 +44,10 @@ import yaml
 
 from _machine import cpu_pressure
 from reprotune._config.loading import load_config
-from reprotune._model.tiny import build_tiny_model, write_tiny_dataset
 from reprotune._studies.plan import plan_study
 from reprotune._studies.study import StudyOptions, run_study
 from reprotune._train.run import RunOptions, run_experiment
+from reprotune.testing import build_tiny_model, write_tiny_dataset
 
 TARGET = 1.05
 

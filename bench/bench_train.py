@@ -78,7 +78,7 @@ TINY_CONFIG: dict[str, Any] = {
 
 def _tiny_project(root: Path, steps: int) -> Path:
     """Write the tiny model, data and config (MLflow store inside ``root``); return the config path."""
-    from reprotune._model.tiny import build_tiny_model, write_tiny_dataset
+    from reprotune.testing import build_tiny_model, write_tiny_dataset
 
     build_tiny_model(root / "tiny-model", seed=0)
     write_tiny_dataset(root / "data.jsonl", 80, seed=0, n_categories=3)

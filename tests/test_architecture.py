@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_eval",),
     ("_proof", "_doctor"),
     ("_studies",),
-    ("_cli", "__init__", "__main__"),
+    ("_cli", "__init__", "__main__", "testing"),
 )
 _LEVEL = {name: level for level, names in enumerate(LAYERS) for name in names}
 #: Modules of the run path (``reprotune run``), whose functions must fit on one screen.

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from reprotune._model.tiny import build_tiny_model, write_tiny_dataset
+from reprotune.testing import build_tiny_model, write_tiny_dataset
 from warm import run_reprotune
 
 BASE_CONFIG: dict[str, Any] = {

@@ -21,12 +21,12 @@ from safetensors.torch import load_file, save_file
 from reprotune._cli import main
 from reprotune._config.loading import load_config
 from reprotune._jsonio import canonical_dumps, sha256_bytes, sha256_file
-from reprotune._model.tiny import build_tiny_model
 from reprotune._run.checkpoint import STATE_FILE, list_checkpoints
 from reprotune._run.claim import claim_run_dir
 from reprotune._run.layout import RunLayout
 from reprotune._run.record import load_record, start_record, write_record
 from reprotune._train.run import RunOptions, resume_run, run_experiment
+from reprotune.testing import build_tiny_model
 from tinyrun import TinyProject
 
 QUIET = ("--no-progress", "--no-tracking")

@@ -248,8 +248,8 @@ def test_split_command_makes_the_runs_split(tmp_path: Path) -> None:
     import shlex
 
     from reprotune._determinism.seeds import derive_seeds
-    from reprotune._model.tiny import write_tiny_dataset
     from reprotune._train.data import prepare_data
+    from reprotune.testing import write_tiny_dataset
 
     data = write_tiny_dataset(tmp_path / "data.jsonl", 60, seed=0, n_categories=3)
     settings = {

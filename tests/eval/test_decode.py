@@ -14,7 +14,7 @@ from reprotune._config.schema import ExperimentConfig, ModelConfig
 from reprotune._eval.decode import Generated, generate_rows, rowwise_attention, sample_row, warp_row
 from reprotune._eval.model import EvalModel, load_eval_model
 from reprotune._eval.settings import GenerationSettings, row_seed
-from reprotune._model.tiny import build_tiny_model
+from reprotune.testing import build_tiny_model
 
 GREEDY = GenerationSettings("greedy", 1.0, 0, 1.0, max_new_tokens=10, eval_seed=7)
 SAMPLE = GenerationSettings("sample", 0.8, 50, 0.95, max_new_tokens=10, eval_seed=7)

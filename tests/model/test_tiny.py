@@ -1,4 +1,4 @@
-"""Tests for reprotune._model.tiny: the tiny Llama, its byte-level tokenizer and the tiny dataset."""
+"""Tests for reprotune.testing: the tiny Llama, its byte-level tokenizer and the tiny dataset."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from reprotune._errors import InputError
-from reprotune._model.tiny import TINY_CHAT_TEMPLATE, build_tiny_model, tiny_rows, write_tiny_dataset
+from reprotune.testing import TINY_CHAT_TEMPLATE, build_tiny_model, tiny_rows, write_tiny_dataset
 
 
 def _sha(path: Path) -> str:
@@ -36,7 +36,7 @@ def test_same_seed_same_bytes_across_processes(tiny_dir: Path, tmp_path: Path) -
     """A build in a fresh Python process writes the same model.safetensors bytes."""
     code = (
         "import sys, torch; torch.set_num_threads(1); torch.manual_seed(12345);"
-        "from pathlib import Path; from reprotune._model.tiny import build_tiny_model;"
+        "from pathlib import Path; from reprotune.testing import build_tiny_model;"
         "build_tiny_model(Path(sys.argv[1]), seed=0)"
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "other")], check=True, capture_output=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from reprotune._model.tiny import build_tiny_model, write_tiny_dataset
 from reprotune._proof.compare import compare_runs
+from reprotune.testing import build_tiny_model, write_tiny_dataset
 from tinyrun import TinyProject
 
 SHORT = {"max_steps": 3, "eval_every": 3, "save_every": 0}

@@ -21,7 +21,6 @@ import torch
 from reprotune._errors import InputError
 from reprotune._jsonio import canonical_dumps, sha256_bytes, sha256_file
 from reprotune._model.lora import apply_lora, tensors_sha256, trainable_tensors
-from reprotune._model.tiny import build_tiny_model
 from reprotune._run.checkpoint import (
     STATE_FILE,
     CheckpointState,
@@ -33,6 +32,7 @@ from reprotune._run.checkpoint import (
 )
 from reprotune._run.ledger import hexf
 from reprotune._train.optim import build_optimizer, build_scheduler
+from reprotune.testing import build_tiny_model
 
 # The checkpoint hardening proposed in /tmp/resume_fix_1.patch (state.json hashes itself and must list
 # exactly the data files; a pickled object is an InputError). Until the lead applies it, the tests

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from reprotune._errors import InputError
-from reprotune._model.tiny import build_tiny_model, build_tiny_tokenizer
 from reprotune._train.batches import IGNORE_INDEX, collate, encode_example, encode_row, truncate
+from reprotune.testing import build_tiny_model, build_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -270,8 +270,8 @@ def test_loss_from_kept_logits_matches_every_logit(tmp_path: Path, side: str) ->
     """Skipping the prompt's logits changes the loss and its gradients only by float rounding."""
     from transformers import AutoModelForCausalLM
 
-    from reprotune._model.tiny import build_tiny_model
     from reprotune._train.batches import collate
+    from reprotune.testing import build_tiny_model
 
     model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "m", seed=0))
     assert supports_logits_to_keep(model)

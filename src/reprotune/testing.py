@@ -1,4 +1,6 @@
-"""A tiny Llama with a byte-level tokenizer, and a tiny dataset, built deterministically for tests.
+"""``reprotune.testing``: a tiny Llama with a byte-level tokenizer, and a tiny dataset, built
+deterministically for tests and benchmarks (this project's, and a user's own tests of a pipeline
+around reprotune). Nothing in reprotune's own commands imports it.
 
 ``build_tiny_model`` writes a Hugging Face model directory (``config.json``,
 ``model.safetensors``, tokenizer files) that loads with ``AutoModelForCausalLM`` and
