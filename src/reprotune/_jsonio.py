@@ -23,14 +23,17 @@ from reprotune._faults import kill_point
 _CHUNK = 1 << 20
 
 
-def _default_mode() -> int:
-    """The mode a plain ``open()`` would give a new file (mkstemp's is 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
+def _read_umask() -> int:
+    """The process's umask (reading it means setting it: done once, at import)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
-_FILE_MODE = _default_mode()
+_UMASK = _read_umask()
+#: The modes a plain ``open()`` and ``mkdir`` give a new file and directory (mkstemp's is 0600).
+_FILE_MODE = 0o666 & ~_UMASK
+_DIR_MODE = 0o777 & ~_UMASK
 
 
 def canonical_dumps(obj: Any, *, indent: int | None = 1) -> str:
@@ -232,7 +235,7 @@ def publishing_dir(target: Path, *, replace: bool) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     aside: Path | None = None
     try:
-        os.chmod(tmp, 0o777 & ~_umask())
+        os.chmod(tmp, _DIR_MODE)
         yield tmp
         for path in sorted(tmp.rglob("*")):
             if path.is_file() and not path.is_symlink():
@@ -248,21 +251,16 @@ def publishing_dir(target: Path, *, replace: bool) -> Iterator[Path]:
             os.rename(tmp, target)
         except BaseException:
             if aside is not None:
-                os.replace(aside / target.name, target)
+                os.replace(aside / target.name, target)  # if this fails too, aside keeps the old one
+                shutil.rmtree(aside, ignore_errors=True)
+                aside = None
             raise
         fsync_dir(target.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    finally:
-        if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    if aside is not None:  # the new directory is in place: the old one can go
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def sha256_bytes(data: bytes) -> str:

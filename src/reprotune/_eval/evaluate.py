@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -367,15 +368,16 @@ def _write_eval_dir(final: Path, predictions: bytes, record: dict[str, Any]) -> 
             paths = EvalLayout(building)
             write_bytes_atomic(paths.predictions, predictions)
             write_json_atomic(paths.eval_file, record)
-    except FileExistsError as exc:
+    except OSError as exc:
+        taken = final.exists() or final.is_symlink()
+        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not taken:
+            raise InputError(
+                f"cannot create the eval directory {final}: {exc.strerror or exc}",
+                source=str(final),
+                fix="choose a directory you can write to (--out)",
+            ) from None
         raise InputError(
             f"cannot put the eval directory in place at {final}: {exc.strerror or exc}",
             source=str(final),
             fix="choose a new directory (--out): an eval never overwrites",
-        ) from None
-    except OSError as exc:  # the folder cannot be made or renamed there
-        raise InputError(
-            f"cannot create the eval directory {final}: {exc.strerror or exc}",
-            source=str(final),
-            fix="choose a directory you can write to (--out)",
         ) from None

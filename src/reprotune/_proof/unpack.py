@@ -72,8 +72,10 @@ def unpack(bundle: Path, target: Path) -> Unpacked:
     """
     if target.exists() and any(target.iterdir()):
         raise InputError(f"{target} exists and is not empty", fix="choose a new directory with --out")
-    with publishing_dir(target, replace=True) as tmp:  # replaces nothing but an empty directory
+    with publishing_dir(target, replace=False) as tmp:
         manifest = _extract_checked(bundle, tmp)
+        with contextlib.suppress(FileNotFoundError):
+            target.rmdir()  # an empty one is taken; one filled meanwhile is refused (OSError)
     data_member = (manifest.get("data") or {}).get("member")
     return Unpacked(
         root=target,

@@ -24,7 +24,8 @@ DATA_FILES = ("optimizer.pt", "rng.json", "rng.safetensors", "trainable.safetens
 TRAINER_DATA_POSITION = "the data position"
 TRAINER_PIECES = {
     "rng": "its dropout and sampling draws differ from the uninterrupted run's",
-    "optimizer.pt": "the optimizer's moments and step count start again from zero",
+    "optimizer.pt": "the optimizer's moments and step count start again from zero, and the "
+    "learning-rate schedule with them (the Trainer restores the two only together)",
     "scheduler.pt": "the learning-rate schedule starts again, and the optimizer's state with it",
     "scaler.pt": "the fp16 loss scale starts again from its initial value",
     TRAINER_DATA_POSITION: "ignore_data_skip=True: the resumed epoch starts again from its first batch",

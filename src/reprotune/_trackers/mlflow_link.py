@@ -11,9 +11,10 @@ it. The record's ``trackers.mlflow`` then names the run, and ``reprotune verify`
 there too.
 
 With ``ReprotuneCallback(mlflow=True)`` and no MLflow run active at train begin (the Trainer does
-not report there), the callback starts one itself (:func:`start_own_run`: MLflow's tracking URI
-in force, ``MLFLOW_EXPERIMENT_ID`` or ``MLFLOW_EXPERIMENT_NAME`` else experiment ``reprotune``);
-then this tracker also logs each step's metrics and ends the run with the run's status.
+not report there), this tracker starts one itself when the run directory is claimed (MLflow's
+tracking URI in force, ``MLFLOW_EXPERIMENT_ID`` or ``MLFLOW_EXPERIMENT_NAME`` else experiment
+``reprotune``), logs each step's metrics to it and ends it with the run's status (FAILED when the
+run's end was never recorded). Its failures are a tracker's: reported, never stopping training.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from reprotune._errors import InputError
 from reprotune._run.record import Status
 from reprotune._trackers.base import RunDescription
 
@@ -34,13 +36,17 @@ class MlflowRunLink:
 
     name = "mlflow"
 
-    def __init__(self, tracking_uri: str, run_id: str, *, owned: bool = False) -> None:
+    def __init__(self, tracking_uri: str, run_id: str | None, *, run_name: str = "reprotune") -> None:
         from mlflow.tracking import MlflowClient
 
-        self.tracking_uri, self.run_id, self.owned = tracking_uri, run_id, owned
+        #: ``run_id`` None: the tracker starts the run itself (in :meth:`start`) and ends it.
+        self.tracking_uri, self.run_id, self.owned = tracking_uri, run_id or "", run_id is None
+        self._run_name, self._ended = run_name, False
         self._client = MlflowClient(tracking_uri=tracking_uri)
 
     def start(self, run: RunDescription) -> None:
+        if self.owned:
+            self.run_id = _create_run(self._client, self._run_name)
         for key, value in {**run.tags, "reprotune.run_dir": str(Path(run.run_dir).resolve())}.items():
             self._client.set_tag(self.run_id, key, value)
 
@@ -67,6 +73,7 @@ class MlflowRunLink:
         if self.owned:
             ended = {"completed": "FINISHED", "stopped": "FINISHED", "interrupted": "KILLED"}
             self._client.set_terminated(self.run_id, ended.get(status, "FAILED"))
+            self._ended = True
         return {
             "tracking_uri": self.tracking_uri,
             "mlflow_run_id": self.run_id,
@@ -74,7 +81,11 @@ class MlflowRunLink:
         }
 
     def close(self) -> None:
-        return None
+        """A run this tracker started and did not finish (it failed, or the run's end was never
+        recorded) is ended FAILED rather than left RUNNING."""
+        if self.owned and self.run_id and not self._ended:
+            self._ended = True
+            self._client.set_terminated(self.run_id, "FAILED")
 
 
 def active_mlflow_run() -> tuple[str, str] | None:
@@ -89,35 +100,48 @@ def active_mlflow_run() -> tuple[str, str] | None:
     return str(mlflow.get_tracking_uri()), str(run.info.run_id)
 
 
-def start_own_run(run_name: str) -> tuple[str, str]:
-    """Start an MLflow run for a Trainer that reports nowhere: (tracking URI, run id). The URI in
-    force (``MLFLOW_TRACKING_URI`` or MLflow's default); the experiment ``MLFLOW_EXPERIMENT_ID``,
-    else ``MLFLOW_EXPERIMENT_NAME``, else ``reprotune`` (made if missing)."""
-    import mlflow
-    from mlflow.tracking import MlflowClient
-
-    uri = str(mlflow.get_tracking_uri())
-    client = MlflowClient(tracking_uri=uri)
+def _create_run(client: Any, run_name: str) -> str:
+    """A new run in the experiment ``MLFLOW_EXPERIMENT_ID`` names, else ``MLFLOW_EXPERIMENT_NAME``,
+    else ``reprotune`` (made if missing); its id."""
     experiment_id = os.environ.get("MLFLOW_EXPERIMENT_ID")
     if not experiment_id:
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "reprotune"
         found = client.get_experiment_by_name(name)
         experiment_id = found.experiment_id if found is not None else client.create_experiment(name)
-    return uri, str(client.create_run(experiment_id, run_name=run_name).info.run_id)
+    return str(client.create_run(experiment_id, run_name=run_name).info.run_id)
 
 
-def run_to_link(
-    setting: bool | None, report: Callable[[str], None], run_name: str
-) -> tuple[str, str, bool] | None:
-    """The MLflow run ``ReprotuneCallback(mlflow=setting)`` mirrors to, as (tracking URI, run id,
-    started here): the active one unless False; with True and none active, one started here."""
+def require_mlflow(where: str) -> None:
+    """Refuse, where the callback is made (on every rank alike), to mirror to MLflow without it.
+
+    Raises:
+        InputError: mlflow is not installed.
+    """
+    try:
+        import mlflow  # noqa: F401
+    except ImportError:
+        raise InputError(
+            f"{where} needs mlflow, which is not installed",
+            source=where,
+            fix="pip install mlflow, or leave mlflow= unset",
+        ) from None
+
+
+def run_to_link(setting: bool | None, report: Callable[[str], None]) -> tuple[str, str | None] | None:
+    """The MLflow run ``ReprotuneCallback(mlflow=setting)`` mirrors to, as (tracking URI, run id):
+    the active one unless False; with True and none active, (the tracking URI in force, None): a
+    run the tracker starts when the run directory is claimed (MLflow's failures are then a
+    tracker's, which never stop training).
+    """
     if setting is False:
         return None
     found = active_mlflow_run()
     if found is not None:
-        return (*found, False)
+        return found
     if not setting:
         return None
-    uri, run_id = start_own_run(run_name)
-    report(f"reprotune: no MLflow run was active: started run {run_id} at {uri}")
-    return uri, run_id, True
+    import mlflow
+
+    uri = str(mlflow.get_tracking_uri())
+    report(f"reprotune: no MLflow run is active: the run is mirrored to a new one at {uri}")
+    return uri, None

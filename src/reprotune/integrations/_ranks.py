@@ -13,7 +13,7 @@ above INFO level when any is missing.
 from __future__ import annotations
 
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,15 +33,24 @@ SCHEDULER_FILE = "scheduler.pt"
 SCALER_FILE = "scaler.pt"
 
 
-def gather(fact: _T) -> list[_T]:
-    """``fact`` of every rank, in rank order (all ranks must call it at the same point)."""
+def gather(build: Callable[[], _T]) -> list[_T]:
+    """``build()`` of every rank, in rank order (all ranks must call it at the same point). A rank
+    whose ``build`` raises still joins the gather, and then every rank raises, naming it: one rank
+    failing alone would leave the others waiting in the collective."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return [fact]
+        return [build()]
+    try:
+        mine: tuple[Any, str | None] = (build(), None)
+    except Exception as exc:
+        mine = (None, f"rank {dist.get_rank()}: {type(exc).__name__}: {exc}")
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, fact)
-    return gathered
+    dist.all_gather_object(gathered, mine)
+    errors = [error for _, error in gathered if error]
+    if errors:
+        raise RuntimeError(f"reprotune could not read every rank's facts: {'; '.join(errors)}")
+    return [fact for fact, _ in gathered]
 
 
 def identity(args: Any) -> dict[str, Any]:
@@ -89,15 +98,24 @@ def restore_plan(
     directory = Path(checkpoint)
     plan = saved_state(directory, args)
     missing: list[str] = [] if plan["rng_sha256"] else [plan["rng_file"]]
-    if not any((directory / name).is_file() for name in OPTIMIZER_FILES):
-        missing.append(OPTIMIZER_FILES[0])
-    if not (directory / SCHEDULER_FILE).is_file():
-        missing.append(SCHEDULER_FILE)
+    if not getattr(args, "deepspeed", None):  # DeepSpeed restores its optimizer and schedule itself
+        if not _has_optimizer(directory):
+            missing.append(OPTIMIZER_FILES[0])
+        if not (directory / SCHEDULER_FILE).is_file():
+            missing.append(SCHEDULER_FILE)
     if scaling and not (directory / SCALER_FILE).is_file():
         missing.append(SCALER_FILE)
     if mid_epoch and bool(getattr(args, "ignore_data_skip", False)):
         missing.append(DATA_POSITION)
     return {**plan, "missing": missing}
+
+
+def _has_optimizer(directory: Path) -> bool:
+    """Whether the Trainer finds an optimizer state there, as its loader looks: ``optimizer.pt``
+    or ``optimizer.bin``, or a folder named for it (sharded FSDP's ``optimizer_0/``)."""
+    if any((directory / name).is_file() for name in OPTIMIZER_FILES):
+        return True
+    return directory.is_dir() and any(p.is_dir() and "optimizer" in p.name for p in directory.iterdir())
 
 
 def saved_ranks(checkpoint: str | None) -> dict[int, Mapping[str, Any]]:

@@ -206,6 +206,7 @@ class RunWriter:
             return
         self.finished = True
         record, paths = self.record, self.paths
+        trackers_done = False
         try:
             self.ledger.close()
             record["status"] = status
@@ -231,8 +232,12 @@ class RunWriter:
                 )
             with contextlib.suppress(Exception):
                 record["trackers"] = redact_data(self.trackers.finish(status))
+            trackers_done = True
             write_record(paths.record, record)
         finally:
+            if not trackers_done:  # saving failed: the trackers still hear how the run ended
+                with contextlib.suppress(Exception):
+                    self.trackers.finish("failed")
             self._lock.release()
 
     def _timings(self) -> dict[str, Any]:
@@ -312,15 +317,15 @@ def make_trackers(
     project: str,
     on_failure: Callable[[str], None] = report,
     *,
-    mlflow_run: tuple[str, str, bool] | None = None,
+    mlflow_run: tuple[str, str | None] | None = None,
+    run_name: str = "reprotune",
 ) -> TrackerSet:
     """The callback's trackers: W&B when asked for (offline unless WANDB_MODE says otherwise), and
-    the MLflow run the script logs to (``mlflow_run``: tracking URI, run id, and whether the
-    callback started it), linked."""
+    the MLflow run the script logs to (``mlflow_run``: tracking URI and run id), linked; a run id
+    None: a run the tracker starts (named ``run_name``) and ends."""
     trackers: list[Tracker] = [WandbTracker(project)] if wandb else []
     if mlflow_run is not None:
-        uri, run_id, owned = mlflow_run
-        trackers.append(MlflowRunLink(uri, run_id, owned=owned))
+        trackers.append(MlflowRunLink(*mlflow_run, run_name=run_name))
     return TrackerSet(trackers, report=on_failure)
 
 

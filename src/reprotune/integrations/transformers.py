@@ -42,7 +42,7 @@ from reprotune._run.fingerprint import (
 )
 from reprotune._run.ledger import train_line, val_line
 from reprotune._run.record import Status, utc_now
-from reprotune._trackers.mlflow_link import run_to_link
+from reprotune._trackers.mlflow_link import require_mlflow, run_to_link
 from reprotune._trackers.wandb import import_wandb
 from reprotune._version import __version__
 from reprotune.integrations import _ranks as ranks_of
@@ -98,7 +98,7 @@ class ReprotuneCallback(TrainerCallback):
             each step's metrics); False: never.
 
     Raises:
-        InputError: a manifest that cannot be read, W&B asked for but not installed, or a bad
+        InputError: a manifest that cannot be read, W&B or MLflow asked for but not installed, or a bad
             ``REPROTUNE_*`` environment variable.
     """
 
@@ -120,6 +120,8 @@ class ReprotuneCallback(TrainerCallback):
         )
         if wandb:
             import_wandb("ReprotuneCallback(wandb=True)")
+        if mlflow:
+            require_mlflow("ReprotuneCallback(mlflow=True)")
         self._wandb, self._wandb_project = wandb, wandb_project
         self._code_dir = Path(code_dir) if code_dir is not None else sections.script_dir()
         # torch's RNG now, before the Trainer re-seeds it: was the PEFT model built after the seed?
@@ -152,7 +154,7 @@ class ReprotuneCallback(TrainerCallback):
         loader = kwargs.get("train_dataloader")
         checkpoint = self._checkpoint_path(args, int(state.global_step))
         ranks = ranks_of.gather(
-            ranks_of.rank_facts(args, state, loader, trainer=self._trainer, checkpoint=checkpoint)
+            lambda: ranks_of.rank_facts(args, state, loader, trainer=self._trainer, checkpoint=checkpoint)
         )
         if not state.is_world_process_zero:
             # Every rank orders its rows with its own sampler: a negative control's perturbation
@@ -184,13 +186,15 @@ class ReprotuneCallback(TrainerCallback):
         findings = self._findings(args, model, loader, sampler, model_info, data)
         code, environment = self._code_and_environment(args, model)
         code_record = code.to_record(patch_file=layout.PATCH if code.diff else None)
-        mlflow_run = run_to_link(self._mlflow, report, run_name=f"reprotune-{config_sha[:8]}")
-        trackers = make_trackers(self._wandb, self._wandb_project, mlflow_run=mlflow_run)
+        mlflow_run = run_to_link(self._mlflow, report)
+        trackers = make_trackers(
+            self._wandb, self._wandb_project, mlflow_run=mlflow_run, run_name=f"reprotune-{config_sha[:8]}"
+        )
         if resumed_from:
             self._run = RunWriter.resume(
                 self._resume_dir(args, resumed_from),
                 from_step=resumed_from,
-                checkpoint=self._checkpoint,
+                checkpoint=self._checkpoint_path(args, resumed_from),
                 config_sha256=config_sha,
                 code=code_record,
                 environment=environment,
@@ -283,7 +287,7 @@ class ReprotuneCallback(TrainerCallback):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         # Every rank (a collective): its facts and the sha256 of the RNG file it just saved.
-        ranks = ranks_of.gather(ranks_of.saved_state(checkpoint, args))
+        ranks = ranks_of.gather(lambda: ranks_of.saved_state(checkpoint, args))
         if self._run is None or self._run.finished:
             return
         self._run.ledger.sync()  # every line up to the checkpoint is on disk before it is used
