@@ -22,31 +22,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from _machine import timed_reprotune
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 TARGET = 0.3
-
-
-def _timed(args: list[str], log: Path, cwd: Path) -> float:
-    env = {
-        **os.environ,
-        "MLFLOW_DISABLE_TELEMETRY": "true",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    started = time.perf_counter()
-    with open(log, "ab") as out:
-        command = [sys.executable, "-m", "reprotune", *args]
-        code = subprocess.call(command, stdout=out, stderr=out, env=env, cwd=cwd)
-    if code not in (0, 1):
-        raise SystemExit(f"`reprotune {' '.join(args)}` failed ({code}); see {log}")
-    return time.perf_counter() - started
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,8 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     run_dir, out = work / "run", work / "spot"
     # In the work directory: the code fingerprint is of no repository (this one may change while
     # the benchmark runs, and a spot check refuses code that differs from the run's).
-    run_s = _timed(["run", str(QUICKSTART), "--run-dir", str(run_dir), "--no-progress", *sets], log, work)
-    spot_s = _timed(["verify", str(run_dir), "--spot", "--out", str(out)], log, work)
+    run_s = timed_reprotune(
+        ["run", str(QUICKSTART), "--run-dir", str(run_dir), "--no-progress", *sets], log, work
+    )
+    spot_s = timed_reprotune(["verify", str(run_dir), "--spot", "--out", str(out)], log, work)
     verification = json.loads((out / "verification.json").read_text(encoding="utf-8"))
     spot = verification["spot"]
     ratio = spot_s / run_s

@@ -20,31 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from _machine import timed_reprotune
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 TARGETS = {"verify --reference": 1.5, "verify": 2.5}
-
-
-def _timed(args: list[str], log: Path) -> float:
-    env = {
-        **os.environ,
-        "MLFLOW_DISABLE_TELEMETRY": "true",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    started = time.perf_counter()
-    with open(log, "ab") as out:
-        code = subprocess.call([sys.executable, "-m", "reprotune", *args], stdout=out, stderr=out, env=env)
-    if code not in (0, 1):
-        raise SystemExit(f"`reprotune {' '.join(args)}` failed ({code}); see {log}")
-    return time.perf_counter() - started
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,17 +45,19 @@ def main(argv: list[str] | None = None) -> int:
         log = work / "bench.log"
         config = str(args.config)
         seconds = {
-            "run": _timed(["run", config, "--run-dir", str(work / "ref"), "--no-progress", *sets], log)
+            "run": timed_reprotune(
+                ["run", config, "--run-dir", str(work / "ref"), "--no-progress", *sets], log
+            )
         }
         fast, thorough, full = work / "fast", work / "thorough", work / "full"
-        seconds["verify --reference"] = _timed(
+        seconds["verify --reference"] = timed_reprotune(
             ["verify", config, "--reference", str(work / "ref"), "--out", str(fast), *sets], log
         )
-        seconds["verify --reference --thorough"] = _timed(
+        seconds["verify --reference --thorough"] = timed_reprotune(
             ["verify", config, "--reference", str(work / "ref"), "--out", str(thorough), "--thorough", *sets],
             log,
         )
-        seconds["verify"] = _timed(["verify", config, "--out", str(full), *sets], log)
+        seconds["verify"] = timed_reprotune(["verify", config, "--out", str(full), *sets], log)
         fast_record = json.loads((fast / "verification.json").read_text())
         legs = fast_record["legs"]
         verdicts = {name: json.loads((d / "verification.json").read_text())["verdict"] for name, d in
