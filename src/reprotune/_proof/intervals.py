@@ -65,13 +65,21 @@ def interval_lines(run_dir: Path, start: int, end: int) -> dict[tuple[str, int],
     return out
 
 
-def differing_lines(
+def first_difference(
     mine: dict[tuple[str, int], dict[str, Any]], theirs: dict[tuple[str, int], dict[str, Any]]
-) -> list[tuple[str, int]]:
-    """The (kind, step) of every line that differs, in step order (init, train, then val)."""
+) -> tuple[int, list[str]] | None:
+    """The first step whose ledger line differs (init, train, then val within a step) and that
+    line's differing fields as ``"<kind> <field>"``; None when every line is the same."""
     order = {"init": 0, "train": 1, "val": 2}
-    keys = (k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-    return sorted(keys, key=lambda k: (k[1], order[k[0]]))
+    keys = sorted(
+        (k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k)),
+        key=lambda k: (k[1], order[k[0]]),
+    )
+    if not keys:
+        return None
+    kind, step = keys[0]
+    a, b = mine.get(keys[0], {}), theirs.get(keys[0], {})
+    return step, [f"{kind} {field}" for field in sorted(set(a) | set(b)) if a.get(field) != b.get(field)]
 
 
 def coverage(

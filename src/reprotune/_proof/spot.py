@@ -32,6 +32,7 @@ from reprotune._proof.intervals import (
     DEFAULT_BUDGET,
     Interval,
     coverage,
+    first_difference,
     interval_lines,
     plan_intervals,
 )
@@ -224,11 +225,7 @@ def _judge_interval(reference: Path, interval: Interval, plan: dict[str, Any], t
         interval_lines(run_dir, interval.start, interval.end),
         interval_lines(reference, interval.start, interval.end),
     )
-    order = {"init": 0, "train": 1, "val": 2}
-    differing = sorted(
-        (k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k)),
-        key=lambda k: (k[1], order[k[0]]),
-    )
+    first = first_difference(mine, theirs)
     end_state, end_ok = _end_state(reference, run_dir, interval.end, total)
     leg.evidence = {
         "from": interval.start,
@@ -236,17 +233,12 @@ def _judge_interval(reference: Path, interval: Interval, plan: dict[str, Any], t
         "steps": interval.steps,
         "end_state": end_state,
     }
-    if differing:
-        kind, step = differing[0][0], differing[0][1]
-        fields = sorted(
-            f
-            for f in set(mine.get((kind, step), {})) | set(theirs.get((kind, step), {}))
-            if mine.get((kind, step), {}).get(f) != theirs.get((kind, step), {}).get(f)
-        )
-        leg.evidence.update(first_divergence=step, differing=[f"{kind} {f}" for f in fields])
+    if first is not None:
+        step, fields = first
+        leg.evidence.update(first_divergence=step, differing=fields)
         if step > 0:
             leg.note += "; " + _trace_hint(reference, step, plan)
-    leg.verdict = "IDENTICAL" if not differing and end_ok else "DIVERGED"
+    leg.verdict = "IDENTICAL" if first is None and end_ok else "DIVERGED"
     leg.passed = leg.verdict == leg.expected
     return leg
 

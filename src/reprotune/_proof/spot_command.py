@@ -23,7 +23,7 @@ from typing import Any
 
 from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file, write_json_atomic
-from reprotune._proof.intervals import Interval, coverage, interval_lines, plan_intervals
+from reprotune._proof.intervals import Interval, coverage, first_difference, interval_lines, plan_intervals
 from reprotune._proof.verification import Leg, judge_leg
 from reprotune._proof.verify_command import (
     TRAINER_OUTPUT,
@@ -124,11 +124,7 @@ def _interval_leg(
         run.leg(name, Controls(run_dir=leg_dir, resume_from=checkpoint, stop_after=stop))
     mine = interval_lines(leg_dir, interval.start, interval.end)
     theirs = interval_lines(reference, interval.start, interval.end)
-    order = {"init": 0, "train": 1, "val": 2}
-    differing = sorted(
-        (k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k)),
-        key=lambda k: (k[1], order[k[0]]),
-    )
+    first = first_difference(mine, theirs)
     end_state, end_ok = _end_state(reference, leg_dir, interval.end, total)
     evidence: dict[str, Any] = {
         "from": interval.start,
@@ -136,9 +132,9 @@ def _interval_leg(
         "steps": interval.steps,
         "end_state": end_state,
     }
-    if differing:
-        evidence["first_divergence"] = differing[0][1]
-    verdict = "IDENTICAL" if not differing and end_ok else "DIVERGED"
+    if first is not None:
+        evidence["first_divergence"], evidence["differing"] = first
+    verdict = "IDENTICAL" if first is None and end_ok else "DIVERGED"
     origin = "the initial state" if interval.start == 0 else f"Trainer checkpoint-{interval.start}"
     return Leg(
         name,
