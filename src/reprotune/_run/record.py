@@ -17,6 +17,8 @@ Importing this module never imports torch: compare and report read records.
 from __future__ import annotations
 
 import os
+import statistics
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -305,3 +307,30 @@ def _find_config_dir(config: Mapping[str, Any], run_dir: Path) -> Path:
             if (parent / path).exists():
                 return parent
     return candidates[1] if len(candidates) > 1 else run_dir.resolve().parent  # runs/<id>/ -> project
+
+
+def attempt_timings(
+    started: float,
+    step_times: Sequence[float],
+    steps_done: int,
+    recording_s: float,
+    save_times: list[float] | None,
+) -> dict[str, Any]:
+    """The record's ``timings`` of one attempt, from its step and checkpoint times (``save_times``
+    None: checkpoints not made by reprotune, as in a Trainer's run, and not timed)."""
+    total = sum(step_times)
+    timings = {
+        "ended_at": utc_now(),
+        "duration_s": round(time.perf_counter() - started, 3),
+        "steps_done": steps_done,
+        "step_time_s_mean": round(statistics.fmean(step_times), 6) if step_times else None,
+        # The median ignores the first step's warm-up and one-off stalls: the loop's typical pace.
+        "step_time_s_median": round(float(statistics.median(step_times)), 6) if step_times else None,
+        # The ledger lines, weights hashes and tracker hand-offs of this attempt's steps, timed
+        # where they run: what recording cost this run, as a share of its step time.
+        "recording_time_s": round(recording_s, 6),
+        "recording_share": round(recording_s / total, 6) if total else None,
+    }
+    if save_times is not None:  # checkpoint saves of this attempt (ledger sync included), in the step times
+        timings["checkpoint_time_s"] = round(sum(save_times), 6)
+    return timings

@@ -10,17 +10,14 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from reprotune._faults import kill_point
 from reprotune._run.checkpoint import CheckpointState, save_checkpoint
 from reprotune._run.ledger import LedgerWriter, init_line, train_line, val_line
-from reprotune._run.record import utc_now
 from reprotune._trackers.base import TrackerSet
 from reprotune._train.dist_checkpoint import save_distributed_checkpoint
 from reprotune._train.loop import StepEnd
@@ -225,24 +222,3 @@ def step_predicate(recording: bool | Callable[[int], bool]) -> Callable[[int], b
     if callable(recording):
         return recording
     return (lambda _step: True) if recording else (lambda _step: False)
-
-
-def attempt_timings(
-    started: float, step_times: Sequence[float], steps_done: int, recording_s: float, save_times: list[float]
-) -> dict[str, Any]:
-    """The record's ``timings`` of one attempt, from its step and checkpoint times."""
-    total = sum(step_times)
-    return {
-        "ended_at": utc_now(),
-        "duration_s": round(time.perf_counter() - started, 3),
-        "steps_done": steps_done,
-        "step_time_s_mean": round(float(np.mean(step_times)), 6) if step_times else None,
-        # The median ignores the first step's warm-up and one-off stalls: the loop's typical pace.
-        "step_time_s_median": round(float(np.median(step_times)), 6) if step_times else None,
-        # The ledger lines, weights hashes and tracker hand-offs of this attempt's steps, timed
-        # where they run: what recording cost this run, as a share of its step time.
-        "recording_time_s": round(recording_s, 6),
-        "recording_share": round(recording_s / total, 6) if total else None,
-        # Checkpoint saves of this attempt (ledger sync included), part of the step times.
-        "checkpoint_time_s": round(sum(save_times), 6),
-    }

@@ -34,7 +34,7 @@ from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import LedgerWriter, hexf, truncate_ledger
 from reprotune._run.lock import holding_run_dir
 from reprotune._run.nospace import no_space_in_run
-from reprotune._run.record import Status, load_record, start_record, utc_now, write_record
+from reprotune._run.record import Status, attempt_timings, load_record, start_record, utc_now, write_record
 from reprotune._run.redact import redact_data, redact_value
 from reprotune._trackers.base import RunDescription, Tracker, TrackerSet, flatten_params, tracker_tags
 from reprotune._trackers.mlflow import MlflowTracker
@@ -58,7 +58,6 @@ from reprotune._train.hooks import (
     ProgressHook,
     Stopwatch,
     TrackerHook,
-    attempt_timings,
     hf_progress_bars,
     step_predicate,
 )

@@ -10,7 +10,6 @@ one :meth:`RunWriter.finish` whatever happened: completed (adapter saved and has
 from __future__ import annotations
 
 import contextlib
-import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +30,7 @@ from reprotune._run.drift import refuse_code_drift, section_drift
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import Entry, LedgerWriter, read_ledger, truncate_ledger
 from reprotune._run.lock import RunDirLock, lock_run_dir
-from reprotune._run.record import Status, load_record, utc_now, write_record
+from reprotune._run.record import Status, attempt_timings, load_record, utc_now, write_record
 from reprotune._run.redact import redact_data, redact_value
 from reprotune._trackers.base import RunDescription, Tracker, TrackerSet, flatten_params, tracker_tags
 from reprotune._trackers.mlflow_link import MlflowRunLink
@@ -241,17 +240,8 @@ class RunWriter:
             self._lock.release()
 
     def _timings(self) -> dict[str, Any]:
-        times, total = self._step_times, sum(self._step_times)
-        done = len(times)
-        return {
-            "ended_at": utc_now(),
-            "duration_s": round(time.perf_counter() - self._started, 3),
-            "steps_done": done,
-            "step_time_s_mean": round(total / done, 6) if done else None,
-            "step_time_s_median": round(statistics.median(times), 6) if done else None,
-            "recording_time_s": round(self._recording_s, 6),
-            "recording_share": round(self._recording_s / total, 6) if total else None,
-        }
+        times = self._step_times
+        return attempt_timings(self._started, times, len(times), self._recording_s, save_times=None)
 
 
 def _restored(ranks: Sequence[Mapping[str, Any]], checkpoint: str | None) -> dict[str, Any]:
