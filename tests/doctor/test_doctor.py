@@ -18,7 +18,8 @@ from reprotune._data.manifest import write_manifest
 from reprotune._data.split import split_table
 from reprotune._doctor import probe as _probe
 from reprotune._doctor.doctor import run_doctor
-from reprotune._doctor.findings import FINDING_CODES, DoctorReport, Finding
+from reprotune._doctor.findings import FINDING_CODES, DoctorReport
+from reprotune._run.findings import Finding
 
 REPO = Path(__file__).resolve().parents[2]
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")

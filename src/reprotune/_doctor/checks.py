@@ -1,10 +1,9 @@
 """The doctor's static checks: one small function per thing that can break reproducibility.
 
-They look at the config, the determinism flags the config's mode puts in force, the environment
-variables, git and the data; each :class:`Finding` says how bad it is, why it matters and how to
-fix it. Every check is one function of a :class:`Context` in :data:`CHECKS`, in report order; a new
-check is a function added there, with its finding codes added to ``FINDING_CODES`` and
-docs/doctor.md.
+They look at the config, the determinism flags its mode puts in force, the environment variables,
+git and the data; each :class:`Finding` says how bad it is, why it matters and how to fix it. Every
+check is one function of a :class:`Context` in :data:`CHECKS`, in report order; a new check is a
+function added there, its finding codes added to ``FINDING_CODES`` and docs/doctor.md.
 """
 
 from __future__ import annotations
@@ -16,7 +15,8 @@ from reprotune._config.schema import BUILTIN_PREFIX
 from reprotune._determinism.flags import CUBLAS_DETERMINISTIC_VALUES, CUBLAS_ENV
 from reprotune._doctor.data_checks import check_columns, check_data
 from reprotune._doctor.dist_checks import check_nccl, check_ranks
-from reprotune._doctor.findings import Check, Context, Finding
+from reprotune._doctor.findings import Check, Context
+from reprotune._run.findings import Finding
 from reprotune._run.fingerprint import code_fingerprint, installed_distributions
 from reprotune._run.kernels import kernel_facts
 from reprotune._run.stack import stack_facts

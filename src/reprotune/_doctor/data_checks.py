@@ -12,9 +12,10 @@ from reprotune._data.columns import missing_columns
 from reprotune._data.loaders import load_table
 from reprotune._data.manifest import load_manifest
 from reprotune._determinism.seeds import derive_seeds
-from reprotune._doctor.findings import Context, Finding
+from reprotune._doctor.findings import Context
 from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file
+from reprotune._run.findings import Finding
 
 
 def check_data(ctx: Context) -> list[Finding]:

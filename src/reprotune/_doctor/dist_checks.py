@@ -12,8 +12,9 @@ import datetime
 import os
 import socket
 
-from reprotune._doctor.findings import Context, Finding
+from reprotune._doctor.findings import Context
 from reprotune._errors import InputError
+from reprotune._run.findings import Finding
 from reprotune._run.fingerprint import environment_fingerprint
 from reprotune._run.ranks import check_ranks_agree
 

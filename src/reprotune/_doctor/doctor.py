@@ -18,9 +18,10 @@ from reprotune._config.schema import ExperimentConfig
 from reprotune._determinism.device import resolve_device
 from reprotune._determinism.flags import CUBLAS_ENV, apply_determinism
 from reprotune._doctor.checks import CHECKS
-from reprotune._doctor.findings import SEVERITIES, Context, DoctorReport, Finding
+from reprotune._doctor.findings import Context, DoctorReport
 from reprotune._doctor.probe import run_probe
 from reprotune._errors import InputError
+from reprotune._run.findings import SEVERITIES, Finding
 
 # --- the doctor ----------------------------------------------------------------------------------
 

@@ -8,41 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from reprotune._config.schema import ExperimentConfig
-
-Severity = Literal["error", "warning", "info"]
-SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One thing the doctor found.
-
-    Attributes:
-        code: stable identifier (docs/doctor.md lists them all).
-        severity: ``error`` (exit 1), ``warning`` or ``info``.
-        title: what was found, naming the value.
-        why: why it matters for reproducibility.
-        fix: what to do about it.
-    """
-
-    code: str
-    severity: Severity
-    title: str
-    why: str
-    fix: str
-
-    def to_dict(self) -> dict[str, str]:
-        """JSON-safe form."""
-        return {
-            "code": self.code,
-            "severity": self.severity,
-            "title": self.title,
-            "why": self.why,
-            "fix": self.fix,
-        }
+from reprotune._run.findings import SEVERITIES, Finding
 
 
 @dataclass(frozen=True)

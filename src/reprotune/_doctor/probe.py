@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from reprotune._doctor.findings import Finding
+from reprotune._run.findings import Finding
 
 
 def _probe_pass(device: str) -> tuple[str, str]:

@@ -10,11 +10,10 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from reprotune._compat import sampling_strategy
-
-Severity = Literal["error", "warning", "info"]
+from reprotune._run.findings import Finding, Severity
 
 #: Every finding code the callback can record (docs/integrations.md explains each).
 FINDING_CODES: tuple[str, ...] = (
@@ -98,7 +97,7 @@ class TrainerFacts:
 
 
 def _finding(code: str, severity: Severity, title: str, why: str, fix: str) -> dict[str, str]:
-    return {"code": code, "severity": severity, "title": title, "why": why, "fix": fix}
+    return Finding(code, severity, title, why, fix).to_dict()  # the record's form, as doctor's
 
 
 @dataclass(frozen=True)
