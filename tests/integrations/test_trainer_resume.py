@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -77,3 +78,36 @@ def test_an_exact_resume_records_every_piece_restored(
     assert attempt["rng_restored"] is True and [r["missing"] for r in attempt["ranks"]] == [[]]
     assert not {"rng_missing", "rng_changed", "state_missing"} & attempt.keys()
     assert compare_runs(project.root / "whole", project.root / "cut").verdict.value == "IDENTICAL"
+
+
+def test_resume_from_checkpoint_true_is_checked_against_the_checkpoint_the_trainer_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``trainer.train(resume_from_checkpoint=True)`` (the Trainer takes its last checkpoint): the
+    callback checks that checkpoint, here one whose RNG file was replaced, not a path named "True"."""
+    from trainer_scripts import tiny_trainer
+
+    from reprotune.integrations.transformers import ReprotuneCallback
+    from reprotune.testing import tiny_rows
+    from tinyrun import TinyProject
+
+    model_dir = TinyProject.create(tmp_path / "project").root / "tiny-model"
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+
+    def trainer() -> Any:
+        make = lambda: ReprotuneCallback(run_dir, code_dir=tmp_path)  # noqa: E731
+        return tiny_trainer(model_dir, tiny_rows(40, seed=1), out, make, max_steps=8)
+
+    monkeypatch.setenv(controls.STOP_AFTER, "4")
+    trainer().train()
+    monkeypatch.delenv(controls.STOP_AFTER)
+    checkpoint = out / "checkpoint-4"
+    states = torch.load(checkpoint / "rng_state.pth", weights_only=False)
+    states["cpu"] = torch.Generator().manual_seed(12345).get_state()
+    torch.save(states, checkpoint / "rng_state.pth")
+    capsys.readouterr()
+    trainer().train(resume_from_checkpoint=True)
+
+    assert f"another RNG state than it saved: rng_state.pth in {checkpoint} is not" in capsys.readouterr().err
+    attempt = load_record(run_dir)["attempts"][-1]
+    assert attempt["from_checkpoint"] == str(checkpoint) and attempt["rng_changed"] == ["rng_state.pth"]
