@@ -88,7 +88,7 @@ def test_an_rng_file_other_than_the_one_saved_is_found_by_its_hash(tmp_path: Pat
     assert plan is not None and ranks.rng_changed([plan], str(checkpoint)) == ["rng_state.pth"]
     assert (
         "the run resumes with another RNG state than it saved"
-        in ranks.resume_problems([plan], str(checkpoint))[0]
+        in ranks.resume_problems([plan], str(checkpoint), ["rng_state.pth"])[0]
     )
 
 

@@ -11,17 +11,13 @@ it. The record's ``trackers.mlflow`` then names the run, and ``reprotune verify`
 there too.
 
 With ``ReprotuneCallback(mlflow=True)`` and no MLflow run active at train begin (the Trainer does
-not report there), this tracker starts one itself when the run directory is claimed (MLflow's
-tracking URI in force, ``MLFLOW_EXPERIMENT_ID`` or ``MLFLOW_EXPERIMENT_NAME`` else experiment
-``reprotune``), logs each step's metrics to it and ends it with the run's status (FAILED when the
-run's end was never recorded). Its failures are a tracker's: reported, never stopping training.
+not report there), :func:`run_to_link` answers with no run id, and the callback mirrors the run
+with the tracker ``reprotune run`` uses (``_trackers.mlflow.MlflowTracker``) instead.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,29 +32,18 @@ class MlflowRunLink:
 
     name = "mlflow"
 
-    def __init__(self, tracking_uri: str, run_id: str | None, *, run_name: str = "reprotune") -> None:
+    def __init__(self, tracking_uri: str, run_id: str) -> None:
         from mlflow.tracking import MlflowClient
 
-        #: ``run_id`` None: the tracker starts the run itself (in :meth:`start`) and ends it.
-        self.tracking_uri, self.run_id, self.owned = tracking_uri, run_id or "", run_id is None
-        self._run_name, self._ended = run_name, False
+        self.tracking_uri, self.run_id = tracking_uri, run_id
         self._client = MlflowClient(tracking_uri=tracking_uri)
 
     def start(self, run: RunDescription) -> None:
-        if self.owned:
-            self.run_id = _create_run(self._client, self._run_name)
         for key, value in {**run.tags, "reprotune.run_dir": str(Path(run.run_dir).resolve())}.items():
             self._client.set_tag(self.run_id, key, value)
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        if not self.owned:
-            return  # the Trainer logs its own metrics to this run
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        self._client.log_batch(
-            self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()]
-        )
+        return None  # the Trainer logs its own metrics to this run
 
     def log_artifacts(self, paths: Mapping[str, Path]) -> None:
         for key, path in paths.items():
@@ -70,22 +55,14 @@ class MlflowRunLink:
 
     def finish(self, status: Status) -> dict[str, Any]:
         self._client.set_tag(self.run_id, "reprotune.status", status)
-        if self.owned:
-            ended = {"completed": "FINISHED", "stopped": "FINISHED", "interrupted": "KILLED"}
-            self._client.set_terminated(self.run_id, ended.get(status, "FAILED"))
-            self._ended = True
         return {
             "tracking_uri": self.tracking_uri,
             "mlflow_run_id": self.run_id,
-            "linked": "started by ReprotuneCallback(mlflow=True)" if self.owned else "the Trainer's run",
+            "linked": "the Trainer's run",
         }
 
     def close(self) -> None:
-        """A run this tracker started and did not finish (it failed, or the run's end was never
-        recorded) is ended FAILED rather than left RUNNING."""
-        if self.owned and self.run_id and not self._ended:
-            self._ended = True
-            self._client.set_terminated(self.run_id, "FAILED")
+        return None
 
 
 def active_mlflow_run() -> tuple[str, str] | None:
@@ -98,17 +75,6 @@ def active_mlflow_run() -> tuple[str, str] | None:
     if run is None:
         return None
     return str(mlflow.get_tracking_uri()), str(run.info.run_id)
-
-
-def _create_run(client: Any, run_name: str) -> str:
-    """A new run in the experiment ``MLFLOW_EXPERIMENT_ID`` names, else ``MLFLOW_EXPERIMENT_NAME``,
-    else ``reprotune`` (made if missing); its id."""
-    experiment_id = os.environ.get("MLFLOW_EXPERIMENT_ID")
-    if not experiment_id:
-        name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "reprotune"
-        found = client.get_experiment_by_name(name)
-        experiment_id = found.experiment_id if found is not None else client.create_experiment(name)
-    return str(client.create_run(experiment_id, run_name=run_name).info.run_id)
 
 
 def require_mlflow(where: str) -> None:
@@ -130,9 +96,7 @@ def require_mlflow(where: str) -> None:
 def run_to_link(setting: bool | None, report: Callable[[str], None]) -> tuple[str, str | None] | None:
     """The MLflow run ``ReprotuneCallback(mlflow=setting)`` mirrors to, as (tracking URI, run id):
     the active one unless False; with True and none active, (the tracking URI in force, None): a
-    run the tracker starts when the run directory is claimed (MLflow's failures are then a
-    tracker's, which never stop training).
-    """
+    run of its own, made as ``reprotune run`` makes one (``MlflowTracker``)."""
     if setting is False:
         return None
     found = active_mlflow_run()

@@ -144,10 +144,12 @@ def rng_changed(plans: Sequence[Mapping[str, Any]], checkpoint: str | None) -> l
     return changed
 
 
-def resume_problems(plans: Sequence[Mapping[str, Any]], checkpoint: str | None) -> list[str]:
+def resume_problems(
+    plans: Sequence[Mapping[str, Any]], checkpoint: str | None, changed: Sequence[str]
+) -> list[str]:
     """One sentence per piece a rank will not restore, naming the rank and the file, in rank
-    order; an RNG file other than the one the rank saved there counts as not restored."""
-    changed = rng_changed(plans, checkpoint)
+    order; an RNG file other than the one the rank saved there (``changed``, from
+    :func:`rng_changed`) counts as not restored."""
     problems: list[str] = []
     for plan in plans:
         who = f"rank {plan['rank']}" if len(plans) > 1 else "the run"

@@ -10,12 +10,14 @@ one :meth:`RunWriter.finish` whatever happened: completed (adapter saved and has
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from reprotune._config.schema import TrackingConfig
 from reprotune._data.manifest import Manifest, write_manifest
 from reprotune._errors import InputError
 from reprotune._jsonio import (
@@ -33,6 +35,7 @@ from reprotune._run.lock import RunDirLock, lock_run_dir
 from reprotune._run.record import Status, attempt_timings, load_record, utc_now, write_record
 from reprotune._run.redact import redact_data, redact_value
 from reprotune._trackers.base import RunDescription, Tracker, TrackerSet, flatten_params, tracker_tags
+from reprotune._trackers.mlflow import MlflowTracker
 from reprotune._trackers.mlflow_link import MlflowRunLink
 from reprotune._trackers.wandb import WandbTracker
 from reprotune.integrations._ranks import CHECKPOINT_MARKER, resume_problems, rng_changed
@@ -248,11 +251,10 @@ def _restored(ranks: Sequence[Mapping[str, Any]], checkpoint: str | None) -> dic
     """The attempt's record of what its ranks restore, each missing piece warned about: the RNG
     files not found (``rng_missing``) or not the ones saved there (``rng_changed``), and the
     other pieces (``state_missing``: optimizer, schedule, scaler, data position)."""
-    problems = resume_problems(ranks, checkpoint)
-    for line in problems:
+    changed = rng_changed(ranks, checkpoint)
+    for line in resume_problems(ranks, checkpoint, changed):
         report(f"warning: {line}")
     rng_missing = [r["rng_file"] for r in ranks if r["rng_file"] in r["missing"]]
-    changed = rng_changed(ranks, checkpoint)
     state_missing = sorted({p for r in ranks for p in r["missing"] if p != r["rng_file"]})
     restored: dict[str, Any] = {
         "rng_restored": not (rng_missing or changed),
@@ -308,14 +310,21 @@ def make_trackers(
     on_failure: Callable[[str], None] = report,
     *,
     mlflow_run: tuple[str, str | None] | None = None,
-    run_name: str = "reprotune",
 ) -> TrackerSet:
     """The callback's trackers: W&B when asked for (offline unless WANDB_MODE says otherwise), and
     the MLflow run the script logs to (``mlflow_run``: tracking URI and run id), linked; a run id
-    None: a run the tracker starts (named ``run_name``) and ends."""
+    None: a run of its own at that URI, mirrored by ``reprotune run``'s own tracker (metrics off
+    the training step, in a child process), in the experiment ``MLFLOW_EXPERIMENT_NAME`` names
+    (else ``reprotune``), its artifacts under ``mlartifacts`` when it makes the experiment."""
     trackers: list[Tracker] = [WandbTracker(project)] if wandb else []
     if mlflow_run is not None:
-        trackers.append(MlflowRunLink(*mlflow_run, run_name=run_name))
+        uri, run_id = mlflow_run
+        if run_id is not None:
+            trackers.append(MlflowRunLink(uri, run_id))
+        else:
+            defaults = TrackingConfig()
+            experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or defaults.experiment
+            trackers.append(MlflowTracker(uri, defaults.artifact_location, experiment))
     return TrackerSet(trackers, report=on_failure)
 
 

@@ -187,9 +187,7 @@ class ReprotuneCallback(TrainerCallback):
         code, environment = self._code_and_environment(args, model)
         code_record = code.to_record(patch_file=layout.PATCH if code.diff else None)
         mlflow_run = run_to_link(self._mlflow, report)
-        trackers = make_trackers(
-            self._wandb, self._wandb_project, mlflow_run=mlflow_run, run_name=f"reprotune-{config_sha[:8]}"
-        )
+        trackers = make_trackers(self._wandb, self._wandb_project, mlflow_run=mlflow_run)
         if resumed_from:
             self._run = RunWriter.resume(
                 self._resume_dir(args, resumed_from),
