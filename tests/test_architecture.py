@@ -107,3 +107,24 @@ def test_test_modules_have_unique_names() -> None:
     of one name in different folders stop the whole collection."""
     names = [p.name for p in (SRC.parents[1] / "tests").rglob("test_*.py")]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+def test_one_run_writer() -> None:
+    """Every path that writes a run directory ends an attempt in ``_train.writer.RunWriter``: the
+    Trainer callback imports from ``_train`` that module alone, and no other module writes a run's
+    ``outputs`` or finishes its trackers."""
+    for path in sorted((SRC / "integrations").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        train_imports = {
+            node.module
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("reprotune._train")
+        }
+        assert train_imports <= {"reprotune._train.writer"}, f"{path.relative_to(SRC)}: {train_imports}"
+    finishers = sorted(
+        str(path.relative_to(SRC))
+        for path in _modules()
+        if 'record["outputs"] =' in path.read_text(encoding="utf-8")
+        or "trackers.finish(" in path.read_text(encoding="utf-8")
+    )
+    assert finishers == ["_train/writer.py"], finishers

@@ -58,6 +58,7 @@ class TrackerSet:
     trackers: list[Tracker]
     report: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
     failures: dict[str, str] = field(default_factory=dict)
+    summaries: dict[str, Any] | None = None  # set by the first finish; a second returns it
 
     def _each(self, action: str, call: Callable[[Tracker], Any]) -> None:
         for tracker in list(self.trackers):
@@ -83,7 +84,12 @@ class TrackerSet:
         self._each("log_artifacts", lambda t: t.log_artifacts(paths))
 
     def finish(self, status: Status) -> dict[str, Any]:
-        """Finish every tracker; return each one's summary (or its failure) for the record."""
+        """Finish every tracker once; return each one's summary (or its failure) for the record.
+
+        A second call (a run whose end is recorded again as failed) returns the first's summaries.
+        """
+        if self.summaries is not None:
+            return self.summaries
         summaries: dict[str, Any] = {}
 
         def _finish(tracker: Tracker) -> None:
@@ -92,6 +98,7 @@ class TrackerSet:
         self._each("finish", _finish)
         for name, error in self.failures.items():
             summaries[name] = {"ok": False, "error": error}
+        self.summaries = summaries
         return summaries
 
 

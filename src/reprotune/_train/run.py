@@ -11,11 +11,9 @@ The run directory layout is in docs/run-directory.md (file names: ``_run.layout`
 
 from __future__ import annotations
 
-import contextlib
-import sys
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ from reprotune._config.schema import ExperimentConfig
 from reprotune._determinism.seeds import derive_seeds
 from reprotune._errors import InputError
 from reprotune._faults import armed as crash_test_armed
-from reprotune._jsonio import sha256_file, write_bytes_atomic
+from reprotune._jsonio import write_bytes_atomic
 from reprotune._model.lora import save_adapter
 from reprotune._run.checkpoint import restore_latest_checkpoint
 from reprotune._run.claim import check_run_dir_free, claim_run_dir, new_run_dir, unlanded_first_record
@@ -34,9 +32,8 @@ from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import LedgerWriter, hexf, truncate_ledger
 from reprotune._run.lock import holding_run_dir
 from reprotune._run.nospace import no_space_in_run
-from reprotune._run.record import Status, attempt_timings, load_record, start_record, utc_now, write_record
-from reprotune._run.redact import redact_data, redact_value
-from reprotune._trackers.base import RunDescription, Tracker, TrackerSet, flatten_params, tracker_tags
+from reprotune._run.record import Status, attempt_timings, load_record, start_record
+from reprotune._trackers.base import Tracker, TrackerSet
 from reprotune._trackers.mlflow import MlflowTracker
 from reprotune._trackers.wandb import WandbTracker
 from reprotune._train.dist_run import (
@@ -67,6 +64,7 @@ from reprotune._train.setup import Setup, build_setup, with_saved_manifest
 from reprotune._train.sharding import adapter_state, distribute_setup
 from reprotune._train.signals import interrupt_on_signals, recording_the_end
 from reprotune._train.turn import training_turn
+from reprotune._train.writer import RunWriter
 
 
 def run_experiment(cfg: ExperimentConfig, options: RunOptions = DEFAULT_OPTIONS) -> RunResult:
@@ -93,7 +91,7 @@ def _run_new(cfg: ExperimentConfig, options: RunOptions, dist: DistContext | Non
     check_run_dir_free(run_dir)
     record = start_record(run_dir.name, cfg, derive_seeds(cfg.seed.root, dict(cfg.seed.overrides)))
     run = _Run(RunLayout(run_dir), record, TrackerSet([]), dist=dist)
-    with hf_progress_bars(options.progress), interrupt_on_signals(), _closed_if_unrecorded(run):
+    with hf_progress_bars(options.progress), interrupt_on_signals(), run.closed_if_unrecorded():
         run.trackers = build_trackers(cfg, options, run.report)
         setup = distribute_setup(build_setup(cfg, manifest=options.manifest), dist)
         with holding_run_dir(run_dir, report=run.report):
@@ -129,7 +127,7 @@ def _resume(run_dir: Path, options: RunOptions, dist: DistContext | None) -> Run
         holding_run_dir(run_dir, report=run.report),
         hf_progress_bars(options.progress),
         interrupt_on_signals(),
-        _closed_if_unrecorded(run),
+        run.closed_if_unrecorded(),
     ):
         run.record = load_record(paths.record)  # read under the lock: no other writer now
         if run.record.get("status") == "completed":
@@ -147,35 +145,11 @@ def _resume(run_dir: Path, options: RunOptions, dist: DistContext | None) -> Run
 
 
 @dataclass
-class _Run:
-    """One attempt of a run while it goes: where it writes, its record, trackers and messages."""
+class _Run(RunWriter):
+    """One attempt of ``reprotune run`` or ``resume`` (on rank 0 of a distributed run)."""
 
-    paths: RunLayout
-    record: dict[str, Any]
-    trackers: TrackerSet
-    started: float = field(default_factory=time.perf_counter)
-    recorded: bool = False
     dist: DistContext | None = None  # rank 0 of a distributed run
     world_change: dict[str, int] | None = None  # an allowed change of world size on resume
-
-    def report(self, line: str) -> None:
-        print(redact_value(line), file=sys.stderr, flush=True)
-
-    def write_record(self) -> None:
-        write_record(self.paths.record, self.record)
-        self.recorded = True
-
-
-@contextlib.contextmanager
-def _closed_if_unrecorded(run: _Run) -> Iterator[None]:
-    """Close the trackers of a run that fails before its first record (``_finish`` does after)."""
-    try:
-        yield
-    except BaseException:
-        if not run.recorded:
-            with contextlib.suppress(Exception):
-                run.trackers.finish("failed")
-        raise
 
 
 def _execute(
@@ -186,11 +160,8 @@ def _execute(
     resume: bool,
     setup: Setup | None = None,
 ) -> RunResult:
-    record, paths = run.record, run.paths
-    record["status"] = "running"
-    record["error"] = None
-    record.setdefault("attempts", []).append({"started_at": utc_now(), "resumed": resume})
-    run.trackers.report = run.report
+    paths = run.paths
+    run.begin_attempt(resumed=resume)
     progress: ProgressHook | None = None
     ledger_hook: LedgerHook | None = None
     loop: LoopResult | None = None
@@ -211,14 +182,7 @@ def _execute(
             paths.ledger.unlink(missing_ok=True)  # a clean ledger for a run from the start
             # Dropout (and anything else drawing from torch's global generator) gets its own seed.
             seed_generators(setup)
-        run.trackers.start(
-            RunDescription(
-                run_id=record["run_id"],
-                run_dir=paths.root,
-                params=flatten_params(record["config"]),
-                tags=tracker_tags(record),
-            )
-        )
+        run.start_trackers()
         run.write_record()
 
         records_step = step_predicate(options.recording)
@@ -339,34 +303,9 @@ def _finish(
     record, paths = run.record, run.paths
     step_times = loop.step_times_s if loop is not None else ()
     steps_done = loop.steps_done if loop is not None else reached
-    record["status"] = status
-    if error is not None:
-        record["error"] = {"type": type(error).__name__, "message": redact_value(str(error))}
-    if setup is not None:
-        adapter_files = save_adapter(setup.model, paths.adapter_dir, state_dict=adapter_state(setup))
-        final_val = loop.final_val_loss if loop is not None else None
-        record["outputs"] = {
-            "adapter_files": adapter_files,
-            "adapter_sha256": adapter_files.get(paths.adapter_weights.name),
-            "ledger_sha256": sha256_file(paths.ledger),
-            "final_val_loss": hexf(final_val) if final_val is not None else None,
-        }
+    save_outputs = None if setup is None else functools.partial(_outputs, run, setup, loop)
     timings = attempt_timings(run.started, step_times, steps_done, stopwatch.seconds, save_times)
-    record["timings"].update(timings)
-    if status == "completed":
-        run.write_record()
-        run.trackers.log_artifacts(
-            {
-                "": paths.record,
-                "ledger": paths.ledger,
-                "adapter": paths.adapter_dir,
-                "split": paths.manifest,
-                "config": paths.config,
-            }
-        )
-    with contextlib.suppress(Exception):
-        record["trackers"] = redact_data(run.trackers.finish(status))
-    run.write_record()
+    run.finish(status, timings=timings, save_outputs=save_outputs, error=error)
     final_val_loss = loop.final_val_loss if loop is not None else None
     return RunResult(
         paths.root,
@@ -378,6 +317,13 @@ def _finish(
         step_times_s=tuple(step_times),
         checkpoint_times_s=tuple(save_times),
     )
+
+
+def _outputs(run: _Run, setup: Setup, loop: LoopResult | None) -> dict[str, Any]:
+    """Save the adapter of a completed run; its files' hashes, the ledger's and the last val loss."""
+    files = save_adapter(setup.model, run.paths.adapter_dir, state_dict=adapter_state(setup))
+    final = loop.final_val_loss if loop is not None else None
+    return run.adapter_outputs(files, final_val_loss=hexf(final) if final is not None else None)
 
 
 def build_trackers(cfg: ExperimentConfig, options: RunOptions, report: Callable[[str], None]) -> TrackerSet:

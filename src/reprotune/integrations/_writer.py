@@ -1,17 +1,18 @@
-"""Writing the run directory of a Trainer-made run: the same files ``reprotune run`` writes.
+"""Writing the run directory of a Trainer-made run: the same files ``reprotune run`` writes, by
+the same writer (``_train.writer.RunWriter``).
 
-One :class:`RunWriter` per attempt (a run, or its resume from a Trainer checkpoint) holds the
-directory's one-writer lock, the record, the ledger and the trackers, and ends the attempt with
-one :meth:`RunWriter.finish` whatever happened: completed (adapter saved and hashed), stopped
-(after the step a verification asked for), failed or interrupted. File names come from
-``_run.layout``, the record is checked by ``_run.record``, the lines by ``_run.ledger``.
+One :class:`TrainerRun` per attempt (a run, or its resume from a Trainer checkpoint) holds the
+directory's one-writer lock and the ledger on top of the run writer, and ends the attempt with one
+:meth:`TrainerRun.end` whatever happened: completed (adapter saved and hashed), stopped (after the
+step a verification asked for), failed or interrupted. File names come from ``_run.layout``, the
+record is checked by ``_run.record``, the lines by ``_run.ledger``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -32,30 +33,22 @@ from reprotune._run.drift import refuse_code_drift, section_drift
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import Entry, LedgerWriter, read_ledger, truncate_ledger
 from reprotune._run.lock import RunDirLock, lock_run_dir
-from reprotune._run.record import Status, attempt_timings, load_record, utc_now, write_record
-from reprotune._run.redact import redact_data, redact_value
-from reprotune._trackers.base import RunDescription, Tracker, TrackerSet, flatten_params, tracker_tags
+from reprotune._run.record import Status, attempt_timings, load_record, write_record
+from reprotune._trackers.base import Tracker, TrackerSet
 from reprotune._trackers.mlflow import MlflowTracker
 from reprotune._trackers.mlflow_link import MlflowRunLink
 from reprotune._trackers.wandb import WandbTracker
+from reprotune._train.writer import RunWriter, report
 from reprotune.integrations._ranks import CHECKPOINT_MARKER, resume_problems, rng_changed
 
 
-def report(line: str) -> None:
-    """Where the callback's notes go: stderr, secrets redacted."""
-    print(redact_value(line), file=sys.stderr, flush=True)
-
-
-class RunWriter:
+class TrainerRun(RunWriter):
     """One attempt of a Trainer-made run, writing its run directory. Use :meth:`new` or :meth:`resume`."""
 
     def __init__(self, paths: RunLayout, record: dict[str, Any], lock: RunDirLock, trackers: TrackerSet):
-        self.paths = paths
-        self.record = record
+        super().__init__(paths, record, trackers)
         self._lock = lock
-        self.trackers = trackers
         self.ledger = LedgerWriter(paths.ledger)
-        self._started = time.perf_counter()
         self._step_times: list[float] = []
         self._recording_s = 0.0
         self.finished = False
@@ -72,7 +65,7 @@ class RunWriter:
         manifest: Manifest | None,
         init_weights_sha256: str,
         trackers: TrackerSet,
-    ) -> RunWriter:
+    ) -> TrainerRun:
         """Claim a new (or empty) ``run_dir``, write the first record, the patch, the manifest and
         the ledger's ``init`` line.
 
@@ -99,8 +92,9 @@ class RunWriter:
             lock.release()
             raise
         writer = cls(paths, record, lock, trackers)
+        writer.recorded = True
         writer.ledger.write({"kind": "init", "step": 0, "weights_sha256": init_weights_sha256})
-        writer._start_trackers()
+        writer.start_trackers()
         return writer
 
     @classmethod
@@ -116,7 +110,7 @@ class RunWriter:
         weights_sha256: str,
         trackers: TrackerSet,
         ranks: Sequence[Mapping[str, Any]],
-    ) -> RunWriter:
+    ) -> TrainerRun:
         """Continue the run in ``run_dir`` from step ``from_step`` (the Trainer's checkpoint):
         the ledger is cut back to that step and a new attempt is recorded, with what each rank
         will restore (``ranks``: :func:`reprotune.integrations._ranks.restore_plan` of every rank):
@@ -139,12 +133,7 @@ class RunWriter:
         try:
             record = load_record(paths.record)
             _check_resumable(paths, record, config_sha256, code)
-            attempt: dict[str, Any] = {
-                "started_at": utc_now(),
-                "resumed": True,
-                "from_step": from_step,
-                "from_checkpoint": checkpoint,
-            }
+            attempt: dict[str, Any] = {"from_step": from_step, "from_checkpoint": checkpoint}
             attempt.update(_restored(ranks, checkpoint))
             drift = section_drift(record.get("environment") or {}, environment, prefix="environment")
             attempt["environment_drift"] = drift
@@ -164,26 +153,14 @@ class RunWriter:
                     f"warning: the weights restored from the checkpoint differ from the ledger's step "
                     f"{from_step}: the checkpoint is not the one this run saved"
                 )
-            record.setdefault("attempts", []).append(attempt)
-            record.update(status="running", error=None)
-            write_record(paths.record, record)
+            writer = cls(paths, record, lock, trackers)  # its ledger opens on the cut ledger
+            writer.begin_attempt(resumed=True, **attempt)
+            writer.write_record()
         except BaseException:
             lock.release()
             raise
-        writer = cls(paths, record, lock, trackers)
-        writer._start_trackers()
+        writer.start_trackers()
         return writer
-
-    def _start_trackers(self) -> None:
-        self.trackers.report = report
-        self.trackers.start(
-            RunDescription(
-                run_id=self.record["run_id"],
-                run_dir=self.paths.root,
-                params=flatten_params(self.record["config"]),
-                tags=tracker_tags(self.record),
-            )
-        )
 
     # -- while training --------------------------------------------------------------------------
 
@@ -202,49 +179,30 @@ class RunWriter:
 
     # -- the end ---------------------------------------------------------------------------------
 
-    def finish(self, status: Status, *, model: Any = None, error: BaseException | None = None) -> None:
-        """End the attempt: adapter (when completed), outputs, timings, trackers, record; unlock."""
+    def end(self, status: Status, *, model: Any = None, error: BaseException | None = None) -> None:
+        """End the attempt once: adapter (when completed), outputs, timings, trackers, record; unlock."""
         if self.finished:
             return
         self.finished = True
-        record, paths = self.record, self.paths
-        trackers_done = False
         try:
             self.ledger.close()
-            record["status"] = status
-            if error is not None:
-                record["error"] = {"type": type(error).__name__, "message": redact_value(str(error))}
-            if status == "completed" and model is not None:
-                files = _save_trainable(model, paths.adapter_dir)
-                record["outputs"] = {
-                    "adapter_files": files,
-                    "adapter_sha256": files.get(paths.adapter_weights.name),
-                    "ledger_sha256": sha256_file(paths.ledger),
-                }
-            record["timings"].update(self._timings())
-            if status == "completed":
-                write_record(paths.record, record)
-                self.trackers.log_artifacts(
-                    {
-                        "": paths.record,
-                        "ledger": paths.ledger,
-                        "adapter": paths.adapter_dir,
-                        "split": paths.manifest,
-                    }
-                )
-            with contextlib.suppress(Exception):
-                record["trackers"] = redact_data(self.trackers.finish(status))
-            trackers_done = True
-            write_record(paths.record, record)
-        finally:
-            if not trackers_done:  # saving failed: the trackers still hear how the run ended
+            completed = status == "completed" and model is not None
+            save = functools.partial(self._outputs, model) if completed else None
+            try:
+                self.finish(status, timings=self._timings(), save_outputs=save, error=error)
+            except BaseException as exc:  # saving failed (a full disk): the run failed, and says so
                 with contextlib.suppress(Exception):
-                    self.trackers.finish("failed")
+                    self.finish("failed", timings=self._timings(), error=exc)
+                raise
+        finally:
             self._lock.release()
+
+    def _outputs(self, model: Any) -> dict[str, Any]:
+        return self.adapter_outputs(_save_trainable(model, self.paths.adapter_dir))
 
     def _timings(self) -> dict[str, Any]:
         times = self._step_times
-        return attempt_timings(self._started, times, len(times), self._recording_s, save_times=None)
+        return attempt_timings(self.started, times, len(times), self._recording_s, save_times=None)
 
 
 def _restored(ranks: Sequence[Mapping[str, Any]], checkpoint: str | None) -> dict[str, Any]:
@@ -328,7 +286,7 @@ def make_trackers(
     return TrackerSet(trackers, report=on_failure)
 
 
-def mark_checkpoint(checkpoint: Path, run: RunWriter, step: int, ranks: Sequence[Mapping[str, Any]]) -> None:
+def mark_checkpoint(checkpoint: Path, run: TrainerRun, step: int, ranks: Sequence[Mapping[str, Any]]) -> None:
     """Name the run a Trainer checkpoint belongs to, inside it (:data:`CHECKPOINT_MARKER`), with
     every rank's facts there (``ranks``: host, device, its RNG file's sha256)."""
     marker = {

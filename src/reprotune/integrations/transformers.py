@@ -44,6 +44,7 @@ from reprotune._run.ledger import train_line, val_line
 from reprotune._run.record import Status, utc_now
 from reprotune._trackers.mlflow_link import require_mlflow, run_to_link
 from reprotune._trackers.wandb import import_wandb
+from reprotune._train.writer import report
 from reprotune._version import __version__
 from reprotune.integrations import _ranks as ranks_of
 from reprotune.integrations import _sections as sections
@@ -64,11 +65,10 @@ from reprotune.integrations._probes import (
     trainer_or_refuse,
 )
 from reprotune.integrations._writer import (
-    RunWriter,
+    TrainerRun,
     checkpoint_run_dir,
     make_trackers,
     mark_checkpoint,
-    report,
 )
 from reprotune.integrations.controls import UNRECORDED_VARIABLES, Controls
 
@@ -129,7 +129,7 @@ class ReprotuneCallback(TrainerCallback):
         self._trainer: Any = None
         self._adapter_made_by_trainer = False
         self._checkpoint: str | None = None
-        self._run: RunWriter | None = None
+        self._run: TrainerRun | None = None
         self._probe = StepProbe()
         self._hasher: WeightsHasher | None = None
         self._steps_per_epoch: int | None = None
@@ -169,7 +169,7 @@ class ReprotuneCallback(TrainerCallback):
             self._trainer, steered=bool(self._controls.resume_from or self._controls.output_dir)
         )
         if self._run is not None and not self._run.finished:
-            self._run.finish("interrupted")  # a second train() on the same callback
+            self._run.end("interrupted")  # a second train() on the same callback
         model, loader = kwargs["model"], kwargs["train_dataloader"]
         sampler, sampler_seed = self._attach(trainer, args, state, loader)
         self._hasher = WeightsHasher(trainable_tensors(model))
@@ -189,7 +189,7 @@ class ReprotuneCallback(TrainerCallback):
         mlflow_run = run_to_link(self._mlflow, report)
         trackers = make_trackers(self._wandb, self._wandb_project, mlflow_run=mlflow_run)
         if resumed_from:
-            self._run = RunWriter.resume(
+            self._run = TrainerRun.resume(
                 self._resume_dir(args, resumed_from),
                 from_step=resumed_from,
                 checkpoint=self._checkpoint_path(args, resumed_from),
@@ -232,7 +232,7 @@ class ReprotuneCallback(TrainerCallback):
             ),
             "findings": findings,
         }
-        self._run = RunWriter.new(
+        self._run = TrainerRun.new(
             self._controls.run_dir or self._run_dir or unused_path(Path("runs"), run_id),
             record,
             patch=code.diff,
@@ -296,7 +296,7 @@ class ReprotuneCallback(TrainerCallback):
         if self._run is None or self._run.finished:
             return
         status: Status = "stopped" if self._stopping else "completed"
-        self._run.finish(status, model=kwargs.get("model"))
+        self._run.end(status, model=kwargs.get("model"))
         report(f"reprotune: run {status}: {self._run.paths.root}")
 
     # -- helpers -----------------------------------------------------------------------------------
@@ -319,7 +319,7 @@ class ReprotuneCallback(TrainerCallback):
                 if self._run is not None and not self._run.finished:
                     status: Status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
                     try:
-                        self._run.finish(status, error=exc)
+                        self._run.end(status, error=exc)
                     except Exception as second:  # the first error is the news
                         report(f"warning: could not record the run's end: {second}")
                 raise

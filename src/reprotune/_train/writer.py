@@ -1,0 +1,136 @@
+"""The one run writer: the record, the trackers and the end of an attempt, for every path that
+writes a run directory (``reprotune run`` and ``resume`` on one process or on rank 0 under torchrun,
+and the Hugging Face Trainer callback, ``integrations._writer``).
+
+An attempt starts (:meth:`RunWriter.begin_attempt`), tells its trackers what runs
+(:meth:`RunWriter.start_trackers`), and ends in :meth:`RunWriter.finish` whatever happened:
+completed (outputs saved and hashed, artifacts logged), stopped, failed or interrupted (with the
+error). The trackers hear how the run ended even when saving its outputs fails. File names come
+from ``_run.layout``; the record is checked by ``_run.record`` when written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reprotune._jsonio import sha256_file
+from reprotune._run.layout import RunLayout
+from reprotune._run.record import Status, utc_now, write_record
+from reprotune._run.redact import redact_data, redact_value
+from reprotune._trackers.base import RunDescription, TrackerSet, flatten_params, tracker_tags
+
+
+def report(line: str) -> None:
+    """Where a run's notes go: stderr, secrets redacted."""
+    print(redact_value(line), file=sys.stderr, flush=True)
+
+
+@dataclass
+class RunWriter:
+    """One attempt of a run, writing its run directory: where it writes, its record and trackers."""
+
+    paths: RunLayout
+    record: dict[str, Any]
+    trackers: TrackerSet
+    started: float = field(default_factory=time.perf_counter)
+    recorded: bool = False  # a record of this attempt is on disk
+
+    def report(self, line: str) -> None:
+        report(line)
+
+    def write_record(self) -> None:
+        write_record(self.paths.record, self.record)
+        self.recorded = True
+
+    def begin_attempt(self, *, resumed: bool, **facts: Any) -> dict[str, Any]:
+        """Mark the record running and add this attempt (``facts``: what it resumed from); return it."""
+        attempt: dict[str, Any] = {"started_at": utc_now(), "resumed": resumed, **facts}
+        self.record.update(status="running", error=None)
+        self.record.setdefault("attempts", []).append(attempt)
+        return attempt
+
+    def start_trackers(self) -> None:
+        """Tell the trackers what runs: its id, directory, flattened config and tags."""
+        self.trackers.report = report
+        self.trackers.start(
+            RunDescription(
+                run_id=self.record["run_id"],
+                run_dir=self.paths.root,
+                params=flatten_params(self.record["config"]),
+                tags=tracker_tags(self.record),
+            )
+        )
+
+    def adapter_outputs(self, adapter_files: Mapping[str, str], **extra: Any) -> dict[str, Any]:
+        """The record's ``outputs`` of a completed run: the adapter's files and the ledger, hashed."""
+        return {
+            "adapter_files": dict(adapter_files),
+            "adapter_sha256": adapter_files.get(self.paths.adapter_weights.name),
+            "ledger_sha256": sha256_file(self.paths.ledger),
+            **extra,
+        }
+
+    def finish(
+        self,
+        status: Status,
+        *,
+        timings: Mapping[str, Any],
+        save_outputs: Callable[[], dict[str, Any]] | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        """End the attempt: its outputs (``save_outputs``, for a completed run), timings and error
+        in the record; the run's files to the trackers when completed; the trackers' summaries.
+
+        When saving fails (a full disk), the trackers hear ``failed`` and the error goes on to
+        the caller, who records the run's end as failed.
+        """
+        record = self.record
+        record["status"] = status
+        if error is not None:
+            record["error"] = {"type": type(error).__name__, "message": redact_value(str(error))}
+        trackers_heard = False
+        try:
+            if save_outputs is not None:
+                record["outputs"] = save_outputs()
+            record["timings"].update(timings)
+            if status == "completed":
+                self.write_record()
+                self.trackers.log_artifacts(self._artifacts())
+            with contextlib.suppress(Exception):
+                record["trackers"] = redact_data(self.trackers.finish(status))
+            trackers_heard = True
+            self.write_record()
+        finally:
+            if not trackers_heard:
+                with contextlib.suppress(Exception):
+                    self.trackers.finish("failed")
+
+    @contextlib.contextmanager
+    def closed_if_unrecorded(self) -> Iterator[None]:
+        """Close the trackers of an attempt that fails before its first record (:meth:`finish`
+        does after)."""
+        try:
+            yield
+        except BaseException:
+            if not self.recorded:
+                with contextlib.suppress(Exception):
+                    self.trackers.finish("failed")
+            raise
+
+    def _artifacts(self) -> dict[str, Path]:
+        """The files a tracker keeps of a completed run (those this run directory holds)."""
+        paths = self.paths
+        artifacts = {
+            "": paths.record,
+            "ledger": paths.ledger,
+            "adapter": paths.adapter_dir,
+            "split": paths.manifest,
+            "config": paths.config,
+        }
+        return {key: path for key, path in artifacts.items() if path.exists()}

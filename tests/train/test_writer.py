@@ -1,0 +1,103 @@
+"""The one run writer (``_train.writer.RunWriter``): how every path that writes a run directory
+(``reprotune run``, rank 0 under torchrun, the Trainer callback) records an attempt and its end."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reprotune._config.schema import ExperimentConfig
+from reprotune._run.layout import RunLayout
+from reprotune._run.record import Status, start_record
+from reprotune._trackers.base import RunDescription, TrackerSet
+from reprotune._train.writer import RunWriter
+
+
+class _Observer:
+    """A tracker that keeps what it was told (a test's observer, not a stand-in for a library)."""
+
+    name = "observer"
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def start(self, run: RunDescription) -> None:
+        self.events.append(("start", run.run_id))
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.events.append(("metrics", step))
+
+    def log_artifacts(self, paths: Mapping[str, Path]) -> None:
+        self.events.append(("artifacts", {key: path.name for key, path in paths.items()}))
+
+    def finish(self, status: Status) -> dict[str, Any]:
+        self.events.append(("finish", status))
+        return {"status_seen": status}
+
+    def close(self) -> None:
+        self.events.append(("close", None))
+
+
+def _writer(tmp_path: Path) -> tuple[RunWriter, _Observer]:
+    observer = _Observer()
+    record = start_record("20261202-000000-abcdef12", ExperimentConfig(), {"root": 0})
+    writer = RunWriter(RunLayout(tmp_path), record, TrackerSet([observer]))
+    writer.begin_attempt(resumed=False)
+    writer.write_record()
+    writer.start_trackers()
+    (tmp_path / "ledger.jsonl").write_text('{"kind": "init", "step": 0}\n', encoding="utf-8")
+    return writer, observer
+
+
+def _saved(writer: RunWriter) -> dict[str, Any]:
+    adapter = writer.paths.adapter_dir
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    return writer.adapter_outputs({"adapter_model.safetensors": "ab" * 32}, final_val_loss=None)
+
+
+def test_completed_attempt_saves_outputs_and_logs_only_files_the_run_holds(tmp_path: Path) -> None:
+    writer, observer = _writer(tmp_path)
+    writer.finish("completed", timings={"steps_done": 3}, save_outputs=lambda: _saved(writer))
+    record = json.loads(writer.paths.record.read_text(encoding="utf-8"))
+    assert record["status"] == "completed"
+    assert record["outputs"]["adapter_sha256"] == "ab" * 32
+    assert record["outputs"]["ledger_sha256"] is not None and "final_val_loss" in record["outputs"]
+    assert record["timings"]["steps_done"] == 3
+    assert record["trackers"] == {"observer": {"ok": True, "status_seen": "completed"}}
+    # No config.yaml and no split.json here (a Trainer-made run without a manifest): not sent.
+    artifacts = dict(observer.events)["artifacts"]
+    assert artifacts == {"": "record.json", "ledger": "ledger.jsonl", "adapter": "adapter"}
+    assert [name for name, _ in observer.events] == ["start", "artifacts", "finish"]
+    assert record["attempts"][-1]["resumed"] is False and record["error"] is None
+
+
+def test_a_failed_save_tells_the_trackers_failed_and_the_end_is_recorded_once(tmp_path: Path) -> None:
+    writer, observer = _writer(tmp_path)
+
+    def full_disk() -> dict[str, Any]:
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        writer.finish("completed", timings={}, save_outputs=full_disk)
+    assert ("finish", "failed") in observer.events
+    # The caller records the end as failed: the trackers are not finished a second time.
+    writer.finish("failed", timings={}, error=OSError(28, "No space left on device"))
+    record = json.loads(writer.paths.record.read_text(encoding="utf-8"))
+    assert record["status"] == "failed" and record["error"]["type"] == "OSError"
+    assert "outputs" not in record
+    assert [e for e in observer.events if e[0] == "finish"] == [("finish", "failed")]
+    assert record["trackers"] == {"observer": {"ok": True, "status_seen": "failed"}}
+
+
+def test_a_resumed_attempt_is_added_with_what_it_resumed_from(tmp_path: Path) -> None:
+    writer, _ = _writer(tmp_path)
+    writer.finish("stopped", timings={})
+    attempt = writer.begin_attempt(resumed=True, from_step=2)
+    assert writer.record["status"] == "running" and writer.record["error"] is None
+    assert attempt["from_step"] == 2 and writer.record["attempts"][-1] is attempt
+    assert [a["resumed"] for a in writer.record["attempts"]] == [False, True]
