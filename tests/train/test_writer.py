@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from reprotune._config.schema import ExperimentConfig
 from reprotune._run.layout import RunLayout
+from reprotune._run.lock import lock_run_dir
 from reprotune._run.record import Status, start_record
 from reprotune._trackers.base import RunDescription, TrackerSet
 from reprotune._train.writer import RunWriter
@@ -101,3 +102,38 @@ def test_a_resumed_attempt_is_added_with_what_it_resumed_from(tmp_path: Path) ->
     assert writer.record["status"] == "running" and writer.record["error"] is None
     assert attempt["from_step"] == 2 and writer.record["attempts"][-1] is attempt
     assert [a["resumed"] for a in writer.record["attempts"]] == [False, True]
+
+
+class _UnsavableAdapter:
+    """A model whose adapter cannot be written (as on a full disk)."""
+
+    peft_config: ClassVar[dict[str, None]] = {"default": None}
+
+    def save_pretrained(self, *args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+
+def test_a_trainer_run_whose_adapter_cannot_be_saved_is_recorded_failed(tmp_path: Path) -> None:
+    """The Trainer callback's runs end in the same writer: a save that fails leaves the record
+    failed (with the error) and the directory unlocked, not a run that seems to go on."""
+    from reprotune.integrations._writer import TrainerRun
+
+    record = start_record("20261202-000000-abcdef12", ExperimentConfig(), {"root": 0})
+    record.update(status="running", error=None, attempts=[{"started_at": "now", "resumed": False}])
+    observer = _Observer()
+    run = TrainerRun.new(
+        tmp_path / "run",
+        record,
+        patch=b"",
+        manifest=None,
+        init_weights_sha256="0" * 64,
+        trackers=TrackerSet([observer]),
+    )
+    with pytest.raises(OSError, match="No space left"):
+        run.end("completed", model=_UnsavableAdapter())
+    written = json.loads(run.paths.record.read_text(encoding="utf-8"))
+    assert written["status"] == "failed" and written["error"]["type"] == "OSError"
+    assert ("finish", "failed") in observer.events and ("finish", "completed") not in observer.events
+    lock_run_dir(tmp_path / "run", report=print).release()  # free again: no InputError
+    run.end("failed")  # once ended, never again
+    assert json.loads(run.paths.record.read_text(encoding="utf-8")) == written
