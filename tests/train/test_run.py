@@ -291,3 +291,38 @@ def test_loss_from_kept_logits_matches_every_logit(tmp_path: Path, side: str) ->
         grads.append(model.lm_head.weight.grad.clone())
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=0)
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
+
+
+def test_a_plain_run_never_enters_the_distributed_modules(tiny_project: Any, tmp_path: Path) -> None:
+    """The seam (``_train.strategy``): a plain run, with validation and a checkpoint, calls no
+    function of the distributed modules; its setup's distribution is ``LOCAL``."""
+    from reprotune._train.strategy import LOCAL
+
+    distributed = ("distributed.py", "dist_step.py", "dist_checkpoint.py", "dist_run.py", "dist_strategy.py")
+    distributed += ("sharding.py",)
+    entered: set[str] = set()
+    seen: list[Any] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            path = frame.f_code.co_filename
+            if "/reprotune/_train/" in path and path.endswith(distributed):
+                entered.add(f"{path.rsplit('/', 1)[-1]}:{frame.f_code.co_name}")
+
+    class Seen:
+        def on_step_end(self, end: Any) -> None:
+            seen.append(end.rank_rows)
+
+    import sys
+
+    sys.setprofile(profile)
+    try:
+        result = _run(tiny_project, tmp_path / "plain", "train.save_every=2", hooks=[Seen()])
+    finally:
+        sys.setprofile(None)
+    assert result.status == "completed" and (tmp_path / "plain" / "checkpoints").is_dir()
+    assert entered == set()
+    assert seen and all(rows is None for rows in seen)
+    from reprotune._train.setup import Setup
+
+    assert Setup.__dataclass_fields__["distribution"].default is LOCAL

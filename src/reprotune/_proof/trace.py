@@ -43,10 +43,9 @@ from reprotune._run.checkpoint_files import list_checkpoints, verify_checkpoint
 from reprotune._run.kernels import kernel_facts
 from reprotune._run.ledger import train_line
 from reprotune._run.rundir import RunDir, open_run_dir
-from reprotune._train.dist_run import seed_generators
-from reprotune._train.loop import train_step
 from reprotune._train.setup import Setup, build_setup
-from reprotune._train.sharding import weights_hasher
+from reprotune._train.step import train_step
+from reprotune._train.strategy import seed_generators
 
 HASH = "xxh3-128"
 #: Ops that move no bytes beyond their inputs' (besides views, which the dispatcher marks).
@@ -326,7 +325,7 @@ def trace_step(
     setup = build_setup(cfg, manifest=run.layout.manifest)
     start = _restore(setup, run, step, say)
     setup.model.train()
-    hasher = weights_hasher(setup)
+    hasher = setup.distribution.weights_hasher(setup)
     before: dict[str, list[str]] = {}
     step_s: float | None = None
     for s in range(start + 1, step):

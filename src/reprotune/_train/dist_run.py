@@ -29,6 +29,7 @@ from reprotune._run.ledger import truncate_ledger
 from reprotune._run.ranks import check_ranks_agree, check_resume_world, ranks_section
 from reprotune._run.record import Status, load_record
 from reprotune._train.dist_checkpoint import Restored, restore_distributed
+from reprotune._train.dist_strategy import distribute_setup
 from reprotune._train.distributed import (
     SEED_PREFIX,
     DistContext,
@@ -37,7 +38,6 @@ from reprotune._train.distributed import (
     is_transport_error,
     lost_rank_error,
     rank_seed,
-    under_torchrun,
 )
 from reprotune._train.hooks import (
     CheckpointHook,
@@ -50,7 +50,7 @@ from reprotune._train.hooks import (
 from reprotune._train.loop import StepHook, train_loop
 from reprotune._train.options import RunOptions, RunResult
 from reprotune._train.setup import Setup, build_setup
-from reprotune._train.sharding import adapter_state, distribute_setup
+from reprotune._train.strategy import seed_generators, under_torchrun
 
 
 def rank_identity(setup: Setup, environment: Mapping[str, Any]) -> dict[str, Any]:
@@ -176,30 +176,6 @@ def note_world_change(record: dict[str, Any], change: Mapping[str, int], restore
     record["attempts"][-1]["world_size_change"] = entry
 
 
-def generator_seed(setup: Setup) -> int:
-    """The seed of torch's global generator when a run starts from step 0: the ``dropout`` seed in
-    a plain run, each rank's own seed in a distributed one (dropout is then seeded per micro-batch)."""
-    if setup.dist is None:
-        return setup.seeds["dropout"]
-    return rank_seed(setup.seeds["dropout"], setup.dist.rank)
-
-
-def seed_generators(setup: Setup) -> None:
-    """Seed the process's global generators when a run starts from step 0: torch's (dropout, and
-    anything else that draws from it) and also Python's ``random`` and NumPy's legacy global RNG,
-    with :func:`generator_seed`. reprotune draws from neither, but a checkpoint holds their states
-    (a resume restores them for a user's hook or library that does): seeded, those states are
-    the same in every rerun, so a checkpoint's RNG file is too (``verify --spot`` compares it)."""
-    import random
-
-    import numpy as np
-
-    seed = generator_seed(setup)
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed([seed & 0xFFFFFFFF, seed >> 32])
-
-
 def torchrun_config(run_dir: Path) -> ExperimentConfig | None:
     """Under torchrun, the config of the run in ``run_dir``, read by every rank (it chooses the
     backend and the device before the ranks can talk); None outside torchrun."""
@@ -263,7 +239,7 @@ def follow_run(cfg: ExperimentConfig, ctx: DistContext, options: RunOptions, *, 
             stop_by_main=bool(options.hooks),  # rank 0 runs them (e.g. --watch-reference): follow it
         )
         if not loop.stopped:
-            adapter_state(setup)  # under FSDP, rank 0 gathers the adapter it saves
+            setup.distribution.adapter_state(setup)  # under FSDP, rank 0 gathers the adapter it saves
     except RuntimeError as exc:
         if not is_transport_error(exc):
             raise

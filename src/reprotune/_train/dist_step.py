@@ -33,7 +33,7 @@ from reprotune._train.distributed import (
     rank_micro_batches,
 )
 from reprotune._train.loss import autocast, logits_to_keep, token_loss_sum
-from reprotune._train.setup import Setup, max_grad_norm
+from reprotune._train.setup import Setup
 from reprotune._train.sharding import (
     add_in_global_order,
     grad_square_sum,
@@ -41,6 +41,7 @@ from reprotune._train.sharding import (
     scale_grads,
     take_gradients,
 )
+from reprotune._train.step import max_grad_norm
 
 #: ``torch.nn.utils.clip_grad_norm_``'s epsilon, so clipping means the same as in a single process.
 _CLIP_EPS = 1e-6

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from reprotune._config.schema import ExperimentConfig
 from reprotune._determinism.device import resolve_device
 from reprotune._errors import InputError, RunFailedError
+from reprotune._train.strategy import under_torchrun
 
 Strategy = Literal["ddp", "fsdp"]
 T = TypeVar("T")
@@ -83,11 +84,6 @@ class DistContext:
     def describe(self) -> dict[str, Any]:
         """World size, backend and strategy (the record's and the checkpoint's ``distributed``)."""
         return {"world_size": self.world_size, "backend": self.backend, "strategy": self.strategy}
-
-
-def under_torchrun() -> bool:
-    """Whether this process was started by ``torchrun`` (``TORCHELASTIC_RUN_ID`` is set)."""
-    return bool(dist.is_torchelastic_launched())
 
 
 def start_process_group(cfg: ExperimentConfig) -> DistContext | None:

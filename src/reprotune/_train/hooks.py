@@ -16,13 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from reprotune._faults import kill_point
-from reprotune._run.checkpoint import CheckpointState, save_checkpoint
+from reprotune._run.checkpoint import CheckpointState
 from reprotune._run.ledger import LedgerWriter, init_line, train_line, val_line
 from reprotune._trackers.base import TrackerSet
-from reprotune._train.dist_checkpoint import save_distributed_checkpoint
 from reprotune._train.loop import StepEnd
 from reprotune._train.setup import Setup
-from reprotune._train.sharding import weights_hasher
 
 
 @dataclass
@@ -53,9 +51,7 @@ class LedgerHook:
         self._ledger = ledger
         self._records_step = records_step
         self._stopwatch = stopwatch
-        # Detached views of the trainable parameters: the optimizer updates them in place, so
-        # one hasher built now hashes the current weights after every step.
-        self._hash_weights = weights_hasher(setup)
+        self._hash_weights = setup.distribution.weights_hasher(setup)
         self.last_step = 0  # the last step whose line was queued (the writer flushes it on exit)
 
     def write_init(self) -> None:
@@ -136,21 +132,7 @@ class CheckpointHook:
             self.ledger.sync()
         position = self.setup.order.position(end.step + 1)
         state = CheckpointState(step=end.step, epoch=end.epoch, position=position)
-        if self.setup.dist is not None:
-            keep = self.setup.cfg.train.keep_checkpoints
-            save_distributed_checkpoint(self.setup, self.directory, state, keep=keep)
-            self.save_times_s.append(time.perf_counter() - t0)
-            return
-        assert self.directory is not None
-        save_checkpoint(
-            self.directory,
-            state,
-            model=self.setup.model,
-            optimizer=self.setup.optimizer,
-            scheduler=self.setup.scheduler,
-            scaler=self.setup.scaler,
-            keep=self.setup.cfg.train.keep_checkpoints,
-        )
+        self.setup.distribution.save_checkpoint(self.setup, self.directory, state)
         self.save_times_s.append(time.perf_counter() - t0)
 
 

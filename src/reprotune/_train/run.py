@@ -42,10 +42,10 @@ from reprotune._train.dist_run import (
     follow_run,
     restore_on_main,
     resume_world_change,
-    seed_generators,
     store_distributed,
     torchrun_config,
 )
+from reprotune._train.dist_strategy import distribute_setup
 from reprotune._train.distributed import DistContext, process_group
 from reprotune._train.faults import fault_hooks
 from reprotune._train.hooks import (
@@ -61,8 +61,8 @@ from reprotune._train.hooks import (
 from reprotune._train.loop import LoopResult, StepHook, train_loop
 from reprotune._train.options import DEFAULT_OPTIONS, RunOptions, RunResult
 from reprotune._train.setup import Setup, build_setup, with_saved_manifest
-from reprotune._train.sharding import adapter_state, distribute_setup
 from reprotune._train.signals import interrupt_on_signals, recording_the_end
+from reprotune._train.strategy import seed_generators, under_torchrun
 from reprotune._train.turn import training_turn
 from reprotune._train.writer import RunWriter
 
@@ -80,6 +80,8 @@ def run_experiment(cfg: ExperimentConfig, options: RunOptions = DEFAULT_OPTIONS)
         InputError: bad data, model or config (found before the directory exists where it can
             be; later, the record says failed), or another process writes the directory.
     """
+    if not under_torchrun():
+        return _run_new(cfg, options, None)  # a plain run never enters the distributed modules
     with process_group(cfg) as dist:
         if dist is not None and not dist.is_main:
             return follow_run(cfg, dist, options, resume=False)
@@ -93,7 +95,9 @@ def _run_new(cfg: ExperimentConfig, options: RunOptions, dist: DistContext | Non
     run = _Run(RunLayout(run_dir), record, TrackerSet([]), dist=dist)
     with hf_progress_bars(options.progress), interrupt_on_signals(), run.closed_if_unrecorded():
         run.trackers = build_trackers(cfg, options, run.report)
-        setup = distribute_setup(build_setup(cfg, manifest=options.manifest), dist)
+        setup = build_setup(cfg, manifest=options.manifest)
+        if dist is not None:
+            setup = distribute_setup(setup, dist)
         with holding_run_dir(run_dir, report=run.report):
             claim_run_dir(run_dir, report=run.report)
             return _execute(cfg, run, options, resume=False, setup=setup)
@@ -102,6 +106,8 @@ def _run_new(cfg: ExperimentConfig, options: RunOptions, dist: DistContext | Non
 def resume_run(run_dir: Path, options: RunOptions = DEFAULT_OPTIONS) -> RunResult:
     """Continue the unfinished run in ``run_dir`` from its latest valid checkpoint (under torchrun,
     at the world size it trained at unless ``options.allow_world_size_change``)."""
+    if not under_torchrun():
+        return _resume(run_dir, options, None)
     with process_group(torchrun_config(run_dir)) as dist:
         if dist is not None and not dist.is_main:
             return follow_resume(run_dir, torchrun_config(run_dir) or ExperimentConfig(), dist, options)
@@ -172,8 +178,9 @@ def _execute(
         if not resume:
             dump_config_yaml(cfg, paths.config)
         if setup is None:
-            built = build_setup(cfg, manifest_out=paths.manifest, manifest=options.manifest, resumed=resume)
-            setup = distribute_setup(built, run.dist)
+            setup = build_setup(cfg, manifest_out=paths.manifest, manifest=options.manifest, resumed=resume)
+            if run.dist is not None:
+                setup = distribute_setup(setup, run.dist)
         else:
             setup = with_saved_manifest(setup, paths.manifest)
         _fill_record(run, setup, options, resume=resume)
@@ -321,7 +328,9 @@ def _finish(
 
 def _outputs(run: _Run, setup: Setup, loop: LoopResult | None) -> dict[str, Any]:
     """Save the adapter of a completed run; its files' hashes, the ledger's and the last val loss."""
-    files = save_adapter(setup.model, run.paths.adapter_dir, state_dict=adapter_state(setup))
+    files = save_adapter(
+        setup.model, run.paths.adapter_dir, state_dict=setup.distribution.adapter_state(setup)
+    )
     final = loop.final_val_loss if loop is not None else None
     return run.adapter_outputs(files, final_val_loss=hexf(final) if final is not None else None)
 

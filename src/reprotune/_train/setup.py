@@ -9,7 +9,6 @@ with the same function, so a benchmark measures the run that ``reprotune run`` m
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +25,14 @@ from reprotune._model.loading import load_base_model
 from reprotune._model.lora import apply_lora, lora_config_dict
 from reprotune._train.batches import Examples
 from reprotune._train.data import RunData, check_rows_per_step, prepare_data, save_manifest
-from reprotune._train.distributed import DistContext
 from reprotune._train.loss import supports_logits_to_keep
 from reprotune._train.optim import build_optimizer, build_scheduler
+from reprotune._train.strategy import LOCAL, Distribution
 
 if TYPE_CHECKING:
     from peft import PeftModel
+
+    from reprotune._train.distributed import DistContext
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ class Setup:
         train_module: what the training forward goes through in a distributed run (DDP over
             ``model``, or ``model`` sharded by FSDP); None in a plain run.
         rank_init_sha256: this rank's LoRA init hash, taken before sharding (distributed runs).
+        distribution: how the loop computes and records a step across processes
+            (``_train.strategy``): :data:`LOCAL` in a plain run.
     """
 
     cfg: ExperimentConfig
@@ -82,6 +85,7 @@ class Setup:
     dist: DistContext | None = None
     train_module: torch.nn.Module | None = None
     rank_init_sha256: str | None = None
+    distribution: Distribution = LOCAL
 
     def validates_at(self, step: int) -> bool:
         """Whether the validation loss is measured after optimizer step ``step``."""
@@ -218,8 +222,3 @@ def _total_steps(cfg: ExperimentConfig, order: DataOrder) -> int:
         return cfg.train.max_steps
     assert cfg.train.epochs is not None  # the config guarantees exactly one of the two
     return order.steps_for_epochs(cfg.train.epochs)
-
-
-def max_grad_norm(cfg: ExperimentConfig) -> float:
-    """The clipping threshold (infinite when clipping is off: the norm is still measured)."""
-    return cfg.train.max_grad_norm if cfg.train.max_grad_norm is not None else math.inf

@@ -16,7 +16,6 @@ tensors keyed by parameter name, the same for both strategies and every world si
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,61 +32,12 @@ from torch.distributed.checkpoint.state_dict import (
 from reprotune._compat import ddp_no_buffer_sync
 from reprotune._errors import InputError
 from reprotune._model.lora import WeightsHasher, tensors_sha256, trainable_tensors
-from reprotune._train.distributed import DistContext, check_placement
-from reprotune._train.optim import build_optimizer, build_scheduler
+from reprotune._train.distributed import DistContext
 from reprotune._train.setup import Setup
 
 _FULL_TRAINABLE = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 _FROM_RANK0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
-
-
-def distribute_setup(setup: Setup, ctx: DistContext | None) -> Setup:
-    """``setup`` made a rank of a distributed run: the model wrapped or sharded, the optimizer and
-    schedule built over the parameters the ranks now hold, this rank's LoRA init hashed first.
-    ``setup`` itself when ``ctx`` is None (a plain run).
-
-    Raises:
-        InputError: ``grad_accum_steps`` not a multiple of the world size; fp16 with FSDP; FSDP
-            on a model whose decoder layers cannot be found.
-    """
-    if ctx is None:
-        return setup
-    cfg = setup.cfg
-    check_placement(cfg.train.grad_accum_steps, ctx.world_size)
-    if ctx.strategy == "fsdp" and setup.scaler is not None:
-        raise InputError(
-            "train.precision fp16 is not supported with distributed.strategy fsdp: the loss "
-            "scaler would decide to skip a step on each rank's gradient shard alone",
-            source="train.precision",
-            fix="use bf16 or fp32 (or distributed.strategy: ddp)",
-        )
-    init_sha256 = tensors_sha256(trainable_tensors(setup.model))
-    module = wrap_model(setup.model, ctx)
-    # FSDP replaces the parameters with sharded ones: the optimizer must hold those.
-    trainable = [p for p in setup.model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(
-        trainable,
-        name=cfg.train.optimizer,
-        learning_rate=cfg.train.learning_rate,
-        weight_decay=cfg.train.weight_decay,
-    )
-    scheduler = build_scheduler(
-        optimizer,
-        schedule=cfg.train.scheduler,
-        warmup_steps=cfg.train.warmup_steps,
-        total_steps=setup.total_steps,
-    )
-    return dataclasses.replace(
-        setup,
-        device=ctx.device,
-        dist=ctx,
-        train_module=module,
-        rank_init_sha256=init_sha256,
-        trainable=trainable,
-        optimizer=optimizer,
-        scheduler=scheduler,
-    )
 
 
 def wrap_model(model: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
@@ -279,14 +229,12 @@ def load_full_state(
     set_optimizer_state_dict(model, optimizer, optimizer_state or {}, options=_FROM_RANK0)
 
 
-def weights_hasher(setup: Setup) -> Callable[[], str]:
-    """What the ledger hashes after each step: the whole trainable weights' :func:`tensors_sha256`.
-
-    A plain run and DDP hash rank 0's own tensors in place (the other DDP ranks hash nothing);
-    FSDP gathers them first, a collective every rank calls (rank 0 gets the digest, the others "").
-    """
-    ctx = setup.dist
-    if ctx is None or (not ctx.trainable_sharded and ctx.is_main):
+def weights_hasher(setup: Setup, ctx: DistContext) -> Callable[[], str]:
+    """What a rank's ledger hook hashes after each step: the whole trainable weights'
+    :func:`tensors_sha256`. Under DDP rank 0 hashes its own tensors in place (the other ranks hash
+    nothing); FSDP gathers them first, a collective every rank calls (rank 0 gets the digest, the
+    others "")."""
+    if not ctx.trainable_sharded and ctx.is_main:
         return WeightsHasher(trainable_tensors(setup.model))
     if not ctx.trainable_sharded:
         return lambda: ""

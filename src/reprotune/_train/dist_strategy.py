@@ -1,0 +1,112 @@
+"""A torchrun rank's side of the seam (``_train.strategy.Distribution``): :class:`Distributed`
+computes a step, validation and checkpoints with the other ranks (``_train.dist_step``,
+``_train.dist_checkpoint``, ``_train.sharding``), and :func:`distribute_setup` makes a setup a
+rank's. A plain run never enters this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from reprotune._errors import InputError
+from reprotune._model.lora import tensors_sha256, trainable_tensors
+from reprotune._run.checkpoint import CheckpointState
+from reprotune._train import sharding
+from reprotune._train.dist_checkpoint import save_distributed_checkpoint
+from reprotune._train.dist_step import distributed_train_step, distributed_validate
+from reprotune._train.distributed import (
+    DistContext,
+    broadcast_object,
+    check_placement,
+    is_transport_error,
+    lost_rank_error,
+    rank_seed,
+    shard_rows,
+)
+from reprotune._train.optim import build_optimizer, build_scheduler
+from reprotune._train.setup import Setup
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """One rank of a run spread over ``ctx.world_size`` processes (DDP or FSDP)."""
+
+    ctx: DistContext
+
+    def train_step(self, setup: Setup, rows: list[int], step: int) -> tuple[float, int, float, float]:
+        return distributed_train_step(setup, rows, step)
+
+    def validate(self, setup: Setup) -> tuple[float, int]:
+        return distributed_validate(setup)
+
+    def rank_rows(self, setup: Setup, rows: list[int]) -> list[list[int]] | None:
+        return shard_rows(rows, setup.cfg.train.batch_size, self.ctx.world_size)
+
+    def agree_to_stop(self, stop: bool) -> bool:
+        return broadcast_object(self.ctx, stop)
+
+    def lost_rank(self, exc: RuntimeError) -> BaseException | None:
+        return lost_rank_error(self.ctx, exc) if is_transport_error(exc) else None
+
+    def weights_hasher(self, setup: Setup) -> Callable[[], str]:
+        return sharding.weights_hasher(setup, self.ctx)
+
+    def save_checkpoint(self, setup: Setup, directory: Path | None, state: CheckpointState) -> None:
+        save_distributed_checkpoint(setup, directory, state, keep=setup.cfg.train.keep_checkpoints)
+
+    def adapter_state(self, setup: Setup) -> Mapping[str, torch.Tensor] | None:
+        return sharding.adapter_state(setup)
+
+    def generator_seed(self, setup: Setup) -> int:
+        return rank_seed(setup.seeds["dropout"], self.ctx.rank)
+
+
+def distribute_setup(setup: Setup, ctx: DistContext) -> Setup:
+    """``setup`` made a rank of a distributed run: the model wrapped or sharded, the optimizer and
+    schedule built over the parameters the ranks now hold, this rank's LoRA init hashed first.
+
+    Raises:
+        InputError: ``grad_accum_steps`` not a multiple of the world size; fp16 with FSDP; FSDP
+            on a model whose decoder layers cannot be found.
+    """
+    cfg = setup.cfg
+    check_placement(cfg.train.grad_accum_steps, ctx.world_size)
+    if ctx.strategy == "fsdp" and setup.scaler is not None:
+        raise InputError(
+            "train.precision fp16 is not supported with distributed.strategy fsdp: the loss "
+            "scaler would decide to skip a step on each rank's gradient shard alone",
+            source="train.precision",
+            fix="use bf16 or fp32 (or distributed.strategy: ddp)",
+        )
+    init_sha256 = tensors_sha256(trainable_tensors(setup.model))
+    module = sharding.wrap_model(setup.model, ctx)
+    # FSDP replaces the parameters with sharded ones: the optimizer must hold those.
+    trainable = [p for p in setup.model.parameters() if p.requires_grad]
+    optimizer = build_optimizer(
+        trainable,
+        name=cfg.train.optimizer,
+        learning_rate=cfg.train.learning_rate,
+        weight_decay=cfg.train.weight_decay,
+    )
+    scheduler = build_scheduler(
+        optimizer,
+        schedule=cfg.train.scheduler,
+        warmup_steps=cfg.train.warmup_steps,
+        total_steps=setup.total_steps,
+    )
+    return dataclasses.replace(
+        setup,
+        device=ctx.device,
+        dist=ctx,
+        train_module=module,
+        rank_init_sha256=init_sha256,
+        trainable=trainable,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        distribution=Distributed(ctx),
+    )

@@ -1,0 +1,135 @@
+"""The seam between the training loop and the number of processes that train:
+:class:`Distribution`, which the loop, the step hooks and the run's end call for everything that
+differs when a run is spread over ranks (the step, validation, each rank's rows, agreeing to stop,
+a lost rank, the weights hash, checkpoints, the adapter's weights).
+
+A plain run's setup holds :data:`LOCAL`, whose methods are this process's own work and never enter
+the distributed modules; ``_train.dist_strategy.distribute_setup`` gives a torchrun rank's setup a
+``Distributed`` one.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+import torch
+import torch.distributed
+
+from reprotune._model.lora import WeightsHasher, trainable_tensors
+from reprotune._run.checkpoint import CheckpointState, save_checkpoint
+from reprotune._train.step import train_step, validation_loss
+
+if TYPE_CHECKING:
+    from reprotune._train.setup import Setup
+
+
+class Distribution(Protocol):
+    """How a setup's steps are computed and recorded across processes."""
+
+    def train_step(self, setup: Setup, rows: list[int], step: int) -> tuple[float, int, float, float]:
+        """Optimizer step ``step`` over ``rows``: (mean token loss, tokens, lr used, grad norm)."""
+        ...
+
+    def validate(self, setup: Setup) -> tuple[float, int]:
+        """The validation loss of the current weights and its token count."""
+        ...
+
+    def rank_rows(self, setup: Setup, rows: list[int]) -> list[list[int]] | None:
+        """Each rank's rows of a step (for the ledger), or None for one process."""
+        ...
+
+    def agree_to_stop(self, stop: bool) -> bool:
+        """Rank 0's decision to stop after this step, on every rank."""
+        ...
+
+    def lost_rank(self, exc: RuntimeError) -> BaseException | None:
+        """The error to raise when ``exc`` says another rank left, else None."""
+        ...
+
+    def weights_hasher(self, setup: Setup) -> Callable[[], str]:
+        """What the ledger hashes after each step (the whole trainable weights)."""
+        ...
+
+    def save_checkpoint(self, setup: Setup, directory: Path | None, state: CheckpointState) -> None:
+        """Save a checkpoint of the setup at ``state`` into ``directory`` (None on ranks that
+        write nothing)."""
+        ...
+
+    def adapter_state(self, setup: Setup) -> Mapping[str, torch.Tensor] | None:
+        """The adapter's weights when the model cannot give them whole itself, else None."""
+        ...
+
+    def generator_seed(self, setup: Setup) -> int:
+        """The seed of torch's global generator when a run starts from step 0."""
+        ...
+
+
+class Local:
+    """A plain run: one process, no collective."""
+
+    def train_step(self, setup: Setup, rows: list[int], step: int) -> tuple[float, int, float, float]:
+        return train_step(setup, rows)
+
+    def validate(self, setup: Setup) -> tuple[float, int]:
+        return validation_loss(setup)
+
+    def rank_rows(self, setup: Setup, rows: list[int]) -> list[list[int]] | None:
+        return None
+
+    def agree_to_stop(self, stop: bool) -> bool:
+        return stop
+
+    def lost_rank(self, exc: RuntimeError) -> BaseException | None:
+        return None
+
+    def weights_hasher(self, setup: Setup) -> Callable[[], str]:
+        # Detached views of the trainable parameters: the optimizer updates them in place, so
+        # one hasher built now hashes the current weights after every step.
+        return WeightsHasher(trainable_tensors(setup.model))
+
+    def save_checkpoint(self, setup: Setup, directory: Path | None, state: CheckpointState) -> None:
+        if directory is None:
+            raise ValueError("a plain run saves its checkpoints into its run directory")
+        save_checkpoint(
+            directory,
+            state,
+            model=setup.model,
+            optimizer=setup.optimizer,
+            scheduler=setup.scheduler,
+            scaler=setup.scaler,
+            keep=setup.cfg.train.keep_checkpoints,
+        )
+
+    def adapter_state(self, setup: Setup) -> Mapping[str, torch.Tensor] | None:
+        return None
+
+    def generator_seed(self, setup: Setup) -> int:
+        return setup.seeds["dropout"]
+
+
+#: The distribution of every plain run.
+LOCAL = Local()
+
+
+def under_torchrun() -> bool:
+    """Whether this process was started by ``torchrun`` (``TORCHELASTIC_RUN_ID`` is set): the one
+    question a plain run asks before it goes its own way."""
+    return bool(torch.distributed.is_torchelastic_launched())
+
+
+def seed_generators(setup: Setup) -> None:
+    """Seed the process's global generators when a run starts from step 0: torch's (dropout, and
+    anything else that draws from it) and also Python's ``random`` and NumPy's legacy global RNG,
+    with the distribution's generator seed (the ``dropout`` seed in a plain run, each rank's own in
+    a distributed one, where dropout is then seeded per micro-batch). reprotune draws from neither
+    of the others, but a checkpoint holds their states (a resume restores them for a user's hook
+    or library that does): seeded, those states are the same in every rerun, so a checkpoint's RNG
+    file is too (``verify --spot`` compares it)."""
+    seed = setup.distribution.generator_seed(setup)
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed([seed & 0xFFFFFFFF, seed >> 32])
