@@ -1,15 +1,14 @@
 """The HTML kit of every page reprotune writes (``report`` of runs and their evals, study and
 significance reports): one stylesheet, the page's head, tables whose cells escape what they show,
-and figures (a PNG inlined as data, or an SVG). Self-contained pages: no script, no fetch."""
+and figures (an inline SVG from ``_charts``). Self-contained pages: no script, no fetch."""
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterable, Sequence
 from html import escape
 from typing import Any
 
-__all__ = ["CSS", "cell", "escape", "figure_png", "figure_svg", "head", "table"]
+__all__ = ["CSS", "cell", "escape", "figure_svg", "head", "table"]
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
@@ -55,15 +54,6 @@ def cell(value: Any, *, absent: str = "(absent)") -> str:
         shown = str(value) if isinstance(value, int) else f"{value:.6g}"
         return f'<td class="num">{escape(shown)}</td>'
     return f"<td>{escape(str(value))}</td>"
-
-
-def figure_png(png: bytes, caption: str) -> str:
-    """A PNG inlined as data, with its caption (also its alt text)."""
-    data = base64.b64encode(png).decode("ascii")
-    return (
-        f'<figure><img src="data:image/png;base64,{data}" alt="{escape(caption)}">'
-        f"<figcaption>{escape(caption)}</figcaption></figure>"
-    )
 
 
 def figure_svg(svg: str, caption: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import re
 import shutil
 import subprocess
@@ -15,7 +14,7 @@ from reprotune._proof.report import write_report
 from rundirs import RunSpec, write_run_dir
 
 CHROMIUM = Path("/usr/bin/chromium")
-_IMG = re.compile(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
+_SVG = re.compile(r"<figure><svg [^>]*>(.*?)</svg>", re.S)
 
 
 @pytest.fixture
@@ -31,14 +30,19 @@ def runs(tmp_path: Path) -> list[Path]:
 
 
 def test_self_contained_with_two_plots(runs: list[Path], tmp_path: Path) -> None:
-    """The report embeds two PNG plots as base64 and refers to nothing outside itself."""
+    """The report draws two inline SVG charts (one line per run, the divergences marked) and
+    refers to nothing outside itself."""
     out = write_report(runs, tmp_path / "report.html")
     html = out.read_text(encoding="utf-8")
-    images = _IMG.findall(html)
-    assert len(images) == 2
-    assert all(base64.b64decode(data).startswith(b"\x89PNG\r\n\x1a\n") for data in images)
+    charts = _SVG.findall(html)
+    assert len(charts) == 2
+    train, val = charts
+    for label in ("A (ref)", "B (seed43)", "C (noisy)"):
+        assert f"<title>{label}</title></polyline>" in train
+    assert "C parts from A at step 7" in train and "B parts from A at step 0" in train
+    assert train.count("<polyline") == 3 and val.count("<polyline") == 3
     assert "http://" not in html and "https://" not in html and "<script" not in html
-    assert "src=" not in _IMG.sub("", html)  # no other source of any kind
+    assert "src=" not in html and "<img" not in html  # no source of any kind
 
 
 def test_divergence_marked_and_differences_tabled(runs: list[Path], tmp_path: Path) -> None:
@@ -67,7 +71,7 @@ def test_values_are_escaped(tmp_path: Path) -> None:
 def test_single_run(tmp_path: Path) -> None:
     """A report on one run has its plots and says there is nothing to compare."""
     html = write_report([write_run_dir(tmp_path / "ref")], tmp_path / "one.html").read_text(encoding="utf-8")
-    assert len(_IMG.findall(html)) == 2
+    assert len(_SVG.findall(html)) == 2
     assert "One run: nothing to compare." in html
 
 
@@ -93,7 +97,7 @@ def test_out_is_directory(runs: list[Path], tmp_path: Path) -> None:
 
 @pytest.mark.browser
 def test_renders_in_headless_chromium(runs: list[Path], tmp_path: Path) -> None:
-    """Headless Chromium loads the report and decodes both plots to images of non-zero size."""
+    """Headless Chromium loads the report and lays out both charts at their size."""
     if not CHROMIUM.exists():
         pytest.fail(
             f"{CHROMIUM} is missing: install Debian's chromium with "
@@ -103,10 +107,12 @@ def test_renders_in_headless_chromium(runs: list[Path], tmp_path: Path) -> None:
     # The check runs in the page, after load: each image must be decoded with a real width.
     probe = (
         "<script>window.addEventListener('load', () => {"
-        "const imgs = [...document.images];"
-        "const ok = imgs.filter(i => i.complete && i.naturalWidth > 0 && i.naturalHeight > 0);"
-        "document.body.setAttribute('data-probe', ok.length + '/' + imgs.length + ' w=' +"
-        " imgs.map(i => i.naturalWidth).join(','));"
+        "const svgs = [...document.querySelectorAll('figure > svg')];"
+        "const boxes = svgs.map(s => s.getBoundingClientRect());"
+        "const ok = boxes.filter(b => b.width > 0 && b.height > 0);"
+        "const lines = svgs.map(s => s.querySelectorAll('polyline').length);"
+        "document.body.setAttribute('data-probe', ok.length + '/' + svgs.length + ' w=' +"
+        " boxes.map(b => Math.round(b.width)).join(',') + ' lines=' + lines.join(','));"
         "});</script>"
     )
     page = tmp_path / "probe.html"
@@ -136,4 +142,7 @@ def test_renders_in_headless_chromium(runs: list[Path], tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     match = re.search(r'data-probe="([^"]*)"', proc.stdout)
     assert match is not None, proc.stdout[:2000]
-    assert match.group(1) == "2/2 w=900,900"
+    # Laid out at the page's width (headless Chromium's window is narrower than the charts' 900).
+    probe_match = re.fullmatch(r"2/2 w=(\d+),(\d+) lines=3,3", match.group(1))
+    assert probe_match is not None, match.group(1)
+    assert all(600 <= int(w) <= 900 for w in probe_match.groups()), match.group(1)

@@ -1,6 +1,6 @@
 """``reprotune report RUN_DIR [RUN_DIR ...] -o report.html``: one self-contained HTML report.
 
-Imports nothing heavy here: matplotlib is imported when the command runs, and never torch.
+Imports nothing heavy here, and never torch.
 """
 
 from __future__ import annotations

@@ -2,21 +2,21 @@
 
 Loss curves of every run overlaid (train and validation, x = optimizer step), the step where each
 run parts from the first one marked, and the tables of differences ``compare`` finds. Figures are
-PNGs drawn with matplotlib's Agg renderer and embedded as base64, so the file needs nothing else
-to open: no scripts, no external URLs. The same runs give the same bytes. Never imports torch.
+inline SVG (``_charts``, the chart engine of every page reprotune writes), so the file needs
+nothing else to open: no scripts, no external URLs. The same runs give the same bytes. Never imports torch.
 """
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from reprotune._charts import Series, line_chart
 from reprotune._errors import InputError
 from reprotune._eval.html import evals_section
-from reprotune._html import escape, figure_png, head, table
+from reprotune._html import escape, figure_svg, head, table
 from reprotune._jsonio import write_bytes_atomic
 from reprotune._proof.compare import compare_opened
 from reprotune._proof.differences import Comparison
@@ -24,12 +24,6 @@ from reprotune._proof.summary import expand
 from reprotune._run.rundir import RunDir, open_run_dir
 from reprotune._version import __version__
 
-if TYPE_CHECKING:
-    from matplotlib.axes import Axes
-
-# Overlaid curves of identical runs would hide each other: each run gets its own dash pattern
-# and marker spacing, so every curve stays visible on top of the others.
-_STYLES = ("-", "--", ":", "-.")
 _CSS = """
 table.diffs td:nth-child(2) { white-space: nowrap; } table.runs td:nth-child(4) { white-space: nowrap; }
 .glance li { margin: 0.3em 0; }
@@ -83,8 +77,8 @@ def render_report(
     ``summaries`` (what a verification or a bundle rerun proved) open it."""
     labels = _labels(runs)
     divergences = [(labels[i + 1], c.where.first_divergence_step) for i, c in enumerate(comparisons)]
-    train_png = _plot(runs, labels, divergences, kind="train")
-    val_png = _plot(runs, labels, divergences, kind="val")
+    train_chart = _plot(runs, labels, divergences, kind="train")
+    val_chart = _plot(runs, labels, divergences, kind="val")
     parted = [f"{label} parts from {labels[0]} at step {at}" for label, at in divergences if at is not None]
     marks = f"; dashed vertical lines: {', '.join(parted)}" if parted else ""
     parts = [
@@ -103,8 +97,8 @@ def render_report(
             css="runs",
         ),
         "<h2>Loss</h2>",
-        figure_png(train_png, "Training loss of every run by optimizer step" + marks),
-        figure_png(val_png, "Validation loss of every run by optimizer step" + marks),
+        figure_svg(train_chart, "Training loss of every run by optimizer step" + marks),
+        figure_svg(val_chart, "Validation loss of every run by optimizer step" + marks),
     ]
     if comparisons:
         parts.append("<h2>Comparisons</h2>")
@@ -143,62 +137,20 @@ def _labels(runs: Sequence[RunDir]) -> list[str]:
 
 def _plot(
     runs: Sequence[RunDir], labels: Sequence[str], divergences: Sequence[tuple[str, int | None]], *, kind: str
-) -> bytes:
-    """One PNG: the ``train`` or ``val`` loss of every run, divergence steps as vertical lines."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(9, 4), dpi=100, layout="constrained")
-    ax = fig.add_subplot()
-    drawn = 0
-    for i, (label, run) in enumerate(zip(labels, runs, strict=True)):
+) -> str:
+    """One chart: the ``train`` or ``val`` loss of every run, divergence steps as vertical lines."""
+    series = []
+    for label, run in zip(labels, runs, strict=True):
         entries = run.ledger.train if kind == "train" else run.ledger.val
-        if not entries:
-            continue
-        steps = [e.step for e in entries]
-        losses = [e.number("loss") for e in entries]
-        marker = "o" if kind == "val" or len(entries) <= 50 else None
-        ax.plot(
-            steps,
-            losses,
-            linestyle=_STYLES[i % len(_STYLES)],
-            marker=marker,
-            markersize=4,
-            markevery=max(1, len(entries) // 25),
-            color=f"C{i % 10}",
-            label=label,
-            linewidth=1.6,
-        )
-        drawn += 1
-    for j, (label, step) in enumerate(divergences, start=1):
-        if step is not None:
-            ax.axvline(step, color=f"C{j % 10}", linestyle="--", linewidth=1.2, alpha=0.8)
-            _mark(ax, step, f"{label.split()[0]} parts from A at step {step}", j)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("training loss" if kind == "train" else "validation loss")
-    ax.set_title("Training loss" if kind == "train" else "Validation loss")
-    ax.grid(True, alpha=0.3)
-    if drawn:
-        ax.legend(loc="upper right", fontsize="small")
-    else:
-        ax.text(0.5, 0.5, "no entries in any ledger", ha="center", va="center", transform=ax.transAxes)
-    buffer = io.BytesIO()
-    # No Software/date metadata: the same runs give the same PNG bytes.
-    fig.savefig(buffer, format="png", metadata={"Software": None})
-    return buffer.getvalue()
-
-
-def _mark(ax: Axes, step: int, text: str, row: int) -> None:
-    """Label a divergence line near the top of the plot, one row per compared run."""
-    ax.annotate(
-        text,
-        xy=(step, 1.0),
-        xycoords=("data", "axes fraction"),
-        xytext=(4, -12 * row),
-        textcoords="offset points",
-        fontsize="small",
-        color=f"C{row % 10}",
-        va="top",
-    )
+        if entries:
+            series.append(Series(label, [e.step for e in entries], [e.number("loss") for e in entries]))
+    marks = [
+        (step, f"{label.split()[0]} parts from A at step {step}")
+        for label, step in divergences
+        if step is not None
+    ]
+    name = "training loss" if kind == "train" else "validation loss"
+    return line_chart(series, title=name.capitalize(), x_label="optimizer step", y_label=name, marks=marks)
 
 
 def _comparison_html(ref: str, label: str, c: Comparison) -> Iterable[str]:

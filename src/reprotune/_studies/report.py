@@ -4,7 +4,7 @@ A study's report: for every metric, the values of every run as a strip plot per 
 mean and its bootstrap interval, and a table; with ``--vary each``, the share of the variance each
 source of randomness contributes, as a bar chart; then the runs and their seeds. A significance
 report: the verdict, both studies side by side (strip plot, table) and what differs between them.
-Charts are inline SVG (``_studies.svg``); no scripts, no external URLs; the same input gives the
+Charts are inline SVG (``_charts``); no scripts, no external URLs; the same input gives the
 same bytes. Never imports torch.
 """
 
@@ -14,11 +14,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from reprotune._charts import Column, bar_chart, strip_plot
 from reprotune._html import escape, figure_svg, head, table
 from reprotune._jsonio import write_bytes_atomic
 from reprotune._studies.significance import Significance
 from reprotune._studies.stats import shares_line, source_label
-from reprotune._studies.svg import Column, bar_chart, strip_plot
 from reprotune._version import __version__
 
 _CSS = """

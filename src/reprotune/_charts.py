@@ -1,0 +1,263 @@
+"""The one chart engine: small inline SVG charts for every HTML page reprotune writes (a run
+report's loss curves, a study's strip plots and variance shares).
+
+Hand-written SVG instead of a plotting library: a study report is written at the end of every
+study, and importing and drawing with matplotlib cost about a second a page, which the benchmark of
+a study's overhead counted; nor does the install need one. Inline SVG in HTML needs no namespace:
+a page refers to nothing outside itself. The same input gives the same bytes. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from html import escape
+
+_W, _H = 640, 300
+_LINE_W, _LINE_H, _LINE_TOP = 900, 400, 58
+#: Overlaid curves of identical runs would hide each other: each series gets its own dash pattern.
+_DASHES = ("", "7,4", "2,3", "8,3,2,3")
+_LEFT, _RIGHT, _TOP, _BOTTOM = 78, 20, 34, 44
+_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a strip plot: a label, its values, their mean and an interval (or None)."""
+
+    label: str
+    values: Sequence[float]
+    mean: float
+    interval: tuple[float, float] | None
+
+
+def strip_plot(columns: Sequence[Column], *, title: str, y_label: str) -> str:
+    """Each column's values as dots, its mean as a bar and its interval as a whisker."""
+    everything = [v for c in columns for v in c.values]
+    everything += [x for c in columns if c.interval for x in c.interval]
+    low, high, ticks = _axis(min(everything), max(everything))
+    plot_w, plot_h = _W - _LEFT - _RIGHT, _H - _TOP - _BOTTOM
+
+    def y(value: float) -> float:
+        return _TOP + plot_h * (1 - (value - low) / (high - low))
+
+    parts = _frame(title, y_label, ticks, y)
+    width = plot_w / max(1, len(columns))
+    for i, column in enumerate(columns):
+        color = _COLORS[i % len(_COLORS)]
+        center = _LEFT + width * (i + 0.5)
+        ordered = sorted(range(len(column.values)), key=lambda k: column.values[k])
+        spread = min(width * 0.5, 8.0 * len(column.values))
+        for rank, k in enumerate(ordered):
+            # Dots fan out left to right in value order, so equal values stay visible.
+            offset = (rank / (len(ordered) - 1) - 0.5) * spread if len(ordered) > 1 else 0.0
+            parts.append(
+                f'<circle cx="{center + offset:.1f}" cy="{y(column.values[k]):.1f}" r="4" '
+                f'fill="{color}" fill-opacity="0.7"><title>{escape(column.label)}: '
+                f"{column.values[k]!r}</title></circle>"
+            )
+        half = min(width * 0.35, 40.0)
+        parts.append(
+            f'<line x1="{center - half:.1f}" x2="{center + half:.1f}" y1="{y(column.mean):.1f}" '
+            f'y2="{y(column.mean):.1f}" stroke="#222" stroke-width="2"/>'
+        )
+        if column.interval is not None:
+            lo, hi = column.interval
+            x = center + half + 8
+            parts.append(
+                f'<path d="M{x - 5:.1f},{y(lo):.1f}H{x + 5:.1f}M{x:.1f},{y(lo):.1f}V{y(hi):.1f}'
+                f'M{x - 5:.1f},{y(hi):.1f}H{x + 5:.1f}" stroke="#222" stroke-width="1.5" fill="none"/>'
+            )
+        parts.append(
+            f'<text x="{center:.1f}" y="{_H - _BOTTOM + 18}" text-anchor="middle" font-size="12">'
+            f"{escape(column.label)}</text>"
+        )
+    return _svg(title, parts)
+
+
+def bar_chart(bars: Sequence[tuple[str, float]], *, title: str) -> str:
+    """Horizontal bars of shares in [0, 1], labelled with their percentage."""
+    row = 28
+    height = _TOP + row * len(bars) + 16
+    label_w, plot_w = 110, _W - 110 - 70
+    parts = [f'<text x="{_W / 2}" y="20" text-anchor="middle" font-size="14">{escape(title)}</text>']
+    for i, (label, share) in enumerate(bars):
+        top = _TOP + i * row
+        length = max(0.0, min(1.0, share)) * plot_w
+        parts.append(
+            f'<text x="{label_w - 8}" y="{top + 16}" text-anchor="end" font-size="12">{escape(label)}</text>'
+            f'<rect x="{label_w}" y="{top + 4}" width="{length:.1f}" height="{row - 10}" '
+            f'fill="{_COLORS[i % len(_COLORS)]}"/>'
+            f'<text x="{label_w + length + 6:.1f}" y="{top + 16}" font-size="12">{share:.0%}</text>'
+        )
+    return _svg(title, parts, height=height)
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line of a line chart: its label and its points (a point whose y is not finite, such as
+    a NaN loss, breaks the line there)."""
+
+    label: str
+    xs: Sequence[float]
+    ys: Sequence[float]
+
+
+def line_chart(
+    series: Sequence[Series],
+    *,
+    title: str,
+    x_label: str,
+    y_label: str,
+    marks: Sequence[tuple[float, str]] = (),
+) -> str:
+    """Lines over a shared x axis, each with its own colour and dash pattern (dots on its points
+    when there are at most 50), a legend, and ``marks`` as labelled dashed vertical lines."""
+    width, height = _LINE_W, _LINE_H
+    points = [(x, y) for s in series for x, y in zip(s.xs, s.ys, strict=True) if math.isfinite(y)]
+    if not points:
+        parts = [
+            f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14">{escape(title)}</text>',
+            f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" font-size="13">'
+            "no entries in any ledger</text>",
+        ]
+        return _svg(title, parts, width=width, height=height)
+    xs = [x for x, _ in points] + [x for x, _ in marks]
+    x_low, x_high, x_ticks = _axis(min(xs), max(xs))
+    y_low, y_high, y_ticks = _axis(min(y for _, y in points), max(y for _, y in points))
+    top = _LINE_TOP  # the legend takes a row under the title
+    plot_w, plot_h = width - _LEFT - _RIGHT, height - top - _BOTTOM
+
+    def px(value: float) -> float:
+        return _LEFT + plot_w * (value - x_low) / (x_high - x_low)
+
+    def py(value: float) -> float:
+        return top + plot_h * (1 - (value - y_low) / (y_high - y_low))
+
+    parts = _frame(title, y_label, y_ticks, py, width=width, height=height, top=top)
+    parts += _x_axis(x_label, x_ticks, px, width=width, height=height)
+    for i, line in enumerate(series):
+        parts += _line(line, _COLORS[i % len(_COLORS)], _DASHES[i % len(_DASHES)], px, py)
+    for row, (x, text) in enumerate(marks, start=1):
+        color = _COLORS[row % len(_COLORS)]
+        parts.append(
+            f'<line x1="{px(x):.1f}" x2="{px(x):.1f}" y1="{top}" y2="{height - _BOTTOM}" '
+            f'stroke="{color}" stroke-dasharray="6,4" stroke-width="1.2"/>'
+            f'<text x="{px(x) + 4:.1f}" y="{top + 12 * row}" font-size="11" fill="{color}">'
+            f"{escape(text)}</text>"
+        )
+    parts += _legend([line.label for line in series])
+    return _svg(title, parts, width=width, height=height)
+
+
+def _line(
+    line: Series, color: str, dashes: str, px: Callable[[float], float], py: Callable[[float], float]
+) -> list[str]:
+    """A series as polylines (broken where y is not finite), with dots on up to 50 points."""
+    runs: list[list[str]] = [[]]
+    dots: list[str] = []
+    for x, y in zip(line.xs, line.ys, strict=True):
+        if not math.isfinite(y):
+            runs.append([])
+            continue
+        runs[-1].append(f"{px(x):.1f},{py(y):.1f}")
+        if len(line.xs) <= 50:
+            dots.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{color}"/>')
+    dash = f' stroke-dasharray="{dashes}"' if dashes else ""
+    parts = [
+        f'<polyline points="{" ".join(run)}" fill="none" stroke="{color}" stroke-width="1.6"{dash}>'
+        f"<title>{escape(line.label)}</title></polyline>"
+        for run in runs
+        if run
+    ]
+    return parts + dots
+
+
+def _legend(labels: Sequence[str]) -> list[str]:
+    """One row under the title: each series' line style and its label."""
+    parts, x = [], float(_LEFT)
+    for i, label in enumerate(labels):
+        color, dashes = _COLORS[i % len(_COLORS)], _DASHES[i % len(_DASHES)]
+        dash = f' stroke-dasharray="{dashes}"' if dashes else ""
+        parts.append(
+            f'<line x1="{x:.1f}" x2="{x + 28:.1f}" y1="38" y2="38" stroke="{color}" stroke-width="2"{dash}/>'
+            f'<text x="{x + 34:.1f}" y="42" font-size="11">{escape(label)}</text>'
+        )
+        x += 34 + 6.5 * len(label) + 24  # about the label's width at 11 px, and a gap
+    return parts
+
+
+def _x_axis(
+    label: str, ticks: Sequence[float], px: Callable[[float], float], *, width: int, height: int
+) -> list[str]:
+    digits = _digits(ticks)
+    parts = [
+        f'<line x1="{_LEFT}" x2="{width - _RIGHT}" y1="{height - _BOTTOM}" y2="{height - _BOTTOM}" '
+        'stroke="#888"/>',
+        f'<text x="{(_LEFT + width - _RIGHT) / 2}" y="{height - 8}" text-anchor="middle" font-size="12">'
+        f"{escape(label)}</text>",
+    ]
+    for tick in ticks:
+        parts.append(
+            f'<text x="{px(tick):.1f}" y="{height - _BOTTOM + 16}" text-anchor="middle" font-size="11">'
+            f"{tick:.{digits}f}</text>"
+        )
+    return parts
+
+
+def _frame(
+    title: str,
+    y_label: str,
+    ticks: Sequence[float],
+    y: Callable[[float], float],
+    *,
+    width: int = _W,
+    height: int = _H,
+    top: int = _TOP,
+) -> list[str]:
+    parts = [
+        f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14">{escape(title)}</text>',
+        f'<line x1="{_LEFT}" x2="{_LEFT}" y1="{top}" y2="{height - _BOTTOM}" stroke="#888"/>',
+        f'<text transform="translate(16,{(top + height - _BOTTOM) / 2}) rotate(-90)" text-anchor="middle" '
+        f'font-size="12">{escape(y_label)}</text>',
+    ]
+    digits = _digits(ticks)
+    for tick in ticks:
+        ty = y(tick)
+        parts.append(
+            f'<line x1="{_LEFT}" x2="{width - _RIGHT}" y1="{ty:.1f}" y2="{ty:.1f}" stroke="#eee"/>'
+            f'<text x="{_LEFT - 6}" y="{ty + 4:.1f}" text-anchor="end" font-size="11">'
+            f"{tick:.{digits}f}</text>"
+        )
+    return parts
+
+
+def _svg(title: str, parts: Sequence[str], *, width: int = _W, height: int = _H) -> str:
+    return (
+        f'<svg width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}" '
+        'font-family="system-ui, sans-serif">' + "".join(parts) + "</svg>"
+    )
+
+
+def _axis(low: float, high: float) -> tuple[float, float, list[float]]:
+    """An axis range with some margin and 'nice' ticks (1, 2 or 5 times a power of ten)."""
+    if high == low:
+        pad = abs(low) * 0.01 or 1.0
+        low, high = low - pad, high + pad
+    margin = (high - low) * 0.08
+    low, high = low - margin, high + margin
+    raw = (high - low) / 5
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first = math.ceil(low / step) * step
+    ticks = [first + i * step for i in range(int((high - first) / step) + 1)]
+    return low, high, ticks
+
+
+def _digits(ticks: Sequence[float]) -> int:
+    if len(ticks) < 2:
+        return 3
+    step = abs(ticks[1] - ticks[0])
+    return max(0, -math.floor(math.log10(step))) if step > 0 else 3
