@@ -1,28 +1,37 @@
 """The portable CPU mode (determinism.cpu_isa, reprotune._determinism.isa): every kernel knob pinned
 to a named baseline before torch loads, read back, refused where it cannot be in force; a run in it
-is IDENTICAL to one on a machine whose dispatch is capped to that baseline from the outside."""
+is IDENTICAL to one on a machine whose dispatch is capped to that baseline from the outside.
+
+The modes tried are those this CPU can hold: ``avx2-compatible`` (MKL's vendor-neutral branch) on
+every AVX2 CPU, and ``avx2`` (MKL's Intel-only AVX2 branch) on Intel CPUs; on another vendor ``avx2``
+is shown refused."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from reprotune._determinism import isa
+from reprotune._determinism.cpu import cpu_vendor
 from reprotune._errors import InputError
 from reprotune._proof.compare import compare_runs
 from tinyrun import TinyProject
 
 #: A lesser machine, made from the outside: every dispatch knob capped to AVX2.
 CAPPED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+INTEL = cpu_vendor() == "GenuineIntel"
+#: The portable modes this CPU can hold, each with the CNR mode MKL must report in it.
+MODES = {"avx2-compatible": "COMPATIBLE,STRICT", **({"avx2": "AVX2,STRICT"} if INTEL else {})}
 
 
 def test_an_environment_that_contradicts_the_mode_is_refused() -> None:
     """A variable already set to another value is named, never overridden silently; a CPU without
     the baseline's instructions is refused, naming what it lacks."""
-    with pytest.raises(InputError, match="already holds MKL_CBWR=COMPATIBLE"):
-        isa.set_isa_environment("avx2", {"MKL_CBWR": "COMPATIBLE"})
+    with pytest.raises(InputError, match="already holds MKL_CBWR=AVX2"):
+        isa.set_isa_environment("avx2-compatible", {"MKL_CBWR": "AVX2"})
     with pytest.raises(InputError, match=r"unknown determinism\.cpu_isa 'sse9'"):
         isa.set_isa_environment("sse9", {})
     assert isa.set_isa_environment("native", {}) is False
@@ -34,57 +43,77 @@ def test_a_cpu_without_the_baseline_is_refused(monkeypatch: pytest.MonkeyPatch) 
         isa.set_isa_environment("avx2", {})
 
 
+def test_an_intel_only_branch_is_refused_on_another_vendor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MKL reads its AVX2 and AVX512 branches on Intel CPUs only: on an AMD CPU those modes are
+    refused before torch loads, pointing at the vendor-neutral mode, which is accepted."""
+    monkeypatch.setattr(isa, "cpu_vendor", lambda: "AuthenticAMD")
+    for mode in ("avx2", "avx512"):
+        with pytest.raises(InputError, match="cannot be put in force on this AuthenticAMD CPU") as info:
+            isa.set_isa_environment(mode, {})
+        assert "avx2-compatible" in (info.value.fix or "")
+    environ: dict[str, str] = {}
+    monkeypatch.delitem(sys.modules, "torch")  # as if torch were not loaded yet (restored after)
+    assert isa.set_isa_environment("avx2-compatible", environ) is True
+    assert environ["MKL_CBWR"] == "COMPATIBLE,STRICT" and environ["ATEN_CPU_CAPABILITY"] == "avx2"
+
+
 def test_a_mode_not_in_force_in_this_process_is_refused() -> None:
     """torch is loaded here with this CPU's own kernels: a baseline cannot be claimed now, and the
     refusal names each knob that differs and how to set it before Python starts."""
     with pytest.raises(InputError) as info:
-        isa.require_isa("avx2")
+        isa.require_isa("avx2-compatible")
     assert "is not in force in this process" in info.value.message
-    assert "MKL_CBWR=AVX2,STRICT" in (info.value.fix or "")
+    assert "MKL_CBWR=COMPATIBLE,STRICT" in (info.value.fix or "")
     assert isa.require_isa("native")["cpu_isa"] == "native"
 
 
 @pytest.fixture(scope="module")
 def portable(tmp_path_factory: pytest.TempPathFactory) -> TinyProject:
-    """Three runs of one config: native, avx2 here, avx2 on a machine capped to AVX2."""
+    """Runs of one config: native, and each mode of :data:`MODES` here and on a machine capped
+    to AVX2."""
     project = TinyProject.create(tmp_path_factory.mktemp("portable"))
     config = str(project.config("cfg.yaml"))
     project.run_cli("run", config, "--run-dir", "native", "--no-progress")
-    avx2 = ("--set", "determinism.cpu_isa=avx2")
-    project.run_cli("run", config, "--run-dir", "avx2", "--no-progress", *avx2)
-    project.run_cli("run", config, "--run-dir", "avx2-capped", "--no-progress", *avx2, env=CAPPED)
+    for mode in MODES:
+        pinned = ("--set", f"determinism.cpu_isa={mode}")
+        project.run_cli("run", config, "--run-dir", mode, "--no-progress", *pinned)
+        project.run_cli("run", config, "--run-dir", f"{mode}-capped", "--no-progress", *pinned, env=CAPPED)
     return project
 
 
-def test_portable_runs_are_identical_on_a_capped_machine(portable: TinyProject) -> None:
-    """cpu_isa avx2 here and on a machine capped to AVX2 from the outside: IDENTICAL, and each
-    record says the mode was in force (read back)."""
-    result = compare_runs(portable.root / "avx2", portable.root / "avx2-capped")
+@pytest.mark.parametrize("mode", list(MODES))
+def test_portable_runs_are_identical_on_a_capped_machine(portable: TinyProject, mode: str) -> None:
+    """A portable mode here and on a machine capped to AVX2 from the outside: IDENTICAL, and each
+    record says the mode was in force (read back from ATen and MKL)."""
+    result = compare_runs(portable.root / mode, portable.root / f"{mode}-capped")
     assert result.verdict.value == "IDENTICAL", result.format()
-    for name in ("avx2", "avx2-capped"):
+    for name in (mode, f"{mode}-capped"):
         kernels = json.loads((portable.root / name / "record.json").read_text())["environment"]["kernels"]
-        assert kernels["portable"] == {"cpu_isa": "avx2"} and kernels["cpu"]["aten_capability"] == "AVX2"
+        assert kernels["portable"] == {"cpu_isa": mode} and kernels["cpu"]["aten_capability"] == "AVX2"
         if kernels["blas"]["blas"] == "mkl":
-            assert kernels["blas"]["mkl_cbwr"] == "AVX2,STRICT"
+            assert kernels["blas"]["mkl_cbwr"] == MODES[mode]
 
 
-def test_portable_differs_from_native_where_the_kernels_differ(portable: TinyProject) -> None:
-    """native against avx2: the records' kernel facts differ (MKL's CNR mode at least); where the
-    CPU's own capability is another than AVX2 the numbers differ too, and compare says why."""
+@pytest.mark.parametrize("mode", list(MODES))
+def test_portable_differs_from_native_where_the_kernels_differ(portable: TinyProject, mode: str) -> None:
+    """native against a portable mode: the records' kernel facts differ (MKL's CNR mode at least);
+    where the kernels differ (another ATen capability, or MKL's compatible branch) the numbers
+    differ too, and compare says why."""
     native = json.loads((portable.root / "native" / "record.json").read_text())["environment"]["kernels"]
-    result = compare_runs(portable.root / "native", portable.root / "avx2")
+    result = compare_runs(portable.root / "native", portable.root / mode)
     assert any(d.category == "kernels" for d in result.differences)
-    if native["cpu"]["aten_capability"] != "AVX2":
+    if native["cpu"]["aten_capability"] != "AVX2" or mode == "avx2-compatible":
         assert result.verdict.value == "DIVERGED"
-        assert "config.determinism.cpu_isa native vs avx2" in result.causes[0]
+        assert f"config.determinism.cpu_isa native vs {mode}" in result.causes[0]
         assert any("CPU kernels differ" in cause for cause in result.causes)
 
 
 def test_doctor_says_which_mode_is_in_force(portable: TinyProject) -> None:
+    mode = next(iter(MODES))
     done = portable.run_cli(
-        "doctor", "cfg.yaml", "--set", "determinism.cpu_isa=avx2", "--no-probe", check=False
+        "doctor", "cfg.yaml", "--set", f"determinism.cpu_isa={mode}", "--no-probe", check=False
     )
-    assert "cpu-kernels-portable: determinism.cpu_isa 'avx2' is in force" in done.stdout
+    assert f"cpu-kernels-portable: determinism.cpu_isa '{mode}' is in force" in done.stdout
     done = portable.run_cli("doctor", "cfg.yaml", "--no-probe", check=False)
     assert "cpu-kernels-native" in done.stdout
 
@@ -99,7 +128,7 @@ def test_a_mode_that_cannot_be_put_in_force_is_refused_before_anything_is_writte
         "--run-dir",
         str(tmp_path / "refused"),
         "--set",
-        "determinism.cpu_isa=avx2",
+        "determinism.cpu_isa=avx2-compatible",
         env={"ATEN_CPU_CAPABILITY": "default"},
         check=False,
     )
@@ -110,12 +139,13 @@ def test_a_mode_that_cannot_be_put_in_force_is_refused_before_anything_is_writte
 
 def test_a_bundle_of_a_portable_run_reruns_in_its_mode(portable: TinyProject, tmp_path: Path) -> None:
     """`rerun BUNDLE` reads the mode from the record inside the archive and sets it before torch
-    loads: the bundle of an avx2 run reruns IDENTICAL in a fresh interpreter."""
-    bundle = tmp_path / "avx2.tar.gz"
-    portable.run_cli("pack", "avx2", "-o", str(bundle), "--with-data")
+    loads: the bundle of a portable run reruns IDENTICAL in a fresh interpreter."""
+    mode = next(iter(MODES))
+    bundle = tmp_path / "portable.tar.gz"
+    portable.run_cli("pack", mode, "-o", str(bundle), "--with-data")
     done = portable.run_cli(
         "rerun", str(bundle), "--out", str(tmp_path / "rerun"), "--no-progress", cold=True
     )
     assert "IDENTICAL" in done.stdout
     kernels = json.loads((tmp_path / "rerun" / "rerun" / "record.json").read_text())["environment"]["kernels"]
-    assert kernels["portable"] == {"cpu_isa": "avx2"}
+    assert kernels["portable"] == {"cpu_isa": mode}

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from reprotune._determinism.cpu import cbwr_name, cpu_flags, mkl_cbwr
+from reprotune._determinism.cpu import cbwr_name, cpu_flags, cpu_vendor, mkl_cbwr
 from reprotune._run import kernels
 from reprotune._run.fingerprint import environment_fingerprint
 from reprotune._run.kernels import ISA_FLAGS_X86, STEERING_ENV, kernel_differences, kernel_facts
@@ -47,15 +47,18 @@ def _blas_in(env: dict[str, str]) -> dict[str, str]:
 
 
 def test_mkl_reports_its_own_mode_not_the_variable() -> None:
-    """MKL's CNR mode is asked from MKL itself: processes started with MKL_CBWR=AVX2,STRICT and
-    =COMPATIBLE read back those modes (and MKL's code path); one started with a value MKL does not
-    take (lower case) reads back what MKL fell back to, not the variable; this process runs with CNR
-    off."""
+    """MKL's CNR mode is asked from MKL itself: processes started with MKL_CBWR=AVX2,STRICT (on an
+    Intel CPU; AUTO,STRICT elsewhere) and =COMPATIBLE read back those modes (and MKL's code path);
+    one started with a value MKL does not take (lower case) reads back what MKL fell back to, not
+    the variable; this process runs with CNR off."""
     if not torch.backends.mkl.is_available():
         assert mkl_cbwr() is None
         return
     assert mkl_cbwr() == "OFF"
-    assert _blas_in({"MKL_CBWR": "AVX2,STRICT"})["mkl_cbwr"] == "AVX2,STRICT"
+    # MKL takes its AVX2 branch on Intel CPUs only; elsewhere it keeps its own path (AUTO), and
+    # the record says that, not the variable.
+    expected = "AVX2,STRICT" if cpu_vendor() == "GenuineIntel" else "AUTO,STRICT"
+    assert _blas_in({"MKL_CBWR": "AVX2,STRICT"})["mkl_cbwr"] == expected
     compatible = _blas_in({"MKL_CBWR": "COMPATIBLE"})
     assert compatible["mkl_cbwr"] == "COMPATIBLE" and compatible["mkl_code_path"]
     assert _blas_in({"MKL_CBWR": "avx2,strict"})["mkl_cbwr"] != "AVX2,STRICT"

@@ -339,11 +339,13 @@ class DeterminismConfig(_Section):
     device: Literal["cpu", "cuda", "auto"] = Field(
         default="cpu", description="compute device; auto = cuda if present"
     )
-    cpu_isa: Literal["native", "avx2", "avx512"] = Field(
+    cpu_isa: Literal["native", "avx2", "avx512", "avx2-compatible"] = Field(
         default="native",
         description="CPU kernels: native = the best this CPU has; avx2 / avx512 = every kernel knob "
         "(ATen capability, MKL code path and CNR mode, oneDNN ISA) pinned to that baseline, so that "
-        "runs reproduce bit for bit on any x86-64 CPU that has it (docs/microscope.md)",
+        "runs reproduce bit for bit on any Intel x86-64 CPU that has it (MKL takes these branches on "
+        "Intel only); avx2-compatible = ATen and oneDNN on AVX2 with MKL's vendor-neutral COMPATIBLE "
+        "branch: the same bits on Intel and AMD CPUs with AVX2, slower (docs/microscope.md)",
     )
 
 

@@ -72,6 +72,11 @@ def cpu_flags() -> frozenset[str] | None:
     return frozenset(text.split()) if text else None
 
 
+def cpu_vendor() -> str | None:
+    """The CPU's vendor as /proc/cpuinfo names it (``GenuineIntel``, ``AuthenticAMD``), or None."""
+    return cpuinfo().get("vendor_id") or None
+
+
 def is_arm() -> bool:
     return platform.machine().lower() in ("aarch64", "arm64")
 

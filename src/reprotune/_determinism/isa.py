@@ -2,13 +2,20 @@
 
 On ``native`` (the default) each library picks the kernels of the CPU at hand, so a run made on
 a CPU with AVX-512 gives other bits than the same run on one with AVX2 only. A baseline
-(``avx2``, ``avx512``) pins every knob that selects a CPU kernel to it:
+(``avx2``, ``avx512``, ``avx2-compatible``) pins every knob that selects a CPU kernel to it:
 
 - ATen's vectorised kernels: ``ATEN_CPU_CAPABILITY``;
 - MKL's code path: ``MKL_ENABLE_INSTRUCTIONS``, and its conditional numerical reproducibility
   mode ``MKL_CBWR=<branch>,STRICT`` (the same results on every CPU that has the branch, whatever
   the thread count: MKL's own promise);
 - oneDNN's ISA: ``ONEDNN_MAX_CPU_ISA`` (and its older name ``DNNL_MAX_CPU_ISA``).
+
+MKL takes its named branches (AVX2, AVX512) on Intel CPUs only: on an AMD CPU it reads
+``MKL_CBWR=AVX2,STRICT`` as ``AUTO,STRICT`` and picks its own code path, so ``avx2`` and ``avx512``
+cannot be put in force there (and are refused). ``avx2-compatible`` takes MKL's vendor-neutral
+``COMPATIBLE`` branch (SSE2 code paths, the same results on Intel and AMD CPUs: MKL's promise), with
+ATen and oneDNN on AVX2: the mode for runs that must reproduce across CPU vendors, at the cost of
+MKL's slower products (measured in bench/README.md).
 
 These are read once, when each library starts, so they must be set before torch is imported:
 :func:`set_isa_environment` does that for the CLI (and so for every process it launches:
@@ -24,10 +31,10 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from reprotune._determinism.cpu import cpu_flags, mkl_cbwr
+from reprotune._determinism.cpu import cpu_flags, cpu_vendor, mkl_cbwr
 from reprotune._errors import InputError
 
-CpuIsa = Literal["native", "avx2", "avx512"]
+CpuIsa = Literal["native", "avx2", "avx512", "avx2-compatible"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,7 @@ class Baseline:
     Attributes:
         name: the ``determinism.cpu_isa`` value.
         needs: the CPU flags (/proc/cpuinfo names) a machine must have.
+        intel_only: whether MKL takes the baseline's CNR branch on Intel CPUs only.
         aten: ``torch.backends.cpu.get_cpu_capability()`` when the baseline is in force.
         mkl_cbwr: MKL's CNR mode when in force (as ``MKL_CBWR`` spells it).
         env: the variables that pin it.
@@ -47,6 +55,7 @@ class Baseline:
     aten: str
     mkl_cbwr: str
     env: Mapping[str, str]
+    intel_only: bool = True
 
 
 BASELINES: dict[str, Baseline] = {
@@ -75,6 +84,20 @@ BASELINES: dict[str, Baseline] = {
             "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
             "DNNL_MAX_CPU_ISA": "AVX512_CORE",
         },
+    ),
+    "avx2-compatible": Baseline(
+        name="avx2-compatible",
+        needs=("avx", "avx2", "fma", "f16c"),
+        aten="AVX2",
+        mkl_cbwr="COMPATIBLE,STRICT",
+        env={
+            "ATEN_CPU_CAPABILITY": "avx2",
+            "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+            "MKL_CBWR": "COMPATIBLE,STRICT",
+            "ONEDNN_MAX_CPU_ISA": "AVX2",
+            "DNNL_MAX_CPU_ISA": "AVX2",
+        },
+        intel_only=False,
     ),
 }
 
@@ -121,6 +144,16 @@ def set_isa_environment(mode: str, environ: MutableMapping[str, str] | None = No
             f"determinism.cpu_isa {mode!r} cannot be put in force on this CPU: it lacks {', '.join(missing)}",
             source="determinism.cpu_isa",
             fix="choose a baseline this machine has (`reprotune doctor` lists its ISA), or native",
+        )
+    vendor = cpu_vendor()
+    if baseline.intel_only and vendor not in (None, "GenuineIntel"):
+        raise InputError(
+            f"determinism.cpu_isa {mode!r} cannot be put in force on this {vendor} CPU: MKL takes its "
+            f"{baseline.mkl_cbwr.split(',')[0]} reproducibility branch on Intel CPUs only (elsewhere "
+            "it picks its own code path)",
+            source="determinism.cpu_isa",
+            fix="use determinism.cpu_isa: avx2-compatible (MKL's vendor-neutral branch: the same bits "
+            "on Intel and AMD CPUs with AVX2), or native",
         )
     target = os.environ if environ is None else environ
     clashes = [f"{k}={target[k]}" for k, v in baseline.env.items() if target.get(k, v) != v]
