@@ -13,8 +13,9 @@ against a plain step, and the portable CPU mode (``determinism.cpu_isa``) agains
   ``determinism.cpu_isa`` native, avx2 and avx512 (on Intel CPUs: MKL's branches for them are
   Intel-only; avx512 where the CPU has it) and avx2-compatible, alternating twice, each in a fresh
   process; the median step time of each from its record, and each mode's over native's. Judged:
-  avx2 on Intel, avx2-compatible elsewhere. On a CPU whose own kernels are AVX-512, ``avx2`` runs narrower kernels: that is
-  the cost of reproducing on AVX2-only machines, not of the pinning itself (``avx512`` shows that).
+  avx2 on Intel, avx2-compatible elsewhere. On a CPU whose own kernels are AVX-512, ``avx2`` runs
+  narrower kernels: that is the cost of reproducing on AVX2-only machines, not of the pinning
+  itself (``avx512`` shows that); avx2-compatible adds MKL's SSE2 products.
 
 Exit 1 when a target is missed.
 """
