@@ -63,7 +63,7 @@ def _saved(writer: RunWriter) -> dict[str, Any]:
 
 def test_completed_attempt_saves_outputs_and_logs_only_files_the_run_holds(tmp_path: Path) -> None:
     writer, observer = _writer(tmp_path)
-    writer.finish("completed", timings={"steps_done": 3}, save_outputs=lambda: _saved(writer))
+    writer.finish("completed", timings=lambda: {"steps_done": 3}, save_outputs=lambda: _saved(writer))
     record = json.loads(writer.paths.record.read_text(encoding="utf-8"))
     assert record["status"] == "completed"
     assert record["outputs"]["adapter_sha256"] == "ab" * 32
@@ -84,10 +84,10 @@ def test_a_failed_save_tells_the_trackers_failed_and_the_end_is_recorded_once(tm
         raise OSError(28, "No space left on device")
 
     with pytest.raises(OSError):
-        writer.finish("completed", timings={}, save_outputs=full_disk)
+        writer.finish("completed", timings=dict, save_outputs=full_disk)
     assert ("finish", "failed") in observer.events
     # The caller records the end as failed: the trackers are not finished a second time.
-    writer.finish("failed", timings={}, error=OSError(28, "No space left on device"))
+    writer.finish("failed", timings=dict, error=OSError(28, "No space left on device"))
     record = json.loads(writer.paths.record.read_text(encoding="utf-8"))
     assert record["status"] == "failed" and record["error"]["type"] == "OSError"
     assert "outputs" not in record
@@ -97,7 +97,7 @@ def test_a_failed_save_tells_the_trackers_failed_and_the_end_is_recorded_once(tm
 
 def test_a_resumed_attempt_is_added_with_what_it_resumed_from(tmp_path: Path) -> None:
     writer, _ = _writer(tmp_path)
-    writer.finish("stopped", timings={})
+    writer.finish("stopped", timings=dict)
     attempt = writer.begin_attempt(resumed=True, from_step=2)
     assert writer.record["status"] == "running" and writer.record["error"] is None
     assert attempt["from_step"] == 2 and writer.record["attempts"][-1] is attempt
@@ -113,22 +113,46 @@ class _UnsavableAdapter:
         raise OSError(28, "No space left on device")
 
 
-def test_a_trainer_run_whose_adapter_cannot_be_saved_is_recorded_failed(tmp_path: Path) -> None:
-    """The Trainer callback's runs end in the same writer: a save that fails leaves the record
-    failed (with the error) and the directory unlocked, not a run that seems to go on."""
+def _trainer_run(run_dir: Path, observer: _Observer) -> Any:
     from reprotune.integrations._writer import TrainerRun
 
     record = start_record("20261202-000000-abcdef12", ExperimentConfig(), {"root": 0})
     record.update(status="running", error=None, attempts=[{"started_at": "now", "resumed": False}])
-    observer = _Observer()
-    run = TrainerRun.new(
-        tmp_path / "run",
+    return TrainerRun.new(
+        run_dir,
         record,
         patch=b"",
         manifest=None,
         init_weights_sha256="0" * 64,
         trackers=TrackerSet([observer]),
     )
+
+
+def test_a_trainer_run_whose_ledger_cannot_be_closed_is_recorded_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closing the ledger syncs it: on a full disk that fails, and the run is recorded failed,
+    its trackers told so, the directory unlocked."""
+    observer = _Observer()
+    run = _trainer_run(tmp_path / "run", observer)
+
+    def full_disk() -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(run.ledger, "close", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        run.end("completed")
+    written = json.loads(run.paths.record.read_text(encoding="utf-8"))
+    assert written["status"] == "failed" and "No space left" in written["error"]["message"]
+    assert ("finish", "failed") in observer.events
+    lock_run_dir(tmp_path / "run", report=print).release()
+
+
+def test_a_trainer_run_whose_adapter_cannot_be_saved_is_recorded_failed(tmp_path: Path) -> None:
+    """The Trainer callback's runs end in the same writer: a save that fails leaves the record
+    failed (with the error) and the directory unlocked, not a run that seems to go on."""
+    observer = _Observer()
+    run = _trainer_run(tmp_path / "run", observer)
     with pytest.raises(OSError, match="No space left"):
         run.end("completed", model=_UnsavableAdapter())
     written = json.loads(run.paths.record.read_text(encoding="utf-8"))

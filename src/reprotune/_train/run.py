@@ -311,7 +311,9 @@ def _finish(
     step_times = loop.step_times_s if loop is not None else ()
     steps_done = loop.steps_done if loop is not None else reached
     save_outputs = None if setup is None else functools.partial(_outputs, run, setup, loop)
-    timings = attempt_timings(run.started, step_times, steps_done, stopwatch.seconds, save_times)
+    timings = functools.partial(
+        attempt_timings, run.started, step_times, steps_done, stopwatch.seconds, save_times
+    )
     run.finish(status, timings=timings, save_outputs=save_outputs, error=error)
     final_val_loss = loop.final_val_loss if loop is not None else None
     return RunResult(

@@ -31,7 +31,7 @@ def report(line: str) -> None:
     print(redact_value(line), file=sys.stderr, flush=True)
 
 
-@dataclass
+@dataclass(eq=False)
 class RunWriter:
     """One attempt of a run, writing its run directory: where it writes, its record and trackers."""
 
@@ -80,12 +80,13 @@ class RunWriter:
         self,
         status: Status,
         *,
-        timings: Mapping[str, Any],
+        timings: Callable[[], Mapping[str, Any]],
         save_outputs: Callable[[], dict[str, Any]] | None = None,
         error: BaseException | None = None,
     ) -> None:
-        """End the attempt: its outputs (``save_outputs``, for a completed run), timings and error
-        in the record; the run's files to the trackers when completed; the trackers' summaries.
+        """End the attempt: its outputs (``save_outputs``, for a completed run), timings (asked for
+        after the outputs are saved, so that the attempt's duration holds the save) and error in
+        the record; the run's files to the trackers when completed; the trackers' summaries.
 
         When saving fails (a full disk), the trackers hear ``failed`` and the error goes on to
         the caller, who records the run's end as failed.
@@ -98,7 +99,7 @@ class RunWriter:
         try:
             if save_outputs is not None:
                 record["outputs"] = save_outputs()
-            record["timings"].update(timings)
+            record["timings"].update(timings())
             if status == "completed":
                 self.write_record()
                 self.trackers.log_artifacts(self._artifacts())

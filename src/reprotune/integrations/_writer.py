@@ -43,7 +43,9 @@ from reprotune.integrations._ranks import CHECKPOINT_MARKER, resume_problems, rn
 
 
 class TrainerRun(RunWriter):
-    """One attempt of a Trainer-made run, writing its run directory. Use :meth:`new` or :meth:`resume`."""
+    """One attempt of a Trainer-made run, writing its run directory. Use :meth:`new` or :meth:`resume`,
+    and end it with :meth:`end` (which closes the ledger and releases the lock around the run
+    writer's :meth:`~reprotune._train.writer.RunWriter.finish`), never with ``finish`` itself."""
 
     def __init__(self, paths: RunLayout, record: dict[str, Any], lock: RunDirLock, trackers: TrackerSet):
         super().__init__(paths, record, trackers)
@@ -129,6 +131,7 @@ class TrainerRun(RunWriter):
                 source=str(run_dir),
                 fix=fix,
             )
+        writer: TrainerRun | None = None
         lock = lock_run_dir(run_dir, report=report)
         try:
             record = load_record(paths.record)
@@ -157,6 +160,8 @@ class TrainerRun(RunWriter):
             writer.begin_attempt(resumed=True, **attempt)
             writer.write_record()
         except BaseException:
+            if writer is not None:
+                writer.ledger.close()
             lock.release()
             raise
         writer.start_trackers()
@@ -185,14 +190,15 @@ class TrainerRun(RunWriter):
             return
         self.finished = True
         try:
-            self.ledger.close()
             completed = status == "completed" and model is not None
             save = functools.partial(self._outputs, model) if completed else None
             try:
-                self.finish(status, timings=self._timings(), save_outputs=save, error=error)
+                self.ledger.close()  # syncs: on a full disk this fails too, and the run with it
+                self.finish(status, timings=self._timings, save_outputs=save, error=error)
             except BaseException as exc:  # saving failed (a full disk): the run failed, and says so
+                ended: Status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
                 with contextlib.suppress(Exception):
-                    self.finish("failed", timings=self._timings(), error=exc)
+                    self.finish(ended, timings=self._timings, error=exc)
                 raise
         finally:
             self._lock.release()
