@@ -219,8 +219,7 @@ def check_cpu_kernels(ctx: Context) -> list[Finding]:
             f"CPU kernels are this CPU's own (determinism.cpu_isa: native): {path}",
             "a CPU with other vector instructions (AVX2 vs AVX-512) runs other kernels and gets other "
             "bits: runs reproduce bit for bit only on CPUs whose kernel facts match",
-            "to rerun on other CPUs, pin a baseline they all have: determinism.cpu_isa: avx2 (Intel "
-            "CPUs), or avx2-compatible (Intel and AMD CPUs alike)",
+            "to rerun on other CPUs pin one baseline: cpu_isa avx2 (Intel) or avx2-compatible (any vendor)",
         )
     ]
 
