@@ -6,11 +6,12 @@
 
 1. Recording overhead, tiny model (2 layers, width 64; 1 thread; batch 4). Runs of the real loop
    (``run_experiment``) in which recording is switched on and off by blocks of ``BLOCK`` steps
-   (``RunOptions(recording=predicate)``): unrecorded blocks write no ledger line, hash no weights
-   and send no metrics; recorded blocks do all of it. Both kinds of block share one process, one
-   memory layout and the same moments of the shared machine, which separate runs do not (whole
-   runs of one variant differed by up to 20 % among themselves here, ten times the target). Each
-   recorded block's mean step time is compared with the mean of the unrecorded blocks on either
+   (``reprotune.testing.recorded_steps(predicate)``, from outside the loop): unrecorded blocks
+   write no ledger line, hash no weights and send no metrics; recorded blocks do all of it. Both
+   kinds of block share one process, one memory layout and the same moments of the shared machine,
+   which separate runs do not (whole runs of one variant differed by up to 20 % among themselves
+   here, ten times the target).
+   Each recorded block's mean step time is compared with the mean of the unrecorded blocks on either
    side (a steady drift cancels); the first step of every block and the first two blocks are left
    out. Figure: the mean of those ratios over every recorded block of ``--repeats`` runs, with a
    95 % confidence interval; the mean, not the median, so that the periodic costs (the ledger's
@@ -109,12 +110,11 @@ def _alternating_run(config: Path, run_dir: Path, variant: str) -> tuple[dict[st
     """One in-process run of ``variant``, recording every other block of steps; record, step times."""
     from reprotune._config.loading import load_config
     from reprotune._train.run import RunOptions, run_experiment
+    from reprotune.testing import recorded_steps
 
     _, tracking = VARIANTS[variant]
-    options = RunOptions(
-        run_dir=run_dir, progress=False, tracking=tracking, recording=_recorded, code_dir=run_dir.parent
-    )
-    with torch.random.fork_rng():
+    options = RunOptions(run_dir=run_dir, progress=False, tracking=tracking, code_dir=run_dir.parent)
+    with torch.random.fork_rng(), recorded_steps(_recorded):
         result = run_experiment(load_config(config), options)
     return result.record, list(result.step_times_s)
 

@@ -23,6 +23,7 @@ from reprotune._jsonio import sha256_file
 from reprotune._run.ledger import batch_sha256
 from reprotune._train.loss import logits_to_keep, supports_logits_to_keep, token_loss_sum
 from reprotune._train.run import RunOptions, RunResult, run_experiment
+from reprotune.testing import recorded_steps
 
 
 def _run(
@@ -113,20 +114,28 @@ def test_epochs_run_ceil_of_train_rows_over_batch(tiny_project: Any, tmp_path: P
     assert [e["step"] for e in val] == [13]  # eval_every 0: only at the end
 
 
+def _unrecorded(project: Any, run_dir: Path, records_step: Any = lambda _step: False) -> RunResult:
+    with recorded_steps(records_step):
+        return _run(project, run_dir)
+
+
 def test_recording_off_trains_the_same_numbers(tiny_project: Any, tmp_path: Path) -> None:
-    """``recording=False`` (the benchmark's baseline) skips per-step lines but trains identically."""
+    """``recorded_steps`` off (the benchmark's baseline) skips per-step lines but trains identically;
+    the hooks are themselves again after the block."""
     on = _run(tiny_project, tmp_path / "on")
-    off = _run(tiny_project, tmp_path / "off", recording=False)
+    off = _unrecorded(tiny_project, tmp_path / "off")
     assert off.status == "completed"
     assert off.adapter_sha256 == on.adapter_sha256
     assert [e["kind"] for e in _ledger(off.run_dir)] == ["init", "val", "val"]
     assert off.record["timings"]["step_time_s_mean"] > 0
+    again = _run(tiny_project, tmp_path / "again")
+    assert _ledger(again.run_dir) == _ledger(on.run_dir)
 
 
 def test_recording_predicate_records_only_the_steps_it_picks(tiny_project: Any, tmp_path: Path) -> None:
     """The benchmark's alternating mode: picked steps get their exact lines, training is unchanged."""
     full = _run(tiny_project, tmp_path / "full")
-    picked = _run(tiny_project, tmp_path / "picked", recording=lambda step: step % 3 == 0)
+    picked = _unrecorded(tiny_project, tmp_path / "picked", lambda step: step % 3 == 0)
     assert picked.adapter_sha256 == full.adapter_sha256
     full_lines = {e["step"]: e for e in _train_lines(full.run_dir)}
     picked_lines = _train_lines(picked.run_dir)
@@ -137,7 +146,7 @@ def test_recording_predicate_records_only_the_steps_it_picks(tiny_project: Any, 
 def test_record_times_the_recording_work(tiny_project: Any, tmp_path: Path) -> None:
     """The record says what recording cost; the result carries every step's time."""
     on = _run(tiny_project, tmp_path / "on")
-    off = _run(tiny_project, tmp_path / "off", recording=False)
+    off = _unrecorded(tiny_project, tmp_path / "off")
     steps = on.record["timings"]["steps_done"]
     assert len(on.step_times_s) == steps and all(t > 0 for t in on.step_times_s)
     assert 0 < on.record["timings"]["recording_time_s"] < sum(on.step_times_s)

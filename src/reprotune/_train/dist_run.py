@@ -45,7 +45,6 @@ from reprotune._train.hooks import (
     LedgerHook,
     Stopwatch,
     hf_progress_bars,
-    step_predicate,
 )
 from reprotune._train.loop import StepHook, train_loop
 from reprotune._train.options import RunOptions, RunResult
@@ -225,7 +224,7 @@ def follow_run(cfg: ExperimentConfig, ctx: DistContext, options: RunOptions, *, 
         start_step = restored.state.step if restored is not None else 0
         if start_step == 0:
             seed_generators(setup)
-        ledger = LedgerHook(setup, None, step_predicate(options.recording), Stopwatch())
+        ledger = LedgerHook(setup, None, Stopwatch())
         if start_step == 0:
             ledger.write_init()  # under FSDP, rank 0 gathers the weights it hashes
         hooks: list[StepHook] = [ledger, CheckpointHook(setup, None, None)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,19 +37,11 @@ class LedgerHook:
         setup: the run.
         ledger: the open ledger; None on a distributed run's other ranks, which only take part in
             gathering the weights to hash (FSDP).
-        records_step: which steps write their line (all, in every run but the overhead benchmark).
         stopwatch: where the time spent is added.
     """
 
-    def __init__(
-        self,
-        setup: Setup,
-        ledger: LedgerWriter | None,
-        records_step: Callable[[int], bool],
-        stopwatch: Stopwatch,
-    ) -> None:
+    def __init__(self, setup: Setup, ledger: LedgerWriter | None, stopwatch: Stopwatch) -> None:
         self._ledger = ledger
-        self._records_step = records_step
         self._stopwatch = stopwatch
         self._hash_weights = setup.distribution.weights_hasher(setup)
         self.last_step = 0  # the last step whose line was queued (the writer flushes it on exit)
@@ -61,46 +53,44 @@ class LedgerHook:
             self._ledger.write(init_line(digest))
 
     def on_step_end(self, end: StepEnd) -> None:
-        if self._records_step(end.step):
-            t0 = time.perf_counter()
-            # The weights are hashed now (the next step changes them); the line is built at the
-            # ledger's next flush, with the lines of the steps around it.
-            digest = self._hash_weights()
-            if self._ledger is None:
-                return
-            self._ledger.write(
-                lambda: train_line(
-                    end.step,
-                    end.epoch,
-                    end.rows,
-                    end.n_tokens,
-                    end.loss,
-                    end.lr,
-                    end.grad_norm,
-                    digest,
-                    rank_rows=end.rank_rows,
-                )
-            )
-            self.last_step = end.step
-            self._stopwatch.seconds += time.perf_counter() - t0
+        self.record_step(end)
         if end.validation is not None and self._ledger is not None:
             v = end.validation
             self._ledger.write(val_line(end.step, v.loss, v.n_rows, v.n_tokens))
 
+    def record_step(self, end: StepEnd) -> None:
+        """The step's train line, with the weights hash (timed on the stopwatch)."""
+        t0 = time.perf_counter()
+        # The weights are hashed now (the next step changes them); the line is built at the
+        # ledger's next flush, with the lines of the steps around it.
+        digest = self._hash_weights()
+        if self._ledger is None:
+            return
+        self._ledger.write(
+            lambda: train_line(
+                end.step,
+                end.epoch,
+                end.rows,
+                end.n_tokens,
+                end.loss,
+                end.lr,
+                end.grad_norm,
+                digest,
+                rank_rows=end.rank_rows,
+            )
+        )
+        self.last_step = end.step
+        self._stopwatch.seconds += time.perf_counter() - t0
+
 
 class TrackerHook:
-    """Sends each recorded step's metrics (train loss, lr, grad norm, val loss) to the trackers."""
+    """Sends each step's metrics (train loss, lr, grad norm, val loss) to the trackers."""
 
-    def __init__(
-        self, trackers: TrackerSet, records_step: Callable[[int], bool], stopwatch: Stopwatch
-    ) -> None:
+    def __init__(self, trackers: TrackerSet, stopwatch: Stopwatch) -> None:
         self._trackers = trackers
-        self._records_step = records_step
         self._stopwatch = stopwatch
 
     def on_step_end(self, end: StepEnd) -> None:
-        if not self._records_step(end.step):
-            return
         t0 = time.perf_counter()
         metrics = {"train_loss": end.loss, "lr": end.lr, "grad_norm": end.grad_norm}
         if end.validation is not None:
@@ -181,7 +171,7 @@ class ProgressHook:
         self._bar.close()
 
 
-# --- around the hooks: transformers' progress bars, which steps record, an attempt's timings ---
+# --- around the hooks: transformers' progress bars ---
 
 
 @contextlib.contextmanager
@@ -197,10 +187,3 @@ def hf_progress_bars(enabled: bool) -> Iterator[None]:
     finally:
         if was:
             hf_logging.enable_progress_bar()
-
-
-def step_predicate(recording: bool | Callable[[int], bool]) -> Callable[[int], bool]:
-    """``RunOptions.recording`` as a predicate of the step: which steps are recorded."""
-    if callable(recording):
-        return recording
-    return (lambda _step: True) if recording else (lambda _step: False)

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,11 +26,6 @@ class RunOptions:
         restore_rng_on_resume: False only for verify's negative control of the resume leg.
         manifest: train on this split manifest instead of the config's split (rerun uses the
             recorded run's ``split.json``; the config, and so its hash, stay as recorded).
-        recording: which optimizer steps write their ledger line (with the weights hash) and send
-            their metrics to the trackers: every one (True, the default), none (False) or those a
-            predicate ``step -> bool`` picks. Anything but True is for the overhead benchmark only,
-            which compares recorded and unrecorded steps of one loop; such a run's ledger is not
-            complete, and ``compare`` and ``resume`` cannot use it.
         hooks: extra step hooks, called after reprotune's own at the end of every step (the
             benchmarks time steps with one). Under torchrun every rank must be given hooks (or
             none) alike: rank 0's hooks decide when the run stops, and the other ranks follow.
@@ -50,7 +45,6 @@ class RunOptions:
     stop_after_step: int | None = None
     restore_rng_on_resume: bool = True
     manifest: Path | None = None
-    recording: bool | Callable[[int], bool] = True
     hooks: Sequence[StepHook] = ()
     code_dir: Path = field(default_factory=Path.cwd)
     allow_world_size_change: bool = False

@@ -56,7 +56,6 @@ from reprotune._train.hooks import (
     Stopwatch,
     TrackerHook,
     hf_progress_bars,
-    step_predicate,
 )
 from reprotune._train.loop import LoopResult, StepHook, train_loop
 from reprotune._train.options import DEFAULT_OPTIONS, RunOptions, RunResult
@@ -192,13 +191,12 @@ def _execute(
         run.start_trackers()
         run.write_record()
 
-        records_step = step_predicate(options.recording)
         progress = ProgressHook(setup.total_steps, start_step, options.progress)
         with training_turn(options.train_lock), LedgerWriter(paths.ledger) as ledger:
-            ledger_hook = LedgerHook(setup, ledger, records_step, stopwatch)
+            ledger_hook = LedgerHook(setup, ledger, stopwatch)
             if start_step == 0:
                 ledger_hook.write_init()
-            hooks: list[StepHook] = [ledger_hook, TrackerHook(run.trackers, records_step, stopwatch)]
+            hooks: list[StepHook] = [ledger_hook, TrackerHook(run.trackers, stopwatch)]
             hooks.append(CheckpointHook(setup, ledger, paths.checkpoints, save_times))
             if crash_test_armed():
                 hooks.append(CrashPointHook(run.dist.rank if run.dist is not None else None))
