@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +15,13 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+#: Faults injected from outside reprotune (tests/inject/injected_faults.py): on PYTHONPATH for this
+#: process and every interpreter started from it, reprotune's own (verify's legs, torchrun's ranks).
+INJECT = Path(__file__).resolve().parent / "inject"
+if str(INJECT) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(INJECT), os.environ.get("PYTHONPATH")) if p)
+sys.path.insert(0, str(INJECT))
 
 
 # Pinned: timings and some reductions vary with the thread count. Tests that check that a
@@ -77,8 +86,6 @@ def smollm2_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The quickstart on the embedded SmolLM2-135M-Instruct, three steps, run by the CLI in its own
     process (MLflow store in a tmp dir). The first run of a machine converts the GGUF model into
     ``~/.cache/reprotune`` (about 20 s); later runs reuse it."""
-    from pathlib import Path
-
     from warm import run_reprotune
 
     work = tmp_path_factory.mktemp("smollm2")

@@ -12,7 +12,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "reprotune"
 
 #: Lowest first. A module may import its own pillar and any pillar below it, never one above.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_errors", "_version", "_jsonio", "_faults", "_compat", "_html", "_charts"),
+    ("_errors", "_version", "_jsonio", "_compat", "_html", "_charts"),
     ("_determinism",),
     ("_config",),
     ("_data",),
@@ -100,6 +100,26 @@ def test_no_import_inside_a_function_dodges_a_cycle() -> None:
                 if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("reprotune"):
                     offenders.append(f"{path.relative_to(SRC)}:{node.lineno} {node.module}")
     assert not offenders, offenders
+
+
+def test_no_test_knob_in_the_product() -> None:
+    """Fault injection (kill points, injected noise, a broken resume) lives in tests/inject and
+    patches a process from outside; the overhead benchmark's switch is ``reprotune.testing``'s.
+    No module of reprotune reads a test's variable or carries a test's hook."""
+    knobs = (
+        "REPROTUNE_KILL_AT",
+        "REPROTUNE_NOISE_AT_STEP",
+        "REPROTUNE_SKIP_RNG_RESTORE",
+        "kill_point",
+        "recording=",
+    )
+    offenders = [
+        f"{path.relative_to(SRC)}: {knob}"
+        for path in _modules()
+        for knob in knobs
+        if knob in path.read_text(encoding="utf-8")
+    ]
+    assert offenders == []
 
 
 def test_test_modules_have_unique_names() -> None:

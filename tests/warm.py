@@ -57,6 +57,7 @@ for module, _ in COMMANDS.values():
     importlib.import_module(module)
 import reprotune._train.run, reprotune._proof.verify, reprotune._proof.rerun, reprotune._eval.evaluate
 import reprotune._proof.trace, reprotune._doctor.doctor, reprotune._studies.study
+import injected_faults  # tests/inject, on PYTHONPATH (tests/conftest.py)
 
 requests, replies = sys.stdin.buffer, sys.stdout.buffer
 wake_r, wake_w = os.pipe()
@@ -80,6 +81,7 @@ def child(spec):
     os.chdir(spec["cwd"])
     os.environ.clear()
     os.environ.update(spec["env"])
+    injected_faults.install_from_env()  # the faults a test asks for, as sitecustomize would
     null = os.open(os.devnull, os.O_RDONLY)
     out = os.open(spec["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     err = os.open(spec["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

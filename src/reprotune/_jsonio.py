@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from reprotune._errors import InputError, NoSpaceError
-from reprotune._faults import kill_point
 
 _CHUNK = 1 << 20
 
@@ -117,7 +116,6 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        kill_point(f"replace:{target.name}")
         os.replace(tmp, target)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)

@@ -4,7 +4,7 @@
 The run: the tiny model, 8 steps, checkpoints every 2 steps (at 2, 4, 6; none at the last step),
 keep 2, validation at 4 and 8, LoRA dropout 0.1 (so a lost RNG state would show). What the run
 does, in order, with the kill point each moment is reached by (``REPROTUNE_KILL_AT=<point>:<n>``,
-reprotune._faults)::
+tests/inject/injected_faults.py)::
 
     record.json #1 (replace:record.json:1), split.json, record.json #2, ledger init line (ledger-append:1)
     step 1 (ledger-append:2, step-end:1)

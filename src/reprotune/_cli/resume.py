@@ -26,7 +26,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     pin_cpu_isa_of_run(args.run_dir)  # before torch loads
     from reprotune._cli.run import print_summary
-    from reprotune._train.faults import rng_restore_broken
     from reprotune._train.options import RunOptions
     from reprotune._train.run import resume_run
 
@@ -34,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         run_dir=args.run_dir,
         progress=not args.no_progress,
         tracking=not args.no_tracking,
-        restore_rng_on_resume=not (args.skip_rng_restore or rng_restore_broken()),
+        restore_rng_on_resume=not args.skip_rng_restore,
         hooks=watch_hooks(args),
         train_lock=args.train_lock,
         allow_world_size_change=args.allow_world_size_change,

@@ -60,7 +60,7 @@ def ending_with_this_process() -> Callable[[], None] | None:
 def _command(args: Sequence[str], module: str = "reprotune") -> tuple[list[str], dict[str, str]]:
     """``python -m MODULE ARGS`` (``reprotune``: the CLI), or under torchrun a fresh ``torchrun
     --standalone`` launch of it at the same number of processes; and its environment."""
-    env = {k: v for k, v in os.environ.items() if k != "REPROTUNE_KILL_AT"}
+    env = dict(os.environ)
     size = launch_world_size()
     if size == 1:
         return [sys.executable, "-m", module, *args], env

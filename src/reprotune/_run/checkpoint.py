@@ -33,7 +33,6 @@ from reprotune._determinism.rng import (
     rng_state_to_tensors,
 )
 from reprotune._errors import InputError
-from reprotune._faults import kill_point
 from reprotune._jsonio import (
     free_bytes,
     fsync_dir,
@@ -135,7 +134,6 @@ def save_checkpoint(
         shutil.rmtree(final)
     os.replace(tmp, final)
     fsync_dir(directory)
-    kill_point("checkpoint-file")
     for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -164,7 +162,6 @@ def _write_files(
     tensors = ranks.weights if ranks is not None else trainable_tensors(model)
     weights = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     save_file(weights, str(tmp / "trainable.safetensors"))
-    kill_point("checkpoint-file")
     torch.save(
         {
             "optimizer": ranks.optimizer if ranks is not None else optimizer.state_dict(),
@@ -173,14 +170,12 @@ def _write_files(
         },
         tmp / "optimizer.pt",
     )
-    kill_point("checkpoint-file")
     if ranks is not None:
         rng_tensors, rng_meta = ranks_rng_to_tensors(ranks.rng)
     else:
         rng_tensors, rng_meta = rng_state_to_tensors(capture_rng_state())
     save_file(rng_tensors, str(tmp / "rng.safetensors"))
     write_json_atomic(tmp / "rng.json", rng_meta)
-    kill_point("checkpoint-file")
     files = {}
     for path in sorted(tmp.iterdir()):
         _fsync_file(path)
@@ -197,7 +192,6 @@ def _write_files(
         manifest["distributed"] = ranks.distributed
     manifest["state_sha256"] = _state_sha256(manifest)
     write_json_atomic(tmp / STATE_FILE, manifest)
-    kill_point("checkpoint-file")
     fsync_dir(tmp)
 
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from reprotune import _faults as faults
 from reprotune._errors import InputError
 from reprotune._jsonio import canonical_dumps, fsync_dir, sha256_bytes
 
@@ -154,7 +153,7 @@ class LedgerWriter:
         """Queue one entry (a mapping, or a callable returning one, called at the next flush)."""
         self._queued.append(entry)
         now = time.monotonic()
-        if faults.armed() or now - self._last_flush >= self._flush_interval_s:
+        if now - self._last_flush >= self._flush_interval_s:
             self.flush()
 
     def flush(self) -> None:
@@ -162,11 +161,6 @@ class LedgerWriter:
         queued, self._queued = self._queued, []
         for entry in queued:
             line = canonical_dumps(dict(entry() if callable(entry) else entry), indent=None)
-            if faults.armed():  # crash tests: die with half a line on disk
-                self._handle.write(line[: len(line) // 2])
-                self._handle.flush()
-                faults.kill_point("ledger-append")
-                line = line[len(line) // 2 :]
             self._handle.write(line)
         self._handle.flush()
         self._last_flush = time.monotonic()

@@ -20,7 +20,6 @@ import torch
 from reprotune._config.loading import config_from_dict
 from reprotune._config.schema import ExperimentConfig
 from reprotune._errors import InputError
-from reprotune._faults import armed as crash_test_armed
 from reprotune._jsonio import canonical_dumps
 from reprotune._run.drift import section_drift
 from reprotune._run.fingerprint import attention_of, environment_fingerprint
@@ -41,7 +40,6 @@ from reprotune._train.distributed import (
 )
 from reprotune._train.hooks import (
     CheckpointHook,
-    CrashPointHook,
     LedgerHook,
     Stopwatch,
     hf_progress_bars,
@@ -228,8 +226,6 @@ def follow_run(cfg: ExperimentConfig, ctx: DistContext, options: RunOptions, *, 
         if start_step == 0:
             ledger.write_init()  # under FSDP, rank 0 gathers the weights it hashes
         hooks: list[StepHook] = [ledger, CheckpointHook(setup, None, None)]
-        if crash_test_armed():
-            hooks.append(CrashPointHook(ctx.rank))
         loop = train_loop(
             setup,
             hooks,

@@ -1,8 +1,8 @@
-"""The step hooks of ``reprotune run``: ledger, trackers, checkpoints, crash points, progress bar.
+"""The step hooks of ``reprotune run``: ledger, trackers, checkpoints, progress bar.
 
 Each is a small object with ``on_step_end(end)``; ``_train.run`` installs them in this order:
-ledger, trackers, checkpoints, crash point (crash tests only), progress. A benchmark adds its
-own (``RunOptions.hooks``) after them.
+ledger, trackers, checkpoints, progress. A benchmark adds its own (``RunOptions.hooks``) after
+them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reprotune._faults import kill_point
 from reprotune._run.checkpoint import CheckpointState
 from reprotune._run.ledger import LedgerWriter, init_line, train_line, val_line
 from reprotune._trackers.base import TrackerSet
@@ -124,21 +123,6 @@ class CheckpointHook:
         state = CheckpointState(step=end.step, epoch=end.epoch, position=position)
         self.setup.distribution.save_checkpoint(self.setup, self.directory, state)
         self.save_times_s.append(time.perf_counter() - t0)
-
-
-class CrashPointHook:
-    """The crash tests' ``step-end`` kill point (installed only when ``REPROTUNE_KILL_AT`` is set).
-
-    In a distributed run, rank ``r`` also passes ``rank<r>/step-end``, so a test can kill one rank.
-    """
-
-    def __init__(self, rank: int | None = None) -> None:
-        self._rank = rank
-
-    def on_step_end(self, end: StepEnd) -> None:
-        kill_point("step-end")
-        if self._rank is not None:
-            kill_point(f"rank{self._rank}/step-end")
 
 
 class ProgressHook:

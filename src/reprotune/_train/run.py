@@ -21,7 +21,6 @@ from reprotune._config.loading import config_from_dict, dump_config_yaml
 from reprotune._config.schema import ExperimentConfig
 from reprotune._determinism.seeds import derive_seeds
 from reprotune._errors import InputError
-from reprotune._faults import armed as crash_test_armed
 from reprotune._jsonio import write_bytes_atomic
 from reprotune._model.lora import save_adapter
 from reprotune._run.checkpoint import restore_latest_checkpoint
@@ -47,10 +46,8 @@ from reprotune._train.dist_run import (
 )
 from reprotune._train.dist_strategy import distribute_setup
 from reprotune._train.distributed import DistContext, process_group
-from reprotune._train.faults import fault_hooks
 from reprotune._train.hooks import (
     CheckpointHook,
-    CrashPointHook,
     LedgerHook,
     ProgressHook,
     Stopwatch,
@@ -198,9 +195,7 @@ def _execute(
                 ledger_hook.write_init()
             hooks: list[StepHook] = [ledger_hook, TrackerHook(run.trackers, stopwatch)]
             hooks.append(CheckpointHook(setup, ledger, paths.checkpoints, save_times))
-            if crash_test_armed():
-                hooks.append(CrashPointHook(run.dist.rank if run.dist is not None else None))
-            hooks += [*fault_hooks(setup), progress, *options.hooks]
+            hooks += [progress, *options.hooks]
             loop = train_loop(
                 setup,
                 hooks,
