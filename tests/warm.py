@@ -48,7 +48,7 @@ COLD_PREFIXES = (
 )
 
 _ZYGOTE = r"""
-import io, json, os, select, signal, sys, traceback
+import io, json, os, select, signal, socket, sys, traceback
 import torch, transformers, peft, safetensors, numpy  # the imports every call shares
 import reprotune._cli
 from reprotune._cli import COMMANDS
@@ -57,13 +57,21 @@ for module, _ in COMMANDS.values():
     importlib.import_module(module)
 import reprotune._train.run, reprotune._proof.verify, reprotune._proof.rerun, reprotune._eval.evaluate
 import reprotune._proof.trace, reprotune._doctor.doctor, reprotune._studies.study
-import injected_faults  # tests/inject, on PYTHONPATH (tests/conftest.py)
+import reprotune._proof.replay, reprotune._proof.processes
+import injected_faults, warm_legs  # tests/inject, on PYTHONPATH (tests/conftest.py)
 
+COLD_PREFIXES = tuple(json.loads(sys.argv[1]))
+SOCKET = sys.argv[2]
+START_ENV = dict(os.environ)
 requests, replies = sys.stdin.buffer, sys.stdout.buffer
 wake_r, wake_w = os.pipe()
 os.set_blocking(wake_w, False)
 signal.set_wakeup_fd(wake_w)
 signal.signal(signal.SIGCHLD, lambda *a: None)
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+listener.bind(SOCKET)
+listener.listen(64)
+clients = {}  # connection -> pid of the process it started (None: not yet)
 
 
 def reply(obj):
@@ -71,38 +79,58 @@ def reply(obj):
     replies.flush()
 
 
-def child(spec):
+def needs_cold_start(spec):
+    env = spec["env"]
+    for key in set(env) | set(START_ENV):
+        if key.startswith(COLD_PREFIXES) and env.get(key) != START_ENV.get(key):
+            return True
+    return any("cpu_isa" in arg and not arg.endswith("native") for arg in spec["argv"])
+
+
+def child(spec, fds=None):
     os.setpgid(0, 0)  # its own process group, as a started subprocess would lead one
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
     os.close(wake_r)
     os.close(wake_w)
+    listener.close()
+    for connection in clients:
+        connection.close()
     os.chdir(spec["cwd"])
     os.environ.clear()
     os.environ.update(spec["env"])
+    os.environ["REPROTUNE_TESTS_ZYGOTE"] = SOCKET  # the processes it starts fork from here too
     injected_faults.install_from_env()  # the faults a test asks for, as sitecustomize would
+    warm_legs.install_from_env()
     null = os.open(os.devnull, os.O_RDONLY)
-    out = os.open(spec["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    err = os.open(spec["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    if fds is None:
+        out = os.open(spec["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        err = os.open(spec["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    else:
+        out, err = fds
     for fd, target in ((null, 0), (out, 1), (err, 2)):
         os.dup2(fd, target)
+    for fd in {null, out, err} - {0, 1, 2}:
         os.close(fd)
     sys.stdin = open(0, "r", closefd=False)
     sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), line_buffering=False)
     sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), line_buffering=True)
-    script = spec.get("script")
-    sys.argv = [script, *spec["argv"]] if script else ["reprotune", *spec["argv"]]
-    # As `python -m reprotune` (or `python SCRIPT`) ends: the exit code, then the interpreter's own
-    # shutdown (atexit handlers, flushed output), never back into the zygote's loop.
+    script, module = spec.get("script"), spec.get("module", "reprotune")
+    sys.argv = [script or module, *spec["argv"]]
+    # As `python -m reprotune` (or `python SCRIPT`, `python -m MODULE`) ends: the exit code, then
+    # the interpreter's own shutdown (atexit handlers, flushed output), never back into the loop.
     try:
+        import runpy
         if script:
             sys.path[0] = os.path.dirname(os.path.abspath(script))
-            import runpy
             runpy.run_path(script, run_name="__main__")
             code = 0
-        else:
+        elif module == "reprotune":
             code = reprotune._cli.main(spec["argv"])
+        else:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            code = 0
     except SystemExit as exc:
         code = exc.code
     except BaseException:
@@ -111,20 +139,65 @@ def child(spec):
     sys.exit(code)
 
 
+def serve(connection):
+    # A process started by one of the zygote's children (verify's legs): one request, its fds.
+    try:
+        data, fds, _, _ = socket.recv_fds(connection, 1 << 20, 2)
+    except OSError:
+        data, fds = b"", []
+    if not data:
+        clients.pop(connection, None)
+        connection.close()
+        return
+    spec = json.loads(data)
+    if needs_cold_start(spec):
+        for fd in fds:
+            os.close(fd)
+        connection.send(json.dumps({"cold": True}).encode())
+        return
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        child(spec, fds)
+    for fd in fds:
+        os.close(fd)
+    clients[connection] = pid
+    connection.send(json.dumps({"started": pid}).encode())
+
+
+def reap():
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        code = os.waitstatus_to_exitcode(status)
+        owner = next((c for c, p in clients.items() if p == pid), None)
+        if owner is None:
+            reply({"exited": pid, "code": code})
+            continue
+        try:
+            owner.send(json.dumps({"exited": pid, "code": code}).encode())
+        except OSError:
+            pass
+        del clients[owner]
+        owner.close()
+
+
 reply({"ready": os.getpid()})
-buffer = b""
 while True:
-    ready, _, _ = select.select([requests, wake_r], [], [])
+    waiting = [c for c, pid in clients.items() if pid is None]  # the others wait for their exit
+    ready, _, _ = select.select([requests, wake_r, listener, *waiting], [], [])
     if wake_r in ready:
         os.read(wake_r, 4096)
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            reply({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+        reap()
+    if listener in ready:
+        connection, _ = listener.accept()
+        clients[connection] = None
+    for connection in [c for c in ready if c in waiting]:
+        serve(connection)
     if requests in ready:
         line = requests.readline()
         if not line:
@@ -190,8 +263,9 @@ class WarmLauncher:
 
     def __init__(self) -> None:
         self.env = dict(os.environ)
+        self._tmp = Path(tempfile.mkdtemp(prefix="reprotune-warm-"))
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", _ZYGOTE],
+            [sys.executable, "-c", _ZYGOTE, json.dumps(COLD_PREFIXES), str(self._tmp / "zygote.sock")],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=self.env,
@@ -204,7 +278,6 @@ class WarmLauncher:
         self._pids: dict[str, int] = {}
         self._children: dict[int, WarmProcess] = {}
         self._early: dict[int, int] = {}
-        self._tmp = Path(tempfile.mkdtemp(prefix="reprotune-warm-"))
         self._count = 0
         first = json.loads(self._stdout.readline())
         assert "ready" in first, first

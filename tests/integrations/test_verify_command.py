@@ -19,6 +19,7 @@ from reprotune._cli import main
 from reprotune._proof.compare import compare_runs
 from reprotune._run.ledger import read_ledger
 from reprotune._run.record import load_record
+from warm import run_reprotune
 
 pytestmark = pytest.mark.slow  # several trainings in fresh processes
 
@@ -31,11 +32,8 @@ def verified(tmp_path_factory: pytest.TempPathFactory) -> Verified:
     """One verification of the Trainer example with a resume leg at step 3 (of 6)."""
     project = ScriptProject.create(tmp_path_factory.mktemp("verify-command"))
     command = shlex.join(project.argv("hf_trainer.py"))
-    argv = [sys.executable, "-m", "reprotune", "verify", "--out", "ver", "--command", command]
-    env = {**os.environ, **OFFLINE_ENV}
-    done = subprocess.run(
-        [*argv, "--resume-at", "3"], cwd=project.root, env=env, capture_output=True, text=True, timeout=3000
-    )
+    args = ["verify", "--out", "ver", "--command", command, "--resume-at", "3"]
+    done = run_reprotune(args, cwd=project.root, env={**os.environ, **OFFLINE_ENV}, timeout=3000)
     return project, done
 
 
@@ -150,23 +148,10 @@ def test_a_resume_step_past_the_end_is_refused_after_the_reference_alone(tmp_pat
     length, before the rerun and control legs spend their training."""
     project = ScriptProject.create(tmp_path)
     command = shlex.join(project.argv("hf_trainer.py"))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "reprotune",
-            "verify",
-            "--out",
-            "ver",
-            "--command",
-            command,
-            "--resume-at",
-            "6",
-        ],
+    done = run_reprotune(
+        ["verify", "--out", "ver", "--command", command, "--resume-at", "6"],
         cwd=project.root,
         env={**os.environ, **OFFLINE_ENV},
-        capture_output=True,
-        text=True,
         timeout=3000,
     )
     assert done.returncode == 2, done.stderr[-3000:]
@@ -183,24 +168,10 @@ def test_verify_command_spot_replays_intervals_between_the_trainers_checkpoints(
     adapter), and the data-seed control DIVERGED: PASS."""
     project = ScriptProject.create(tmp_path)
     command = shlex.join(project.argv("hf_trainer.py", "--save-steps", "2"))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "reprotune",
-            "verify",
-            "--out",
-            "ver",
-            "--command",
-            command,
-            "--spot",
-            "--budget",
-            "1",
-        ],
+    done = run_reprotune(
+        ["verify", "--out", "ver", "--command", command, "--spot", "--budget", "1"],
         cwd=project.root,
         env={**os.environ, **OFFLINE_ENV},
-        capture_output=True,
-        text=True,
         timeout=3000,
     )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]

@@ -1,0 +1,151 @@
+"""Verify's legs, forked from the tests' warm zygote (tests/warm.py) instead of started as new
+interpreters, in the processes the zygote forked.
+
+``reprotune verify`` starts each leg as ``python -m reprotune ...`` (``reprotune._proof.processes``),
+and ``verify --command`` runs the user's command (``_proof.verify_command``); in a fresh interpreter
+that is some 4 s of imports per leg, most of a tiny verify's time. In a process forked from the
+zygote (``REPROTUNE_TESTS_ZYGOTE`` names the zygote's socket), this module gives both a
+``subprocess`` whose ``Popen`` and ``call`` hand ``python -m reprotune...`` or ``python SCRIPT.py``
+(of this interpreter) to the zygote:
+it forks the leg (its own pid, process group, working directory, environment, and the output files
+verify passed), and tells its exit status back on the same connection. Everything else (torchrun
+launches, a user's command), and a leg whose environment differs in what a process reads when it
+starts (the zygote says so), still starts a real process.
+
+One difference from a real leg: its parent is the zygote, not verify, so verify's request that the
+kernel end its legs with it (``PR_SET_PDEATHSIG``) does not hold. The tests of that (a killed verify
+leaves no orphan) start verify as a real interpreter (``cold=True``), whose legs are real too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from typing import Any
+
+ENV = "REPROTUNE_TESTS_ZYGOTE"
+_installed = False
+
+
+class _Cold(Exception):
+    """The zygote cannot fork this leg: start a real process."""
+
+
+class WarmPopen:
+    """A leg forked by the zygote, as verify uses a ``subprocess.Popen``."""
+
+    def __init__(self, command: list[str], spec: dict[str, Any], *, stdout: Any, stderr: Any) -> None:
+        self.args = command
+        self.returncode: int | None = None
+        self._connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._connection.connect(os.environ[ENV])
+        fds = [stream.fileno() if stream is not None else fd for stream, fd in ((stdout, 1), (stderr, 2))]
+        socket.send_fds(self._connection, [json.dumps(spec).encode()], fds)
+        answer = json.loads(self._connection.recv(1 << 16))
+        if answer.get("cold"):
+            self._connection.close()
+            raise _Cold
+        self.pid: int = answer["started"]
+
+    def _read_exit(self) -> None:
+        data = self._connection.recv(1 << 16)
+        self.returncode = json.loads(data)["code"] if data else -int(signal.SIGKILL)  # zygote gone
+        self._connection.close()
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._connection], [], [], 0)[0]:
+            self._read_exit()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not select.select([self._connection], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            self._read_exit()
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _this_python(program: str) -> bool:
+    found = shutil.which(program)
+    return found is not None and os.path.realpath(found) == os.path.realpath(sys.executable)
+
+
+def _fork_spec(command: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """What the zygote needs to fork ``command``: ``python -m reprotune[.module] ARGS`` or ``python
+    SCRIPT.py ARGS`` (a user's command) of this interpreter, with file (or inherited) output and
+    nothing else asked; None for anything else."""
+    allowed = {"stdout", "stderr", "env", "preexec_fn", "cwd"}
+    streams_ok = all(kwargs.get(k) is None or hasattr(kwargs[k], "fileno") for k in ("stdout", "stderr"))
+    if not (isinstance(command, list) and len(command) >= 2 and set(kwargs) <= allowed and streams_ok):
+        return None
+    if not _this_python(command[0]):
+        return None
+    cwd = os.path.abspath(kwargs.get("cwd") or os.getcwd())
+    spec: dict[str, Any] = {"cwd": cwd, "env": dict(kwargs.get("env") or os.environ)}
+    if command[1] == "-m" and len(command) >= 3 and command[2].split(".")[0] == "reprotune":
+        return {**spec, "module": command[2], "argv": command[3:]}
+    if command[1].endswith(".py") and not command[1].startswith("-"):
+        return {**spec, "script": os.path.join(cwd, command[1]), "argv": command[2:]}
+    return None
+
+
+class _Subprocess:
+    """``subprocess`` for ``reprotune._proof.processes``, with legs forked where they can be."""
+
+    TimeoutExpired = subprocess.TimeoutExpired
+    CalledProcessError = subprocess.CalledProcessError
+    PIPE = subprocess.PIPE
+
+    @staticmethod
+    def Popen(command: Any, **kwargs: Any) -> Any:
+        spec = _fork_spec(command, kwargs)
+        if spec is not None:
+            try:
+                return WarmPopen(command, spec, stdout=kwargs.get("stdout"), stderr=kwargs.get("stderr"))
+            except _Cold:
+                pass
+        return subprocess.Popen(command, **kwargs)
+
+    @staticmethod
+    def call(command: Any, **kwargs: Any) -> int:
+        process = _Subprocess.Popen(command, **kwargs)
+        try:
+            return int(process.wait())
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+
+def install_from_env() -> None:
+    """In a process forked from the zygote: fork verify's legs from it too."""
+    global _installed
+    if _installed or not os.environ.get(ENV):
+        return
+    _installed = True
+    from reprotune._proof import processes, verify_command
+
+    processes.subprocess = _Subprocess()  # type: ignore[assignment]
+    verify_command.subprocess = _Subprocess()  # type: ignore[assignment]
