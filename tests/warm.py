@@ -100,7 +100,7 @@ def child(spec, fds=None):
     os.chdir(spec["cwd"])
     os.environ.clear()
     os.environ.update(spec["env"])
-    os.environ["REPROTUNE_TESTS_ZYGOTE"] = SOCKET  # the processes it starts fork from here too
+    os.environ["TESTS_WARM_ZYGOTE"] = SOCKET  # the processes it starts fork from here too
     injected_faults.install_from_env()  # the faults a test asks for, as sitecustomize would
     warm_legs.install_from_env()
     null = os.open(os.devnull, os.O_RDONLY)

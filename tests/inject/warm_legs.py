@@ -4,7 +4,8 @@ interpreters, in the processes the zygote forked.
 ``reprotune verify`` starts each leg as ``python -m reprotune ...`` (``reprotune._proof.processes``),
 and ``verify --command`` runs the user's command (``_proof.verify_command``); in a fresh interpreter
 that is some 4 s of imports per leg, most of a tiny verify's time. In a process forked from the
-zygote (``REPROTUNE_TESTS_ZYGOTE`` names the zygote's socket), this module gives both a
+zygote (``TESTS_WARM_ZYGOTE`` names the zygote's socket: a name no record keeps, unlike
+``REPROTUNE_*``), this module gives both a
 ``subprocess`` whose ``Popen`` and ``call`` hand ``python -m reprotune...`` or ``python SCRIPT.py``
 (of this interpreter) to the zygote:
 it forks the leg (its own pid, process group, working directory, environment, and the output files
@@ -30,7 +31,7 @@ import subprocess
 import sys
 from typing import Any
 
-ENV = "REPROTUNE_TESTS_ZYGOTE"
+ENV = "TESTS_WARM_ZYGOTE"
 _installed = False
 
 
