@@ -13,11 +13,11 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from reprotune._errors import InputError, NoSpaceError
+from reprotune._errors import InputError, NoSpaceError, SchemaVersionError
 
 _CHUNK = 1 << 20
 
@@ -303,6 +303,39 @@ def read_json_file(path: str | os.PathLike[str], *, what: str, fix: str) -> Any:
             source=f"{file}:{exc.lineno}:{exc.colno}",
             fix=fix,
         ) from None
+
+
+def check_document(
+    data: Any, *, schema: str, versions: Collection[int], what: str, source: str, fix: str, version_fix: str
+) -> dict[str, Any]:
+    """``data`` (parsed JSON) as a reprotune document: an object whose ``schema`` is ``schema`` and
+    whose ``schema_version`` is one of ``versions``. Every file reprotune reads back is checked so.
+
+    Args:
+        what: what the document is, for messages (``"run record"``, ``"manifest"``).
+        source: where it came from (a path), named in the error with the key at fault.
+        fix: what to do when it is not such a document at all.
+        version_fix: what to do when it is one of a version this reprotune does not read.
+
+    Raises:
+        SchemaVersionError: another schema, or a version this reprotune does not read.
+    """
+    if not isinstance(data, dict) or data.get("schema") != schema:
+        got = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        where = f"{source}: key 'schema'" if isinstance(data, dict) else source
+        raise SchemaVersionError(
+            f"not a reprotune {what}: schema is {got!r}, expected {schema!r}", source=where, fix=fix
+        )
+    version = data.get("schema_version")
+    if isinstance(version, bool) or not isinstance(version, int) or version not in versions:
+        readable = " or ".join(str(v) for v in sorted(versions))
+        raise SchemaVersionError(
+            f"{what} schema_version {version!r} is not supported "
+            f"(this reprotune reads schema_version {readable})",
+            source=f"{source}: key 'schema_version'",
+            fix=version_fix,
+        )
+    return data
 
 
 def path_kind(path: str | os.PathLike[str]) -> str:

@@ -144,7 +144,7 @@ def test_trace_files_are_checked(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="line 3: not an op line"):
         read_trace(tmp_path / "bad.jsonl")
     (tmp_path / "v9.jsonl").write_text(lines[0].replace('"schema_version":1', '"schema_version":9') + "\n")
-    with pytest.raises(InputError, match="schema version 9"):
+    with pytest.raises(InputError, match="trace schema_version 9 is not supported"):
         read_trace(tmp_path / "v9.jsonl")
     gz = _trace(tmp_path / "t.jsonl.gz", BASE, KERNELS_A)
     assert gz.ops == read_trace(tmp_path / "t.jsonl").ops

@@ -54,23 +54,26 @@ def test_parent_of_runs_suggests_children(run: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("schema", "version", "message"),
+    ("schema", "version", "message", "key"),
     [
-        ("reprotune/manifest", 1, "schema is 'reprotune/manifest', expected 'reprotune/record'"),
-        ("reprotune/record", 2, "record schema_version 2 is not supported"),
-        (None, None, "schema is None, expected 'reprotune/record'"),
+        ("reprotune/manifest", 1, "schema is 'reprotune/manifest', expected 'reprotune/record'", "schema"),
+        ("reprotune/record", 2, "record schema_version 2 is not supported", "schema_version"),
+        (None, None, "schema is None, expected 'reprotune/record'", "schema"),
     ],
     ids=["other-schema", "future-version", "no-schema"],
 )
-def test_unknown_record_schema(run: Path, schema: str | None, version: int | None, message: str) -> None:
-    """A record of another schema or version raises SchemaVersionError naming the file and what it found."""
+def test_unknown_record_schema(
+    run: Path, schema: str | None, version: int | None, message: str, key: str
+) -> None:
+    """A record of another schema or version raises SchemaVersionError naming the file, the key at
+    fault and what it found."""
     path = run / "record.json"
     record = json.loads(path.read_text())
     record["schema"], record["schema_version"] = schema, version
     path.write_text(json.dumps(record))
     with pytest.raises(SchemaVersionError, match=re.escape(message)) as info:
         open_run_dir(run)
-    assert info.value.source == str(path)
+    assert info.value.source == f"{path}: key '{key}'"
 
 
 def test_invalid_record(run: Path) -> None:

@@ -25,8 +25,15 @@ import numpy as np
 
 from reprotune._data.index_render import render_into, rendered_size
 from reprotune._data.row_hashes import RowHashes
-from reprotune._errors import InputError, SchemaVersionError
-from reprotune._jsonio import canonical_dumps, read_json_file, sha256_bytes, sha256_file, write_bytes_atomic
+from reprotune._errors import InputError
+from reprotune._jsonio import (
+    canonical_dumps,
+    check_document,
+    read_json_file,
+    sha256_bytes,
+    sha256_file,
+    write_bytes_atomic,
+)
 
 SCHEMA = "reprotune/split-manifest"
 SCHEMA_VERSION = 1
@@ -425,23 +432,15 @@ def load_manifest(path: str | Path) -> Manifest:
 
 def _manifest_object(path: Path) -> dict[str, Any]:
     """The manifest's JSON object, of this schema and version (refused otherwise)."""
-    obj = _read_json(path)
-    if not isinstance(obj, dict) or obj.get("schema") != SCHEMA:
-        found = obj.get("schema") if isinstance(obj, dict) else type(obj).__name__
-        raise InputError(
-            f"not a reprotune split manifest (schema {found!r}, expected {SCHEMA!r})",
-            source=str(path),
-            fix="pass a manifest written by `reprotune split --out`",
-        )
-    version = obj.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise SchemaVersionError(
-            f"manifest schema_version {version!r} is not supported; this reprotune reads version "
-            f"{SCHEMA_VERSION}",
-            source=f"{path}: key 'schema_version'",
-            fix="use the reprotune version that wrote it, or make the manifest again with `reprotune split`",
-        )
-    return obj
+    return check_document(
+        _read_json(path),
+        schema=SCHEMA,
+        versions={SCHEMA_VERSION},
+        what="split manifest",
+        source=str(path),
+        fix="pass a manifest written by `reprotune split --out`",
+        version_fix="use the reprotune version that wrote it, or make it again with `reprotune split`",
+    )
 
 
 def _index_arrays(obj: Mapping[str, Any], n_rows: int, check: _Checker) -> dict[str, Any]:

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reprotune._errors import InputError, SchemaVersionError
-from reprotune._eval.layout import EVAL_FILE, PREDICTIONS, SCHEMA, SCHEMA_VERSION, EvalLayout
-from reprotune._jsonio import canonical_dumps, read_json_file, sha256_bytes
+from reprotune._errors import InputError
+from reprotune._eval.layout import PREDICTIONS, SCHEMA, SCHEMA_VERSION, EvalLayout
+from reprotune._jsonio import canonical_dumps, check_document, read_json_file, sha256_bytes
 
 _PREDICTION_KEYS = (
     "index",
@@ -101,18 +101,15 @@ def open_eval_dir(path: str | Path) -> EvalDir:
     if not paths.root.is_dir():
         raise InputError(f"no such eval directory: {paths.root}", source=str(paths.root), fix=fix)
     record = read_json_file(paths.eval_file, what="eval record", fix=fix)
-    if not isinstance(record, dict) or record.get("schema") != SCHEMA:
-        got = record.get("schema") if isinstance(record, dict) else type(record).__name__
-        raise SchemaVersionError(
-            f"{EVAL_FILE} is not a {SCHEMA} record (schema {got!r})", source=str(paths.eval_file), fix=fix
-        )
-    if record.get("schema_version") != SCHEMA_VERSION:
-        raise SchemaVersionError(
-            f"{EVAL_FILE} has schema version {record.get('schema_version')!r}; this reprotune reads "
-            f"version {SCHEMA_VERSION}",
-            source=str(paths.eval_file),
-            fix="read it with the reprotune version that wrote it (reprotune_version in the file)",
-        )
+    check_document(
+        record,
+        schema=SCHEMA,
+        versions={SCHEMA_VERSION},
+        what="eval record",
+        source=str(paths.eval_file),
+        fix=fix,
+        version_fix="read it with the reprotune version that wrote it (reprotune_version in the file)",
+    )
     return EvalDir(paths.root, record, read_predictions(paths.predictions))
 
 

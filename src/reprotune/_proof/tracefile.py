@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from reprotune._errors import InputError
-from reprotune._jsonio import canonical_dumps, write_bytes_atomic
+from reprotune._jsonio import canonical_dumps, check_document, write_bytes_atomic
 
 SCHEMA = "reprotune/trace"
 SCHEMA_VERSION = 1
@@ -147,13 +147,15 @@ def read_trace(path: str | Path) -> Trace:
         header = None
     if not isinstance(header, dict) or header.get("schema") != SCHEMA:
         raise _bad(file, 1, "not a reprotune trace (no trace header)")
-    if header.get("schema_version") != SCHEMA_VERSION:
-        raise InputError(
-            f"{file} is a trace of schema version {header.get('schema_version')!r}; this reprotune "
-            f"reads version {SCHEMA_VERSION}",
-            source=str(file),
-            fix="trace the step again with this reprotune",
-        )
+    check_document(
+        header,
+        schema=SCHEMA,
+        versions={SCHEMA_VERSION},
+        what="trace",
+        source=f"{file}:1",
+        fix="pass a trace written by `reprotune trace`",
+        version_fix="trace the step again with this reprotune",
+    )
     ops = []
     for number, line in enumerate(lines[1:], start=2):
         try:

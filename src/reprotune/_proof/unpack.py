@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from reprotune._errors import InputError
-from reprotune._jsonio import publishing_dir
+from reprotune._jsonio import check_document, publishing_dir
 from reprotune._proof.bundle import DATA, MANIFEST, RUN, SCHEMA, SCHEMA_VERSION
 from reprotune._run import layout
 
@@ -323,15 +323,15 @@ def _parse_manifest(raw: bytes, bundle: Path) -> dict[str, Any]:
         raise InputError(f"{MANIFEST} is nested too deeply", source=str(bundle), fix=_FIX) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(f"{MANIFEST} is not JSON ({exc})", source=str(bundle), fix=_FIX) from None
-    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
-        raise InputError(f"{MANIFEST} is not a reprotune bundle manifest", source=str(bundle), fix=_FIX)
-    if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise InputError(
-            f"bundle schema_version {manifest.get('schema_version')!r} is not supported "
-            f"(this reprotune reads {SCHEMA_VERSION})",
-            source=str(bundle),
-            fix="use the reprotune version that packed it",
-        )
+    manifest = check_document(
+        manifest,
+        schema=SCHEMA,
+        versions={SCHEMA_VERSION},
+        what=f"bundle manifest ({MANIFEST})",
+        source=str(bundle),
+        fix=_FIX,
+        version_fix="use the reprotune version that packed it",
+    )
     members = manifest.get("members")
     if not isinstance(members, dict) or not all(isinstance(v, dict) for v in members.values()):
         raise InputError(f"{MANIFEST} lists no members", source=str(bundle), fix=_FIX)

@@ -29,8 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reprotune._config.loading import config_from_dict
 from reprotune._config.schema import ExperimentConfig, config_sha256
 from reprotune._config.secrets import mask_config, mask_data
-from reprotune._errors import InputError, SchemaVersionError
-from reprotune._jsonio import read_json_file, write_json_atomic
+from reprotune._errors import InputError
+from reprotune._jsonio import check_document, read_json_file, write_json_atomic
 from reprotune._run import layout
 from reprotune._version import __version__
 
@@ -215,26 +215,15 @@ def parse_record(data: Any, source: str = "<dict>") -> RunRecord:
         SchemaVersionError: ``schema`` is not ``reprotune/record`` or ``schema_version`` is unknown.
         InputError: the data is not a valid record (every problem listed).
     """
-    if not isinstance(data, dict):
-        raise InputError(
-            f"a record must be a JSON object (got {type(data).__name__})",
-            source=source,
-            fix="pass the record.json of a reprotune run",
-        )
-    schema, version = data.get("schema"), data.get("schema_version")
-    if schema != SCHEMA:
-        raise SchemaVersionError(
-            f"not a reprotune run record: schema is {schema!r}, expected {SCHEMA!r}",
-            source=source,
-            fix="pass the record.json of a reprotune run directory",
-        )
-    if version != SCHEMA_VERSION:
-        raise SchemaVersionError(
-            f"record schema_version {version!r} is not supported; reprotune {__version__} reads "
-            f"schema_version {SCHEMA_VERSION}",
-            source=source,
-            fix="use the reprotune version that wrote this record (see its reprotune_version), or upgrade",
-        )
+    check_document(
+        data,
+        schema=SCHEMA,
+        versions={SCHEMA_VERSION},
+        what="run record",
+        source=source,
+        fix="pass the record.json of a reprotune run directory",
+        version_fix="use the reprotune version that wrote it (see its reprotune_version), or upgrade",
+    )
     return _validate(data, source=source)
 
 

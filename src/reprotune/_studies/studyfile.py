@@ -14,8 +14,8 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from reprotune._errors import InputError, SchemaVersionError
-from reprotune._jsonio import read_json_file, write_json_atomic
+from reprotune._errors import InputError
+from reprotune._jsonio import check_document, read_json_file, write_json_atomic
 from reprotune._studies import layout
 
 SCHEMA: Final = "reprotune/study"
@@ -105,18 +105,15 @@ def load_study(path: str | os.PathLike[str], *, option: str | None = None) -> di
     fix = "pass a study directory written by `reprotune seeds` (it holds study.json)"
     data = read_json_file(file, what="study", fix=fix)
     where = f"{option} ({file})" if option else str(file)
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        got = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise SchemaVersionError(
-            f"not a reprotune study: schema is {got!r}, expected {SCHEMA!r}", source=where, fix=fix
-        )
-    if data.get("schema_version") != SCHEMA_VERSION:
-        raise SchemaVersionError(
-            f"study schema_version {data.get('schema_version')!r} is not supported (this version reads "
-            f"{SCHEMA_VERSION})",
-            source=where,
-            fix="use the reprotune version that wrote the study, or upgrade",
-        )
+    data = check_document(
+        data,
+        schema=SCHEMA,
+        versions={SCHEMA_VERSION},
+        what="study",
+        source=where,
+        fix=fix,
+        version_fix="use the reprotune version that wrote the study, or upgrade",
+    )
     try:
         StudyFile.model_validate(data)
     except ValidationError as exc:

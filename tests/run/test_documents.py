@@ -1,0 +1,71 @@
+"""``_jsonio.check_document``: the one check every reprotune file read back passes (its schema and
+schema version), with the key at fault in the error's source."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from reprotune._errors import SchemaVersionError
+from reprotune._jsonio import check_document
+
+KW: dict[str, Any] = {
+    "schema": "reprotune/thing",
+    "versions": {1, 2},
+    "what": "thing",
+    "source": "t.json",
+    "fix": "pass a thing",
+    "version_fix": "use the reprotune that wrote it",
+}
+
+
+def test_a_document_of_a_version_read_is_returned_as_it_is() -> None:
+    data = {"schema": "reprotune/thing", "schema_version": 2, "x": [1]}
+    assert check_document(data, **KW) is data
+
+
+@pytest.mark.parametrize(
+    ("data", "message", "source", "fix"),
+    [
+        ([1, 2], "not a reprotune thing: schema is 'list'", "t.json", "pass a thing"),
+        (
+            {"schema": "other"},
+            "schema is 'other', expected 'reprotune/thing'",
+            "t.json: key 'schema'",
+            "pass a thing",
+        ),
+        (
+            {"schema": "reprotune/thing", "schema_version": 3},
+            "thing schema_version 3 is not supported (this reprotune reads schema_version 1 or 2)",
+            "t.json: key 'schema_version'",
+            "use the reprotune that wrote it",
+        ),
+        (
+            {"schema": "reprotune/thing", "schema_version": True},
+            "schema_version True is not supported",
+            "t.json: key 'schema_version'",
+            "use the reprotune that wrote it",
+        ),
+        (
+            {"schema": "reprotune/thing", "schema_version": [1]},
+            "schema_version [1] is not supported",
+            "t.json: key 'schema_version'",
+            "use the reprotune that wrote it",
+        ),
+        (
+            {"schema": "reprotune/thing"},
+            "schema_version None is not supported",
+            "t.json: key 'schema_version'",
+            "use the reprotune that wrote it",
+        ),
+    ],
+    ids=["not-an-object", "other-schema", "future-version", "bool-version", "list-version", "no-version"],
+)
+def test_anything_else_is_refused_naming_the_key_and_the_fix(
+    data: Any, message: str, source: str, fix: str
+) -> None:
+    with pytest.raises(SchemaVersionError) as info:
+        check_document(data, **KW)
+    assert message in info.value.message
+    assert (info.value.source, info.value.fix) == (source, fix)
