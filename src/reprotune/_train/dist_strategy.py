@@ -28,7 +28,7 @@ from reprotune._train.distributed import (
     rank_seed,
     shard_rows,
 )
-from reprotune._train.optim import build_optimizer, build_scheduler
+from reprotune._train.optim import optimizer_and_scheduler
 from reprotune._train.setup import Setup
 
 
@@ -87,18 +87,7 @@ def distribute_setup(setup: Setup, ctx: DistContext) -> Setup:
     module = sharding.wrap_model(setup.model, ctx)
     # FSDP replaces the parameters with sharded ones: the optimizer must hold those.
     trainable = [p for p in setup.model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(
-        trainable,
-        name=cfg.train.optimizer,
-        learning_rate=cfg.train.learning_rate,
-        weight_decay=cfg.train.weight_decay,
-    )
-    scheduler = build_scheduler(
-        optimizer,
-        schedule=cfg.train.scheduler,
-        warmup_steps=cfg.train.warmup_steps,
-        total_steps=setup.total_steps,
-    )
+    optimizer, scheduler = optimizer_and_scheduler(trainable, cfg.train, setup.total_steps)
     return dataclasses.replace(
         setup,
         device=ctx.device,

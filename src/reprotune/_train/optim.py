@@ -7,6 +7,8 @@ from collections.abc import Iterable
 
 import torch
 
+from reprotune._config.schema import TrainConfig
+
 
 def build_optimizer(
     params: Iterable[torch.nn.Parameter], *, name: str, learning_rate: float, weight_decay: float
@@ -47,3 +49,17 @@ def build_scheduler(
         optimizer,
         lambda step: lr_factor(step, schedule=schedule, warmup_steps=warmup_steps, total_steps=total_steps),
     )
+
+
+def optimizer_and_scheduler(
+    trainable: list[torch.nn.Parameter], train: TrainConfig, total_steps: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """The run's optimizer over ``trainable`` and its schedule over ``total_steps``, as the
+    ``train`` section says."""
+    optimizer = build_optimizer(
+        trainable, name=train.optimizer, learning_rate=train.learning_rate, weight_decay=train.weight_decay
+    )
+    scheduler = build_scheduler(
+        optimizer, schedule=train.scheduler, warmup_steps=train.warmup_steps, total_steps=total_steps
+    )
+    return optimizer, scheduler

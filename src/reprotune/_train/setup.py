@@ -26,7 +26,7 @@ from reprotune._model.lora import apply_lora, lora_config_dict
 from reprotune._train.batches import Examples
 from reprotune._train.data import RunData, check_rows_per_step, prepare_data, save_manifest
 from reprotune._train.loss import supports_logits_to_keep
-from reprotune._train.optim import build_optimizer, build_scheduler
+from reprotune._train.optim import optimizer_and_scheduler
 from reprotune._train.strategy import LOCAL, Distribution
 
 if TYPE_CHECKING:
@@ -162,18 +162,7 @@ def build_setup(
     total_steps = _total_steps(cfg, order)
 
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(
-        trainable,
-        name=cfg.train.optimizer,
-        learning_rate=cfg.train.learning_rate,
-        weight_decay=cfg.train.weight_decay,
-    )
-    scheduler = build_scheduler(
-        optimizer,
-        schedule=cfg.train.scheduler,
-        warmup_steps=cfg.train.warmup_steps,
-        total_steps=total_steps,
-    )
+    optimizer, scheduler = optimizer_and_scheduler(trainable, cfg.train, total_steps)
     return Setup(
         cfg=cfg,
         seeds=seeds,
