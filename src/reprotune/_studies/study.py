@@ -22,6 +22,7 @@ from reprotune._determinism.seeds import derive_seed
 from reprotune._errors import InputError
 from reprotune._run.layout import LOCK
 from reprotune._run.lock import holding_run_dir
+from reprotune._run.record import Status
 from reprotune._studies import layout
 from reprotune._studies.execute import Action, RunOutcome, execute_runs
 from reprotune._studies.layout import StudyLayout
@@ -130,7 +131,7 @@ def _run_locked(
         execute_runs(plan.runs, paths, jobs=options.jobs, tracking=options.tracking, on_done=on_done)
     except BaseException as exc:
         if tracker is not None:  # the parent run says so; a study continued later reopens it
-            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            status: Status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             tracker.finish({}, [paths.study], status)
         raise
     runs = [entries[r.name] for r in plan.runs]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from reprotune._jsonio import read_json_file, write_json_atomic
+from reprotune._run.record import Status
 from reprotune._trackers.mlflow import resolve_tracking_uri
 
 _STATUS = {"completed": "FINISHED", "failed": "FAILED"}
@@ -112,7 +113,9 @@ class StudyTracker:
         if self.on:
             self._guard("tagging a run", call)
 
-    def finish(self, metrics: Mapping[str, float], artifacts: Sequence[Path], status: str) -> dict[str, Any]:
+    def finish(
+        self, metrics: Mapping[str, float], artifacts: Sequence[Path], status: Status
+    ) -> dict[str, Any]:
         """Log the study's metrics and files on the parent and end it; return what the study says."""
 
         def call() -> None:
