@@ -335,3 +335,22 @@ def test_a_plain_run_never_enters_the_distributed_modules(tiny_project: Any, tmp
     from reprotune._train.setup import Setup
 
     assert Setup.__dataclass_fields__["distribution"].default is LOCAL
+
+
+def test_a_setup_cannot_say_two_things_about_its_ranks(tiny_project: Any, tmp_path: Path) -> None:
+    """``Setup.dist`` (a rank's context) and ``Setup.distribution`` (the seam) go together: a setup
+    built with one but not the other is refused, so no code path can read a plain run from one and a
+    distributed one from the other."""
+    import dataclasses
+
+    from reprotune._train.dist_strategy import Distributed
+    from reprotune._train.setup import build_setup
+
+    cfg = load_config(tiny_project.config("train-base.yaml"))
+    with torch.random.fork_rng():
+        setup = build_setup(cfg, manifest_out=tmp_path / "split.json")
+    assert setup.dist is None
+    with pytest.raises(ValueError, match="dist and distribution disagree"):
+        dataclasses.replace(setup, dist=object())
+    with pytest.raises(ValueError, match="dist and distribution disagree"):
+        dataclasses.replace(setup, distribution=Distributed.__new__(Distributed))

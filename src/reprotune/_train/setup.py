@@ -87,6 +87,12 @@ class Setup:
     rank_init_sha256: str | None = None
     distribution: Distribution = LOCAL
 
+    def __post_init__(self) -> None:
+        # One answer to "is this run distributed": a rank's context and the seam go together
+        # (``distribute_setup`` sets both), so no code path can ask one and get the other's answer.
+        if (self.dist is None) != (self.distribution is LOCAL):
+            raise ValueError("a Setup's dist and distribution disagree: use distribute_setup for a rank")
+
     def validates_at(self, step: int) -> bool:
         """Whether the validation loss is measured after optimizer step ``step``."""
         every = self.cfg.train.eval_every
