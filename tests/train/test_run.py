@@ -308,6 +308,7 @@ def test_a_plain_run_never_enters_the_distributed_modules(tiny_project: Any, tmp
     from reprotune._train.strategy import LOCAL
 
     distributed = ("distributed.py", "dist_step.py", "dist_checkpoint.py", "dist_run.py", "dist_strategy.py")
+    distributed += ("dist_record.py",)
     distributed += ("sharding.py",)
     entered: set[str] = set()
     seen: list[Any] = []

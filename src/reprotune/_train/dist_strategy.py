@@ -10,14 +10,17 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from reprotune._errors import InputError
 from reprotune._model.lora import tensors_sha256, trainable_tensors
 from reprotune._run.checkpoint import CheckpointState
+from reprotune._run.layout import RunLayout
 from reprotune._train import sharding
 from reprotune._train.dist_checkpoint import save_distributed_checkpoint
+from reprotune._train.dist_record import distributed_section, restore_on_main, store_distributed
 from reprotune._train.dist_step import distributed_train_step, distributed_validate
 from reprotune._train.distributed import (
     DistContext,
@@ -64,6 +67,31 @@ class Distributed:
 
     def generator_seed(self, setup: Setup) -> int:
         return rank_seed(setup.seeds["dropout"], self.ctx.rank)
+
+    def record_ranks(
+        self,
+        setup: Setup,
+        record: dict[str, Any],
+        environment: Mapping[str, Any],
+        *,
+        resume: bool,
+        report: Callable[[str], None],
+    ) -> None:
+        section = distributed_section(setup, environment) or {}  # every rank's, checked on rank 0
+        store_distributed(record, section, resume=resume, report=report)
+
+    def restore(
+        self,
+        setup: Setup,
+        record: dict[str, Any],
+        paths: RunLayout,
+        *,
+        restore_rng: bool,
+        change: Mapping[str, int] | None,
+        report: Callable[[str], None],
+    ) -> int:
+        # Every rank restores together; rank 0 reads the checkpoint.
+        return restore_on_main(record, paths, setup, restore_rng=restore_rng, change=change, report=report)
 
 
 def distribute_setup(setup: Setup, ctx: DistContext) -> Setup:

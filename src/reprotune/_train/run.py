@@ -23,12 +23,11 @@ from reprotune._determinism.seeds import derive_seeds
 from reprotune._errors import InputError
 from reprotune._jsonio import write_bytes_atomic
 from reprotune._model.lora import save_adapter
-from reprotune._run.checkpoint import restore_latest_checkpoint
 from reprotune._run.claim import check_run_dir_free, claim_run_dir, new_run_dir, unlanded_first_record
 from reprotune._run.drift import code_drift, refuse_code_drift, section_drift
 from reprotune._run.fingerprint import attention_of, code_fingerprint, environment_fingerprint, own_outputs
 from reprotune._run.layout import RunLayout
-from reprotune._run.ledger import LedgerWriter, hexf, truncate_ledger
+from reprotune._run.ledger import LedgerWriter, hexf
 from reprotune._run.lock import holding_run_dir
 from reprotune._run.nospace import no_space_in_run
 from reprotune._run.record import Status, attempt_timings, load_record, start_record
@@ -36,12 +35,9 @@ from reprotune._trackers.base import Tracker, TrackerSet
 from reprotune._trackers.mlflow import MlflowTracker
 from reprotune._trackers.wandb import WandbTracker
 from reprotune._train.dist_run import (
-    distributed_section,
     follow_resume,
     follow_run,
-    restore_on_main,
     resume_world_change,
-    store_distributed,
     torchrun_config,
 )
 from reprotune._train.dist_strategy import distribute_setup
@@ -242,9 +238,8 @@ def _fill_record(run: _Run, setup: Setup, options: RunOptions, *, resume: bool) 
     code = code_fingerprint(options.code_dir, outputs=own_outputs(setup.cfg, run.paths.root))
     code_record = code.to_record(patch_file=run.paths.patch.name if code.diff else None)
     environment = environment_fingerprint(attention=attention_of(setup.model))
-    if setup.dist is not None:  # every rank's fingerprint; ranks that differ are refused here
-        section = distributed_section(setup, environment) or {}
-        store_distributed(record, section, resume=resume, report=run.report)
+    # Every rank's fingerprint under torchrun (ranks that differ are refused here); nothing else.
+    setup.distribution.record_ranks(setup, record, environment, resume=resume, report=run.report)
     if resume and "code" in record:
         # A resumed run must be the run that started: same code. The record keeps the identity
         # the run started with; an environment that moved is noted on this attempt.
@@ -265,26 +260,14 @@ def _fill_record(run: _Run, setup: Setup, options: RunOptions, *, resume: bool) 
 
 def _restore(run: _Run, setup: Setup, options: RunOptions) -> int:
     """Restore the latest valid checkpoint into the setup; return its step (0 when there is none)."""
-    if setup.dist is not None:  # every rank restores together; rank 0 reads the checkpoint
-        rng, change, report = options.restore_rng_on_resume, run.world_change, run.report
-        return restore_on_main(run.record, run.paths, setup, restore_rng=rng, change=change, report=report)
-    restored = restore_latest_checkpoint(
-        run.paths.checkpoints,
-        model=setup.model,
-        optimizer=setup.optimizer,
-        scheduler=setup.scheduler,
-        scaler=setup.scaler,
+    return setup.distribution.restore(
+        setup,
+        run.record,
+        run.paths,
         restore_rng=options.restore_rng_on_resume,
+        change=run.world_change,
         report=run.report,
     )
-    if restored is None:
-        return 0  # nothing to restore: start over, from a clean ledger
-    found, state = restored
-    # What this attempt resumed from, for compare (a resume that skipped the RNG is a cause).
-    run.record["attempts"][-1].update(from_step=state.step, rng_restored=options.restore_rng_on_resume)
-    truncate_ledger(run.paths.ledger, keep_through_step=state.step)
-    run.report(f"resuming {run.paths.root} from step {state.step} ({found.name})")
-    return state.step
 
 
 def _finish(

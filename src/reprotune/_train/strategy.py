@@ -1,7 +1,8 @@
 """The seam between the training loop and the number of processes that train:
 :class:`Distribution`, which the loop, the step hooks and the run's end call for everything that
 differs when a run is spread over ranks (the step, validation, each rank's rows, agreeing to stop,
-a lost rank, the weights hash, checkpoints, the adapter's weights).
+a lost rank, the weights hash, checkpoints, the adapter's weights), and that the run's writer calls
+for the record's ``distributed`` section and a resume's restore.
 
 A plain run's setup holds :data:`LOCAL`, whose methods are this process's own work and never enter
 the distributed modules; ``_train.dist_strategy.distribute_setup`` gives a torchrun rank's setup a
@@ -13,14 +14,16 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 import torch.distributed
 
 from reprotune._model.lora import WeightsHasher, trainable_tensors
-from reprotune._run.checkpoint import CheckpointState, save_checkpoint
+from reprotune._run.checkpoint import CheckpointState, restore_latest_checkpoint, save_checkpoint
+from reprotune._run.layout import RunLayout
+from reprotune._run.ledger import truncate_ledger
 from reprotune._train.step import train_step, validation_loss
 
 if TYPE_CHECKING:
@@ -67,6 +70,33 @@ class Distribution(Protocol):
         """The seed of torch's global generator when a run starts from step 0."""
         ...
 
+    def record_ranks(
+        self,
+        setup: Setup,
+        record: dict[str, Any],
+        environment: Mapping[str, Any],
+        *,
+        resume: bool,
+        report: Callable[[str], None],
+    ) -> None:
+        """The record's ``distributed`` section (every rank's identity, checked to agree); nothing
+        for one process."""
+        ...
+
+    def restore(
+        self,
+        setup: Setup,
+        record: dict[str, Any],
+        paths: RunLayout,
+        *,
+        restore_rng: bool,
+        change: Mapping[str, int] | None,
+        report: Callable[[str], None],
+    ) -> int:
+        """A resume's restore from the latest valid checkpoint (noted on the record's attempt, the
+        ledger cut to it); the step to go on from, 0 when there is none."""
+        ...
+
 
 class Local:
     """A plain run: one process, no collective."""
@@ -109,6 +139,45 @@ class Local:
 
     def generator_seed(self, setup: Setup) -> int:
         return setup.seeds["dropout"]
+
+    def record_ranks(
+        self,
+        setup: Setup,
+        record: dict[str, Any],
+        environment: Mapping[str, Any],
+        *,
+        resume: bool,
+        report: Callable[[str], None],
+    ) -> None:
+        return None
+
+    def restore(
+        self,
+        setup: Setup,
+        record: dict[str, Any],
+        paths: RunLayout,
+        *,
+        restore_rng: bool,
+        change: Mapping[str, int] | None,
+        report: Callable[[str], None],
+    ) -> int:
+        restored = restore_latest_checkpoint(
+            paths.checkpoints,
+            model=setup.model,
+            optimizer=setup.optimizer,
+            scheduler=setup.scheduler,
+            scaler=setup.scaler,
+            restore_rng=restore_rng,
+            report=report,
+        )
+        if restored is None:
+            return 0  # nothing to restore: start over, from a clean ledger
+        found, state = restored
+        # What this attempt resumed from, for compare (a resume that skipped the RNG is a cause).
+        record["attempts"][-1].update(from_step=state.step, rng_restored=restore_rng)
+        truncate_ledger(paths.ledger, keep_through_step=state.step)
+        report(f"resuming {paths.root} from step {state.step} ({found.name})")
+        return state.step
 
 
 #: The distribution of every plain run.
