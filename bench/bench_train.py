@@ -6,7 +6,7 @@
 
 1. Recording overhead, tiny model (2 layers, width 64; 1 thread; batch 4). Runs of the real loop
    (``run_experiment``) in which recording is switched on and off by blocks of ``BLOCK`` steps
-   (``reprotune.testing.recorded_steps(predicate)``, from outside the loop): unrecorded blocks
+   (``recorded_steps(predicate)`` of tests/recording.py, from outside the loop): unrecorded blocks
    write no ledger line, hash no weights and send no metrics; recorded blocks do all of it. Both
    kinds of block share one process, one memory layout and the same moments of the shared machine,
    which separate runs do not (whole runs of one variant differed by up to 20 % among themselves
@@ -57,6 +57,7 @@ import yaml
 from _machine import cpu_pressure
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 OVERHEAD_TARGET = 0.02
 
@@ -108,9 +109,9 @@ def _recorded(step: int) -> bool:
 
 def _alternating_run(config: Path, run_dir: Path, variant: str) -> tuple[dict[str, Any], list[float]]:
     """One in-process run of ``variant``, recording every other block of steps; record, step times."""
+    from recording import recorded_steps  # tests/recording.py
     from reprotune._config.loading import load_config
     from reprotune._train.run import RunOptions, run_experiment
-    from reprotune.testing import recorded_steps
 
     _, tracking = VARIANTS[variant]
     options = RunOptions(run_dir=run_dir, progress=False, tracking=tracking, code_dir=run_dir.parent)

@@ -104,7 +104,7 @@ def test_no_import_inside_a_function_dodges_a_cycle() -> None:
 
 def test_no_test_knob_in_the_product() -> None:
     """Fault injection (kill points, injected noise, a broken resume) lives in tests/inject and
-    patches a process from outside; the overhead benchmark's switch is ``reprotune.testing``'s.
+    patches a process from outside; the overhead benchmark's switch is tests/recording.py's.
     No module of reprotune reads a test's variable or carries a test's hook."""
     knobs = (
         "REPROTUNE_KILL_AT",

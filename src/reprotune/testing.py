@@ -8,24 +8,16 @@ around reprotune). Nothing in reprotune's own commands imports it.
 bytes of ``model.safetensors`` in any process: the weights are drawn from a local
 ``torch.Generator`` after construction, so neither the caller's global RNG nor transformers'
 own initialisation scheme decides them.
-
-``recorded_steps`` is the overhead benchmark's switch: it records only some steps of the runs made
-in its block, from outside the loop (a plain run records every step; no option of ``reprotune
-run`` turns that off).
 """
 
 from __future__ import annotations
 
-import contextlib
 import random
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from reprotune._errors import InputError
 from reprotune._jsonio import canonical_dumps, write_bytes_atomic
-from reprotune._train.hooks import LedgerHook, TrackerHook
-from reprotune._train.loop import StepEnd
 
 if TYPE_CHECKING:
     import torch
@@ -277,33 +269,3 @@ def write_tiny_dataset(path: Path, n_rows: int, seed: int = 0, n_categories: int
     text = "".join(canonical_dumps(row, indent=None) for row in rows)
     write_bytes_atomic(path, text.encode("utf-8"))
     return Path(path)
-
-
-@contextlib.contextmanager
-def recorded_steps(records_step: Callable[[int], bool]) -> Iterator[None]:
-    """Within the block, runs trained in this process record only the optimizer steps that
-    ``records_step`` (1-based step -> bool) picks: the other steps write no ledger line, hash no
-    weights and send no metrics (validation lines are still written). Training is unchanged.
-
-    The overhead benchmark compares recorded and unrecorded steps of one loop with it. A run made
-    so has an incomplete ledger: ``compare``, ``verify`` and ``resume`` cannot use it. It wraps the
-    ledger's and the trackers' step hooks (class-wide, so not for threads that train at the same
-    time) and restores them on exit.
-    """
-    record_step, send_metrics = LedgerHook.record_step, TrackerHook.on_step_end
-
-    def ledger_line(self: LedgerHook, end: StepEnd) -> None:
-        if records_step(end.step):
-            record_step(self, end)
-
-    def tracker_metrics(self: TrackerHook, end: StepEnd) -> None:
-        if records_step(end.step):
-            send_metrics(self, end)
-
-    LedgerHook.record_step = ledger_line  # type: ignore[method-assign]
-    TrackerHook.on_step_end = tracker_metrics  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        LedgerHook.record_step = record_step  # type: ignore[method-assign]
-        TrackerHook.on_step_end = send_metrics  # type: ignore[method-assign]

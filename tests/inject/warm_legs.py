@@ -112,17 +112,13 @@ def _fork_spec(command: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
 class _Subprocess:
     """``subprocess`` for ``reprotune._proof.processes``, with legs forked where they can be."""
 
-    TimeoutExpired = subprocess.TimeoutExpired
-    CalledProcessError = subprocess.CalledProcessError
-    PIPE = subprocess.PIPE
-
     @staticmethod
     def Popen(command: Any, **kwargs: Any) -> Any:
         spec = _fork_spec(command, kwargs)
         if spec is not None:
             try:
                 return WarmPopen(command, spec, stdout=kwargs.get("stdout"), stderr=kwargs.get("stderr"))
-            except _Cold:
+            except (_Cold, OSError):  # the zygote says no, or cannot be reached: a real process
                 pass
         return subprocess.Popen(command, **kwargs)
 

@@ -104,3 +104,11 @@ def test_dataset_rejects_bad_counts(n_rows: int, n_categories: int) -> None:
     """Counts out of range are InputErrors."""
     with pytest.raises(InputError):
         tiny_rows(n_rows, n_categories=n_categories)
+
+
+def test_importing_the_testing_module_loads_no_torch() -> None:
+    """``reprotune.testing`` is for a user's own tests too: importing it (for ``tiny_rows``, say)
+    costs no torch; only building a model loads it."""
+    code = "import sys, reprotune.testing; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from recording import recorded_steps
 from reprotune._config.loading import load_config
 from reprotune._data.manifest import load_manifest
 from reprotune._data.order import DataOrder
@@ -23,7 +24,6 @@ from reprotune._jsonio import sha256_file
 from reprotune._run.ledger import batch_sha256
 from reprotune._train.loss import logits_to_keep, supports_logits_to_keep, token_loss_sum
 from reprotune._train.run import RunOptions, RunResult, run_experiment
-from reprotune.testing import recorded_steps
 
 
 def _run(
