@@ -4,12 +4,11 @@ its end, with its run directory and output."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from tinyrun import TinyProject
+from warm import run_module
 
 #: The distributed tests' training: 8 optimizer steps of 4 global micro-batches of 2 rows (8 rows
 #: a step, the same rows at every world size), a checkpoint every 4 steps, validation at 4 and 8.
@@ -34,21 +33,16 @@ class Launch:
 
 
 def launch(project: TinyProject, nproc: int, *args: str, env: dict[str, str] | None = None) -> Launch:
-    """``torchrun --standalone --nproc_per_node NPROC -m reprotune ARGS`` in the project directory.
+    """``torchrun --standalone --nproc_per_node NPROC -m reprotune ARGS`` in the project directory:
+    the launcher and its ranks forked from a warm zygote started at ``OMP_NUM_THREADS=1`` (tests/warm.py),
+    or real interpreters where the call needs them.
 
     ``OMP_NUM_THREADS=1`` is set for every launch (torchrun sets it only for more than one process),
     so launches at world sizes 1 and 2 run in the same environment.
     """
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    command = ["--standalone", "--nproc_per_node", str(nproc), "-m", "reprotune", *args]
     full_env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "OMP_NUM_THREADS": "1", **(env or {})}
-    done = subprocess.run(
-        [*command, "-m", "reprotune", *args],
-        cwd=project.root,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = run_module("torch.distributed.run", command, cwd=project.root, env=full_env, timeout=600)
     run_dir = next((Path(args[i + 1]) for i, a in enumerate(args) if a == "--run-dir"), Path(args[-1]))
     return Launch(project.root / run_dir, done.returncode, done.stdout + done.stderr)
 

@@ -46,6 +46,13 @@ COLD_PREFIXES = (
     "HF_HUB_OFFLINE",
     "TRANSFORMERS_OFFLINE",
 )
+#: Of those, variables read later than start (torchrun gives every rank the first, read only when
+#: an NCCL group is made): they need no fresh interpreter.
+WARM_SAFE = ("TORCH_NCCL_ASYNC_ERROR_HANDLING",)
+#: Start-time variables a launcher of its own may be started with (torchrun runs its ranks, and
+#: the tests their launches, at ``OMP_NUM_THREADS=1``): a call that differs from the session's
+#: environment only in these is forked from a zygote started with its values.
+ZYGOTE_KEYS = ("OMP_NUM_THREADS",)
 
 _ZYGOTE = r"""
 import io, json, os, select, signal, socket, sys, traceback
@@ -58,9 +65,12 @@ for module, _ in COMMANDS.values():
 import reprotune._train.run, reprotune._proof.verify, reprotune._proof.rerun, reprotune._eval.evaluate
 import reprotune._proof.trace, reprotune._doctor.doctor, reprotune._studies.study
 import reprotune._proof.replay, reprotune._proof.processes
+for module in json.loads(sys.argv[4]):  # a launcher zygote's: torchrun's own modules
+    importlib.import_module(module)
 import injected_faults, warm_legs  # tests/inject, on PYTHONPATH (tests/conftest.py)
 
 COLD_PREFIXES = tuple(json.loads(sys.argv[1]))
+WARM_SAFE = tuple(json.loads(sys.argv[3]))
 SOCKET = sys.argv[2]
 START_ENV = dict(os.environ)
 requests, replies = sys.stdin.buffer, sys.stdout.buffer
@@ -82,7 +92,7 @@ def reply(obj):
 def needs_cold_start(spec):
     env = spec["env"]
     for key in set(env) | set(START_ENV):
-        if key.startswith(COLD_PREFIXES) and env.get(key) != START_ENV.get(key):
+        if key.startswith(COLD_PREFIXES) and key not in WARM_SAFE and env.get(key) != START_ENV.get(key):
             return True
     return any("cpu_isa" in arg and not arg.endswith("native") for arg in spec["argv"])
 
@@ -114,8 +124,9 @@ def child(spec, fds=None):
     for fd in {null, out, err} - {0, 1, 2}:
         os.close(fd)
     sys.stdin = open(0, "r", closefd=False)
-    sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), line_buffering=False)
-    sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), line_buffering=True)
+    through = bool(spec.get("unbuffered"))  # `python -u`, as torchrun starts its ranks
+    sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), line_buffering=False, write_through=through)
+    sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), line_buffering=True, write_through=through)
     script, module = spec.get("script"), spec.get("module", "reprotune")
     sys.argv = [script or module, *spec["argv"]]
     # As `python -m reprotune` (or `python SCRIPT`, `python -m MODULE`) ends: the exit code, then
@@ -218,7 +229,7 @@ def needs_cold_start(
     from ``base`` (the zygote's start) in a variable read at start, or the call pins CPU kernels."""
     base = dict(os.environ) if base is None else base
     for key in set(env) | set(base):
-        if key.startswith(COLD_PREFIXES) and env.get(key) != base.get(key):
+        if key.startswith(COLD_PREFIXES) and key not in WARM_SAFE and env.get(key) != base.get(key):
             return True
     return any("cpu_isa" in arg and not arg.endswith("native") for arg in args)
 
@@ -261,11 +272,20 @@ class WarmProcess:
 class WarmLauncher:
     """The zygote process and the bookkeeping of its children (one per test session)."""
 
-    def __init__(self) -> None:
-        self.env = dict(os.environ)
+    def __init__(self, overrides: dict[str, str] | None = None) -> None:
+        self.env = {**os.environ, **(overrides or {})}
         self._tmp = Path(tempfile.mkdtemp(prefix="reprotune-warm-"))
+        preload = _LAUNCH_MODULES if overrides else ()
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", _ZYGOTE, json.dumps(COLD_PREFIXES), str(self._tmp / "zygote.sock")],
+            [
+                sys.executable,
+                "-c",
+                _ZYGOTE,
+                json.dumps(COLD_PREFIXES),
+                str(self._tmp / "zygote.sock"),
+                json.dumps(WARM_SAFE),
+                json.dumps(preload),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=self.env,
@@ -300,10 +320,16 @@ class WarmLauncher:
                         child._done.set()
 
     def start(
-        self, args: list[str], *, cwd: Path, env: dict[str, str], script: str | None = None
+        self,
+        args: list[str],
+        *,
+        cwd: Path,
+        env: dict[str, str],
+        script: str | None = None,
+        module: str = "reprotune",
     ) -> WarmProcess:
-        """Fork a child that runs ``reprotune ARGS`` (or ``python SCRIPT ARGS``) in ``cwd`` with
-        exactly ``env``."""
+        """Fork a child that runs ``reprotune ARGS`` (or ``python SCRIPT ARGS``, ``python -m MODULE
+        ARGS``) in ``cwd`` with exactly ``env``."""
         with self._lock:
             self._count += 1
             token = f"{os.getpid()}-{self._count}"
@@ -312,6 +338,7 @@ class WarmLauncher:
         spec = {
             "argv": args,
             "script": script,
+            "module": module,
             "cwd": str(cwd),
             "env": env,
             "stdout": str(out),
@@ -326,7 +353,7 @@ class WarmLauncher:
         with self._lock:
             pid = self._pids.pop(token)
             del self._started[token]
-            child = WarmProcess(pid, out, err, [script or "reprotune", *args])
+            child = WarmProcess(pid, out, err, [script or module, *args])
             if pid in self._early:  # it ended before we could register it
                 child.returncode = self._early.pop(pid)
                 child._done.set()
@@ -335,9 +362,16 @@ class WarmLauncher:
         return child
 
     def run(
-        self, args: list[str], *, cwd: Path, env: dict[str, str], timeout: float, script: str | None = None
+        self,
+        args: list[str],
+        *,
+        cwd: Path,
+        env: dict[str, str],
+        timeout: float,
+        script: str | None = None,
+        module: str = "reprotune",
     ) -> subprocess.CompletedProcess[str]:
-        child = self.start(args, cwd=cwd, env=env, script=script)
+        child = self.start(args, cwd=cwd, env=env, script=script, module=module)
         try:
             child.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -355,17 +389,31 @@ class WarmLauncher:
                 self._proc.kill()
 
 
-_launcher: WarmLauncher | None = None
+#: Imported by a launcher zygote (one started with :data:`ZYGOTE_KEYS` of its own): torchrun's.
+#: (Not ``torch.distributed.run`` itself, which the child runs as ``__main__``.)
+_LAUNCH_MODULES = (
+    "torch.distributed.launcher.api",
+    "torch.distributed.elastic.multiprocessing.subprocess_handler",
+)
+_launchers: dict[tuple[tuple[str, str], ...], WarmLauncher] = {}
 _launcher_lock = threading.Lock()
 
 
-def launcher() -> WarmLauncher:
-    """The session's launcher, started on first use."""
-    global _launcher
+def launcher(env: dict[str, str] | None = None) -> WarmLauncher | None:
+    """The session's launcher for a call with ``env``, started on first use: the session's own, or
+    one started with the call's :data:`ZYGOTE_KEYS` where those are all it differs in at start;
+    None where it differs in more (the call needs a real interpreter)."""
+    env = dict(os.environ) if env is None else env
+    keys = {k for k in set(env) | set(os.environ) if k.startswith(COLD_PREFIXES)} - set(WARM_SAFE)
+    differing = {k for k in keys if env.get(k) != os.environ.get(k)}
+    if not differing <= set(ZYGOTE_KEYS) or any(k not in env for k in differing):
+        return None
+    key = tuple(sorted((k, env[k]) for k in differing))
     with _launcher_lock:
-        if _launcher is None or _launcher._proc.poll() is not None:
-            _launcher = WarmLauncher()
-        return _launcher
+        found = _launchers.get(key)
+        if found is None or found._proc.poll() is not None:
+            found = _launchers[key] = WarmLauncher(dict(key))
+        return found
 
 
 def run_reprotune(
@@ -373,7 +421,7 @@ def run_reprotune(
 ) -> subprocess.CompletedProcess[str]:
     """``python -m reprotune ARGS`` in ``cwd`` with ``env``: forked from the warm zygote, or a real
     interpreter when the call needs one (:func:`needs_cold_start`, ``cold``)."""
-    warm = None if cold or os.environ.get("REPROTUNE_TESTS_COLD") else launcher()
+    warm = None if cold or os.environ.get("REPROTUNE_TESTS_COLD") else launcher(env)
     if warm is None or needs_cold_start(args, env, warm.env):
         return subprocess.run(
             [sys.executable, "-m", "reprotune", *args],
@@ -391,9 +439,22 @@ def run_script(
 ) -> subprocess.CompletedProcess[str]:
     """``python SCRIPT ARGS`` in ``cwd`` with ``env`` (a user's training script): forked from the warm
     zygote as ``run_reprotune`` forks the CLI, or a new interpreter where the call needs one."""
-    warm = None if os.environ.get("REPROTUNE_TESTS_COLD") else launcher()
+    warm = None if os.environ.get("REPROTUNE_TESTS_COLD") else launcher(env)
     if warm is None or needs_cold_start(args, env, warm.env):
         return subprocess.run(
             [sys.executable, script, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
         )
     return warm.run(list(args), cwd=cwd, env=env, timeout=timeout, script=script)
+
+
+def run_module(
+    module: str, args: list[str], *, cwd: Path, env: dict[str, str], timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """``python -m MODULE ARGS`` (a ``torchrun`` launch: ``torch.distributed.run``) in ``cwd`` with
+    ``env``: forked from a warm zygote (whose children fork the launch's ranks too, see
+    tests/inject/warm_legs.py), or a new interpreter where the call needs one."""
+    warm = None if os.environ.get("REPROTUNE_TESTS_COLD") else launcher(env)
+    if warm is None or needs_cold_start(args, env, warm.env):
+        command = [sys.executable, "-m", module, *args]
+        return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return warm.run(list(args), cwd=cwd, env=env, timeout=timeout, module=module)

@@ -9,9 +9,12 @@ zygote (``TESTS_WARM_ZYGOTE`` names the zygote's socket: a name no record keeps,
 ``subprocess`` whose ``Popen`` and ``call`` hand ``python -m reprotune...`` or ``python SCRIPT.py``
 (of this interpreter) to the zygote:
 it forks the leg (its own pid, process group, working directory, environment, and the output files
-verify passed), and tells its exit status back on the same connection. Everything else (torchrun
-launches, a user's command), and a leg whose environment differs in what a process reads when it
-starts (the zygote says so), still starts a real process.
+verify passed), and tells its exit status back on the same connection. ``python -m
+torch.distributed.run`` (a torchrun launch) is forked the same way, and in a launcher so forked
+torchrun's ``SubprocessHandler`` forks each rank (``python -u -m reprotune`` or ``python -u
+SCRIPT.py``) from the zygote too. Everything else (a user's other commands), and a process whose
+environment differs in what a process reads when it starts (the zygote says so: the ranks'
+``OMP_NUM_THREADS=1`` is served by a zygote started with it), still starts a real process.
 
 One difference from a real leg: its parent is the zygote, not verify, so verify's request that the
 kernel end its legs with it (``PR_SET_PDEATHSIG``) does not hold. The tests of that (a killed verify
@@ -32,6 +35,8 @@ import sys
 from typing import Any
 
 ENV = "TESTS_WARM_ZYGOTE"
+_TORCHRUN = "torch.distributed.run"
+_HANDLER = "torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler"
 _installed = False
 
 
@@ -102,10 +107,14 @@ def _fork_spec(command: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
         return None
     cwd = os.path.abspath(kwargs.get("cwd") or os.getcwd())
     spec: dict[str, Any] = {"cwd": cwd, "env": dict(kwargs.get("env") or os.environ)}
-    if command[1] == "-m" and len(command) >= 3 and command[2].split(".")[0] == "reprotune":
-        return {**spec, "module": command[2], "argv": command[3:]}
-    if command[1].endswith(".py") and not command[1].startswith("-"):
-        return {**spec, "script": os.path.join(cwd, command[1]), "argv": command[2:]}
+    rest = list(command[1:])
+    if rest[:1] == ["-u"]:  # torchrun starts its ranks unbuffered
+        spec["unbuffered"], rest = True, rest[1:]
+    module = rest[1] if rest[:1] == ["-m"] and len(rest) >= 2 else ""
+    if module.split(".")[0] == "reprotune" or module == _TORCHRUN:
+        return {**spec, "module": rest[1], "argv": rest[2:]}
+    if rest and rest[0].endswith(".py") and not rest[0].startswith("-"):
+        return {**spec, "script": os.path.join(cwd, rest[0]), "argv": rest[1:]}
     return None
 
 
@@ -146,3 +155,27 @@ def install_from_env() -> None:
 
     processes.subprocess = _Subprocess()  # type: ignore[assignment]
     verify_command.subprocess = _Subprocess()  # type: ignore[assignment]
+    if _HANDLER in sys.modules:  # a launcher zygote's child (tests/warm.py): torchrun is loaded
+        _fork_torchrun_ranks()
+
+
+def _fork_torchrun_ranks() -> None:
+    """A torchrun launcher forked from the zygote forks its ranks from it too (torchrun's
+    ``SubprocessHandler`` starts each rank with ``Popen(start_new_session=True)``; a forked rank
+    leads its own process group, which torchrun signals with ``killpg``)."""
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+
+    handler = subprocess_handler.SubprocessHandler
+    started = handler._popen
+
+    def _popen(self: Any, args: tuple[str, ...], env: dict[str, str]) -> Any:
+        streams = {"stdout": self._stdout, "stderr": self._stderr}
+        spec = _fork_spec(list(args), {"env": env, **streams})
+        if spec is not None:
+            try:
+                return WarmPopen(list(args), spec, **streams)
+            except (_Cold, OSError):
+                pass
+        return started(self, args, env)
+
+    handler._popen = _popen  # type: ignore[method-assign]

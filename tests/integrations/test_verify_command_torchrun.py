@@ -20,6 +20,7 @@ import pytest
 from trainer_scripts import OFFLINE_ENV, ScriptProject
 
 from reprotune._proof import verify_command
+from warm import run_module, run_reprotune
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -33,14 +34,9 @@ def _torchrun(project: ScriptProject, *extra: str, script: str = "hf_trainer.py"
 def _verify(project: ScriptProject, command: str, resume_at: int) -> dict[str, dict[str, Any]]:
     """``reprotune verify --command COMMAND --resume-at K``: PASS, and its legs by name."""
     argv = ["verify", "--out", "ver", "--command", command, "--resume-at", str(resume_at)]
-    done = subprocess.run(
-        [sys.executable, "-m", "reprotune", *argv],
-        cwd=project.root,
-        env={**os.environ, **OFFLINE_ENV, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=3000,
-    )
+    # verify, its torchrun launches and their ranks forked from a warm zygote (tests/warm.py)
+    env = {**os.environ, **OFFLINE_ENV, "OMP_NUM_THREADS": "1"}
+    done = run_reprotune(argv, cwd=project.root, env=env, timeout=3000)
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     report = json.loads((project.root / "ver" / "verification.json").read_text(encoding="utf-8"))
     legs = {leg["name"]: leg for leg in report["legs"]}
@@ -110,9 +106,8 @@ def test_a_rank_resumed_without_its_rng_file_is_named_as_the_cause(tmp_path: Pat
             controls.OUTPUT_DIR: str(project.root / run_dir / "out"),
             **steer,
         }
-        done = subprocess.run(
-            command, cwd=project.root, env={**env, **variables}, capture_output=True, text=True, timeout=900
-        )
+        assert command[1:3] == ["-m", "torch.distributed.run"]
+        done = run_module(command[2], command[3:], cwd=project.root, env={**env, **variables}, timeout=900)
         assert done.returncode == 0, done.stderr[-4000:]
         return done
 
