@@ -12,6 +12,7 @@ import pytest
 
 from reprotune._config.schema import ExperimentConfig
 from reprotune._run.layout import RunLayout
+from reprotune._run.live_record import LiveRecord
 from reprotune._run.lock import lock_run_dir
 from reprotune._run.record import Status, start_record
 from reprotune._trackers.base import RunDescription, TrackerSet
@@ -45,9 +46,9 @@ class _Observer:
 
 def _writer(tmp_path: Path) -> tuple[RunWriter, _Observer]:
     observer = _Observer()
-    record = start_record("20261202-000000-abcdef12", ExperimentConfig(), {"root": 0})
+    record = LiveRecord.start("20261202-000000-abcdef12", ExperimentConfig(), {"root": 0})
     writer = RunWriter(RunLayout(tmp_path), record, TrackerSet([observer]))
-    writer.begin_attempt(resumed=False)
+    writer.record.begin_attempt(resumed=False)
     writer.write_record()
     writer.start_trackers()
     (tmp_path / "ledger.jsonl").write_text('{"kind": "init", "step": 0}\n', encoding="utf-8")
@@ -98,9 +99,9 @@ def test_a_failed_save_tells_the_trackers_failed_and_the_end_is_recorded_once(tm
 def test_a_resumed_attempt_is_added_with_what_it_resumed_from(tmp_path: Path) -> None:
     writer, _ = _writer(tmp_path)
     writer.finish("stopped", timings=dict)
-    attempt = writer.begin_attempt(resumed=True, from_step=2)
+    writer.record.begin_attempt(resumed=True, from_step=2)
     assert writer.record["status"] == "running" and writer.record["error"] is None
-    assert attempt["from_step"] == 2 and writer.record["attempts"][-1] is attempt
+    assert writer.record["attempts"][-1]["from_step"] == 2
     assert [a["resumed"] for a in writer.record["attempts"]] == [False, True]
 
 
@@ -161,3 +162,40 @@ def test_a_trainer_run_whose_adapter_cannot_be_saved_is_recorded_failed(tmp_path
     lock_run_dir(tmp_path / "run", report=print).release()  # free again: no InputError
     run.end("failed")  # once ended, never again
     assert json.loads(run.paths.record.read_text(encoding="utf-8")) == written
+
+
+def test_the_live_record_changes_only_through_its_operations(tmp_path: Path) -> None:
+    """What a reader gets is a copy: editing it changes nothing; each named operation changes
+    what it says, and the record written is what the operations made."""
+    record = LiveRecord.start("20261202-000000-abcdef12", ExperimentConfig(), {"root": 0})
+    record.begin_attempt(resumed=False)
+    record.set_section("data", {"source": "rows.jsonl", "n_rows": 4})
+    record["data"]["n_rows"] = 99  # a copy
+    record["attempts"].append({"forged": True})  # a copy
+    assert record["data"]["n_rows"] == 4 and len(record["attempts"]) == 1
+    record.set_manifest_sha256("cd" * 32)
+    record.note_drift(["data.n_rows: 4 -> 5"])
+    record.note_drift(["model.dtype: float32 -> bfloat16"])
+    record.note_attempt(from_step=2, rng_restored=True)
+    record.set_section("distributed", {"world_size": 2})
+    record.add_world_size_change({"from": 2, "to": 1, "at_step": 2, "attempt": 1})
+    record.end("failed", OSError(28, "No space left on device"))
+    record.add_timings({"steps_done": 2})
+    with pytest.raises(ValueError, match="'outputs' is not a section"):
+        record.set_section("outputs", {})  # type: ignore[arg-type]
+    record.write(tmp_path / "record.json")
+    written = json.loads((tmp_path / "record.json").read_text(encoding="utf-8"))
+    assert written == {**record.document(), "schema": "reprotune/record", "schema_version": 1}
+    assert written["data"] == {"source": "rows.jsonl", "n_rows": 4, "manifest_sha256": "cd" * 32}
+    attempt = written["attempts"][-1]
+    assert attempt["drift"] == ["data.n_rows: 4 -> 5", "model.dtype: float32 -> bfloat16"]
+    assert (attempt["from_step"], attempt["rng_restored"]) == (2, True)
+    assert attempt["world_size_change"] == written["distributed"]["world_size_changes"][0]
+    assert written["status"] == "failed" and written["error"]["type"] == "OSError"
+    assert written["timings"]["steps_done"] == 2 and "started_at" in written["timings"]
+
+
+def test_a_live_record_without_an_attempt_refuses_attempt_notes() -> None:
+    record = LiveRecord.start("20261202-000000-abcdef12", ExperimentConfig(), {"root": 0})
+    with pytest.raises(RuntimeError, match="no attempt yet"):
+        record.note_attempt(from_step=1)

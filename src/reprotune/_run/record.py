@@ -1,9 +1,10 @@
 """The run record (``record.json``): typed, schema-versioned, canonical JSON, written atomically.
 
 The record is the source of truth about a run (docs/run-directory.md). There is one way to make
-one: :func:`start_record` begins it as a plain dict that grows while the run goes (sections are
-filled in as they become known), and :func:`write_record` stamps the schema, validates it against
-the typed :class:`RunRecord` and writes canonical JSON atomically, on every write.
+one: :func:`start_record` begins its data, which a run holds in a ``_run.live_record.LiveRecord``
+(changed only through its named operations while the run goes), and :func:`write_record` stamps
+the schema, validates it against the typed :class:`RunRecord` and writes canonical JSON
+atomically, on every write.
 :func:`load_record` reads a record back, validated; a schema or schema version it does not know
 is refused.
 
@@ -146,8 +147,8 @@ def utc_now() -> str:
 def start_record(run_id: str, cfg: ExperimentConfig, seeds: Mapping[str, int]) -> dict[str, Any]:
     """The record of a run that is starting: config, its hash, seeds, start time, no attempt yet.
 
-    The record is a plain dict that grows while the run goes (sections are filled in as they
-    become known); :func:`write_record` validates it against :class:`RunRecord` on every write.
+    A run holds it in a ``_run.live_record.LiveRecord``, whose operations fill it in as the run
+    goes; :func:`write_record` validates it against :class:`RunRecord` on every write.
     """
     return {
         "run_id": run_id,

@@ -16,6 +16,7 @@ from reprotune._jsonio import canonical_dumps
 from reprotune._run.drift import section_drift
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import truncate_ledger
+from reprotune._run.live_record import LiveRecord
 from reprotune._run.ranks import check_ranks_agree, ranks_section
 from reprotune._train.dist_checkpoint import Restored, restore_distributed
 from reprotune._train.distributed import SEED_PREFIX, DistContext, decided_by_main, gather_objects, rank_seed
@@ -100,15 +101,15 @@ def _gradient_reduction(ctx: DistContext) -> str:
 
 
 def store_distributed(
-    record: dict[str, Any], section: Mapping[str, Any], *, resume: bool, report: Callable[[str], None]
+    record: LiveRecord, section: Mapping[str, Any], *, resume: bool, report: Callable[[str], None]
 ) -> None:
     """Put the ``distributed`` section in the record; a resume keeps the first attempt's and notes
     what differs now on its attempt (as every other section)."""
     if not resume or "distributed" not in record:
-        record["distributed"] = dict(section)
+        record.set_section("distributed", section)
         return
     drift = section_drift(_comparable(record["distributed"]), _comparable(section), prefix="distributed")
-    record["attempts"][-1]["distributed_drift"] = drift
+    record.note_attempt(distributed_drift=drift)
     for line in drift:
         report(f"warning: differs from the run's start: {line}")
 
@@ -122,16 +123,15 @@ def _comparable(section: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def note_world_change(record: dict[str, Any], change: Mapping[str, int], restored: Restored | None) -> None:
+def note_world_change(record: LiveRecord, change: Mapping[str, int], restored: Restored | None) -> None:
     """Record an allowed world-size change on the run's ``distributed`` section and its attempt."""
     entry = {**change, "at_step": restored.state.step if restored is not None else 0}
     entry["attempt"] = len(record.get("attempts", []))
-    record["distributed"].setdefault("world_size_changes", []).append(entry)
-    record["attempts"][-1]["world_size_change"] = entry
+    record.add_world_size_change(entry)
 
 
 def restore_on_main(
-    record: dict[str, Any],
+    record: LiveRecord,
     paths: RunLayout,
     setup: Setup,
     *,
@@ -146,7 +146,7 @@ def restore_on_main(
         note_world_change(record, change, restored)
     if restored is None:
         return 0
-    record["attempts"][-1].update(from_step=restored.state.step, rng_restored=restored.rng_restored)
+    record.note_attempt(from_step=restored.state.step, rng_restored=restored.rng_restored)
     truncate_ledger(paths.ledger, keep_through_step=restored.state.step)
     report(f"resuming {paths.root} from step {restored.state.step} ({restored.name})")
     return restored.state.step

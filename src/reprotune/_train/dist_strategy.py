@@ -18,6 +18,7 @@ from reprotune._errors import InputError
 from reprotune._model.lora import tensors_sha256, trainable_tensors
 from reprotune._run.checkpoint import CheckpointState
 from reprotune._run.layout import RunLayout
+from reprotune._run.live_record import LiveRecord
 from reprotune._train import sharding
 from reprotune._train.dist_checkpoint import save_distributed_checkpoint
 from reprotune._train.dist_record import distributed_section, restore_on_main, store_distributed
@@ -71,7 +72,7 @@ class Distributed:
     def record_ranks(
         self,
         setup: Setup,
-        record: dict[str, Any],
+        record: LiveRecord,
         environment: Mapping[str, Any],
         *,
         resume: bool,
@@ -83,7 +84,7 @@ class Distributed:
     def restore(
         self,
         setup: Setup,
-        record: dict[str, Any],
+        record: LiveRecord,
         paths: RunLayout,
         *,
         restore_rng: bool,

@@ -28,9 +28,10 @@ from reprotune._run.drift import code_drift, refuse_code_drift, section_drift
 from reprotune._run.fingerprint import attention_of, code_fingerprint, environment_fingerprint, own_outputs
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import LedgerWriter, hexf
+from reprotune._run.live_record import LiveRecord
 from reprotune._run.lock import holding_run_dir
 from reprotune._run.nospace import no_space_in_run
-from reprotune._run.record import Status, attempt_timings, load_record, start_record
+from reprotune._run.record import Status, attempt_timings
 from reprotune._trackers.base import Tracker, TrackerSet
 from reprotune._trackers.mlflow import MlflowTracker
 from reprotune._trackers.wandb import WandbTracker
@@ -83,7 +84,7 @@ def run_experiment(cfg: ExperimentConfig, options: RunOptions = DEFAULT_OPTIONS)
 def _run_new(cfg: ExperimentConfig, options: RunOptions, dist: DistContext | None) -> RunResult:
     run_dir = options.run_dir or new_run_dir(cfg)
     check_run_dir_free(run_dir)
-    record = start_record(run_dir.name, cfg, derive_seeds(cfg.seed.root, dict(cfg.seed.overrides)))
+    record = LiveRecord.start(run_dir.name, cfg, derive_seeds(cfg.seed.root, dict(cfg.seed.overrides)))
     run = _Run(RunLayout(run_dir), record, TrackerSet([]), dist=dist)
     with hf_progress_bars(options.progress), interrupt_on_signals(), run.closed_if_unrecorded():
         run.trackers = build_trackers(cfg, options, run.report)
@@ -120,14 +121,14 @@ def _resume(run_dir: Path, options: RunOptions, dist: DistContext | None) -> Run
             source=str(run_dir),
             fix="point at a directory written by `reprotune run`",
         )
-    run = _Run(paths, {}, TrackerSet([]), dist=dist)
+    run = _Run(paths, LiveRecord({}), TrackerSet([]), dist=dist)
     with (
         holding_run_dir(run_dir, report=run.report),
         hf_progress_bars(options.progress),
         interrupt_on_signals(),
         run.closed_if_unrecorded(),
     ):
-        run.record = load_record(paths.record)  # read under the lock: no other writer now
+        run.record = LiveRecord.load(paths.record)  # read under the lock: no other writer now
         if run.record.get("status") == "completed":
             raise InputError(
                 f"the run in {run_dir} is already complete; nothing to resume",
@@ -159,7 +160,7 @@ def _execute(
     setup: Setup | None = None,
 ) -> RunResult:
     paths = run.paths
-    run.begin_attempt(resumed=resume)
+    run.record.begin_attempt(resumed=resume)
     progress: ProgressHook | None = None
     ledger_hook: LedgerHook | None = None
     loop: LoopResult | None = None
@@ -225,12 +226,12 @@ def _fill_record(run: _Run, setup: Setup, options: RunOptions, *, resume: bool) 
     record = run.record
     for key, section in setup.record_sections().items():
         if not resume or key not in record:
-            record[key] = section
+            record.set_section(key, section)
         elif record[key] != section:
             # A resume adds an attempt; it never rewrites what the first attempt recorded. What
             # differs now is noted on this attempt (and said), for compare and for the reader.
             drift = section_drift(record[key], section, prefix=key)
-            record["attempts"][-1].setdefault("drift", []).extend(drift)
+            record.note_drift(drift)
             for line in drift:
                 run.report(f"warning: differs from the run's start: {line}")
     for warning in setup.data.split_warnings:
@@ -244,18 +245,18 @@ def _fill_record(run: _Run, setup: Setup, options: RunOptions, *, resume: bool) 
         # A resumed run must be the run that started: same code. The record keeps the identity
         # the run started with; an environment that moved is noted on this attempt.
         if options.allow_code_drift:
-            record["attempts"][-1]["code_drift"] = code_drift(record["code"], code_record)
+            record.note_attempt(code_drift=code_drift(record["code"], code_record))
         else:
             refuse_code_drift(record["code"], code_record, run.paths.root, what="resuming", override=None)
         drift = section_drift(record.get("environment", {}), environment, prefix="environment")
-        record["attempts"][-1]["environment_drift"] = drift
+        record.note_attempt(environment_drift=drift)
         for line in drift:
             run.report(f"warning: environment differs from the run's start: {line}")
     else:
-        record["code"] = code_record
+        record.set_section("code", code_record)
         if code.diff:  # untracked files alone make a tree dirty but no patch: none is written
             write_bytes_atomic(run.paths.patch, code.diff)
-        record["environment"] = environment
+        record.set_section("environment", environment)
 
 
 def _restore(run: _Run, setup: Setup, options: RunOptions) -> int:
@@ -294,7 +295,7 @@ def _finish(
     final_val_loss = loop.final_val_loss if loop is not None else None
     return RunResult(
         paths.root,
-        record,
+        record.document(),
         status,
         steps_done,
         (record.get("outputs") or {}).get("adapter_sha256") if status == "completed" else None,

@@ -23,6 +23,7 @@ from reprotune._determinism.flags import apply_determinism
 from reprotune._determinism.seeds import derive_seeds
 from reprotune._model.loading import load_base_model
 from reprotune._model.lora import apply_lora, lora_config_dict
+from reprotune._run.live_record import Section
 from reprotune._train.batches import Examples
 from reprotune._train.data import RunData, check_rows_per_step, prepare_data, save_manifest
 from reprotune._train.loss import supports_logits_to_keep
@@ -100,7 +101,7 @@ class Setup:
             (every is not None and every > 0 and step % every == 0) or step == self.total_steps
         )
 
-    def record_sections(self) -> dict[str, Any]:
+    def record_sections(self) -> dict[Section, Any]:
         """The record sections the setup fills in: determinism, data (with its order), model, lora."""
         data = self.data.describe()
         data["order"] = {

@@ -24,6 +24,7 @@ from reprotune._model.lora import WeightsHasher, trainable_tensors
 from reprotune._run.checkpoint import CheckpointState, restore_latest_checkpoint, save_checkpoint
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import truncate_ledger
+from reprotune._run.live_record import LiveRecord
 from reprotune._train.step import train_step, validation_loss
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class Distribution(Protocol):
     def record_ranks(
         self,
         setup: Setup,
-        record: dict[str, Any],
+        record: LiveRecord,
         environment: Mapping[str, Any],
         *,
         resume: bool,
@@ -86,7 +87,7 @@ class Distribution(Protocol):
     def restore(
         self,
         setup: Setup,
-        record: dict[str, Any],
+        record: LiveRecord,
         paths: RunLayout,
         *,
         restore_rng: bool,
@@ -143,7 +144,7 @@ class Local:
     def record_ranks(
         self,
         setup: Setup,
-        record: dict[str, Any],
+        record: LiveRecord,
         environment: Mapping[str, Any],
         *,
         resume: bool,
@@ -154,7 +155,7 @@ class Local:
     def restore(
         self,
         setup: Setup,
-        record: dict[str, Any],
+        record: LiveRecord,
         paths: RunLayout,
         *,
         restore_rng: bool,
@@ -174,7 +175,7 @@ class Local:
             return 0  # nothing to restore: start over, from a clean ledger
         found, state = restored
         # What this attempt resumed from, for compare (a resume that skipped the RNG is a cause).
-        record["attempts"][-1].update(from_step=state.step, rng_restored=restore_rng)
+        record.note_attempt(from_step=state.step, rng_restored=restore_rng)
         truncate_ledger(paths.ledger, keep_through_step=state.step)
         report(f"resuming {paths.root} from step {state.step} ({found.name})")
         return state.step

@@ -2,11 +2,12 @@
 writes a run directory (``reprotune run`` and ``resume`` on one process or on rank 0 under torchrun,
 and the Hugging Face Trainer callback, ``integrations._writer``).
 
-An attempt starts (:meth:`RunWriter.begin_attempt`), tells its trackers what runs
+An attempt starts (``record.begin_attempt``), tells its trackers what runs
 (:meth:`RunWriter.start_trackers`), and ends in :meth:`RunWriter.finish` whatever happened:
 completed (outputs saved and hashed, artifacts logged), stopped, failed or interrupted (with the
 error). The trackers hear how the run ended even when saving its outputs fails. File names come
-from ``_run.layout``; the record is checked by ``_run.record`` when written.
+from ``_run.layout``; the record is a ``_run.live_record.LiveRecord``, changed through its named
+operations and validated when written.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any
 
 from reprotune._jsonio import sha256_file
 from reprotune._run.layout import RunLayout
-from reprotune._run.record import Status, utc_now, write_record
+from reprotune._run.live_record import LiveRecord
+from reprotune._run.record import Status
 from reprotune._run.redact import redact_data, redact_value
 from reprotune._trackers.base import RunDescription, TrackerSet, flatten_params, tracker_tags
 
@@ -36,7 +38,7 @@ class RunWriter:
     """One attempt of a run, writing its run directory: where it writes, its record and trackers."""
 
     paths: RunLayout
-    record: dict[str, Any]
+    record: LiveRecord
     trackers: TrackerSet
     started: float = field(default_factory=time.perf_counter)
     recorded: bool = False  # a record of this attempt is on disk
@@ -45,15 +47,8 @@ class RunWriter:
         report(line)
 
     def write_record(self) -> None:
-        write_record(self.paths.record, self.record)
+        self.record.write(self.paths.record)
         self.recorded = True
-
-    def begin_attempt(self, *, resumed: bool, **facts: Any) -> dict[str, Any]:
-        """Mark the record running and add this attempt (``facts``: what it resumed from); return it."""
-        attempt: dict[str, Any] = {"started_at": utc_now(), "resumed": resumed, **facts}
-        self.record.update(status="running", error=None)
-        self.record.setdefault("attempts", []).append(attempt)
-        return attempt
 
     def start_trackers(self) -> None:
         """Tell the trackers what runs: its id, directory, flattened config and tags."""
@@ -92,19 +87,17 @@ class RunWriter:
         the caller, who records the run's end as failed.
         """
         record = self.record
-        record["status"] = status
-        if error is not None:
-            record["error"] = {"type": type(error).__name__, "message": redact_value(str(error))}
+        record.end(status, error)
         trackers_heard = False
         try:
             if save_outputs is not None:
-                record["outputs"] = save_outputs()
-            record["timings"].update(timings())
+                record.set_outputs(save_outputs())
+            record.add_timings(timings())
             if status == "completed":
                 self.write_record()
                 self.trackers.log_artifacts(self._artifacts())
             with contextlib.suppress(Exception):
-                record["trackers"] = redact_data(self.trackers.finish(status))
+                record.set_trackers(redact_data(self.trackers.finish(status)))
             trackers_heard = True
             self.write_record()
         finally:

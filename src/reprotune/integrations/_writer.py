@@ -32,8 +32,9 @@ from reprotune._model.lora import save_adapter, trainable_tensors
 from reprotune._run.drift import refuse_code_drift, section_drift
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import Entry, LedgerWriter, read_ledger, truncate_ledger
+from reprotune._run.live_record import LiveRecord
 from reprotune._run.lock import RunDirLock, lock_run_dir
-from reprotune._run.record import Status, attempt_timings, load_record, write_record
+from reprotune._run.record import Status, attempt_timings
 from reprotune._trackers.base import Tracker, TrackerSet
 from reprotune._trackers.mlflow import MlflowTracker
 from reprotune._trackers.mlflow_link import MlflowRunLink
@@ -47,7 +48,7 @@ class TrainerRun(RunWriter):
     and end it with :meth:`end` (which closes the ledger and releases the lock around the run
     writer's :meth:`~reprotune._train.writer.RunWriter.finish`), never with ``finish`` itself."""
 
-    def __init__(self, paths: RunLayout, record: dict[str, Any], lock: RunDirLock, trackers: TrackerSet):
+    def __init__(self, paths: RunLayout, record: LiveRecord, lock: RunDirLock, trackers: TrackerSet):
         super().__init__(paths, record, trackers)
         self._lock = lock
         self.ledger = LedgerWriter(paths.ledger)
@@ -61,7 +62,7 @@ class TrainerRun(RunWriter):
     def new(
         cls,
         run_dir: Path,
-        record: dict[str, Any],
+        record: Mapping[str, Any],
         *,
         patch: bytes,
         manifest: Manifest | None,
@@ -84,16 +85,17 @@ class TrainerRun(RunWriter):
             )
         lock = lock_run_dir(run_dir, report=report)
         paths = RunLayout(run_dir)
+        live = LiveRecord(record)
         try:
             if patch:
                 write_bytes_atomic(paths.patch, patch)
             if manifest is not None:
-                record["data"]["manifest_sha256"] = write_manifest(manifest, paths.manifest)
-            write_record(paths.record, record)
+                live.set_manifest_sha256(write_manifest(manifest, paths.manifest))
+            live.write(paths.record)
         except BaseException:
             lock.release()
             raise
-        writer = cls(paths, record, lock, trackers)
+        writer = cls(paths, live, lock, trackers)
         writer.recorded = True
         writer.ledger.write({"kind": "init", "step": 0, "weights_sha256": init_weights_sha256})
         writer.start_trackers()
@@ -134,7 +136,7 @@ class TrainerRun(RunWriter):
         writer: TrainerRun | None = None
         lock = lock_run_dir(run_dir, report=report)
         try:
-            record = load_record(paths.record)
+            record = LiveRecord.load(paths.record)
             _check_resumable(paths, record, config_sha256, code)
             attempt: dict[str, Any] = {"from_step": from_step, "from_checkpoint": checkpoint}
             attempt.update(_restored(ranks, checkpoint))
@@ -157,7 +159,7 @@ class TrainerRun(RunWriter):
                     f"{from_step}: the checkpoint is not the one this run saved"
                 )
             writer = cls(paths, record, lock, trackers)  # its ledger opens on the cut ledger
-            writer.begin_attempt(resumed=True, **attempt)
+            writer.record.begin_attempt(resumed=True, **attempt)
             writer.write_record()
         except BaseException:
             if writer is not None:

@@ -1,0 +1,129 @@
+"""A run's record while the run goes: read as a mapping, changed only through named operations,
+written validated.
+
+The record of an attempt grows as the run goes: the attempt begins, the setup's sections and the
+code and environment fingerprints are filled in, a resume notes what drifted and what it
+restored, and the end brings the status, error, outputs, timings and the trackers' summaries.
+:class:`LiveRecord` holds it, and each of those changes is one of its methods; a reader gets
+copies (``record["data"]`` cannot be edited behind its back). :meth:`LiveRecord.write` writes it
+through ``_run.record.write_record``, which validates it against ``RunRecord``; what a finished
+run returns is :meth:`LiveRecord.document`, a plain copy.
+
+Every path that writes a run directory uses it: ``reprotune run`` and ``resume`` (on one process
+or on rank 0 under torchrun, ``_train.run``, ``_train.dist_record``) and the Trainer callback
+(``integrations._writer``), through ``_train.writer.RunWriter``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Final, Literal, get_args
+
+from reprotune._config.schema import ExperimentConfig
+from reprotune._run.record import Status, load_record, start_record, utc_now, write_record
+from reprotune._run.redact import redact_value
+
+#: The sections a run fills in from what it computes (the rest, ``run_id``, ``config``, ``seeds``
+#: and the like, are set when the record starts and never change).
+Section = Literal["determinism", "data", "model", "lora", "code", "environment", "distributed"]
+SECTIONS: Final[frozenset[str]] = frozenset(get_args(Section))
+
+
+class LiveRecord(Mapping[str, Any]):
+    """The record of a running attempt (see the module docstring)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self._data: dict[str, Any] = copy.deepcopy(dict(data))
+
+    @classmethod
+    def start(cls, run_id: str, cfg: ExperimentConfig, seeds: Mapping[str, int]) -> LiveRecord:
+        """A new run's record: config, its hash, seeds, start time; no attempt yet."""
+        return cls(start_record(run_id, cfg, seeds))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> LiveRecord:
+        """The record of the run in ``path`` (a run directory or its ``record.json``), validated."""
+        return cls(load_record(path))
+
+    # -- reading: copies -------------------------------------------------------------------------
+
+    def __getitem__(self, key: str) -> Any:
+        return copy.deepcopy(self._data[key])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._data))
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def document(self) -> dict[str, Any]:
+        """The whole record, a plain copy."""
+        return copy.deepcopy(self._data)
+
+    def write(self, path: str | os.PathLike[str]) -> str:
+        """Validate the record and write it atomically as canonical JSON; return the bytes' sha256."""
+        return write_record(path, self._data)
+
+    # -- an attempt ------------------------------------------------------------------------------
+
+    def begin_attempt(self, *, resumed: bool, **facts: Any) -> None:
+        """Mark the run running and add an attempt, begun now (``facts``: what it resumed from...)."""
+        attempt = {"started_at": utc_now(), "resumed": resumed, **copy.deepcopy(facts)}
+        self._data.update(status="running", error=None)
+        self._data.setdefault("attempts", []).append(attempt)
+
+    def note_attempt(self, **facts: Any) -> None:
+        """Add ``facts`` to the current attempt (what it restored, a world-size change...)."""
+        self._attempt().update(copy.deepcopy(facts))
+
+    def note_drift(self, lines: Iterable[str]) -> None:
+        """Add to the attempt's ``drift`` how a setup section differs now from the run's start."""
+        self._attempt().setdefault("drift", []).extend(lines)
+
+    def _attempt(self) -> dict[str, Any]:
+        attempts = self._data.get("attempts") or []
+        if not attempts:
+            raise RuntimeError("the record has no attempt yet: begin_attempt first")
+        last: dict[str, Any] = attempts[-1]
+        return last
+
+    # -- the run's sections ----------------------------------------------------------------------
+
+    def set_section(self, key: Section, value: Mapping[str, Any]) -> None:
+        """Fill in one of the sections a run computes (:data:`Section`)."""
+        if key not in SECTIONS:
+            raise ValueError(f"{key!r} is not a section a run fills in ({', '.join(sorted(SECTIONS))})")
+        self._data[key] = copy.deepcopy(dict(value))
+
+    def set_manifest_sha256(self, sha256: str) -> None:
+        """The hash of the split manifest written into the run directory."""
+        self._data["data"]["manifest_sha256"] = sha256
+
+    def add_world_size_change(self, entry: Mapping[str, Any]) -> None:
+        """An allowed world-size change at a resume: on the ``distributed`` section and the attempt."""
+        self._data["distributed"].setdefault("world_size_changes", []).append(dict(entry))
+        self._attempt()["world_size_change"] = dict(entry)
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def end(self, status: Status, error: BaseException | None = None) -> None:
+        """How the attempt ended, and why when it failed (the message with its secrets redacted)."""
+        self._data["status"] = status
+        if error is not None:
+            self._data["error"] = {"type": type(error).__name__, "message": redact_value(str(error))}
+
+    def set_outputs(self, outputs: Mapping[str, Any]) -> None:
+        """The hashes of what a completed run produced."""
+        self._data["outputs"] = copy.deepcopy(dict(outputs))
+
+    def add_timings(self, timings: Mapping[str, Any]) -> None:
+        """This attempt's timings (its end time, duration, step times...)."""
+        self._data["timings"].update(copy.deepcopy(dict(timings)))
+
+    def set_trackers(self, summaries: Mapping[str, Any]) -> None:
+        """What each tracker reported at the end (ids, links), secrets redacted by the caller."""
+        self._data["trackers"] = copy.deepcopy(dict(summaries))
