@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from reprotune._run.record import Status
+
 COMPARISON_SCHEMA = "reprotune/comparison"
 COMPARISON_SCHEMA_VERSION = 2  # 2: next_steps (the trace commands)
 
@@ -49,7 +51,7 @@ class RunSummary:
 
     path: str
     run_id: str
-    status: str
+    status: Status | Literal["unknown"]
     train_steps: int
     val_lines: int
 

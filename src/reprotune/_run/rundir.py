@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from reprotune._data.manifest import Manifest, load_manifest
 from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file
 from reprotune._run import layout
 from reprotune._run.ledger import Ledger, read_ledger
-from reprotune._run.record import load_record
+from reprotune._run.record import Status, load_record
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,13 @@ class RunDir:
         return value if isinstance(value, str) and value else self.path.name
 
     @property
-    def status(self) -> str:
-        """The record's ``status`` (``running``, ``completed``, ``failed``), or ``unknown``."""
+    def status(self) -> Status | Literal["unknown"]:
+        """The record's ``status`` (``running``, ``completed``, ``failed``...), or ``unknown``."""
         value = self.record.get("status")
-        return value if isinstance(value, str) else "unknown"
+        for status in get_args(Status):
+            if value == status:
+                return status  # type: ignore[no-any-return]
+        return "unknown"
 
     def section(self, key: str) -> Mapping[str, Any]:
         """A top-level record section (``config``, ``seeds``, ...); empty when absent."""

@@ -14,13 +14,13 @@ import torch
 
 from reprotune._jsonio import canonical_dumps
 from reprotune._run.drift import section_drift
-from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import truncate_ledger
 from reprotune._run.live_record import LiveRecord
 from reprotune._run.ranks import check_ranks_agree, ranks_section
 from reprotune._train.dist_checkpoint import Restored, restore_distributed
 from reprotune._train.distributed import SEED_PREFIX, DistContext, decided_by_main, gather_objects, rank_seed
 from reprotune._train.setup import Setup
+from reprotune._train.strategy import Resume
 
 
 def rank_identity(setup: Setup, environment: Mapping[str, Any]) -> dict[str, Any]:
@@ -130,23 +130,16 @@ def note_world_change(record: LiveRecord, change: Mapping[str, int], restored: R
     record.add_world_size_change(entry)
 
 
-def restore_on_main(
-    record: LiveRecord,
-    paths: RunLayout,
-    setup: Setup,
-    *,
-    restore_rng: bool,
-    change: Mapping[str, int] | None,
-    report: Callable[[str], None],
-) -> int:
+def restore_on_main(setup: Setup, resume: Resume) -> int:
     """Rank 0's side of a distributed resume: restore every rank, truncate the ledger, note on the
     attempt what was restored (and an allowed world-size change); return the step to go on from."""
-    restored = restore_distributed(setup, paths.checkpoints, restore_rng=restore_rng, report=report)
-    if change is not None:
-        note_world_change(record, change, restored)
+    paths, report = resume.paths, resume.report
+    restored = restore_distributed(setup, paths.checkpoints, restore_rng=resume.restore_rng, report=report)
+    if resume.change is not None:
+        note_world_change(resume.record, resume.change, restored)
     if restored is None:
         return 0
-    record.note_attempt(from_step=restored.state.step, rng_restored=restored.rng_restored)
+    resume.record.note_attempt(from_step=restored.state.step, rng_restored=restored.rng_restored)
     truncate_ledger(paths.ledger, keep_through_step=restored.state.step)
     report(f"resuming {paths.root} from step {restored.state.step} ({restored.name})")
     return restored.state.step

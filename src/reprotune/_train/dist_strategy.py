@@ -17,7 +17,6 @@ import torch
 from reprotune._errors import InputError
 from reprotune._model.lora import tensors_sha256, trainable_tensors
 from reprotune._run.checkpoint import CheckpointState
-from reprotune._run.layout import RunLayout
 from reprotune._run.live_record import LiveRecord
 from reprotune._train import sharding
 from reprotune._train.dist_checkpoint import save_distributed_checkpoint
@@ -34,6 +33,7 @@ from reprotune._train.distributed import (
 )
 from reprotune._train.optim import optimizer_and_scheduler
 from reprotune._train.setup import Setup
+from reprotune._train.strategy import Resume
 
 
 @dataclass(frozen=True)
@@ -81,18 +81,8 @@ class Distributed:
         section = distributed_section(setup, environment) or {}  # every rank's, checked on rank 0
         store_distributed(record, section, resume=resume, report=report)
 
-    def restore(
-        self,
-        setup: Setup,
-        record: LiveRecord,
-        paths: RunLayout,
-        *,
-        restore_rng: bool,
-        change: Mapping[str, int] | None,
-        report: Callable[[str], None],
-    ) -> int:
-        # Every rank restores together; rank 0 reads the checkpoint.
-        return restore_on_main(record, paths, setup, restore_rng=restore_rng, change=change, report=report)
+    def restore(self, setup: Setup, resume: Resume) -> int:
+        return restore_on_main(setup, resume)  # every rank restores together; rank 0 reads the checkpoint
 
 
 def distribute_setup(setup: Setup, ctx: DistContext) -> Setup:

@@ -55,7 +55,7 @@ from reprotune._train.loop import LoopResult, StepHook, train_loop
 from reprotune._train.options import DEFAULT_OPTIONS, RunOptions, RunResult
 from reprotune._train.setup import Setup, build_setup, with_saved_manifest
 from reprotune._train.signals import interrupt_on_signals, recording_the_end
-from reprotune._train.strategy import seed_generators, under_torchrun
+from reprotune._train.strategy import Resume, seed_generators, under_torchrun
 from reprotune._train.turn import training_turn
 from reprotune._train.writer import RunWriter
 
@@ -261,14 +261,8 @@ def _fill_record(run: _Run, setup: Setup, options: RunOptions, *, resume: bool) 
 
 def _restore(run: _Run, setup: Setup, options: RunOptions) -> int:
     """Restore the latest valid checkpoint into the setup; return its step (0 when there is none)."""
-    return setup.distribution.restore(
-        setup,
-        run.record,
-        run.paths,
-        restore_rng=options.restore_rng_on_resume,
-        change=run.world_change,
-        report=run.report,
-    )
+    resume = Resume(run.record, run.paths, options.restore_rng_on_resume, run.world_change, run.report)
+    return setup.distribution.restore(setup, resume)
 
 
 def _finish(

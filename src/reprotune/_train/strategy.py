@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -29,6 +30,18 @@ from reprotune._train.step import train_step, validation_loss
 
 if TYPE_CHECKING:
     from reprotune._train.setup import Setup
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What a resume's restore needs: the run's record and directory, whether to restore the RNG
+    state, an allowed change of world size (under torchrun only), where its notes go."""
+
+    record: LiveRecord
+    paths: RunLayout
+    restore_rng: bool
+    change: Mapping[str, int] | None
+    report: Callable[[str], None]
 
 
 class Distribution(Protocol):
@@ -84,16 +97,7 @@ class Distribution(Protocol):
         for one process."""
         ...
 
-    def restore(
-        self,
-        setup: Setup,
-        record: LiveRecord,
-        paths: RunLayout,
-        *,
-        restore_rng: bool,
-        change: Mapping[str, int] | None,
-        report: Callable[[str], None],
-    ) -> int:
+    def restore(self, setup: Setup, resume: Resume) -> int:
         """A resume's restore from the latest valid checkpoint (noted on the record's attempt, the
         ledger cut to it); the step to go on from, 0 when there is none."""
         ...
@@ -152,32 +156,26 @@ class Local:
     ) -> None:
         return None
 
-    def restore(
-        self,
-        setup: Setup,
-        record: LiveRecord,
-        paths: RunLayout,
-        *,
-        restore_rng: bool,
-        change: Mapping[str, int] | None,
-        report: Callable[[str], None],
-    ) -> int:
+    def restore(self, setup: Setup, resume: Resume) -> int:
+        if resume.change is not None:  # check_resume_world refuses a plain resume of a torchrun run
+            raise ValueError("a plain run's resume cannot change its world size")
+        paths = resume.paths
         restored = restore_latest_checkpoint(
             paths.checkpoints,
             model=setup.model,
             optimizer=setup.optimizer,
             scheduler=setup.scheduler,
             scaler=setup.scaler,
-            restore_rng=restore_rng,
-            report=report,
+            restore_rng=resume.restore_rng,
+            report=resume.report,
         )
         if restored is None:
             return 0  # nothing to restore: start over, from a clean ledger
         found, state = restored
         # What this attempt resumed from, for compare (a resume that skipped the RNG is a cause).
-        record.note_attempt(from_step=state.step, rng_restored=restore_rng)
+        resume.record.note_attempt(from_step=state.step, rng_restored=resume.restore_rng)
         truncate_ledger(paths.ledger, keep_through_step=state.step)
-        report(f"resuming {paths.root} from step {state.step} ({found.name})")
+        resume.report(f"resuming {paths.root} from step {state.step} ({found.name})")
         return state.step
 
 
