@@ -228,10 +228,15 @@ def needs_cold_start(
     """Whether a call must start a real interpreter (see the module docstring): ``env`` differs
     from ``base`` (the zygote's start) in a variable read at start, or the call pins CPU kernels."""
     base = dict(os.environ) if base is None else base
-    for key in set(env) | set(base):
-        if key.startswith(COLD_PREFIXES) and key not in WARM_SAFE and env.get(key) != base.get(key):
-            return True
-    return any("cpu_isa" in arg and not arg.endswith("native") for arg in args)
+    return bool(_start_differences(env, base)) or any(
+        "cpu_isa" in arg and not arg.endswith("native") for arg in args
+    )
+
+
+def _start_differences(env: dict[str, str], base: dict[str, str]) -> set[str]:
+    """The variables read when an interpreter starts whose values differ between ``env`` and ``base``."""
+    keys = {k for k in set(env) | set(base) if k.startswith(COLD_PREFIXES)} - set(WARM_SAFE)
+    return {k for k in keys if env.get(k) != base.get(k)}
 
 
 @dataclass
@@ -404,8 +409,7 @@ def launcher(env: dict[str, str] | None = None) -> WarmLauncher | None:
     one started with the call's :data:`ZYGOTE_KEYS` where those are all it differs in at start;
     None where it differs in more (the call needs a real interpreter)."""
     env = dict(os.environ) if env is None else env
-    keys = {k for k in set(env) | set(os.environ) if k.startswith(COLD_PREFIXES)} - set(WARM_SAFE)
-    differing = {k for k in keys if env.get(k) != os.environ.get(k)}
+    differing = _start_differences(env, dict(os.environ))
     if not differing <= set(ZYGOTE_KEYS) or any(k not in env for k in differing):
         return None
     key = tuple(sorted((k, env[k]) for k in differing))
@@ -421,17 +425,7 @@ def run_reprotune(
 ) -> subprocess.CompletedProcess[str]:
     """``python -m reprotune ARGS`` in ``cwd`` with ``env``: forked from the warm zygote, or a real
     interpreter when the call needs one (:func:`needs_cold_start`, ``cold``)."""
-    warm = None if cold or os.environ.get("REPROTUNE_TESTS_COLD") else launcher(env)
-    if warm is None or needs_cold_start(args, env, warm.env):
-        return subprocess.run(
-            [sys.executable, "-m", "reprotune", *args],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    return warm.run(list(args), cwd=cwd, env=env, timeout=timeout)
+    return _call(["-m", "reprotune"], args, cwd=cwd, env=env, timeout=timeout, cold=cold)
 
 
 def run_script(
@@ -439,12 +433,7 @@ def run_script(
 ) -> subprocess.CompletedProcess[str]:
     """``python SCRIPT ARGS`` in ``cwd`` with ``env`` (a user's training script): forked from the warm
     zygote as ``run_reprotune`` forks the CLI, or a new interpreter where the call needs one."""
-    warm = None if os.environ.get("REPROTUNE_TESTS_COLD") else launcher(env)
-    if warm is None or needs_cold_start(args, env, warm.env):
-        return subprocess.run(
-            [sys.executable, script, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-        )
-    return warm.run(list(args), cwd=cwd, env=env, timeout=timeout, script=script)
+    return _call([script], args, cwd=cwd, env=env, timeout=timeout)
 
 
 def run_module(
@@ -453,8 +442,23 @@ def run_module(
     """``python -m MODULE ARGS`` (a ``torchrun`` launch: ``torch.distributed.run``) in ``cwd`` with
     ``env``: forked from a warm zygote (whose children fork the launch's ranks too, see
     tests/inject/warm_legs.py), or a new interpreter where the call needs one."""
-    warm = None if os.environ.get("REPROTUNE_TESTS_COLD") else launcher(env)
+    return _call(["-m", module], args, cwd=cwd, env=env, timeout=timeout)
+
+
+def _call(
+    program: list[str],
+    args: list[str],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    timeout: float,
+    cold: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """``python PROGRAM ARGS`` (``PROGRAM``: ``-m MODULE`` or ``SCRIPT``), forked or started."""
+    warm = None if cold or os.environ.get("REPROTUNE_TESTS_COLD") else launcher(env)
     if warm is None or needs_cold_start(args, env, warm.env):
-        command = [sys.executable, "-m", module, *args]
+        command = [sys.executable, *program, *args]
         return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    return warm.run(list(args), cwd=cwd, env=env, timeout=timeout, module=module)
+    if program[0] == "-m":
+        return warm.run(list(args), cwd=cwd, env=env, timeout=timeout, module=program[1])
+    return warm.run(list(args), cwd=cwd, env=env, timeout=timeout, script=program[0])

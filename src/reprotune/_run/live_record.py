@@ -54,6 +54,9 @@ class LiveRecord(Mapping[str, Any]):
     def __getitem__(self, key: str) -> Any:
         return copy.deepcopy(self._data[key])
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._data  # without the copy Mapping's own would make
+
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._data))
 

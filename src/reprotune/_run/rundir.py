@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 from reprotune._data.manifest import Manifest, load_manifest
 from reprotune._errors import InputError
@@ -56,10 +56,7 @@ class RunDir:
     def status(self) -> Status | Literal["unknown"]:
         """The record's ``status`` (``running``, ``completed``, ``failed``...), or ``unknown``."""
         value = self.record.get("status")
-        for status in get_args(Status):
-            if value == status:
-                return status  # type: ignore[no-any-return]
-        return "unknown"
+        return cast(Status, value) if value in get_args(Status) else "unknown"
 
     def section(self, key: str) -> Mapping[str, Any]:
         """A top-level record section (``config``, ``seeds``, ...); empty when absent."""
