@@ -357,11 +357,13 @@ def test_a_setup_cannot_say_two_things_about_its_ranks(tiny_project: Any, tmp_pa
         dataclasses.replace(setup, distribution=Distributed.__new__(Distributed))
     # A plain run's restore never changes the world size (check_resume_world refuses a plain
     # resume of a torchrun run before it gets here); handed one, it says so instead of ignoring it.
+    from reprotune._config.schema import ExperimentConfig
     from reprotune._run.layout import RunLayout
     from reprotune._run.live_record import LiveRecord
     from reprotune._train.strategy import LOCAL, Resume
 
-    record = LiveRecord({"attempts": [{}]})
+    record = LiveRecord.start("20261202-000000-abcdef12", ExperimentConfig(), {"root": 0})
+    record.begin_attempt(resumed=True)
     resume = Resume(record, RunLayout(tmp_path / "run"), True, {"from": 2, "to": 1}, print)
     with pytest.raises(ValueError, match="cannot change its world size"):
         LOCAL.restore(setup, resume)

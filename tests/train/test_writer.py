@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from pydantic import ValidationError
 
 from reprotune._config.schema import ExperimentConfig
 from reprotune._run.layout import RunLayout
@@ -193,6 +194,35 @@ def test_the_live_record_changes_only_through_its_operations(tmp_path: Path) -> 
     assert attempt["world_size_change"] == written["distributed"]["world_size_changes"][0]
     assert written["status"] == "failed" and written["error"]["type"] == "OSError"
     assert written["timings"]["steps_done"] == 2 and "started_at" in written["timings"]
+
+
+def test_a_live_record_is_typed_and_refuses_an_invalid_change_where_it_is_made() -> None:
+    """Every operation is checked against the schema when it is made: a change the schema refuses
+    fails there, naming the operation, and leaves the record as it was; the typed view follows."""
+    record = LiveRecord.start("20261202-000000-abcdef12", ExperimentConfig(), {"root": 0})
+    record.begin_attempt(resumed=False)
+    record.set_section("data", {"source": "rows.jsonl", "n_rows": 4})
+    assert record.typed.status == "running" and record.typed.data is not None
+    assert record.typed.data.n_rows == 4
+    before = record.document()
+    with pytest.raises(ValueError, match=r"end would make an invalid run record: status"):
+        record.end("exploded")  # type: ignore[arg-type]
+    invalid = "would make an invalid run record"
+    with pytest.raises(ValueError, match=rf"set_section\('data'\) {invalid}: data\.n_rows"):
+        record.set_section("data", {"n_rows": "many"})
+    with pytest.raises(ValueError, match=rf"add_timings {invalid}: timings\.steps_done"):
+        record.add_timings({"steps_done": "two"})
+    with pytest.raises(ValueError, match=rf"note_attempt {invalid}: attempts\.0\.from_step"):
+        record.note_attempt(from_step="two")
+    assert record.document() == before and record.typed.status == "running"
+    record.note_attempt(from_step=2, rng_restored=True)
+    assert (record.typed.attempts[-1].from_step, record.typed.attempts[-1].rng_restored) == (2, True)
+    record.end("completed")
+    assert record.typed.status == "completed" and record["status"] == "completed"
+    with pytest.raises(ValidationError):  # frozen
+        record.typed.status = "failed"  # type: ignore[misc]
+    with pytest.raises(ValueError, match=f"a record {invalid}: run_id"):
+        LiveRecord({"attempts": [{}]})
 
 
 def test_a_live_record_without_an_attempt_refuses_attempt_notes() -> None:

@@ -2,15 +2,15 @@
 
 The record is the source of truth about a run (docs/run-directory.md). There is one way to make
 one: :func:`start_record` begins its data, which a run holds in a ``_run.live_record.LiveRecord``
-(changed only through its named operations while the run goes), and :func:`write_record` stamps
-the schema, validates it against the typed :class:`RunRecord` and writes canonical JSON
-atomically, on every write.
+(changed only through its named operations while the run goes, each one checked by
+:func:`typed_record` against the typed, frozen :class:`RunRecord`), and :func:`write_record`
+stamps the schema, validates it again and writes canonical JSON atomically, on every write.
 :func:`load_record` reads a record back, validated; a schema or schema version it does not know
 is refused.
 
 Sections are typed for the keys the contract names and accept extra keys (a run may add
-``attempts``, ``trackers``, ``data.order``...); a record written before a section is known holds
-no such key, so every section is optional.
+``data.order``, a Trainer's run its ``trainer`` and ``findings``...); a record written before a
+section is known holds no such key, so every section is optional.
 
 Importing this module never imports torch: compare and report read records.
 """
@@ -112,6 +112,20 @@ class Outputs(_Part):
     ledger_sha256: str | None = None
 
 
+class Attempt(_Part):
+    """One attempt of a run: the first, then one per resume (docs/run-directory.md)."""
+
+    started_at: str | None = None
+    resumed: bool = False
+    from_step: int | None = None
+    rng_restored: bool | None = None
+    drift: list[str] = Field(default_factory=list)
+    code_drift: list[str] = Field(default_factory=list)
+    environment_drift: list[str] = Field(default_factory=list)
+    distributed_drift: list[str] = Field(default_factory=list)
+    world_size_change: dict[str, Any] | None = None
+
+
 class RunRecord(_Part):
     """A whole ``record.json``. Field names and meanings: docs/run-directory.md."""
 
@@ -131,6 +145,9 @@ class RunRecord(_Part):
     environment: dict[str, Any] | None = None
     timings: Timings
     outputs: Outputs | None = None
+    attempts: list[Attempt] = Field(default_factory=list)
+    distributed: dict[str, Any] | None = None
+    trackers: dict[str, Any] | None = None
 
     model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
 
@@ -145,7 +162,8 @@ def utc_now() -> str:
 
 
 def start_record(run_id: str, cfg: ExperimentConfig, seeds: Mapping[str, int]) -> dict[str, Any]:
-    """The record of a run that is starting: config, its hash, seeds, start time, no attempt yet.
+    """The record of a run that is starting (``running``): config, its hash, seeds, start time, no
+    attempt yet.
 
     A run holds it in a ``_run.live_record.LiveRecord``, whose operations fill it in as the run
     goes; :func:`write_record` validates it against :class:`RunRecord` on every write.
@@ -153,6 +171,7 @@ def start_record(run_id: str, cfg: ExperimentConfig, seeds: Mapping[str, int]) -
     return {
         "run_id": run_id,
         "reprotune_version": __version__,
+        "status": "running",
         "config": cfg.resolved(),
         "config_sha256": config_sha256(cfg),
         "seeds": dict(seeds),
@@ -186,19 +205,31 @@ def write_record(path: str | os.PathLike[str], record: RunRecord | Mapping[str, 
     if isinstance(record, RunRecord):
         data = record.to_dict()
     else:
-        data = {
-            "schema": SCHEMA,
-            "schema_version": SCHEMA_VERSION,
-            "reprotune_version": __version__,
-            **dict(record),
-        }
+        data = stamped_record(record)
         try:
-            RunRecord.model_validate(data)
-        except ValidationError as exc:
-            raise ValueError(
-                f"refusing to write an invalid record to {os.fspath(path)}: {_problems(exc)}"
-            ) from None
+            typed_record(data)
+        except ValueError as exc:
+            raise ValueError(f"refusing to write an invalid record to {os.fspath(path)}: {exc}") from None
     return write_json_atomic(path, masked_record(data))
+
+
+def stamped_record(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``record`` with ``schema``, ``schema_version`` and ``reprotune_version`` added when absent."""
+    return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "reprotune_version": __version__, **record}
+
+
+def typed_record(record: Mapping[str, Any]) -> RunRecord:
+    """``record`` (as a run holds it: the schema keys added when absent) validated into a frozen
+    :class:`RunRecord`.
+
+    Raises:
+        ValueError: the record does not satisfy the schema (every problem listed): a bug in the
+            caller, not bad input.
+    """
+    try:
+        return RunRecord.model_validate(stamped_record(record))
+    except ValidationError as exc:
+        raise ValueError(_problems(exc)) from None
 
 
 def masked_record(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -57,7 +57,7 @@ from reprotune._train.setup import Setup, build_setup, with_saved_manifest
 from reprotune._train.signals import interrupt_on_signals, recording_the_end
 from reprotune._train.strategy import Resume, seed_generators, under_torchrun
 from reprotune._train.turn import training_turn
-from reprotune._train.writer import RunWriter
+from reprotune._train.writer import RunWriter, report
 
 
 def run_experiment(cfg: ExperimentConfig, options: RunOptions = DEFAULT_OPTIONS) -> RunResult:
@@ -121,26 +121,22 @@ def _resume(run_dir: Path, options: RunOptions, dist: DistContext | None) -> Run
             source=str(run_dir),
             fix="point at a directory written by `reprotune run`",
         )
-    run = _Run(paths, LiveRecord({}), TrackerSet([]), dist=dist)
-    with (
-        holding_run_dir(run_dir, report=run.report),
-        hf_progress_bars(options.progress),
-        interrupt_on_signals(),
-        run.closed_if_unrecorded(),
-    ):
-        run.record = LiveRecord.load(paths.record)  # read under the lock: no other writer now
-        if run.record.get("status") == "completed":
+    with holding_run_dir(run_dir, report=report), hf_progress_bars(options.progress), interrupt_on_signals():
+        record = LiveRecord.load(paths.record)  # read under the lock: no other writer now
+        if record.typed.status == "completed":
             raise InputError(
                 f"the run in {run_dir} is already complete; nothing to resume",
                 source=str(paths.record),
                 fix=f"compare it with `reprotune compare`, or start a new one with "
                 f"`reprotune rerun {run_dir}`",
             )
-        cfg = config_from_dict(run.record["config"], source=str(paths.record))
+        cfg = config_from_dict(record["config"], source=str(paths.record))
         allow = options.allow_world_size_change
-        run.world_change = resume_world_change(run.record, dist, allow_change=allow, run_dir=run_dir)
-        run.trackers = build_trackers(cfg, options, run.report)
-        return _execute(cfg, run, options, resume=True)
+        run = _Run(paths, record, TrackerSet([]), dist=dist)
+        run.world_change = resume_world_change(record, dist, allow_change=allow, run_dir=run_dir)
+        with run.closed_if_unrecorded():
+            run.trackers = build_trackers(cfg, options, run.report)
+            return _execute(cfg, run, options, resume=True)
 
 
 @dataclass
