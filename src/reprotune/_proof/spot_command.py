@@ -24,7 +24,7 @@ from typing import Any
 from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file, write_json_atomic
 from reprotune._proof.intervals import Interval, coverage, first_difference, interval_lines, plan_intervals
-from reprotune._proof.verification import Leg, judge_leg
+from reprotune._proof.verification import Leg, Outcome, judge_leg
 from reprotune._proof.verify_command import (
     TRAINER_OUTPUT,
     CommandVerification,
@@ -104,7 +104,7 @@ def spot_verify_command(
         Controls(run_dir=control_dir, perturb_data_seed=1, stop_after=bound if bound < total else None),
     )
     legs.append(_control_leg(reference, control_dir))
-    verdict = "PASS" if all(leg.passed for leg in legs) else "FAIL"
+    verdict: Outcome = "PASS" if all(leg.passed for leg in legs) else "FAIL"
     result = CommandVerification(verdict, str(out_dir), command, None, legs)
     result.spot = coverage(intervals, list(checkpoints), total, budget, seed)
     write_json_atomic(layout.verification, result.to_json())

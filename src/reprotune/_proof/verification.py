@@ -15,6 +15,8 @@ SCHEMA = "reprotune/verification"
 SCHEMA_VERSION = 5  # 2: mode, per-leg cost, machine, blame; 3: wall_s (legs side by side); 4: legs'
 # prefix; 5: mode spot and its spot section
 Mode = Literal["fast", "thorough", "spot"]
+Outcome = Literal["PASS", "FAIL"]
+Expected = Literal["IDENTICAL", "DIVERGED"]
 
 
 @dataclass
@@ -23,7 +25,7 @@ class Leg:
 
     name: str
     run_dir: str
-    expected: str  # IDENTICAL or DIVERGED
+    expected: Expected
     verdict: str | None = None
     passed: bool | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
@@ -40,7 +42,7 @@ class Leg:
 class Verification:
     """The outcome of ``reprotune verify``."""
 
-    verdict: str  # PASS or FAIL
+    verdict: Outcome
     directory: str
     config_sha256: str
     legs: list[Leg]

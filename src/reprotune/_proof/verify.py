@@ -46,7 +46,7 @@ from reprotune._jsonio import write_json_atomic
 from reprotune._proof.differences import Comparison
 from reprotune._proof.processes import LegProcesses, launch_world_size
 from reprotune._proof.processes import run_logged as _reprotune
-from reprotune._proof.verification import Leg, Verification, judge_leg, machine_summary
+from reprotune._proof.verification import Expected, Leg, Verification, judge_leg, machine_summary
 from reprotune._proof.verify_eval import eval_leg
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.record import load_record, record_config
@@ -265,10 +265,11 @@ def _thorough_legs(ctx: _Context, control_seed: str, stop: int | None, total: in
     legs.append(control)
     if stop is None:
         return legs
-    for name, extra, expected in (
+    resumes: tuple[tuple[str, list[str], Expected], ...] = (
         ("resume", [], "IDENTICAL"),
         ("control-resume", ["--skip-rng-restore"], "DIVERGED"),
-    ):
+    )
+    for name, extra, expected in resumes:
         ctx.progress(f"verify: {name}: stop after step {stop}, resume in a fresh process")
         leg = Leg(name, str(ctx.paths.leg(name)), expected)
         leg.wall_s = ctx.reprotune(

@@ -37,7 +37,7 @@ from typing import Any
 from reprotune._errors import InputError, RunFailedError
 from reprotune._jsonio import write_json_atomic
 from reprotune._proof.processes import ending_with_this_process
-from reprotune._proof.verification import Leg, coverage_lines, judge_leg, leg_lines
+from reprotune._proof.verification import Expected, Leg, Outcome, coverage_lines, judge_leg, leg_lines
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
 from reprotune._run.record import Status, load_record
@@ -61,7 +61,7 @@ _CONTROL_VARIABLES = (
 class CommandVerification:
     """The outcome of ``reprotune verify --command``."""
 
-    verdict: str  # PASS or FAIL
+    verdict: Outcome
     directory: str
     command: str
     resume_at: int | None
@@ -152,7 +152,7 @@ def verify_command(
     ]
     if resume_at is not None:
         legs.append(_resume_leg(run, layout.leg("resume"), reference, resume_at))
-    verdict = "PASS" if all(leg.passed for leg in legs) else "FAIL"
+    verdict: Outcome = "PASS" if all(leg.passed for leg in legs) else "FAIL"
     result = CommandVerification(verdict, str(out_dir), command, resume_at, legs)
     write_json_atomic(layout.verification, result.to_json())
     return result
@@ -267,7 +267,7 @@ def require_status(run_dir: Path, status: Status, leg: str) -> None:
         )
 
 
-def _judge(name: str, reference: Path, leg_dir: Path, expected: str) -> Leg:
+def _judge(name: str, reference: Path, leg_dir: Path, expected: Expected) -> Leg:
     leg = Leg(name, str(leg_dir), expected)
     comparison = judge_leg(leg, reference)
     if leg.verdict != "IDENTICAL" and comparison.causes:
