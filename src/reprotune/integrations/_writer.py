@@ -83,9 +83,9 @@ class TrainerRun(RunWriter):
                 fix="pass another run_dir to ReprotuneCallback (or leave it out for a fresh runs/<id>); "
                 "to continue a stopped run, resume the Trainer from its checkpoint",
             )
+        live = LiveRecord(record)  # checked before the directory is claimed
         lock = lock_run_dir(run_dir, report=report)
         paths = RunLayout(run_dir)
-        live = LiveRecord(record)
         try:
             if patch:
                 write_bytes_atomic(paths.patch, patch)
