@@ -130,6 +130,26 @@ def _trainer_run(run_dir: Path, observer: _Observer) -> Any:
     )
 
 
+def test_a_trainer_record_the_schema_refuses_leaves_the_directory_free(tmp_path: Path) -> None:
+    """An invalid first record is refused before the directory is claimed: nothing written,
+    no lock held."""
+    from reprotune.integrations._writer import TrainerRun
+
+    record = start_record("20261202-000000-abcdef12", ExperimentConfig(), {"root": 0})
+    record["status"] = "exploded"
+    with pytest.raises(ValueError, match="invalid run record: status"):
+        TrainerRun.new(
+            tmp_path / "run",
+            record,
+            patch=b"",
+            manifest=None,
+            init_weights_sha256="0" * 64,
+            trackers=TrackerSet([]),
+        )
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+    lock_run_dir(tmp_path / "run", report=print).release()  # free: no InputError
+
+
 def test_a_trainer_run_whose_ledger_cannot_be_closed_is_recorded_failed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
