@@ -82,6 +82,7 @@ listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 listener.bind(SOCKET)
 listener.listen(64)
 clients = {}  # connection -> pid of the process it started (None: not yet)
+orphans = set()  # pids whose requester died: ended as PR_SET_PDEATHSIG ends a real leg
 
 
 def reply(obj):
@@ -152,6 +153,15 @@ def child(spec, fds=None):
 
 def serve(connection):
     # A process started by one of the zygote's children (verify's legs): one request, its fds.
+    if clients[connection] is not None:  # readable while its process runs: the requester is gone
+        pid = clients.pop(connection)
+        orphans.add(pid)
+        connection.close()
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        return
     try:
         data, fds, _, _ = socket.recv_fds(connection, 1 << 20, 2)
     except OSError:
@@ -185,6 +195,9 @@ def reap():
         if pid == 0:
             return
         code = os.waitstatus_to_exitcode(status)
+        if pid in orphans:
+            orphans.discard(pid)
+            continue
         owner = next((c for c, p in clients.items() if p == pid), None)
         if owner is None:
             reply({"exited": pid, "code": code})
@@ -199,7 +212,9 @@ def reap():
 
 reply({"ready": os.getpid()})
 while True:
-    waiting = [c for c, pid in clients.items() if pid is None]  # the others wait for their exit
+    # A new connection sends its request; one whose process runs sends nothing more, so its
+    # becoming readable means the process that asked for the leg has died.
+    waiting = list(clients)
     ready, _, _ = select.select([requests, wake_r, listener, *waiting], [], [])
     if wake_r in ready:
         os.read(wake_r, 4096)
@@ -207,7 +222,7 @@ while True:
     if listener in ready:
         connection, _ = listener.accept()
         clients[connection] = None
-    for connection in [c for c in ready if c in waiting]:
+    for connection in [c for c in ready if c in clients]:  # reap() may have closed some
         serve(connection)
     if requests in ready:
         line = requests.readline()

@@ -17,8 +17,11 @@ environment differs in what a process reads when it starts (the zygote says so: 
 ``OMP_NUM_THREADS=1`` is served by a zygote started with it), still starts a real process.
 
 One difference from a real leg: its parent is the zygote, not verify, so verify's request that the
-kernel end its legs with it (``PR_SET_PDEATHSIG``) does not hold. The tests of that (a killed verify
-leaves no orphan) start verify as a real interpreter (``cold=True``), whose legs are real too.
+kernel end its legs with it (``PR_SET_PDEATHSIG``) does not hold. The zygote stands in for it: when
+the process that asked for a leg dies (its connection closes while the leg runs), the leg gets
+SIGTERM, as a real leg would from the kernel; a torchrun rank whose launcher is killed ends the same
+way. The tests of the real thing (a killed verify leaves no orphan) start verify as a real
+interpreter (``cold=True``), whose legs are real too.
 """
 
 from __future__ import annotations

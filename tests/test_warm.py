@@ -1,0 +1,67 @@
+"""The suite's warm zygote (tests/warm.py, tests/inject/warm_legs.py): what a forked process keeps
+of a real one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+import time
+from pathlib import Path
+
+from warm import launcher
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _text(path: Path) -> str:
+    return path.read_text(encoding="utf-8") if path.exists() else ""
+
+
+def test_a_forked_leg_ends_when_the_process_that_asked_for_it_dies(tmp_path: Path) -> None:
+    """A leg the zygote forked for another forked process (a verify leg, a torchrun rank) gets
+    SIGTERM when that process dies, as PR_SET_PDEATHSIG ends a real verify's legs: a killed
+    launcher leaves no orphan rank waiting for a collective."""
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text("import time\ntime.sleep(300)\n", encoding="utf-8")
+    requester = tmp_path / "requester.py"
+    requester.write_text(
+        textwrap.dedent(
+            f"""
+            import sys, time
+            from reprotune._proof import processes
+            leg = processes.subprocess.Popen([sys.executable, {str(sleeper)!r}], stdout=sys.stdout,
+                                             stderr=sys.stderr)
+            print(type(leg).__name__, leg.pid, flush=True)
+            time.sleep(300)
+            """
+        ),
+        encoding="utf-8",
+    )
+    warm = launcher()
+    assert warm is not None
+    asking = warm.start([], cwd=tmp_path, env=dict(os.environ), script=str(requester))
+    leg_pid = 0
+    try:
+        deadline = time.monotonic() + 120
+        while not _text(asking.stdout_path).strip():
+            assert asking.poll() is None and time.monotonic() < deadline, _text(asking.stderr_path)
+            time.sleep(0.05)
+        kind, pid = _text(asking.stdout_path).split()
+        leg_pid = int(pid)
+        assert kind == "WarmPopen" and _alive(leg_pid)  # forked by the zygote, running
+        asking.kill()
+        assert asking.wait(30) == -signal.SIGKILL
+        deadline = time.monotonic() + 30
+        while _alive(leg_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(leg_pid), "the leg outlived the process that asked for it"
+    finally:
+        if leg_pid and _alive(leg_pid):
+            os.kill(leg_pid, signal.SIGKILL)
