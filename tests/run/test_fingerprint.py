@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from reprotune._jsonio import canonical_dumps
 from reprotune._run import fingerprint as _fingerprint
-from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint
+from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint, installed_distributions
 from reprotune._run.redact import REDACTED, redact_env, redact_value
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
@@ -78,6 +79,24 @@ def test_environment_lists_installed_distributions_and_versions() -> None:
     )
     assert env["torch"]["version"] and env["cpu"]["model"]
     assert env["threads"]["torch_intra_op"] == env["determinism"]["torch_num_threads"]
+
+
+def test_distributions_read_from_metadata_heads_equal_a_full_parse(tmp_path: Path) -> None:
+    """Names and versions read from the head of each metadata file are what importlib.metadata's
+    full parse gives, for every installed distribution; a header later in the file (the long
+    description) is not taken for one."""
+    full: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        if dist.metadata["Name"]:
+            full[re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower()] = dist.version
+    assert installed_distributions() == dict(sorted(full.items())) and len(full) > 50
+    info = tmp_path / "My_Pkg-1.2.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nname: My_Pkg\nVERSION: 1.2\nName: other\n\nVersion: 9.9\n", encoding="utf-8"
+    )
+    dist = importlib.metadata.PathDistribution(info)
+    assert _fingerprint._name_and_version(dist) == (dist.metadata["Name"], dist.version) == ("My_Pkg", "1.2")
 
 
 def test_no_gpu_tools_no_crash(monkeypatch: pytest.MonkeyPatch) -> None:

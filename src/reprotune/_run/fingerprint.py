@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from reprotune._config.schema import ExperimentConfig
 from reprotune._config.secrets import mask_secrets
@@ -43,13 +43,35 @@ def _cpu_model() -> str:
 
 
 def installed_distributions() -> dict[str, str]:
-    """Every installed distribution: canonical name -> version."""
+    """Every installed distribution: canonical name -> version.
+
+    Each one's ``Name`` and ``Version`` are read from the head of its metadata file, as
+    ``importlib.metadata`` reads them, without parsing the rest of the file (its long
+    description): a full parse of every distribution took about 0.3 s of each run.
+    """
     out: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
-        name = dist.metadata["Name"]
+        name, version = _name_and_version(dist)
         if name:
-            out[re.sub(r"[-_.]+", "-", name).lower()] = dist.version
+            out[re.sub(r"[-_.]+", "-", name).lower()] = cast(str, version)  # as dist.version
     return dict(sorted(out.items()))
+
+
+def _name_and_version(dist: importlib.metadata.Distribution) -> tuple[str | None, str | None]:
+    """The first ``Name`` and ``Version`` headers of ``dist``'s metadata (the headers end at the
+    first blank line; names are case-insensitive), where ``dist.metadata`` finds its file."""
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or dist.read_text("") or ""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        key, colon, value = line.partition(":")
+        key = key.strip().lower()
+        if colon and key in ("name", "version") and key not in found:
+            found[key] = value.strip()
+            if len(found) == 2:
+                break
+    return found.get("name"), found.get("version")
 
 
 def _nvidia_smi() -> dict[str, Any] | None:
