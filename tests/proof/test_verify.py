@@ -82,6 +82,11 @@ def test_verify_passes_on_reproducible_config(tiny_project: TinyProject, tmp_pat
     first_screen = html[: html.index("<h2>Runs</h2>")]
     assert "What was proven" in first_screen and "verify PASS</span> (fast mode" in first_screen
     assert "Machine: host " in first_screen and f"run ({record['cost']:.2f}x)" in first_screen
+    # The legs' table (the HTML kit's: escaped cells, seconds right-aligned): one row per leg.
+    assert "<th>must be</th>" in first_screen
+    for leg in record["legs"]:
+        row = f"<td>{leg['name']}</td><td>{leg['verdict']}</td><td>{leg['expected']}</td><td>yes</td>"
+        assert row + '<td class="num">' in first_screen
     assert "A (reference)" in html and "(control-resume)" in html
     # Each leg's badge in the report is its verdict in verification.json: the controls, compared
     # over the steps both ran (as verify compared them), are DIVERGED, never INCOMPARABLE.

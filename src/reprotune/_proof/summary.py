@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from html import escape
 from pathlib import Path
 from typing import Any
 
+from reprotune._html import escape, table
 from reprotune._run.layout import VERIFICATION
 
 RERUN_SUMMARY = "rerun.json"
@@ -67,13 +67,17 @@ def _verification(path: Path, data: dict[str, Any]) -> Proof:
         if verdict == "PASS"
         else "The config did NOT verify: see the legs below, and each leg's comparison further down."
     )
-    rows = "".join(
-        f"<tr><td>{escape(str(leg['name']))}</td><td>{escape(str(leg.get('verdict')))}</td>"
-        f"<td>{escape(str(leg.get('expected')))}</td><td>{_mark(leg.get('passed'))}</td>"
-        f"<td class='num'>{float(leg.get('wall_s') or 0):.1f}</td>"
-        f"<td>{escape(str(leg.get('note') or ''))}</td></tr>"
+    rows = [
+        (
+            str(leg["name"]),
+            str(leg.get("verdict")),
+            str(leg.get("expected")),
+            _mark(leg.get("passed")),
+            round(float(leg.get("wall_s") or 0), 1),
+            str(leg.get("note") or ""),
+        )
         for leg in data.get("legs", [])
-    )
+    ]
     cost = data.get("cost")
     css = "IDENTICAL" if verdict == "PASS" else "DIVERGED"
     html = (
@@ -84,8 +88,7 @@ def _verification(path: Path, data: dict[str, Any]) -> Proof:
         f"{float(data.get('wall_s') or data.get('legs_s') or 0):.0f} s of legs for a "
         f"{float(data.get('reference_s') or 0):.0f} s "
         f"run{f' ({cost:.2f}x)' if isinstance(cost, (int, float)) else ''}.</p>"
-        "<table><tr><th>leg</th><th>verdict</th><th>must be</th><th>ok</th><th>seconds</th><th>note</th></tr>"
-        f"{rows}</table>"
+        + table(("leg", "verdict", "must be", "ok", "seconds", "note"), rows)
     )
     # Before schema 4 the flag was not written: the fast mode's controls were compared so.
     fast = data.get("mode") == "fast"
