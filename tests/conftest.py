@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,13 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+#: reprotune's cache (the converted SmolLM2, the eval's invariance probes) belongs to the session:
+#: the suite neither reads nor leaves anything in ~/.cache/reprotune, and converts SmolLM2 once, in
+#: the first test that loads it (tests/model/test_loading.py checks that conversion).
+CACHE = Path(tempfile.mkdtemp(prefix="reprotune-tests-cache-"))
+os.environ["REPROTUNE_CACHE_DIR"] = str(CACHE)
+atexit.register(shutil.rmtree, CACHE, ignore_errors=True)
 
 #: Faults injected from outside reprotune (tests/inject/injected_faults.py): on PYTHONPATH for this
 #: process and every interpreter started from it, reprotune's own (verify's legs, torchrun's ranks).
@@ -84,8 +94,8 @@ SMOLLM2_OVERRIDES = (
 @pytest.fixture(scope="session")
 def smollm2_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The quickstart on the embedded SmolLM2-135M-Instruct, three steps, run by the CLI in its own
-    process (MLflow store in a tmp dir). The first run of a machine converts the GGUF model into
-    ``~/.cache/reprotune`` (about 20 s); later runs reuse it."""
+    process (MLflow store in a tmp dir). The session's first load of SmolLM2 converts the GGUF
+    model into the session's cache (:data:`CACHE`, about 20 s); later loads reuse it."""
     from warm import run_reprotune
 
     work = tmp_path_factory.mktemp("smollm2")

@@ -9,7 +9,6 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import pytest
 import torch
@@ -231,16 +230,17 @@ def test_publish_folder_over_invalid_target_fails(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# the embedded SmolLM2 (converted once per test session: about 25 s on 2 cores)
+# the embedded SmolLM2 (converted once per test session, about 25 s on 2 cores, into the session's
+# own cache: tests/conftest.py)
 
 
 @pytest.fixture(scope="session")
-def smollm2_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, LoadedModel]]:
-    """A fresh reprotune cache with SmolLM2 converted into it, and the first load's result."""
-    cache = tmp_path_factory.mktemp("reprotune-cache")
-    with mock.patch.dict(os.environ, {"REPROTUNE_CACHE_DIR": str(cache)}):
-        loaded = _load("builtin:smollm2-135m-instruct")
-    yield cache, loaded
+def smollm2_cache() -> Iterator[tuple[Path, LoadedModel]]:
+    """The session's reprotune cache, which started empty and holds SmolLM2 as the session's first
+    load of it converted it (here, or in an earlier test), and a load's result."""
+    cache = Path(os.environ["REPROTUNE_CACHE_DIR"])
+    assert cache.name.startswith("reprotune-tests-cache-")  # the session's, not a user's
+    yield cache, _load("builtin:smollm2-135m-instruct")
 
 
 @pytest.mark.slow
