@@ -201,32 +201,47 @@ def test_files_sha256_orders_by_name(tmp_path: Path) -> None:
     assert files_sha256(tmp_path, ["a"])[0] != files_sha256(tmp_path, ["b"])[0]
 
 
-def _converted(folder: Path, marker: str) -> Path:
-    """A stand-in converted folder: valid metadata and one file saying who wrote it."""
-    folder.mkdir(parents=True)
-    meta = {"schema": builtin_mod.BUILTIN_META_SCHEMA, "schema_version": builtin_mod.BUILTIN_META_VERSION}
-    (folder / builtin_mod.BUILTIN_META).write_text(json.dumps({**meta, "by": marker}))
-    (folder / "model.safetensors").write_text(marker)
-    return folder
+def _converting(marker: str) -> Any:
+    """A stand-in conversion: valid metadata and one file saying who wrote it."""
+
+    def build(folder: Path) -> dict[str, Any]:
+        meta = {"schema": builtin_mod.BUILTIN_META_SCHEMA, "schema_version": builtin_mod.BUILTIN_META_VERSION}
+        (folder / builtin_mod.BUILTIN_META).write_text(json.dumps({**meta, "by": marker}))
+        (folder / "model.safetensors").write_text(marker)
+        return {**meta, "by": marker}
+
+    return build
 
 
-def test_publish_folder_first_rename_wins(tmp_path: Path) -> None:
-    """Of two conversions published to one target, the first stays and the second is discarded."""
+def test_of_two_conversions_the_first_published_wins(tmp_path: Path) -> None:
+    """Of two conversions published to one target, the first stays and the second is discarded,
+    also when the first lands while the second is still converting."""
     target = tmp_path / "models" / "smollm2-135m-instruct-abc"
-    first = builtin_mod.publish_folder(_converted(tmp_path / "models" / ".a.tmp", "first"), target)
-    second = builtin_mod.publish_folder(_converted(tmp_path / "models" / ".b.tmp", "second"), target)
+    first = builtin_mod.publish_conversion(target, _converting("first"))
+    second = builtin_mod.publish_conversion(target, _converting("second"))
     assert first["by"] == second["by"] == "first"
     assert (target / "model.safetensors").read_text() == "first"
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [target.name]
+    racing = tmp_path / "models" / "smollm2-135m-instruct-def"
+
+    def overtaken(folder: Path) -> dict[str, Any]:
+        meta: dict[str, Any] = _converting("slow")(folder)
+        builtin_mod.publish_conversion(racing, _converting("fast"))  # lands in the meantime
+        return meta
+
+    assert builtin_mod.publish_conversion(racing, overtaken)["by"] == "fast"
+    assert (racing / "model.safetensors").read_text() == "fast"
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == sorted([target.name, racing.name])
 
 
-def test_publish_folder_over_invalid_target_fails(tmp_path: Path) -> None:
+def test_a_conversion_over_an_invalid_target_fails(tmp_path: Path) -> None:
     """A target without valid metadata is not taken for a finished conversion."""
     target = tmp_path / "models" / "x"
     target.mkdir(parents=True)
     (target / "model.safetensors").write_text("half")
     with pytest.raises(OSError):
-        builtin_mod.publish_folder(_converted(tmp_path / "models" / ".a.tmp", "mine"), target)
+        builtin_mod.publish_conversion(target, _converting("mine"))
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["x"]  # its copy removed
 
 
 # ---------------------------------------------------------------------------------------------

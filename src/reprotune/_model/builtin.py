@@ -11,14 +11,13 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
-import shutil
-import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reprotune._errors import InputError
-from reprotune._jsonio import fsync_dir, sha256_file, write_json_atomic
+from reprotune._jsonio import publishing_dir, sha256_file, write_json_atomic
 from reprotune._model.identity import files_sha256, tokenizer_file_names, weight_file_names
 
 if TYPE_CHECKING:
@@ -136,15 +135,6 @@ def ensure_builtin(name: str) -> Path:
     return target
 
 
-def _chmod_like_mkdir(path: Path) -> None:
-    """Open a ``mkdtemp`` folder (0700) to reading by others, like a folder made by ``mkdir``.
-
-    (Reading the umask would mean setting it, a process-wide change; 0755 is what it gives
-    under the usual umask 022.)
-    """
-    path.chmod(0o755)
-
-
 def read_meta(path: Path) -> dict[str, Any] | None:
     """The builtin metadata at ``path``, or None if missing, unreadable or of another schema."""
     import json
@@ -182,10 +172,7 @@ def convert_gguf(gguf: Path, target: Path, *, gguf_sha256: str, name: str) -> di
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        _chmod_like_mkdir(tmp)
+    def build(tmp: Path) -> dict[str, Any]:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
         quantized: Any = AutoModelForCausalLM.from_pretrained(
             gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
@@ -227,35 +214,30 @@ def convert_gguf(gguf: Path, target: Path, *, gguf_sha256: str, name: str) -> di
             },
         }
         write_json_atomic(tmp / BUILTIN_META, meta)
-        return publish_folder(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        return meta
+
+    return publish_conversion(target, build)
 
 
-def publish_folder(tmp: Path, target: Path) -> dict[str, Any]:
-    """Rename a complete converted folder ``tmp`` to ``target``, or defer to one already there.
+def publish_conversion(target: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """Convert into a temporary folder beside ``target`` (``build`` fills it and returns its
+    metadata) and put it in place whole (``_jsonio.publishing_dir``), or defer to one already there.
 
-    ``os.rename`` onto an existing non-empty folder fails, so when two processes convert at
-    once exactly one rename wins; the loser removes its copy and uses the winner's.
+    When two processes convert at once, exactly one folder lands (a rename onto an existing
+    folder fails); the other's copy is removed and it uses the winner's.
 
     Returns:
         The metadata of the folder now at ``target``.
 
     Raises:
-        OSError: the rename failed and ``target`` holds no valid conversion either.
+        OSError: publishing failed and ``target`` holds no valid conversion either.
     """
     try:
-        fsync_dir(tmp)
-        os.rename(tmp, target)
-        fsync_dir(target.parent)
+        with publishing_dir(target, replace=False) as tmp:
+            meta = build(tmp)
     except OSError:
         winner = read_meta(target / BUILTIN_META)
         if winner is None:
             raise
-        shutil.rmtree(tmp, ignore_errors=True)
         return winner
-    published = read_meta(target / BUILTIN_META)
-    if published is None:  # cannot happen: the metadata was written before the rename
-        raise OSError(f"{target} lost its {BUILTIN_META} while being published")
-    return published
+    return meta
