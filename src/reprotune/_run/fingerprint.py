@@ -47,7 +47,8 @@ def installed_distributions() -> dict[str, str]:
 
     Each one's ``Name`` and ``Version`` are read from the head of its metadata file, as
     ``importlib.metadata`` reads them, without parsing the rest of the file (its long
-    description): a full parse of every distribution took about 0.3 s of each run.
+    description): a full parse of every one took 0.085 s of each run here (126 distributions),
+    this reading 0.010 s.
     """
     out: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
