@@ -261,6 +261,16 @@ def publishing_dir(target: Path, *, replace: bool) -> Iterator[Path]:
         shutil.rmtree(aside, ignore_errors=True)
 
 
+def unpublished(parent: Path, names: str) -> list[Path]:
+    """What killed :func:`publishing_dir` blocks for targets named ``names`` (a glob) left in ``parent``.
+
+    A process killed inside the block leaves its temporary directory; one killed between setting the
+    old target aside and the rename leaves the set-aside one. Both are hidden, and both are garbage to
+    a writer that is about to publish such a target again.
+    """
+    return sorted([*parent.glob(f".{names}.tmp-*"), *parent.glob(f".{names}.old-*")])
+
+
 def sha256_bytes(data: bytes) -> str:
     """Hex sha256 of ``data``."""
     return hashlib.sha256(data).hexdigest()

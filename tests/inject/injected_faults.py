@@ -107,7 +107,12 @@ def _kill_points() -> None:
         kill_point(f"replace:{Path(dst).name}")
         os.replace(src, dst)
 
-    _jsonio.os = _Proxy(os, replace=replace)  # type: ignore[assignment]
+    def rename(src: Any, dst: Any) -> None:  # publishing_dir putting a directory in place
+        os.rename(src, dst)
+        if Path(dst).name.startswith(checkpoint._PREFIX) and Path(dst).parent.name == "checkpoints":
+            kill_point("checkpoint-file")
+
+    _jsonio.os = _Proxy(os, replace=replace, rename=rename)  # type: ignore[assignment]
 
     ledger_init = ledger.LedgerWriter.__init__
 
@@ -118,7 +123,6 @@ def _kill_points() -> None:
     ledger.LedgerWriter.__init__ = ledger_writer  # type: ignore[method-assign]
 
     save_file, write_json = checkpoint.save_file, checkpoint.write_json_atomic
-    fsync_dir = checkpoint.fsync_dir
 
     def saved(after: str, write: Any) -> Any:
         def call(obj: Any, path: Any, *args: Any, **kwargs: Any) -> Any:
@@ -135,15 +139,9 @@ def _kill_points() -> None:
             kill_point("checkpoint-file")
         return result
 
-    def renamed(path: Any) -> None:
-        fsync_dir(path)
-        if not Path(path).name.startswith(checkpoint._TMP_PREFIX):  # the checkpoints' directory
-            kill_point("checkpoint-file")
-
     checkpoint.save_file = saved("trainable.safetensors", save_file)
     checkpoint.torch = _Proxy(torch, save=saved("optimizer.pt", torch.save))  # type: ignore[assignment]
     checkpoint.write_json_atomic = json_written
-    checkpoint.fsync_dir = renamed
 
 
 def _after_step(noise_step: int | None) -> None:

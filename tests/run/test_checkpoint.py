@@ -254,13 +254,28 @@ def test_saving_a_step_again_replaces_it(tiny_dir: Path, tmp_path: Path) -> None
 
 
 def test_temporary_directories_are_not_checkpoints(tmp_path: Path) -> None:
-    """A half-written ``.tmp-*`` directory (a crash mid-save) is never listed as a checkpoint."""
+    """A half-written temporary directory (a crash mid-save) is never listed as a checkpoint."""
     directory = tmp_path / "checkpoints"
-    (directory / ".tmp-step-00000004-123").mkdir(parents=True)
+    (directory / ".step-00000004.tmp-k2j3h4").mkdir(parents=True)
     (directory / "step-00000002").mkdir()
     (directory / "notes.txt").write_text("x", encoding="utf-8")
     assert [p.name for p in list_checkpoints(directory)] == ["step-00000002"]
     assert list_checkpoints(tmp_path / "missing") == []
+
+
+def test_a_save_sweeps_what_killed_saves_left(tiny_dir: Path, tmp_path: Path) -> None:
+    """The next save removes the hidden directories of saves killed half-way (a temporary one, and
+    an old checkpoint set aside for a replace), and nothing else; it leaves none of its own."""
+    directory = tmp_path / "checkpoints"
+    killed = [directory / ".step-00000002.tmp-a1b2c3", directory / ".step-00000001.old-d4e5f6"]
+    for path in killed:
+        (path / "step-00000001").mkdir(parents=True)
+    mine = directory / ".notes"
+    mine.mkdir()
+    trainer = _trained(tiny_dir)
+    path = _save(trainer, directory)
+    assert sorted(p.name for p in directory.iterdir()) == [".notes", path.name]
+    assert verify_checkpoint(path) is None
 
 
 # --- verification and fallback --------------------------------------------------------------------

@@ -204,6 +204,8 @@ def test_kill_then_recover_is_identical(
         assert [a["resumed"] for a in attempts] == [False, True]
     _assert_readable(run_dir)
     _assert_identical(reference, run_dir)
+    hidden = [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".")]
+    assert hidden == [], "a later checkpoint sweeps what the killed one left"
     _recovered.append(point.spec)
 
 

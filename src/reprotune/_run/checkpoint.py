@@ -5,16 +5,15 @@ and grad-scaler states (``torch.save``, loaded with ``weights_only=True``: nothi
 every RNG state (safetensors + JSON) and ``state.json``: the step, the position in the data order,
 the sha256 of every other file and its own sha256 (``state_sha256``, over the rest of state.json as
 canonical JSON), so that no flipped byte anywhere in a checkpoint goes unnoticed. A checkpoint is
-built in a temporary directory, each file fsynced, then renamed into place, so a crash leaves either
-a whole checkpoint or none; one whose hashes do not match is refused with a warning and the previous
-one is used.
+built in a temporary directory and put in place whole (``_jsonio.publishing_dir``: each file
+fsynced, then renamed), so a crash leaves either a whole checkpoint or none; one whose hashes do not
+match is refused with a warning and the previous one is used.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 import pickle
 import shutil
 from collections.abc import Callable
@@ -35,16 +34,16 @@ from reprotune._determinism.rng import (
 from reprotune._errors import InputError
 from reprotune._jsonio import (
     free_bytes,
-    fsync_dir,
     is_no_space,
     no_space_error,
+    publishing_dir,
     sha256_file,
+    unpublished,
     write_json_atomic,
 )
 from reprotune._model.lora import trainable_tensors
 from reprotune._run.checkpoint_files import (
     _PREFIX,
-    _TMP_PREFIX,
     SCHEMA_VERSION,
     STATE_FILE,
     _state_sha256,
@@ -86,11 +85,6 @@ class RankStates:
     rng: list[dict[str, Any]]
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb+") as handle:
-        os.fsync(handle.fileno())
-
-
 def save_checkpoint(
     directory: Path,
     state: CheckpointState,
@@ -109,18 +103,16 @@ def save_checkpoint(
     """
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"{_PREFIX}{state.step:08d}"
-    # Half-written checkpoints of attempts that were killed (any pid) are garbage: a run directory
-    # is written by one process at a time.
-    for leftover in directory.glob(f"{_TMP_PREFIX}{_PREFIX}*"):
+    # Half-written checkpoints of attempts that were killed are garbage: a run directory is written
+    # by one process at a time. A checkpoint left at this step by a crashed attempt is replaced.
+    for leftover in unpublished(directory, f"{_PREFIX}*"):
         shutil.rmtree(leftover, ignore_errors=True)
-    tmp = directory / f"{_TMP_PREFIX}{final.name}-{os.getpid()}"
     try:
-        tmp.mkdir()
-        _write_files(
-            tmp, state, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, ranks=ranks
-        )
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays behind
+        with publishing_dir(final, replace=True) as tmp:
+            _write_files(
+                tmp, state, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, ranks=ranks
+            )
+    except BaseException as exc:  # publishing_dir left nothing half-written behind
         nearly_full = isinstance(exc, RuntimeError) and (free_bytes(directory) or 0) < 1 << 20
         if is_no_space(exc) or nearly_full:
             raise no_space_error(
@@ -130,10 +122,6 @@ def save_checkpoint(
                 "continues the run",
             ) from None
         raise
-    if final.exists():  # a leftover from a run that crashed after this step: replace it
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    fsync_dir(directory)
     for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -158,7 +146,7 @@ def _write_files(
     scaler: Any | None,
     ranks: RankStates | None = None,
 ) -> None:
-    """Every file of a checkpoint into the temporary directory ``tmp``, each fsynced, state.json last."""
+    """Every file of a checkpoint into the temporary directory ``tmp``, state.json last."""
     tensors = ranks.weights if ranks is not None else trainable_tensors(model)
     weights = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     save_file(weights, str(tmp / "trainable.safetensors"))
@@ -178,7 +166,6 @@ def _write_files(
     write_json_atomic(tmp / "rng.json", rng_meta)
     files = {}
     for path in sorted(tmp.iterdir()):
-        _fsync_file(path)
         files[path.name] = sha256_file(path)
     manifest: dict[str, Any] = {
         "schema": "reprotune/checkpoint",
@@ -192,7 +179,6 @@ def _write_files(
         manifest["distributed"] = ranks.distributed
     manifest["state_sha256"] = _state_sha256(manifest)
     write_json_atomic(tmp / STATE_FILE, manifest)
-    fsync_dir(tmp)
 
 
 def latest_valid_checkpoint(directory: Path, *, report: Callable[[str], None]) -> Path | None:

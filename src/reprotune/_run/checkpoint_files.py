@@ -14,7 +14,6 @@ from reprotune._jsonio import canonical_dumps, sha256_bytes, sha256_file
 STATE_FILE = "state.json"
 SCHEMA_VERSION = 2  # 2: state.json carries its own sha256 and must list exactly DATA_FILES
 _PREFIX = "step-"
-_TMP_PREFIX = ".tmp-"
 #: The files a checkpoint holds besides state.json; state.json must list exactly these.
 DATA_FILES = ("optimizer.pt", "rng.json", "rng.safetensors", "trainable.safetensors")
 
