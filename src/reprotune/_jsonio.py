@@ -15,7 +15,7 @@ import stat
 import tempfile
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from reprotune._errors import InputError, NoSpaceError, SchemaVersionError
 
@@ -93,12 +93,33 @@ def json_safe(value: Any) -> Any:
     return str(value)
 
 
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` so that a reader (or a crash) sees the old file or the new one.
+@contextlib.contextmanager
+def publishing_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """Write a file so that a reader (or a crash) sees the old file or the new one, never a part.
 
-    The bytes go to a temporary file in the same directory, are fsynced, then renamed over
-    ``path``; the directory is fsynced so the rename itself survives a power cut. A write that
-    fails leaves no temporary file behind.
+    Yields a binary handle on a temporary file in the same directory (mode as ``open`` would make
+    it). When the block ends normally, the bytes are fsynced and renamed over ``path``, and the
+    directory is fsynced so the rename itself survives a power cut. When the block raises, the
+    temporary file is removed and ``path`` is left as it was. ``OSError`` passes through as it came.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        os.fchmod(fd, _FILE_MODE)
+        with os.fdopen(fd, "wb") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(target.parent)
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` through :func:`publishing_file`: the old file or the new one.
 
     Raises:
         InputError: the file cannot be written (a full disk, no permission, a parent that is a
@@ -106,23 +127,10 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     """
     target = Path(path)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        with publishing_file(target) as handle:
+            handle.write(data)
     except OSError as exc:
         raise write_error(target, exc, needed=len(data)) from None
-    try:
-        os.fchmod(fd, _FILE_MODE)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise write_error(target, exc, needed=len(data)) from None
-        raise
-    fsync_dir(target.parent)
     return target
 
 

@@ -1,5 +1,6 @@
-"""``publishing_dir``: the one way a directory (adapter, eval, unpacked bundle, a Trainer run's
-trainable weights) reaches its place: whole, or not at all, and never at the cost of the old one."""
+"""``publishing_dir`` and ``publishing_file``: the one way a directory (adapter, eval, checkpoint,
+unpacked bundle, a Trainer run's trainable weights) or a file (every JSON document, a truncated
+ledger, a bundle) reaches its place: whole, or not at all, and never at the cost of the old one."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reprotune._jsonio import publishing_dir
+from reprotune._jsonio import publishing_dir, publishing_file
 
 
 def _files(path: Path) -> dict[str, bytes]:
@@ -73,3 +74,31 @@ def test_a_failed_rename_puts_the_old_directory_back(tmp_path: Path, monkeypatch
         monkeypatch.setattr(os, "rename", refuse)
     assert _files(target) == {"old.bin": b"old"}
     assert [p.name for p in tmp_path.iterdir()] == ["adapter"]
+
+
+# --- publishing_file: the same for one file ---------------------------------------------------
+
+
+def test_a_published_file_replaces_the_old_whole_with_open_permissions(tmp_path: Path) -> None:
+    target = tmp_path / "deep" / "ledger.jsonl"
+    target.parent.mkdir()
+    target.write_bytes(b"old\n")
+    with publishing_file(target) as handle:
+        handle.write(b"new ")
+        assert target.read_bytes() == b"old\n"  # a reader sees the old file until the block ends
+        handle.write(b"bytes\n")
+    assert target.read_bytes() == b"new bytes\n"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask
+    assert [p.name for p in target.parent.iterdir()] == ["ledger.jsonl"]
+
+
+def test_an_error_while_writing_a_file_keeps_the_old_and_no_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "bundle.tar.gz"
+    target.write_bytes(b"old")
+    with pytest.raises(OSError, match="source gone"), publishing_file(target) as handle:
+        handle.write(b"partial")
+        raise FileNotFoundError(2, "source gone")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["bundle.tar.gz"]

@@ -21,7 +21,7 @@ from typing import Any
 
 from reprotune._config.secrets import token_shape
 from reprotune._errors import InputError
-from reprotune._jsonio import canonical_dumps, fsync_dir, sha256_file
+from reprotune._jsonio import canonical_dumps, publishing_file, sha256_file
 from reprotune._run import layout
 from reprotune._run.checkpoint_files import list_checkpoints, verify_checkpoint
 from reprotune._run.outputs import refuse_overwrite
@@ -221,24 +221,15 @@ def _data_file(record: dict[str, Any], run_dir: Path) -> Path | None:
 
 
 def _write_archive(out: Path, files: dict[str, Path], manifest: bytes) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as raw:
-            # mtime 0 and no file name in the gzip header: the same run packs to the same bytes.
-            with (
-                gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz,
-                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
-            ):
-                _add(tar, MANIFEST, manifest)
-                for name in sorted(files):
-                    _add(tar, name, files[name].read_bytes())
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp, out)
-        fsync_dir(out.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with (
+        publishing_file(out) as raw,
+        # mtime 0 and no file name in the gzip header: the same run packs to the same bytes.
+        gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        _add(tar, MANIFEST, manifest)
+        for name in sorted(files):
+            _add(tar, name, files[name].read_bytes())
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:

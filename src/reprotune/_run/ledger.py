@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 from reprotune._errors import InputError
-from reprotune._jsonio import canonical_dumps, fsync_dir, sha256_bytes
+from reprotune._jsonio import canonical_dumps, publishing_file, sha256_bytes
 
 EntryKind = Literal["init", "train", "val"]
 
@@ -444,12 +444,7 @@ def truncate_ledger(path: Path, *, keep_through_step: int) -> int:
     """
     ledger = read_ledger(path, repair=True)
     entries = [e for e in ledger.entries() if e.step <= keep_through_step]
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
+    with publishing_file(path) as handle:
         for entry in entries:
-            handle.write(canonical_dumps(dict(entry.fields), indent=None))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+            handle.write(canonical_dumps(dict(entry.fields), indent=None).encode("utf-8"))
     return len(entries)
