@@ -15,9 +15,14 @@ import stat
 import tempfile
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from reprotune._errors import InputError, NoSpaceError, SchemaVersionError
+
+if TYPE_CHECKING:  # pydantic is imported by the formats that use it, not by every JSON reader
+    from pydantic import BaseModel, ValidationError
+
+    Model = TypeVar("Model", bound=BaseModel)
 
 _CHUNK = 1 << 20
 
@@ -354,6 +359,34 @@ def check_document(
             fix=version_fix,
         )
     return data
+
+
+def validation_problems(exc: ValidationError, *, limit: int | None = None) -> list[str]:
+    """A pydantic error as one line per problem: ``key.path[0]: what is wrong (got X)``."""
+    lines = []
+    for error in exc.errors()[:limit]:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"]).lstrip(".")
+        message = str(error["msg"])
+        got = "" if error["type"] == "missing" else f" (got {error.get('input')!r:.60})"
+        lines.append(f"{where or '<top level>'}: {message[:1].lower()}{message[1:]}{got}")
+    return lines
+
+
+def validated(model: type[Model], data: Any, *, what: str, source: str, fix: str) -> Model:
+    """``data`` (a parsed document, its schema checked by :func:`check_document`) as ``model``.
+
+    Raises:
+        InputError: every problem pydantic finds, each naming its key, in one message.
+    """
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = validation_problems(exc)
+        raise InputError(
+            f"invalid {what} ({len(problems)} problem(s)): {'; '.join(problems)}", source=source, fix=fix
+        ) from None
 
 
 def path_kind(path: str | os.PathLike[str]) -> str:

@@ -117,11 +117,34 @@ def test_not_json_names_line_and_column(tmp_path: Path) -> None:
         (lambda o: o.update(test=sorted([*o["test"], o["train"][0]])), "more than one list"),
         (lambda o: o["train"].pop(), "in no list"),
         (lambda o: o["train"].append(10**6), "outside 0..49"),
-        (lambda o: o.update(seed="x"), "'seed' is 'x', expected int"),
+        (lambda o: o.update(seed="x"), r"seed: input should be a valid integer \(got 'x'\)"),
+        (lambda o: o.update(seed=True), r"seed: input should be a valid integer \(got True\)"),
         (lambda o: o["validation"].__setitem__(0, 1.5), "other than integers"),
-        (lambda o: o.pop("dataset"), "missing key 'dataset'"),
+        (lambda o: o.pop("dataset"), "dataset: field required"),
+        (lambda o: o["dataset"].pop("sha256"), "dataset.sha256: field required"),
+        (
+            lambda o: o.update(strategy="shuffled"),
+            r"strategy: input should be 'random', 'stratified' or 'grouped'",
+        ),
+        (lambda o: o["ratios"].pop("test"), "ratios.test: field required"),
+        (
+            lambda o: o["classes"][1].update(decision="keep"),
+            r"classes\[1\].decision: input should be 'split', 'train' or 'drop' \(got 'keep'\)",
+        ),
     ],
-    ids=["overlap", "missing-row", "range", "seed-type", "float-index", "no-dataset"],
+    ids=[
+        "overlap",
+        "missing-row",
+        "range",
+        "seed-type",
+        "seed-bool",
+        "float-index",
+        "no-dataset",
+        "no-sha256",
+        "strategy",
+        "ratios",
+        "class-decision",
+    ],
 )
 def test_invalid_manifest_refused(tmp_path: Path, edit: Any, match: str) -> None:
     """Hand-edited or damaged manifests are refused with the problem named."""
@@ -130,6 +153,18 @@ def test_invalid_manifest_refused(tmp_path: Path, edit: Any, match: str) -> None
     (tmp_path / "m.json").write_text(json.dumps(obj))
     with pytest.raises(InputError, match=match):
         load_manifest(tmp_path / "m.json")
+
+
+def test_every_problem_of_a_manifest_is_named_at_once(tmp_path: Path) -> None:
+    """Three keys wrong: one error names all three, each with its key."""
+    obj = make_manifest(50).to_json_obj()
+    obj.update(seed="x", strategy="shuffled")
+    obj["dataset"]["n_rows"] = -1
+    (tmp_path / "m.json").write_text(json.dumps(obj))
+    with pytest.raises(InputError, match=r"invalid manifest \(3 problem\(s\)\)") as info:
+        load_manifest(tmp_path / "m.json")
+    for key in ("dataset.n_rows: ", "seed: ", "strategy: "):
+        assert key in str(info.value)
 
 
 def test_missing_manifest(tmp_path: Path) -> None:

@@ -232,7 +232,7 @@ def test_a_live_record_is_typed_and_refuses_an_invalid_change_where_it_is_made()
         record.set_section("data", {"n_rows": "many"})
     with pytest.raises(ValueError, match=rf"add_timings {invalid}: timings\.steps_done"):
         record.add_timings({"steps_done": "two"})
-    with pytest.raises(ValueError, match=rf"note_attempt {invalid}: attempts\.0\.from_step"):
+    with pytest.raises(ValueError, match=rf"note_attempt {invalid}: attempts\[0\]\.from_step"):
         record.note_attempt(from_step="two")
     assert record.document() == before and record.typed.status == "running"
     record.note_attempt(from_step=2, rng_restored=True)

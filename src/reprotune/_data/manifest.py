@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from reprotune._data.index_render import render_into, rendered_size
 from reprotune._data.row_hashes import RowHashes
@@ -32,6 +33,7 @@ from reprotune._jsonio import (
     read_json_file,
     sha256_bytes,
     sha256_file,
+    validated,
     write_bytes_atomic,
 )
 
@@ -45,6 +47,7 @@ LISTS: tuple[str, ...] = (*SPLITS, "dropped")
 # would be 670 MB; the binary sidecar of a 10M-row, 50-class table is 10 MB).
 INLINE_ROW_HASH_LIMIT = 100_000
 SIDECAR_SUFFIX = ".rowhashes"
+_FIX = "make it again with `reprotune split` (manifests are not meant to be edited by hand)"
 # Up to this many rows, manifests are dumped by canonical_dumps alone.
 _SMALL = 20_000
 
@@ -316,32 +319,68 @@ def _read_json(path: Path) -> Any:
     return read_json_file(path, what="manifest", fix="pass a manifest written by `reprotune split --out`")
 
 
+class _Shape(BaseModel):
+    """What every key of a manifest must be (strict JSON types: ``true`` is no integer)."""
+
+    model_config = ConfigDict(strict=True, frozen=True, extra="allow")
+
+
+class _Dataset(_Shape):
+    source: str
+    format: str
+    sha256: str
+    n_rows: int = Field(ge=0)
+    columns: list[str]
+
+
+class _Ratios(_Shape):
+    train: float
+    validation: float
+    test: float
+
+
+class _Class(_Shape):
+    value: Any
+    n_rows: int
+    train: int
+    validation: int
+    test: int
+    decision: Decision
+
+
+class _Algorithm(_Shape):
+    version: int = ALGORITHM_VERSION
+
+
+class _ManifestFile(_Shape):
+    """A manifest's keys; the index lists (``train`` ..., large) are checked with NumPy instead."""
+
+    dataset: _Dataset
+    seed: int
+    ratios: _Ratios
+    strategy: Strategy
+    stratify_by: str | None
+    group_by: str | None
+    rare_class_policy: str
+    classes: list[_Class]
+    groups: dict[str, int] | None
+    warnings: list[str]
+    algorithm: _Algorithm
+    row_hashes: dict[str, Any]
+
+
 class _Checker:
-    """Collects every problem of a manifest, so the user sees them all at once."""
+    """Collects the problems of a manifest's contents, so the user sees them all at once."""
 
     def __init__(self, source: str) -> None:
         self.source = source
         self.problems: list[str] = []
 
-    def get(self, obj: Mapping[str, Any], key: str, kinds: tuple[type, ...], where: str = "") -> Any:
-        name = f"{where}{key}"
-        if key not in obj:
-            self.problems.append(f"missing key {name!r}")
-            return None
-        value = obj[key]
-        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-            expected = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
-            self.problems.append(f"key {name!r} is {value!r}, expected {expected}")
-            return None
-        return value
-
     def raise_if_any(self) -> None:
         if self.problems:
             body = "; ".join(self.problems)
             raise InputError(
-                f"invalid manifest ({len(self.problems)} problem(s)): {body}",
-                source=self.source,
-                fix="make it again with `reprotune split` (manifests are not meant to be edited by hand)",
+                f"invalid manifest ({len(self.problems)} problem(s)): {body}", source=self.source, fix=_FIX
             )
 
 
@@ -374,59 +413,33 @@ def load_manifest(path: str | Path) -> Manifest:
         SchemaVersionError: a schema version this version of reprotune cannot read.
     """
     path = Path(path)
-    source = str(path)
     obj = _manifest_object(path)
-    check = _Checker(source)
-    dataset = check.get(obj, "dataset", (dict,)) or {}
-    n_rows = check.get(dataset, "n_rows", (int,), "dataset.") if dataset else None
-    sha = check.get(dataset, "sha256", (str,), "dataset.") if dataset else None
-    ds_source = check.get(dataset, "source", (str,), "dataset.") if dataset else None
-    ds_format = check.get(dataset, "format", (str,), "dataset.") if dataset else None
-    columns = check.get(dataset, "columns", (list,), "dataset.") if dataset else None
-    seed = check.get(obj, "seed", (int,))
-    ratios = check.get(obj, "ratios", (dict,))
-    strategy = check.get(obj, "strategy", (str,))
-    stratify_by = check.get(obj, "stratify_by", (str, type(None)))
-    group_by = check.get(obj, "group_by", (str, type(None)))
-    policy = check.get(obj, "rare_class_policy", (str,))
-    classes_raw = check.get(obj, "classes", (list,))
-    groups = check.get(obj, "groups", (dict, type(None)))
-    warnings_raw = check.get(obj, "warnings", (list,))
-    algorithm = check.get(obj, "algorithm", (dict,))
-    hashes_info = check.get(obj, "row_hashes", (dict,))
-    if strategy is not None and strategy not in ("random", "stratified", "grouped"):
-        check.problems.append(f"key 'strategy' is {strategy!r}, expected random, stratified or grouped")
-    ratio_values: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    if isinstance(ratios, dict):
-        try:
-            ratio_values = (float(ratios["train"]), float(ratios["validation"]), float(ratios["test"]))
-        except (KeyError, TypeError, ValueError):
-            check.problems.append(f"key 'ratios' is {ratios!r}, expected train/validation/test numbers")
-    check.raise_if_any()
-    assert n_rows is not None and sha is not None and hashes_info is not None  # checked above
-
-    arrays = _index_arrays(obj, n_rows, check)
-    row_hashes = _load_row_hashes(hashes_info, path, n_rows, check)
-    classes = _load_classes(classes_raw or [], check)
+    shape = validated(_ManifestFile, obj, what="manifest", source=str(path), fix=_FIX)
+    dataset = shape.dataset
+    check = _Checker(str(path))
+    arrays = _index_arrays(obj, dataset.n_rows, check)
+    row_hashes = _load_row_hashes(shape.row_hashes, path, dataset.n_rows, check)
     check.raise_if_any()
     return Manifest(
-        dataset_source=str(ds_source),
-        dataset_format=str(ds_format),
-        dataset_sha256=sha,
-        n_rows=n_rows,
-        columns=tuple(str(c) for c in columns or []),
-        seed=int(seed or 0),
-        ratios=ratio_values,
-        strategy=strategy,
-        stratify_by=stratify_by,
-        group_by=group_by,
-        rare_class_policy=str(policy),
+        dataset_source=dataset.source,
+        dataset_format=dataset.format,
+        dataset_sha256=dataset.sha256,
+        n_rows=dataset.n_rows,
+        columns=tuple(dataset.columns),
+        seed=shape.seed,
+        ratios=(shape.ratios.train, shape.ratios.validation, shape.ratios.test),
+        strategy=shape.strategy,
+        stratify_by=shape.stratify_by,
+        group_by=shape.group_by,
+        rare_class_policy=shape.rare_class_policy,
         index_arrays=arrays,
         row_hashes=row_hashes,
-        classes=classes,
-        groups={str(k): int(v) for k, v in groups.items()} if groups is not None else None,
-        warnings=tuple(str(w) for w in warnings_raw or []),
-        algorithm_version=int((algorithm or {}).get("version", ALGORITHM_VERSION)),
+        classes=tuple(
+            ClassSummary(c.value, c.n_rows, c.train, c.validation, c.test, c.decision) for c in shape.classes
+        ),
+        groups=shape.groups,
+        warnings=tuple(shape.warnings),
+        algorithm_version=shape.algorithm.version,
     )
 
 
@@ -504,25 +517,3 @@ def _class_names(values: list[Any]) -> list[str]:
     if len(set(plain)) == len(plain):
         return plain
     return [json.dumps(value, ensure_ascii=False) for value in values]
-
-
-def _load_classes(raw: list[Any], check: _Checker) -> tuple[ClassSummary, ...]:
-    out = []
-    for position, item in enumerate(raw):
-        where = f"classes[{position}]."
-        if not isinstance(item, dict):
-            check.problems.append(f"classes[{position}] is not an object")
-            continue
-        numbers = [check.get(item, key, (int,), where) for key in ("n_rows", *SPLITS)]
-        decision = check.get(item, "decision", (str,), where)
-        if decision not in ("split", "train", "drop"):
-            check.problems.append(f"{where}decision is {decision!r}, expected split, train or drop")
-            continue
-        if "value" not in item:
-            check.problems.append(f"missing key '{where}value'")
-            continue
-        if any(n is None for n in numbers):
-            continue
-        n, train, validation, test = (int(v) for v in numbers)
-        out.append(ClassSummary(item["value"], n, train, validation, test, decision))
-    return tuple(out)

@@ -30,8 +30,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reprotune._config.loading import config_from_dict
 from reprotune._config.schema import ExperimentConfig, config_sha256
 from reprotune._config.secrets import mask_config, mask_data
-from reprotune._errors import InputError
-from reprotune._jsonio import check_document, read_json_file, write_json_atomic
+from reprotune._jsonio import (
+    check_document,
+    read_json_file,
+    validated,
+    validation_problems,
+    write_json_atomic,
+)
 from reprotune._run import layout
 from reprotune._version import __version__
 
@@ -229,7 +234,7 @@ def typed_record(record: Mapping[str, Any]) -> RunRecord:
     try:
         return RunRecord.model_validate(stamped_record(record))
     except ValidationError as exc:
-        raise ValueError(_problems(exc)) from None
+        raise ValueError("; ".join(validation_problems(exc))) from None
 
 
 def masked_record(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -256,7 +261,13 @@ def parse_record(data: Any, source: str = "<dict>") -> RunRecord:
         fix="pass the record.json of a reprotune run directory",
         version_fix="use the reprotune version that wrote it (see its reprotune_version), or upgrade",
     )
-    return _validate(data, source=source)
+    return validated(
+        RunRecord,
+        data,
+        what="run record",
+        source=source,
+        fix="the record was edited or written by another tool; rerun to regenerate it",
+    )
 
 
 def load_record(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -280,25 +291,6 @@ def _read_json(path: str | os.PathLike[str]) -> tuple[Any, str]:
         file = file / layout.RECORD
     fix = "pass a run directory (runs/<run-id>) or its record.json; a damaged record: restore it or rerun"
     return read_json_file(file, what="record", fix=fix), str(file)
-
-
-def _problems(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or '<top level>'}: {err['msg']} "
-        f"(got {err.get('input')!r:.60})"
-        for err in exc.errors()
-    )
-
-
-def _validate(data: Mapping[str, Any], source: str) -> RunRecord:
-    try:
-        return RunRecord.model_validate(dict(data))
-    except ValidationError as exc:
-        raise InputError(
-            f"invalid run record ({len(exc.errors())} problem(s)): {_problems(exc)}",
-            source=source,
-            fix="the record was edited or written by another tool; rerun to regenerate it",
-        ) from None
 
 
 def record_config(

@@ -14,8 +14,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from reprotune._errors import InputError
-from reprotune._jsonio import check_document, read_json_file, write_json_atomic
+from reprotune._jsonio import check_document, read_json_file, validated, write_json_atomic
 from reprotune._studies import layout
 
 SCHEMA: Final = "reprotune/study"
@@ -114,15 +113,11 @@ def load_study(path: str | os.PathLike[str], *, option: str | None = None) -> di
         fix=fix,
         version_fix="use the reprotune version that wrote the study, or upgrade",
     )
-    try:
-        StudyFile.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<top level>'}: {e['msg']}" for e in exc.errors()[:5]
-        )
-        raise InputError(
-            f"invalid study file ({len(exc.errors())} problem(s)): {problems}",
-            source=where,
-            fix="the file was edited or damaged; run the same `reprotune seeds` command again to rewrite it",
-        ) from None
+    validated(
+        StudyFile,
+        data,
+        what="study file",
+        source=where,
+        fix="the file was edited or damaged; run the same `reprotune seeds` command again to rewrite it",
+    )
     return data
