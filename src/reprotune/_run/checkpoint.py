@@ -7,7 +7,9 @@ the sha256 of every other file and its own sha256 (``state_sha256``, over the re
 canonical JSON), so that no flipped byte anywhere in a checkpoint goes unnoticed. A checkpoint is
 built in a temporary directory and put in place whole (``_jsonio.publishing_dir``: each file
 fsynced, then renamed), so a crash leaves either a whole checkpoint or none; one whose hashes do not
-match is refused with a warning and the previous one is used.
+match is refused with a warning and the previous one is used. A distributed run's checkpoint holds
+the same files: the whole trainable and optimizer state, gathered on rank 0, and every rank's RNG
+state (:class:`RankStates`); :func:`read_rank_checkpoint` reads it back.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from reprotune._determinism.rng import (
     capture_rng_state,
+    ranks_rng_from_tensors,
     ranks_rng_to_tensors,
     restore_rng_state,
     rng_state_from_tensors,
@@ -244,15 +247,29 @@ def _snapshot(model: torch.nn.Module, optimizer: Any, scheduler: Any, scaler: An
 def _put_back(
     saved: dict[str, Any], model: torch.nn.Module, optimizer: Any, scheduler: Any, scaler: Any | None
 ) -> None:
+    states = {key: copy.deepcopy(saved[key]) for key in ("optimizer", "scheduler", "scaler")}
+    _load_into(model, optimizer, scheduler, scaler, saved["weights"], states)
+    restore_rng_state(saved["rng"])
+
+
+def _load_into(
+    model: torch.nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    scaler: Any | None,
+    weights: dict[str, torch.Tensor],
+    states: dict[str, Any],
+) -> None:
+    """Trainable ``weights`` into ``model``, and ``states`` (as :func:`load_states` reads them) into
+    the optimizer, scheduler and grad scaler."""
     params = dict(model.named_parameters())
     with torch.no_grad():
-        for name, tensor in saved["weights"].items():
+        for name, tensor in weights.items():
             params[name].copy_(tensor)
-    optimizer.load_state_dict(copy.deepcopy(saved["optimizer"]))
-    scheduler.load_state_dict(copy.deepcopy(saved["scheduler"]))
-    if scaler is not None and saved["scaler"] is not None:
-        scaler.load_state_dict(copy.deepcopy(saved["scaler"]))
-    restore_rng_state(saved["rng"])
+    optimizer.load_state_dict(states["optimizer"])
+    scheduler.load_state_dict(states["scheduler"])
+    if scaler is not None and states["scaler"] is not None:
+        scaler.load_state_dict(states["scaler"])
 
 
 def load_states(path: Path) -> dict[str, Any]:
@@ -290,10 +307,10 @@ def restore_checkpoint(
 
     ``restore_rng=False`` exists only for verify's negative control (a resume that forgets the RNG).
     """
-    state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
-    if "distributed" in state:
+    manifest, state = _read_state(path)
+    if "distributed" in manifest:
         raise InputError(
-            f"{path} was written by a distributed run ({state['distributed']}); it restores only "
+            f"{path} was written by a distributed run ({manifest['distributed']}); it restores only "
             "under torchrun",
             source=str(path / STATE_FILE),
             fix="resume the run under torchrun, as docs/distributed.md shows",
@@ -301,19 +318,59 @@ def restore_checkpoint(
     # Read everything before changing anything, so a refused file leaves the objects untouched.
     weights = load_file(str(path / "trainable.safetensors"))
     states = load_states(path)
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, tensor in weights.items():
-            params[name].copy_(tensor)
-    optimizer.load_state_dict(states["optimizer"])
-    scheduler.load_state_dict(states["scheduler"])
-    if scaler is not None and states["scaler"] is not None:
-        scaler.load_state_dict(states["scaler"])
+    _load_into(model, optimizer, scheduler, scaler, weights, states)
     if restore_rng:
-        meta = json.loads((path / "rng.json").read_text(encoding="utf-8"))
-        restore_rng_state(rng_state_from_tensors(load_file(str(path / "rng.safetensors")), meta))
-    return CheckpointState(
-        step=int(state["step"]),
-        epoch=int(state["epoch"]),
-        position=(int(state["position"][0]), int(state["position"][1])),
+        restore_rng_state(rng_state_from_tensors(*_read_rng(path)))
+    return state
+
+
+@dataclass(frozen=True)
+class RankCheckpoint:
+    """A distributed run's checkpoint, read: where the run stood, what it held (the whole trainable
+    and optimizer state, gathered on rank 0, and every rank's RNG state), the scheduler's state.
+    Rank 0 reads it and hands each rank its part."""
+
+    state: CheckpointState
+    ranks: RankStates
+    scheduler: dict[str, Any]
+    scaler: dict[str, Any] | None
+
+
+def read_rank_checkpoint(path: Path) -> RankCheckpoint:
+    """Read the checkpoint at ``path`` (verified by ``verify_checkpoint``) written by a distributed run.
+
+    Raises:
+        InputError: it was written by a single process, or ``optimizer.pt`` holds other objects
+            than tensors and plain data.
+    """
+    manifest, state = _read_state(path)
+    distributed = manifest.get("distributed")
+    if not isinstance(distributed, dict):
+        raise InputError(
+            f"{path} was written by a single process; it restores only without torchrun",
+            source=str(path / STATE_FILE),
+            fix="resume the run without torchrun: `reprotune resume RUN_DIR`",
+        )
+    weights: dict[str, torch.Tensor] = load_file(str(path / "trainable.safetensors"))
+    states = load_states(path)
+    rng = ranks_rng_from_tensors(*_read_rng(path))
+    return RankCheckpoint(
+        state=state,
+        ranks=RankStates(distributed=distributed, weights=weights, optimizer=states["optimizer"], rng=rng),
+        scheduler=states["scheduler"],
+        scaler=states["scaler"],
     )
+
+
+def _read_state(path: Path) -> tuple[dict[str, Any], CheckpointState]:
+    """A checkpoint's ``state.json`` (verified by ``verify_checkpoint``), and where the run stood."""
+    manifest: dict[str, Any] = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    position = manifest["position"]
+    step, epoch = int(manifest["step"]), int(manifest["epoch"])
+    return manifest, CheckpointState(step=step, epoch=epoch, position=(int(position[0]), int(position[1])))
+
+
+def _read_rng(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A checkpoint's RNG tensors and their description (``rng.safetensors``, ``rng.json``)."""
+    meta: dict[str, Any] = json.loads((path / "rng.json").read_text(encoding="utf-8"))
+    return load_file(str(path / "rng.safetensors")), meta

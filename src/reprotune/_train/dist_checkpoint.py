@@ -16,8 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from reprotune._determinism.rng import capture_rng_state, restore_rng_state
-from reprotune._run.checkpoint import CheckpointState, RankStates, latest_valid_checkpoint, save_checkpoint
-from reprotune._run.rank_checkpoint import RankCheckpoint, read_rank_checkpoint
+from reprotune._run.checkpoint import (
+    CheckpointState,
+    RankCheckpoint,
+    RankStates,
+    latest_valid_checkpoint,
+    read_rank_checkpoint,
+    save_checkpoint,
+)
 from reprotune._train.distributed import DistContext, decided_by_main, gather_objects, scatter_objects
 from reprotune._train.setup import Setup
 from reprotune._train.sharding import full_optimizer_state, full_trainable_state, load_full_state
