@@ -141,19 +141,22 @@ def _reading(bundle: Path) -> Iterator[tuple[tarfile.TarFile, _Bounded]]:
     try:
         raw = gzip.open(bundle, "rb")  # noqa: SIM115 (closed by the with below)
     except OSError as exc:
-        raise InputError(f"not a readable .tar.gz bundle ({exc})", source=str(bundle), fix=_FIX) from None
+        raise _refused(bundle, f"not a readable .tar.gz bundle ({exc})") from None
     stream = _Bounded(raw, MAX_MANIFEST_BYTES + _HEADROOM)
     try:
         with raw, tarfile.open(fileobj=stream, mode="r|") as tar:  # type: ignore[call-overload]
             yield tar, stream
     except _Overrun:
-        raise InputError(
-            f"the bundle holds more than its bundle.json lists (over {stream.limit} bytes): refused",
-            source=str(bundle),
-            fix=_FIX,
+        raise _refused(
+            bundle, f"the bundle holds more than its bundle.json lists (over {stream.limit} bytes): refused"
         ) from None
     except (OSError, tarfile.TarError, EOFError, zlib.error, RecursionError) as exc:
-        raise InputError(f"the bundle is damaged ({exc})", source=str(bundle), fix=_FIX) from None
+        raise _refused(bundle, f"the bundle is damaged ({exc})") from None
+
+
+def _refused(bundle: Path, message: str) -> InputError:
+    """A bundle refused: ``message``, naming the bundle, with the fix every refusal shares."""
+    return InputError(message, source=str(bundle), fix=_FIX)
 
 
 def _extract_checked(bundle: Path, root: Path) -> dict[str, Any]:
@@ -165,16 +168,14 @@ def _extract_checked(bundle: Path, root: Path) -> dict[str, Any]:
         for member in _after_manifest(tar):
             _check_member(member, bundle, listed)
             if member.name in seen:
-                raise InputError(f"member {member.name!r} appears twice", source=str(bundle), fix=_FIX)
+                raise _refused(bundle, f"member {member.name!r} appears twice")
             seen.add(member.name)
             _write_member(tar, member, root, listed[member.name], bundle)
     missing = sorted(set(listed) - seen)
     if missing:
-        raise InputError(
-            f"bundle.json lists members the bundle lacks: {missing}", source=str(bundle), fix=_FIX
-        )
+        raise _refused(bundle, f"bundle.json lists members the bundle lacks: {missing}")
     if f"{RUN}/{layout.RECORD}" not in seen:
-        raise InputError(f"the bundle holds no {RUN}/{layout.RECORD}", source=str(bundle), fix=_FIX)
+        raise _refused(bundle, f"the bundle holds no {RUN}/{layout.RECORD}")
     return manifest
 
 
@@ -190,16 +191,13 @@ def _write_member(
         with open(path, "xb") as sink:
             _copy_checked(tar, member, sink, listing, bundle)
     except (FileExistsError, NotADirectoryError, IsADirectoryError):
-        raise InputError(
+        raise _refused(
+            bundle,
             f"member {name!r} lies inside another member, or another inside it (one path cannot be "
             "a file and a directory)",
-            source=str(bundle),
-            fix=_FIX,
         ) from None
     except OSError as exc:
-        raise InputError(
-            f"member {name[:120]!r} cannot be written here ({exc.strerror})", source=str(bundle), fix=_FIX
-        ) from None
+        raise _refused(bundle, f"member {name[:120]!r} cannot be written here ({exc.strerror})") from None
 
 
 def _copy_checked(
@@ -213,10 +211,8 @@ def _copy_checked(
         digest.update(chunk)
         sink.write(chunk)
     if digest.hexdigest() != listing.get("sha256"):
-        raise InputError(
-            f"member {member.name!r} does not match its sha256 in bundle.json: the bundle was changed",
-            source=str(bundle),
-            fix=_FIX,
+        raise _refused(
+            bundle, f"member {member.name!r} does not match its sha256 in bundle.json: the bundle was changed"
         )
 
 
@@ -225,9 +221,9 @@ def _first_manifest(tar: tarfile.TarFile, stream: _Bounded, bundle: Path) -> dic
     is then bounded to what it lists (each member's size, and room for its headers)."""
     first = tar.next()
     if first is None or first.name != MANIFEST or not first.isreg():
-        raise InputError(f"the bundle does not start with {MANIFEST}", source=str(bundle), fix=_FIX)
+        raise _refused(bundle, f"the bundle does not start with {MANIFEST}")
     if first.size > MAX_MANIFEST_BYTES:
-        raise InputError(f"{MANIFEST} is {first.size} bytes: refused", source=str(bundle), fix=_FIX)
+        raise _refused(bundle, f"{MANIFEST} is {first.size} bytes: refused")
     handle = tar.extractfile(first)
     assert handle is not None
     manifest = _parse_manifest(handle.read(), bundle)
@@ -242,36 +238,33 @@ def _check_claims(manifest: dict[str, Any], bundle: Path) -> None:
     is one of its members, before any member is read."""
     listed: dict[str, dict[str, Any]] = manifest["members"]
     if len(listed) > MAX_MEMBERS:
-        raise InputError(f"bundle.json lists {len(listed)} members", source=str(bundle), fix=_FIX)
+        raise _refused(bundle, f"bundle.json lists {len(listed)} members")
     claimed = [entry.get("size") for entry in listed.values()]
     sizes = [size for size in claimed if isinstance(size, int) and not isinstance(size, bool) and size >= 0]
     if len(sizes) != len(claimed):
-        raise InputError("bundle.json gives a member no valid size", source=str(bundle), fix=_FIX)
+        raise _refused(bundle, "bundle.json gives a member no valid size")
     total = sum(sizes)
     compressed = bundle.stat().st_size
     if max(sizes, default=0) > MAX_MEMBER_BYTES or total > MAX_TOTAL_BYTES:
-        raise InputError(
+        raise _refused(
+            bundle,
             f"bundle.json claims {total} bytes (the limits are {MAX_MEMBER_BYTES} a member, "
             f"{MAX_TOTAL_BYTES} in all)",
-            source=str(bundle),
-            fix=_FIX,
         )
     if total > MAX_EXPANSION * compressed + (1 << 20):
-        raise InputError(
+        raise _refused(
+            bundle,
             f"bundle.json claims {total} bytes from a {compressed}-byte archive (more than "
             f"{MAX_EXPANSION}x): a compression bomb, refused before reading",
-            source=str(bundle),
-            fix=_FIX,
         )
     data = manifest.get("data")
     if data is not None:
         member = data.get("member") if isinstance(data, dict) else None
         if not isinstance(member, str) or member not in listed or not member.startswith(f"{DATA}/"):
-            raise InputError(
+            raise _refused(
+                bundle,
                 f"bundle.json's data member {member!r} is not one of its data/ members: refused "
                 "before anything is read",
-                source=str(bundle),
-                fix=_FIX,
             )
 
 
@@ -281,38 +274,28 @@ def _check_member(member: tarfile.TarInfo, bundle: Path, listed: dict[str, dict[
     name = member.name
     if not member.isreg():
         kind = "link" if member.issym() or member.islnk() else "directory" if member.isdir() else "device"
-        raise InputError(
-            f"member {name!r} is a {kind}, not a regular file: refused", source=str(bundle), fix=_FIX
-        )
+        raise _refused(bundle, f"member {name!r} is a {kind}, not a regular file: refused")
     path = PurePosixPath(name)
     if not path.parts or len(name) > MAX_NAME or len(path.parts) > MAX_DEPTH:
-        raise InputError(
+        raise _refused(
+            bundle,
             f"member {name[:120]!r} has no name, or a name over {MAX_NAME} characters or "
             f"{MAX_DEPTH} levels: refused",
-            source=str(bundle),
-            fix=_FIX,
         )
     if path.is_absolute() or name.startswith(("/", "\\")) or ":" in path.parts[0]:
-        raise InputError(f"member {name!r} has an absolute path: refused", source=str(bundle), fix=_FIX)
+        raise _refused(bundle, f"member {name!r} has an absolute path: refused")
     if ".." in path.parts or "\\" in name or not path.parts:
-        raise InputError(
-            f"member {name!r} points outside the bundle ('..'): refused", source=str(bundle), fix=_FIX
-        )
+        raise _refused(bundle, f"member {name!r} points outside the bundle ('..'): refused")
     if path.as_posix() != name or "." in name.split("/"):
-        raise InputError(
+        raise _refused(
+            bundle,
             f"member {name!r} is not a normalised path (it would be written as {path.as_posix()!r}): refused",
-            source=str(bundle),
-            fix=_FIX,
         )
     if name not in listed:
-        raise InputError(
-            f"member {name!r} is not listed in bundle.json: refused", source=str(bundle), fix=_FIX
-        )
+        raise _refused(bundle, f"member {name!r} is not listed in bundle.json: refused")
     if member.size != listed[name].get("size"):
-        raise InputError(
-            f"member {name!r} is {member.size} bytes, bundle.json says {listed[name].get('size')}",
-            source=str(bundle),
-            fix=_FIX,
+        raise _refused(
+            bundle, f"member {name!r} is {member.size} bytes, bundle.json says {listed[name].get('size')}"
         )
 
 
@@ -320,9 +303,9 @@ def _parse_manifest(raw: bytes, bundle: Path) -> dict[str, Any]:
     try:
         manifest = json.loads(raw)
     except RecursionError:
-        raise InputError(f"{MANIFEST} is nested too deeply", source=str(bundle), fix=_FIX) from None
+        raise _refused(bundle, f"{MANIFEST} is nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"{MANIFEST} is not JSON ({exc})", source=str(bundle), fix=_FIX) from None
+        raise _refused(bundle, f"{MANIFEST} is not JSON ({exc})") from None
     manifest = check_document(
         manifest,
         schema=SCHEMA,
@@ -334,5 +317,5 @@ def _parse_manifest(raw: bytes, bundle: Path) -> dict[str, Any]:
     )
     members = manifest.get("members")
     if not isinstance(members, dict) or not all(isinstance(v, dict) for v in members.values()):
-        raise InputError(f"{MANIFEST} lists no members", source=str(bundle), fix=_FIX)
+        raise _refused(bundle, f"{MANIFEST} lists no members")
     return manifest
