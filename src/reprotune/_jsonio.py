@@ -13,16 +13,11 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO
 
-from reprotune._errors import InputError, NoSpaceError, SchemaVersionError
-
-if TYPE_CHECKING:  # pydantic is imported by the formats that use it, not by every JSON reader
-    from pydantic import BaseModel, ValidationError
-
-    Model = TypeVar("Model", bound=BaseModel)
+from reprotune._errors import InputError, NoSpaceError
 
 _CHUNK = 1 << 20
 
@@ -296,97 +291,6 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def read_json_file(path: str | os.PathLike[str], *, what: str, fix: str) -> Any:
-    """Parse the JSON file at ``path``; bad input raises ``InputError`` naming the file and the fix.
-
-    Args:
-        path: the file.
-        what: what the file is, for messages (``"manifest"``, ``"record"``).
-        fix: what the user can do when the file is missing or not JSON.
-
-    Raises:
-        InputError: the file is missing or unreadable, not UTF-8, or not JSON (with line and column).
-    """
-    file = Path(path)
-    try:
-        text = file.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{what} file {str(file)!r} does not exist", source=str(file), fix=fix) from None
-    except OSError as exc:
-        raise InputError(f"cannot read {what}: {exc}", source=str(file), fix=fix) from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{what} is not UTF-8 text: {exc}", source=str(file), fix=fix) from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{what} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
-            source=f"{file}:{exc.lineno}:{exc.colno}",
-            fix=fix,
-        ) from None
-
-
-def check_document(
-    data: Any, *, schema: str, versions: Collection[int], what: str, source: str, fix: str, version_fix: str
-) -> dict[str, Any]:
-    """``data`` (parsed JSON) as a reprotune document: an object whose ``schema`` is ``schema`` and
-    whose ``schema_version`` is one of ``versions``. Every file reprotune reads back is checked so.
-
-    Args:
-        what: what the document is, for messages (``"run record"``, ``"manifest"``).
-        source: where it came from (a path), named in the error with the key at fault.
-        fix: what to do when it is not such a document at all.
-        version_fix: what to do when it is one of a version this reprotune does not read.
-
-    Raises:
-        SchemaVersionError: another schema, or a version this reprotune does not read.
-    """
-    if not isinstance(data, dict) or data.get("schema") != schema:
-        got = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        where = f"{source}: key 'schema'" if isinstance(data, dict) else source
-        raise SchemaVersionError(
-            f"not a reprotune {what}: schema is {got!r}, expected {schema!r}", source=where, fix=fix
-        )
-    version = data.get("schema_version")
-    if isinstance(version, bool) or not isinstance(version, int) or version not in versions:
-        readable = " or ".join(str(v) for v in sorted(versions))
-        raise SchemaVersionError(
-            f"{what} schema_version {version!r} is not supported "
-            f"(this reprotune reads schema_version {readable})",
-            source=f"{source}: key 'schema_version'",
-            fix=version_fix,
-        )
-    return data
-
-
-def validation_problems(exc: ValidationError, *, limit: int | None = None) -> list[str]:
-    """A pydantic error as one line per problem: ``key.path[0]: what is wrong (got X)``."""
-    lines = []
-    for error in exc.errors()[:limit]:
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"]).lstrip(".")
-        message = str(error["msg"])
-        got = "" if error["type"] == "missing" else f" (got {error.get('input')!r:.60})"
-        lines.append(f"{where or '<top level>'}: {message[:1].lower()}{message[1:]}{got}")
-    return lines
-
-
-def validated(model: type[Model], data: Any, *, what: str, source: str, fix: str) -> Model:
-    """``data`` (a parsed document, its schema checked by :func:`check_document`) as ``model``.
-
-    Raises:
-        InputError: every problem pydantic finds, each naming its key, in one message.
-    """
-    from pydantic import ValidationError
-
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        problems = validation_problems(exc)
-        raise InputError(
-            f"invalid {what} ({len(problems)} problem(s)): {'; '.join(problems)}", source=source, fix=fix
-        ) from None
 
 
 def path_kind(path: str | os.PathLike[str]) -> str:

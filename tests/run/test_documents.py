@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from reprotune._documents import check_document
 from reprotune._errors import SchemaVersionError
-from reprotune._jsonio import check_document
 
 KW: dict[str, Any] = {
     "schema": "reprotune/thing",

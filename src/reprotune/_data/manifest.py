@@ -26,16 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reprotune._data.index_render import render_into, rendered_size
 from reprotune._data.row_hashes import RowHashes
+from reprotune._documents import check_document, read_json_file, validated
 from reprotune._errors import InputError
-from reprotune._jsonio import (
-    canonical_dumps,
-    check_document,
-    read_json_file,
-    sha256_bytes,
-    sha256_file,
-    validated,
-    write_bytes_atomic,
-)
+from reprotune._jsonio import canonical_dumps, sha256_bytes, sha256_file, write_bytes_atomic
 
 SCHEMA = "reprotune/split-manifest"
 SCHEMA_VERSION = 1

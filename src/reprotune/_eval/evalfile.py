@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reprotune._documents import check_document, read_json_file
 from reprotune._errors import InputError
 from reprotune._eval.layout import PREDICTIONS, SCHEMA, SCHEMA_VERSION, EvalLayout
-from reprotune._jsonio import canonical_dumps, check_document, read_json_file, sha256_bytes
+from reprotune._jsonio import canonical_dumps, sha256_bytes
 
 _PREDICTION_KEYS = (
     "index",

@@ -35,9 +35,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from reprotune._documents import read_json_file
 from reprotune._eval.decode import PASS_ATTRIBUTE, GeneratePass, generate_rows
 from reprotune._eval.settings import GenerationSettings
-from reprotune._jsonio import canonical_dumps, read_json_file, sha256_bytes, write_json_atomic
+from reprotune._jsonio import canonical_dumps, sha256_bytes, write_json_atomic
 from reprotune._model.builtin import cache_root
 from reprotune._run.kernels import kernel_facts
 

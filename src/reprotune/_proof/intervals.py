@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reprotune._proof.verification import Leg
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import read_ledger
+from reprotune._run.record import load_record
 
 DEFAULT_BUDGET = 0.2
 
@@ -80,6 +82,37 @@ def first_difference(
     kind, step = keys[0]
     a, b = mine.get(keys[0], {}), theirs.get(keys[0], {})
     return step, [f"{kind} {field}" for field in sorted(set(a) | set(b)) if a.get(field) != b.get(field)]
+
+
+def judge_interval(
+    reference: Path, leg_dir: Path, interval: Interval, *, origin: str, end_state: tuple[str, bool]
+) -> tuple[Leg, tuple[int, list[str]] | None]:
+    """The leg of a replayed interval: its ledger lines against the reference's, and its end state
+    (what it was checked against, whether it matched); and where the lines first differ."""
+    first = first_difference(
+        interval_lines(leg_dir, interval.start, interval.end),
+        interval_lines(reference, interval.start, interval.end),
+    )
+    evidence: dict[str, Any] = {
+        "from": interval.start,
+        "to": interval.end,
+        "steps": interval.steps,
+        "end_state": end_state[0],
+    }
+    if first is not None:
+        evidence["first_divergence"], evidence["differing"] = first
+    verdict = "IDENTICAL" if first is None and end_state[1] else "DIVERGED"
+    name = f"steps {interval.start + 1}-{interval.end}"
+    note = f"{interval.why}; from {origin}"
+    return Leg(name, str(leg_dir), "IDENTICAL", verdict, verdict == "IDENTICAL", evidence, note), first
+
+
+def adapter_state(reference: Path, leg_dir: Path) -> tuple[str, bool]:
+    """The end state of an interval that ends the run: the adapter's sha256 against the reference's."""
+    ours = (load_record(RunLayout(leg_dir).record).get("outputs") or {}).get("adapter_sha256")
+    theirs = (load_record(RunLayout(reference).record).get("outputs") or {}).get("adapter_sha256")
+    ok = ours is not None and ours == theirs
+    return f"adapter sha256 {'identical' if ok else f'{ours} vs {theirs}'}", ok
 
 
 def coverage(

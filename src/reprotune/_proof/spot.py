@@ -31,9 +31,9 @@ from reprotune._proof.bundle import builtin_data
 from reprotune._proof.intervals import (
     DEFAULT_BUDGET,
     Interval,
+    adapter_state,
     coverage,
-    first_difference,
-    interval_lines,
+    judge_interval,
     plan_intervals,
 )
 from reprotune._proof.processes import run_logged
@@ -218,28 +218,11 @@ def _plan(
 
 def _judge_interval(reference: Path, interval: Interval, plan: dict[str, Any], total: int) -> Leg:
     run_dir = Path(next(p["run_dir"] for p in plan["intervals"] if p["start"] == interval.start))
-    leg = Leg(f"steps {interval.start + 1}-{interval.end}", str(run_dir), "IDENTICAL")
     origin = "the initial state" if interval.start == 0 else f"checkpoint {interval.start}"
-    leg.note = f"{interval.why}; from {origin}"
-    mine, theirs = (
-        interval_lines(run_dir, interval.start, interval.end),
-        interval_lines(reference, interval.start, interval.end),
-    )
-    first = first_difference(mine, theirs)
-    end_state, end_ok = _end_state(reference, run_dir, interval.end, total)
-    leg.evidence = {
-        "from": interval.start,
-        "to": interval.end,
-        "steps": interval.steps,
-        "end_state": end_state,
-    }
-    if first is not None:
-        step, fields = first
-        leg.evidence.update(first_divergence=step, differing=fields)
-        if step > 0:
-            leg.note += "; " + _trace_hint(reference, step, plan)
-    leg.verdict = "IDENTICAL" if first is None and end_ok else "DIVERGED"
-    leg.passed = leg.verdict == leg.expected
+    end_state = _end_state(reference, run_dir, interval.end, total)
+    leg, first = judge_interval(reference, run_dir, interval, origin=origin, end_state=end_state)
+    if first is not None and first[0] > 0:
+        leg.note = f"{leg.note}; {_trace_hint(reference, first[0], plan)}"
     return leg
 
 
@@ -257,10 +240,7 @@ def _trace_hint(reference: Path, step: int, plan: dict[str, Any]) -> str:
 def _end_state(reference: Path, replay: Path, end: int, total: int) -> tuple[str, bool]:
     """What the interval's end state was checked against, and whether it matched."""
     if end == total:
-        ours = (load_record(RunLayout(replay).record).get("outputs") or {}).get("adapter_sha256")
-        theirs = (load_record(RunLayout(reference).record).get("outputs") or {}).get("adapter_sha256")
-        ok = ours is not None and ours == theirs
-        return f"adapter sha256 {'identical' if ok else f'{ours} vs {theirs}'}", ok
+        return adapter_state(reference, replay)
     name = f"step-{end:08d}"
     ours_state, theirs_state = (
         _state(RunLayout(replay).checkpoints / name),

@@ -19,11 +19,10 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file, write_json_atomic
-from reprotune._proof.intervals import Interval, coverage, first_difference, interval_lines, plan_intervals
+from reprotune._proof.intervals import Interval, adapter_state, coverage, judge_interval, plan_intervals
 from reprotune._proof.verification import Leg, Outcome, judge_leg
 from reprotune._proof.verify_command import (
     TRAINER_OUTPUT,
@@ -32,7 +31,7 @@ from reprotune._proof.verify_command import (
     parse_command,
     require_status,
 )
-from reprotune._run.layout import RunLayout, VerifyLayout
+from reprotune._run.layout import LOCK, RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
 from reprotune._run.record import load_record
 from reprotune.integrations.controls import Controls
@@ -122,35 +121,15 @@ def _interval_leg(
     else:
         checkpoint = _prepare_resume(reference, checkpoints[interval.start], leg_dir)
         run.leg(name, Controls(run_dir=leg_dir, resume_from=checkpoint, stop_after=stop))
-    mine = interval_lines(leg_dir, interval.start, interval.end)
-    theirs = interval_lines(reference, interval.start, interval.end)
-    first = first_difference(mine, theirs)
-    end_state, end_ok = _end_state(reference, leg_dir, interval.end, total)
-    evidence: dict[str, Any] = {
-        "from": interval.start,
-        "to": interval.end,
-        "steps": interval.steps,
-        "end_state": end_state,
-    }
-    if first is not None:
-        evidence["first_divergence"], evidence["differing"] = first
-    verdict = "IDENTICAL" if first is None and end_ok else "DIVERGED"
     origin = "the initial state" if interval.start == 0 else f"Trainer checkpoint-{interval.start}"
-    return Leg(
-        name,
-        str(leg_dir),
-        "IDENTICAL",
-        verdict,
-        verdict == "IDENTICAL",
-        evidence,
-        f"{interval.why}; from {origin}",
-    )
+    end_state = _end_state(reference, leg_dir, interval.end, total)
+    return judge_interval(reference, leg_dir, interval, origin=origin, end_state=end_state)[0]
 
 
 def _prepare_resume(reference: Path, checkpoint: Path, leg_dir: Path) -> Path:
     """A copy of the reference's run directory (record ``stopped``) and of the one checkpoint the
     interval starts from, for the callback to resume into; the checkpoint's path in the copy."""
-    shutil.copytree(reference, leg_dir, ignore=shutil.ignore_patterns(TRAINER_OUTPUT, ".writer.lock"))
+    shutil.copytree(reference, leg_dir, ignore=shutil.ignore_patterns(TRAINER_OUTPUT, LOCK))
     record = load_record(RunLayout(leg_dir).record)
     record["status"] = "stopped"
     write_json_atomic(RunLayout(leg_dir).record, record)
@@ -161,10 +140,7 @@ def _prepare_resume(reference: Path, checkpoint: Path, leg_dir: Path) -> Path:
 
 def _end_state(reference: Path, leg_dir: Path, end: int, total: int) -> tuple[str, bool]:
     if end == total:
-        ours = (load_record(RunLayout(leg_dir).record).get("outputs") or {}).get("adapter_sha256")
-        theirs = (load_record(RunLayout(reference).record).get("outputs") or {}).get("adapter_sha256")
-        ok = ours is not None and ours == theirs
-        return f"adapter sha256 {'identical' if ok else f'{ours} vs {theirs}'}", ok
+        return adapter_state(reference, leg_dir)
     ours_dir, theirs_dir = trainer_checkpoints(leg_dir).get(end), trainer_checkpoints(reference).get(end)
     if ours_dir is None or theirs_dir is None:
         return f"no Trainer checkpoint-{end} to compare", False

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reprotune._documents import check_document
 from reprotune._errors import InputError
-from reprotune._jsonio import canonical_dumps, check_document, write_bytes_atomic
+from reprotune._jsonio import canonical_dumps, write_bytes_atomic
 
 SCHEMA = "reprotune/trace"
 SCHEMA_VERSION = 1

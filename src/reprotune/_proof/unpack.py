@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from reprotune._documents import check_document
 from reprotune._errors import InputError
-from reprotune._jsonio import check_document, publishing_dir
+from reprotune._jsonio import publishing_dir
 from reprotune._proof.bundle import DATA, MANIFEST, RUN, SCHEMA, SCHEMA_VERSION
 from reprotune._run import layout
 

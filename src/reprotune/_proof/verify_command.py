@@ -30,7 +30,7 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +48,7 @@ SCHEMA = "reprotune/command-verification"
 SCHEMA_VERSION = 2  # 2: spot (verify --command --spot)
 #: Where each leg's Trainer writes its own checkpoints, inside the leg's run directory.
 TRAINER_OUTPUT = "trainer-output"
-_CONTROL_VARIABLES = (
-    control_vars.RUN_DIR,
-    control_vars.OUTPUT_DIR,
-    control_vars.STOP_AFTER,
-    control_vars.RESUME_FROM,
-    control_vars.PERTURB_DATA_SEED,
-)
+_CONTROL_VARIABLES = (*control_vars.UNRECORDED_VARIABLES, control_vars.PERTURB_DATA_SEED)
 
 
 @dataclass
@@ -180,13 +174,7 @@ class Runner:
         """Run the command for one leg; return its run directory (absolute)."""
         assert controls.run_dir is not None
         run_dir = controls.run_dir.resolve()
-        controls = Controls(
-            run_dir=run_dir,
-            output_dir=run_dir / TRAINER_OUTPUT,
-            stop_after=controls.stop_after,
-            resume_from=controls.resume_from,
-            perturb_data_seed=controls.perturb_data_seed,
-        )
+        controls = replace(controls, run_dir=run_dir, output_dir=run_dir / TRAINER_OUTPUT)
         self.progress(f"verify: {label or name} ...")
         env = {k: v for k, v in os.environ.items() if k not in _CONTROL_VARIABLES}
         env.update(controls.to_env())
@@ -279,7 +267,7 @@ def _judge(name: str, reference: Path, leg_dir: Path, expected: Expected) -> Leg
 
 def _check_resume_at(reference: Path, step: int) -> None:
     """Refuse a resume step at or after the reference's last step, before any other leg trains."""
-    total = len(_train_steps(reference))
+    total = len(read_ledger(RunLayout(reference).ledger).train)
     if step >= total:
         raise InputError(
             f"--resume-at {step} is not before the run's last step ({total})",
@@ -324,7 +312,3 @@ def _stop_and_resume(run: Runner, run_dir: Path, reference: Path, step: int) -> 
     if leg.verdict == "IDENTICAL":
         leg.note = f"the Trainer's own resume_from_checkpoint at step {step} is exact here"
     return leg
-
-
-def _train_steps(run_dir: Path) -> list[Any]:
-    return list(read_ledger(RunLayout(run_dir).ledger).train)

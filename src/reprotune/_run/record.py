@@ -30,13 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reprotune._config.loading import config_from_dict
 from reprotune._config.schema import ExperimentConfig, config_sha256
 from reprotune._config.secrets import mask_config, mask_data
-from reprotune._jsonio import (
-    check_document,
-    read_json_file,
-    validated,
-    validation_problems,
-    write_json_atomic,
-)
+from reprotune._documents import check_document, read_json_file, validated, validation_problems
+from reprotune._jsonio import write_json_atomic
 from reprotune._run import layout
 from reprotune._version import __version__
 

@@ -14,7 +14,8 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from reprotune._jsonio import check_document, read_json_file, validated, write_json_atomic
+from reprotune._documents import check_document, read_json_file, validated
+from reprotune._jsonio import write_json_atomic
 from reprotune._studies import layout
 
 SCHEMA: Final = "reprotune/study"

@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from reprotune._jsonio import read_json_file, write_json_atomic
+from reprotune._documents import read_json_file
+from reprotune._jsonio import write_json_atomic
 from reprotune._run.record import Status
 from reprotune._trackers.mlflow import resolve_tracking_uri
 

@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from reprotune._jsonio import read_json_file, sha256_file
+from reprotune._documents import read_json_file
+from reprotune._jsonio import sha256_file
 from reprotune._run.checkpoint_files import TRAINER_DATA_POSITION as DATA_POSITION
 from reprotune._run.checkpoint_files import TRAINER_PIECES as CONSEQUENCES
 from reprotune.integrations._probes import steps_per_epoch

@@ -20,14 +20,9 @@ from typing import Any
 
 from reprotune._config.schema import TrackingConfig
 from reprotune._data.manifest import Manifest, write_manifest
+from reprotune._documents import read_json_file
 from reprotune._errors import InputError
-from reprotune._jsonio import (
-    publishing_dir,
-    read_json_file,
-    sha256_file,
-    write_bytes_atomic,
-    write_json_atomic,
-)
+from reprotune._jsonio import publishing_dir, sha256_file, write_bytes_atomic, write_json_atomic
 from reprotune._model.lora import save_adapter, trainable_tensors
 from reprotune._run.drift import refuse_code_drift, section_drift
 from reprotune._run.layout import RunLayout
