@@ -317,12 +317,7 @@ def _format_lines(c: Comparison) -> Iterable[str]:
         rows.append(
             (f"first step with other differences ({', '.join(w.other_fields)})", str(w.first_other_step))
         )
-    for name, diff in (
-        ("largest |loss difference|", w.largest_loss_diff),
-        ("largest |validation loss difference|", w.largest_val_loss_diff),
-    ):
-        if diff is not None:
-            rows.append((name, f"{diff.abs_diff:.6g} at step {diff.step} ({diff.a!r} vs {diff.b!r})"))
+    rows += largest_differences(w)
     width = max(len(name) for name, _ in rows)
     yield from (f"  {name.ljust(width)}  {value}" for name, value in rows)
     yield from _format_adapter(c.adapter)
@@ -338,7 +333,7 @@ def _format_lines(c: Comparison) -> Iterable[str]:
             yield f"  {category}:"
             for d in c.differences:
                 if d.category == category:
-                    old, new = _show(d.a, d.change == "added"), _show(d.b, d.change == "removed")
+                    old, new = show_value(d.a, d.change == "added"), show_value(d.b, d.change == "removed")
                     inert = "  (cannot change the numbers)" if d.inert else ""
                     yield f"    {d.key}: {old} -> {new}{inert}"
     if c.split is not None and c.split.sha256_a != c.split.sha256_b:
@@ -376,8 +371,21 @@ def _step(step: int | None) -> str:
     return "none" if step is None else str(step)
 
 
-def _show(value: Any, absent: bool) -> str:
+def show_value(value: Any, absent: bool) -> str:
+    """A recorded value as a difference shows it: JSON, or ``(absent)``."""
     return "(absent)" if absent else json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def largest_differences(w: Where) -> list[tuple[str, str]]:
+    """The largest loss and validation-loss differences of a comparison's ``where``, as table rows."""
+    rows = []
+    for name, diff in (
+        ("largest |loss difference|", w.largest_loss_diff),
+        ("largest |validation loss difference|", w.largest_val_loss_diff),
+    ):
+        if diff is not None:
+            rows.append((name, f"{diff.abs_diff:.6g} at step {diff.step} ({diff.a!r} vs {diff.b!r})"))
+    return rows
 
 
 def _list(rows: Sequence[int], limit: int = 20) -> str:

@@ -8,7 +8,6 @@ nothing else to open: no scripts, no external URLs. The same runs give the same 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from reprotune._eval.html import evals_section
 from reprotune._html import escape, figure_svg, head, table
 from reprotune._jsonio import write_bytes_atomic
 from reprotune._proof.compare import compare_opened
-from reprotune._proof.differences import Comparison
+from reprotune._proof.differences import Comparison, largest_differences, show_value
 from reprotune._proof.summary import expand
 from reprotune._run.rundir import RunDir, open_run_dir
 from reprotune._version import __version__
@@ -185,12 +184,7 @@ def _comparison_html(ref: str, label: str, c: Comparison) -> Iterable[str]:
         ("first step with other differences", w.first_other_step),
         ("ledger lines that differ", w.lines_differing),
     ]
-    for name, diff in (
-        ("largest |loss difference|", w.largest_loss_diff),
-        ("largest |validation loss difference|", w.largest_val_loss_diff),
-    ):
-        if diff is not None:
-            rows.append((name, f"{diff.abs_diff:.6g} at step {diff.step} ({diff.a!r} vs {diff.b!r})"))
+    rows += largest_differences(w)
     yield "<h4>Where</h4>"
     yield table(("what", "step or value"), ((name, "never" if v is None else v) for name, v in rows))
     if c.adapter is not None:
@@ -211,7 +205,12 @@ def _comparison_html(ref: str, label: str, c: Comparison) -> Iterable[str]:
         yield table(
             ("category", "key", "A", "B"),
             (
-                (d.category, d.key, _show(d.a, d.change == "added"), _show(d.b, d.change == "removed"))
+                (
+                    d.category,
+                    d.key,
+                    show_value(d.a, d.change == "added"),
+                    show_value(d.b, d.change == "removed"),
+                )
                 for d in c.differences
             ),
             css="diffs",
@@ -231,7 +230,3 @@ def _comparison_html(ref: str, label: str, c: Comparison) -> Iterable[str]:
             yield f"<p>Same rows in another order: {escape(', '.join(s.reordered))}</p>"
     if c.notes:
         yield "<ul>" + "".join(f"<li>{escape(note)}</li>" for note in c.notes) + "</ul>"
-
-
-def _show(value: Any, absent: bool) -> str:
-    return "(absent)" if absent else json.dumps(value, sort_keys=True, ensure_ascii=False)

@@ -214,8 +214,9 @@ def _fast_legs(ctx: _Context, control_seed: str, stop: int | None, total: int) -
     return [rerun, seed_leg, _judge_resume_control(ctx, skip_leg, stop)]
 
 
-def _seed_control(ctx: _Context, consumer: str, *, bound: int) -> tuple[Leg, list[str]]:
-    """The seed control's leg and the command that runs it (streamed, stopped once it parts)."""
+def _seed_control(ctx: _Context, consumer: str, *, bound: int | None) -> tuple[Leg, list[str]]:
+    """The seed control's leg and the command that runs it (streamed and stopped once it parts
+    within ``bound`` steps; to the end when ``bound`` is None)."""
     seeds = derive_seeds(ctx.cfg.seed.root, dict(ctx.cfg.seed.overrides))
     perturbed = seeds[consumer] + 1
     ctx.progress(f"verify: negative control, seed {consumer} {seeds[consumer]} -> {perturbed}")
@@ -223,7 +224,7 @@ def _seed_control(ctx: _Context, consumer: str, *, bound: int) -> tuple[Leg, lis
     leg.note = f"seed.overrides.{consumer}={perturbed}"
     override = f"seed.overrides.{consumer}={perturbed}"
     command = ["run", str(ctx.paths.config), "--run-dir", leg.run_dir, "--set", override]
-    return leg, [*command, *_watch(ctx, bound), *_QUIET]
+    return leg, [*command, *(_watch(ctx, bound) if bound is not None else []), *_QUIET]
 
 
 def _judge_seed_control(ctx: _Context, leg: Leg, bound: int) -> None:
@@ -254,13 +255,8 @@ def _thorough_legs(ctx: _Context, control_seed: str, stop: int | None, total: in
     rerun.wall_s = ctx.reprotune("run", config, "--run-dir", rerun.run_dir, *_QUIET)
     ctx.judge(rerun)
     legs.append(rerun)
-    seeds = derive_seeds(ctx.cfg.seed.root, dict(ctx.cfg.seed.overrides))
-    perturbed = seeds[control_seed] + 1
-    ctx.progress(f"verify: negative control, seed {control_seed} {seeds[control_seed]} -> {perturbed}")
-    control = Leg("control-seed", str(ctx.paths.leg("control-seed")), "DIVERGED")
-    control.note = f"seed.overrides.{control_seed}={perturbed}"
-    override = f"seed.overrides.{control_seed}={perturbed}"
-    control.wall_s = ctx.reprotune("run", config, "--run-dir", control.run_dir, "--set", override, *_QUIET)
+    control, command = _seed_control(ctx, control_seed, bound=None)
+    control.wall_s = ctx.reprotune(*command)
     ctx.judge(control)
     legs.append(control)
     if stop is None:
