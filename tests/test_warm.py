@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import textwrap
 import time
 from pathlib import Path
+
+import pytest
 
 from warm import launcher
 
@@ -65,3 +68,21 @@ def test_a_forked_leg_ends_when_the_process_that_asked_for_it_dies(tmp_path: Pat
     finally:
         if leg_pid and _alive(leg_pid):
             os.kill(leg_pid, signal.SIGKILL)
+
+
+def test_a_call_that_times_out_shows_where_it_waited(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A forked call that outlives its timeout is killed, and what it was waiting on is printed
+    first (every forked process's stacks, written on SIGUSR1): a hang in CI says where it hung."""
+    script = tmp_path / "waits.py"
+    script.write_text(
+        "import time\n\ndef waiting_here():\n    time.sleep(300)\n\nwaiting_here()\n", encoding="utf-8"
+    )
+    warm = launcher()
+    assert warm is not None
+    with pytest.raises(subprocess.TimeoutExpired):
+        warm.run([], cwd=tmp_path, env=dict(os.environ), timeout=3, script=str(script))
+    shown = capsys.readouterr().out
+    assert "the call timed out" in shown
+    assert "in waiting_here" in shown and "waits.py" in shown

@@ -28,12 +28,15 @@ state every fresh interpreter reaches after its imports.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,7 +67,7 @@ WARM_SAFE = ("TORCH_NCCL_ASYNC_ERROR_HANDLING",)
 ZYGOTE_KEYS = ("OMP_NUM_THREADS",)
 
 _ZYGOTE = r"""
-import io, json, os, select, signal, socket, sys, traceback
+import faulthandler, io, json, os, select, signal, socket, sys, traceback
 import torch, transformers, peft, safetensors, numpy  # the imports every call shares
 import reprotune._cli
 from reprotune._cli import COMMANDS
@@ -142,6 +145,8 @@ def child(spec, fds=None):
     through = bool(spec.get("unbuffered"))  # `python -u`, as torchrun starts its ranks
     sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), line_buffering=False, write_through=through)
     sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), line_buffering=True, write_through=through)
+    # SIGUSR1 writes every thread's stack to stderr: what a call that timed out was waiting on.
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     script, module = spec.get("script"), spec.get("module", "reprotune")
     sys.argv = [script or module, *spec["argv"]]
     # As `python -m reprotune` (or `python SCRIPT`, `python -m MODULE`) ends: the exit code, then
@@ -434,8 +439,11 @@ class WarmLauncher:
         try:
             child.wait(timeout)
         except subprocess.TimeoutExpired:
+            _dump_stacks()
             child.kill()
             child.wait(30)
+            tail = child.stderr_path.read_text(encoding="utf-8", errors="replace")[-20000:]
+            print(f"--- the call timed out; its stderr, with the stacks of every forked process:\n{tail}")
             raise
         return child.result()
 
@@ -446,6 +454,21 @@ class WarmLauncher:
                 self._proc.wait(10)
             except subprocess.TimeoutExpired:
                 self._proc.kill()
+
+
+def _dump_stacks() -> None:
+    """Ask every process a zygote forked (the timed-out call, its ranks and legs) to write its
+    threads' stacks to its stderr (SIGUSR1, faulthandler), and give them a moment to."""
+    zygotes = {str(w._proc.pid) for w in _launchers.values()}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] in zygotes:  # the parent's pid
+            with contextlib.suppress(OSError):
+                os.kill(int(stat.parent.name), signal.SIGUSR1)
+    time.sleep(2)
 
 
 #: Imported by a launcher zygote (one started with :data:`ZYGOTE_KEYS` of its own): torchrun's.
