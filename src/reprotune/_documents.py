@@ -82,10 +82,10 @@ def check_document(
     return data
 
 
-def validation_problems(exc: ValidationError, *, limit: int | None = None) -> list[str]:
+def validation_problems(exc: ValidationError) -> list[str]:
     """A pydantic error as one line per problem: ``key.path[0]: what is wrong (got X)``."""
     lines = []
-    for error in exc.errors()[:limit]:
+    for error in exc.errors():
         where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"]).lstrip(".")
         message = str(error["msg"])
         got = "" if error["type"] == "missing" else f" (got {error.get('input')!r:.60})"
