@@ -86,3 +86,39 @@ def test_a_call_that_times_out_shows_where_it_waited(
     shown = capsys.readouterr().out
     assert "the call timed out" in shown
     assert "in waiting_here" in shown and "waits.py" in shown
+
+
+def test_torchrun_may_signal_a_forked_rank_that_has_just_exited(tmp_path: Path) -> None:
+    """torchrun closes a failed launch with ``killpg`` of every rank whose ``poll()`` said it still
+    ran. A real rank that exits in between is a zombie in its process group until torchrun waits
+    for it, so the signal finds it; a rank the zygote forked is reaped at once. Its close must not
+    raise ProcessLookupError then (it crashed torchrun before its failure summary once in CI)."""
+    rank = tmp_path / "rank.py"
+    rank.write_text("pass\n", encoding="utf-8")
+    closer = tmp_path / "closer.py"
+    closer.write_text(
+        textwrap.dedent(
+            f"""
+            import os, sys, time
+            from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+            handler = SubprocessHandler(sys.executable, ("-u", {str(rank)!r}), {{}}, None, None, 0, None)
+            print(type(handler.proc).__name__, flush=True)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:  # until the zygote has reaped it
+                try:
+                    os.kill(handler.proc.pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.01)
+            handler.close()  # as torchrun's close does after a poll that saw it running
+            print("closed", flush=True)
+            """
+        ),
+        encoding="utf-8",
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # a launcher zygote: torchrun's modules loaded
+    warm = launcher(env)
+    assert warm is not None
+    done = warm.run([], cwd=tmp_path, env=env, timeout=120, script=str(closer))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["WarmPopen", "closed"]

@@ -16,6 +16,10 @@ SCRIPT.py``) from the zygote too. Everything else (a user's other commands), and
 environment differs in what a process reads when it starts (the zygote says so: the ranks'
 ``OMP_NUM_THREADS=1`` is served by a zygote started with it), still starts a real process.
 
+A forked rank is reaped by the zygote the moment it exits, where a real one would stay a zombie in
+its process group until torchrun waits for it; torchrun's ``killpg`` of a rank that has just exited
+is therefore no error here (``SubprocessHandler.close`` below), as it is none for a real rank.
+
 One difference from a real leg: its parent is the zygote, not verify, so verify's request that the
 kernel end its legs with it (``PR_SET_PDEATHSIG``) does not hold. The zygote stands in for it: when
 the process that asked for a leg dies (its connection closes while the leg runs), the leg gets
@@ -182,3 +186,17 @@ def _fork_torchrun_ranks() -> None:
         return started(self, args, env)
 
     handler._popen = _popen  # type: ignore[method-assign]
+
+    def close(self: Any, death_sig: Any = None) -> None:
+        # torchrun's close (killpg, then its output files), but a rank gone already is no error: a
+        # real rank that just exited stays a zombie in its process group until torchrun waits for
+        # it, so torchrun's killpg finds it; a forked rank is reaped by the zygote at once, and a
+        # rank that exited between torchrun's poll and its close made killpg raise
+        # ProcessLookupError, crashing torchrun before its failure summary (seen once in CI).
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, death_sig or subprocess_handler._get_default_signal())
+        for stream in (self._stdout, self._stderr):
+            if stream:
+                stream.close()
+
+    handler.close = close  # type: ignore[method-assign]
