@@ -18,15 +18,14 @@ but the run directories.
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from reprotune._jsonio import write_json_atomic
-from reprotune._run.layout import SPOT_PLAN, RunLayout
+from reprotune._proof.spot_plan import SeedControl, SpotPlan
+from reprotune._run.layout import RunLayout
 from reprotune._run.record import load_record, record_config
 from reprotune._train.options import RunOptions
 from reprotune._train.run import resume_run, run_experiment
@@ -52,25 +51,25 @@ def prepare_from_checkpoint(reference: Path, start: int, target: Path, *, data: 
     shutil.copytree(checkpoint, out.checkpoints / checkpoint.name)
 
 
-def replay(plan: dict[str, Any]) -> None:
+def replay(plan: SpotPlan) -> None:
     """Every interval of ``plan``, then the controls, each into its run directory."""
-    reference = Path(plan["reference"])
+    reference = Path(plan.reference)
     paths = RunLayout(reference)
     record = load_record(paths.record)
     cfg = record_config(record, run_dir=reference, source=str(paths.record))
-    data = plan.get("data")  # a bundle's data, or a builtin name, in place of the recorded path
+    data = plan.data  # a bundle's data, or a builtin name, in place of the recorded path
     if data:
         cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": data})})
-    total = int(plan["total_steps"])
+    total = plan.total_steps
     quiet = RunOptions(
         progress=False,
         tracking=False,
         manifest=paths.manifest,
-        code_dir=Path(plan["code_dir"]),
-        allow_code_drift=bool(plan.get("allow_code_drift")),
+        code_dir=Path(plan.code_dir),
+        allow_code_drift=plan.allow_code_drift,
     )
-    for interval in plan["intervals"]:
-        start, end, target = int(interval["start"]), int(interval["end"]), Path(interval["run_dir"])
+    for interval in plan.intervals:
+        start, end, target = interval.start, interval.end, Path(interval.run_dir)
         stop = end if end < total else None
         print(f"replay: steps {start + 1}-{end} -> {target}", flush=True)
         if start == 0:
@@ -78,24 +77,23 @@ def replay(plan: dict[str, Any]) -> None:
         else:
             prepare_from_checkpoint(reference, start, target, data=data)
             resume_run(target, replace(quiet, stop_after_step=stop))
-    for control in plan["controls"]:
-        target, watch = Path(control["run_dir"]), DivergenceWatch(paths.ledger, bound=int(control["bound"]))
-        print(f"replay: negative control {control['name']} -> {target}", flush=True)
-        if control["name"] == "control-seed":
+    for control in plan.controls:
+        target, watch = Path(control.run_dir), DivergenceWatch(paths.ledger, bound=control.bound)
+        print(f"replay: negative control {control.name} -> {target}", flush=True)
+        if isinstance(control, SeedControl):
             perturbed = cfg.model_copy(
-                update={"seed": cfg.seed.model_copy(update={"overrides": control["overrides"]})}
+                update={"seed": cfg.seed.model_copy(update={"overrides": control.overrides})}
             )
             run_experiment(perturbed, replace(quiet, run_dir=target, hooks=[watch]))
         else:
-            prepare_from_checkpoint(reference, int(control["start"]), target, data=data)
+            prepare_from_checkpoint(reference, control.start, target, data=data)
             resume_run(target, replace(quiet, hooks=[watch], restore_rng_on_resume=False))
 
 
 def main(argv: list[str]) -> int:
     """``python -m reprotune._proof.replay SPOT_DIR``."""
     spot_dir = Path(argv[0])
-    plan = json.loads((spot_dir / SPOT_PLAN).read_text(encoding="utf-8"))
-    replay(plan)
+    replay(SpotPlan.read(spot_dir))
     return 0
 
 

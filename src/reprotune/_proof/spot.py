@@ -38,10 +38,11 @@ from reprotune._proof.intervals import (
 )
 from reprotune._proof.processes import run_logged
 from reprotune._proof.rerun import checked_before_rerun
+from reprotune._proof.spot_plan import PlannedControl, PlannedInterval, ResumeControl, SeedControl, SpotPlan
 from reprotune._proof.unpack import unpack
 from reprotune._proof.verification import Leg, Verification, judge_leg, machine_summary
 from reprotune._run.checkpoint_files import STATE_FILE, list_checkpoints, verify_checkpoint
-from reprotune._run.layout import SPOT_PLAN, RunLayout, VerifyLayout
+from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.outputs import refuse_nonempty_dir, refuse_overwrite
 from reprotune._run.record import load_record
 from reprotune._run.rundir import check_is_run_dir
@@ -93,11 +94,17 @@ def spot_verify(
     if bundle is None:
         _new_dir(out_dir)
     layout = VerifyLayout(out_dir)
-    plan = _plan(reference, out_dir, intervals, total, record)
-    plan.update(
-        data=None if data is None else str(data), code_dir=str(code_dir), allow_code_drift=allow_code_drift
+    plan = _plan(
+        reference,
+        out_dir,
+        intervals,
+        total,
+        record,
+        data=None if data is None else str(data),
+        code_dir=code_dir,
+        allow_code_drift=allow_code_drift,
     )
-    write_json_atomic(out_dir / SPOT_PLAN, plan)
+    plan.write(out_dir)
     replayed = sum(i.steps for i in intervals)
     progress(
         f"verify --spot: {len(intervals)} of {len(states) + 1} intervals, {replayed} of {total} steps "
@@ -106,7 +113,7 @@ def spot_verify(
     started = time.perf_counter()
     run_logged([str(out_dir)], layout.log, module="reprotune._proof.replay")
     legs = [_judge_interval(reference, i, plan, total) for i in intervals]
-    legs += [_judge_control(reference, c) for c in plan["controls"]]
+    legs += [_judge_control(reference, c) for c in plan.controls]
     for leg in legs:
         progress(f"  {leg.name}: {leg.verdict} (must be {leg.expected})")
     ok = all(leg.passed is not False for leg in legs) and any(leg.passed for leg in legs)
@@ -173,51 +180,54 @@ def _new_dir(out_dir: Path) -> None:
 
 
 def _plan(
-    reference: Path, out_dir: Path, intervals: list[Interval], total: int, record: dict[str, Any]
-) -> dict[str, Any]:
+    reference: Path,
+    out_dir: Path,
+    intervals: list[Interval],
+    total: int,
+    record: dict[str, Any],
+    *,
+    data: str | None,
+    code_dir: Path,
+    allow_code_drift: bool,
+) -> SpotPlan:
+    """The intervals and controls, each with its run directory under ``out_dir``."""
     root = out_dir.resolve()
-    plan: dict[str, Any] = {
-        "reference": str(reference),
-        "total_steps": total,
-        "intervals": [
-            {
-                "start": i.start,
-                "end": i.end,
-                "why": i.why,
-                "run_dir": str(root / f"steps-{i.start + 1}-{i.end}"),
-            }
-            for i in intervals
-        ],
-    }
-    first = intervals[0]
+    planned = [
+        PlannedInterval(
+            start=i.start, end=i.end, why=i.why, run_dir=str(root / f"steps-{i.start + 1}-{i.end}")
+        )
+        for i in intervals
+    ]
     seeds = record.get("seeds") or {}
     overrides = {**((record.get("config") or {}).get("seed", {}).get("overrides") or {})}
     overrides["data_order"] = int(seeds.get("data_order", 0)) + 1
-    controls: list[dict[str, Any]] = [
-        {
-            "name": "control-seed",
-            "run_dir": str(root / "control-seed"),
-            "overrides": overrides,
-            "bound": min(first.end, 3),
-        }
+    bound = min(intervals[0].end, 3)
+    controls: list[PlannedControl] = [
+        SeedControl(run_dir=str(root / "control-seed"), overrides=overrides, bound=bound)
     ]
     resumed = [i for i in intervals if i.start > 0]
     if resumed:
         start = resumed[0].start
         controls.append(
-            {
-                "name": "control-resume",
-                "run_dir": str(root / "control-resume"),
-                "start": start,
-                "bound": min(total, start + 3),
-            }
+            ResumeControl(
+                run_dir=str(root / "control-resume"),
+                start=start,
+                bound=min(total, start + 3),
+            )
         )
-    plan["controls"] = controls
-    return plan
+    return SpotPlan(
+        reference=str(reference),
+        total_steps=total,
+        intervals=planned,
+        controls=controls,
+        data=data,
+        code_dir=str(code_dir),
+        allow_code_drift=allow_code_drift,
+    )
 
 
-def _judge_interval(reference: Path, interval: Interval, plan: dict[str, Any], total: int) -> Leg:
-    run_dir = Path(next(p["run_dir"] for p in plan["intervals"] if p["start"] == interval.start))
+def _judge_interval(reference: Path, interval: Interval, plan: SpotPlan, total: int) -> Leg:
+    run_dir = Path(next(p.run_dir for p in plan.intervals if p.start == interval.start))
     origin = "the initial state" if interval.start == 0 else f"checkpoint {interval.start}"
     end_state = _end_state(reference, run_dir, interval.end, total)
     leg, first = judge_interval(reference, run_dir, interval, origin=origin, end_state=end_state)
@@ -226,9 +236,9 @@ def _judge_interval(reference: Path, interval: Interval, plan: dict[str, Any], t
     return leg
 
 
-def _trace_hint(reference: Path, step: int, plan: dict[str, Any]) -> str:
+def _trace_hint(reference: Path, step: int, plan: SpotPlan) -> str:
     """The ``reprotune trace`` commands that find the first op of ``step`` that differs."""
-    made = "on the machine that made the run" if plan.get("data") else "for the run"
+    made = "on the machine that made the run" if plan.data else "for the run"
     return (
         f"to find the first op that differs, {made}: `reprotune trace RUN_DIR --step {step} --out "
         f"A-step-{step}.trace.jsonl`; here: `reprotune trace {reference} --step {step} --out "
@@ -267,13 +277,13 @@ def _state(checkpoint: Path) -> dict[str, Any]:
     return state
 
 
-def _judge_control(reference: Path, control: dict[str, Any]) -> Leg:
-    leg = Leg(str(control["name"]), str(control["run_dir"]), "DIVERGED")
+def _judge_control(reference: Path, control: PlannedControl) -> Leg:
+    leg = Leg(control.name, control.run_dir, "DIVERGED")
     judge_leg(leg, reference, prefix=True)
-    if control["name"] == "control-seed":
-        leg.note = f"seed.overrides.data_order={control['overrides']['data_order']}"
+    if isinstance(control, SeedControl):
+        leg.note = f"seed.overrides.data_order={control.overrides['data_order']}"
     else:
-        leg.note = f"resumed from checkpoint {control['start']} without restoring the RNG states"
+        leg.note = f"resumed from checkpoint {control.start} without restoring the RNG states"
         lora = (load_record(RunLayout(reference).record).get("config") or {}).get("lora") or {}
         if not leg.passed and not lora.get("dropout"):
             leg.passed = None
