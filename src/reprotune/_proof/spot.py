@@ -94,16 +94,7 @@ def spot_verify(
     if bundle is None:
         _new_dir(out_dir)
     layout = VerifyLayout(out_dir)
-    plan = _plan(
-        reference,
-        out_dir,
-        intervals,
-        total,
-        record,
-        data=None if data is None else str(data),
-        code_dir=code_dir,
-        allow_code_drift=allow_code_drift,
-    )
+    plan = _plan(reference, out_dir, intervals, total, record, data, code_dir, allow_code_drift)
     plan.write(out_dir)
     replayed = sum(i.steps for i in intervals)
     progress(
@@ -185,12 +176,12 @@ def _plan(
     intervals: list[Interval],
     total: int,
     record: dict[str, Any],
-    *,
-    data: str | None,
+    data: Path | str | None,
     code_dir: Path,
     allow_code_drift: bool,
 ) -> SpotPlan:
-    """The intervals and controls, each with its run directory under ``out_dir``."""
+    """The intervals and controls, each with its run directory under ``out_dir``, and where the
+    replay finds the data (``data``: instead of the recorded path) and the code."""
     root = out_dir.resolve()
     planned = [
         PlannedInterval(
@@ -220,7 +211,7 @@ def _plan(
         total_steps=total,
         intervals=planned,
         controls=controls,
-        data=data,
+        data=None if data is None else str(data),
         code_dir=str(code_dir),
         allow_code_drift=allow_code_drift,
     )
