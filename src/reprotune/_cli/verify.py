@@ -183,10 +183,12 @@ def _run_spot(args: argparse.Namespace) -> int:
 def _done(result: Verification, out: Path) -> int:
     """Print the verdict, put it on the reference's tracker run; the exit code (0 PASS, 1 FAIL)."""
     from reprotune._proof.verdict_tags import tag_reference
+    from reprotune._run.layout import VerifyLayout
 
+    verification = VerifyLayout(out).verification
     print(result.format())
-    print(f"verification record: {out / 'verification.json'}")
-    tag_reference(result, out / "verification.json", report=print)
+    print(f"verification record: {verification}")
+    tag_reference(result, verification, report=print)
     return 0 if result.verdict == "PASS" else 1
 
 

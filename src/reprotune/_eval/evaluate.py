@@ -25,6 +25,7 @@ from reprotune._eval.decode import Generated, generate_rows
 from reprotune._eval.evalfile import ids_sha256, predictions_bytes
 from reprotune._eval.inputs import EvalInputs, EvalRow, prepare_inputs
 from reprotune._eval.layout import (
+    PREDICTIONS,
     SCHEMA,
     SCHEMA_VERSION,
     EvalLayout,
@@ -342,7 +343,7 @@ def _record(
         "metrics": dict(scores.metrics),
         "metric_config": scores.config,
         "predictions": {
-            "file": "predictions.jsonl",
+            "file": PREDICTIONS,
             "sha256": sha256_bytes(predictions),
             "n_rows": len(rows),
         },

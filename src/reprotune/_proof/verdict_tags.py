@@ -21,7 +21,7 @@ from typing import Any
 
 from reprotune._jsonio import sha256_file
 from reprotune._proof.verification import Verification
-from reprotune._run.layout import RunLayout
+from reprotune._run.layout import VERIFICATION, RunLayout
 from reprotune._run.record import load_record
 from reprotune._trackers.wandb import import_wandb
 
@@ -106,7 +106,7 @@ def _resume_wandb(
         run.tags = (*(run.tags or ()), f"reprotune-verify-{tags[PREFIX + 'verdict']}")
         run.summary.update(tags)
         artifact = wandb.Artifact(f"reprotune-verification-{run_id}", type="reprotune-verification")
-        artifact.add_file(str(verification), name="verification.json")
+        artifact.add_file(str(verification), name=VERIFICATION)
         run.log_artifact(artifact)
     finally:
         run.finish()

@@ -161,7 +161,7 @@ def _check_options(cfg: ExperimentConfig, out_dir: Path, control_seed: str, refe
     if reference is not None:
         _check_reference(reference, cfg)
     if out_dir.exists() and any(out_dir.iterdir()):
-        if not (out_dir / "verification.json").exists():
+        if not VerifyLayout(out_dir).verification.exists():
             raise InputError(
                 f"verification directory {out_dir} holds a verification that did not finish "
                 "(interrupted, or still running): its legs cannot be trusted to continue",

@@ -47,8 +47,12 @@ from reprotune._jsonio import (
 from reprotune._model.lora import trainable_tensors
 from reprotune._run.checkpoint_files import (
     _PREFIX,
+    OPTIMIZER_FILE,
+    RNG_META,
+    RNG_TENSORS,
     SCHEMA_VERSION,
     STATE_FILE,
+    WEIGHTS_FILE,
     _state_sha256,
     list_checkpoints,
     verify_checkpoint,
@@ -152,21 +156,21 @@ def _write_files(
     """Every file of a checkpoint into the temporary directory ``tmp``, state.json last."""
     tensors = ranks.weights if ranks is not None else trainable_tensors(model)
     weights = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-    save_file(weights, str(tmp / "trainable.safetensors"))
+    save_file(weights, str(tmp / WEIGHTS_FILE))
     torch.save(
         {
             "optimizer": ranks.optimizer if ranks is not None else optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
         },
-        tmp / "optimizer.pt",
+        tmp / OPTIMIZER_FILE,
     )
     if ranks is not None:
         rng_tensors, rng_meta = ranks_rng_to_tensors(ranks.rng)
     else:
         rng_tensors, rng_meta = rng_state_to_tensors(capture_rng_state())
-    save_file(rng_tensors, str(tmp / "rng.safetensors"))
-    write_json_atomic(tmp / "rng.json", rng_meta)
+    save_file(rng_tensors, str(tmp / RNG_TENSORS))
+    write_json_atomic(tmp / RNG_META, rng_meta)
     files = {}
     for path in sorted(tmp.iterdir()):
         files[path.name] = sha256_file(path)
@@ -280,15 +284,15 @@ def load_states(path: Path) -> dict[str, Any]:
         InputError: ``optimizer.pt`` holds any other object (refused unread).
     """
     try:
-        states: dict[str, Any] = torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")
+        states: dict[str, Any] = torch.load(path / OPTIMIZER_FILE, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as exc:
         # torch's own message advises weights_only=False, i.e. running whatever the file holds:
         # keep only its line naming the refused global.
         what = next((line.strip() for line in str(exc).splitlines() if "GLOBAL" in line), "not plain data")
         raise InputError(
-            f"{path / 'optimizer.pt'} holds objects other than tensors and plain data; "
+            f"{path / OPTIMIZER_FILE} holds objects other than tensors and plain data; "
             f"refused unread ({what})",
-            source=str(path / "optimizer.pt"),
+            source=str(path / OPTIMIZER_FILE),
             fix="do not load this checkpoint; delete it to resume from the previous one, or rerun",
         ) from None
     return states
@@ -316,7 +320,7 @@ def restore_checkpoint(
             fix="resume the run under torchrun, as docs/distributed.md shows",
         )
     # Read everything before changing anything, so a refused file leaves the objects untouched.
-    weights = load_file(str(path / "trainable.safetensors"))
+    weights = load_file(str(path / WEIGHTS_FILE))
     states = load_states(path)
     _load_into(model, optimizer, scheduler, scaler, weights, states)
     if restore_rng:
@@ -351,7 +355,7 @@ def read_rank_checkpoint(path: Path) -> RankCheckpoint:
             source=str(path / STATE_FILE),
             fix="resume the run without torchrun: `reprotune resume RUN_DIR`",
         )
-    weights: dict[str, torch.Tensor] = load_file(str(path / "trainable.safetensors"))
+    weights: dict[str, torch.Tensor] = load_file(str(path / WEIGHTS_FILE))
     states = load_states(path)
     rng = ranks_rng_from_tensors(*_read_rng(path))
     return RankCheckpoint(
@@ -372,5 +376,5 @@ def _read_state(path: Path) -> tuple[dict[str, Any], CheckpointState]:
 
 def _read_rng(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """A checkpoint's RNG tensors and their description (``rng.safetensors``, ``rng.json``)."""
-    meta: dict[str, Any] = json.loads((path / "rng.json").read_text(encoding="utf-8"))
-    return load_file(str(path / "rng.safetensors")), meta
+    meta: dict[str, Any] = json.loads((path / RNG_META).read_text(encoding="utf-8"))
+    return load_file(str(path / RNG_TENSORS)), meta

@@ -12,10 +12,14 @@ from typing import Any
 from reprotune._jsonio import canonical_dumps, sha256_bytes, sha256_file
 
 STATE_FILE = "state.json"
+WEIGHTS_FILE = "trainable.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"  # the optimizer's, the schedule's and the scaler's states
+RNG_META = "rng.json"
+RNG_TENSORS = "rng.safetensors"
 SCHEMA_VERSION = 2  # 2: state.json carries its own sha256 and must list exactly DATA_FILES
 _PREFIX = "step-"
 #: The files a checkpoint holds besides state.json; state.json must list exactly these.
-DATA_FILES = ("optimizer.pt", "rng.json", "rng.safetensors", "trainable.safetensors")
+DATA_FILES = (OPTIMIZER_FILE, RNG_META, RNG_TENSORS, WEIGHTS_FILE)
 
 #: A Hugging Face Trainer checkpoint's state files: what a resume without each loses (the
 #: callback's warning and compare's cause say the same). The Trainer restores the optimizer and

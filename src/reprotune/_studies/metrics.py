@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from reprotune._eval.layout import EVAL_FILE, EVALS_DIR, EvalLayout, evals_dir
+
 FINAL_VAL_LOSS: Final = "final_val_loss"
-EVALS_DIR: Final = "evals"
-EVAL_FILE: Final = "eval.json"
 
 
 def run_metrics(run_dir: Path, record: Mapping[str, Any]) -> tuple[dict[str, float], list[str]]:
@@ -40,7 +40,7 @@ def run_metrics(run_dir: Path, record: Mapping[str, Any]) -> tuple[dict[str, flo
             notes.append(f"{run_dir.name}: outputs.final_val_loss {raw!r} is not a float.hex value")
     else:
         notes.append(f"{run_dir.name}: no final validation loss in its record")
-    evals = run_dir / EVALS_DIR
+    evals = evals_dir(run_dir)
     if evals.is_dir():
         for eval_dir in sorted(p for p in evals.iterdir() if p.is_dir()):
             _read_eval(eval_dir, metrics, notes)
@@ -50,7 +50,7 @@ def run_metrics(run_dir: Path, record: Mapping[str, Any]) -> tuple[dict[str, flo
 def _read_eval(eval_dir: Path, metrics: dict[str, float], notes: list[str]) -> None:
     where = f"{eval_dir.parent.parent.name}/{EVALS_DIR}/{eval_dir.name}/{EVAL_FILE}"
     try:
-        data = json.loads((eval_dir / EVAL_FILE).read_text(encoding="utf-8"))
+        data = json.loads(EvalLayout(eval_dir).eval_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         notes.append(f"{where}: left out, unreadable ({type(exc).__name__})")
         return
