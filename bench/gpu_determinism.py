@@ -16,6 +16,11 @@ microscope (docs/microscope.md) on the GPU: ``reprotune trace`` of step 1 of bot
 each traced under its own mode, compared to name the first op that differs. Prints a table and
 writes ``gpu_determinism.json`` (and the traces). Exit 0 when strict twins (and NCCL twins, and
 the strict twins' traces) are IDENTICAL; 1 otherwise; 2 when there is no CUDA device.
+
+``--device cpu`` rehearses the script on a machine without a GPU (the same runs, traces and
+comparisons on the CPU, no NCCL), so that its plumbing is checked before a GPU is lent:
+
+    .venv/bin/python bench/gpu_determinism.py --device cpu --steps 3 --no-nccl --out /tmp/rehearsal
 """
 
 from __future__ import annotations
@@ -129,18 +134,21 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--no-nccl", dest="nccl", action="store_false", help="skip the torchrun/NCCL twins")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-determinism")))
+    parser.add_argument(
+        "--device", choices=("cuda", "cpu"), default="cuda", help="cpu: rehearse the script without a GPU"
+    )
     args = parser.parse_args()
     import torch
 
-    if not torch.cuda.is_available():
-        print("no CUDA device: run this on the GPU machine", file=sys.stderr)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: run this on a GPU machine, or rehearse it with --device cpu", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     common = [
         "--no-progress",
         "--no-tracking",
         "--set",
-        "determinism.device=cuda",
+        f"determinism.device={args.device}",
         "--set",
         f"train.max_steps={args.steps}",
         "--set",
@@ -179,9 +187,9 @@ def main() -> int:
                 "verdict": verdict["verdict"],
                 "first_divergence_step": verdict["where"].get("first_divergence_step"),
                 "step_time_s_mean": times,
-                "gpu": torch.cuda.get_device_name(0),
+                "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
             }
-    if args.nccl:
+    if args.nccl and args.device == "cuda":
         results["nccl"] = nccl_twins(args.out, common, min(2, torch.cuda.device_count()))
         nccl_t, plain_t = (
             results["nccl"].get("step_time_s_mean"),
