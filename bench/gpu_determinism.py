@@ -18,9 +18,10 @@ writes ``gpu_determinism.json`` (and the traces). Exit 0 when strict twins (and 
 the strict twins' traces) are IDENTICAL; 1 otherwise; 2 when there is no CUDA device.
 
 ``--device cpu`` rehearses the script on a machine without a GPU (the same runs, traces and
-comparisons on the CPU, no NCCL), so that its plumbing is checked before a GPU is lent:
+comparisons on the CPU; the torchrun twins with gloo at 2 ranks), so that its plumbing is checked
+before a GPU is lent:
 
-    .venv/bin/python bench/gpu_determinism.py --device cpu --steps 3 --no-nccl --out /tmp/rehearsal
+    .venv/bin/python bench/gpu_determinism.py --device cpu --steps 3 --out /tmp/rehearsal
 """
 
 from __future__ import annotations
@@ -56,8 +57,9 @@ def _torchrun(nproc: int, *args: str, cwd: Path) -> subprocess.CompletedProcess[
     )
 
 
-def nccl_twins(out: Path, common: list[str], world: int) -> dict[str, object]:
-    """Two strict NCCL launches at ``world`` ranks, compared; their step times."""
+def nccl_twins(out: Path, common: list[str], world: int, backend: str = "nccl") -> dict[str, object]:
+    """Two strict NCCL launches at ``world`` ranks, compared; their step times (``backend`` gloo:
+    the rehearsal on a CPU)."""
     times = []
     for twin in ("a", "b"):
         run_dir = out / f"nccl-{twin}"
@@ -70,7 +72,7 @@ def nccl_twins(out: Path, common: list[str], world: int) -> dict[str, object]:
             "--set",
             "determinism.mode=strict",
             "--set",
-            "distributed.backend=nccl",
+            f"distributed.backend={backend}",
             "--set",
             f"train.grad_accum_steps={world}",
             *common,
@@ -79,12 +81,17 @@ def nccl_twins(out: Path, common: list[str], world: int) -> dict[str, object]:
         (out / f"nccl-{twin}.log").write_text(done.stdout + done.stderr)
         if done.returncode != 0:
             print(done.stdout[-3000:] + done.stderr[-3000:], file=sys.stderr)
-            return {"error": f"torchrun failed with exit {done.returncode}", "world_size": world}
+            return {
+                "error": f"torchrun failed with exit {done.returncode}",
+                "world_size": world,
+                "backend": backend,
+            }
         times.append(json.loads((run_dir / "record.json").read_text())["timings"]["step_time_s_mean"])
     cmp = _reprotune("compare", str(out / "nccl-a"), str(out / "nccl-b"), "--json", cwd=out)
     verdict = json.loads(cmp.stdout)
     return {
         "world_size": world,
+        "backend": backend,
         "verdict": verdict["verdict"],
         "first_divergence_step": verdict["where"].get("first_divergence_step"),
         "step_time_s_mean": times,
@@ -189,8 +196,11 @@ def main() -> int:
                 "step_time_s_mean": times,
                 "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
             }
-    if args.nccl and args.device == "cuda":
-        results["nccl"] = nccl_twins(args.out, common, min(2, torch.cuda.device_count()))
+    if args.nccl:
+        if args.device == "cuda":
+            results["nccl"] = nccl_twins(args.out, common, min(2, torch.cuda.device_count()))
+        else:
+            results["nccl"] = nccl_twins(args.out, common, 2, backend="gloo")
         nccl_t, plain_t = (
             results["nccl"].get("step_time_s_mean"),
             results.get("strict", {}).get("step_time_s_mean"),
