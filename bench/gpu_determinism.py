@@ -57,7 +57,9 @@ def _torchrun(nproc: int, *args: str, cwd: Path) -> subprocess.CompletedProcess[
     )
 
 
-def nccl_twins(out: Path, common: list[str], world: int, backend: str = "nccl") -> dict[str, object]:
+def nccl_twins(
+    out: Path, config: Path, common: list[str], world: int, backend: str = "nccl"
+) -> dict[str, object]:
     """Two strict NCCL launches at ``world`` ranks, compared; their step times (``backend`` gloo:
     the rehearsal on a CPU)."""
     times = []
@@ -66,7 +68,7 @@ def nccl_twins(out: Path, common: list[str], world: int, backend: str = "nccl") 
         done = _torchrun(
             world,
             "run",
-            str(ROOT / "examples" / "quickstart.yaml"),
+            str(config),
             "--run-dir",
             str(run_dir),
             "--set",
@@ -122,14 +124,21 @@ def _compare_traces(a: dict[str, object], b: dict[str, object], out: Path) -> di
 def microscope(out: Path, results: dict[str, dict[str, object]]) -> dict[str, object]:
     """Traces of step 1 of the strict twins, and of the first step where strict and off part."""
     section: dict[str, object] = {}
+    made: dict[tuple[str, int], dict[str, object]] = {}
+
+    def trace(name: str, step: int) -> dict[str, object]:  # a step traced once (a trace never overwrites)
+        if (name, step) not in made:
+            made[name, step] = _trace(out / name, step, out)
+        return made[name, step]
+
     if "verdict" in results.get("strict", {}):
-        twins = [_trace(out / f"strict-{t}", 1, out) for t in ("a", "b")]
+        twins = [trace(f"strict-{t}", 1) for t in ("a", "b")]
         section["strict_twins_step_1"] = {"traces": twins, **_compare_traces(*twins, out)}
     if "verdict" in results.get("strict", {}) and "verdict" in results.get("off", {}):
         cmp = _reprotune("compare", str(out / "strict-a"), str(out / "off-a"), "--json", cwd=out)
         step = json.loads(cmp.stdout)["where"].get("first_divergence_step")
         if step:
-            pair = [_trace(out / "strict-a", int(step), out), _trace(out / "off-a", int(step), out)]
+            pair = [trace("strict-a", int(step)), trace("off-a", int(step))]
             section["strict_vs_off"] = {"step": step, "traces": pair, **_compare_traces(*pair, out)}
         else:
             section["strict_vs_off"] = {"step": None, "note": "strict and off runs did not part"}
@@ -144,7 +153,9 @@ def main() -> int:
     parser.add_argument(
         "--device", choices=("cuda", "cpu"), default="cuda", help="cpu: rehearse the script without a GPU"
     )
+    parser.add_argument("--config", type=Path, default=ROOT / "examples" / "quickstart.yaml")
     args = parser.parse_args()
+    config = args.config.resolve()
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -164,17 +175,22 @@ def main() -> int:
         f"train.eval_every={args.steps}",
     ]
     results: dict[str, dict[str, object]] = {}
+    # On a CPU strict and off compute alike (at 1 thread or 2 too); the rehearsal runs off in the
+    # portable CPU mode, other kernels, so that the two part and the branch that traces their first
+    # divergent step (each run's trace under its own mode) runs.
+    parting = ["--set", "determinism.cpu_isa=avx2-compatible"] if args.device == "cpu" else []
     for mode in ("strict", "off"):
         times = []
         for twin in ("a", "b"):
             run_dir = args.out / f"{mode}-{twin}"
             done = _reprotune(
                 "run",
-                str(ROOT / "examples" / "quickstart.yaml"),
+                str(config),
                 "--run-dir",
                 str(run_dir),
                 "--set",
                 f"determinism.mode={mode}",
+                *(parting if mode == "off" else []),
                 *common,
                 cwd=args.out,
             )
@@ -198,9 +214,9 @@ def main() -> int:
             }
     if args.nccl:
         if args.device == "cuda":
-            results["nccl"] = nccl_twins(args.out, common, min(2, torch.cuda.device_count()))
+            results["nccl"] = nccl_twins(args.out, config, common, min(2, torch.cuda.device_count()))
         else:
-            results["nccl"] = nccl_twins(args.out, common, 2, backend="gloo")
+            results["nccl"] = nccl_twins(args.out, config, common, 2, backend="gloo")
         nccl_t, plain_t = (
             results["nccl"].get("step_time_s_mean"),
             results.get("strict", {}).get("step_time_s_mean"),
