@@ -19,7 +19,9 @@ the strict twins' traces) are IDENTICAL; 1 otherwise; 2 when there is no CUDA de
 
 ``--device cpu`` rehearses the script on a machine without a GPU (the same runs, traces and
 comparisons on the CPU; the torchrun twins with gloo at 2 ranks), so that its plumbing is checked
-before a GPU is lent:
+before a GPU is lent. On a CPU strict and off compute alike, so there the off runs also take
+``determinism.cpu_isa=avx2-compatible`` (recorded as ``off.cpu_isa``) to part from strict where the
+kernels differ; the step-time ratios of a rehearsal mean nothing:
 
     .venv/bin/python bench/gpu_determinism.py --device cpu --steps 3 --out /tmp/rehearsal
 """
@@ -60,8 +62,8 @@ def _torchrun(nproc: int, *args: str, cwd: Path) -> subprocess.CompletedProcess[
 def nccl_twins(
     out: Path, config: Path, common: list[str], world: int, backend: str = "nccl"
 ) -> dict[str, object]:
-    """Two strict NCCL launches at ``world`` ranks, compared; their step times (``backend`` gloo:
-    the rehearsal on a CPU)."""
+    """Two strict torchrun launches at ``world`` ranks with ``backend`` (NCCL; gloo in the
+    rehearsal on a CPU), compared; their step times."""
     times = []
     for twin in ("a", "b"):
         run_dir = out / f"nccl-{twin}"
@@ -207,6 +209,7 @@ def main() -> int:
             )
             verdict = json.loads(cmp.stdout)
             results[mode] = {
+                **({"cpu_isa": "avx2-compatible"} if parting and mode == "off" else {}),
                 "verdict": verdict["verdict"],
                 "first_divergence_step": verdict["where"].get("first_divergence_step"),
                 "step_time_s_mean": times,

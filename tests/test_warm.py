@@ -104,11 +104,13 @@ def test_torchrun_may_signal_a_forked_rank_that_has_just_exited(tmp_path: Path) 
             handler = SubprocessHandler(sys.executable, ("-u", {str(rank)!r}), {{}}, None, None, 0, None)
             print(type(handler.proc).__name__, flush=True)
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:  # until the zygote has reaped it
+            while True:  # until the zygote has reaped it
                 try:
                     os.kill(handler.proc.pid, 0)
                 except ProcessLookupError:
                     break
+                if time.monotonic() > deadline:
+                    sys.exit("the rank was not reaped within 60 s")
                 time.sleep(0.01)
             handler.close()  # as torchrun's close does after a poll that saw it running
             print("closed", flush=True)

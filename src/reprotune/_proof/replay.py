@@ -25,6 +25,7 @@ from pathlib import Path
 
 from reprotune._jsonio import write_json_atomic
 from reprotune._proof.spot_plan import SeedControl, SpotPlan
+from reprotune._run.checkpoint_files import checkpoint_dir
 from reprotune._run.layout import RunLayout
 from reprotune._run.record import load_record, record_config
 from reprotune._train.options import RunOptions
@@ -47,7 +48,7 @@ def prepare_from_checkpoint(reference: Path, start: int, target: Path, *, data: 
         source = getattr(ref, name)
         if source.exists():
             shutil.copyfile(source, getattr(out, name))
-    checkpoint = ref.checkpoints / f"step-{start:08d}"
+    checkpoint = checkpoint_dir(ref.checkpoints, start)
     shutil.copytree(checkpoint, out.checkpoints / checkpoint.name)
 
 

@@ -41,7 +41,7 @@ from reprotune._proof.rerun import checked_before_rerun
 from reprotune._proof.spot_plan import PlannedControl, PlannedInterval, ResumeControl, SeedControl, SpotPlan
 from reprotune._proof.unpack import unpack
 from reprotune._proof.verification import Leg, Verification, judge_leg, machine_summary
-from reprotune._run.checkpoint_files import STATE_FILE, list_checkpoints, verify_checkpoint
+from reprotune._run.checkpoint_files import STATE_FILE, checkpoint_dir, list_checkpoints, verify_checkpoint
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.outputs import refuse_nonempty_dir, refuse_overwrite
 from reprotune._run.record import load_record
@@ -242,10 +242,9 @@ def _end_state(reference: Path, replay: Path, end: int, total: int) -> tuple[str
     """What the interval's end state was checked against, and whether it matched."""
     if end == total:
         return adapter_state(reference, replay)
-    name = f"step-{end:08d}"
     ours_state, theirs_state = (
-        _state(RunLayout(replay).checkpoints / name),
-        _state(RunLayout(reference).checkpoints / name),
+        _state(checkpoint_dir(RunLayout(replay).checkpoints, end)),
+        _state(checkpoint_dir(RunLayout(reference).checkpoints, end)),
     )
     keys = ("step", "position", "files")
     differing = [k for k in keys if ours_state.get(k) != theirs_state.get(k)]

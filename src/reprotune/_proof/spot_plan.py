@@ -1,5 +1,8 @@
 """A spot check's plan (``plan.json`` in its directory): what ``verify --spot`` (``_proof.spot``)
-asks its one replay process (``_proof.replay``) to run, typed and validated where it is read."""
+asks its one replay process (``_proof.replay``) to run, typed and validated where it is read.
+
+It carries no ``schema``/``schema_version``: it passes from one process to the child it starts,
+written and read by the same reprotune, and is not a file a user keeps or another version reads."""
 
 from __future__ import annotations
 

@@ -54,6 +54,7 @@ from reprotune._run.checkpoint_files import (
     STATE_FILE,
     WEIGHTS_FILE,
     _state_sha256,
+    checkpoint_dir,
     list_checkpoints,
     verify_checkpoint,
 )
@@ -109,7 +110,7 @@ def save_checkpoint(
     rank's RNG state, written instead of ``model``'s, ``optimizer``'s and this process's own.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    final = directory / f"{_PREFIX}{state.step:08d}"
+    final = checkpoint_dir(directory, state.step)
     # Half-written checkpoints of attempts that were killed are garbage: a run directory is written
     # by one process at a time. A checkpoint left at this step by a crashed attempt is replaced.
     for leftover in unpublished(directory, f"{_PREFIX}*"):

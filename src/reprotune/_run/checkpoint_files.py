@@ -24,6 +24,7 @@ DATA_FILES = (OPTIMIZER_FILE, RNG_META, RNG_TENSORS, WEIGHTS_FILE)
 #: A Hugging Face Trainer checkpoint's state files: what a resume without each loses (the
 #: callback's warning and compare's cause say the same). The Trainer restores the optimizer and
 #: the schedule only when both files are there, and logs a missing one at INFO level at most.
+#: (Their names are the Trainer's: its optimizer.pt is not a reprotune checkpoint's OPTIMIZER_FILE.)
 TRAINER_DATA_POSITION = "the data position"
 TRAINER_PIECES = {
     "rng": "its dropout and sampling draws differ from the uninterrupted run's",
@@ -39,6 +40,11 @@ def _state_sha256(state: dict[str, Any]) -> str:
     """sha256 of state.json's content without its own ``state_sha256`` key, as canonical JSON."""
     body = {k: v for k, v in state.items() if k != "state_sha256"}
     return sha256_bytes(canonical_dumps(body).encode("utf-8"))
+
+
+def checkpoint_dir(directory: Path, step: int) -> Path:
+    """Where the checkpoint of ``step`` is (or goes) in ``directory``: ``step-00000010``."""
+    return directory / f"{_PREFIX}{step:08d}"
 
 
 def list_checkpoints(directory: Path) -> list[Path]:
