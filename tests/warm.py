@@ -77,7 +77,7 @@ for module, _ in COMMANDS.values():
 import reprotune._train.run, reprotune._proof.verify, reprotune._proof.rerun, reprotune._eval.evaluate
 import reprotune._proof.trace, reprotune._doctor.doctor, reprotune._studies.study
 import reprotune._proof.replay, reprotune._proof.processes
-for module in json.loads(sys.argv[4]):  # a launcher zygote's: torchrun's own modules
+for module in json.loads(sys.argv[3]):  # a launcher zygote's: torchrun's own modules
     importlib.import_module(module)
 import injected_faults, warm_legs  # tests/inject, on PYTHONPATH (tests/conftest.py)
 import gc
@@ -86,8 +86,12 @@ import gc
 gc.collect()
 gc.freeze()
 
-COLD_PREFIXES = tuple(json.loads(sys.argv[1]))
-WARM_SAFE = tuple(json.loads(sys.argv[3]))
+# The rule for which calls need a real interpreter is tests/warm.py's own (argv[1]: that file),
+# loaded without putting tests/ on the children's path.
+import importlib.util
+_spec = importlib.util.spec_from_file_location("_warm_rules", sys.argv[1])
+_rules = sys.modules["_warm_rules"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_rules)
 SOCKET = sys.argv[2]
 START_ENV = dict(os.environ)
 requests, replies = sys.stdin.buffer, sys.stdout.buffer
@@ -108,11 +112,7 @@ def reply(obj):
 
 
 def needs_cold_start(spec):
-    env = spec["env"]
-    for key in set(env) | set(START_ENV):
-        if key.startswith(COLD_PREFIXES) and key not in WARM_SAFE and env.get(key) != START_ENV.get(key):
-            return True
-    return any("cpu_isa" in arg and not arg.endswith("native") for arg in spec["argv"])
+    return _rules.needs_cold_start(spec["argv"], spec["env"], START_ENV)
 
 
 def child(spec, fds=None):
@@ -345,9 +345,8 @@ class WarmLauncher:
                 sys.executable,
                 "-c",
                 _ZYGOTE,
-                json.dumps(COLD_PREFIXES),
+                __file__,
                 str(self._tmp / "zygote.sock"),
-                json.dumps(WARM_SAFE),
                 json.dumps(preload),
             ],
             stdin=subprocess.PIPE,
