@@ -59,6 +59,36 @@ def _torchrun(nproc: int, *args: str, cwd: Path) -> subprocess.CompletedProcess[
     )
 
 
+def mode_twins(out: Path, config: Path, mode: str, common: list[str]) -> dict[str, object]:
+    """Two runs of ``config`` in determinism ``mode``, each in a fresh process, compared; their
+    step times."""
+    times = []
+    for twin in ("a", "b"):
+        run_dir = out / f"{mode}-{twin}"
+        done = _reprotune(
+            "run",
+            str(config),
+            "--run-dir",
+            str(run_dir),
+            "--set",
+            f"determinism.mode={mode}",
+            *common,
+            cwd=out,
+        )
+        (out / f"{mode}-{twin}.log").write_text(done.stdout + done.stderr)
+        if done.returncode != 0:
+            print(done.stdout + done.stderr, file=sys.stderr)
+            return {"error": f"run failed with exit {done.returncode}"}
+        times.append(json.loads((run_dir / "record.json").read_text())["timings"]["step_time_s_mean"])
+    cmp = _reprotune("compare", str(out / f"{mode}-a"), str(out / f"{mode}-b"), "--json", cwd=out)
+    verdict = json.loads(cmp.stdout)
+    return {
+        "verdict": verdict["verdict"],
+        "first_divergence_step": verdict["where"].get("first_divergence_step"),
+        "step_time_s_mean": times,
+    }
+
+
 def nccl_twins(
     out: Path, config: Path, common: list[str], world: int, backend: str = "nccl"
 ) -> dict[str, object]:
@@ -182,39 +212,12 @@ def main() -> int:
     # divergent step (each run's trace under its own mode) runs.
     parting = ["--set", "determinism.cpu_isa=avx2-compatible"] if args.device == "cpu" else []
     for mode in ("strict", "off"):
-        times = []
-        for twin in ("a", "b"):
-            run_dir = args.out / f"{mode}-{twin}"
-            done = _reprotune(
-                "run",
-                str(config),
-                "--run-dir",
-                str(run_dir),
-                "--set",
-                f"determinism.mode={mode}",
-                *(parting if mode == "off" else []),
-                *common,
-                cwd=args.out,
-            )
-            (args.out / f"{mode}-{twin}.log").write_text(done.stdout + done.stderr)
-            if done.returncode != 0:
-                print(done.stdout + done.stderr, file=sys.stderr)
-                results[mode] = {"error": f"run failed with exit {done.returncode}"}
-                break
-            record = json.loads((run_dir / "record.json").read_text())
-            times.append(record["timings"]["step_time_s_mean"])
-        else:
-            cmp = _reprotune(
-                "compare", str(args.out / f"{mode}-a"), str(args.out / f"{mode}-b"), "--json", cwd=args.out
-            )
-            verdict = json.loads(cmp.stdout)
-            results[mode] = {
-                **({"cpu_isa": "avx2-compatible"} if parting and mode == "off" else {}),
-                "verdict": verdict["verdict"],
-                "first_divergence_step": verdict["where"].get("first_divergence_step"),
-                "step_time_s_mean": times,
-                "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
-            }
+        extra = parting if mode == "off" else []
+        results[mode] = mode_twins(args.out, config, mode, [*extra, *common])
+        if extra and "verdict" in results[mode]:
+            results[mode]["cpu_isa"] = "avx2-compatible"
+        if args.device == "cuda" and "verdict" in results[mode]:
+            results[mode]["gpu"] = torch.cuda.get_device_name(0)
     if args.nccl:
         if args.device == "cuda":
             results["nccl"] = nccl_twins(args.out, config, common, min(2, torch.cuda.device_count()))
