@@ -135,7 +135,7 @@ def test_run_id_format() -> None:
     from datetime import datetime, timezone
 
     cfg = ExperimentConfig()
-    run_id = make_run_id(cfg, datetime(2026, 3, 4, 5, 6, 7, tzinfo=timezone.utc))
+    run_id = make_run_id(config_sha256(cfg), datetime(2026, 3, 4, 5, 6, 7, tzinfo=timezone.utc))
     assert run_id == f"20260304-050607-{config_sha256(cfg)[:8]}"
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from reprotune._config.schema import ExperimentConfig
+from reprotune._config.schema import ExperimentConfig, config_sha256
 from reprotune._data.manifest import SIDECAR_SUFFIX
 from reprotune._errors import InputError
 from reprotune._run import layout
@@ -30,7 +30,7 @@ _RUN_DIRS = (layout.ADAPTER_DIR, layout.CHECKPOINTS)
 
 def new_run_dir(cfg: ExperimentConfig, base: Path = Path("runs")) -> Path:
     """``runs/<run id>`` (``make_run_id``: UTC time and config hash), with a suffix if that exists."""
-    return unused_path(base, make_run_id(cfg))
+    return unused_path(base, make_run_id(config_sha256(cfg)))
 
 
 def unused_path(base: Path, name: str) -> Path:

@@ -162,8 +162,15 @@ def utc_now() -> str:
 
 
 def start_record(run_id: str, cfg: ExperimentConfig, seeds: Mapping[str, int]) -> dict[str, Any]:
+    """The record of a run of ``cfg`` that is starting: :func:`new_record` of its resolved config."""
+    return new_record(run_id, cfg.resolved(), config_sha256(cfg), seeds)
+
+
+def new_record(
+    run_id: str, config: Mapping[str, Any], config_sha: str, seeds: Mapping[str, int]
+) -> dict[str, Any]:
     """The record of a run that is starting (``running``): config, its hash, seeds, start time, no
-    attempt yet.
+    attempt yet (``reprotune run``'s config, or a Trainer's settings).
 
     A run holds it in a ``_run.live_record.LiveRecord``, whose operations fill it in as the run
     goes; :func:`write_record` validates it against :class:`RunRecord` on every write.
@@ -172,18 +179,18 @@ def start_record(run_id: str, cfg: ExperimentConfig, seeds: Mapping[str, int]) -
         "run_id": run_id,
         "reprotune_version": __version__,
         "status": "running",
-        "config": cfg.resolved(),
-        "config_sha256": config_sha256(cfg),
+        "config": dict(config),
+        "config_sha256": config_sha,
         "seeds": dict(seeds),
         "timings": {"started_at": utc_now()},
         "attempts": [],
     }
 
 
-def make_run_id(cfg: ExperimentConfig, now: datetime | None = None) -> str:
+def make_run_id(config_sha: str, now: datetime | None = None) -> str:
     """``YYYYmmdd-HHMMSS-<first 8 hex of the config's sha256>``, in UTC."""
     moment = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
-    return f"{moment:%Y%m%d-%H%M%S}-{config_sha256(cfg)[:8]}"
+    return f"{moment:%Y%m%d-%H%M%S}-{config_sha[:8]}"
 
 
 def write_record(path: str | os.PathLike[str], record: RunRecord | Mapping[str, Any]) -> str:

@@ -23,7 +23,6 @@ import os
 import time
 import warnings
 from collections.abc import Sized
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +40,10 @@ from reprotune._run.fingerprint import (
     environment_fingerprint,
 )
 from reprotune._run.ledger import train_line, val_line
-from reprotune._run.record import Status, utc_now
+from reprotune._run.record import Status, make_run_id, new_record, utc_now
 from reprotune._trackers.mlflow_link import require_mlflow, run_to_link
 from reprotune._trackers.wandb import import_wandb
 from reprotune._train.writer import report
-from reprotune._version import __version__
 from reprotune.integrations import _ranks as ranks_of
 from reprotune.integrations import _sections as sections
 from reprotune.integrations._findings import (
@@ -201,16 +199,10 @@ class ReprotuneCallback(TrainerCallback):
                 ranks=[r["restore"] for r in ranks if r["restore"] is not None],
             )
             return
-        run_id = f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{config_sha[:8]}"
+        run_id = make_run_id(config_sha)
         record = {
-            "run_id": run_id,
-            "reprotune_version": __version__,
-            "status": "running",
+            **new_record(run_id, config, config_sha, sections.run_seeds(args, sampler_seed)),
             "error": None,
-            "config": config,
-            "config_sha256": config_sha,
-            "seeds": sections.run_seeds(args, sampler_seed),
-            "timings": {"started_at": utc_now()},
             "attempts": [{"started_at": utc_now(), "resumed": False}],
             "code": code_record,
             "environment": environment,
