@@ -93,6 +93,23 @@ def test_invalid_record_is_not_written(tmp_path: Path) -> None:
     assert not (tmp_path / "record.json").exists()
 
 
+def test_a_world_size_change_is_checked_and_read_back_as_written(tmp_path: Path) -> None:
+    """An attempt's ``world_size_change`` (``from``, ``to``, ``at_step``) is typed: written and read
+    back under its own key names, and refused without its ``to``."""
+    change = {"from": 2, "to": 1, "at_step": 4, "attempt": 1}
+    record = {**_stamped(), "attempts": [{"resumed": False}, {"resumed": True, "world_size_change": change}]}
+    write_record(tmp_path / "record.json", record)
+    assert load_record(tmp_path)["attempts"][1]["world_size_change"] == change
+    typed = parse_record(load_record(tmp_path)).attempts[1].world_size_change
+    assert typed is not None and (typed.from_, typed.to, typed.at_step) == (2, 1, 4)
+    partial = {k: v for k, v in change.items() if k != "to"}
+    bad = {**_stamped(), "attempts": [{"resumed": True, "world_size_change": partial}]}
+    with pytest.raises(ValueError) as refused:
+        write_record(tmp_path / "other.json", bad)
+    assert "attempts[0].world_size_change.to: field required" in str(refused.value)
+    assert not (tmp_path / "other.json").exists()
+
+
 def test_unknown_schema_version_is_refused(tmp_path: Path) -> None:
     """A record with schema_version 2 raises SchemaVersionError naming both versions."""
     data = {**_stamped(), "schema_version": 2}

@@ -112,6 +112,15 @@ class Outputs(_Part):
     ledger_sha256: str | None = None
 
 
+class WorldSizeChange(_Part):
+    """A distributed run resumed at another world size (``--allow-world-size-change``)."""
+
+    from_: int = Field(alias="from")
+    to: int
+    at_step: int
+    attempt: int | None = None  # the attempt's index in ``attempts``
+
+
 class Attempt(_Part):
     """One attempt of a run: the first, then one per resume (docs/run-directory.md)."""
 
@@ -123,7 +132,7 @@ class Attempt(_Part):
     code_drift: list[str] = Field(default_factory=list)
     environment_drift: list[str] = Field(default_factory=list)
     distributed_drift: list[str] = Field(default_factory=list)
-    world_size_change: dict[str, Any] | None = None
+    world_size_change: WorldSizeChange | None = None
 
 
 class RunRecord(_Part):
