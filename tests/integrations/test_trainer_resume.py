@@ -19,7 +19,7 @@ from reprotune._run.record import load_record
 from reprotune.integrations import controls
 from reprotune.integrations._ranks import CHECKPOINT_MARKER
 
-pytestmark = pytest.mark.slow  # four Trainer runs in fresh processes
+pytestmark = pytest.mark.slow  # Trainer runs, four of them in fresh processes
 
 
 def test_a_resume_without_the_optimizer_and_with_another_rng_file_is_warned_recorded_and_blamed(
@@ -111,3 +111,38 @@ def test_resume_from_checkpoint_true_is_checked_against_the_checkpoint_the_train
     assert f"another RNG state than it saved: rng_state.pth in {checkpoint} is not" in capsys.readouterr().err
     attempt = load_record(run_dir)["attempts"][-1]
     assert attempt["from_checkpoint"] == str(checkpoint) and attempt["rng_changed"] == ["rng_state.pth"]
+
+
+def test_resuming_a_completed_run_is_refused_and_leaves_its_record_as_it_was(tmp_path: Path) -> None:
+    """A Trainer resumed from a checkpoint of a run that has completed: nothing to resume, said
+    with the Trainer's own fix; the record and ledger are untouched."""
+    from trainer_scripts import tiny_trainer
+
+    from reprotune._errors import InputError
+    from reprotune._run.layout import RunLayout
+    from reprotune.integrations.transformers import ReprotuneCallback
+    from reprotune.testing import tiny_rows
+    from tinyrun import TinyProject
+
+    model_dir = TinyProject.create(tmp_path / "project").root / "tiny-model"
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+
+    def trainer() -> Any:
+        make = lambda: ReprotuneCallback(run_dir, code_dir=tmp_path)  # noqa: E731
+        return tiny_trainer(
+            model_dir, tiny_rows(40, seed=1), out, make, max_steps=8, save_strategy="steps", save_steps=4
+        )
+
+    trainer().train()
+    paths = RunLayout(run_dir)
+    before = {path: path.read_bytes() for path in (paths.record, paths.ledger)}
+    assert load_record(run_dir)["status"] == "completed"
+
+    with pytest.raises(InputError) as refused:
+        trainer().train(resume_from_checkpoint=str(out / "checkpoint-4"))
+
+    assert str(refused.value) == (
+        f"{paths.record}: the run in {run_dir} is already complete; nothing to resume\n"
+        "fix: resume into the run that stopped, or start a new run directory"
+    )
+    assert {path: path.read_bytes() for path in before} == before

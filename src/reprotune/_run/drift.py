@@ -1,7 +1,8 @@
 """Drift: how the code and environment of now differ from what a record holds.
 
-A resumed run must be the run that started (same code: :func:`refuse_code_drift`); a rerun
-reports every difference before it trains (:func:`code_drift`, :func:`section_drift`).
+A resumed run must be the run that started (same code: :func:`refuse_code_drift`) and must not
+have completed (:func:`refuse_completed`); a rerun reports every difference before it trains
+(:func:`code_drift`, :func:`section_drift`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,26 @@ def refuse_code_drift(
             f"before {what}{anyway}",
         )
     return drift
+
+
+def refuse_completed(status: str | None, run_dir: Path, *, fix: str | None = None) -> None:
+    """Raise when the run to resume has completed: there is nothing to resume.
+
+    Args:
+        status: the record's status.
+        run_dir: the recorded run, for the message.
+        fix: what to do instead; by default compare it or rerun it from the CLI.
+
+    Raises:
+        InputError: the status is ``completed``.
+    """
+    if status == "completed":
+        raise InputError(
+            f"the run in {run_dir} is already complete; nothing to resume",
+            source=str(layout.RunLayout(run_dir).record),
+            fix=fix
+            or f"compare it with `reprotune compare`, or start a new one with `reprotune rerun {run_dir}`",
+        )
 
 
 def section_drift(old: Mapping[str, Any], new: Mapping[str, Any], *, prefix: str) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from reprotune._config.loading import config_from_dict
 from reprotune._config.schema import ExperimentConfig
-from reprotune._errors import InputError
+from reprotune._run.drift import refuse_completed
 from reprotune._run.fingerprint import attention_of, environment_fingerprint
 from reprotune._run.layout import RunLayout
 from reprotune._run.ranks import check_resume_world
@@ -112,11 +112,6 @@ def follow_resume(run_dir: Path, cfg: ExperimentConfig, ctx: DistContext, option
         InputError: the run is complete, or may not resume at this world size.
     """
     record = load_record(RunLayout(run_dir).record)
-    if record.get("status") == "completed":
-        raise InputError(
-            f"the run in {run_dir} is already complete; nothing to resume",
-            source=str(RunLayout(run_dir).record),
-            fix="compare it with `reprotune compare`",
-        )
+    refuse_completed(record.get("status"), run_dir)
     resume_world_change(record, ctx, allow_change=options.allow_world_size_change, run_dir=run_dir)
     return follow_run(cfg, ctx, options, resume=True)

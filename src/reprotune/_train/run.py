@@ -24,7 +24,7 @@ from reprotune._errors import InputError
 from reprotune._jsonio import write_bytes_atomic
 from reprotune._model.lora import save_adapter
 from reprotune._run.claim import check_run_dir_free, claim_run_dir, new_run_dir, unlanded_first_record
-from reprotune._run.drift import code_drift, refuse_code_drift, section_drift
+from reprotune._run.drift import code_drift, refuse_code_drift, refuse_completed, section_drift
 from reprotune._run.fingerprint import attention_of, code_fingerprint, environment_fingerprint, own_outputs
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import LedgerWriter, hexf
@@ -123,13 +123,7 @@ def _resume(run_dir: Path, options: RunOptions, dist: DistContext | None) -> Run
         )
     with holding_run_dir(run_dir, report=report), hf_progress_bars(options.progress), interrupt_on_signals():
         record = LiveRecord.load(paths.record)  # read under the lock: no other writer now
-        if record.typed.status == "completed":
-            raise InputError(
-                f"the run in {run_dir} is already complete; nothing to resume",
-                source=str(paths.record),
-                fix=f"compare it with `reprotune compare`, or start a new one with "
-                f"`reprotune rerun {run_dir}`",
-            )
+        refuse_completed(record.typed.status, run_dir)
         cfg = config_from_dict(record["config"], source=str(paths.record))
         allow = options.allow_world_size_change
         run = _Run(paths, record, TrackerSet([]), dist=dist)

@@ -24,7 +24,7 @@ from reprotune._documents import read_json_file
 from reprotune._errors import InputError
 from reprotune._jsonio import publishing_dir, sha256_file, write_bytes_atomic, write_json_atomic
 from reprotune._model.lora import save_adapter, trainable_tensors
-from reprotune._run.drift import refuse_code_drift, section_drift
+from reprotune._run.drift import refuse_code_drift, refuse_completed, section_drift
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import Entry, LedgerWriter, read_ledger, truncate_ledger
 from reprotune._run.live_record import LiveRecord
@@ -234,12 +234,9 @@ def _restored(ranks: Sequence[Mapping[str, Any]], checkpoint: str | None) -> dic
 def _check_resumable(
     paths: RunLayout, record: Mapping[str, Any], config_sha256: str, code: Mapping[str, Any]
 ) -> None:
-    if record.get("status") == "completed":
-        raise InputError(
-            f"the run in {paths.root} is already complete; nothing to resume",
-            source=str(paths.record),
-            fix="resume into the run that stopped, or start a new run directory",
-        )
+    refuse_completed(
+        record.get("status"), paths.root, fix="resume into the run that stopped, or start a new run directory"
+    )
     if record.get("config_sha256") != config_sha256:
         raise InputError(
             "the Trainer's settings, model or LoRA config differ from the run's (config_sha256 "
