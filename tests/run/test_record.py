@@ -110,6 +110,38 @@ def test_a_world_size_change_is_checked_and_read_back_as_written(tmp_path: Path)
     assert not (tmp_path / "other.json").exists()
 
 
+def test_a_distributed_section_is_typed_and_refused_with_the_key_that_is_wrong(tmp_path: Path) -> None:
+    """The ``distributed`` section of a torchrun run reads back as written (extra keys kept) and
+    typed; a section without ``world_size`` or with a rank that is not a number is refused, each
+    problem named by its key."""
+    section = {
+        "world_size": 2,
+        "backend": "gloo",
+        "strategy": "ddp",
+        "launcher": "torchrun",
+        "nodes": 1,
+        "timeout_s": 600.0,
+        "rank_seeds": [11, 12],
+        "reductions": {"loss": "gathered"},
+        "ranks": [{"rank": 0, "host": "a", "environment_differs": []}, {"rank": 1, "host": "b"}],
+        "world_size_changes": [{"from": 2, "to": 1, "at_step": 4, "attempt": 1}],
+        "later_key": "kept",
+    }
+    write_record(tmp_path / "record.json", {**_stamped(), "distributed": section})
+    assert load_record(tmp_path)["distributed"] == section
+    typed = parse_record(load_record(tmp_path)).distributed
+    assert typed is not None and typed.world_size == 2 and [r.host for r in typed.ranks] == ["a", "b"]
+    assert typed.world_size_changes[0].to == 1
+
+    bad = {k: v for k, v in section.items() if k != "world_size"}
+    bad["ranks"] = [{"rank": "zero"}]
+    with pytest.raises(ValueError) as refused:
+        write_record(tmp_path / "other.json", {**_stamped(), "distributed": bad})
+    assert "distributed.world_size: field required" in str(refused.value)
+    assert "distributed.ranks[0].rank:" in str(refused.value)
+    assert not (tmp_path / "other.json").exists()
+
+
 def test_unknown_schema_version_is_refused(tmp_path: Path) -> None:
     """A record with schema_version 2 raises SchemaVersionError naming both versions."""
     data = {**_stamped(), "schema_version": 2}

@@ -8,9 +8,9 @@ stamps the schema, validates it again and writes canonical JSON atomically, on e
 :func:`load_record` reads a record back, validated; a schema or schema version it does not know
 is refused.
 
-Sections are typed for the keys the contract names and accept extra keys (a run may add
-``data.order``, a Trainer's run its ``trainer`` and ``findings``...); a record written before a
-section is known holds no such key, so every section is optional.
+Sections (``_run.record_sections``) are typed for the keys the contract names and accept extra
+keys (a run may add ``data.order``, a Trainer's run its ``trainer`` and ``findings``...); a record
+written before a section is known holds no such key, so every section is optional.
 
 Importing this module never imports torch: compare and report read records.
 """
@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from reprotune._config.loading import config_from_dict
 from reprotune._config.schema import ExperimentConfig, config_sha256
@@ -33,6 +33,17 @@ from reprotune._config.secrets import mask_config, mask_data
 from reprotune._documents import check_document, read_json_file, validated, validation_problems
 from reprotune._jsonio import write_json_atomic
 from reprotune._run import layout
+from reprotune._run.record_sections import (
+    Attempt,
+    CodeRecord,
+    DataRecord,
+    DistributedRecord,
+    ErrorInfo,
+    ModelRecord,
+    Outputs,
+    RecordPart,
+    Timings,
+)
 from reprotune._version import __version__
 
 SCHEMA: Final = "reprotune/record"
@@ -41,101 +52,7 @@ SCHEMA_VERSION: Final = 1
 Status = Literal["running", "completed", "failed", "stopped", "interrupted"]
 
 
-class _Part(BaseModel):
-    # extra="allow": the contract lists the keys that must mean what docs/run-directory.md says;
-    # a run may record more, and a reader must not lose them.
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-
-class ErrorInfo(_Part):
-    """Why a run failed."""
-
-    type: str
-    message: str
-
-
-class CodeRecord(_Part):
-    """The code a run used (see :class:`reprotune._run.fingerprint.CodeInfo`)."""
-
-    in_git: bool = False
-    commit: str | None = None
-    branch: str | None = None
-    dirty: bool = False
-    diff_sha256: str | None = None
-    patch_file: str | None = None
-    untracked: list[str] = Field(default_factory=list)
-
-
-class DataRecord(_Part):
-    """The data a run trained on."""
-
-    source: str | None = None
-    file_sha256: str | None = None
-    n_rows: int | None = None
-    manifest_sha256: str | None = None
-    manifest_file: str | None = None
-    split_sizes: dict[str, int] = Field(default_factory=dict)
-
-
-class ModelRecord(_Part):
-    """The base model a run started from."""
-
-    source: str | None = None
-    revision: str | None = None
-    resolved_path: str | None = None
-    weights_sha256: str | None = None
-    tokenizer_sha256: str | None = None
-    dtype: str | None = None
-    pad_token_id: int | None = None
-    max_length: int | None = None
-
-
-class Timings(_Part):
-    """When a run ran and how fast (docs/run-directory.md)."""
-
-    started_at: str
-    ended_at: str | None = None
-    duration_s: float | None = None
-    steps_done: int = 0
-    step_time_s_mean: float | None = None
-    step_time_s_median: float | None = None
-    recording_time_s: float | None = None
-    recording_share: float | None = None
-    checkpoint_time_s: float | None = None
-
-
-class Outputs(_Part):
-    """Hashes of what a run produced."""
-
-    adapter_sha256: str | None = None
-    adapter_files: dict[str, str] = Field(default_factory=dict)
-    ledger_sha256: str | None = None
-
-
-class WorldSizeChange(_Part):
-    """A distributed run resumed at another world size (``--allow-world-size-change``)."""
-
-    from_: int = Field(alias="from")
-    to: int
-    at_step: int
-    attempt: int | None = None  # the attempt's index in ``attempts``
-
-
-class Attempt(_Part):
-    """One attempt of a run: the first, then one per resume (docs/run-directory.md)."""
-
-    started_at: str | None = None
-    resumed: bool = False
-    from_step: int | None = None
-    rng_restored: bool | None = None
-    drift: list[str] = Field(default_factory=list)
-    code_drift: list[str] = Field(default_factory=list)
-    environment_drift: list[str] = Field(default_factory=list)
-    distributed_drift: list[str] = Field(default_factory=list)
-    world_size_change: WorldSizeChange | None = None
-
-
-class RunRecord(_Part):
+class RunRecord(RecordPart):
     """A whole ``record.json``. Field names and meanings: docs/run-directory.md."""
 
     schema_: Literal["reprotune/record"] = Field(SCHEMA, alias="schema")
@@ -155,7 +72,7 @@ class RunRecord(_Part):
     timings: Timings
     outputs: Outputs | None = None
     attempts: list[Attempt] = Field(default_factory=list)
-    distributed: dict[str, Any] | None = None
+    distributed: DistributedRecord | None = None
     trackers: dict[str, Any] | None = None
 
     model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)

@@ -1,0 +1,141 @@
+"""The typed sections of a run record (``record.json``; docs/run-directory.md), used by
+``_run.record.RunRecord``.
+
+Each section is typed for the keys the contract names and accepts extra keys (a run may add
+``data.order``, a Trainer's resume its ``from_checkpoint``...); a key written only by a later
+version is optional, so a record written before it still reads.
+
+Importing this module never imports torch.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RecordPart(BaseModel):
+    """A part of the record: typed for the keys the contract names, frozen, extra keys kept."""
+
+    # extra="allow": the contract lists the keys that must mean what docs/run-directory.md says;
+    # a run may record more, and a reader must not lose them.
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class ErrorInfo(RecordPart):
+    """Why a run failed."""
+
+    type: str
+    message: str
+
+
+class CodeRecord(RecordPart):
+    """The code a run used (see :class:`reprotune._run.fingerprint.CodeInfo`)."""
+
+    in_git: bool = False
+    commit: str | None = None
+    branch: str | None = None
+    dirty: bool = False
+    diff_sha256: str | None = None
+    patch_file: str | None = None
+    untracked: list[str] = Field(default_factory=list)
+
+
+class DataRecord(RecordPart):
+    """The data a run trained on."""
+
+    source: str | None = None
+    file_sha256: str | None = None
+    n_rows: int | None = None
+    manifest_sha256: str | None = None
+    manifest_file: str | None = None
+    split_sizes: dict[str, int] = Field(default_factory=dict)
+
+
+class ModelRecord(RecordPart):
+    """The base model a run started from."""
+
+    source: str | None = None
+    revision: str | None = None
+    resolved_path: str | None = None
+    weights_sha256: str | None = None
+    tokenizer_sha256: str | None = None
+    dtype: str | None = None
+    pad_token_id: int | None = None
+    max_length: int | None = None
+
+
+class Timings(RecordPart):
+    """When a run ran and how fast (docs/run-directory.md)."""
+
+    started_at: str
+    ended_at: str | None = None
+    duration_s: float | None = None
+    steps_done: int = 0
+    step_time_s_mean: float | None = None
+    step_time_s_median: float | None = None
+    recording_time_s: float | None = None
+    recording_share: float | None = None
+    checkpoint_time_s: float | None = None
+
+
+class Outputs(RecordPart):
+    """Hashes of what a run produced."""
+
+    adapter_sha256: str | None = None
+    adapter_files: dict[str, str] = Field(default_factory=dict)
+    ledger_sha256: str | None = None
+
+
+class WorldSizeChange(RecordPart):
+    """A distributed run resumed at another world size (``--allow-world-size-change``)."""
+
+    from_: int = Field(alias="from")
+    to: int
+    at_step: int
+    attempt: int | None = None  # the attempt's index in ``attempts``
+
+
+class Attempt(RecordPart):
+    """One attempt of a run: the first, then one per resume (docs/run-directory.md)."""
+
+    started_at: str | None = None
+    resumed: bool = False
+    from_step: int | None = None
+    rng_restored: bool | None = None
+    drift: list[str] = Field(default_factory=list)
+    code_drift: list[str] = Field(default_factory=list)
+    environment_drift: list[str] = Field(default_factory=list)
+    distributed_drift: list[str] = Field(default_factory=list)
+    world_size_change: WorldSizeChange | None = None
+
+
+class RankEntry(RecordPart):
+    """One rank of a distributed run: who and where, its environment's hash and how that differs
+    from rank 0's (``_run.ranks.ranks_section``)."""
+
+    rank: int
+    local_rank: int | None = None
+    host: str | None = None
+    device: str | None = None
+    device_name: str | None = None
+    environment_sha256: str | None = None
+    environment_differs: list[str] = Field(default_factory=list)
+
+
+class DistributedRecord(RecordPart):
+    """A run under torchrun (docs/distributed.md): how its ranks split the work and add it up."""
+
+    world_size: int
+    backend: str | None = None
+    strategy: str | None = None
+    launcher: str | None = None
+    nodes: int | None = None
+    timeout_s: float | None = None
+    micro_batches_per_rank: int | None = None
+    placement: str | None = None
+    dropout_seeding: str | None = None
+    rank_seeds: list[int] = Field(default_factory=list)
+    reductions: dict[str, str] = Field(default_factory=dict)
+    world_size_invariant: bool | None = None
+    ranks: list[RankEntry] = Field(default_factory=list)
+    world_size_changes: list[WorldSizeChange] = Field(default_factory=list)
