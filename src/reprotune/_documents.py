@@ -1,6 +1,7 @@
 """Reading reprotune's JSON documents back: parsed with the line and column of a syntax error,
 checked to be of the expected schema and version, and validated against the format's model, with
-every problem named by its key. ``_jsonio`` writes them.
+every problem named by its key; a JSON Lines file's lines each validated so, named by their line
+(:func:`validated_line`). ``_jsonio`` writes them.
 """
 
 from __future__ import annotations
@@ -108,3 +109,22 @@ def validated(model: type[Model], data: Any, *, what: str, source: str, fix: str
         raise InputError(
             f"invalid {what} ({len(problems)} problem(s)): {'; '.join(problems)}", source=source, fix=fix
         ) from None
+
+
+def validated_line(model: type[Model], line: str | bytes, *, what: str, source: str, fix: str) -> Model:
+    """One line of a JSON Lines file, parsed and validated as ``model``.
+
+    Args:
+        what: what a line is, for messages (``"prediction"``, ``"trace op"``).
+        source: the file and line (``path:3``), named in the error.
+
+    Raises:
+        InputError: the line is not JSON or not a ``what``: every problem, each naming its key.
+    """
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate_json(line)
+    except ValidationError as exc:
+        problems = validation_problems(exc)
+        raise InputError(f"not a {what}: {'; '.join(problems)}", source=source, fix=fix) from None

@@ -130,7 +130,16 @@ def test_compare_and_report_never_import_torch(ref: Path, tmp_path: Path) -> Non
     from reprotune._proof.tracefile import SCHEMA, SCHEMA_VERSION, TraceOp, write_trace
 
     other = write_run_dir(tmp_path / "seed43", RunSpec(seed=43))
-    op = TraceOp(0, "forward.0", "model.lm_head", "aten::mm", 0, "['T', 'T']", (("2x2", "float32", "a"),), ())
+    op = TraceOp(
+        i=0,
+        phase="forward.0",
+        module="model.lm_head",
+        op="aten::mm",
+        n=0,
+        args="['T', 'T']",
+        inputs=(("2x2", "float32", "a"),),
+        outputs=(),
+    )
     header = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "step": 1, "kernels": {}}
     for name in ("a.jsonl", "b.jsonl"):
         write_trace(tmp_path / name, header, [op])

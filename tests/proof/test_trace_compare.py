@@ -141,7 +141,7 @@ def test_trace_files_are_checked(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="announces 3 ops, the file holds 2"):
         read_trace(tmp_path / "cut.jsonl")
     (tmp_path / "bad.jsonl").write_text("\n".join([*lines[:2], '{"kind": "x"}']) + "\n")
-    with pytest.raises(InputError, match="line 3: not an op line"):
+    with pytest.raises(InputError, match=r"bad\.jsonl:3: not a trace op line: kind: input should be 'op'"):
         read_trace(tmp_path / "bad.jsonl")
     (tmp_path / "v9.jsonl").write_text(lines[0].replace('"schema_version":1', '"schema_version":9') + "\n")
     with pytest.raises(InputError, match="trace schema_version 9 is not supported"):

@@ -13,28 +13,17 @@ line and fix). Never imports torch.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reprotune._documents import check_document, read_json_file
+from pydantic import BaseModel, ConfigDict
+
+from reprotune._documents import check_document, read_json_file, validated_line
 from reprotune._errors import InputError
 from reprotune._eval.layout import PREDICTIONS, SCHEMA, SCHEMA_VERSION, EvalLayout
 from reprotune._jsonio import canonical_dumps, sha256_bytes
-
-_PREDICTION_KEYS = (
-    "index",
-    "row_sha256",
-    "prompt_ids_sha256",
-    "prompt_tokens",
-    "output_ids",
-    "output_ids_sha256",
-    "stopped_at_eos",
-    "text",
-    "scores",
-)
 
 
 def ids_sha256(ids: Sequence[int]) -> str:
@@ -47,9 +36,10 @@ def predictions_bytes(lines: Sequence[Mapping[str, Any]]) -> bytes:
     return "".join(canonical_dumps(dict(line), indent=None) for line in lines).encode("utf-8")
 
 
-@dataclass(frozen=True)
-class Prediction:
-    """One line of ``predictions.jsonl``."""
+class Prediction(BaseModel):
+    """One line of ``predictions.jsonl`` (extra keys are kept, as a later version may add some)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     index: int
     row_sha256: str
@@ -59,7 +49,7 @@ class Prediction:
     output_ids_sha256: str
     stopped_at_eos: bool
     text: str
-    scores: Mapping[str, float]
+    scores: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -127,28 +117,7 @@ def read_predictions(path: Path) -> tuple[Prediction, ...]:
         raise InputError(f"the eval directory has no {PREDICTIONS}", source=str(path), fix=fix) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read {PREDICTIONS}: {exc}", source=str(path), fix=fix) from None
-    out = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        try:
-            obj = json.loads(line)
-            missing = [k for k in _PREDICTION_KEYS if k not in obj]
-            if missing:
-                raise ValueError(f"missing {', '.join(missing)}")
-            out.append(
-                Prediction(
-                    index=int(obj["index"]),
-                    row_sha256=str(obj["row_sha256"]),
-                    prompt_ids_sha256=str(obj["prompt_ids_sha256"]),
-                    prompt_tokens=int(obj["prompt_tokens"]),
-                    output_ids=tuple(int(t) for t in obj["output_ids"]),
-                    output_ids_sha256=str(obj["output_ids_sha256"]),
-                    stopped_at_eos=bool(obj["stopped_at_eos"]),
-                    text=str(obj["text"]),
-                    scores=dict(obj["scores"]),
-                )
-            )
-        except (ValueError, TypeError, AttributeError) as exc:
-            raise InputError(
-                f"line {number} is not a prediction: {exc}", source=f"{path}:{number}", fix=fix
-            ) from None
-    return tuple(out)
+    return tuple(
+        validated_line(Prediction, line, what="prediction", source=f"{path}:{number}", fix=fix)
+        for number, line in enumerate(text.splitlines(), start=1)
+    )

@@ -206,7 +206,17 @@ class OpTracer(TorchDispatchMode):
         shown = repr([x if not isinstance(x, torch.Tensor) else "T" for x in flat])
         if len(shown) > _ARGS_SHOWN:
             shown = "xxh3:" + xxhash.xxh3_64_hexdigest(shown.encode("utf-8"))
-        self.ops.append(TraceOp(len(self.ops), self.phase, module, name, n, shown, inputs, outputs))
+        op = TraceOp(
+            i=len(self.ops),
+            phase=self.phase,
+            module=module,
+            op=name,
+            n=n,
+            args=shown,
+            inputs=inputs,
+            outputs=outputs,
+        )
+        self.ops.append(op)
         return out
 
 

@@ -28,9 +28,11 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from reprotune._documents import check_document
+from pydantic import BaseModel, ConfigDict, Field
+
+from reprotune._documents import check_document, validated_line
 from reprotune._errors import InputError
 from reprotune._jsonio import canonical_dumps, write_bytes_atomic
 
@@ -38,21 +40,24 @@ SCHEMA = "reprotune/trace"
 SCHEMA_VERSION = 1
 
 #: One tensor of an op: [shape, dtype, content hash] and an optional label.
-TensorEntry = Sequence[str]
+TensorEntry = Annotated[tuple[str, ...], Field(min_length=3, max_length=4)]
 
 
-@dataclass(frozen=True)
-class TraceOp:
-    """One op of a traced step (see the module docstring)."""
+class TraceOp(BaseModel):
+    """One op of a traced step (see the module docstring); ``inputs`` and ``outputs`` are written
+    as ``in`` and ``out``."""
 
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    kind: Literal["op"] = "op"
     i: int
     phase: str
     module: str
     op: str
     n: int
     args: str
-    inputs: tuple[tuple[str, ...], ...]
-    outputs: tuple[tuple[str, ...], ...]
+    inputs: tuple[TensorEntry, ...] = Field(validation_alias="in", serialization_alias="in")
+    outputs: tuple[TensorEntry, ...] = Field(validation_alias="out", serialization_alias="out")
 
     @property
     def key(self) -> tuple[str, str, str, int]:
@@ -60,17 +65,8 @@ class TraceOp:
         return (self.phase, self.module, self.op, self.n)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": "op",
-            "i": self.i,
-            "phase": self.phase,
-            "module": self.module,
-            "op": self.op,
-            "n": self.n,
-            "args": self.args,
-            "in": [list(t) for t in self.inputs],
-            "out": [list(t) for t in self.outputs],
-        }
+        """The op line, as written."""
+        return self.model_dump(mode="json", by_alias=True)
 
     def signature(self) -> str:
         """``aten::mm 512x576 @ 576x576 float32``: the op and its inputs' shapes, for people."""
@@ -112,20 +108,11 @@ def is_trace_file(path: Path) -> bool:
     return isinstance(first, dict) and first.get("schema") == SCHEMA
 
 
+_FIX = "use a file written by `reprotune trace`, whole (trace the step again if it was cut)"
+
+
 def _bad(path: Path, line: int, what: str) -> InputError:
-    return InputError(
-        f"{path} line {line}: {what}",
-        source=f"{path}:{line}",
-        fix="use a file written by `reprotune trace`, whole (trace the step again if it was cut)",
-    )
-
-
-def _tensors(path: Path, line: int, value: Any, key: str) -> tuple[tuple[str, ...], ...]:
-    if not isinstance(value, list) or not all(
-        isinstance(t, list) and len(t) in (3, 4) and all(isinstance(x, str) for x in t) for t in value
-    ):
-        raise _bad(path, line, f"'{key}' is not a list of [shape, dtype, hash(, label)]")
-    return tuple(tuple(t) for t in value)
+    return InputError(f"{path} line {line}: {what}", source=f"{path}:{line}", fix=_FIX)
 
 
 def read_trace(path: str | Path) -> Trace:
@@ -157,29 +144,10 @@ def read_trace(path: str | Path) -> Trace:
         fix="pass a trace written by `reprotune trace`",
         version_fix="trace the step again with this reprotune",
     )
-    ops = []
-    for number, line in enumerate(lines[1:], start=2):
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            raise _bad(file, number, "not a JSON object") from None
-        if not isinstance(obj, dict) or obj.get("kind") != "op":
-            raise _bad(file, number, "not an op line")
-        try:
-            ops.append(
-                TraceOp(
-                    i=int(obj["i"]),
-                    phase=str(obj["phase"]),
-                    module=str(obj["module"]),
-                    op=str(obj["op"]),
-                    n=int(obj["n"]),
-                    args=str(obj["args"]),
-                    inputs=_tensors(file, number, obj["in"], "in"),
-                    outputs=_tensors(file, number, obj["out"], "out"),
-                )
-            )
-        except (KeyError, TypeError, ValueError):
-            raise _bad(file, number, "an op line lacks a field or has one of the wrong type") from None
+    ops = [
+        validated_line(TraceOp, line, what="trace op line", source=f"{file}:{number}", fix=_FIX)
+        for number, line in enumerate(lines[1:], start=2)
+    ]
     if len(ops) != header.get("ops"):
         raise _bad(
             file, len(lines), f"the header announces {header.get('ops')} ops, the file holds {len(ops)}"
