@@ -156,3 +156,30 @@ def test_compare_and_report_never_import_torch(ref: Path, tmp_path: Path) -> Non
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "NO-TORCH [1, 0, 0]"
+
+
+def test_a_trace_or_an_eval_against_a_run_and_tolerance_on_traces_are_refused(
+    ref: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trace compared with a run directory, an eval directory compared with one, and
+    ``--tolerance`` on two traces: exit 2, naming the path (or option) at fault and the fix."""
+    from reprotune._proof.tracefile import SCHEMA, SCHEMA_VERSION, TraceOp, write_trace
+
+    op = TraceOp(i=0, phase="forward.0", module="m", op="aten::mm", n=0, args="", inputs=(), outputs=())
+    header = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "step": 1, "kernels": {}}
+    for name in ("a.jsonl", "b.jsonl"):
+        write_trace(tmp_path / name, header, [op])
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "eval.json").write_text("{}")
+
+    assert main(["compare", str(tmp_path / "a.jsonl"), str(ref)]) == 2
+    err = capsys.readouterr().err
+    assert f"{ref} is not a trace (written by `reprotune trace`), but the other one is" in err
+    assert "compare two traces of the same step, one from each machine" in err
+
+    assert main(["compare", str(ref), str(tmp_path / "eval")]) == 2
+    err = capsys.readouterr().err
+    assert f"{ref} is not an eval directory (no eval.json), but the other one is" in err
+
+    assert main(["compare", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--tolerance", "0.1"]) == 2
+    assert "--tolerance applies to runs; traces are compared op by op, bit for bit" in capsys.readouterr().err

@@ -7,7 +7,9 @@ Imports nothing heavy here: the comparison is imported when the command runs, an
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,18 +36,32 @@ def run(args: argparse.Namespace) -> int:
     evals get their evals compared too (docs/eval.md); two trace files (``reprotune trace``) are
     compared op by op (docs/microscope.md).
     """
+    from reprotune._eval.compare import compare_evals, latest_pairs
     from reprotune._eval.evalfile import is_eval_dir
     from reprotune._jsonio import canonical_dumps
     from reprotune._proof.compare import compare_runs
-    from reprotune._proof.tracefile import is_trace_file
+    from reprotune._proof.trace_compare import compare_traces
+    from reprotune._proof.tracefile import is_trace_file, read_trace
 
     if is_trace_file(args.run_a) or is_trace_file(args.run_b):
-        return _compare_traces(args)
+        return _compare_pair(
+            args,
+            what="a trace (written by `reprotune trace`)",
+            is_kind=is_trace_file,
+            fix="compare two traces of the same step, one from each machine",
+            how="traces are compared op by op, bit for bit",
+            compare=lambda a, b: compare_traces(read_trace(a), read_trace(b)),
+        )
     if is_eval_dir(args.run_a) or is_eval_dir(args.run_b):
-        return _compare_evals(args)
+        return _compare_pair(
+            args,
+            what="an eval directory (no eval.json)",
+            is_kind=is_eval_dir,
+            fix="compare two eval directories (RUN/evals/<id>), or two run directories",
+            how="evals are compared token by token",
+            compare=compare_evals,
+        )
     comparison = compare_runs(args.run_a, args.run_b, tolerance=args.tolerance)
-    from reprotune._eval.compare import compare_evals, latest_pairs
-
     evals = [compare_evals(a, b) for a, b in latest_pairs(args.run_a, args.run_b)]
     if args.json:
         body = comparison.to_json()
@@ -59,49 +75,20 @@ def run(args: argparse.Namespace) -> int:
     return max([comparison.exit_code, *(e.exit_code for e in evals)])
 
 
-def _compare_evals(args: argparse.Namespace) -> int:
+def _compare_pair(
+    args: argparse.Namespace, *, what: str, is_kind: Callable[[Path], bool], fix: str, how: str, compare: Any
+) -> int:
+    """Two evals or two traces: both of that kind, without ``--tolerance`` (they compare bit for bit)."""
     from reprotune._errors import InputError
-    from reprotune._eval.compare import compare_evals
-    from reprotune._eval.evalfile import is_eval_dir
     from reprotune._jsonio import canonical_dumps
 
     for path in (args.run_a, args.run_b):
-        if not is_eval_dir(path):
-            raise InputError(
-                f"{path} is not an eval directory (no eval.json), but the other one is",
-                source=str(path),
-                fix="compare two eval directories (RUN/evals/<id>), or two run directories",
-            )
+        if not is_kind(path):
+            raise InputError(f"{path} is not {what}, but the other one is", source=str(path), fix=fix)
     if args.tolerance is not None:
         raise InputError(
-            "--tolerance applies to runs; evals are compared token by token",
-            source="--tolerance",
-            fix="leave out --tolerance",
+            f"--tolerance applies to runs; {how}", source="--tolerance", fix="leave out --tolerance"
         )
-    comparison = compare_evals(args.run_a, args.run_b)
+    comparison = compare(args.run_a, args.run_b)
     print(canonical_dumps(comparison.to_json()) if args.json else comparison.format(), end="")
-    return comparison.exit_code
-
-
-def _compare_traces(args: argparse.Namespace) -> int:
-    from reprotune._errors import InputError
-    from reprotune._jsonio import canonical_dumps
-    from reprotune._proof.trace_compare import compare_traces
-    from reprotune._proof.tracefile import is_trace_file, read_trace
-
-    for path in (args.run_a, args.run_b):
-        if not is_trace_file(path):
-            raise InputError(
-                f"{path} is not a trace (written by `reprotune trace`), but the other one is",
-                source=str(path),
-                fix="compare two traces of the same step, one from each machine",
-            )
-    if args.tolerance is not None:
-        raise InputError(
-            "--tolerance applies to runs; traces are compared op by op, bit for bit",
-            source="--tolerance",
-            fix="leave out --tolerance",
-        )
-    comparison = compare_traces(read_trace(args.run_a), read_trace(args.run_b))
-    print(canonical_dumps(comparison.to_json()) if args.json else comparison.format(), end="")
-    return comparison.exit_code
+    return int(comparison.exit_code)
