@@ -341,6 +341,25 @@ def test_any_single_bit_flip_in_state_json_is_refused(two_checkpoints: tuple[Pat
     assert accepted == []
 
 
+def test_a_state_json_of_the_wrong_shape_is_refused_naming_each_key_even_with_its_own_hash(
+    two_checkpoints: tuple[Path, Path],
+) -> None:
+    """A state.json rewritten with its own sha256 recomputed (so the hash cannot catch it) but a step
+    that is text and a position of three numbers: refused, each key named."""
+    _, newer = two_checkpoints
+    state = json.loads((newer / STATE_FILE).read_text())
+    state.update(step="6", position=[0, 1, 2])
+    body = {k: v for k, v in state.items() if k != "state_sha256"}
+    state["state_sha256"] = sha256_bytes(canonical_dumps(body).encode("utf-8"))
+    (newer / STATE_FILE).write_text(canonical_dumps(state))
+    problem = verify_checkpoint(newer)
+    assert problem is not None and problem.startswith("state.json is not a checkpoint state: ")
+    assert (
+        "step: input should be a valid integer" in problem
+        and "position: tuple should have at most 2" in problem
+    )
+
+
 # --- nothing is unpickled -------------------------------------------------------------------------
 
 

@@ -53,6 +53,7 @@ from reprotune._run.checkpoint_files import (
     SCHEMA_VERSION,
     STATE_FILE,
     WEIGHTS_FILE,
+    StateFile,
     _state_sha256,
     checkpoint_dir,
     list_checkpoints,
@@ -313,9 +314,9 @@ def restore_checkpoint(
     ``restore_rng=False`` exists only for verify's negative control (a resume that forgets the RNG).
     """
     manifest, state = _read_state(path)
-    if "distributed" in manifest:
+    if manifest.distributed is not None:
         raise InputError(
-            f"{path} was written by a distributed run ({manifest['distributed']}); it restores only "
+            f"{path} was written by a distributed run ({manifest.distributed}); it restores only "
             "under torchrun",
             source=str(path / STATE_FILE),
             fix="resume the run under torchrun, as docs/distributed.md shows",
@@ -349,8 +350,8 @@ def read_rank_checkpoint(path: Path) -> RankCheckpoint:
             than tensors and plain data.
     """
     manifest, state = _read_state(path)
-    distributed = manifest.get("distributed")
-    if not isinstance(distributed, dict):
+    distributed = manifest.distributed
+    if distributed is None:
         raise InputError(
             f"{path} was written by a single process; it restores only without torchrun",
             source=str(path / STATE_FILE),
@@ -367,12 +368,10 @@ def read_rank_checkpoint(path: Path) -> RankCheckpoint:
     )
 
 
-def _read_state(path: Path) -> tuple[dict[str, Any], CheckpointState]:
+def _read_state(path: Path) -> tuple[StateFile, CheckpointState]:
     """A checkpoint's ``state.json`` (verified by ``verify_checkpoint``), and where the run stood."""
-    manifest: dict[str, Any] = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
-    position = manifest["position"]
-    step, epoch = int(manifest["step"]), int(manifest["epoch"])
-    return manifest, CheckpointState(step=step, epoch=epoch, position=(int(position[0]), int(position[1])))
+    manifest = StateFile.model_validate_json((path / STATE_FILE).read_bytes())
+    return manifest, CheckpointState(step=manifest.step, epoch=manifest.epoch, position=manifest.position)
 
 
 def _read_rng(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

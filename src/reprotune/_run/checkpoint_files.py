@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+
+from reprotune._documents import validation_problems
 from reprotune._jsonio import canonical_dumps, sha256_bytes, sha256_file
 
 STATE_FILE = "state.json"
@@ -36,6 +39,23 @@ TRAINER_PIECES = {
 }
 
 
+class StateFile(BaseModel):
+    """A checkpoint's ``state.json``: where the run stood (``step``, ``epoch``, ``position`` in the
+    data order), the sha256 of every other file, a distributed run's world (absent for one
+    process), and its own sha256 over the rest (docs/checkpoints.md)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    schema_: Literal["reprotune/checkpoint"] = Field(alias="schema")
+    schema_version: Literal[2]
+    step: StrictInt
+    epoch: StrictInt
+    position: tuple[StrictInt, StrictInt]
+    files: dict[str, str]
+    distributed: dict[str, Any] | None = None
+    state_sha256: str
+
+
 def _state_sha256(state: dict[str, Any]) -> str:
     """sha256 of state.json's content without its own ``state_sha256`` key, as canonical JSON."""
     body = {k: v for k, v in state.items() if k != "state_sha256"}
@@ -54,14 +74,10 @@ def list_checkpoints(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def verify_checkpoint(path: Path) -> str | None:
     """None when the checkpoint at ``path`` is whole; otherwise what is wrong with it.
 
-    state.json must match its own ``state_sha256``, have the expected fields and list exactly
+    state.json must match its own ``state_sha256``, be a :class:`StateFile` and list exactly
     ``DATA_FILES``; each of those must match its recorded sha256.
     """
     try:
@@ -74,18 +90,10 @@ def verify_checkpoint(path: Path) -> str | None:
         return f"unknown checkpoint schema version {state.get('schema_version')!r}"
     if state.get("state_sha256") != _state_sha256(state):
         return f"{STATE_FILE} does not match its recorded sha256"
-    position = state.get("position")
-    files = state.get("files")
-    if not (
-        state.get("schema") == "reprotune/checkpoint"
-        and _is_int(state.get("step"))
-        and _is_int(state.get("epoch"))
-        and isinstance(position, list)
-        and len(position) == 2
-        and all(_is_int(v) for v in position)
-        and isinstance(files, dict)
-    ):
-        return f"{STATE_FILE} lacks a field or has one of the wrong type"
+    try:
+        files = StateFile.model_validate(state).files
+    except ValidationError as exc:
+        return f"{STATE_FILE} is not a checkpoint state: {'; '.join(validation_problems(exc))}"
     if sorted(files) != sorted(DATA_FILES):
         return f"{STATE_FILE} lists files {sorted(files)}, expected {sorted(DATA_FILES)}"
     for name, expected in files.items():
