@@ -41,7 +41,7 @@ from reprotune._train.sharding import (
     scale_grads,
     take_gradients,
 )
-from reprotune._train.step import max_grad_norm
+from reprotune._train.step import apply_update, max_grad_norm
 
 #: ``torch.nn.utils.clip_grad_norm_``'s epsilon, so clipping means the same as in a single process.
 _CLIP_EPS = 1e-6
@@ -120,13 +120,7 @@ def distributed_train_step(setup: Setup, rows: list[int], step: int) -> tuple[fl
     coef = max_grad_norm(cfg) / (grad_norm + _CLIP_EPS)
     if coef < 1.0:
         scale_grads(setup.trainable, coef)
-    if scaler:
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        optimizer.step()
-    setup.scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
+    apply_update(setup)
     return step_loss, n_tokens, lr, grad_norm
 
 

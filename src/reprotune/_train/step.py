@@ -60,14 +60,20 @@ def train_step(
     if scaler:
         scaler.unscale_(optimizer)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(setup.trainable, max_grad_norm(cfg)))
-    if scaler:
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        optimizer.step()
-    setup.scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
+    apply_update(setup)
     return step_loss, n_tokens, lr, grad_norm
+
+
+def apply_update(setup: Setup) -> None:
+    """The end of an optimizer step, its gradients clipped: the optimizer's update (through the
+    loss scaler under fp16), the schedule's step, the gradients cleared."""
+    if setup.scaler:
+        setup.scaler.step(setup.optimizer)
+        setup.scaler.update()
+    else:
+        setup.optimizer.step()
+    setup.scheduler.step()
+    setup.optimizer.zero_grad(set_to_none=True)
 
 
 def validation_loss(setup: Setup) -> tuple[float, int]:
