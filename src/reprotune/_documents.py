@@ -111,6 +111,14 @@ def validated(model: type[Model], data: Any, *, what: str, source: str, fix: str
         ) from None
 
 
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of a JSON Lines text, split at ``\\n`` only: ``str.splitlines`` would also split
+    at U+2028, U+0085 and the like, which canonical JSON leaves raw inside strings (a model's
+    generated text may hold them)."""
+    lines = text.split("\n")
+    return lines[:-1] if lines[-1] == "" else lines
+
+
 def validated_line(model: type[Model], line: str | bytes, *, what: str, source: str, fix: str) -> Model:
     """One line of a JSON Lines file, parsed and validated as ``model``.
 

@@ -131,6 +131,7 @@ def test_compare_and_report_never_import_torch(ref: Path, tmp_path: Path) -> Non
 
     other = write_run_dir(tmp_path / "seed43", RunSpec(seed=43))
     op = TraceOp(
+        kind="op",
         i=0,
         phase="forward.0",
         module="model.lm_head",
@@ -165,7 +166,9 @@ def test_a_trace_or_an_eval_against_a_run_and_tolerance_on_traces_are_refused(
     ``--tolerance`` on two traces: exit 2, naming the path (or option) at fault and the fix."""
     from reprotune._proof.tracefile import SCHEMA, SCHEMA_VERSION, TraceOp, write_trace
 
-    op = TraceOp(i=0, phase="forward.0", module="m", op="aten::mm", n=0, args="", inputs=(), outputs=())
+    op = TraceOp(
+        kind="op", i=0, phase="forward.0", module="m", op="aten::mm", n=0, args="", inputs=(), outputs=()
+    )
     header = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "step": 1, "kernels": {}}
     for name in ("a.jsonl", "b.jsonl"):
         write_trace(tmp_path / name, header, [op])
@@ -180,6 +183,9 @@ def test_a_trace_or_an_eval_against_a_run_and_tolerance_on_traces_are_refused(
     assert main(["compare", str(ref), str(tmp_path / "eval")]) == 2
     err = capsys.readouterr().err
     assert f"{ref} is not an eval directory (no eval.json), but the other one is" in err
+    assert "compare two eval directories (RUN/evals/<id>), or two run directories" in err
+    assert main(["compare", str(tmp_path / "eval"), str(tmp_path / "eval"), "--tolerance", "0.1"]) == 2
+    assert "--tolerance applies to runs; evals are compared token by token" in capsys.readouterr().err
 
     assert main(["compare", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--tolerance", "0.1"]) == 2
     assert "--tolerance applies to runs; traces are compared op by op, bit for bit" in capsys.readouterr().err

@@ -34,6 +34,14 @@ def test_predictions_read_back_as_written(tmp_path: Path) -> None:
     assert read[0].model_dump(mode="json") == _line(0)
 
 
+def test_a_line_separator_in_a_generated_text_does_not_split_its_line(tmp_path: Path) -> None:
+    """A model may generate U+2028, U+2029 or U+0085; they stand raw in the line and read back."""
+    path = tmp_path / "predictions.jsonl"
+    line = _line(0) | {"text": "one\u2028two\u2029three\u0085four"}
+    path.write_bytes(predictions_bytes([line, _line(1)]))
+    assert [p.text for p in read_predictions(path)] == [line["text"], "hello"]
+
+
 def test_a_bad_line_is_refused_naming_its_line_and_every_key_at_fault(tmp_path: Path) -> None:
     path = tmp_path / "predictions.jsonl"
     broken = {k: v for k, v in _line(1).items() if k != "text"} | {"prompt_tokens": "two"}

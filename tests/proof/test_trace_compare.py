@@ -20,6 +20,7 @@ def _op(
     i: int, module: str, op: str, inputs: list[str], outputs: list[str], n: int = 0, **kw: Any
 ) -> TraceOp:
     return TraceOp(
+        kind="op",
         i=i,
         phase=kw.get("phase", "forward.0"),
         module=module,
@@ -143,8 +144,18 @@ def test_trace_files_are_checked(tmp_path: Path) -> None:
     (tmp_path / "bad.jsonl").write_text("\n".join([*lines[:2], '{"kind": "x"}']) + "\n")
     with pytest.raises(InputError, match=r"bad\.jsonl:3: not a trace op line: kind: input should be 'op'"):
         read_trace(tmp_path / "bad.jsonl")
+    no_kind = lines[2].replace('"kind":"op",', "")
+    (tmp_path / "nokind.jsonl").write_text("\n".join([*lines[:2], no_kind]) + "\n")
+    with pytest.raises(InputError, match=r"nokind\.jsonl:3: not a trace op line: kind: field required"):
+        read_trace(tmp_path / "nokind.jsonl")
     (tmp_path / "v9.jsonl").write_text(lines[0].replace('"schema_version":1', '"schema_version":9') + "\n")
     with pytest.raises(InputError, match="trace schema_version 9 is not supported"):
         read_trace(tmp_path / "v9.jsonl")
     gz = _trace(tmp_path / "t.jsonl.gz", BASE, KERNELS_A)
     assert gz.ops == read_trace(tmp_path / "t.jsonl").ops
+
+
+def test_a_line_separator_inside_a_string_does_not_split_an_op_line(tmp_path: Path) -> None:
+    """Canonical JSON writes U+2028 and U+0085 raw inside strings; the reader splits at newlines only."""
+    ops = [_op(0, "model.a\u2028b", "aten::mm", ["x"], ["y"], args="['\u0085']")]
+    assert _trace(tmp_path / "t.jsonl", ops, KERNELS_A).ops == tuple(ops)

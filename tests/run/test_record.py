@@ -131,7 +131,7 @@ def test_a_distributed_section_is_typed_and_refused_with_the_key_that_is_wrong(t
     assert load_record(tmp_path)["distributed"] == section
     typed = parse_record(load_record(tmp_path)).distributed
     assert typed is not None and typed.world_size == 2 and [r.host for r in typed.ranks] == ["a", "b"]
-    assert typed.world_size_changes[0].to == 1
+    assert typed.world_size_changes[0].to == 1 and typed.model_extra == {"later_key": "kept"}
 
     bad = {k: v for k, v in section.items() if k != "world_size"}
     bad["ranks"] = [{"rank": "zero"}]

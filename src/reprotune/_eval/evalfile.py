@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from reprotune._documents import check_document, read_json_file, validated_line
+from reprotune._documents import check_document, jsonl_lines, read_json_file, validated_line
 from reprotune._errors import InputError
 from reprotune._eval.layout import PREDICTIONS, SCHEMA, SCHEMA_VERSION, EvalLayout
 from reprotune._jsonio import canonical_dumps, sha256_bytes
@@ -119,5 +119,5 @@ def read_predictions(path: Path) -> tuple[Prediction, ...]:
         raise InputError(f"cannot read {PREDICTIONS}: {exc}", source=str(path), fix=fix) from None
     return tuple(
         validated_line(Prediction, line, what="prediction", source=f"{path}:{number}", fix=fix)
-        for number, line in enumerate(text.splitlines(), start=1)
+        for number, line in enumerate(jsonl_lines(text), start=1)
     )

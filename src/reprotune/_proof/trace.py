@@ -207,6 +207,7 @@ class OpTracer(TorchDispatchMode):
         if len(shown) > _ARGS_SHOWN:
             shown = "xxh3:" + xxhash.xxh3_64_hexdigest(shown.encode("utf-8"))
         op = TraceOp(
+            kind="op",
             i=len(self.ops),
             phase=self.phase,
             module=module,

@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reprotune._documents import check_document, validated_line
+from reprotune._documents import check_document, jsonl_lines, validated_line
 from reprotune._errors import InputError
 from reprotune._jsonio import canonical_dumps, write_bytes_atomic
 
@@ -49,7 +49,7 @@ class TraceOp(BaseModel):
 
     model_config = ConfigDict(frozen=True, populate_by_name=True)
 
-    kind: Literal["op"] = "op"
+    kind: Literal["op"]
     i: int
     phase: str
     module: str
@@ -112,7 +112,7 @@ _FIX = "use a file written by `reprotune trace`, whole (trace the step again if 
 
 
 def _bad(path: Path, line: int, what: str) -> InputError:
-    return InputError(f"{path} line {line}: {what}", source=f"{path}:{line}", fix=_FIX)
+    return InputError(what, source=f"{path}:{line}", fix=_FIX)
 
 
 def read_trace(path: str | Path) -> Trace:
@@ -128,7 +128,7 @@ def read_trace(path: str | Path) -> Trace:
         text = raw.decode("utf-8")
     except (OSError, EOFError, UnicodeDecodeError, gzip.BadGzipFile) as exc:
         raise InputError(f"cannot read {file}: {exc}", source=str(file), fix="check the path") from None
-    lines = text.splitlines()
+    lines = jsonl_lines(text)
     try:
         header = json.loads(lines[0]) if lines else None
     except ValueError:

@@ -67,6 +67,7 @@ class RunRecord(RecordPart):
     code: CodeRecord | None = None
     data: DataRecord | None = None
     model: ModelRecord | None = None
+    determinism: dict[str, Any] | None = None
     lora: dict[str, Any] | None = None
     environment: dict[str, Any] | None = None
     timings: Timings
