@@ -142,6 +142,28 @@ def test_a_distributed_section_is_typed_and_refused_with_the_key_that_is_wrong(t
     assert not (tmp_path / "other.json").exists()
 
 
+def test_tracker_summaries_are_typed_by_ok_and_keep_their_own_keys(tmp_path: Path) -> None:
+    """Each tracker's summary says ``ok`` (and its ``error`` when it failed) beside its own keys;
+    one without ``ok`` is refused naming trackers.NAME.ok."""
+    trackers = {
+        "mlflow": {"ok": True, "mlflow_run_id": "abc", "metrics_logged": 12},
+        "wandb": {"ok": False, "error": "ConnectionError: offline"},
+    }
+    write_record(tmp_path / "record.json", {**_stamped(), "trackers": trackers})
+    typed = parse_record(load_record(tmp_path)).trackers
+    assert typed is not None and typed["wandb"].error == "ConnectionError: offline"
+    assert typed["mlflow"].ok and typed["mlflow"].model_extra == {
+        "mlflow_run_id": "abc",
+        "metrics_logged": 12,
+    }
+    with pytest.raises(ValueError) as refused:
+        write_record(
+            tmp_path / "other.json", {**_stamped(), "trackers": {"mlflow": {"mlflow_run_id": "abc"}}}
+        )
+    assert "trackers.mlflow.ok: field required" in str(refused.value)
+    assert not (tmp_path / "other.json").exists()
+
+
 def test_unknown_schema_version_is_refused(tmp_path: Path) -> None:
     """A record with schema_version 2 raises SchemaVersionError naming both versions."""
     data = {**_stamped(), "schema_version": 2}

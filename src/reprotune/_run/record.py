@@ -43,6 +43,7 @@ from reprotune._run.record_sections import (
     Outputs,
     RecordPart,
     Timings,
+    TrackerSummary,
 )
 from reprotune._version import __version__
 
@@ -74,7 +75,7 @@ class RunRecord(RecordPart):
     outputs: Outputs | None = None
     attempts: list[Attempt] = Field(default_factory=list)
     distributed: DistributedRecord | None = None
-    trackers: dict[str, Any] | None = None
+    trackers: dict[str, TrackerSummary] | None = None
 
     model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
 

@@ -109,6 +109,14 @@ class Attempt(RecordPart):
     world_size_change: WorldSizeChange | None = None
 
 
+class TrackerSummary(RecordPart):
+    """What one tracker reported at the end (``_trackers.base.TrackerSet.finish``): ``ok`` and the
+    tracker's own keys (MLflow's run id, W&B's...), or ``ok`` false and its ``error``."""
+
+    ok: bool
+    error: str | None = None
+
+
 class RankEntry(RecordPart):
     """One rank of a distributed run: who and where, its environment's hash and how that differs
     from rank 0's (``_run.ranks.ranks_section``)."""
