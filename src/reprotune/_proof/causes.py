@@ -93,6 +93,10 @@ _NONDETERMINISM = "yet nothing recorded differs"
 Kernels = tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]
 
 
+#: Config keys that only choose which kernels run: told as the kernel facts they change.
+_KERNEL_CONFIG_KEYS = frozenset({"config.determinism.cpu_isa"})
+
+
 def is_kernel_cause(cause: str) -> bool:
     """Whether a cause says the runs part at a kernel, at kernels nobody recorded, or at nothing
     recorded: the causes an op-level trace explains."""
@@ -215,6 +219,11 @@ def _evidence(
             continue  # cannot change the numbers: listed under "what differs", never a cause
         group = "model_files" if diff.key.startswith(_MODEL_FILE_KEYS) else str(diff.category)
         by_category.setdefault(group, []).append(diff)
+    config = by_category.get("config", [])
+    if "kernels" in by_category and config and all(d.key in _KERNEL_CONFIG_KEYS for d in config):
+        # The config asked for other kernels and the kernel facts show them: one cause, the kernels
+        # (whose sentence names the mode), so the trace commands follow it.
+        del by_category["config"]
     # The root seed first: when it differs, every derived seed differs because of it.
     seeds = sorted(by_category.pop("seeds", []), key=lambda d: (not d.key.endswith(".root"), d.key))
     relevant = _STAGE_SEEDS[stage]
