@@ -159,11 +159,12 @@ def test_compare_and_report_never_import_torch(ref: Path, tmp_path: Path) -> Non
     assert proc.stdout.splitlines()[-1] == "NO-TORCH [1, 0, 0]"
 
 
-def test_a_trace_or_an_eval_against_a_run_and_tolerance_on_traces_are_refused(
+def test_a_trace_against_a_run_a_missing_one_another_step_or_tolerance_are_refused(
     ref: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A trace compared with a run directory, an eval directory compared with one, and
-    ``--tolerance`` on two traces: exit 2, naming the path (or option) at fault and the fix."""
+    """A trace compared with a run directory, an eval directory compared with one, a trace that
+    does not exist, traces of two steps, and ``--tolerance``: exit 2, naming what is at fault and
+    the fix."""
     from reprotune._proof.tracefile import SCHEMA, SCHEMA_VERSION, TraceOp, write_trace
 
     op = TraceOp(
@@ -186,6 +187,14 @@ def test_a_trace_or_an_eval_against_a_run_and_tolerance_on_traces_are_refused(
     assert "compare two eval directories (RUN/evals/<id>), or two run directories" in err
     assert main(["compare", str(tmp_path / "eval"), str(tmp_path / "eval"), "--tolerance", "0.1"]) == 2
     assert "--tolerance applies to runs; evals are compared token by token" in capsys.readouterr().err
+
+    assert main(["compare", str(tmp_path / "nope.jsonl"), str(tmp_path / "b.jsonl")]) == 2
+    assert f"{tmp_path / 'nope.jsonl'}: {tmp_path / 'nope.jsonl'} does not exist" in capsys.readouterr().err
+
+    write_trace(tmp_path / "c.jsonl", {**header, "step": 2}, [op])
+    assert main(["compare", str(tmp_path / "a.jsonl"), str(tmp_path / "c.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "the traces are of different steps: 1 (" in err and "trace the same step on both machines" in err
 
     assert main(["compare", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--tolerance", "0.1"]) == 2
     assert "--tolerance applies to runs; traces are compared op by op, bit for bit" in capsys.readouterr().err

@@ -107,6 +107,27 @@ def test_a_replay_from_a_checkpoint_equals_one_from_the_start(project: TinyProje
     assert ops[0] == ops[1]
 
 
+def test_a_checkpoint_that_fails_its_check_is_said_even_without_progress(
+    project: TinyProject, tmp_path: Path
+) -> None:
+    """A damaged step-4 checkpoint: ``trace --no-progress`` replays from the start and says why on
+    stderr (a warning is not progress); transformers' loading bar stays off."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(project.root / "native", damaged)
+    weights = damaged / "checkpoints" / "step-00000004" / "trainable.safetensors"
+    raw = bytearray(weights.read_bytes())
+    raw[-1] ^= 0x01
+    weights.write_bytes(bytes(raw))
+    out = tmp_path / "t.jsonl"
+    done = project.run_cli("trace", str(damaged), "--step", "5", "--out", str(out), "--no-progress")
+    assert (
+        f"warning: checkpoint {damaged / 'checkpoints' / 'step-00000004'} is not used: "
+        "trainable.safetensors does not match its recorded sha256"
+    ) in done.stderr
+    assert "Loading weights" not in done.stderr and "trace: replaying" not in done.stderr
+    assert "replayed from     the start" in done.stdout and read_trace(out).header["replayed_from"] == 0
+
+
 def _edit_checkpoint_weight(checkpoint: Path, name_part: str) -> str:
     """Nudge one trainable tensor of a checkpoint and re-seal its hashes (as a careless tool
     would): the checkpoint verifies, its weights are not the run's."""

@@ -46,6 +46,15 @@ def test_file_is_not_run_dir(run: Path) -> None:
         open_run_dir(run / "record.json")
 
 
+def test_a_bundle_is_not_a_run_dir_and_the_fix_says_how_to_rerun_it(tmp_path: Path) -> None:
+    bundle = tmp_path / "run.tar.gz"
+    bundle.write_bytes(b"\x1f\x8b")
+    with pytest.raises(InputError) as refused:
+        open_run_dir(bundle)
+    assert "is a file, not a run directory" in str(refused.value)
+    assert f"fix: rerun it here with `reprotune rerun {bundle} --out DIR`" in str(refused.value)
+
+
 def test_parent_of_runs_suggests_children(run: Path) -> None:
     """Passing runs/ itself suggests the run directories inside it."""
     with pytest.raises(InputError, match=r"has no record\.json") as info:

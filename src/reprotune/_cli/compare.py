@@ -83,6 +83,8 @@ def _compare_pair(
     from reprotune._jsonio import canonical_dumps
 
     for path in (args.run_a, args.run_b):
+        if not path.exists():
+            raise InputError(f"{path} does not exist", source=str(path), fix=fix)
         if not is_kind(path):
             raise InputError(f"{path} is not {what}, but the other one is", source=str(path), fix=fix)
     if args.tolerance is not None:

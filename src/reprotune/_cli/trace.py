@@ -24,17 +24,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the trace file to write (must not exist; .gz compresses); "
         "default trace-<run-id>-step-<K>.jsonl here",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress lines")
+    parser.add_argument("--no-progress", action="store_true", help="no progress lines (warnings still show)")
 
 
 def run(args: argparse.Namespace) -> int:
     pin_cpu_isa_of_run(args.run_dir)  # before torch loads
     from reprotune._proof.trace import trace_step
+    from reprotune._train.hooks import hf_progress_bars
 
     def progress(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
+        if not args.no_progress or line.startswith("warning:"):
+            print(line, file=sys.stderr, flush=True)
 
-    result = trace_step(args.run_dir, args.step, out=args.out, report=None if args.no_progress else progress)
+    with hf_progress_bars(not args.no_progress):
+        result = trace_step(args.run_dir, args.step, out=args.out, report=progress)
     header = result.header
     reproduced = header["reproduced"]
     print(f"trace of step {header['step']} of run {header['run_id']}")

@@ -207,8 +207,8 @@ def check_cpu_kernels(ctx: Context) -> list[Finding]:
                 "cpu-kernels-portable",
                 "info",
                 f"determinism.cpu_isa {mode!r} is in force: {path}",
-                f"every CPU kernel knob is pinned to the {mode} baseline: runs reproduce on any x86-64 CPU "
-                "that has it",
+                f"CPU kernel knobs pinned to {mode}, so that runs reproduce on x86-64 CPUs that have it "
+                "(shown against a CPU capped to it; across vendors not yet: docs/microscope.md)",
                 "nothing to do",
             )
         ]

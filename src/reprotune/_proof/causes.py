@@ -90,11 +90,9 @@ _MAX_SHOWN = 3
 _KERNEL_CAUSE = ("CPU kernels differ", "GPU kernels differ")
 _UNKNOWN = "kernel facts are unknown"
 _NONDETERMINISM = "yet nothing recorded differs"
-Kernels = tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]
-
-
 #: Config keys that only choose which kernels run: told as the kernel facts they change.
 _KERNEL_CONFIG_KEYS = frozenset({"config.determinism.cpu_isa"})
+Kernels = tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]
 
 
 def is_kernel_cause(cause: str) -> bool:
@@ -221,9 +219,7 @@ def _evidence(
         by_category.setdefault(group, []).append(diff)
     config = by_category.get("config", [])
     if "kernels" in by_category and config and all(d.key in _KERNEL_CONFIG_KEYS for d in config):
-        # The config asked for other kernels and the kernel facts show them: one cause, the kernels
-        # (whose sentence names the mode), so the trace commands follow it.
-        del by_category["config"]
+        del by_category["config"]  # one cause: the kernels (naming the mode); trace commands follow
     # The root seed first: when it differs, every derived seed differs because of it.
     seeds = sorted(by_category.pop("seeds", []), key=lambda d: (not d.key.endswith(".root"), d.key))
     relevant = _STAGE_SEEDS[stage]

@@ -9,8 +9,9 @@ data's, each micro-batch's forward and backward, and the optimizer's. For each o
 name, the innermost module running (forward, and backward through the module's gradient hooks),
 its occurrence, its non-tensor arguments, and for every input (before the op: in-place ops change
 them) and output tensor its shape, dtype and a content hash of its bytes (xxh3-128: a real hash,
-so a permutation or a single flipped bit changes it). View ops (``aten::t``, ``aten::view``, ...)
-are left out: they move no bytes, and their consumers hash what they read.
+so a permutation or a single flipped bit changes it). Ops the dispatcher marks as views
+(``aten::t``, ``aten::view``, ...) are left out: they move no bytes, and their consumers hash what
+they read (``aten::_unsafe_view``, which is not marked so, stays in).
 
 The traced step's ledger line is compared with the run's: the trace says at its top whether this
 machine reproduced the run (when it does not, the trace shows this machine's step, not the run's).
@@ -21,10 +22,12 @@ from __future__ import annotations
 
 import platform
 import socket
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,14 +54,6 @@ HASH = "xxh3-128"
 #: Ops that move no bytes beyond their inputs' (besides views, which the dispatcher marks).
 _SKIPPED = frozenset({"aten::detach", "aten::alias", "aten::lift_fresh", "prim::device"})
 _ARGS_SHOWN = 120  # longer argument lists are written as their hash
-
-
-def _shape(t: torch.Tensor) -> str:
-    return "x".join(str(d) for d in t.shape)
-
-
-def _dtype(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
 
 
 def tensor_hash(t: torch.Tensor) -> str:
@@ -186,7 +181,7 @@ class OpTracer(TorchDispatchMode):
         else:
             digest = tensor_hash(t)
         self.hash_s += time.perf_counter() - started
-        entry = (_shape(t), _dtype(t), digest)
+        entry = ("x".join(str(d) for d in t.shape), str(t.dtype).removeprefix("torch."), digest)
         return (*entry, label) if label is not None else entry
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -315,7 +310,7 @@ def trace_step(
         step: the optimizer step to trace (1-based).
         out: the trace file (must not exist; ``.gz`` compresses); default
             ``trace-<run_id>-step-<step>.jsonl`` in the current directory.
-        report: called with progress lines.
+        report: called with progress lines and warnings (without it, warnings go to stderr).
 
     Returns:
         Where the trace is, its header, and what the traced step cost.
@@ -334,7 +329,7 @@ def trace_step(
         )
     cfg = config_from_dict(dict(run.section("config")), source=str(run.layout.record))
     setup = build_setup(cfg, manifest=run.layout.manifest)
-    start = _restore(setup, run, step, say)
+    start = _restore(setup, run, step, report or partial(print, file=sys.stderr, flush=True))
     setup.model.train()
     hasher = setup.distribution.weights_hasher(setup)
     before: dict[str, list[str]] = {}

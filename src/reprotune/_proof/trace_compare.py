@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from reprotune._errors import InputError
 from reprotune._proof.tracefile import Trace, TraceOp
 from reprotune._run.kernels import kernel_differences
 
@@ -122,8 +123,6 @@ def _notes(a: Trace, b: Trace) -> Iterable[str]:
         if reproduced.get("before") is False:
             steps = ", ".join(sorted(reproduced.get("differing_steps_before") or {}, key=int))
             yield f"trace {label}'s replay already differed from its run at step(s) {steps}"
-    if a.header.get("step") != b.header.get("step"):
-        yield f"the traces are of different steps ({a.header.get('step')} vs {b.header.get('step')})"
     wa, wb = a.header.get("weights_in_sha256"), b.header.get("weights_in_sha256")
     if wa and wb and wa != wb:
         yield (
@@ -133,8 +132,19 @@ def _notes(a: Trace, b: Trace) -> Iterable[str]:
 
 
 def compare_traces(a: Trace, b: Trace) -> TraceComparison:
-    """Walk two traces of one step together and explain the first op that differs."""
+    """Walk two traces of one step together and explain the first op that differs.
+
+    Raises:
+        InputError: the traces are of different steps (their ops would differ from the first).
+    """
     step = a.header.get("step")
+    if step != b.header.get("step"):
+        raise InputError(
+            f"the traces are of different steps: {step} ({a.path}) and {b.header.get('step')} ({b.path})",
+            source=str(b.path),
+            fix="trace the same step on both machines: the first step where the runs part, which "
+            "`reprotune compare` of the two runs names",
+        )
     kernels = kernel_differences(a.header.get("kernels") or {}, b.header.get("kernels") or {})
     notes = tuple(_notes(a, b))
     paths = (str(a.path), str(b.path))

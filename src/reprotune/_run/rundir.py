@@ -115,6 +115,8 @@ def check_is_run_dir(root: Path, *, option: str | None = None) -> None:
     if not root.exists():
         raise InputError(f"no such directory: {root}", source=option, fix=fix)
     if not root.is_dir():
+        if root.name.endswith((".tar.gz", ".tgz")):  # a bundle (`reprotune pack`) is no run directory
+            fix = f"rerun it here with `reprotune rerun {root} --out DIR` (its run unpacks to DIR/recorded)"
         raise InputError(f"{root} is a file, not a run directory", source=option, fix=fix)
     if (root / layout.RECORD).is_file():
         return
