@@ -146,3 +146,76 @@ def test_resuming_a_completed_run_is_refused_and_leaves_its_record_as_it_was(tmp
         "fix: resume into the run that stopped, or start a new run directory"
     )
     assert {path: path.read_bytes() for path in before} == before
+
+
+def test_resuming_from_another_runs_checkpoint_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run B, stopped at step 4, resumed from the step-4 checkpoint of run A, another run (A's
+    weights, optimizer and RNG): refused, naming both runs; B's record and ledger stay as they were."""
+    from trainer_scripts import tiny_trainer
+
+    from reprotune._errors import InputError
+    from reprotune._run.layout import RunLayout
+    from reprotune.integrations.transformers import ReprotuneCallback
+    from reprotune.testing import tiny_rows
+    from tinyrun import TinyProject
+
+    model_dir = TinyProject.create(tmp_path / "project").root / "tiny-model"
+
+    def trainer(name: str, seed: int) -> Any:
+        make = lambda: ReprotuneCallback(tmp_path / name, code_dir=tmp_path)  # noqa: E731
+        return tiny_trainer(
+            model_dir,
+            tiny_rows(40, seed=1),
+            tmp_path / f"out-{name}",
+            make,
+            seed=seed,
+            save_strategy="steps",
+            save_steps=4,
+        )
+
+    trainer("a", seed=2).train()  # another seed: another config, so another run id
+    monkeypatch.setenv(controls.STOP_AFTER, "4")
+    trainer("b", seed=1).train()
+    monkeypatch.delenv(controls.STOP_AFTER)
+    paths = RunLayout(tmp_path / "b")
+    before = {path: path.read_bytes() for path in (paths.record, paths.ledger)}
+    run_a, run_b = load_record(tmp_path / "a")["run_id"], load_record(tmp_path / "b")["run_id"]
+    assert run_a != run_b
+
+    foreign = tmp_path / "out-a" / "checkpoint-4"
+    with pytest.raises(InputError) as refused:
+        trainer("b", seed=1).train(resume_from_checkpoint=str(foreign))
+
+    message = str(refused.value)
+    assert f"the checkpoint {foreign} was saved by run {run_a} ({(tmp_path / 'a').resolve()}), " in message
+    assert f"not by run {run_b} ({tmp_path / 'b'}), which resumes from it" in message
+    assert {path: path.read_bytes() for path in before} == before
+
+
+def test_reprotune_resume_of_a_trainer_made_run_says_to_resume_the_script(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``reprotune resume`` of a stopped run a Trainer script made: exit 2, saying the script
+    resumes it (not the Trainer's settings read as an invalid reprotune config)."""
+    from trainer_scripts import tiny_trainer
+
+    from reprotune._cli import main
+    from reprotune.integrations.transformers import ReprotuneCallback
+    from reprotune.testing import tiny_rows
+    from tinyrun import TinyProject
+
+    model_dir = TinyProject.create(tmp_path / "project").root / "tiny-model"
+    run_dir = tmp_path / "run"
+    make = lambda: ReprotuneCallback(run_dir, code_dir=tmp_path)  # noqa: E731
+    monkeypatch.setenv(controls.STOP_AFTER, "2")
+    tiny_trainer(model_dir, tiny_rows(40, seed=1), tmp_path / "out", make).train()
+    assert load_record(run_dir)["status"] == "stopped"
+    capsys.readouterr()
+
+    assert main(["resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"the run in {run_dir} was written by ReprotuneCallback inside a Trainer script" in err
+    assert "run the script again with `trainer.train(resume_from_checkpoint=...)`" in err
+    assert "invalid config" not in err

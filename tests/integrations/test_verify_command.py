@@ -99,6 +99,11 @@ def test_another_seed_diverges_and_the_cause_names_it(
         (["verify", "--command", "python 'unclosed"], "cannot split the command"),
         (["verify", "--command", "python train.py", "--resume-at", "0"], "is not a step >= 1"),
         (["verify"], "verify needs a config, or --command"),
+        (["verify", "--command", "python train.py", "--control-seed", "root"], "cannot go with it"),
+        (["verify", "--command", "python train.py", "--seed", "3"], "--seed goes with --spot"),
+        (["verify", "--command", "python train.py", "--allow-code-drift"], "--allow-code-drift goes with"),
+        (["verify", "cfg.yaml", "--budget", "0.5"], "--budget goes with --spot"),
+        (["verify", "run", "--spot", "--control-seed", "root"], "none of --command"),
     ],
     ids=[
         "resume-without-command",
@@ -108,6 +113,11 @@ def test_another_seed_diverges_and_the_cause_names_it(
         "unclosed-quote",
         "resume-at-0",
         "nothing",
+        "control-seed-and-command",
+        "seed-without-spot",
+        "code-drift-without-spot",
+        "budget-without-spot",
+        "control-seed-and-spot",
     ],
 )
 def test_bad_usage_exits_2_before_running(
@@ -121,15 +131,17 @@ def test_bad_usage_exits_2_before_running(
     assert not (tmp_path / "ver").exists()
 
 
-def test_a_command_without_the_callback_is_a_failure(
+def test_a_command_without_the_callback_is_bad_input(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
 ) -> None:
-    """A command that trains nothing reprotune can see: exit 1, saying the callback is missing."""
+    """A command that trains nothing reprotune can see: exit 2 (a script to fix, not a FAIL),
+    saying the callback is missing."""
     monkeypatch.chdir(tmp_path)
     command = shlex.join([sys.executable, "-c", "print('trained, unrecorded')"])
-    assert main(["verify", "--command", command, "--out", "ver"]) == 1
+    assert main(["verify", "--command", command, "--out", "ver"]) == 2
     err = capsys.readouterr().err
     assert "wrote no run directory" in err and "ReprotuneCallback" in err
+    assert not (tmp_path / "ver").exists()  # refused: nothing left behind, so --out can be used again
 
 
 def test_verify_command_itself_needs_no_torch() -> None:
@@ -145,7 +157,8 @@ def test_verify_command_itself_needs_no_torch() -> None:
 
 def test_a_resume_step_past_the_end_is_refused_after_the_reference_alone(tmp_path: Path) -> None:
     """``--resume-at`` at or after the last step: exit 2 once the reference has shown the run's
-    length, before the rerun and control legs spend their training."""
+    length, before the rerun and control legs spend their training; the refusal leaves no --out
+    behind, so the same --out can be given again."""
     project = ScriptProject.create(tmp_path)
     command = shlex.join(project.argv("hf_trainer.py"))
     done = run_reprotune(
@@ -157,7 +170,8 @@ def test_a_resume_step_past_the_end_is_refused_after_the_reference_alone(tmp_pat
     assert done.returncode == 2, done.stderr[-3000:]
     assert "--resume-at 6 is not before the run's last step (6)" in done.stderr
     assert "choose a step from 1 to 5" in done.stderr
-    assert sorted(p.name for p in (project.root / "ver").iterdir() if p.is_dir()) == ["reference"]
+    assert "verify: reference ..." in done.stdout and "verify: rerun" not in done.stdout
+    assert not (project.root / "ver").exists()
 
 
 def test_verify_command_spot_replays_intervals_between_the_trainers_checkpoints(tmp_path: Path) -> None:

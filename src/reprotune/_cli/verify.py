@@ -31,8 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--control-seed",
-        default="data_order",
-        help="the derived seed the negative control perturbs (default: data_order)",
+        default=None,
+        help="the derived seed the negative control perturbs (default: data_order; not with --command "
+        "or --spot)",
     )
     parser.add_argument("--no-resume", action="store_true", help="skip the resume leg and its control")
     parser.add_argument(
@@ -69,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seed",
         type=int,
-        default=0,
+        default=None,
         help="with --spot: the seed that draws the intervals (recorded; default 0)",
     )
     parser.add_argument(
@@ -97,10 +98,14 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.spot:
         return _run_spot(args)
-    if args.budget is not None:
-        raise InputError(
-            "--budget goes with --spot", source="--budget", fix="add --spot, or leave --budget out"
-        )
+    spot_only = {
+        "--budget": args.budget,
+        "--seed": args.seed,
+        "--allow-code-drift": args.allow_code_drift or None,
+    }
+    given = next((flag for flag, value in spot_only.items() if value is not None), None)
+    if given is not None:
+        raise InputError(f"{given} goes with --spot", source=given, fix=f"add --spot, or leave {given} out")
     if args.train_command is not None or args.resume_at is not None:
         return _run_command(args)
     from reprotune._config.loading import load_config
@@ -122,7 +127,7 @@ def _run(args: argparse.Namespace) -> int:
     result = verify_config(
         cfg,
         out,
-        control_seed=args.control_seed,
+        control_seed=args.control_seed or "data_order",
         resume=not args.no_resume,
         reference=args.reference,
         thorough=args.thorough,
@@ -137,10 +142,10 @@ def _run_command(args: argparse.Namespace) -> int:
     if args.train_command is None:
         raise InputError("--resume-at needs --command", source="--resume-at", fix=_USAGE_FIX)
     config_only = args.overrides or args.reference is not None or args.thorough or args.no_resume
-    if args.config is not None or config_only:
+    if args.config is not None or config_only or args.control_seed is not None:
         raise InputError(
-            "--command verifies a script, not a config: a config, --set, --reference, --thorough or "
-            "--no-resume cannot go with it (its resume leg is --resume-at STEP)",
+            "--command verifies a script, not a config: a config, --set, --reference, --thorough, "
+            "--no-resume or --control-seed cannot go with it (its resume leg is --resume-at STEP)",
             source="--command",
             fix=_USAGE_FIX,
         )
@@ -161,10 +166,10 @@ def _run_spot(args: argparse.Namespace) -> int:
     if args.train_command is not None and not (args.config or args.overrides or args.reference):
         return _run_command_spot(args)
     others = args.train_command or args.overrides or args.reference or args.thorough or args.no_resume
-    if args.config is None or others or args.resume_at is not None:
+    if args.config is None or others or args.resume_at is not None or args.control_seed is not None:
         raise InputError(
             "--spot checks an existing run: give its run directory, and none of --command, --set, "
-            "--reference, --thorough, --no-resume, --resume-at",
+            "--reference, --thorough, --no-resume, --resume-at, --control-seed",
             source="--spot",
             fix="run `reprotune verify RUN_DIR --spot [--budget 0.2] [--seed N]`",
         )
@@ -172,11 +177,11 @@ def _run_spot(args: argparse.Namespace) -> int:
     if out is None:
         out = _default_out("verify-spot", Path(args.config).name)
     budget = DEFAULT_BUDGET if args.budget is None else args.budget
-    drift = args.allow_code_drift
+    drift, seed = args.allow_code_drift, args.seed or 0
     if Path(args.config).is_file():  # a bundle packed with --checkpoints
-        result = spot_verify_bundle(args.config, out, budget=budget, seed=args.seed, allow_code_drift=drift)
+        result = spot_verify_bundle(args.config, out, budget=budget, seed=seed, allow_code_drift=drift)
     else:
-        result = spot_verify(args.config, out, budget=budget, seed=args.seed, allow_code_drift=drift)
+        result = spot_verify(args.config, out, budget=budget, seed=seed, allow_code_drift=drift)
     return _done(result, out)
 
 
@@ -197,7 +202,8 @@ def _run_command_spot(args: argparse.Namespace) -> int:
     from reprotune._proof.intervals import DEFAULT_BUDGET
     from reprotune._proof.spot_command import spot_verify_command
 
-    if args.thorough or args.no_resume or args.resume_at is not None or args.allow_code_drift:
+    others = args.thorough or args.no_resume or args.resume_at is not None or args.allow_code_drift
+    if others or args.control_seed is not None:
         raise InputError(
             "--command --spot takes --budget, --seed and --out only",
             source="--spot",
@@ -207,7 +213,7 @@ def _run_command_spot(args: argparse.Namespace) -> int:
     if out is None:
         out = _default_out("verify-spot", _command_digest(args.train_command))
     budget = DEFAULT_BUDGET if args.budget is None else args.budget
-    result = spot_verify_command(args.train_command, out, budget=budget, seed=args.seed)
+    result = spot_verify_command(args.train_command, out, budget=budget, seed=args.seed or 0)
     print(result.format())
     print(f"verification record: {out / 'verification.json'}")
     return 0 if result.verdict == "PASS" else 1

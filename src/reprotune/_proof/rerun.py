@@ -28,10 +28,10 @@ from reprotune._proof.bundle import builtin_data
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.differences import Comparison
 from reprotune._proof.unpack import unpack
-from reprotune._run.drift import code_drift, refuse_code_drift, section_drift
+from reprotune._run.drift import code_drift, refuse_code_drift, refuse_trainer_run, section_drift
 from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint
 from reprotune._run.layout import RunLayout
-from reprotune._run.outputs import refuse_nonempty_dir, refuse_overwrite
+from reprotune._run.outputs import first_missing, refuse_nonempty_dir, refuse_overwrite
 from reprotune._run.record import record_config
 from reprotune._run.rundir import open_run_dir
 from reprotune._train.options import RunOptions
@@ -147,14 +147,13 @@ def rerun(
             source=str(paths.record),
             fix=f"resume it with `reprotune resume {run_dir}` first",
         )
-    if "trainer" in (record.get("config") or {}):
-        raise InputError(
-            f"the run in {run_dir} was written by ReprotuneCallback inside a Trainer script: it has no "
-            "reprotune config to rerun",
-            source=str(paths.record),
-            fix="run the script again and `reprotune compare` the two runs, or use `reprotune verify "
-            '--command "python train.py ..."` (docs/integrations.md)',
-        )
+    refuse_trainer_run(
+        record,
+        run_dir,
+        why="it has no reprotune config to rerun",
+        fix="run the script again and `reprotune compare` the two runs, or use `reprotune verify "
+        '--command "python train.py ..."` (docs/integrations.md)',
+    )
     cfg = checked_before_rerun(
         run_dir,
         record,
@@ -199,7 +198,7 @@ def rerun_bundle(
     files_read = [Path(data)] if data is not None and not str(data).startswith("builtin:") else []
     refuse_overwrite(out, reads=[bundle, *files_read], option="--out")
     refuse_nonempty_dir(out, option="--out")
-    created = _first_missing(out)
+    created = first_missing(out)
     try:
         unpacked = unpack(bundle, out / "recorded")
         use = data if data is not None else unpacked.data
@@ -229,17 +228,6 @@ def rerun_bundle(
         raise
     write_json_atomic(out / "rerun.json", _rerun_summary(bundle, comparison, time.perf_counter() - started))
     return new_dir, comparison
-
-
-def _first_missing(path: Path) -> Path | None:
-    """The outermost directory of ``path`` that does not exist yet (what this call will create),
-    or None when ``path`` exists."""
-    missing = None
-    for candidate in (path, *path.parents):
-        if candidate.exists():
-            break
-        missing = candidate
-    return missing
 
 
 def _rerun_summary(bundle: Path, comparison: Comparison, seconds: float) -> dict[str, Any]:

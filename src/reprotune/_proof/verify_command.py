@@ -40,6 +40,7 @@ from reprotune._proof.processes import ending_with_this_process
 from reprotune._proof.verification import Expected, Leg, Outcome, coverage_lines, judge_leg, leg_lines
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
+from reprotune._run.outputs import removed_if_refused
 from reprotune._run.record import Status, load_record
 from reprotune.integrations import controls as control_vars
 from reprotune.integrations.controls import Controls
@@ -112,8 +113,8 @@ def verify_command(
 
     Raises:
         InputError: a bad command, ``resume_at`` or ``out_dir``; a resume step at or after the
-            run's last step.
-        RunFailedError: the command failed, or wrote no run directory.
+            run's last step; a command that wrote no run directory (its Trainer has no callback).
+        RunFailedError: the command failed.
     """
     argv = parse_command(command)
     if resume_at is not None and (isinstance(resume_at, bool) or resume_at < 1):
@@ -127,8 +128,13 @@ def verify_command(
             fix="choose a new --out directory, or leave it out for runs/verify-<id>",
         )
     layout = VerifyLayout(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    run = Runner(argv, layout.log, cwd or Path.cwd(), progress)
+    with removed_if_refused(out_dir):  # a refusal after the reference leg leaves nothing behind
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return _verify(Runner(argv, layout.log, cwd or Path.cwd(), progress), layout, command, resume_at)
+
+
+def _verify(run: Runner, layout: VerifyLayout, command: str, resume_at: int | None) -> CommandVerification:
+    """The legs, judged, and the verification record (see :func:`verify_command`)."""
     reference = run.leg("reference", Controls(run_dir=layout.leg("reference")))
     require_status(reference, "completed", "reference")
     if resume_at is not None:
@@ -147,7 +153,7 @@ def verify_command(
     if resume_at is not None:
         legs.append(_resume_leg(run, layout.leg("resume"), reference, resume_at))
     verdict: Outcome = "PASS" if all(leg.passed for leg in legs) else "FAIL"
-    result = CommandVerification(verdict, str(out_dir), command, resume_at, legs)
+    result = CommandVerification(verdict, str(layout.root), command, resume_at, legs)
     write_json_atomic(layout.verification, result.to_json())
     return result
 
@@ -207,11 +213,12 @@ class Runner:
             raise RunFailedError(
                 f"the {name} leg's command failed with exit code {code}:\n" + "\n".join(tail),
                 source=str(self.log),
-                fix="make the script run on its own first",
+                fix="read the script's last lines above (a reprotune refusal there gives its own fix); a "
+                "script that fails on its own must be fixed first",
             )
         if not RunLayout(run_dir).is_run_dir():
-            raise RunFailedError(
-                f"the command wrote no run directory at {run_dir}",
+            raise InputError(
+                f"the command wrote no run directory at {run_dir}: its Trainer has no ReprotuneCallback",
                 source="--command",
                 fix="give the script's Trainer a reprotune ReprotuneCallback (docs/integrations.md)",
             )

@@ -2,7 +2,8 @@
 
 A resumed run must be the run that started (same code: :func:`refuse_code_drift`) and must not
 have completed (:func:`refuse_completed`); a rerun reports every difference before it trains
-(:func:`code_drift`, :func:`section_drift`).
+(:func:`code_drift`, :func:`section_drift`); neither is possible for a run a user's Trainer script
+made (:func:`refuse_trainer_run`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,22 @@ def refuse_completed(status: str | None, run_dir: Path, *, fix: str | None = Non
             source=str(layout.RunLayout(run_dir).record),
             fix=fix
             or f"compare it with `reprotune compare`, or start a new one with `reprotune rerun {run_dir}`",
+        )
+
+
+def refuse_trainer_run(record: Mapping[str, Any], run_dir: Path, *, why: str, fix: str) -> None:
+    """Raise when ``record`` is of a run ``ReprotuneCallback`` wrote inside a user's Trainer script:
+    it holds the Trainer's settings, not a reprotune config, so reprotune cannot train it again.
+
+    Args:
+        why: what cannot be done, for the message.
+        fix: what to do instead.
+    """
+    if "trainer" in (record.get("config") or {}):
+        raise InputError(
+            f"the run in {run_dir} was written by ReprotuneCallback inside a Trainer script: {why}",
+            source=str(layout.RunLayout(run_dir).record),
+            fix=fix,
         )
 
 

@@ -5,14 +5,18 @@ manifest; ``report -o RUN/record.json`` would replace a record with HTML; ``pack
 --with-data`` would replace the data it packs; ``rerun BUNDLE --out runs/A`` would write into the run
 it came from. Paths are compared resolved (symlinks followed) and by identity (hard links), and no
 output may be, or land inside, a run or verification directory, whose files belong to the run.
-One check for every command that writes (split, report, pack, rerun). Imports only the standard
-library and ``_run.layout``'s names, so commands that need no model stay light.
+One check for every command that writes (split, report, pack, rerun). A command refused after it
+began writing its output directory removes what it made there (:func:`removed_if_refused`).
+Imports only the standard library and ``_run.layout``'s names, so commands that need no model stay
+light.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+import shutil
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from reprotune._errors import InputError
@@ -72,3 +76,32 @@ def _refusal(out: Path, option: str, problem: str) -> InputError:
         source=option,
         fix=f"give {option} a new path outside the inputs and run directories",
     )
+
+
+def first_missing(path: Path) -> Path | None:
+    """The outermost directory of ``path`` that does not exist yet (what a command will create),
+    or None when ``path`` exists."""
+    missing = None
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            break
+        missing = candidate
+    return missing
+
+
+@contextlib.contextmanager
+def removed_if_refused(out: Path) -> Iterator[None]:
+    """On an ``InputError`` from the block, remove what it made of ``out``: ``out`` (and the
+    parents it made) when it did not exist, else the entries the block added to it."""
+    created = first_missing(out)
+    before = set(out.iterdir()) if created is None and out.is_dir() else set()
+    try:
+        yield
+    except InputError:
+        made = [created] if created is not None else [p for p in out.iterdir() if p not in before]
+        for path in made:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        raise

@@ -24,7 +24,13 @@ from reprotune._errors import InputError
 from reprotune._jsonio import write_bytes_atomic
 from reprotune._model.lora import save_adapter
 from reprotune._run.claim import check_run_dir_free, claim_run_dir, new_run_dir, unlanded_first_record
-from reprotune._run.drift import code_drift, refuse_code_drift, refuse_completed, section_drift
+from reprotune._run.drift import (
+    code_drift,
+    refuse_code_drift,
+    refuse_completed,
+    refuse_trainer_run,
+    section_drift,
+)
 from reprotune._run.fingerprint import attention_of, code_fingerprint, environment_fingerprint, own_outputs
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import LedgerWriter, hexf
@@ -124,6 +130,13 @@ def _resume(run_dir: Path, options: RunOptions, dist: DistContext | None) -> Run
     with holding_run_dir(run_dir, report=report), hf_progress_bars(options.progress), interrupt_on_signals():
         record = LiveRecord.load(paths.record)  # read under the lock: no other writer now
         refuse_completed(record.typed.status, run_dir)
+        refuse_trainer_run(
+            record,
+            run_dir,
+            why="it has no reprotune config to resume",
+            fix="run the script again with `trainer.train(resume_from_checkpoint=...)`: the callback "
+            "resumes the run (docs/integrations.md)",
+        )
         cfg = config_from_dict(record["config"], source=str(paths.record))
         allow = options.allow_world_size_change
         run = _Run(paths, record, TrackerSet([]), dist=dist)

@@ -119,15 +119,20 @@ def _has_optimizer(directory: Path) -> bool:
     return directory.is_dir() and any(p.is_dir() and "optimizer" in p.name for p in directory.iterdir())
 
 
-def saved_ranks(checkpoint: str | None) -> dict[int, Mapping[str, Any]]:
-    """The ranks' facts the callback wrote into ``checkpoint``'s marker when it was saved, by rank
-    (empty for a checkpoint saved before they were recorded, or not marked)."""
+def checkpoint_marker(checkpoint: str | None) -> Mapping[str, Any]:
+    """What the callback wrote into ``checkpoint`` when it was saved (:data:`CHECKPOINT_MARKER`:
+    the run's directory and id, the step, every rank's facts); empty for an unmarked checkpoint."""
     marker = Path(checkpoint) / CHECKPOINT_MARKER if checkpoint else None
     if marker is None or not marker.is_file():
         return {}
-    ranks = read_json_file(marker, what="checkpoint marker", fix="pass run_dir= to ReprotuneCallback").get(
-        "ranks"
-    )
+    data = read_json_file(marker, what="checkpoint marker", fix="pass run_dir= to ReprotuneCallback")
+    return data if isinstance(data, Mapping) else {}
+
+
+def saved_ranks(checkpoint: str | None) -> dict[int, Mapping[str, Any]]:
+    """The ranks' facts the callback wrote into ``checkpoint``'s marker when it was saved, by rank
+    (empty for a checkpoint saved before they were recorded, or not marked)."""
+    ranks = checkpoint_marker(checkpoint).get("ranks")
     if not isinstance(ranks, list):
         return {}
     return {int(r["rank"]): r for r in ranks if isinstance(r, Mapping) and isinstance(r.get("rank"), int)}

@@ -35,7 +35,7 @@ from reprotune._trackers.mlflow import MlflowTracker
 from reprotune._trackers.mlflow_link import MlflowRunLink
 from reprotune._trackers.wandb import WandbTracker
 from reprotune._train.writer import RunWriter, report
-from reprotune.integrations._ranks import CHECKPOINT_MARKER, resume_problems, rng_changed
+from reprotune.integrations._ranks import CHECKPOINT_MARKER, checkpoint_marker, resume_problems, rng_changed
 
 
 class TrainerRun(RunWriter):
@@ -133,6 +133,7 @@ class TrainerRun(RunWriter):
         try:
             record = LiveRecord.load(paths.record)
             _check_resumable(paths, record, config_sha256, code)
+            _check_own_checkpoint(paths, record["run_id"], checkpoint)
             attempt: dict[str, Any] = {"from_step": from_step, "from_checkpoint": checkpoint}
             attempt.update(_restored(ranks, checkpoint))
             drift = section_drift(record.get("environment") or {}, environment, prefix="environment")
@@ -245,6 +246,21 @@ def _check_resumable(
             fix="resume with the same script and arguments as the run that wrote the checkpoint",
         )
     refuse_code_drift(record.get("code") or {}, code, paths.root, what="resuming", override=None)
+
+
+def _check_own_checkpoint(paths: RunLayout, run_id: str, checkpoint: str | None) -> None:
+    """Refuse a checkpoint whose marker names another run: its weights, optimizer and RNG are that
+    run's, so the resumed run would silently be a splice of two runs."""
+    # By run id, not directory: a copy of the run (moved, or verify --spot's replays) is the run.
+    marker = checkpoint_marker(checkpoint)
+    if marker.get("run_id") not in (None, run_id):
+        raise InputError(
+            f"the checkpoint {checkpoint} was saved by run {marker['run_id']} ({marker.get('run_dir')}), "
+            f"not by run {run_id} ({paths.root}), which resumes from it",
+            source=f"{checkpoint}/{CHECKPOINT_MARKER}",
+            fix=f"resume from a checkpoint of run {run_id}, or resume run {marker['run_id']} with "
+            f"run_dir={marker.get('run_dir')}",
+        )
 
 
 def _save_trainable(model: Any, directory: Path) -> dict[str, str]:
