@@ -318,3 +318,13 @@ def test_the_callback_needs_no_training_code() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "['reprotune._train', 'reprotune._train.writer']"
+
+
+def test_an_rng_seeded_otherwise_when_the_callback_was_made_names_both_possible_causes() -> None:
+    """The RNG is read when the callback is made: another seed there means an unseeded PEFT model,
+    or a callback made before the script seeded; the finding says both and how to place each."""
+    [finding] = trainer_findings(_facts(seed_probe=SeedProbe(initial_seed=1234, fresh=False)))
+    title = finding["title"]
+    assert "last seeded with 1234, not TrainingArguments.seed=42, when the callback was made" in title
+    assert "or the callback was made before the script seeded" in title
+    assert "make the callback in the Trainer(...) call, after both" in finding["fix"]

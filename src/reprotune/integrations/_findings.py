@@ -268,9 +268,16 @@ def _seed_findings(facts: TrainerFacts) -> list[dict[str, str]]:
         fix = "call reprotune.seed_everything(args.seed) before making the trainer (SFTTrainer(...))"
         return [_finding("peft-before-seed", "warning", title, why, fix)]
     if probe.initial_seed != seed:
+        # The probe is taken when the callback is made: in the Trainer(...) call, right before the
+        # Trainer re-seeds. A callback made earlier, before the script seeds, sees an unseeded RNG.
         title = (
             f"torch's RNG was last seeded with {probe.initial_seed}, not TrainingArguments.seed={seed}, "
-            "before the Trainer was made: the PEFT model was built before the seed was set"
+            "when the callback was made: the PEFT model was built before the seed was set, or the "
+            "callback was made before the script seeded"
+        )
+        fix = (
+            "call reprotune.seed_everything(args.seed) (or set_seed) before building the PEFT model, and "
+            "make the callback in the Trainer(...) call, after both"
         )
         return [_finding("peft-before-seed", "warning", title, why, fix)]
     if probe.fresh:
