@@ -54,6 +54,8 @@ def test_verify_command_passes_and_reports_the_resume_leg(
     resume = legs["resume"]
     assert resume["verdict"] in ("IDENTICAL", "DIVERGED") and resume["evidence"]["resumed_at"] == 3
     assert f"resume            {resume['verdict']}" in done.stdout
+    for leg in legs.values():  # each leg's processes' wall time, and its steps' time from its record
+        assert leg["wall_s"] > 0 and 0 < leg["train_s"] < leg["wall_s"], leg
 
     record = load_record(project.root / "ver" / "resume")
     attempts = record["attempts"]
@@ -200,6 +202,7 @@ def test_verify_command_spot_replays_intervals_between_the_trainers_checkpoints(
     assert "rng_state.pth" in legs["steps 3-4"]["evidence"]["end_state"]
     assert legs["steps 5-6"]["evidence"]["end_state"] == "adapter sha256 identical"
     assert "Trainer checkpoint-4" in legs["steps 5-6"]["note"]
+    assert all(leg["wall_s"] > 0 for leg in legs.values()), legs
     assert legs["control-data-seed"]["verdict"] == "DIVERGED"
     assert "covered: 3 of 3 intervals, 6 of 6 steps" in done.stdout
 

@@ -103,6 +103,7 @@ def spot_verify_command(
         Controls(run_dir=control_dir, perturb_data_seed=1, stop_after=bound if bound < total else None),
     )
     legs.append(_control_leg(reference, control_dir))
+    run.timed(legs)
     verdict: Outcome = "PASS" if all(leg.passed for leg in legs) else "FAIL"
     result = CommandVerification(verdict, str(out_dir), command, None, legs)
     result.spot = coverage(intervals, list(checkpoints), total, budget, seed)

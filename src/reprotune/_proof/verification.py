@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.differences import Comparison
+from reprotune._run.layout import RunLayout
+from reprotune._run.record import load_record
 
 SCHEMA = "reprotune/verification"
 SCHEMA_VERSION = 5  # 2: mode, per-leg cost, machine, blame; 3: wall_s (legs side by side); 4: legs'
@@ -146,3 +148,11 @@ def coverage_lines(spot: dict[str, Any] | None) -> list[str]:
         f"(budget {spot['budget']:g}, seed {spot['seed']})",
         f"  proves: {spot['proves']}",
     ]
+
+
+def train_seconds(run_dir: Path, *, since: int = 0) -> float | None:
+    """A leg's seconds in optimizer steps after step ``since`` (mean step time x steps, from its
+    record): a leg that resumes a copied checkpoint did not run the steps before it."""
+    timings = load_record(RunLayout(run_dir).record).get("timings", {})
+    mean, steps = timings.get("step_time_s_mean"), timings.get("steps_done")
+    return round(float(mean) * max(0, int(steps) - since), 3) if mean is not None and steps else None

@@ -46,7 +46,14 @@ from reprotune._jsonio import write_json_atomic
 from reprotune._proof.differences import Comparison
 from reprotune._proof.processes import LegProcesses, launch_world_size
 from reprotune._proof.processes import run_logged as _reprotune
-from reprotune._proof.verification import Expected, Leg, Verification, judge_leg, machine_summary
+from reprotune._proof.verification import (
+    Expected,
+    Leg,
+    Verification,
+    judge_leg,
+    machine_summary,
+    train_seconds,
+)
 from reprotune._proof.verify_eval import eval_leg
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.record import load_record, record_config
@@ -72,7 +79,7 @@ class _Context:
     def judge(self, leg: Leg, *, prefix: bool = False) -> Comparison:
         """Compare the leg with the reference and record the verdict, evidence and cost."""
         cmp = judge_leg(leg, self.reference, prefix=prefix)
-        leg.train_s = _train_seconds(Path(leg.run_dir))
+        leg.train_s = train_seconds(Path(leg.run_dir))
         self.progress(f"  {leg.name}: {cmp.verdict} (must be {leg.expected})")
         return cmp
 
@@ -242,7 +249,7 @@ def _resume_control(ctx: _Context, stop: int, *, bound: int) -> tuple[Leg, list[
 
 def _judge_resume_control(ctx: _Context, leg: Leg, stop: int) -> Leg:
     ctx.judge(leg, prefix=True)
-    leg.train_s = _train_seconds(Path(leg.run_dir), since=stop)
+    leg.train_s = train_seconds(Path(leg.run_dir), since=stop)
     _inconclusive_without_dropout(ctx.cfg, leg)
     return leg
 
@@ -341,14 +348,6 @@ def _total_steps(run_dir: Path) -> int:
 def _run_seconds(run_dir: Path) -> float | None:
     value = load_record(RunLayout(run_dir).record).get("timings", {}).get("duration_s")
     return float(value) if isinstance(value, (int, float)) else None
-
-
-def _train_seconds(run_dir: Path, *, since: int = 0) -> float | None:
-    """Seconds in optimizer steps after step ``since`` (mean step time x steps): a leg that resumes
-    a copied checkpoint did not run the steps before it."""
-    timings = load_record(RunLayout(run_dir).record).get("timings", {})
-    mean, steps = timings.get("step_time_s_mean"), timings.get("steps_done")
-    return round(float(mean) * max(0, int(steps) - since), 3) if mean is not None and steps else None
 
 
 def _resume_point(cfg: ExperimentConfig, total_steps: int) -> int | None:

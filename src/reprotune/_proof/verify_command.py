@@ -30,14 +30,22 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from reprotune._errors import InputError, RunFailedError
 from reprotune._jsonio import write_json_atomic
 from reprotune._proof.processes import ending_with_this_process
-from reprotune._proof.verification import Expected, Leg, Outcome, coverage_lines, judge_leg, leg_lines
+from reprotune._proof.verification import (
+    Expected,
+    Leg,
+    Outcome,
+    coverage_lines,
+    judge_leg,
+    leg_lines,
+    train_seconds,
+)
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
 from reprotune._run.outputs import removed_if_refused
@@ -152,6 +160,7 @@ def _verify(run: Runner, layout: VerifyLayout, command: str, resume_at: int | No
     ]
     if resume_at is not None:
         legs.append(_resume_leg(run, layout.leg("resume"), reference, resume_at))
+    run.timed(legs)
     verdict: Outcome = "PASS" if all(leg.passed for leg in legs) else "FAIL"
     result = CommandVerification(verdict, str(layout.root), command, resume_at, legs)
     write_json_atomic(layout.verification, result.to_json())
@@ -175,6 +184,15 @@ class Runner:
     cwd: Path
     progress: Callable[[str], None]
     timeout_s: float | None = None
+    walls: dict[Path, float] = field(default_factory=dict)
+    """Each leg's processes' wall time by run directory (a stop and its resume add up)."""
+
+    def timed(self, legs: Sequence[Leg]) -> None:
+        """Set each leg's wall time (its processes') and training time (from its record)."""
+        for leg in legs:
+            leg.wall_s = round(self.walls.get(Path(leg.run_dir).resolve(), 0.0), 3)
+            if RunLayout(Path(leg.run_dir)).is_run_dir():
+                leg.train_s = train_seconds(Path(leg.run_dir))
 
     def leg(self, name: str, controls: Controls, *, label: str | None = None) -> Path:
         """Run the command for one leg; return its run directory (absolute)."""
@@ -205,8 +223,9 @@ class Runner:
                     fix='give a command that runs from this directory, e.g. --command "python train.py"',
                 ) from None
             code = _wait(process, self.timeout_s, name)
+        wall = time.perf_counter() - started
+        self.walls[run_dir] = self.walls.get(run_dir, 0.0) + wall
         if self.timeout_s is None and name == "reference":
-            wall = time.perf_counter() - started
             self.timeout_s = max(MIN_LEG_TIMEOUT_S, LEG_TIMEOUT_FACTOR * wall)
         if code != 0:
             tail = self.log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
