@@ -361,3 +361,30 @@ def test_log_files_and_tracker_variables_never_rank_above_a_seed(ref: Path, tmp_
         "code.untracked",
     } <= inert
     assert "(cannot change the numbers)" in result.format()
+
+
+def test_a_recorded_peft_before_seed_finding_is_the_first_cause_when_the_init_differs(
+    ref: Path, tmp_path: Path
+) -> None:
+    """Initial weights that differ, nothing recorded that explains them, but run B's record (a
+    Trainer's) warns that its LoRA init was not covered by its seed: that finding is the first
+    cause, not "nondeterminism"."""
+    other = write_run_dir(tmp_path / "late-seed", RunSpec(noise_from_step=1))
+    edit_ledger(other, 0, "weights_sha256", "f" * 64, kind="init")
+    plain = compare_runs(ref, other)
+    assert plain.where.first_weights_step == 0 and plain.causes[0].startswith(
+        "the LoRA initial weights differ"
+    )
+    assert not any("peft-before-seed" in cause for cause in plain.causes)
+
+    record = json.loads((other / "record.json").read_text())
+    record["findings"] = [
+        {"code": "peft-before-seed", "severity": "warning", "title": "built unseeded", "fix": "seed first"}
+    ]
+    (other / "record.json").write_text(canonical_dumps(record))
+    result = compare_runs(ref, other)
+    assert result.causes[0] == (
+        "the LoRA initial weights differ (step 0): run B's record warns peft-before-seed: built unseeded "
+        "(fix: seed first)"
+    )
+    assert result.next_steps == ()

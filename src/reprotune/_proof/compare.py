@@ -114,6 +114,8 @@ def compare_opened(
     causes = explain(
         where, adapter, differences, split, resumes, ledgers_equal=ledgers_equal, kernels=kernels
     )
+    if not ledgers_equal and where.first_weights_step == 0:
+        causes[:0] = _seed_findings(run_a, run_b)
     return Comparison(
         verdict=verdict,
         run_a=_summary(run_a),
@@ -130,6 +132,19 @@ def compare_opened(
         prefix=prefix,
         next_steps=tuple(trace_commands(run_a, run_b, where, causes)),
     )
+
+
+def _seed_findings(run_a: RunDir, run_b: RunDir) -> Iterable[str]:
+    """The initial weights differ: a Trainer-made run whose record warns that its LoRA init was not
+    covered by its seed (``peft-before-seed``) is the likeliest cause, whatever else agrees."""
+    for label, run in (("A", run_a), ("B", run_b)):
+        findings = run.record.get("findings")
+        for finding in findings if isinstance(findings, list) else []:
+            if isinstance(finding, dict) and finding.get("code") == "peft-before-seed":
+                yield (
+                    f"the LoRA initial weights differ (step 0): run {label}'s record warns peft-before-seed: "
+                    f"{finding.get('title')} (fix: {finding.get('fix')})"
+                )
 
 
 def _resumes(run: RunDir, label: Literal["A", "B"]) -> Iterable[Resume]:
