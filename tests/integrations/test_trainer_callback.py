@@ -328,3 +328,13 @@ def test_an_rng_seeded_otherwise_when_the_callback_was_made_names_both_possible_
     assert "last seeded with 1234, not TrainingArguments.seed=42, when the callback was made" in title
     assert "or the callback was made before the script seeded" in title
     assert "make the callback in the Trainer(...) call, after both" in finding["fix"]
+
+
+@pytest.mark.parametrize("flag", ["mlflow", "wandb"])
+def test_a_tracker_switch_that_is_not_a_bool_is_refused(flag: str) -> None:
+    """``ReprotuneCallback(mlflow="yes")`` would have switched the tracker on by truthiness."""
+    from reprotune._errors import InputError
+    from reprotune.integrations.transformers import ReprotuneCallback
+
+    with pytest.raises(InputError, match=f"{flag}='yes' is not True or False"):
+        ReprotuneCallback(**{flag: "yes"})

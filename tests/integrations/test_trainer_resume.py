@@ -193,6 +193,12 @@ def test_resuming_from_another_runs_checkpoint_is_refused(
     assert f"not by run {run_b} ({tmp_path / 'b'}), which resumes from it" in message
     assert {path: path.read_bytes() for path in before} == before
 
+    with pytest.raises(InputError) as refused:  # into a directory that holds no run: name the run's
+        trainer("c", seed=2).train(resume_from_checkpoint=str(foreign))
+    assert f"fix: resume with the run_dir (or REPROTUNE_RUN_DIR) of {(tmp_path / 'a').resolve()}" in str(
+        refused.value
+    )
+
 
 def test_reprotune_resume_of_a_trainer_made_run_says_to_resume_the_script(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

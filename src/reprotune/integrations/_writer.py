@@ -121,7 +121,8 @@ class TrainerRun(RunWriter):
                 a ledger that stops before the checkpoint's step.
         """
         paths = RunLayout(run_dir)
-        fix = "resume with the run_dir (or REPROTUNE_RUN_DIR) of the run that wrote this checkpoint"
+        saved_in = checkpoint_marker(checkpoint).get("run_dir") or "the run that wrote this checkpoint"
+        fix = f"resume with the run_dir (or REPROTUNE_RUN_DIR) of {saved_in}"
         if not paths.is_run_dir():
             raise InputError(
                 f"the Trainer resumes from step {from_step} but {run_dir} holds no run record",
