@@ -262,3 +262,20 @@ def test_rare_class_warning_is_reported_and_recorded(tiny_project: Any, tmp_path
     assert "RareClassWarning" not in done.stderr
     recorded = _record(tmp_path / "run")["data"]["split_warnings"]
     assert len(recorded) == 1 and "'lonely' (1 row)" in recorded[0]
+
+
+def test_an_interrupted_run_says_how_to_resume_it_as_it_was_launched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The line printed on Ctrl-C names the run directory, and torchrun when the run ran under it."""
+    import argparse
+
+    from reprotune._cli import _resume_hint
+
+    args = argparse.Namespace(run_dir=Path("runs/k2"))
+    for name in ("TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert _resume_hint(args) == "`reprotune resume runs/k2`"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert _resume_hint(args).startswith("`torchrun --nproc_per_node 2 -m reprotune resume runs/k2`")
+    unnamed = _resume_hint(argparse.Namespace(run_dir=None))  # runs/<id>, said when the run began
+    assert unnamed.startswith("`torchrun --nproc_per_node 2 -m reprotune resume RUN_DIR`")

@@ -4,6 +4,7 @@ ranks: pure functions, checked without launching anything."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -179,3 +180,23 @@ def test_resume_world_sizes_that_are_refused(
     if recorded is None or now is None:
         with pytest.raises(InputError):
             check_resume_world(recorded, now, allow_change=True, run_dir="runs/A")
+
+
+def test_an_unfinished_torchrun_run_is_told_to_resume_under_torchrun(tmp_path: Path) -> None:
+    """``run`` into a directory holding an interrupted torchrun run: the fix is the torchrun
+    resume at its world size (a plain ``reprotune resume`` would be refused); a one-process run's
+    fix stays the plain resume."""
+    from reprotune._run.claim import check_run_dir_free
+    from reprotune._run.record import write_record
+
+    base = {"run_id": "x", "status": "interrupted", "config": {}, "config_sha256": "0" * 64, "seeds": {}}
+    base["timings"] = {"started_at": "2026-12-03T00:00:00Z"}
+    for name, extra, words in (
+        ("dist", {"distributed": {"world_size": 2}}, "`torchrun --nproc_per_node 2 -m reprotune resume "),
+        ("plain", {}, "continue it with `reprotune resume "),
+    ):
+        (tmp_path / name).mkdir()
+        write_record(tmp_path / name / "record.json", {**base, **extra})
+        with pytest.raises(InputError) as refused:
+            check_run_dir_free(tmp_path / name)
+        assert words + f"{tmp_path / name}`" in str(refused.value)

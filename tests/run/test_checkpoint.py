@@ -325,6 +325,8 @@ def test_no_valid_checkpoint_gives_none_with_a_warning_each(two_checkpoints: tup
     assert latest_valid_checkpoint(older.parent, report=warnings.append) is None
     assert [str(newer) in warnings[0], str(older) in warnings[1]] == [True, True]
     assert len(warnings) == 2
+    assert warnings[0].endswith("; falling back to the previous one")
+    assert warnings[1].endswith("; no checkpoint is left: starting from step 0")  # not "the previous"
 
 
 def test_any_single_bit_flip_in_state_json_is_refused(two_checkpoints: tuple[Path, Path]) -> None:

@@ -208,7 +208,8 @@ def test_resume_keeps_what_the_first_attempt_recorded(tmp_path: Path) -> None:
     project.run_cli(
         "run", "rare.yaml", "--run-dir", "runs/resumed", "--no-progress", "--stop-after-step", "3"
     )
-    project.run_cli("resume", "runs/resumed", "--no-progress")
+    resumed_cli = project.run_cli("resume", "runs/resumed", "--no-progress")
+    assert "differs from the run's start" not in resumed_cli.stderr  # the run's own split.json, read
     full = load_record(project.root / "runs" / "full" / "record.json")
     resumed = load_record(project.root / "runs" / "resumed" / "record.json")
     assert resumed["data"] == full["data"]
@@ -218,6 +219,7 @@ def test_resume_keeps_what_the_first_attempt_recorded(tmp_path: Path) -> None:
         and "'solo' (1 row)" in resumed["data"]["split_warnings"][0]
     )
     assert [(a["resumed"], a.get("from_step")) for a in resumed["attempts"]] == [(False, None), (True, 3)]
+    assert "drift" not in resumed["attempts"][1] or resumed["attempts"][1]["drift"] == []
     result = compare_runs(project.root / "runs" / "full", project.root / "runs" / "resumed")
     assert str(result.verdict) == "IDENTICAL"
     assert not [d for d in result.differences if d.category == "data"]

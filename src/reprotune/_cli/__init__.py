@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import os
 import sys
 import traceback
 from collections.abc import Iterable, Iterator, Sequence
@@ -122,13 +123,21 @@ def _main(argv: Sequence[str] | None) -> int:
         # Ctrl-C, or SIGTERM/SIGHUP during a run (reprotune._errors.Interrupted): 128 + the signal.
         signum = getattr(exc, "signum", 2)
         how = f" by {exc.signal_name}" if isinstance(exc, Interrupted) else ""
-        resumable = " (resumable: `reprotune resume RUN_DIR`)" if args.command in ("run", "resume") else ""
+        resumable = f" (resumable: {_resume_hint(args)})" if args.command in ("run", "resume") else ""
         print(f"reprotune {args.command}: interrupted{how}{resumable}", file=sys.stderr)
         return 128 + int(signum)
     except Exception:  # a bug, not bad input: show everything
         traceback.print_exc()
         print(f"reprotune {args.command}: internal error (please report it)", file=sys.stderr)
         return 1
+
+
+def _resume_hint(args: argparse.Namespace) -> str:
+    """How to resume the run this command was making, as its launch was (torchrun or not)."""
+    from reprotune._run.ranks import resume_command
+
+    world = os.environ.get("LOCAL_WORLD_SIZE") if os.environ.get("TORCHELASTIC_RUN_ID") else None
+    return resume_command(str(getattr(args, "run_dir", None) or "RUN_DIR"), int(world) if world else None)
 
 
 def entry_point() -> None:

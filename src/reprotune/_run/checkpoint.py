@@ -196,8 +196,15 @@ def latest_valid_checkpoint(directory: Path, *, report: Callable[[str], None]) -
         problem = verify_checkpoint(path)
         if problem is None:
             return path
-        report(f"warning: checkpoint {path} is refused: {problem}; falling back to the previous one")
+        report(_refused(path, problem, directory))
     return None
+
+
+def _refused(path: Path, problem: str, directory: Path) -> str:
+    """The warning for a refused checkpoint, saying what the resume falls back to."""
+    older = [p for p in list_checkpoints(directory) if p.name < path.name]
+    then = "falling back to the previous one" if older else "no checkpoint is left: starting from step 0"
+    return f"warning: checkpoint {path} is refused: {problem}; {then}"
 
 
 def restore_latest_checkpoint(
@@ -235,7 +242,7 @@ def restore_latest_checkpoint(
                 _put_back(before, model, optimizer, scheduler, scaler)
                 reason = exc.message if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
                 problem = f"it verifies but cannot be restored ({reason.splitlines()[0][:300]})"
-        report(f"warning: checkpoint {path} is refused: {problem}; falling back to the previous one")
+        report(_refused(path, problem, directory))
     return None
 
 

@@ -20,6 +20,7 @@ from reprotune._data.manifest import SIDECAR_SUFFIX
 from reprotune._errors import InputError
 from reprotune._run import layout
 from reprotune._run.layout import RunLayout
+from reprotune._run.ranks import current_world, resume_command
 from reprotune._run.record import load_record, make_run_id
 
 #: What a run writes at its top level: a directory holding only these (and a failed run that
@@ -94,10 +95,11 @@ def _refusal(run_dir: Path) -> None:
             )
         if failed_before_first_step(paths, record):
             return
+        resume = resume_command(str(run_dir), current_world(record.get("distributed")))
         raise InputError(
             f"run directory {run_dir} holds an unfinished run (status {status!r})",
             source=str(paths.record),
-            fix=f"continue it with `reprotune resume {run_dir}`, or choose a new directory with --run-dir",
+            fix=f"continue it with {resume}, or choose a new directory with --run-dir",
         )
     if unlanded_first_record(run_dir):
         return

@@ -112,6 +112,17 @@ def ranks_section(identities: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
     return out
 
 
+def resume_command(run_dir: str, world_size: int | None) -> str:
+    """The command that resumes the run in ``run_dir``: under torchrun at its world size (None:
+    a one-process run), for messages."""
+    if world_size is None:
+        return f"`reprotune resume {run_dir}`"
+    return (
+        f"`torchrun --nproc_per_node {world_size} -m reprotune resume {run_dir}` (with the run's --nnodes "
+        "and rendezvous on several nodes)"
+    )
+
+
 def current_world(distributed: Mapping[str, Any] | None) -> int | None:
     """The world size a run trains at now: its last recorded change, else where it started;
     None for a run made without torchrun."""
@@ -155,8 +166,7 @@ def check_resume_world(
             f"the run in {run_dir} was made under torchrun at world size {before}; this resume runs "
             "without torchrun",
             source=f"{run_dir}/record.json (key distributed.world_size)",
-            fix=f"resume it under torchrun: `torchrun --nproc_per_node {before} -m reprotune resume "
-            f"{run_dir}` (with the run's --nnodes and rendezvous on several nodes)",
+            fix=f"resume it under torchrun: {resume_command(run_dir, before)}",
         )
     if before == world_size:
         return None

@@ -224,6 +224,11 @@ def _execute(
         raise
 
 
+#: What a resume cannot see again, since it reads the run's own split.json instead of splitting:
+#: where the manifest came from, and the warnings the split made.
+_SOURCES = ("data.manifest_source:", "data.split_warnings:")
+
+
 def _fill_record(run: _Run, setup: Setup, options: RunOptions, *, resume: bool) -> None:
     """The record's sections from the setup, and the code and environment it runs with."""
     record = run.record
@@ -233,7 +238,7 @@ def _fill_record(run: _Run, setup: Setup, options: RunOptions, *, resume: bool) 
         elif record[key] != section:
             # A resume adds an attempt; it never rewrites what the first attempt recorded. What
             # differs now is noted on this attempt (and said), for compare and for the reader.
-            drift = section_drift(record[key], section, prefix=key)
+            drift = [d for d in section_drift(record[key], section, prefix=key) if not d.startswith(_SOURCES)]
             record.note_drift(drift)
             for line in drift:
                 run.report(f"warning: differs from the run's start: {line}")
