@@ -156,6 +156,40 @@ def test_resume_after_a_killed_rank_equals_the_uninterrupted_run(
     assert (attempt["from_step"], attempt["rng_restored"]) == (4, True)
 
 
+def test_a_checkpoint_that_verifies_but_cannot_be_restored_is_passed_over(
+    project: TinyProject, crashed: tuple[Launch, Path, Path], fsdp_twins: tuple[Launch, Launch]
+) -> None:
+    """The crashed run's only checkpoint, its LoRA tensor replaced by one of another shape and its
+    hashes forged so that it verifies: the torchrun resume says it cannot be restored and starts
+    from step 0, as a one-process resume does (it stopped with an internal error before), and
+    ends byte-identical to the uninterrupted run."""
+    from safetensors.torch import save_file
+
+    from reprotune._jsonio import sha256_file, write_json_atomic
+    from reprotune._run.checkpoint_files import STATE_FILE, _state_sha256
+
+    run_dir = project.root / "runs" / "crashed-forged"
+    shutil.copytree(crashed[0].run_dir, run_dir)
+    [checkpoint] = list_checkpoints(run_dir / "checkpoints")
+    weights = load_file(str(checkpoint / "trainable.safetensors"))
+    name = next(k for k in sorted(weights) if "lora_A" in k)
+    weights[name] = weights[name][:-1].clone()  # one row short
+    save_file(weights, str(checkpoint / "trainable.safetensors"))
+    state = json.loads((checkpoint / STATE_FILE).read_text())
+    state["files"]["trainable.safetensors"] = sha256_file(checkpoint / "trainable.safetensors")
+    state["state_sha256"] = _state_sha256(state)
+    write_json_atomic(checkpoint / STATE_FILE, state)
+    assert verify_checkpoint(checkpoint) is None
+
+    resumed = completed(launch(project, 2, "resume", str(run_dir), *QUIET))
+    refused = (
+        f"warning: checkpoint {checkpoint} is refused: it verifies but cannot be restored ({name} has shape"
+    )
+    assert refused in resumed.output
+    assert "no checkpoint is left: starting from step 0" in resumed.output
+    _assert_byte_identical(fsdp_twins[0].run_dir, run_dir)
+
+
 def test_resume_at_another_world_size_is_refused_then_recorded_when_allowed(
     project: TinyProject, crashed: tuple[Launch, Path, Path], fsdp_twins: tuple[Launch, Launch]
 ) -> None:

@@ -18,7 +18,7 @@ import copy
 import json
 import pickle
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -192,17 +192,22 @@ def _write_files(
 
 def latest_valid_checkpoint(directory: Path, *, report: Callable[[str], None]) -> Path | None:
     """The newest checkpoint whose files match their hashes; each refused one is reported."""
+    return next(valid_checkpoints(directory, report=report), None)
+
+
+def valid_checkpoints(directory: Path, *, report: Callable[[str], None]) -> Iterator[Path]:
+    """The checkpoints whose files match their hashes, newest first; each refused one is reported."""
     for path in reversed(list_checkpoints(directory)):
         problem = verify_checkpoint(path)
         if problem is None:
-            return path
-        report(_refused(path, problem, directory))
-    return None
+            yield path
+        else:
+            report(refused_warning(path, problem))
 
 
-def _refused(path: Path, problem: str, directory: Path) -> str:
+def refused_warning(path: Path, problem: str) -> str:
     """The warning for a refused checkpoint, saying what the resume falls back to."""
-    older = [p for p in list_checkpoints(directory) if p.name < path.name]
+    older = [p for p in list_checkpoints(path.parent) if p.name < path.name]
     then = "falling back to the previous one" if older else "no checkpoint is left: starting from step 0"
     return f"warning: checkpoint {path} is refused: {problem}; {then}"
 
@@ -242,7 +247,7 @@ def restore_latest_checkpoint(
                 _put_back(before, model, optimizer, scheduler, scaler)
                 reason = exc.message if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
                 problem = f"it verifies but cannot be restored ({reason.splitlines()[0][:300]})"
-        report(_refused(path, problem, directory))
+        report(refused_warning(path, problem))
     return None
 
 

@@ -3,26 +3,29 @@
 Saving: every rank hands its RNG state to rank 0, the trainable weights and the optimizer state are
 gathered whole (collectives under FSDP), and rank 0 writes one ordinary checkpoint directory
 (:class:`reprotune._run.checkpoint.RankStates`): one format for DDP and FSDP and every world size.
-Restoring: rank 0 picks the newest checkpoint that verifies and reads it; the weights and the
+Restoring: rank 0 picks the newest checkpoint that verifies and that it can read, whose weights
+have this model's names and shapes (else the previous one, as a one-process resume does); the weights and the
 optimizer state are broadcast into every rank's (sharded) parameters, each rank gets its own RNG
 state back, and the scheduler state goes to all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from reprotune._determinism.rng import capture_rng_state, restore_rng_state
+from reprotune._errors import InputError
 from reprotune._run.checkpoint import (
     CheckpointState,
     RankCheckpoint,
     RankStates,
-    latest_valid_checkpoint,
     read_rank_checkpoint,
+    refused_warning,
     save_checkpoint,
+    valid_checkpoints,
 )
 from reprotune._train.distributed import DistContext, decided_by_main, gather_objects, scatter_objects
 from reprotune._train.setup import Setup
@@ -94,11 +97,19 @@ def restore_distributed(
     def pick() -> tuple[str, CheckpointState, dict[str, Any], dict[str, Any] | None, int] | None:
         nonlocal read
         assert directory is not None
-        found = latest_valid_checkpoint(directory, report=report)
-        if found is None:
-            return None
-        read = read_rank_checkpoint(found)
-        return found.name, read.state, read.scheduler, read.scaler, len(read.ranks.rng)
+        shapes = {name: tuple(p.shape) for name, p in setup.model.named_parameters() if p.requires_grad}
+        for found in valid_checkpoints(directory, report=report):
+            try:
+                read = read_rank_checkpoint(found)
+                _check_shapes(read.ranks.weights, shapes)
+            except Exception as exc:  # a checkpoint that verifies but cannot be restored: an older one may
+                read = None
+                reason = exc.message if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
+                why = reason.splitlines()[0][:300] if reason else type(exc).__name__
+                report(refused_warning(found, f"it verifies but cannot be restored ({why})"))
+                continue
+            return found.name, read.state, read.scheduler, read.scaler, len(read.ranks.rng)
+        return None
 
     picked = decided_by_main(ctx, pick)
     if picked is None:
@@ -120,3 +131,15 @@ def restore_distributed(
     if restore_rng and own is not None:
         restore_rng_state(own)
     return Restored(name, state, saved_world, restore_rng and own is not None)
+
+
+def _check_shapes(weights: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Refuse, before any rank loads them, weights that are not this model's trainable ones (a
+    collective load would fail on every rank, with no older checkpoint tried)."""
+    fix = "resume from a checkpoint this run saved"
+    for name, tensor in weights.items():
+        if name not in shapes:
+            raise InputError(f"{name} is not a trainable weight of this model", source=name, fix=fix)
+        if tuple(tensor.shape) != shapes[name]:
+            shape, want = list(tensor.shape), list(shapes[name])
+            raise InputError(f"{name} has shape {shape}, the model's is {want}", source=name, fix=fix)
