@@ -41,13 +41,20 @@ def test_shards_are_the_global_batch_in_order(world: int) -> None:
 
 
 def test_a_world_size_that_does_not_divide_the_micro_batches_is_refused() -> None:
-    """grad_accum_steps 3 at world size 2: refused, naming the key, both numbers and the fix."""
-    check_placement(4, 2)
+    """grad_accum_steps 3 at world size 2: refused, naming the key, both numbers and a fix that
+    keeps the step's rows where it can."""
+    check_placement(4, 2, batch_size=4)
     with pytest.raises(InputError) as caught:
-        check_placement(3, 2)
+        check_placement(3, 2, batch_size=4)
     assert caught.value.source == "train.grad_accum_steps"
     assert "3 is not a multiple of the world size 2" in caught.value.message
-    assert "train.grad_accum_steps=2" in str(caught.value.fix)
+    # the fix keeps the step's 12 rows (it once offered grad_accum_steps=2 alone: 8 rows)
+    assert caught.value.fix == (
+        "keep the step's 12 rows in 2 micro-batches: --set train.grad_accum_steps=2 --set train.batch_size=6"
+    )
+    with pytest.raises(InputError) as caught:  # 3 rows cannot be split in 2: the rows must change
+        check_placement(3, 2, batch_size=1)
+    assert "train.grad_accum_steps=2), which changes the step's rows" in str(caught.value.fix)
 
 
 def test_micro_batch_seeds_are_pinned_and_independent_of_the_rank() -> None:

@@ -94,7 +94,7 @@ def distribute_setup(setup: Setup, ctx: DistContext) -> Setup:
             on a model whose decoder layers cannot be found.
     """
     cfg = setup.cfg
-    check_placement(cfg.train.grad_accum_steps, ctx.world_size)
+    check_placement(cfg.train.grad_accum_steps, ctx.world_size, cfg.train.batch_size)
     if ctx.strategy == "fsdp" and setup.scaler is not None:
         raise InputError(
             "train.precision fp16 is not supported with distributed.strategy fsdp: the loss "

@@ -160,20 +160,33 @@ def process_group(cfg: ExperimentConfig | None) -> Iterator[DistContext | None]:
 # --- where rows go, and the seeds of each micro-batch --------------------------------------------
 
 
-def check_placement(grad_accum_steps: int, world_size: int) -> None:
+def check_placement(grad_accum_steps: int, world_size: int, batch_size: int) -> None:
     """Refuse a world size that does not divide the step's micro-batches.
 
     Raises:
-        InputError: ``grad_accum_steps`` is not a multiple of ``world_size``.
+        InputError: ``grad_accum_steps`` is not a multiple of ``world_size``; the fix keeps the
+            step's rows (``batch_size`` x ``grad_accum_steps``) where another split of them can.
     """
     if grad_accum_steps % world_size:
+        rows = batch_size * grad_accum_steps
+        splits = [k for k in range(world_size, rows + 1, world_size) if rows % k == 0]
+        if splits:
+            k = min(splits, key=lambda k: abs(k - grad_accum_steps))
+            fix = (
+                f"keep the step's {rows} rows in {k} micro-batches: --set train.grad_accum_steps={k} "
+                f"--set train.batch_size={rows // k}"
+            )
+        else:
+            fix = (
+                f"set train.grad_accum_steps to a multiple of {world_size} (e.g. --set "
+                f"train.grad_accum_steps={world_size * max(1, grad_accum_steps // world_size)}), which "
+                "changes the step's rows"
+            )
         raise InputError(
             f"train.grad_accum_steps {grad_accum_steps} is not a multiple of the world size "
             f"{world_size}: each rank must train the same number of the step's micro-batches",
             source="train.grad_accum_steps",
-            fix=f"set train.grad_accum_steps to a multiple of {world_size} (e.g. --set "
-            f"train.grad_accum_steps={world_size * max(1, grad_accum_steps // world_size)}); the "
-            "global batch (batch_size x grad_accum_steps rows) is the same at every world size",
+            fix=fix,
         )
 
 
