@@ -76,7 +76,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compare_pair(
-    args: argparse.Namespace, *, what: str, is_kind: Callable[[Path], bool], fix: str, how: str, compare: Any
+    args: argparse.Namespace,
+    *,
+    what: str,
+    is_kind: Callable[[Path], bool],
+    fix: str,
+    how: str,
+    compare: Callable[[Path, Path], Any],
 ) -> int:
     """Two evals or two traces: both of that kind, without ``--tolerance`` (they compare bit for bit)."""
     from reprotune._errors import InputError

@@ -33,11 +33,12 @@ def run(args: argparse.Namespace) -> int:
     from reprotune._train.hooks import hf_progress_bars
 
     def progress(line: str) -> None:
-        if not args.no_progress or line.startswith("warning:"):
-            print(line, file=sys.stderr, flush=True)
+        print(line, file=sys.stderr, flush=True)
 
-    with hf_progress_bars(not args.no_progress):
-        result = trace_step(args.run_dir, args.step, out=args.out, report=progress)
+    with hf_progress_bars(not args.no_progress):  # without a report, trace_step still warns on stderr
+        result = trace_step(
+            args.run_dir, args.step, out=args.out, report=None if args.no_progress else progress
+        )
     header = result.header
     reproduced = header["reproduced"]
     print(f"trace of step {header['step']} of run {header['run_id']}")

@@ -205,6 +205,13 @@ def valid_checkpoints(directory: Path, *, report: Callable[[str], None]) -> Iter
             report(refused_warning(path, problem))
 
 
+def unrestorable_warning(path: Path, exc: Exception) -> str:
+    """The warning for a checkpoint that verifies but cannot be restored, ``exc`` saying why."""
+    reason = exc.message if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
+    first = (reason.splitlines() or [type(exc).__name__])[0][:300]
+    return refused_warning(path, f"it verifies but cannot be restored ({first})")
+
+
 def refused_warning(path: Path, problem: str) -> str:
     """The warning for a refused checkpoint, saying what the resume falls back to."""
     older = [p for p in list_checkpoints(path.parent) if p.name < path.name]
@@ -230,24 +237,20 @@ def restore_latest_checkpoint(
     None when no checkpoint restores: the objects are as they were, and the run starts over.
     """
     before = _snapshot(model, optimizer, scheduler, scaler)
-    for path in reversed(list_checkpoints(directory)):
-        problem = verify_checkpoint(path)
-        if problem is None:
-            try:
-                state = restore_checkpoint(
-                    path,
-                    model=model,
-                    optimizer=optimizer,
-                    scheduler=scheduler,
-                    scaler=scaler,
-                    restore_rng=restore_rng,
-                )
-                return path, state
-            except Exception as exc:  # whatever a damaged file raises, an older checkpoint may do
-                _put_back(before, model, optimizer, scheduler, scaler)
-                reason = exc.message if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
-                problem = f"it verifies but cannot be restored ({reason.splitlines()[0][:300]})"
-        report(refused_warning(path, problem))
+    for path in valid_checkpoints(directory, report=report):
+        try:
+            state = restore_checkpoint(
+                path,
+                model=model,
+                optimizer=optimizer,
+                scheduler=scheduler,
+                scaler=scaler,
+                restore_rng=restore_rng,
+            )
+            return path, state
+        except Exception as exc:  # whatever a damaged file raises, an older checkpoint may do
+            _put_back(before, model, optimizer, scheduler, scaler)
+            report(unrestorable_warning(path, exc))
     return None
 
 

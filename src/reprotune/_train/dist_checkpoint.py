@@ -3,8 +3,8 @@
 Saving: every rank hands its RNG state to rank 0, the trainable weights and the optimizer state are
 gathered whole (collectives under FSDP), and rank 0 writes one ordinary checkpoint directory
 (:class:`reprotune._run.checkpoint.RankStates`): one format for DDP and FSDP and every world size.
-Restoring: rank 0 picks the newest checkpoint that verifies and that it can read, whose weights
-have this model's names and shapes (else the previous one, as a one-process resume does); the weights and the
+Restoring: rank 0 picks the newest checkpoint that verifies, reads, and whose weights have this
+model's names and shapes (else the previous one, as a one-process resume does); the weights and the
 optimizer state are broadcast into every rank's (sharded) parameters, each rank gets its own RNG
 state back, and the scheduler state goes to all.
 """
@@ -23,8 +23,8 @@ from reprotune._run.checkpoint import (
     RankCheckpoint,
     RankStates,
     read_rank_checkpoint,
-    refused_warning,
     save_checkpoint,
+    unrestorable_warning,
     valid_checkpoints,
 )
 from reprotune._train.distributed import DistContext, decided_by_main, gather_objects, scatter_objects
@@ -104,9 +104,7 @@ def restore_distributed(
                 _check_shapes(read.ranks.weights, shapes)
             except Exception as exc:  # a checkpoint that verifies but cannot be restored: an older one may
                 read = None
-                reason = exc.message if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
-                why = reason.splitlines()[0][:300] if reason else type(exc).__name__
-                report(refused_warning(found, f"it verifies but cannot be restored ({why})"))
+                report(unrestorable_warning(found, exc))
                 continue
             return found.name, read.state, read.scheduler, read.scaler, len(read.ranks.rng)
         return None

@@ -224,9 +224,9 @@ def _execute(
         raise
 
 
-#: What a resume cannot see again, since it reads the run's own split.json instead of splitting:
-#: where the manifest came from, and the warnings the split made.
-_SOURCES = ("data.manifest_source:", "data.split_warnings:")
+#: Keys of a section a resume cannot see again, since it reads the run's own split.json instead
+#: of splitting: where the manifest came from, and the warnings the split made.
+_NOT_SEEN_AGAIN: dict[str, frozenset[str]] = {"data": frozenset({"manifest_source", "split_warnings"})}
 
 
 def _fill_record(run: _Run, setup: Setup, options: RunOptions, *, resume: bool) -> None:
@@ -238,7 +238,9 @@ def _fill_record(run: _Run, setup: Setup, options: RunOptions, *, resume: bool) 
         elif record[key] != section:
             # A resume adds an attempt; it never rewrites what the first attempt recorded. What
             # differs now is noted on this attempt (and said), for compare and for the reader.
-            drift = [d for d in section_drift(record[key], section, prefix=key) if not d.startswith(_SOURCES)]
+            skip = _NOT_SEEN_AGAIN.get(key, frozenset())
+            kept = [{k: v for k, v in part.items() if k not in skip} for part in (record[key], section)]
+            drift = section_drift(kept[0], kept[1], prefix=key)
             record.note_drift(drift)
             for line in drift:
                 run.report(f"warning: differs from the run's start: {line}")

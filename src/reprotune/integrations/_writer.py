@@ -121,7 +121,8 @@ class TrainerRun(RunWriter):
                 a ledger that stops before the checkpoint's step.
         """
         paths = RunLayout(run_dir)
-        saved_in = checkpoint_marker(checkpoint).get("run_dir") or "the run that wrote this checkpoint"
+        marker = checkpoint_marker(checkpoint)
+        saved_in = marker.get("run_dir") or "the run that wrote this checkpoint"
         fix = f"resume with the run_dir (or REPROTUNE_RUN_DIR) of {saved_in}"
         if not paths.is_run_dir():
             raise InputError(
@@ -134,7 +135,7 @@ class TrainerRun(RunWriter):
         try:
             record = LiveRecord.load(paths.record)
             _check_resumable(paths, record, config_sha256, code)
-            _check_own_checkpoint(paths, record["run_id"], checkpoint)
+            _check_own_checkpoint(paths, record["run_id"], checkpoint, marker)
             attempt: dict[str, Any] = {"from_step": from_step, "from_checkpoint": checkpoint}
             attempt.update(_restored(ranks, checkpoint))
             drift = section_drift(record.get("environment") or {}, environment, prefix="environment")
@@ -249,11 +250,12 @@ def _check_resumable(
     refuse_code_drift(record.get("code") or {}, code, paths.root, what="resuming", override=None)
 
 
-def _check_own_checkpoint(paths: RunLayout, run_id: str, checkpoint: str | None) -> None:
+def _check_own_checkpoint(
+    paths: RunLayout, run_id: str, checkpoint: str | None, marker: Mapping[str, Any]
+) -> None:
     """Refuse a checkpoint whose marker names another run: its weights, optimizer and RNG are that
     run's, so the resumed run would silently be a splice of two runs."""
     # By run id, not directory: a copy of the run (moved, or verify --spot's replays) is the run.
-    marker = checkpoint_marker(checkpoint)
     if marker.get("run_id") not in (None, run_id):
         raise InputError(
             f"the checkpoint {checkpoint} was saved by run {marker['run_id']} ({marker.get('run_dir')}), "
