@@ -269,7 +269,10 @@ def test_verify_under_torchrun(project: TinyProject, ddp_twins: tuple[Launch, La
     launch at world size 2; the rerun-resume leg is IDENTICAL to the reference, the seed control
     DIVERGES, and the RNG-skip control is inconclusive (dropout is reseeded per micro-batch)."""
     reference = ddp_twins[0].run_dir
-    completed(launch(project, 2, "verify", "ddp.yaml", "--reference", str(reference), "--out", "verify-ddp"))
+    args = ("verify", "ddp.yaml", "--reference", str(reference), "--out", "verify-ddp")
+    done = completed(launch(project, 2, *args))
+    # As it is judged, the inconclusive control is said not to count (it once read as a failure).
+    assert "control-resume: IDENTICAL (must be DIVERGED): inconclusive, not counted" in done.output
     record = json.loads((project.root / "verify-ddp" / "verification.json").read_text())
     legs = {leg["name"]: (leg["verdict"], leg["passed"]) for leg in record["legs"]}
     assert record["verdict"] == "PASS"

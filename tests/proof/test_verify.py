@@ -12,6 +12,7 @@ import pytest
 from reprotune._config.loading import config_from_dict
 from reprotune._proof import verify as _verify
 from reprotune._proof.compare import compare_runs
+from reprotune._proof.verification import NO_DROPOUT_INCONCLUSIVE
 from reprotune._run.ledger import read_ledger
 from tinyrun import BASE_CONFIG, TinyProject, merge
 
@@ -120,6 +121,27 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[TinyProject, Pa
     project.config("cfg.yaml")
     project.run_cli("run", "cfg.yaml", "--run-dir", "runs/ref", "--no-progress")
     return project, project.root / "runs" / "ref"
+
+
+def test_verify_without_dropout_calls_the_rng_control_inconclusive(
+    tiny_project: TinyProject, tmp_path: Path
+) -> None:
+    """With lora.dropout 0 nothing draws from the RNG after the checkpoint: the RNG-skip control
+    stays IDENTICAL and is not counted (n/a, said so as it is judged and in the summary), and the
+    verification passes on its other legs: exit 0."""
+    config = tiny_project.config("nodrop.yaml", lora={"dropout": 0.0})
+    out = tmp_path / "v"
+    done = tiny_project.run_cli("verify", str(config), "--out", str(out))
+    assert "verify: PASS" in done.stdout
+    assert _legs(out) == {
+        "rerun-resume": ("IDENTICAL", True),
+        "control-seed": ("DIVERGED", True),
+        "control-resume": ("IDENTICAL", None),
+    }
+    assert "control-resume: IDENTICAL (must be DIVERGED): inconclusive, not counted" in done.stdout
+    assert "[n/a ] control-resume" in done.stdout
+    leg = json.loads((out / "verification.json").read_text())["legs"][2]
+    assert leg["note"] == NO_DROPOUT_INCONCLUSIVE
 
 
 @pytest.mark.parametrize(

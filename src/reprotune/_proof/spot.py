@@ -40,7 +40,14 @@ from reprotune._proof.processes import run_logged
 from reprotune._proof.rerun import checked_before_rerun
 from reprotune._proof.spot_plan import PlannedControl, PlannedInterval, ResumeControl, SeedControl, SpotPlan
 from reprotune._proof.unpack import unpack
-from reprotune._proof.verification import Leg, Verification, judge_leg, machine_summary
+from reprotune._proof.verification import (
+    NO_DROPOUT_INCONCLUSIVE,
+    Leg,
+    Verification,
+    judge_leg,
+    machine_summary,
+    progress_line,
+)
 from reprotune._run.checkpoint_files import STATE_FILE, checkpoint_dir, list_checkpoints, verify_checkpoint
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.outputs import refuse_nonempty_dir, refuse_overwrite
@@ -106,7 +113,7 @@ def spot_verify(
     legs = [_judge_interval(reference, i, plan, total) for i in intervals]
     legs += [_judge_control(reference, c) for c in plan.controls]
     for leg in legs:
-        progress(f"  {leg.name}: {leg.verdict} (must be {leg.expected})")
+        progress(progress_line(leg))
     ok = all(leg.passed is not False for leg in legs) and any(leg.passed for leg in legs)
     spot = coverage(intervals, states, total, budget, seed)
     if bundle is not None:
@@ -277,10 +284,7 @@ def _judge_control(reference: Path, control: PlannedControl) -> Leg:
         lora = (load_record(RunLayout(reference).record).get("config") or {}).get("lora") or {}
         if not leg.passed and not lora.get("dropout"):
             leg.passed = None
-            leg.note += (
-                "; inconclusive: with lora.dropout 0 nothing draws from the RNG after the "
-                "checkpoint, so skipping its restore cannot show"
-            )
+            leg.note += f"; {NO_DROPOUT_INCONCLUSIVE}"
     return leg
 
 

@@ -110,6 +110,19 @@ def judge_leg(leg: Leg, reference: Path, *, prefix: bool = False) -> Comparison:
     return cmp
 
 
+NO_DROPOUT_INCONCLUSIVE = (
+    "inconclusive: with lora.dropout 0 nothing draws from the RNG after the checkpoint, so "
+    "skipping its restore cannot show"
+)
+
+
+def progress_line(leg: Leg) -> str:
+    """The line printed as a leg is judged; a leg that could not show what it had to (``passed``
+    None) says it is not counted, instead of reading as a failure."""
+    line = f"  {leg.name}: {leg.verdict} (must be {leg.expected})"
+    return line + (": inconclusive, not counted (the summary says why)" if leg.passed is None else "")
+
+
 def leg_lines(legs: list[Leg], width: int) -> list[str]:
     """One line per leg (mark, name, verdict, what it had to show, evidence; hashes cut to 12
     characters), and its note below it."""

@@ -47,11 +47,13 @@ from reprotune._proof.differences import Comparison
 from reprotune._proof.processes import LegProcesses, launch_world_size
 from reprotune._proof.processes import run_logged as _reprotune
 from reprotune._proof.verification import (
+    NO_DROPOUT_INCONCLUSIVE,
     Expected,
     Leg,
     Verification,
     judge_leg,
     machine_summary,
+    progress_line,
     train_seconds,
 )
 from reprotune._proof.verify_eval import eval_leg
@@ -76,11 +78,15 @@ class _Context:
         """Run ``python -m reprotune ARGS`` in a fresh process, logged; return its wall time."""
         return _reprotune(args, self.paths.log)
 
-    def judge(self, leg: Leg, *, prefix: bool = False) -> Comparison:
-        """Compare the leg with the reference and record the verdict, evidence and cost."""
+    def judge(self, leg: Leg, *, prefix: bool = False, since: int = 0) -> Comparison:
+        """Compare the leg with the reference and record the verdict, evidence and cost (its
+        optimizer steps after step ``since``); the RNG-skip control of a run that cannot show a
+        skipped restore is inconclusive."""
         cmp = judge_leg(leg, self.reference, prefix=prefix)
-        leg.train_s = train_seconds(Path(leg.run_dir))
-        self.progress(f"  {leg.name}: {cmp.verdict} (must be {leg.expected})")
+        leg.train_s = train_seconds(Path(leg.run_dir), since=since)
+        if leg.name == "control-resume":
+            _inconclusive_without_dropout(self.cfg, leg)
+        self.progress(progress_line(leg))
         return cmp
 
 
@@ -248,9 +254,7 @@ def _resume_control(ctx: _Context, stop: int, *, bound: int) -> tuple[Leg, list[
 
 
 def _judge_resume_control(ctx: _Context, leg: Leg, stop: int) -> Leg:
-    ctx.judge(leg, prefix=True)
-    leg.train_s = train_seconds(Path(leg.run_dir), since=stop)
-    _inconclusive_without_dropout(ctx.cfg, leg)
+    ctx.judge(leg, prefix=True, since=stop)
     return leg
 
 
@@ -280,8 +284,6 @@ def _thorough_legs(ctx: _Context, control_seed: str, stop: int | None, total: in
         )
         leg.wall_s += ctx.reprotune("resume", leg.run_dir, *_QUIET, *extra)
         ctx.judge(leg)
-        if name == "control-resume":
-            _inconclusive_without_dropout(ctx.cfg, leg)
         legs.append(leg)
     return legs
 
@@ -293,10 +295,7 @@ def _watch(ctx: _Context, bound: int) -> list[str]:
 def _inconclusive_without_dropout(cfg: ExperimentConfig, leg: Leg) -> None:
     if not leg.passed and cfg.lora.dropout == 0:
         leg.passed = None
-        leg.note = (
-            "inconclusive: with lora.dropout 0 nothing draws from the RNG after the checkpoint, so "
-            "skipping its restore cannot show"
-        )
+        leg.note = NO_DROPOUT_INCONCLUSIVE
     elif not leg.passed and launch_world_size() > 1:
         leg.passed = None
         leg.note = (
