@@ -264,6 +264,29 @@ def test_compare_names_the_world_size(ddp_twins: tuple[Launch, Launch], world_si
     )
 
 
+def test_compare_names_dropout_seeding_between_a_plain_run_and_torchrun(
+    project: TinyProject, ddp_twins: tuple[Launch, Launch], world_size_1: Launch
+) -> None:
+    """A plain run and a torchrun launch of one config part at the dropout masks (one generator
+    stream vs one seed per global micro-batch): compare names that first, not a reduction order at
+    world size 1, nor torchrun's own TORCH_NCCL_ASYNC_ERROR_HANDLING (listed, inert); against world
+    size 2 it names the world size too."""
+    project.run_cli("run", "ddp.yaml", "--run-dir", "runs/plain", *QUIET, env={"OMP_NUM_THREADS": "1"})
+    one = compare_runs(project.root / "runs/plain", world_size_1.run_dir)
+    assert one.verdict == Verdict.DIVERGED and one.where.first_batch_step is None
+    assert list(one.causes) == [
+        f"numbers differ from step {one.where.first_divergence_step} with identical data order: dropout is "
+        "seeded another way (one generator stream, outside torchrun vs per global micro-batch), so every "
+        "dropout mask differs; a run made under torchrun reproduces under torchrun, not outside it "
+        "(docs/distributed.md)"
+    ]
+    nccl = [d for d in one.differences if d.key == "environment.env.TORCH_NCCL_ASYNC_ERROR_HANDLING"]
+    assert [d.inert for d in nccl] == [True]
+    two = compare_runs(project.root / "runs/plain", ddp_twins[0].run_dir)
+    assert "dropout is seeded another way" in two.causes[0]
+    assert "; and world size (absent) vs 2: the gradients and losses" in two.causes[0]
+
+
 def test_verify_under_torchrun(project: TinyProject, ddp_twins: tuple[Launch, Launch]) -> None:
     """`torchrun --nproc_per_node 2 -m reprotune verify`: rank 0 runs every leg as a fresh torchrun
     launch at world size 2; the rerun-resume leg is IDENTICAL to the reference, the seed control

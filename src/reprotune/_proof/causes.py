@@ -18,12 +18,11 @@ trace`` commands that find the first op that differs (``compare.trace_commands``
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
+from reprotune._proof.cause_texts import MAX_SHOWN, distributed_text, resume_text, split_text, value_text
 from reprotune._proof.differences import AdapterDiff, Difference, Resume, SplitDiff, Where
-from reprotune._run.checkpoint_files import TRAINER_PIECES
 from reprotune._run.kernels import is_gpu_difference, kernel_differences
 
 Stage = Literal["init", "order", "numbers"]
@@ -85,7 +84,6 @@ _RANKING: dict[Stage, tuple[str, ...]] = {
 _MODEL_FILE_KEYS = ("model.config_sha256", "model.config_files")
 # Environment keys that most often change numbers, in that order; matched as substrings.
 _ENV_PRIORITY = ("torch", "cuda", "cudnn", "gpu", "driver", "thread", "determin", "python", "package")
-_MAX_SHOWN = 3
 #: How each kernel cause, unknown kernel facts and nondeterminism begin: ``is_kernel_cause``.
 _KERNEL_CAUSE = ("CPU kernels differ", "GPU kernels differ")
 _UNKNOWN = "kernel facts are unknown"
@@ -232,12 +230,12 @@ def _evidence(
     if "kernels" in texts and kernels[0] is not None and kernels[1] is not None:
         texts["kernels"] = _kernel_text(kernels[0], kernels[1]) or texts["kernels"]
     if split is not None:
-        split_text = _split_text(split)
-        if split_text:
+        said = split_text(split)
+        if said:
             # Changed row content changes numbers directly; moved rows change the order.
-            texts["split_content" if split.content_changed else "split"] = split_text
+            texts["split_content" if split.content_changed else "split"] = said
     for resume in resumes:
-        texts.setdefault("resume" if resume.exact else "resume_rng", _resume_text(resume))
+        texts.setdefault("resume" if resume.exact else "resume_rng", resume_text(resume))
     ranking = _RANKING[stage]
     ordered = [texts[k] for k in ranking if k in texts]
     ordered.extend(text for kind, text in texts.items() if kind not in ranking)
@@ -250,81 +248,29 @@ def _kernel_text(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
     if not found:
         return None
     where = _KERNEL_CAUSE[1] if is_gpu_difference(a, b) else _KERNEL_CAUSE[0]
-    more = f" (and {len(found) - _MAX_SHOWN} more)" if len(found) > _MAX_SHOWN else ""
+    more = f" (and {len(found) - MAX_SHOWN} more)" if len(found) > MAX_SHOWN else ""
     fix = (
         "determinism.cpu_isa pins CPU kernels to one baseline on both"
         if where == _KERNEL_CAUSE[0]
         else "the same GPU model and CUDA libraries give the same kernels"
     )
     return (
-        f"{where}: {'; '.join(found[:_MAX_SHOWN])}{more}: the same inputs give other bits on these two "
+        f"{where}: {'; '.join(found[:MAX_SHOWN])}{more}: the same inputs give other bits on these two "
         f"machines ({fix}; the trace commands below find the first op)"
-    )
-
-
-def _resume_text(resume: Resume) -> str:
-    where = f"run {resume.run} resumed from its step-{resume.from_step} checkpoint"
-    if resume.exact:
-        return (
-            f"run {resume.run} was resumed from its step-{resume.from_step} checkpoint; an exact resume "
-            "changes nothing, so check what it restored (docs/checkpoints.md)"
-        )
-    if not (resume.rng_missing or resume.rng_changed or resume.state_missing):
-        return (
-            f"run {resume.run} was resumed from its step-{resume.from_step} checkpoint without restoring "
-            "the RNG states: every random draw after it (dropout) differs"
-        )
-    parts = []
-    if resume.rng_missing:
-        parts.append(
-            f"without the RNG state of {_ranks(resume.rng_missing)}: the checkpoint has no "
-            f"{', '.join(resume.rng_missing)}; {TRAINER_PIECES['rng']}"
-        )
-    if resume.rng_changed:
-        parts.append(
-            f"with another RNG state for {_ranks(resume.rng_changed)} than saved there "
-            f"({', '.join(resume.rng_changed)} was replaced); {TRAINER_PIECES['rng']}"
-        )
-    if resume.state_missing:
-        parts.extend(
-            f"without {piece}: {TRAINER_PIECES.get(piece, 'it starts again')}"
-            for piece in resume.state_missing
-        )
-    return f"{where} {'; and '.join(parts)} (docs/integrations.md)"
-
-
-def _ranks(files: tuple[str, ...]) -> str:
-    """'rank 1, rank 3' for ``rng_state_1.pth, rng_state_3.pth``; 'it' for ``rng_state.pth``."""
-    return ", ".join(
-        f"rank {name.removeprefix('rng_state_').removesuffix('.pth')}" if name != "rng_state.pth" else "it"
-        for name in files
-    )
-
-
-def _distributed(diffs: list[Difference]) -> str | None:
-    """'world size 1 vs 2: gradients are summed in another order ...' when the world size differs."""
-    sizes = next((d for d in diffs if d.key == "distributed.world_size"), None)
-    if sizes is None:
-        return None
-    a, b = _value(sizes.a, sizes.change == "added"), _value(sizes.b, sizes.change == "removed")
-    return (
-        f"world size {a} vs {b}: the gradients and losses of a step are summed in another order "
-        "(another reduction tree), so the last bits differ; runs at different world sizes agree "
-        "within a tolerance, not bit for bit (compare with --tolerance)"
     )
 
 
 def _summarize(kind: str, diffs: list[Difference]) -> str:
     """'torch 2.13.0 vs 2.14.1; threads 4 vs 8 (and 2 more environment differences)'."""
     label: Callable[[Difference], str] = _label
-    if kind == "distributed" and (world := _distributed(diffs)) is not None:
+    if kind == "distributed" and (world := distributed_text(diffs)) is not None:
         return world
     if kind == "model_files":
         files = [d for d in diffs if d.key.startswith("model.config_files.")] or diffs
         shown = "; ".join(
-            f"{d.key.removeprefix('model.config_files.')} {_value(d.a, d.change == 'added')} vs "
-            f"{_value(d.b, d.change == 'removed')}"
-            for d in files[:_MAX_SHOWN]
+            f"{d.key.removeprefix('model.config_files.')} {value_text(d.a, d.change == 'added')} vs "
+            f"{value_text(d.b, d.change == 'removed')}"
+            for d in files[:MAX_SHOWN]
         )
         return f"a file that defines the base model's computation differs: {shown}"
     if kind == "environment":
@@ -332,10 +278,10 @@ def _summarize(kind: str, diffs: list[Difference]) -> str:
     elif kind in ("seeds", "other_seeds"):
         label = _seed_label
     shown = "; ".join(
-        f"{label(d)} {_value(d.a, d.change == 'added')} vs {_value(d.b, d.change == 'removed')}"
-        for d in diffs[:_MAX_SHOWN]
+        f"{label(d)} {value_text(d.a, d.change == 'added')} vs {value_text(d.b, d.change == 'removed')}"
+        for d in diffs[:MAX_SHOWN]
     )
-    rest = len(diffs) - _MAX_SHOWN
+    rest = len(diffs) - MAX_SHOWN
     noun = "seed" if "seeds" in kind else kind
     return shown + (f" (and {rest} more {noun} differences)" if rest > 0 else "")
 
@@ -360,40 +306,3 @@ def _env_rank(diff: Difference) -> tuple[int, str]:
         if word in key:
             return rank, key
     return len(_ENV_PRIORITY), key
-
-
-def _value(value: Any, absent: bool) -> str:
-    if absent:
-        return "(absent)"
-    if isinstance(value, str):
-        return value[:12] if len(value) == 64 else value
-    text = json.dumps(value, sort_keys=True)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _split_text(split: SplitDiff) -> str:
-    """'the split manifests differ in 3 rows (content changed: rows 4, 17; ...)'."""
-    if split.sha256_a == split.sha256_b:
-        return ""
-    n = split.rows_differing
-    parts = []
-    if split.content_changed:
-        parts.append(f"content changed: {_rows(split.content_changed)}")
-    if split.moved:
-        moves = ", ".join(f"{m.row} {m.split_a or '-'}->{m.split_b or '-'}" for m in split.moved[:_MAX_SHOWN])
-        more = f" and {len(split.moved) - _MAX_SHOWN} more" if len(split.moved) > _MAX_SHOWN else ""
-        parts.append(f"in another split: {moves}{more}")
-    if split.reordered:
-        parts.append(f"same rows in another order: {', '.join(split.reordered)}")
-    if not parts:
-        return "the split manifests differ, though every row, hash and split agrees"
-    if n == 0:
-        return f"the split manifests list the same rows in another order ({', '.join(split.reordered)})"
-    noun = "row" if n == 1 else "rows"
-    return f"the split manifests differ in {n} {noun} ({'; '.join(parts)})"
-
-
-def _rows(rows: Sequence[int]) -> str:
-    shown = ", ".join(str(r) for r in rows[:_MAX_SHOWN])
-    more = f" and {len(rows) - _MAX_SHOWN} more" if len(rows) > _MAX_SHOWN else ""
-    return f"row{'s' if len(rows) > 1 else ''} {shown}{more}"

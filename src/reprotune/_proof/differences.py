@@ -165,11 +165,12 @@ INERT_KEYS: tuple[str, ...] = (
 
 #: Environment variables of trackers and loggers (a Trainer's MLflow reporting sets
 #: ``MLFLOW_EXPERIMENT_ID`` and ``MLFLOW_TRACKING_URI`` itself): where a run is mirrored, never
-#: what it computes. ``environment.env.<NAME>`` is inert when NAME starts with one of these.
+#: what it computes; and torchrun's own ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` (what a failed
+#: collective does). ``environment.env.<NAME>`` is inert when NAME starts with one of these.
 INERT_VARIABLE_PREFIXES: tuple[str, ...] = (
     "MLFLOW_", "WANDB_", "TENSORBOARD_", "COMET_", "NEPTUNE_", "CLEARML_", "AIM_", "DVCLIVE_",
     "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY",
-    "DISABLE_MLFLOW_INTEGRATION",
+    "DISABLE_MLFLOW_INTEGRATION", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
 )  # fmt: skip
 
 #: Untracked files that are neither code that runs nor an input: logs and tracker output. A

@@ -1,0 +1,120 @@
+"""The sentences of the causes that take more than "X vs Y": a resume, the distributed setup, the
+split; and how a recorded value is shown in them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from reprotune._proof.differences import Difference, Resume, SplitDiff
+from reprotune._run.checkpoint_files import TRAINER_PIECES
+
+MAX_SHOWN = 3
+
+
+def resume_text(resume: Resume) -> str:
+    where = f"run {resume.run} resumed from its step-{resume.from_step} checkpoint"
+    if resume.exact:
+        return (
+            f"run {resume.run} was resumed from its step-{resume.from_step} checkpoint; an exact resume "
+            "changes nothing, so check what it restored (docs/checkpoints.md)"
+        )
+    if not (resume.rng_missing or resume.rng_changed or resume.state_missing):
+        return (
+            f"run {resume.run} was resumed from its step-{resume.from_step} checkpoint without restoring "
+            "the RNG states: every random draw after it (dropout) differs"
+        )
+    parts = []
+    if resume.rng_missing:
+        parts.append(
+            f"without the RNG state of {_ranks(resume.rng_missing)}: the checkpoint has no "
+            f"{', '.join(resume.rng_missing)}; {TRAINER_PIECES['rng']}"
+        )
+    if resume.rng_changed:
+        parts.append(
+            f"with another RNG state for {_ranks(resume.rng_changed)} than saved there "
+            f"({', '.join(resume.rng_changed)} was replaced); {TRAINER_PIECES['rng']}"
+        )
+    if resume.state_missing:
+        parts.extend(
+            f"without {piece}: {TRAINER_PIECES.get(piece, 'it starts again')}"
+            for piece in resume.state_missing
+        )
+    return f"{where} {'; and '.join(parts)} (docs/integrations.md)"
+
+
+def _ranks(files: tuple[str, ...]) -> str:
+    """'rank 1, rank 3' for ``rng_state_1.pth, rng_state_3.pth``; 'it' for ``rng_state.pth``."""
+    return ", ".join(
+        f"rank {name.removeprefix('rng_state_').removesuffix('.pth')}" if name != "rng_state.pth" else "it"
+        for name in files
+    )
+
+
+def distributed_text(diffs: list[Difference]) -> str | None:
+    """'dropout is seeded another way ...' when one run was made under torchrun and the other not
+    (or under another seeding scheme); 'world size 1 vs 2: gradients are summed in another order
+    ...' when the world size differs (a run made outside torchrun counts as world size 1)."""
+    by_key = {d.key: d for d in diffs}
+    parts = []
+    if (seeding := by_key.get("distributed.dropout_seeding")) is not None:
+        a, b = (
+            _seeding(seeding.a, seeding.change == "added"),
+            _seeding(seeding.b, seeding.change == "removed"),
+        )
+        parts.append(
+            f"dropout is seeded another way ({a} vs {b}), so every dropout mask differs; a run made "
+            "under torchrun reproduces under torchrun, not outside it (docs/distributed.md)"
+        )
+    sizes = by_key.get("distributed.world_size")
+    if sizes is not None and not {sizes.a, sizes.b} <= {None, 1}:
+        a, b = value_text(sizes.a, sizes.change == "added"), value_text(sizes.b, sizes.change == "removed")
+        parts.append(
+            f"world size {a} vs {b}: the gradients and losses of a step are summed in another order "
+            "(another reduction tree), so the last bits differ; runs at different world sizes agree "
+            "within a tolerance, not bit for bit (compare with --tolerance)"
+        )
+    return "; and ".join(parts) or None
+
+
+def _seeding(value: Any, absent: bool) -> str:
+    """How a run seeded dropout: its record's scheme up to the colon, or one stream outside torchrun."""
+    return "one generator stream, outside torchrun" if absent else str(value).split(":")[0]
+
+
+def split_text(split: SplitDiff) -> str:
+    """'the split manifests differ in 3 rows (content changed: rows 4, 17; ...)'."""
+    if split.sha256_a == split.sha256_b:
+        return ""
+    n = split.rows_differing
+    parts = []
+    if split.content_changed:
+        parts.append(f"content changed: {_rows(split.content_changed)}")
+    if split.moved:
+        moves = ", ".join(f"{m.row} {m.split_a or '-'}->{m.split_b or '-'}" for m in split.moved[:MAX_SHOWN])
+        more = f" and {len(split.moved) - MAX_SHOWN} more" if len(split.moved) > MAX_SHOWN else ""
+        parts.append(f"in another split: {moves}{more}")
+    if split.reordered:
+        parts.append(f"same rows in another order: {', '.join(split.reordered)}")
+    if not parts:
+        return "the split manifests differ, though every row, hash and split agrees"
+    if n == 0:
+        return f"the split manifests list the same rows in another order ({', '.join(split.reordered)})"
+    noun = "row" if n == 1 else "rows"
+    return f"the split manifests differ in {n} {noun} ({'; '.join(parts)})"
+
+
+def _rows(rows: Sequence[int]) -> str:
+    shown = ", ".join(str(r) for r in rows[:MAX_SHOWN])
+    more = f" and {len(rows) - MAX_SHOWN} more" if len(rows) > MAX_SHOWN else ""
+    return f"row{'s' if len(rows) > 1 else ''} {shown}{more}"
+
+
+def value_text(value: Any, absent: bool) -> str:
+    if absent:
+        return "(absent)"
+    if isinstance(value, str):
+        return value[:12] if len(value) == 64 else value
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 40 else text[:37] + "..."
