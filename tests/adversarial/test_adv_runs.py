@@ -235,7 +235,9 @@ def _resign(checkpoint: Path) -> None:
     (checkpoint / STATE_FILE).write_text(canonical_dumps(state))
 
 
-@pytest.mark.parametrize("damage", ["forged pickle", "wrong shapes"])
+@pytest.mark.parametrize(
+    "damage", ["forged pickle", "wrong shapes", "a row of each weight", "optimizer moment"]
+)
 def test_a_newest_checkpoint_that_will_not_restore_falls_back(
     project: TinyProject, reference: Path, tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -249,10 +251,19 @@ def test_a_newest_checkpoint_that_will_not_restore_falls_back(
     if damage == "forged pickle":
         torch.save({"optimizer": _Payload(marker), "scheduler": {}, "scaler": None}, newest / "optimizer.pt")
         reason = "optimizer.pt holds objects other than tensors and plain data"
-    else:
+    elif damage == "optimizer moment":  # an optimizer takes moments of any shape until it steps
+        states = torch.load(newest / "optimizer.pt", weights_only=True)
+        states["optimizer"]["state"][0]["exp_avg"] = states["optimizer"]["state"][0]["exp_avg"][:1].clone()
+        torch.save(states, newest / "optimizer.pt")
+        reason = "the optimizer's exp_avg of base_model.model."
+    else:  # "a row of each weight": copy_ would broadcast it into the whole weight, without a word
         weights = load_file(str(newest / "trainable.safetensors"))
-        save_file({k: torch.zeros(3, 3) for k in weights}, str(newest / "trainable.safetensors"))
-        reason = "RuntimeError"
+        row = damage == "a row of each weight"
+        save_file(
+            {k: v[:1].clone() if row else torch.zeros(3, 3) for k, v in weights.items()},
+            str(newest / "trainable.safetensors"),
+        )
+        reason = "has shape [1, " if row else "has shape [3, 3], the model's is ["
     _resign(newest)
     _resume(run_dir)
     err = capsys.readouterr().err

@@ -415,3 +415,35 @@ def test_pickled_object_is_refused_as_bad_input(
     assert "optimizer.pt" in str(caught.value)
     assert "weights_only=False" not in str(caught.value)
     assert not (tmp_path / "code-ran").exists()
+
+
+def test_state_shapes_are_checked_by_parameter_name() -> None:
+    """A one-process optimizer state (numbered) and a distributed one (by name, as torch's
+    get_optimizer_state_dict gives it) both fit the model as saved; a moment of another shape, or
+    a group of another size, is refused naming the parameter."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    from reprotune._run.checkpoint_shapes import check_state_shapes, optimizer_state_by_name, trainable_shapes
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    model[0].weight.requires_grad_(False)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    model(torch.ones(4, 3)).sum().backward()
+    optimizer.step()
+    shapes = trainable_shapes(model)
+    assert shapes == {"0.bias": (2,), "1.weight": (1, 2), "1.bias": (1,)}
+    saved = optimizer.state_dict()
+    named = optimizer_state_by_name(saved, optimizer, model)
+    assert sorted(named) == sorted(shapes)
+    check_state_shapes({}, named, shapes)
+    full = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+    check_state_shapes({}, full["state"], shapes)
+    saved["state"][1]["exp_avg_sq"] = torch.zeros(2, 1)
+    with pytest.raises(
+        InputError,
+        match=r"the optimizer's exp_avg_sq of 1\.weight has shape \[2, 1\], the weight's is \[1, 2\]",
+    ):
+        check_state_shapes({}, optimizer_state_by_name(saved, optimizer, model), shapes)
+    saved["param_groups"][0]["params"] = saved["param_groups"][0]["params"][:-1]
+    with pytest.raises(InputError, match="parameter group 0 holds 2 parameters, the optimizer's 3"):
+        optimizer_state_by_name(saved, optimizer, model)

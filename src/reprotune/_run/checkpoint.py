@@ -59,6 +59,7 @@ from reprotune._run.checkpoint_files import (
     list_checkpoints,
     verify_checkpoint,
 )
+from reprotune._run.checkpoint_shapes import check_state_shapes, optimizer_state_by_name, trainable_shapes
 
 
 @dataclass(frozen=True)
@@ -339,6 +340,8 @@ def restore_checkpoint(
     # Read everything before changing anything, so a refused file leaves the objects untouched.
     weights = load_file(str(path / WEIGHTS_FILE))
     states = load_states(path)
+    named = optimizer_state_by_name(states["optimizer"], optimizer, model)
+    check_state_shapes(weights, named, trainable_shapes(model))
     _load_into(model, optimizer, scheduler, scaler, weights, states)
     if restore_rng:
         restore_rng_state(rng_state_from_tensors(*_read_rng(path)))

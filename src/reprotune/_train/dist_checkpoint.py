@@ -11,13 +11,12 @@ state back, and the scheduler state goes to all.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from reprotune._determinism.rng import capture_rng_state, restore_rng_state
-from reprotune._errors import InputError
 from reprotune._run.checkpoint import (
     CheckpointState,
     RankCheckpoint,
@@ -27,6 +26,7 @@ from reprotune._run.checkpoint import (
     unrestorable_warning,
     valid_checkpoints,
 )
+from reprotune._run.checkpoint_shapes import check_state_shapes, trainable_shapes
 from reprotune._train.distributed import DistContext, decided_by_main, gather_objects, scatter_objects
 from reprotune._train.setup import Setup
 from reprotune._train.sharding import full_optimizer_state, full_trainable_state, load_full_state
@@ -97,11 +97,11 @@ def restore_distributed(
     def pick() -> tuple[str, CheckpointState, dict[str, Any], dict[str, Any] | None, int] | None:
         nonlocal read
         assert directory is not None
-        shapes = {name: tuple(p.shape) for name, p in setup.model.named_parameters() if p.requires_grad}
+        shapes = trainable_shapes(setup.model)
         for found in valid_checkpoints(directory, report=report):
             try:
                 read = read_rank_checkpoint(found)
-                _check_shapes(read.ranks.weights, shapes)
+                check_state_shapes(read.ranks.weights, read.ranks.optimizer.get("state") or {}, shapes)
             except Exception as exc:  # a checkpoint that verifies but cannot be restored: an older one may
                 read = None
                 report(unrestorable_warning(found, exc))
@@ -129,15 +129,3 @@ def restore_distributed(
     if restore_rng and own is not None:
         restore_rng_state(own)
     return Restored(name, state, saved_world, restore_rng and own is not None)
-
-
-def _check_shapes(weights: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """Refuse, before any rank loads them, weights that are not this model's trainable ones (a
-    collective load would fail on every rank, with no older checkpoint tried)."""
-    fix = "resume from a checkpoint this run saved"
-    for name, tensor in weights.items():
-        if name not in shapes:
-            raise InputError(f"{name} is not a trainable weight of this model", source=name, fix=fix)
-        if tuple(tensor.shape) != shapes[name]:
-            shape, want = list(tensor.shape), list(shapes[name])
-            raise InputError(f"{name} has shape {shape}, the model's is {want}", source=name, fix=fix)
