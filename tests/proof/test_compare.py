@@ -194,6 +194,25 @@ def test_hand_edited_ledger_value(ref: Path, tmp_path: Path) -> None:
     assert "run B's ledger does not match the sha256 in its record (edited since?)" in result.notes
 
 
+def test_validation_lines_pair_by_step(ref: Path, tmp_path: Path) -> None:
+    """Validation lines are compared step by step, never by position: another eval schedule of the
+    same training (val at 3, 6, 9, 12 vs 4, 8, 12) differs in its schedule, not in a validation
+    loss; a shorter run's last validation (step 6) is not held against the reference's step 8."""
+    other = compare_runs(ref, write_run_dir(tmp_path / "every3", RunSpec(eval_every=3)))
+    assert other.verdict is Verdict.DIVERGED
+    where = other.where
+    assert (where.first_val_step, where.first_loss_step, where.first_weights_step) == (None, None, None)
+    assert (where.first_other_step, where.other_fields) == (3, ("validation schedule",))
+    assert where.largest_val_loss_diff is None
+    assert other.causes[0] == (
+        "the runs validated at other steps from step 3, and every number both recorded agrees: "
+        "config.train.eval_every 4 vs 3"
+    )
+    shorter = compare_runs(ref, write_run_dir(tmp_path / "short", RunSpec(steps=6)))
+    assert shorter.verdict is Verdict.INCOMPARABLE
+    assert shorter.where.first_val_step is None and shorter.where.largest_val_loss_diff is None
+
+
 @pytest.mark.parametrize(
     ("tolerance", "verdict"),
     [(None, Verdict.DIVERGED), (1e-3, Verdict.WITHIN_TOLERANCE), (1e-9, Verdict.DIVERGED)],

@@ -177,6 +177,12 @@ def _headline(stage: Stage, where: Where) -> str:
         return f"the LoRA initial weights differ (step 0){tail}"
     if stage == "order":
         return f"data order differs from step {where.first_divergence_step}"
+    numbers = (where.first_loss_step, where.first_weights_step, where.first_val_step)
+    if order is None and numbers == (None, None, None) and where.other_fields == ("validation schedule",):
+        return (
+            f"the runs validated at other steps from step {where.first_divergence_step}, and every "
+            "number both recorded agrees"
+        )
     if order is None:
         return f"numbers differ from step {where.first_divergence_step} with identical data order"
     return (

@@ -93,7 +93,7 @@ def compare_opened(
     if not same_world_throughout(run_a, run_b):
         # Each rank's share of a step differs by construction; the global batch is compared.
         run_a, run_b = without_rank_batches(run_a), without_rank_batches(run_b)
-    where = _compare_ledgers(run_a, run_b)
+    where = _compare_ledgers(run_a, run_b, prefix=prefix)
     adapter = None if prefix else _compare_adapters(run_a, run_b)
     differences = tuple(record_differences(run_a, run_b))
     split = compare_manifests(run_a, run_b)
@@ -189,8 +189,10 @@ def _ledgers_equal(run_a: RunDir, run_b: RunDir, where: Where) -> bool:
     return same_length and same_init and where.lines_differing == 0
 
 
-def _compare_ledgers(run_a: RunDir, run_b: RunDir) -> Where:
-    """Walk the common steps of both ledgers once, noting the first difference of each kind."""
+def _compare_ledgers(run_a: RunDir, run_b: RunDir, *, prefix: bool = False) -> Where:
+    """Walk the common steps of both ledgers once, noting the first difference of each kind.
+    Validation lines pair by step; one that only one run holds within the common steps is an
+    other difference ("validation schedule"), except over a prefix (a control stopped early)."""
     la, lb = run_a.ledger, run_b.ledger
     first: dict[str, int | None] = {"batch": None, "loss": None, "weights": None, "val": None, "other": None}
     other_fields: tuple[str, ...] = ()
@@ -231,13 +233,20 @@ def _compare_ledgers(run_a: RunDir, run_b: RunDir) -> Where:
             first["other"], other_fields = step, others
 
     largest_val: NumberDiff | None = None
-    for ea, eb in zip(la.val, lb.val, strict=False):
+    val_a, val_b = {e.step: e for e in la.val}, {e.step: e for e in lb.val}
+    last = min(la.train[-1].step if la.train else 0, lb.train[-1].step if lb.train else 0)
+    for step in sorted(s for s in val_a.keys() | val_b.keys() if s <= last):
+        if step not in val_a or step not in val_b:  # validated where the other run did not
+            lines_differing += 0 if prefix else 1
+            if not prefix and (first["other"] is None or step < first["other"]):
+                first["other"], other_fields = step, ("validation schedule",)
+            continue
+        ea, eb = val_a[step], val_b[step]
         if ea.fields == eb.fields:
             continue
         lines_differing += 1
-        if ea.fields["loss"] != eb.fields["loss"] or ea.step != eb.step:
-            note("val", min(ea.step, eb.step))
         if ea.fields["loss"] != eb.fields["loss"]:
+            note("val", step)
             diff = _abs_diff(ea.number("loss"), eb.number("loss"))
             if largest_val is None or diff > largest_val.abs_diff:
                 largest_val = NumberDiff(ea.step, ea.number("loss"), eb.number("loss"), diff)
@@ -342,7 +351,7 @@ def _within_tolerance(
 ) -> bool:
     """Data order identical and every number within ``tolerance`` (runs of equal length)."""
     la, lb = run_a.ledger, run_b.ledger
-    if where.first_batch_step is not None or len(la.val) != len(lb.val):
+    if where.first_batch_step is not None or [e.step for e in la.val] != [e.step for e in lb.val]:
         return False
     if adapter is None or not adapter.same_structure:
         return False
