@@ -172,6 +172,51 @@ def test_an_edited_ledger_line_fails_naming_the_step(tiny_project: TinyProject, 
     assert last["evidence"]["end_state"] == "adapter sha256 identical"
 
 
+def test_a_damaged_checkpoint_fails_and_bad_input_is_refused_before_any_replay(
+    tiny_project: TinyProject, reference: Path
+) -> None:
+    """A checkpoint whose weights no longer match their hash cannot be replayed from or checked
+    against: it is said, and the spot check FAILs naming it (it passed with "100%" coverage). A
+    truncated ledger, and a config given for a run, are refused with exit 2 before anything is
+    replayed, leaving no directory behind."""
+    run = _copy(reference, "spot-damaged-checkpoint")
+    weights = run / "checkpoints" / "step-00000008" / "trainable.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 1
+    weights.write_bytes(bytes(data))
+    failed = tiny_project.run_cli(
+        "verify", str(run), "--spot", "--budget", "1", "--out", "spot-damaged", check=False
+    )
+    assert failed.returncode == 1 and "verify: FAIL  (spot" in failed.stdout
+    assert (
+        "step-00000008 is refused: trainable.safetensors does not match its recorded sha256" in failed.stdout
+    )
+    leg = _legs(tiny_project.root / "spot-damaged")["checkpoint step-00000008"]
+    assert (leg["verdict"], leg["passed"]) == (None, False)
+    assert leg["note"].startswith("refused: trainable.safetensors does not match its recorded sha256")
+    truncated = _copy(reference, "spot-truncated-ledger")
+    ledger = truncated / "ledger.jsonl"
+    ledger.write_bytes(ledger.read_bytes()[:-40])
+    refused = tiny_project.run_cli("verify", str(truncated), "--spot", "--out", "spot-trunc", check=False)
+    assert refused.returncode == 2 and "ledger.jsonl:" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (tiny_project.root / "spot-trunc").exists()
+    config = tiny_project.run_cli("verify", "spot.yaml", "--spot", "--out", "spot-config", check=False)
+    assert (
+        config.returncode == 2 and "spot.yaml is a config; --spot checks a run that exists" in config.stderr
+    )
+    assert not (tiny_project.root / "spot-config").exists()
+    # A run made outside git, spot-checked from inside a git checkout: no commit to check out.
+    repo = tiny_project.root / "elsewhere-in-git"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "x"]
+    subprocess.run(git, cwd=repo, check=True)
+    drift = run_reprotune(["verify", str(reference), "--spot"], cwd=repo, env=dict(os.environ), timeout=600)
+    assert drift.returncode == 2 and "code.commit: recorded None" in drift.stderr
+    assert "the run was made outside a git checkout (no commit to check out)" in drift.stderr
+    assert "check out commit None" not in drift.stderr and not (repo / "runs").exists()
+
+
 def test_a_bundle_with_checkpoints_is_spot_checked_elsewhere(
     tiny_project: TinyProject, reference: Path, tmp_path: Path
 ) -> None:
@@ -209,6 +254,7 @@ def test_a_bundle_with_checkpoints_is_spot_checked_elsewhere(
     assert "verdict tagged" not in done.stdout
     assert refused.returncode == 2 and "holds no checkpoints" in refused.stderr
     assert "--checkpoints" in refused.stderr
+    assert not (bundle.parent / "spot-bare").exists()  # nothing unpacked is left behind
 
 
 def test_code_that_differs_from_the_runs_is_refused_unless_allowed(tmp_path: Path) -> None:
@@ -230,6 +276,7 @@ def test_code_that_differs_from_the_runs_is_refused_unless_allowed(tmp_path: Pat
     refused = project.run_cli("verify", "runs/drift", "--spot", "--out", "spot-drift", check=False)
     assert refused.returncode == 2 and "the code differs" in refused.stderr
     assert "--allow-code-drift" in refused.stderr and not (project.root / "spot-drift").exists()
+    assert "check out commit " in refused.stderr
     allowed = project.run_cli("verify", "runs/drift", "--spot", "--out", "spot-drift", "--allow-code-drift")
     assert "allowed by --allow-code-drift" in allowed.stdout and "verify: PASS  (spot" in allowed.stdout
 

@@ -162,6 +162,7 @@ def _run_spot(args: argparse.Namespace) -> int:
     """``verify RUN_DIR --spot``: replay sampled checkpoint intervals (``_proof.spot``)."""
     from reprotune._proof.intervals import DEFAULT_BUDGET
     from reprotune._proof.spot import spot_verify, spot_verify_bundle
+    from reprotune._run.outputs import removed_if_refused
 
     if args.train_command is not None and not (args.config or args.overrides or args.reference):
         return _run_command_spot(args)
@@ -178,10 +179,19 @@ def _run_spot(args: argparse.Namespace) -> int:
         out = _default_out("verify-spot", Path(args.config).name)
     budget = DEFAULT_BUDGET if args.budget is None else args.budget
     drift, seed = args.allow_code_drift, args.seed or 0
-    if Path(args.config).is_file():  # a bundle packed with --checkpoints
-        result = spot_verify_bundle(args.config, out, budget=budget, seed=seed, allow_code_drift=drift)
-    else:
-        result = spot_verify(args.config, out, budget=budget, seed=seed, allow_code_drift=drift)
+    target = Path(args.config)
+    if target.suffix in (".yaml", ".yml") and target.is_file():
+        raise InputError(
+            f"{target} is a config; --spot checks a run that exists: its run directory or bundle",
+            source="--spot",
+            fix=f"run it first (`reprotune run {target}`), then `reprotune verify RUN_DIR --spot`; or "
+            f"verify the config in full: `reprotune verify {target}`",
+        )
+    with removed_if_refused(out):
+        if target.is_file():  # a bundle packed with --checkpoints
+            result = spot_verify_bundle(target, out, budget=budget, seed=seed, allow_code_drift=drift)
+        else:
+            result = spot_verify(target, out, budget=budget, seed=seed, allow_code_drift=drift)
     return _done(result, out)
 
 

@@ -50,6 +50,7 @@ from reprotune._proof.verification import (
 )
 from reprotune._run.checkpoint_files import STATE_FILE, checkpoint_dir, list_checkpoints, verify_checkpoint
 from reprotune._run.layout import RunLayout, VerifyLayout
+from reprotune._run.ledger import read_ledger
 from reprotune._run.outputs import refuse_nonempty_dir, refuse_overwrite
 from reprotune._run.record import load_record
 from reprotune._run.rundir import check_is_run_dir
@@ -96,7 +97,7 @@ def spot_verify(
         report=progress,
     )
     total = int(record["data"]["order"]["total_steps"])
-    states = [s for s in _checkpoint_steps(reference) if s < total]
+    states, refused = _checkpoints(reference, total, progress)
     intervals = plan_intervals(states, total, budget=budget, seed=seed)
     if bundle is None:
         _new_dir(out_dir)
@@ -111,7 +112,7 @@ def spot_verify(
     started = time.perf_counter()
     run_logged([str(out_dir)], layout.log, module="reprotune._proof.replay")
     legs = [_judge_interval(reference, i, plan, total) for i in intervals]
-    legs += [_judge_control(reference, c) for c in plan.controls]
+    legs += [_judge_control(reference, c) for c in plan.controls] + refused
     for leg in legs:
         progress(progress_line(leg))
     ok = all(leg.passed is not False for leg in legs) and any(leg.passed for leg in legs)
@@ -143,6 +144,7 @@ def _check_run(run_dir: Path, budget: float) -> dict[str, Any]:
         )
     check_is_run_dir(run_dir, option="RUN_DIR")
     record = load_record(RunLayout(run_dir).record)
+    read_ledger(RunLayout(run_dir).ledger)  # a malformed ledger is refused before any replay
     if record.get("status") != "completed":
         raise InputError(
             f"the run in {run_dir} did not complete (status {record.get('status')!r})",
@@ -159,12 +161,21 @@ def _check_run(run_dir: Path, budget: float) -> dict[str, Any]:
     return record
 
 
-def _checkpoint_steps(run_dir: Path) -> list[int]:
-    steps = []
+def _checkpoints(run_dir: Path, total: int, progress: Callable[[str], None]) -> tuple[list[int], list[Leg]]:
+    """The steps of the run's checkpoints before its end that verify, and a failed leg for each one
+    that does not: a checkpoint written wrong (or damaged since) cannot be replayed from or checked
+    against, so the fault it holds would go unseen; the verification fails and says which."""
+    steps, refused = [], []
     for path in list_checkpoints(RunLayout(run_dir).checkpoints):
-        if verify_checkpoint(path) is None:
-            steps.append(int(json.loads((path / STATE_FILE).read_text(encoding="utf-8"))["step"]))
-    return steps
+        problem = verify_checkpoint(path)
+        if problem is None:
+            step = int(json.loads((path / STATE_FILE).read_text(encoding="utf-8"))["step"])
+            steps += [step] if step < total else []
+            continue
+        progress(f"warning: checkpoint {path} is refused: {problem}; its intervals cannot be checked")
+        note = f"refused: {problem}; no interval starts or ends at it, so what it holds is not checked"
+        refused.append(Leg(f"checkpoint {path.name}", "", "IDENTICAL", passed=False, note=note))
+    return steps, refused
 
 
 def _new_dir(out_dir: Path) -> None:

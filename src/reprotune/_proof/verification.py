@@ -119,6 +119,8 @@ NO_DROPOUT_INCONCLUSIVE = (
 def progress_line(leg: Leg) -> str:
     """The line printed as a leg is judged; a leg that could not show what it had to (``passed``
     None) says it is not counted, instead of reading as a failure."""
+    if leg.verdict is None:  # not compared: a refused input, its note says why
+        return f"  {leg.name}: FAIL, {leg.note}" if leg.passed is False else f"  {leg.name}: {leg.note}"
     line = f"  {leg.name}: {leg.verdict} (must be {leg.expected})"
     return line + (": inconclusive, not counted (the summary says why)" if leg.passed is None else "")
 

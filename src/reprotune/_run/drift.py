@@ -47,11 +47,13 @@ def refuse_code_drift(
     if drift:
         patch = layout.RunLayout(run_dir).patch
         anyway = f", or pass {override} to go on anyway" if override else ", or start a new run"
+        checkout = f"check out commit {recorded.get('commit')} (and apply {patch} if the run was dirty)"
+        if not recorded.get("commit"):
+            checkout = "the run was made outside a git checkout (no commit to check out): use its code"
         raise InputError(
             "the code differs from the code the run was made with:\n  " + "\n  ".join(drift),
             source=str(layout.RunLayout(run_dir).record),
-            fix=f"check out commit {recorded.get('commit')} (and apply {patch} if the run was dirty) "
-            f"before {what}{anyway}",
+            fix=f"{checkout} before {what}{anyway}",
         )
     return drift
 
