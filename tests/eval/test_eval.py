@@ -202,6 +202,7 @@ def test_changed_data_is_refused_naming_the_rows(
     assert main(["eval", str(run_a), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert f"edited  row {row} (test)" in err and "check-split" in err
+    assert "leakage: not checked" in err and "(no text columns)" not in err  # it claimed "none"
     assert _listing(run_a) == before
 
 
@@ -220,6 +221,38 @@ def test_a_run_without_adapter_or_test_rows_is_refused(
     err = capsys.readouterr().err
     assert "the test split of the run" in err and "has no rows" in err and "--split validation" in err
     assert _listing(run_s) == before
+
+
+def test_a_missing_adapter_file_is_refused_naming_it(
+    run_a: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A completed run whose adapter_config.json is gone: exit 2 naming the file as missing (it
+    was an internal error); the weights gone: the fix restores adapter/ (resume cannot: the run is
+    complete)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_a, run, ignore=shutil.ignore_patterns("evals"))
+    (run / "adapter" / "adapter_config.json").unlink()
+    assert main(["eval", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "adapter_config.json (recorded " in err and ", now missing)" in err and "Traceback" not in err
+    (run / "adapter" / "adapter_model.safetensors").unlink()
+    assert main(["eval", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "fix: restore adapter/ from a copy of the run directory, or evaluate the base model" in err
+
+
+def test_compare_of_evals_over_other_rows_blames_no_nondeterminism(run_a: Path, tmp_path: Path) -> None:
+    """Evals over 3 rows and over all rows, every shared row alike: INCOMPARABLE for the rows, and
+    no word of nondeterminism (nothing was generated differently); A is named first."""
+    few = run_eval(run_a, out=tmp_path / "few", max_rows=3)
+    every = run_eval(run_a, out=tmp_path / "every")
+    comparison = compare_evals(few.eval_dir, every.eval_dir)
+    assert comparison.verdict == "INCOMPARABLE" and not comparison.rows_differing
+    assert comparison.causes[0].startswith("the evals cover different rows")
+    assert not any("nondeterminism" in cause for cause in comparison.causes)
+    assert comparison.format().startswith(f"INCOMPARABLE: eval {few.eval_dir} vs {every.eval_dir}")
 
 
 def test_an_existing_out_is_refused(run_a: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

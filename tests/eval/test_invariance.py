@@ -146,6 +146,14 @@ def test_the_plan_is_cached_per_machine_and_thread_count(tmp_path: Path, cache: 
     again = invariance.plan_gemm_blocks(model)
     assert not again.cached and again.blocks == other.blocks
     assert json.loads(invariance._cache_file(again.cache_key).read_text())["blocks"] == again.blocks
+    # A cache file that parses but holds a block size the probe never tries (0 crashed the eval
+    # with ZeroDivisionError) is probed again too.
+    path = invariance._cache_file(again.cache_key)
+    body = json.loads(path.read_text())
+    body["blocks"] = {shape: {**passes, "decode": 0} for shape, passes in body["blocks"].items()}
+    path.write_text(json.dumps(body))
+    third = invariance.plan_gemm_blocks(model)
+    assert not third.cached and third.blocks == other.blocks
 
 
 def test_changing_the_thread_count_after_the_probe_is_refused(tmp_path: Path, cache: Path) -> None:

@@ -134,6 +134,7 @@ def test_html_report(tmp_path: Path) -> None:
         ("unfinished", "is not complete"),
         ("metric", "no metric 'val_loss'"),
         ("alpha", "alpha must be in (0, 0.5]"),
+        ("seed", "the permutation test's seed must be a whole number >= 0 (got -1)"),
         ("missing", "does not exist"),
         ("one-run", "has 1 run(s); a spread needs at least 2"),
     ],
@@ -163,7 +164,11 @@ def test_bad_input_exits_2(
         (b / "study.json").write_text(json.dumps({**study, "runs": study["runs"][:1]}), encoding="utf-8")
     else:
         b = write_study_dir(tmp_path / "b", [1.0, 1.1, 0.9])
-        extra = {"metric": ["--metric", "val_loss"], "alpha": ["--alpha", "0.9"], "missing": []}[case]
+        extra = {
+            "metric": ["--metric", "val_loss"],
+            "alpha": ["--alpha", "0.9"],
+            "seed": ["--seed", "-1"],
+        }.get(case, [])
         if case == "missing":
             b = tmp_path / "nowhere"
     assert main(["significance", str(a), str(b), *extra]) == 2

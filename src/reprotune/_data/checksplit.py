@@ -156,8 +156,10 @@ class CheckReport:
                 lines.append("  " + change.describe())
             if len(self.changes) > max_rows:
                 lines.append(f"  ... and {len(self.changes) - max_rows} more (--json lists all)")
-        columns = ", ".join(self.leak_columns) if self.leak_columns else "(no text columns)"
-        if not self.leaked:
+        columns = ", ".join(self.leak_columns)
+        if not self.leak_columns:
+            lines.append("leakage: not checked (no text columns compared)")
+        elif not self.leaked:
             lines.append(f"leakage: none (normalised text of {columns})")
         for leak in self.leaks:
             if not leak.n_texts:

@@ -157,17 +157,25 @@ def _checked_adapter(paths: RunLayout, record: Mapping[str, Any]) -> tuple[Path,
     status = record.get("status")
     if status != "completed" or not paths.adapter_weights.is_file():
         why = f"status {status!r}" if status != "completed" else f"{paths.adapter_weights} is missing"
+        first = (
+            "restore adapter/ from a copy of the run directory"
+            if status == "completed"
+            else f"resume it first (`reprotune resume {paths.root}`)"
+        )
         raise InputError(
             f"the run in {paths.root} has no adapter to evaluate ({why})",
             source=str(paths.record),
-            fix=f"resume it first (`reprotune resume {paths.root}`), or evaluate the base model "
-            "alone with --base-only",
+            fix=f"{first}, or evaluate the base model alone with --base-only",
         )
     recorded = (record.get("outputs") or {}).get("adapter_files") or {}
-    now = {name: sha256_file(paths.adapter_dir / name) for name in sorted(recorded)}
+    files = {name: paths.adapter_dir / name for name in sorted(recorded)}
+    now = {name: sha256_file(path) if path.is_file() else "" for name, path in files.items()}
     changed = sorted(n for n in recorded if now.get(n) != recorded[n])
     if not recorded or changed:
-        detail = ", ".join(f"{n} (recorded {recorded[n][:12]}..., now {now[n][:12]}...)" for n in changed)
+        detail = ", ".join(
+            f"{n} (recorded {recorded[n][:12]}..., now {f'{now[n][:12]}...' if now[n] else 'missing'})"
+            for n in changed
+        )
         raise InputError(
             f"the adapter in {paths.adapter_dir} is not the one the run recorded"
             + (f": {detail}" if detail else " (the record names no adapter files)"),

@@ -196,6 +196,11 @@ def _read_cached(key: str) -> GemmPlan | None:
         if data.get("cache_key") != key or data.get("probe_version") != PROBE_VERSION:
             return None
         blocks = {str(k): {str(p): int(n) for p, n in v.items()} for k, v in data["blocks"].items()}
+        if any(
+            set(v) != set(BLOCK_CANDIDATES) or any(n not in BLOCK_CANDIDATES[p] for p, n in v.items())
+            for v in blocks.values()
+        ):
+            return None  # a block size the probe never tries: edited, probed again
         probes = {
             str(k): {str(p): {str(c): bool(ok) for c, ok in tried.items()} for p, tried in v.items()}
             for k, v in data["probes"].items()

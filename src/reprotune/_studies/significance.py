@@ -127,6 +127,12 @@ def significance(
         raise InputError(
             f"alpha must be in (0, 0.5] (got {alpha!r})", source="--alpha", fix="e.g. --alpha 0.05"
         )
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise InputError(
+            f"the permutation test's seed must be a whole number >= 0 (got {seed!r})",
+            source="--seed",
+            fix="e.g. --seed 0",
+        )
     a = _checked(load_study(study_a, option="STUDY_A"), "STUDY_A", study_a)
     b = _checked(load_study(study_b, option="STUDY_B"), "STUDY_B", study_b)
     if set(a["metrics"]) != set(b["metrics"]):
