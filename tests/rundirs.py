@@ -289,8 +289,11 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
     return path
 
 
-def edit_ledger(run_dir: Path, step: int, key: str, value: Any, *, kind: str = "train") -> None:
-    """Change one value of the ``kind`` line of ``step`` by hand, keeping the line canonical."""
+def edit_ledger(
+    run_dir: Path, step: int, key: str, value: Any, *, kind: str = "train", as_written: bool = False
+) -> None:
+    """Change one value of the ``kind`` line of ``step`` by hand, keeping the line canonical;
+    ``as_written``: update the record's ``outputs.ledger_sha256`` too, as if the run had written it."""
     path = run_dir / "ledger.jsonl"
     out = []
     for line in path.read_text().splitlines():
@@ -299,6 +302,10 @@ def edit_ledger(run_dir: Path, step: int, key: str, value: Any, *, kind: str = "
             entry[key] = value
         out.append(canonical_dumps(entry, indent=None))
     path.write_text("".join(out))
+    if as_written:
+        record = json.loads((run_dir / "record.json").read_text())
+        record["outputs"]["ledger_sha256"] = sha256_file(path)
+        (run_dir / "record.json").write_text(canonical_dumps(record))
 
 
 def truncate_ledger(run_dir: Path, drop_bytes: int) -> None:

@@ -187,11 +187,21 @@ def test_hand_edited_ledger_value(ref: Path, tmp_path: Path) -> None:
     diff = result.where.largest_loss_diff
     assert diff is not None and diff.step == 5
     assert diff.abs_diff == abs((float.fromhex(original) + 0.25) - float.fromhex(original))
-    assert result.causes[0] == (
+    assert result.causes == (
+        "run B's ledger does not match the sha256 in its record: it was edited or damaged after the run "
+        "wrote it, so its lines are not the run's (restore it from a copy, or rerun the run)",
         "only the ledger line of step 5 differs (loss) and every later step agrees: "
-        "the ledger looks edited or corrupted, not trained differently"
+        "the ledger looks edited or corrupted, not trained differently",
     )
     assert "run B's ledger does not match the sha256 in its record (edited since?)" in result.notes
+    # Losses edited from step 5 on (each line, as a real change would): still the edit, never
+    # nondeterminism, and no trace commands to run for it.
+    for step in range(6, 13):
+        value = next(e["loss"] for e in entries if e["kind"] == "train" and e["step"] == step)
+        edit_ledger(other, step, "loss", (float.fromhex(value) * 1.0000001).hex())
+    many = compare_runs(ref, other)
+    assert many.causes[0].startswith("run B's ledger does not match the sha256 in its record")
+    assert not any("nondeterminism" in cause for cause in many.causes) and many.next_steps == ()
 
 
 def test_validation_lines_pair_by_step(ref: Path, tmp_path: Path) -> None:
@@ -389,7 +399,7 @@ def test_a_recorded_peft_before_seed_finding_is_the_first_cause_when_the_init_di
     Trainer's) warns that its LoRA init was not covered by its seed: that finding is the first
     cause, not "nondeterminism"."""
     other = write_run_dir(tmp_path / "late-seed", RunSpec(noise_from_step=1))
-    edit_ledger(other, 0, "weights_sha256", "f" * 64, kind="init")
+    edit_ledger(other, 0, "weights_sha256", "f" * 64, kind="init", as_written=True)
     plain = compare_runs(ref, other)
     assert plain.where.first_weights_step == 0 and plain.causes[0].startswith(
         "the LoRA initial weights differ"

@@ -108,6 +108,7 @@ def explain(
     *,
     ledgers_equal: bool,
     kernels: Kernels = (None, None),
+    edited: Sequence[str] = (),
 ) -> list[str]:
     """The ranked causes of the runs' divergence, in plain words (most likely first).
 
@@ -119,6 +120,8 @@ def explain(
         resumes: the resumed attempts of either run.
         ledgers_equal: whether every ledger line is equal.
         kernels: each record's kernel facts (``environment.kernels``), None where it has none.
+        edited: the runs ("A", "B") whose ledger no longer matches the sha256 in their record:
+            the first cause, and never nondeterminism then.
 
     Returns:
         Sentences such as "data order differs from step 1: the split manifests differ in 3 rows";
@@ -136,7 +139,11 @@ def explain(
         return [f"the runs agree over their {where.steps_compared} common steps but differ in length"]
     stage = _stage(where)
     head = _headline(stage, where)
-    causes: list[str] = []
+    causes = [
+        f"run {label}'s ledger does not match the sha256 in its record: it was edited or damaged after "
+        "the run wrote it, so its lines are not the run's (restore it from a copy, or rerun the run)"
+        for label in edited
+    ]
     isolated = where.lines_differing == 1 and at < where.steps_compared
     if isolated:
         # A real change in training carries forward through the weights; one lone differing line
@@ -148,6 +155,8 @@ def explain(
     evidence = _evidence(stage, differences, split, [r for r in resumes if r.from_step < at], kernels)
     causes.extend(f"{head}: {text}" for text in evidence)
     unknown = [label for label, facts in zip("AB", kernels, strict=True) if facts is None]
+    if edited:
+        return causes
     if unknown and not evidence and not isolated:
         whose = f"run {unknown[0]}'s" if len(unknown) == 1 else "both runs'"
         causes.append(

@@ -20,9 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
-
 from reprotune._errors import InputError
+from reprotune._proof.adapter_diff import compare_adapters
 from reprotune._proof.causes import explain
 from reprotune._proof.differences import (
     AdapterDiff,
@@ -31,7 +30,6 @@ from reprotune._proof.differences import (
     NumberDiff,
     Resume,
     RunSummary,
-    TensorDiff,
     Verdict,
     Where,
     short_value,
@@ -40,7 +38,6 @@ from reprotune._proof.microscope import kernels_of, trace_commands
 from reprotune._proof.record_diff import record_differences
 from reprotune._proof.split_diff import compare_manifests
 from reprotune._proof.world import same_world_throughout, without_rank_batches
-from reprotune._run.adapter import load_adapter
 from reprotune._run.ledger import LedgerEntry
 from reprotune._run.rundir import RunDir, open_run_dir
 
@@ -94,7 +91,7 @@ def compare_opened(
         # Each rank's share of a step differs by construction; the global batch is compared.
         run_a, run_b = without_rank_batches(run_a), without_rank_batches(run_b)
     where = _compare_ledgers(run_a, run_b, prefix=prefix)
-    adapter = None if prefix else _compare_adapters(run_a, run_b)
+    adapter = None if prefix else compare_adapters(run_a, run_b)
     differences = tuple(record_differences(run_a, run_b))
     split = compare_manifests(run_a, run_b)
     incomparable = tuple(_incomparable_reasons(run_a, run_b, differences, adapter, prefix=prefix))
@@ -111,8 +108,16 @@ def compare_opened(
         verdict = Verdict.DIVERGED
     resumes = tuple(_resumes(run_a, "A")) + tuple(_resumes(run_b, "B"))
     kernels = (kernels_of(run_a), kernels_of(run_b))
+    edited = [label for label, run in (("A", run_a), ("B", run_b)) if _ledger_edited(run)]
     causes = explain(
-        where, adapter, differences, split, resumes, ledgers_equal=ledgers_equal, kernels=kernels
+        where,
+        adapter,
+        differences,
+        split,
+        resumes,
+        ledgers_equal=ledgers_equal,
+        kernels=kernels,
+        edited=edited,
     )
     if not ledgers_equal and where.first_weights_step == 0:
         causes[:0] = _seed_findings(run_a, run_b)
@@ -281,31 +286,6 @@ def _abs_diff(x: float, y: float) -> float:
     return abs(x - y)
 
 
-def _compare_adapters(run_a: RunDir, run_b: RunDir) -> AdapterDiff | None:
-    """Hash both adapter files; when they differ, the max |difference| per tensor."""
-    if run_a.adapter_path is None and run_b.adapter_path is None:
-        return None
-    sha_a, sha_b = run_a.adapter_sha256(), run_b.adapter_sha256()
-    if sha_a is not None and sha_a == sha_b:
-        return AdapterDiff(sha_a, sha_b, identical=True, same_structure=True, tensors=())
-    if run_a.adapter_path is None or run_b.adapter_path is None:
-        return AdapterDiff(sha_a, sha_b, identical=False, same_structure=False, tensors=())
-    ta, tb = load_adapter(run_a.adapter_path), load_adapter(run_b.adapter_path)
-    tensors = []
-    for name in sorted(set(ta) | set(tb)):
-        xa, xb = ta.get(name), tb.get(name)
-        shape_a = tuple(xa.shape) if xa is not None else None
-        shape_b = tuple(xb.shape) if xb is not None else None
-        max_diff: float | None = None
-        if xa is not None and xb is not None and shape_a == shape_b:
-            # float64 holds every float32/float16/bfloat16 value and their differences exactly
-            delta = np.abs(xa.astype(np.float64) - xb.astype(np.float64))
-            max_diff = float(delta.max()) if delta.size else 0.0
-        tensors.append(TensorDiff(name, shape_a, shape_b, max_diff))
-    same_structure = all(t.shape_a is not None and t.shape_a == t.shape_b for t in tensors)
-    return AdapterDiff(sha_a, sha_b, identical=False, same_structure=same_structure, tensors=tuple(tensors))
-
-
 def _incomparable_reasons(
     run_a: RunDir,
     run_b: RunDir,
@@ -388,8 +368,7 @@ def _notes(
         actual = None if adapter is None else adapter.sha256_a if label == "A" else adapter.sha256_b
         if recorded and actual and recorded != actual:
             yield f"run {label}'s adapter file does not match the sha256 in its record (modified since?)"
-        recorded_ledger = run.section("outputs").get("ledger_sha256")
-        if recorded_ledger and recorded_ledger != run.ledger.sha256:
+        if _ledger_edited(run):
             yield f"run {label}'s ledger does not match the sha256 in its record (edited since?)"
     if verdict is Verdict.IDENTICAL and differences:
         yield f"{len(differences)} recorded values differ, yet no number changed"
@@ -400,3 +379,9 @@ def _notes(
             f"{whose} kernel facts (made before reprotune recorded them): whether the two machines "
             "ran other kernels is unknown"
         )
+
+
+def _ledger_edited(run: RunDir) -> bool:
+    """Whether the run's ledger no longer matches the sha256 its record holds."""
+    recorded = run.section("outputs").get("ledger_sha256")
+    return bool(recorded) and recorded != run.ledger.sha256
