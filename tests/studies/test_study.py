@@ -83,6 +83,9 @@ def test_rerun_keeps_verified_runs_and_refuses_changed_ones(reference: StudyResu
     with pytest.raises(InputError, match="the completed run all-001 no longer matches its record") as info:
         run_study(cfg, n=N, vary="all", options=StudyOptions(out=copy, tracking=False, name="cfg"))
     assert "remove" in str(info.value) and "all-001" in str(info.value)
+    # The refusal leaves the completed study.json as it was (it was set back to running, with
+    # its runs planned again).
+    assert (copy / "study.json").read_bytes() == (reference.directory / "study.json").read_bytes()
 
 
 def test_sigkill_then_continue_gives_the_same_study(

@@ -20,6 +20,7 @@ from reprotune._config.loading import dump_config_yaml
 from reprotune._config.schema import ExperimentConfig, config_sha256
 from reprotune._determinism.seeds import derive_seed
 from reprotune._errors import InputError
+from reprotune._jsonio import write_bytes_atomic
 from reprotune._run.layout import LOCK
 from reprotune._run.lock import holding_run_dir
 from reprotune._run.record import Status
@@ -105,6 +106,7 @@ def run_study(
 def _run_locked(
     cfg: ExperimentConfig, plan: StudyPlan, paths: StudyLayout, options: StudyOptions
 ) -> StudyResult:
+    before = paths.study.read_bytes() if paths.study.is_file() else None
     study = _open(paths, plan)
     dump_config_yaml(cfg, paths.config)
     tracker = _tracker(cfg, plan, paths, options)
@@ -130,6 +132,8 @@ def _run_locked(
     try:
         execute_runs(plan.runs, paths, jobs=options.jobs, tracking=options.tracking, on_done=on_done)
     except BaseException as exc:
+        if isinstance(exc, InputError) and before is not None:
+            write_bytes_atomic(paths.study, before)  # a refused continuation leaves the study as it was
         if tracker is not None:  # the parent run says so; a study continued later reopens it
             status: Status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             tracker.finish({}, [paths.study], status)
