@@ -86,6 +86,12 @@ def test_no_spread_in_either_study() -> None:
     assert not equal.beyond_noise and equal.note is not None
     apart = compare_samples([2.0, 2.0, 2.0], [1.5, 1.5, 1.5])
     assert apart.beyond_noise and apart.difference == -0.5 and apart.cohens_d is None
+    # The verdict says the difference is exact, not a p that no test computed.
+    assert verdict_line(apart) == (
+        "B is lower than A by 0.5 exactly: no seed noise in either study, every run of each gives the "
+        "same value (3 seeds each)"
+    )
+    assert verdict_line(equal).startswith("B equals A exactly: no seed noise")
 
 
 def test_same_config_disjoint_seeds_within_noise(tmp_path: Path) -> None:

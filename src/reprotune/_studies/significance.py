@@ -74,7 +74,7 @@ class Significance:
             + (
                 f"{t.seeds_for_power} per side"
                 if t.seeds_for_power is not None
-                else "not defined (no difference)"
+                else "not defined (" + ("no spread" if t.cohens_d is None else "no difference") + ")"
             ),
         ]
         lines += [f"  note: {note}" for note in self.notes]

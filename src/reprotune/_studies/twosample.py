@@ -177,6 +177,10 @@ def verdict_line(result: TestResult) -> str:
         head, low, high = "B equals A on average", r.ci_low, r.ci_high
     seeds = f"{r.n_a} seeds each" if r.n_a == r.n_b else f"{r.n_a} and {r.n_b} seeds"
     where = "beyond seed noise" if r.beyond_noise else "within seed noise"
+    if r.welch_t is None:  # no spread in either study: the difference is exact, there is no test
+        head = head.replace(" on average", "")
+        same = "every run of each gives the same value"
+        return f"{head} exactly: no seed noise in either study, {same} ({seeds})"
     return f"{head} ({level} CI {_g(low)}..{_g(high)}), {where} (p = {r.welch_p:.2g}, {seeds})"
 
 
