@@ -113,6 +113,14 @@ def test_truncated_ledger(run: Path) -> None:
     assert info.value.fix is not None and "reprotune rerun" in info.value.fix
 
 
+def test_an_empty_ledger_of_a_completed_run(run: Path) -> None:
+    """A completed run's emptied ledger is refused (it compared IDENTICAL with itself)."""
+    (run / "ledger.jsonl").write_bytes(b"")
+    with pytest.raises(InputError, match="is empty, yet the run completed") as info:
+        open_run_dir(run)
+    assert info.value.source == str(run / "ledger.jsonl")
+
+
 def test_ledger_missing_final_newline(run: Path) -> None:
     """Even a last line that parses is refused without its newline: the append was cut short."""
     truncate_ledger(run, 1)

@@ -93,6 +93,12 @@ def open_run_dir(path: str | Path) -> RunDir:
             "or rerun it with `reprotune rerun`",
         )
     ledger = read_ledger(paths.ledger)
+    if ledger.init is None and record.get("status") == "completed":
+        raise InputError(
+            f"{paths.ledger} is empty, yet the run completed: its ledger was emptied or replaced",
+            source=str(paths.ledger),
+            fix="restore the run directory from a copy, or reproduce the run with `reprotune rerun RUN_DIR`",
+        )
     has_manifest = paths.manifest.is_file()
     return RunDir(
         path=paths.root,
