@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -92,6 +93,16 @@ def test_an_honest_run_passes_and_the_verdict_reaches_mlflow(
         assert leg["evidence"]["end_state"].startswith(expected_end)
     assert (legs["control-seed"]["verdict"], legs["control-resume"]["verdict"]) == ("DIVERGED", "DIVERGED")
     assert legs["control-seed"]["evidence"]["steps"] <= 3  # cut short once it parted
+    # The report of the spot check badges each leg with the verdict verify gave it (an interval
+    # replay holds the steps up to its end: it read INCOMPARABLE) and says what a spot check proves.
+    from reprotune._proof.report import write_report
+
+    html = write_report([out], tiny_project.root / "spot-ok.html").read_text(encoding="utf-8")
+    glance = html[: html.index("What was proven")]
+    badges = re.findall(r'vs [A-Z] \((.+?)\): <span class="verdict (\w+)"', glance)
+    assert [verdict for _, verdict in badges] == [leg["verdict"] for leg in record["legs"]]
+    assert [name for name, _ in badges] == [Path(leg["run_dir"]).name for leg in record["legs"]]
+    assert "The recorded run reproduces where it was sampled: 3 of 5 intervals (12 of 20 steps)" in html
     # The verdict where the user looks: the reference run's MLflow run, read back with MLflow.
     from mlflow.tracking import MlflowClient
 

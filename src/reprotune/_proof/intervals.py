@@ -104,7 +104,8 @@ def judge_interval(
     verdict = "IDENTICAL" if first is None and end_state[1] else "DIVERGED"
     name = f"steps {interval.start + 1}-{interval.end}"
     note = f"{interval.why}; from {origin}"
-    return Leg(name, str(leg_dir), "IDENTICAL", verdict, verdict == "IDENTICAL", evidence, note), first
+    leg = Leg(name, str(leg_dir), "IDENTICAL", verdict, verdict == "IDENTICAL", evidence, note, prefix=True)
+    return leg, first  # prefix: a replay holds the steps up to its interval's end, not the run's
 
 
 def adapter_state(reference: Path, leg_dir: Path) -> tuple[str, bool]:

@@ -61,19 +61,27 @@ def _verification(path: Path, data: dict[str, Any]) -> Proof:
     legs = [leg for leg in data.get("legs", []) if leg.get("run_dir")]
     reference = Path(data.get("reference") or path / "reference")
     verdict = str(data.get("verdict"))
+    spot = data.get("spot") or {}
     proven = (
         "The config reproduces: a rerun (stopped at a checkpoint and resumed in a fresh process) gave "
         "bit-identical losses and weights, and the negative controls show the check can fail."
         if verdict == "PASS"
         else "The config did NOT verify: see the legs below, and each leg's comparison further down."
     )
+    if verdict == "PASS" and data.get("mode") == "spot":
+        proven = (
+            f"The recorded run reproduces where it was sampled: {spot.get('intervals_replayed')} of "
+            f"{spot.get('intervals_available')} intervals ({spot.get('steps_replayed')} of "
+            f"{spot.get('total_steps')} steps), replayed from its own checkpoints, gave bit-identical "
+            "ledger lines and end states, and the negative controls show the check can fail."
+        )
     rows = [
         (
             str(leg["name"]),
             str(leg.get("verdict")),
             str(leg.get("expected")),
             _mark(leg.get("passed")),
-            round(float(leg.get("wall_s") or 0), 1),
+            round(float(leg["wall_s"]), 1) if leg.get("wall_s") else "-",  # spot: one process for all
             str(leg.get("note") or ""),
         )
         for leg in data.get("legs", [])
@@ -92,7 +100,12 @@ def _verification(path: Path, data: dict[str, Any]) -> Proof:
     )
     # Before schema 4 the flag was not written: the fast mode's controls were compared so.
     fast = data.get("mode") == "fast"
-    prefix = [bool(leg.get("prefix", fast and str(leg.get("name")).startswith("control"))) for leg in legs]
+    # A spot check's legs hold the steps up to their interval's end (older files said prefix false).
+    spot_mode = data.get("mode") == "spot"
+    prefix = [
+        spot_mode or bool(leg.get("prefix", fast and str(leg.get("name")).startswith("control")))
+        for leg in legs
+    ]
     return Proof([reference, *(Path(leg["run_dir"]) for leg in legs)], [False, *prefix], html)
 
 
