@@ -91,7 +91,9 @@ def test_different_split_is_data_order_cause(ref: Path, tmp_path: Path) -> None:
     )
     assert [m.row for m in result.split.moved] == expected
     head = "data order differs from step 1: the split manifests differ in"
-    assert result.causes[0].startswith(f"{head} {len(expected)} rows (in another split: ")
+    first = result.split.moved[0]
+    moved = f"row {first.row} {first.split_a}->{first.split_b}, row "
+    assert result.causes[0].startswith(f"{head} {len(expected)} rows (in another split: {moved}")
     assert result.causes[1].startswith("data order differs from step 1: derived seed split ")
 
 

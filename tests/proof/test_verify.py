@@ -284,6 +284,8 @@ def test_verify_judges_the_evals_when_the_config_evaluates(tiny_project: TinyPro
     assert _legs(out)["eval"] == ("IDENTICAL", True)
     (evidence,) = json.loads((out / "verification.json").read_text())["legs"][-1]["evidence"].values()
     assert evidence["rows"] > 0 and evidence["rows_differing"] == 0
+    # The leg's line shows that evidence as words, not a Python dict.
+    assert f"rows {evidence['rows']}, rows_differing 0)" in done.stdout and "{'a':" not in done.stdout
     assert len(list((ref / "evals").iterdir())) == 1
     assert len(list((out / "rerun-resume" / "evals").iterdir())) == 1
 

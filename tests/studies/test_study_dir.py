@@ -40,6 +40,10 @@ def test_a_directory_that_is_not_a_study(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="is not a study directory"):
         run_study(CFG, n=2, vary="all", options=StudyOptions(out=tmp_path / "s", tracking=False))
     assert [p.name for p in (tmp_path / "s").iterdir()] == ["notes.txt"]
+    # A file given as --out: the message names --out (it said --run-dir).
+    (tmp_path / "f").write_text("mine", encoding="utf-8")
+    with pytest.raises(InputError, match=r": --out '.*f' is a file, not a directory"):
+        run_study(CFG, n=2, vary="all", options=StudyOptions(out=tmp_path / "f", tracking=False))
 
 
 @pytest.mark.parametrize(

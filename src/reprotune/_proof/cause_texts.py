@@ -92,7 +92,8 @@ def split_text(split: SplitDiff) -> str:
     if split.content_changed:
         parts.append(f"content changed: {_rows(split.content_changed)}")
     if split.moved:
-        moves = ", ".join(f"{m.row} {m.split_a or '-'}->{m.split_b or '-'}" for m in split.moved[:MAX_SHOWN])
+        shown = split.moved[:MAX_SHOWN]
+        moves = ", ".join(f"row {m.row} {m.split_a or '-'}->{m.split_b or '-'}" for m in shown)
         more = f" and {len(split.moved) - MAX_SHOWN} more" if len(split.moved) > MAX_SHOWN else ""
         parts.append(f"in another split: {moves}{more}")
     if split.reordered:

@@ -131,15 +131,21 @@ def leg_lines(legs: list[Leg], width: int) -> list[str]:
     lines = []
     for leg in legs:
         mark = "ok  " if leg.passed else ("n/a " if leg.passed is None else "FAIL")
-        detail = ", ".join(
-            f"{k} {str(v)[:12] if k.endswith('sha256') else v}" for k, v in leg.evidence.items()
-        )
+        detail = ", ".join(f"{k} {_shown(k, v)}" for k, v in leg.evidence.items())
         lines.append(
             f"  [{mark}] {leg.name:<{width}} {leg.verdict or '-':<11} (must be {leg.expected}) {detail}"
         )
         if leg.note:
             lines.append(f"         {leg.note}")
     return lines
+
+
+def _shown(key: str, value: Any) -> str:
+    """An evidence value in a leg's line: a hash cut to 12 characters, a mapping (an eval pair's
+    evidence) as ``(key value, ...)``."""
+    if isinstance(value, dict):
+        return "(" + ", ".join(f"{k} {_shown(k, v)}" for k, v in value.items()) + ")"
+    return str(value)[:12] if key.endswith("sha256") else str(value)
 
 
 def machine_summary() -> dict[str, Any]:

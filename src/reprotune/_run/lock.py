@@ -88,21 +88,21 @@ def lock_run_dir(
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise _not_a_directory(run_dir) from None
+        raise _not_a_directory(run_dir, option) from None
     except NotADirectoryError:
         raise InputError(
-            f"cannot create the run directory {run_dir}: a parent of it is a file",
+            f"cannot create the {what} {run_dir}: a parent of it is a file",
             source=str(run_dir),
-            fix="choose a --run-dir whose parent directories are directories",
+            fix=f"choose a {option} whose parent directories are directories",
         ) from None
     except OSError as exc:
         raise InputError(
-            f"cannot create the run directory {run_dir}: {exc.strerror}",
+            f"cannot create the {what} {run_dir}: {exc.strerror}",
             source=str(run_dir),
-            fix="choose a --run-dir in a directory you can write to",
+            fix=f"choose a {option} in a directory you can write to",
         ) from None
     if not run_dir.is_dir():
-        raise _not_a_directory(run_dir)
+        raise _not_a_directory(run_dir, option)
     try:
         return _take(path, run_dir, report)
     except _Busy as busy:
@@ -247,9 +247,9 @@ def _busy(run_dir: Path, holder: dict[str, Any], what: str, option: str) -> Inpu
     )
 
 
-def _not_a_directory(run_dir: Path) -> InputError:
+def _not_a_directory(run_dir: Path, option: str) -> InputError:
     return InputError(
-        f"--run-dir {str(run_dir)!r} is a file, not a directory",
+        f"{option} {str(run_dir)!r} is a file, not a directory",
         source=str(run_dir),
         fix="give a directory path (new, or holding an unfinished run)",
     )
