@@ -173,8 +173,19 @@ def _base_train() -> dict[str, Any]:
         (["--set", "eval.decoding=sample", "--set", "eval.top_p=1.5"], "eval.top_p"),
         (["--set", "eval.top_k=5"], "has no effect with eval.decoding: greedy"),
         (["--set", "lora.r=2"], "an eval cannot change"),
+        (["--set", "seed.overrides.split=3"], "changes nothing in an eval: it takes the run's own split"),
+        (["--set", "foo"], "--set 'foo': expected KEY.PATH=VALUE"),
     ],
-    ids=["max-rows-0", "batch-size-0", "temperature-0", "top-p-1.5", "top-k-greedy", "set-lora"],
+    ids=[
+        "max-rows-0",
+        "batch-size-0",
+        "temperature-0",
+        "top-p-1.5",
+        "top-k-greedy",
+        "set-lora",
+        "split-seed",
+        "no-equals",
+    ],
 )
 def test_bad_input_exits_2_with_nothing_written(
     run_a: Path, capsys: pytest.CaptureFixture[str], args: list[str], expected: str

@@ -10,15 +10,16 @@ from reprotune._config.locate import is_key_path, key_location
 from reprotune._errors import ReprotuneError
 
 
-def add_set_option(parser: argparse.ArgumentParser) -> None:
-    """``--set key.path=value`` (repeatable), collected in ``args.overrides``."""
+def add_set_option(parser: argparse.ArgumentParser, *, example: str = "train.max_steps=10") -> None:
+    """``--set key.path=value`` (repeatable), collected in ``args.overrides``; ``example`` is one
+    the command takes."""
     parser.add_argument(
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="KEY.PATH=VALUE",
-        help="override a config value, e.g. --set train.max_steps=10 (repeatable)",
+        help=f"override a config value, e.g. --set {example} (repeatable)",
     )
 
 

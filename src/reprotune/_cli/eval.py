@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rows per generation batch (default eval.generate_batch_size); on CPU the predictions "
         "do not depend on it",
     )
-    add_set_option(parser)
+    add_set_option(parser, example="eval.decoding=sample (eval.* and seed.eval only)")
     parser.add_argument(
         "--out",
         type=Path,

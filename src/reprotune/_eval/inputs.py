@@ -188,12 +188,19 @@ def _checked_adapter(paths: RunLayout, record: Mapping[str, Any]) -> tuple[Path,
 def _eval_config(record: Mapping[str, Any], overrides: Sequence[str], source: Path) -> ExperimentConfig:
     for item in overrides:
         section = item.partition("=")[0].strip().split(".")[0]
-        if section not in SETTABLE_SECTIONS:
+        if "=" in item and section not in SETTABLE_SECTIONS:
             raise InputError(
                 f"--set {item!r} changes the run's {section!r} section, which an eval cannot change",
                 source=f"--set {item}",
                 fix="set only eval.* (decoding, temperature, top_k, top_p, max_new_tokens, ...) or "
                 "seed.* keys; to change the run itself, train a new run",
+            )
+        key = item.partition("=")[0].strip()
+        if key.startswith("seed.overrides.") and key != "seed.overrides.eval":
+            raise InputError(
+                f"--set {item!r} changes nothing in an eval: it takes the run's own split and adapter",
+                source=f"--set {item}",
+                fix="only seed.overrides.eval (or seed.root) moves an eval's sampling",
             )
     config = record.get("config")
     if not isinstance(config, Mapping):
