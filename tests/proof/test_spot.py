@@ -216,6 +216,11 @@ def test_a_damaged_checkpoint_fails_and_bad_input_is_refused_before_any_replay(
         config.returncode == 2 and "spot.yaml is a config; --spot checks a run that exists" in config.stderr
     )
     assert not (tiny_project.root / "spot-config").exists()
+    inside = tiny_project.run_cli(
+        "verify", str(reference), "--spot", "--out", str(reference / "sub"), check=False
+    )
+    assert inside.returncode == 2 and f"is inside {reference}, which this command reads" in inside.stderr
+    assert not (reference / "sub").exists()
     # A run made outside git, spot-checked from inside a git checkout: no commit to check out.
     repo = tiny_project.root / "elsewhere-in-git"
     repo.mkdir()

@@ -85,6 +85,8 @@ def spot_verify(
         RunFailedError: the data is not the run's, or the replay process failed.
     """
     reference = run_dir.resolve()
+    if bundle is None:  # a bundle's run is unpacked into out_dir by design
+        refuse_overwrite(out_dir, reads=[reference], option="--out")
     record = _check_run(reference, budget)
     code_dir = (code_dir or Path.cwd()).resolve()
     checked_before_rerun(
@@ -112,7 +114,7 @@ def spot_verify(
     started = time.perf_counter()
     run_logged([str(out_dir)], layout.log, module="reprotune._proof.replay")
     legs = [_judge_interval(reference, i, plan, total) for i in intervals]
-    legs += [_judge_control(reference, c) for c in plan.controls] + refused
+    legs += [_judge_control(reference, c) for c in plan.controls] + _skipped(plan) + refused
     for leg in legs:
         progress(progress_line(leg))
     ok = all(leg.passed is not False for leg in legs) and any(leg.passed for leg in legs)
@@ -159,6 +161,14 @@ def _check_run(run_dir: Path, budget: float) -> dict[str, Any]:
             fix="verify it in full: `reprotune verify CONFIG --reference RUN_DIR`",
         )
     return record
+
+
+def _skipped(plan: SpotPlan) -> list[Leg]:
+    """The RNG-skip control when no interval resumes (no checkpoint before the end): said, not run."""
+    if any(isinstance(c, ResumeControl) for c in plan.controls):
+        return []
+    note = "skipped: no interval starts at a checkpoint (none before the run's end); set train.save_every"
+    return [Leg("control-resume", "", "DIVERGED", note=note)]
 
 
 def _checkpoints(run_dir: Path, total: int, progress: Callable[[str], None]) -> tuple[list[int], list[Leg]]:

@@ -123,16 +123,7 @@ def significance(
         >>> print(result.verdict)  # doctest: +SKIP
         B is lower than A by 0.12 (95% CI 0.07..0.17), beyond seed noise (p = 0.002, 5 seeds each)
     """
-    if not (isinstance(alpha, float | int) and 0 < alpha <= 0.5):
-        raise InputError(
-            f"alpha must be in (0, 0.5] (got {alpha!r})", source="--alpha", fix="e.g. --alpha 0.05"
-        )
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise InputError(
-            f"the permutation test's seed must be a whole number >= 0 (got {seed!r})",
-            source="--seed",
-            fix="e.g. --seed 0",
-        )
+    _check_options(alpha, seed)
     a = _checked(load_study(study_a, option="STUDY_A"), "STUDY_A", study_a)
     b = _checked(load_study(study_b, option="STUDY_B"), "STUDY_B", study_b)
     if set(a["metrics"]) != set(b["metrics"]):
@@ -175,6 +166,19 @@ def significance(
         differences,
         _notes(a, b, test),
     )
+
+
+def _check_options(alpha: float, seed: int) -> None:
+    if not (isinstance(alpha, float | int) and 0 < alpha <= 0.5):
+        raise InputError(
+            f"alpha must be in (0, 0.5] (got {alpha!r})", source="--alpha", fix="e.g. --alpha 0.05"
+        )
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise InputError(
+            f"the permutation test's seed must be a whole number >= 0 (got {seed!r})",
+            source="--seed",
+            fix="e.g. --seed 0",
+        )
 
 
 def _checked(study: dict[str, Any], option: str, path: str | Path) -> dict[str, Any]:
