@@ -9,10 +9,11 @@ version is deleting a branch in this file.
 from __future__ import annotations
 
 import inspect
-import json
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from reprotune._jsonio import read_json_object
 
 
 @cache
@@ -39,11 +40,8 @@ def load_tokenizer(directory: Path) -> Any:
 
 
 def _saved_tokenizer_class(directory: Path) -> str | None:
-    try:
-        config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return config.get("tokenizer_class") if isinstance(config, dict) else None
+    found = read_json_object(directory / "tokenizer_config.json").get("tokenizer_class")
+    return found if isinstance(found, str) else None
 
 
 def sampling_strategy(args: Any) -> str:

@@ -284,6 +284,22 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def read_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON object in ``path``, or ``{}`` when the file is missing, unreadable, not JSON or
+    not an object: for files read as hints (caches, lock holders, metadata), never trusted."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def canonical_sha256(obj: Any, *, indent: int | None = None) -> str:
+    """Hex sha256 of ``obj``'s :func:`canonical_dumps` (one line unless ``indent``): the identity
+    of a JSON value, the same on any machine."""
+    return sha256_bytes(canonical_dumps(obj, indent=indent).encode("utf-8"))
+
+
 def sha256_file(path: str | os.PathLike[str]) -> str:
     """Hex sha256 of every byte of the file at ``path``."""
     digest = hashlib.sha256()

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from reprotune._config.secrets import mask_url_credentials
 from reprotune._jsonio import canonical_dumps
 from reprotune._run import fingerprint as _fingerprint
 from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint, installed_distributions
-from reprotune._run.redact import REDACTED, redact_env, redact_value
+from reprotune._run.redact import REDACTED, redact_env
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
@@ -60,7 +61,7 @@ def test_planted_secrets_never_reach_the_fingerprint(monkeypatch: pytest.MonkeyP
 )
 def test_redact_value(value: str, expected: str) -> None:
     """Credentials inside URLs and secret query parameters are masked; other text is kept."""
-    assert redact_value(value) == expected
+    assert mask_url_credentials(value) == expected
 
 
 def test_redact_env_keeps_only_relevant_names() -> None:

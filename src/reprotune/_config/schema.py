@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from reprotune._config.secrets import mask_config
 from reprotune._determinism.seeds import CONSUMERS, SEED_LIMIT
-from reprotune._jsonio import canonical_dumps, sha256_bytes
+from reprotune._jsonio import canonical_sha256
 
 #: Names accepted after ``builtin:`` in ``data.path`` and ``model.name``.
 BUILTIN_DATA: tuple[str, ...] = ("chatterbot-en",)
@@ -452,7 +452,7 @@ def config_sha256(cfg: ExperimentConfig) -> str:
         section, key = dotted.split(".")
         if identity.get(section, {}).get(key) == default:
             identity[section] = {k: v for k, v in identity[section].items() if k != key}
-    return sha256_bytes(canonical_dumps(identity, indent=None).encode("utf-8"))
+    return canonical_sha256(identity)
 
 
 def _check_builtin(value: str, known: tuple[str, ...]) -> str:

@@ -23,12 +23,12 @@ from pydantic import BaseModel, ConfigDict
 from reprotune._documents import check_document, jsonl_lines, read_json_file, validated_line
 from reprotune._errors import InputError
 from reprotune._eval.layout import PREDICTIONS, SCHEMA, SCHEMA_VERSION, EvalLayout
-from reprotune._jsonio import canonical_dumps, sha256_bytes
+from reprotune._jsonio import canonical_dumps, canonical_sha256
 
 
 def ids_sha256(ids: Sequence[int]) -> str:
     """sha256 of a token-id list as canonical compact JSON (``[1,2,3]``)."""
-    return sha256_bytes(canonical_dumps([int(i) for i in ids], indent=None).encode("utf-8"))
+    return canonical_sha256([int(i) for i in ids])
 
 
 def predictions_bytes(lines: Sequence[Mapping[str, Any]]) -> bytes:

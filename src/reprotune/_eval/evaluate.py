@@ -40,7 +40,7 @@ from reprotune._eval.settings import (
     identity_sha256,
 )
 from reprotune._jsonio import (
-    canonical_dumps,
+    canonical_sha256,
     publishing_dir,
     sha256_bytes,
     write_bytes_atomic,
@@ -336,7 +336,7 @@ def _record(
             "name": inputs.split,
             "split_rows": inputs.split_size,
             "n_rows": len(rows),
-            "rows_sha256": sha256_bytes(canonical_dumps(rows, indent=None).encode("utf-8")),
+            "rows_sha256": canonical_sha256(rows),
             "rows": rows,
         },
         "generation": generation,

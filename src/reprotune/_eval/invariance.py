@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from reprotune._documents import read_json_file
 from reprotune._eval.decode import PASS_ATTRIBUTE, GeneratePass, generate_rows
 from reprotune._eval.settings import GenerationSettings
-from reprotune._jsonio import canonical_dumps, sha256_bytes, write_json_atomic
+from reprotune._jsonio import canonical_sha256, write_json_atomic
 from reprotune._model.builtin import cache_root
 from reprotune._run.kernels import kernel_facts
 
@@ -180,7 +180,7 @@ def _cache_key(shapes: Sequence[str], threads: int, device: str) -> str:
         "device": device,
         "shapes": sorted(shapes),
     }
-    return sha256_bytes(canonical_dumps(what, indent=None).encode("utf-8"))
+    return canonical_sha256(what)
 
 
 def _cache_file(key: str) -> Path:

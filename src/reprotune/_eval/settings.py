@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reprotune._config.schema import ExperimentConfig
-from reprotune._jsonio import canonical_dumps, sha256_bytes
+from reprotune._jsonio import canonical_sha256
 
 #: The version of :func:`row_seed`: records depend on it, so it never changes meaning.
 ROW_SEED_RULE = "sha256('reprotune/eval-row/v1/<eval seed>/<row index>')[:8] big-endian & (2**63-1)"
@@ -116,7 +116,7 @@ def generation_identity(generation: Mapping[str, Any]) -> dict[str, Any]:
 
 def identity_sha256(parts: Mapping[str, Any]) -> str:
     """sha256 of the canonical compact JSON of an eval's identity parts."""
-    return sha256_bytes(canonical_dumps(dict(parts), indent=None).encode("utf-8"))
+    return canonical_sha256(dict(parts))
 
 
 def wants_eval_at_end(record: Mapping[str, Any]) -> bool:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reprotune._errors import InputError
-from reprotune._jsonio import publishing_dir, sha256_file, write_json_atomic
+from reprotune._jsonio import publishing_dir, read_json_object, sha256_file, write_json_atomic
 from reprotune._model.identity import files_sha256, tokenizer_file_names, weight_file_names
 
 if TYPE_CHECKING:
@@ -137,13 +137,8 @@ def ensure_builtin(name: str) -> Path:
 
 def read_meta(path: Path) -> dict[str, Any] | None:
     """The builtin metadata at ``path``, or None if missing, unreadable or of another schema."""
-    import json
-
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(meta, dict) or meta.get("schema") != BUILTIN_META_SCHEMA:
+    meta = read_json_object(path)
+    if meta.get("schema") != BUILTIN_META_SCHEMA:
         return None
     if meta.get("schema_version") != BUILTIN_META_VERSION:
         return None

@@ -8,12 +8,11 @@ computation (``config.json``, ``generation_config.json``, custom modelling code)
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
 from reprotune._errors import InputError
-from reprotune._jsonio import sha256_bytes, sha256_file, write_json_atomic
+from reprotune._jsonio import read_json_object, sha256_bytes, sha256_file, write_json_atomic
 
 #: Files besides weights and tokenizer that change what a model computes, whichever a directory has.
 CONFIG_FILES: tuple[str, ...] = ("config.json", "generation_config.json")
@@ -55,7 +54,7 @@ def files_sha256(
     Returns:
         ``(digest, {name: sha256})``.
     """
-    known = _read_cache(cache) if cache is not None else {}
+    known = read_json_object(cache) if cache is not None else {}
     per_file, fresh = {}, {}
     for name in sorted(set(names)):
         stat = (directory / name).stat()
@@ -71,14 +70,6 @@ def files_sha256(
             write_json_atomic(cache, {**known, **fresh})
     listing = "".join(f"{digest}  {name}\n" for name, digest in per_file.items())
     return sha256_bytes(listing.encode("utf-8")), per_file
-
-
-def _read_cache(path: Path) -> dict[str, object]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def weight_file_names(directory: Path) -> list[str]:

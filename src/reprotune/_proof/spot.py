@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from reprotune._errors import InputError
-from reprotune._jsonio import write_json_atomic
+from reprotune._jsonio import read_json_object, write_json_atomic
 from reprotune._proof.bundle import builtin_data
 from reprotune._proof.intervals import (
     DEFAULT_BUDGET,
@@ -288,11 +288,7 @@ def _end_state(reference: Path, replay: Path, end: int, total: int) -> tuple[str
 
 
 def _state(checkpoint: Path) -> dict[str, Any]:
-    try:
-        state: dict[str, Any] = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return state
+    return read_json_object(checkpoint / STATE_FILE)
 
 
 def _judge_control(reference: Path, control: PlannedControl) -> Leg:

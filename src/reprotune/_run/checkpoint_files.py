@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from reprotune._documents import validation_problems
-from reprotune._jsonio import canonical_dumps, sha256_bytes, sha256_file
+from reprotune._jsonio import canonical_sha256, sha256_file
 
 STATE_FILE = "state.json"
 WEIGHTS_FILE = "trainable.safetensors"
@@ -59,7 +59,7 @@ class StateFile(BaseModel):
 def _state_sha256(state: dict[str, Any]) -> str:
     """sha256 of state.json's content without its own ``state_sha256`` key, as canonical JSON."""
     body = {k: v for k, v in state.items() if k != "state_sha256"}
-    return sha256_bytes(canonical_dumps(body).encode("utf-8"))
+    return canonical_sha256(body, indent=1)
 
 
 def checkpoint_dir(directory: Path, step: int) -> Path:

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final, Literal, get_args
 
 from reprotune._config.schema import ExperimentConfig
+from reprotune._config.secrets import mask_url_credentials
 from reprotune._run.record import (
     RunRecord,
     Status,
@@ -34,7 +35,6 @@ from reprotune._run.record import (
     utc_now,
     write_record,
 )
-from reprotune._run.redact import redact_value
 
 #: The sections a run fills in from what it computes (the rest, ``run_id``, ``config``, ``seeds``
 #: and the like, are set when the record starts and never change).
@@ -158,7 +158,7 @@ class LiveRecord(Mapping[str, Any]):
         data = self._draft()
         data["status"] = status
         if error is not None:
-            data["error"] = {"type": type(error).__name__, "message": redact_value(str(error))}
+            data["error"] = {"type": type(error).__name__, "message": mask_url_credentials(str(error))}
         self._commit(data, "end")
 
     def set_outputs(self, outputs: Mapping[str, Any]) -> None:

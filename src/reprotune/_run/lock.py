@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from reprotune._errors import InputError
+from reprotune._jsonio import read_json_object
 from reprotune._run.layout import RunLayout
 
 try:  # POSIX; elsewhere every lock is "not supported" and said so
@@ -149,11 +150,7 @@ def holding_run_dir(
 
 def read_holder(path: Path) -> dict[str, Any]:
     """The holder recorded in a lock file (``{}`` when it is empty or unreadable)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8") or "{}")
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_json_object(path)
 
 
 def _open(path: Path, run_dir: Path) -> int:

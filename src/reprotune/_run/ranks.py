@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reprotune._errors import InputError
-from reprotune._jsonio import canonical_dumps, sha256_bytes
+from reprotune._jsonio import canonical_sha256
 from reprotune._run.drift import section_drift
 
 #: What each rank loaded, as it reports it: key -> what it is, for messages.
@@ -105,7 +105,7 @@ def ranks_section(identities: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
                 "host": identity.get("host"),
                 "device": identity.get("device"),
                 "device_name": identity.get("device_name"),
-                "environment_sha256": sha256_bytes(canonical_dumps(env, indent=None).encode("utf-8")),
+                "environment_sha256": canonical_sha256(env),
                 "environment_differs": section_drift(env0, env, prefix="environment"),
             }
         )

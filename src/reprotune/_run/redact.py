@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
 
-from reprotune._config.secrets import map_texts, mask_url_credentials, token_shape
+from reprotune._config.secrets import mask_url_credentials, token_shape
 
 REDACTED = "***REDACTED***"
 
@@ -60,19 +59,6 @@ def is_secret_name(name: str) -> bool:
     return any(w in _SECRET_WORDS or w.endswith(_SECRET_SUFFIXES) for w in words)
 
 
-def redact_value(value: str) -> str:
-    """``value`` with credentials inside URLs and secret-looking query parameters replaced.
-
-    ``https://user:pass@host/x?token=abc&a=1`` becomes ``https://***:***@host/x?token=***&a=1``.
-    """
-    return mask_url_credentials(value)
-
-
-def redact_data(value: Any) -> Any:
-    """A copy of JSON-like data with :func:`redact_value` applied to every text (keys kept)."""
-    return map_texts(value, redact_value)
-
-
 def redact_env(env: Mapping[str, str], prefixes: Iterable[str] = ENV_PREFIXES) -> dict[str, str]:
     """The relevant variables of ``env``, with secrets redacted.
 
@@ -91,5 +77,5 @@ def redact_env(env: Mapping[str, str], prefixes: Iterable[str] = ENV_PREFIXES) -
         if not name.startswith(wanted):
             continue
         secret = is_secret_name(name) or token_shape(env[name]) is not None
-        out[name] = REDACTED if secret else redact_value(env[name])
+        out[name] = REDACTED if secret else mask_url_credentials(env[name])
     return out

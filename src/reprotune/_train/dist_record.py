@@ -5,14 +5,13 @@ the run's writer, behind the seam a plain run's ``Local`` answers alone."""
 
 from __future__ import annotations
 
-import hashlib
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from reprotune._jsonio import canonical_dumps
+from reprotune._jsonio import canonical_sha256
 from reprotune._run.drift import section_drift
 from reprotune._run.ledger import truncate_ledger
 from reprotune._run.live_record import LiveRecord
@@ -40,7 +39,7 @@ def rank_identity(setup: Setup, environment: Mapping[str, Any]) -> dict[str, Any
             "model_weights_sha256": setup.model_info.get("weights_sha256"),
             "tokenizer_sha256": setup.model_info.get("tokenizer_sha256"),
             "data_sha256": setup.data.describe().get("file_sha256"),
-            "split_sha256": hashlib.sha256(canonical_dumps(indices, indent=None).encode()).hexdigest(),
+            "split_sha256": canonical_sha256(indices),
             "lora_init_sha256": setup.rank_init_sha256,
         },
     }

@@ -20,17 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reprotune._config.secrets import mask_config, mask_url_credentials
 from reprotune._jsonio import sha256_file
 from reprotune._run.layout import RunLayout
 from reprotune._run.live_record import LiveRecord
 from reprotune._run.record import Status
-from reprotune._run.redact import redact_data, redact_value
 from reprotune._trackers.base import RunDescription, TrackerSet, flatten_params, tracker_tags
 
 
 def report(line: str) -> None:
     """Where a run's notes go: stderr, secrets redacted."""
-    print(redact_value(line), file=sys.stderr, flush=True)
+    print(mask_url_credentials(line), file=sys.stderr, flush=True)
 
 
 @dataclass(eq=False)
@@ -97,7 +97,7 @@ class RunWriter:
                 self.write_record()
                 self.trackers.log_artifacts(self._artifacts())
             with contextlib.suppress(Exception):
-                record.set_trackers(redact_data(self.trackers.finish(status)))
+                record.set_trackers(mask_config(self.trackers.finish(status)))
             trackers_heard = True
             self.write_record()
         finally:

@@ -30,7 +30,7 @@ from reprotune._data.row_hashes import RowHashes
 from reprotune._data.table import canonical_value, row_sha256
 from reprotune._determinism.seeds import last_seeding
 from reprotune._errors import InputError
-from reprotune._jsonio import canonical_dumps, json_safe, sha256_bytes
+from reprotune._jsonio import canonical_sha256, json_safe
 from reprotune._model.identity import config_file_names, files_sha256, tokenizer_file_names, weight_file_names
 from reprotune._model.lora import lora_config_dict
 from reprotune._run import layout
@@ -78,7 +78,7 @@ def run_config(trainer: Any, args: Mapping[str, Any], model_name: str | None, lo
 
 def config_sha256(config: Mapping[str, Any]) -> str:
     """sha256 of the canonical compact JSON of ``config``."""
-    return sha256_bytes(canonical_dumps(dict(config), indent=None).encode("utf-8"))
+    return canonical_sha256(dict(config))
 
 
 def run_seeds(args: Any, sampler_seed: int | None) -> dict[str, int]:
