@@ -284,6 +284,17 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def flattened(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as ``{"a.b.c": leaf}`` under ``prefix``; lists and empty mappings are leaves."""
+    out: dict[str, Any] = {}
+    if isinstance(value, Mapping) and value:
+        for key in value:
+            out.update(flattened(value[key], f"{prefix}.{key}" if prefix else str(key)))
+    elif prefix:
+        out[prefix] = value
+    return out
+
+
 def read_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The JSON object in ``path``, or ``{}`` when the file is missing, unreadable, not JSON or
     not an object: for files read as hints (caches, lock holders, metadata), never trusted."""

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 from reprotune._config.schema import NEUTRAL_DEFAULTS
+from reprotune._jsonio import flattened
 from reprotune._proof.differences import Category, Difference, is_inert
 from reprotune._proof.microscope import kernels_of
 from reprotune._run.rundir import RunDir
@@ -25,15 +25,6 @@ _SECTIONS: dict[str, Category] = {
 }
 
 
-def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
-    """Flatten nested objects into ``{"a.b.c": leaf}``; lists are leaves."""
-    if isinstance(value, Mapping) and value:
-        for key in value:
-            _flatten(value[key], f"{prefix}.{key}" if prefix else str(key), out)
-    else:
-        out[prefix] = value
-
-
 _KERNELS = "environment.kernels."
 _NEUTRAL = {f"config.{key}": value for key, value in NEUTRAL_DEFAULTS.items()}
 
@@ -45,12 +36,8 @@ def record_differences(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
     same (``NEUTRAL_DEFAULTS``), is no difference."""
     both_kernels = kernels_of(run_a) is not None and kernels_of(run_b) is not None
     for section, section_category in _SECTIONS.items():
-        flat_a: dict[str, Any] = {}
-        flat_b: dict[str, Any] = {}
-        if section in run_a.record:
-            _flatten(run_a.record[section], section, flat_a)
-        if section in run_b.record:
-            _flatten(run_b.record[section], section, flat_b)
+        flat_a = flattened(run_a.record[section], section) if section in run_a.record else {}
+        flat_b = flattened(run_b.record[section], section) if section in run_b.record else {}
         for key in sorted(set(flat_a) | set(flat_b)):
             inert = is_inert(key, flat_a.get(key), flat_b.get(key))
             category: Category = "kernels" if key.startswith(_KERNELS) else section_category

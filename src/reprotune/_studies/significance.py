@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from reprotune._config.schema import did_you_mean
 from reprotune._errors import InputError
+from reprotune._jsonio import flattened
 from reprotune._proof.differences import is_inert
 from reprotune._studies.metrics import FINAL_VAL_LOSS
 from reprotune._studies.studyfile import load_study
@@ -213,12 +214,14 @@ def study_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[s
 
     Each difference says whether it is ``inert``: a value that cannot change the numbers (where
     the data or the model was found, as ``compare`` marks it)."""
-    flat_a: dict[str, Any] = {}
-    flat_b: dict[str, Any] = {}
-    for study, flat in ((a, flat_a), (b, flat_b)):
-        _flatten(study["config"], "", flat)
-        flat["study.vary"] = study["vary"]
-        _flatten(study.get("base_model") or {}, "base_model", flat)
+    flat_a, flat_b = (
+        {
+            **flattened(study["config"]),
+            "study.vary": study["vary"],
+            **flattened(study.get("base_model") or {}, "base_model"),
+        }
+        for study in (a, b)
+    )
     return [
         {"key": key, "a": flat_a.get(key), "b": flat_b.get(key), "inert": _inert(key)}
         for key in sorted(set(flat_a) | set(flat_b))
@@ -230,14 +233,6 @@ def _inert(key: str) -> bool:
     if key.startswith("base_model."):
         return key not in MODEL_IDENTITY
     return not key.startswith("study.") and is_inert(f"config.{key}")
-
-
-def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
-    if isinstance(value, Mapping) and value:
-        for key in value:
-            _flatten(value[key], f"{prefix}.{key}" if prefix else str(key), out)
-    elif prefix:
-        out[prefix] = value
 
 
 def _notes(a: Mapping[str, Any], b: Mapping[str, Any], t: TestResult) -> list[str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from reprotune._config.secrets import mask_data
+from reprotune._jsonio import flattened
 from reprotune._run.record import Status
 from reprotune._version import __version__
 
@@ -102,17 +103,12 @@ class TrackerSet:
         return summaries
 
 
-def flatten_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+def flatten_params(config: Mapping[str, Any]) -> dict[str, str]:
     """Flatten a nested config into ``{"a.b.c": "value"}`` strings, as MLflow params."""
-    flat: dict[str, str] = {}
-    for key, value in config.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(flatten_params(value, prefix=f"{path}."))
-        else:
-            text = "null" if value is None else str(value)
-            flat[path] = text[:_MAX_PARAM_CHARS]
-    return flat
+    leaves = flattened(config)
+    return {
+        key: ("null" if value is None else str(value))[:_MAX_PARAM_CHARS] for key, value in leaves.items()
+    }
 
 
 def tracker_tags(record: Mapping[str, Any]) -> dict[str, str]:
