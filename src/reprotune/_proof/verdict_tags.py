@@ -23,7 +23,7 @@ from reprotune._jsonio import sha256_file
 from reprotune._proof.verification import Verification
 from reprotune._run.layout import VERIFICATION, RunLayout
 from reprotune._run.record import load_record
-from reprotune._trackers.wandb import import_wandb
+from reprotune._trackers.wandb import import_wandb, init_run
 
 PREFIX = "reprotune.verify."
 
@@ -87,20 +87,8 @@ def _resume_wandb(
 ) -> None:
     wandb = import_wandb("the verdict's W&B tags")
     mode = str(mirrored.get("mode") or "offline")
-    if mode == "offline" and wandb.run is None:
-        wandb.setup(settings=wandb.Settings(mode="offline"))  # as the tracker does: no telemetry
-    settings = wandb.Settings(
-        silent=True, console="off", x_disable_stats=True, x_disable_meta=True, disable_git=True,
-        save_code=False, x_save_requirements=False,
-    )  # fmt: skip
-    run = wandb.init(
-        project=mirrored.get("project"),
-        id=run_id,
-        resume="allow",
-        dir=str(directory),
-        mode=mode,
-        settings=settings,
-        reinit="create_new",
+    run = init_run(
+        wandb, mode=mode, directory=directory, project=mirrored.get("project"), id=run_id, resume="allow"
     )
     try:
         run.tags = (*(run.tags or ()), f"reprotune-verify-{tags[PREFIX + 'verdict']}")

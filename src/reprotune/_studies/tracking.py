@@ -23,8 +23,7 @@ from reprotune._documents import read_json_file
 from reprotune._jsonio import write_json_atomic
 from reprotune._run.record import Status
 from reprotune._trackers.mlflow import resolve_tracking_uri
-
-_STATUS = {"completed": "FINISHED", "failed": "FAILED"}
+from reprotune._trackers.mlflow_worker import MAX_METRICS_PER_BATCH, MLFLOW_STATUS, open_run
 
 
 class StudyTracker:
@@ -76,7 +75,6 @@ class StudyTracker:
         self._guard("start", lambda: self._start(study_id, params, tags))
 
     def _start(self, study_id: str, params: Mapping[str, str], tags: Mapping[str, str]) -> None:
-        from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=self.uri)
@@ -86,19 +84,9 @@ class StudyTracker:
                 self.client.get_run(state["parent_run_id"])  # raises if it is gone
                 self.parent_run_id = str(state["parent_run_id"])
                 return
-        found = self.client.get_experiment_by_name(self.experiment)
-        if found is None:
-            self.artifact_location.mkdir(parents=True, exist_ok=True)
-            experiment_id = self.client.create_experiment(
-                self.experiment, artifact_location=self.artifact_location.as_uri()
-            )
-        else:
-            experiment_id = found.experiment_id
-        run = self.client.create_run(experiment_id, run_name=f"study {study_id}", tags=dict(tags))
-        self.parent_run_id = run.info.run_id
-        items = [Param(k, v) for k, v in sorted(params.items())]
-        for i in range(0, len(items), 100):
-            self.client.log_batch(self.parent_run_id, params=items[i : i + 100], synchronous=True)
+        self.parent_run_id = open_run(
+            self.client, self.experiment, self.artifact_location, f"study {study_id}", tags, params
+        )
         write_json_atomic(
             self.state_file,
             {"tracking_uri": self.uri, "experiment": self.experiment, "parent_run_id": self.parent_run_id},
@@ -126,12 +114,13 @@ class StudyTracker:
 
             stamp = int(time.time() * 1000)
             items = [Metric(metric_name(k), float(v), stamp, 0) for k, v in sorted(metrics.items())]
-            for i in range(0, len(items), 1000):
-                self.client.log_batch(self.parent_run_id, metrics=items[i : i + 1000], synchronous=True)
+            for i in range(0, len(items), MAX_METRICS_PER_BATCH):
+                chunk = items[i : i + MAX_METRICS_PER_BATCH]
+                self.client.log_batch(self.parent_run_id, metrics=chunk, synchronous=True)
             for path in artifacts:
                 if path.is_file():
                     self.client.log_artifact(self.parent_run_id, str(path))
-            self.client.set_terminated(self.parent_run_id, status=_STATUS.get(status, "KILLED"))
+            self.client.set_terminated(self.parent_run_id, status=MLFLOW_STATUS.get(status, "KILLED"))
 
         if self.on:
             self._guard("finish", call)

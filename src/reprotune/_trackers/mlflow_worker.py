@@ -15,12 +15,13 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-_MAX_METRICS_PER_BATCH = 1000  # MLflow's limit per log_batch call
+MAX_METRICS_PER_BATCH = 1000  # MLflow's limit per log_batch call
 _MAX_PARAMS_PER_BATCH = 100
-_MLFLOW_STATUS = {"completed": "FINISHED", "failed": "FAILED"}
+MLFLOW_STATUS = {"completed": "FINISHED", "failed": "FAILED"}
 
 
 def _read_stdin(lines: queue.Queue[dict[str, Any] | None]) -> None:
@@ -31,22 +32,37 @@ def _read_stdin(lines: queue.Queue[dict[str, Any] | None]) -> None:
 
 
 def _start(message: dict[str, Any]) -> tuple[Any, str]:
-    from mlflow.entities import Param
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=message["uri"])
-    found = client.get_experiment_by_name(message["experiment"])
+    where = Path(message["artifact_location"])
+    run_name, tags, params = message["run_name"], message["tags"], message["params"]
+    return client, open_run(client, message["experiment"], where, run_name, tags, params)
+
+
+def open_run(
+    client: Any,
+    experiment: str,
+    artifact_location: Path,
+    run_name: str,
+    tags: Mapping[str, str],
+    params: Mapping[str, str],
+) -> str:
+    """Create a run in ``experiment`` (made, with ``artifact_location``, if it does not exist),
+    with ``tags`` and ``params``; return its id. Runs and studies open theirs alike."""
+    from mlflow.entities import Param
+
+    found = client.get_experiment_by_name(experiment)
     if found is None:
-        location = Path(message["artifact_location"])
-        location.mkdir(parents=True, exist_ok=True)
-        experiment_id = client.create_experiment(message["experiment"], artifact_location=location.as_uri())
+        artifact_location.mkdir(parents=True, exist_ok=True)
+        experiment_id = client.create_experiment(experiment, artifact_location=artifact_location.as_uri())
     else:
         experiment_id = found.experiment_id
-    run_id = client.create_run(experiment_id, run_name=message["run_name"], tags=message["tags"]).info.run_id
-    params = [Param(k, v) for k, v in sorted(message["params"].items())]
-    for i in range(0, len(params), _MAX_PARAMS_PER_BATCH):
-        client.log_batch(run_id, params=params[i : i + _MAX_PARAMS_PER_BATCH], synchronous=True)
-    return client, run_id
+    run_id: str = client.create_run(experiment_id, run_name=run_name, tags=dict(tags)).info.run_id
+    items = [Param(k, v) for k, v in sorted(params.items())]
+    for i in range(0, len(items), _MAX_PARAMS_PER_BATCH):
+        client.log_batch(run_id, params=items[i : i + _MAX_PARAMS_PER_BATCH], synchronous=True)
+    return run_id
 
 
 def _background(on: bool) -> None:
@@ -82,7 +98,7 @@ def serve(flush_interval_s: float) -> dict[str, Any]:
     def flush() -> None:
         nonlocal sent
         while pending:
-            chunk = pending[:_MAX_METRICS_PER_BATCH]
+            chunk = pending[:MAX_METRICS_PER_BATCH]
             client.log_batch(run_id, metrics=chunk, synchronous=True)
             del pending[: len(chunk)]
             sent += len(chunk)
@@ -127,7 +143,7 @@ def serve(flush_interval_s: float) -> dict[str, Any]:
                         "metrics_logged": 0,
                     }
                 flush()
-                client.set_terminated(run_id, status=_MLFLOW_STATUS.get(message["status"], "KILLED"))
+                client.set_terminated(run_id, status=MLFLOW_STATUS.get(message["status"], "KILLED"))
                 return {"ok": True, "mlflow_run_id": run_id, "metrics_logged": sent}
         if client is not None:
             flush()

@@ -91,30 +91,14 @@ class WandbTracker:
         directory.mkdir(parents=True, exist_ok=True)
         config: dict[str, Any] = dict(run.params)
         config.update({f"tags.{key}": value for key, value in run.tags.items()})
-        if self.mode == "offline" and self._wandb.run is None:
-            # wandb's process-wide telemetry follows its global settings, not a run's mode: left
-            # online, it posts to W&B's servers even for an offline run (measured with strace: a
-            # DNS lookup from its OpenTelemetry exporter). A W&B run the script already opened
-            # keeps its own mode.
-            self._wandb.setup(settings=self._wandb.Settings(mode="offline"))
-        settings = self._wandb.Settings(
-            silent=True,
-            console="off",
-            x_disable_stats=True,
-            x_disable_meta=True,
-            disable_git=True,  # the record holds the code identity, with the diff
-            save_code=False,
-            x_save_requirements=False,
-        )
-        self._run = self._wandb.init(
+        self._run = init_run(
+            self._wandb,
+            mode=self.mode,
+            directory=directory,
             project=self.project,
             name=run.run_id,
-            dir=str(directory),
-            mode=self.mode,
             config=config,
             tags=["reprotune"],
-            settings=settings,
-            reinit="create_new",
         )
         files_dir = getattr(self._run, "dir", None)
         self._run_dir = str(Path(files_dir).parent) if files_dir else None
@@ -159,3 +143,25 @@ class WandbTracker:
         if self._run is not None:
             run, self._run = self._run, None
             run.finish(exit_code=1)
+
+
+def init_run(wandb: Any, *, mode: str, directory: Path, **init: Any) -> Any:
+    """``wandb.init`` in ``mode`` into ``directory``, quiet and without telemetry; ``init`` are its
+    other arguments (project, name or id, config, resume...). The tracker and the verdict's tags
+    open their runs alike."""
+    if mode == "offline" and wandb.run is None:
+        # wandb's process-wide telemetry follows its global settings, not a run's mode: left
+        # online, it posts to W&B's servers even for an offline run (measured with strace: a
+        # DNS lookup from its OpenTelemetry exporter). A W&B run the script already opened
+        # keeps its own mode.
+        wandb.setup(settings=wandb.Settings(mode="offline"))
+    settings = wandb.Settings(
+        silent=True,
+        console="off",
+        x_disable_stats=True,
+        x_disable_meta=True,
+        disable_git=True,  # the record holds the code identity, with the diff
+        save_code=False,
+        x_save_requirements=False,
+    )
+    return wandb.init(dir=str(directory), mode=mode, settings=settings, reinit="create_new", **init)
