@@ -94,7 +94,7 @@ def compare_opened(
     adapter = None if prefix else compare_adapters(run_a, run_b)
     differences = tuple(record_differences(run_a, run_b))
     split = compare_manifests(run_a, run_b)
-    incomparable = tuple(_incomparable_reasons(run_a, run_b, differences, adapter, prefix=prefix))
+    incomparable = tuple(_incomparable_reasons(run_a, run_b, adapter, prefix=prefix))
     ledgers_equal = where.lines_differing == 0 if prefix else _ledgers_equal(run_a, run_b, where)
     if prefix and not incomparable:
         verdict = Verdict.IDENTICAL if ledgers_equal else Verdict.DIVERGED
@@ -289,7 +289,6 @@ def _abs_diff(x: float, y: float) -> float:
 def _incomparable_reasons(
     run_a: RunDir,
     run_b: RunDir,
-    differences: Sequence[Difference],
     adapter: AdapterDiff | None,
     *,
     prefix: bool = False,

@@ -46,6 +46,7 @@ from reprotune._proof.verification import (
     Verification,
     judge_leg,
     machine_summary,
+    outcome,
     progress_line,
 )
 from reprotune._run.checkpoint_files import STATE_FILE, checkpoint_dir, list_checkpoints, verify_checkpoint
@@ -117,12 +118,11 @@ def spot_verify(
     legs += [_judge_control(reference, c) for c in plan.controls] + _skipped(plan) + refused
     for leg in legs:
         progress(progress_line(leg))
-    ok = all(leg.passed is not False for leg in legs) and any(leg.passed for leg in legs)
     spot = coverage(intervals, states, total, budget, seed)
     if bundle is not None:
         spot["bundle"] = str(bundle)
     result = Verification(
-        "PASS" if ok else "FAIL",
+        outcome(legs),
         str(out_dir),
         str(record.get("config_sha256", "")),
         legs,

@@ -23,7 +23,7 @@ from pathlib import Path
 from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file, write_json_atomic
 from reprotune._proof.intervals import Interval, adapter_state, coverage, judge_interval, plan_intervals
-from reprotune._proof.verification import Leg, Outcome, judge_leg
+from reprotune._proof.verification import Leg, judge_leg, outcome
 from reprotune._proof.verify_command import (
     TRAINER_OUTPUT,
     CommandVerification,
@@ -104,7 +104,7 @@ def spot_verify_command(
     )
     legs.append(_control_leg(reference, control_dir))
     run.timed(legs)
-    verdict: Outcome = "PASS" if all(leg.passed for leg in legs) else "FAIL"
+    verdict = outcome(legs)
     result = CommandVerification(verdict, str(out_dir), command, None, legs)
     result.spot = coverage(intervals, list(checkpoints), total, budget, seed)
     write_json_atomic(layout.verification, result.to_json())

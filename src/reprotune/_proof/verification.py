@@ -94,6 +94,12 @@ class Verification:
         return "\n".join(lines)
 
 
+def outcome(legs: list[Leg]) -> Outcome:
+    """PASS when no leg failed and at least one passed (an inconclusive leg counts neither way)."""
+    ok = all(leg.passed is not False for leg in legs) and any(leg.passed for leg in legs)
+    return "PASS" if ok else "FAIL"
+
+
 def judge_leg(leg: Leg, reference: Path, *, prefix: bool = False) -> Comparison:
     """Compare ``leg``'s run with the reference and record on it the verdict, whether that is what
     it had to show, and the evidence (steps compared, first divergence, its own adapter's sha256);

@@ -53,6 +53,7 @@ from reprotune._proof.verification import (
     Verification,
     judge_leg,
     machine_summary,
+    outcome,
     progress_line,
     train_seconds,
 )
@@ -143,9 +144,8 @@ def verify_config(
     if cfg.eval.generate_at_end:
         rerun = next(Path(leg.run_dir) for leg in legs if leg.name in ("rerun", "rerun-resume"))
         legs.append(eval_leg(ctx.reference, rerun, ctx.reprotune, progress))
-    ok = all(leg.passed is not False for leg in legs) and any(leg.passed for leg in legs)
     result = Verification(
-        "PASS" if ok else "FAIL",
+        outcome(legs),
         str(out_dir),
         config_sha256(cfg),
         legs,
@@ -224,7 +224,8 @@ def _fast_legs(ctx: _Context, control_seed: str, stop: int | None, total: int) -
     _judge_seed_control(ctx, seed_leg, bound)
     if stop is None:
         return [rerun, seed_leg]
-    return [rerun, seed_leg, _judge_resume_control(ctx, skip_leg, stop)]
+    ctx.judge(skip_leg, prefix=True, since=stop)
+    return [rerun, seed_leg, skip_leg]
 
 
 def _seed_control(ctx: _Context, consumer: str, *, bound: int | None) -> tuple[Leg, list[str]]:
@@ -251,11 +252,6 @@ def _resume_control(ctx: _Context, stop: int, *, bound: int) -> tuple[Leg, list[
     ctx.progress(f"verify: negative control, resume from step {stop} without restoring the RNG states")
     leg = Leg("control-resume", str(ctx.paths.leg("control-resume")), "DIVERGED")
     return leg, ["resume", leg.run_dir, "--skip-rng-restore", *_watch(ctx, bound), *_QUIET]
-
-
-def _judge_resume_control(ctx: _Context, leg: Leg, stop: int) -> Leg:
-    ctx.judge(leg, prefix=True, since=stop)
-    return leg
 
 
 def _thorough_legs(ctx: _Context, control_seed: str, stop: int | None, total: int) -> list[Leg]:

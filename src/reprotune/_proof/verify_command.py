@@ -44,6 +44,7 @@ from reprotune._proof.verification import (
     coverage_lines,
     judge_leg,
     leg_lines,
+    outcome,
     train_seconds,
 )
 from reprotune._run.layout import RunLayout, VerifyLayout
@@ -161,7 +162,7 @@ def _verify(run: Runner, layout: VerifyLayout, command: str, resume_at: int | No
     if resume_at is not None:
         legs.append(_resume_leg(run, layout.leg("resume"), reference, resume_at))
     run.timed(legs)
-    verdict: Outcome = "PASS" if all(leg.passed for leg in legs) else "FAIL"
+    verdict = outcome(legs)
     result = CommandVerification(verdict, str(layout.root), command, resume_at, legs)
     write_json_atomic(layout.verification, result.to_json())
     return result

@@ -8,7 +8,7 @@ made (:func:`refuse_trainer_run`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,17 @@ def refuse_trainer_run(record: Mapping[str, Any], run_dir: Path, *, why: str, fi
             source=str(layout.RunLayout(run_dir).record),
             fix=fix,
         )
+
+
+def environment_drift(
+    recorded: Mapping[str, Any], now: Mapping[str, Any], report: Callable[[str], None]
+) -> list[str]:
+    """What moved in the environment since the run started, each line warned on ``report``; a
+    resume notes the lines on its attempt."""
+    drift = section_drift(recorded, now, prefix="environment")
+    for line in drift:
+        report(f"warning: environment differs from the run's start: {line}")
+    return drift
 
 
 def section_drift(old: Mapping[str, Any], new: Mapping[str, Any], *, prefix: str) -> list[str]:

@@ -121,9 +121,9 @@ class _Busy(Exception):
 def _take(path: Path, run_dir: Path, report: Callable[[str], None]) -> RunDirLock:
     for _attempt in range(10):
         fd = _open(path, run_dir)
-        if not _try_flock(fd, path, run_dir):
+        if not _try_flock(fd, path):
             # The filesystem cannot lock: check the recorded holder ourselves, and say so.
-            _refuse_live_holder(path, run_dir, fd)
+            _refuse_live_holder(path, fd)
             report(
                 f"warning: the filesystem of {run_dir} does not support file locks (flock); "
                 "reprotune cannot stop a second process on another host from writing this run "
@@ -164,7 +164,7 @@ def _open(path: Path, run_dir: Path) -> int:
         ) from None
 
 
-def _try_flock(fd: int, path: Path, run_dir: Path) -> bool:
+def _try_flock(fd: int, path: Path) -> bool:
     """True when locked; False when the filesystem cannot lock. Raises when someone holds it."""
     if fcntl is None:
         return False
@@ -182,7 +182,7 @@ def _try_flock(fd: int, path: Path, run_dir: Path) -> bool:
     return True
 
 
-def _refuse_live_holder(path: Path, run_dir: Path, fd: int) -> None:
+def _refuse_live_holder(path: Path, fd: int) -> None:
     """Without flock: refuse when the recorded holder is a live process on this host."""
     holder = read_holder(path)
     pid, host = holder.get("pid"), holder.get("host")

@@ -26,6 +26,7 @@ from reprotune._model.lora import save_adapter
 from reprotune._run.claim import check_run_dir_free, claim_run_dir, new_run_dir, unlanded_first_record
 from reprotune._run.drift import (
     code_drift,
+    environment_drift,
     refuse_code_drift,
     refuse_completed,
     refuse_trainer_run,
@@ -258,10 +259,8 @@ def _fill_record(run: _Run, setup: Setup, options: RunOptions, *, resume: bool) 
             record.note_attempt(code_drift=code_drift(record["code"], code_record))
         else:
             refuse_code_drift(record["code"], code_record, run.paths.root, what="resuming", override=None)
-        drift = section_drift(record.get("environment", {}), environment, prefix="environment")
+        drift = environment_drift(record.get("environment", {}), environment, run.report)
         record.note_attempt(environment_drift=drift)
-        for line in drift:
-            run.report(f"warning: environment differs from the run's start: {line}")
     else:
         record.set_section("code", code_record)
         if code.diff:  # untracked files alone make a tree dirty but no patch: none is written

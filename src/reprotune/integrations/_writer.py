@@ -24,7 +24,7 @@ from reprotune._documents import read_json_file
 from reprotune._errors import InputError
 from reprotune._jsonio import publishing_dir, sha256_file, write_bytes_atomic, write_json_atomic
 from reprotune._model.lora import save_adapter, trainable_tensors
-from reprotune._run.drift import refuse_code_drift, refuse_completed, section_drift
+from reprotune._run.drift import environment_drift, refuse_code_drift, refuse_completed
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import Entry, LedgerWriter, read_ledger, truncate_ledger
 from reprotune._run.live_record import LiveRecord
@@ -138,10 +138,9 @@ class TrainerRun(RunWriter):
             _check_own_checkpoint(paths, record["run_id"], checkpoint, marker)
             attempt: dict[str, Any] = {"from_step": from_step, "from_checkpoint": checkpoint}
             attempt.update(_restored(ranks, checkpoint))
-            drift = section_drift(record.get("environment") or {}, environment, prefix="environment")
-            attempt["environment_drift"] = drift
-            for line in drift:
-                report(f"warning: environment differs from the run's start: {line}")
+            attempt["environment_drift"] = environment_drift(
+                record.get("environment") or {}, environment, report
+            )
             truncate_ledger(paths.ledger, keep_through_step=from_step)
             ledger = read_ledger(paths.ledger)
             if len(ledger.train) != from_step:
