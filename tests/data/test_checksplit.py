@@ -104,3 +104,30 @@ def test_leak_columns_default_skips_stratify_column(made: tuple[Path, object]) -
     path, manifest = made
     report = check_split(manifest, load_table(str(path)))  # type: ignore[arg-type]
     assert report.leak_columns == ("q", "a") and not report.leaked
+
+
+def test_leakage_follows_the_rows_after_a_row_is_removed(tmp_path: Path) -> None:
+    """Leakage is looked for over each split's rows where they are now: a row removed before two
+    copies in train and test shifts their positions, and the leak is still the same two rows
+    (numbered as in the data checked), not two other rows that happen to sit at the old positions."""
+    rows = [{"q": f"question {i}", "a": f"answer {i}"} for i in range(40)]
+    manifest = split_table(load_table(str(write_jsonl(tmp_path / "d.jsonl", rows))), seed=3)
+    train, test = sorted(manifest.indices["train"]), sorted(manifest.indices["test"])
+    a, b = train[-1], test[-1]  # copies: the last train row and the last test row say the same
+    rows[b] = dict(rows[a])
+    manifest = split_table(load_table(str(write_jsonl(tmp_path / "d.jsonl", rows))), seed=3)
+    before = {
+        (lk.split_a, lk.split_b): lk
+        for lk in check_split(manifest, load_table(str(tmp_path / "d.jsonl"))).leaks
+    }
+    assert before[("train", "test")].examples[0].rows_a == (a,)
+    first = min(manifest.indices["validation"])
+    assert first < min(a, b)
+    del rows[first]  # every later row moves up by one
+    now = check_split(manifest, load_table(str(write_jsonl(tmp_path / "r.jsonl", rows))))
+    assert [(c.kind, c.index) for c in now.changes] == [("removed", first)]
+    leaks = {(lk.split_a, lk.split_b): lk for lk in now.leaks if lk.n_texts}
+    assert list(leaks) == [("train", "test")]
+    example = leaks[("train", "test")].examples[0]
+    assert (example.rows_a, example.rows_b) == ((a - 1,), (b - 1,))
+    assert example.text == normalize_text(f"question {a}") + " | " + normalize_text(f"answer {a}")

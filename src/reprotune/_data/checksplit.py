@@ -188,7 +188,9 @@ def _common_ids(old: RowHashes, new: RowHashes) -> tuple[np.ndarray, np.ndarray,
     return old_ids, new_ids, hexes
 
 
-def _diff_rows(manifest: Manifest, table: Table) -> tuple[list[RowChange], bool]:
+def _diff_rows(manifest: Manifest, table: Table) -> tuple[list[RowChange], bool, np.ndarray]:
+    """The changed rows, whether they were aligned, and where each of the manifest's rows is in
+    the data now (-1: removed), edited rows included."""
     old_ids, new_ids, hexes = _common_ids(manifest.row_hashes, table.row_hash_table())
     where = manifest.assignment()
     split_of = [*LISTS]
@@ -202,6 +204,9 @@ def _diff_rows(manifest: Manifest, table: Table) -> tuple[list[RowChange], bool]
     old_mid = old_ids[head : n_old - tail].tolist()
     new_mid = new_ids[head : n_new - tail].tolist()
     changes: list[RowChange] = []
+    position = np.full(n_old, -1, dtype=np.int64)
+    position[:head] = np.arange(head)
+    position[n_old - tail :] = np.arange(n_new - tail, n_new)
 
     def edited(i: int, j: int) -> None:
         changes.append(RowChange("edited", i, j, split_of[where[i]], hexes[old_ids[i]], hexes[new_ids[j]]))
@@ -216,8 +221,9 @@ def _diff_rows(manifest: Manifest, table: Table) -> tuple[list[RowChange], bool]
     if aligned:
         matcher = difflib.SequenceMatcher(None, old_mid, new_mid, autojunk=False)
         for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-            paired = min(i2 - i1, j2 - j1) if tag == "replace" else 0
-            for offset in range(paired):
+            paired = min(i2 - i1, j2 - j1) if tag in ("replace", "equal") else 0
+            position[head + i1 : head + i1 + paired] = np.arange(head + j1, head + j1 + paired)
+            for offset in range(paired if tag == "replace" else 0):
                 edited(head + i1 + offset, head + j1 + offset)
             if tag in ("replace", "delete"):
                 for i in range(i1 + paired, i2):
@@ -227,6 +233,7 @@ def _diff_rows(manifest: Manifest, table: Table) -> tuple[list[RowChange], bool]
                     added(head + j)
     else:
         common = min(len(old_mid), len(new_mid))
+        position[head : head + common] = np.arange(head, head + common)
         differ = np.flatnonzero(np.asarray(old_mid[:common]) != np.asarray(new_mid[:common]))
         for offset in differ.tolist():
             edited(head + offset, head + offset)
@@ -235,7 +242,7 @@ def _diff_rows(manifest: Manifest, table: Table) -> tuple[list[RowChange], bool]
         for j in range(head + common, n_new - tail):
             added(j)
     changes.sort(key=lambda c: (c.index if c.index is not None else c.new_index or 0, c.kind))
-    return changes, aligned
+    return changes, aligned, position
 
 
 def default_leak_columns(manifest: Manifest, table: Table) -> list[str]:
@@ -265,11 +272,16 @@ def _row_texts(table: Table, columns: Sequence[str], rows: np.ndarray) -> list[s
     return texts
 
 
-def _find_leaks(manifest: Manifest, table: Table, columns: Sequence[str], n_examples: int) -> list[Leak]:
+def _find_leaks(
+    manifest: Manifest, table: Table, columns: Sequence[str], n_examples: int, position: np.ndarray
+) -> list[Leak]:
+    """Texts in two splits, over each split's rows where they are in the data now (``position``:
+    a manifest row's index now, -1 when removed; added rows are in no split). Rows are numbered
+    as in the data checked."""
     by_split: dict[str, dict[str, list[int]]] = {}
     for name in SPLITS:
-        rows = manifest.index_arrays[name]
-        rows = rows[rows < table.n_rows]  # rows removed since the split cannot leak
+        rows = position[manifest.index_arrays[name]]
+        rows = np.sort(rows[rows >= 0])  # rows removed since the split cannot leak
         groups: dict[str, list[int]] = {}
         for row, text in zip(rows.tolist(), _row_texts(table, columns, rows), strict=True):
             if text:
@@ -325,9 +337,9 @@ def check_split(
     new_hashes = table.row_hash_table()
     rows_identical = new_hashes.sha256() == manifest.row_hashes.sha256()
     changes: list[RowChange] = []
-    aligned = True
+    aligned, position = True, np.arange(manifest.n_rows)
     if not rows_identical:
-        changes, aligned = _diff_rows(manifest, table)
+        changes, aligned, position = _diff_rows(manifest, table)
     return CheckReport(
         manifest_sha256=manifest.dataset_sha256,
         data_sha256=table.file_sha256,
@@ -338,5 +350,5 @@ def check_split(
         changes=tuple(changes),
         aligned=aligned,
         leak_columns=tuple(columns),
-        leaks=tuple(_find_leaks(manifest, table, columns, n_examples)),
+        leaks=tuple(_find_leaks(manifest, table, columns, n_examples, position)),
     )
