@@ -172,3 +172,18 @@ def test_split_does_not_import_torch(tmp_path: Path, data: Path) -> None:
         modules = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line]
         assert "numpy" in modules  # the log is real
         assert not [m for m in modules if m == "torch" or m.startswith("torch.")]
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path, data: Path) -> None:
+    """stdout closed before the command writes (`reprotune check-split ... | true`): exit 141 as a
+    shell's SIGPIPE, no traceback and no 'internal error' (it was a traceback and exit 1, the
+    code of a real finding)."""
+    out = tmp_path / "s.json"
+    assert main(["split", str(data), "--out", str(out)]) == 0
+    command = [sys.executable, "-m", "reprotune", "check-split", str(out), str(data)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # the reader is gone before the command starts writing
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141
+    assert "Traceback" not in err and "internal error" not in err

@@ -126,6 +126,12 @@ def _main(argv: Sequence[str] | None) -> int:
         resumable = f" (resumable: {_resume_hint(args)})" if args.command in ("run", "resume") else ""
         print(f"reprotune {args.command}: interrupted{how}{resumable}", file=sys.stderr)
         return 128 + int(signum)
+    except BrokenPipeError:
+        # The reader of stdout went away (`| head`, `| true`): nothing is wrong with the work, and
+        # nothing more can be said; exit as a shell does on SIGPIPE, with no traceback.
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())  # type: ignore[union-attr]
+        return 141  # 128 + SIGPIPE
     except Exception:  # a bug, not bad input: show everything
         traceback.print_exc()
         print(f"reprotune {args.command}: internal error (please report it)", file=sys.stderr)
