@@ -161,6 +161,15 @@ def test_unknown_seed_consumer(tmp_path: Path) -> None:
         config_from_dict({"seed": {"overrides": {"lora": 1}}})
 
 
+def test_stratify_and_group_together_are_refused_with_the_config() -> None:
+    """A split cannot keep both classes and groups together: refused as the config is read
+    (naming split.group_by), where it passed doctor and failed the run naming CLI flags."""
+    with pytest.raises(
+        ConfigError, match=r"split\.group_by: stratify_by \('c'\) and group_by \('g'\) are both set"
+    ):
+        config_from_dict({"split": {"stratify_by": "c", "group_by": "g"}})
+
+
 def test_epochs_alone_clears_default_max_steps() -> None:
     """Writing only epochs trains by epochs; writing both is an error on train.epochs."""
     assert config_from_dict({"train": {"epochs": 2}}).train.max_steps is None

@@ -157,6 +157,16 @@ class SplitConfig(_Section):
             )
         return value
 
+    @model_validator(mode="after")
+    def _one_strategy(self) -> SplitConfig:
+        if self.stratify_by is not None and self.group_by is not None:
+            raise _field_error(
+                "group_by",
+                f"stratify_by ({self.stratify_by!r}) and group_by ({self.group_by!r}) are both set; a "
+                "split keeps classes or groups together, not both; fix: keep one and set the other to null",
+            )
+        return self
+
 
 class ModelConfig(_Section):
     """The base model and its tokenizer settings."""
