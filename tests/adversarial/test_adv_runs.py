@@ -103,6 +103,23 @@ def test_a_manifest_of_other_data_leaves_no_run_directory(
     assert not run_dir.exists()
 
 
+def test_a_reformatted_copy_of_the_manifests_data_is_trained_on(project: TinyProject, tmp_path: Path) -> None:
+    """The manifest's rows in a reformatted file (keys in another order): the split holds (as
+    check-split says), so the run takes it; it was refused as 'made from other data'."""
+    manifest = tmp_path / "split.json"
+    assert (
+        main(["split", str(project.root / "data.jsonl"), "--out", str(manifest), "--stratify-by", "category"])
+        == 0
+    )
+    rows = [json.loads(line) for line in (project.root / "data.jsonl").read_text().splitlines()]
+    moved = tmp_path / "moved.jsonl"
+    moved.write_text("".join(json.dumps(dict(reversed(list(r.items())))) + "\n" for r in rows))
+    run_dir = tmp_path / "run"
+    args = ["run", str(project.config()), "--run-dir", str(run_dir), "--set", f"split.manifest={manifest}"]
+    assert main([*args, "--set", f"data.path={moved}", *QUIET]) == 0
+    assert json.loads((run_dir / "record.json").read_text())["status"] == "completed"
+
+
 def test_a_directory_whose_run_failed_before_its_first_step_is_reused(
     project: TinyProject, tmp_path: Path
 ) -> None:

@@ -163,7 +163,14 @@ def test_manifest_matching_and_mismatching(tmp_path: Path) -> None:
     settings = {"data": {"path": str(data)}, "split": {"manifest": str(manifest)}}
     codes = set(_doctor_on([], tmp_path, settings=settings).codes())
     assert not {c for c in codes if c.startswith("data-")}
-    data.write_text(data.read_text() + '{"prompt": "new", "response": "row"}\n')
+    # The same rows reformatted (keys in another order, CRLF): the split holds, as check-split and
+    # the run say; it was an error whose reason ("indices would point at different rows") was false.
+    original = data.read_text()
+    rows = [json.loads(line) for line in original.splitlines()]
+    data.write_text("".join(json.dumps(dict(reversed(list(r.items())))) + "\r\n" for r in rows))
+    codes = set(_doctor_on([], tmp_path, settings=settings).codes())
+    assert not {c for c in codes if c.startswith("data-")}
+    data.write_text(original + '{"prompt": "new", "response": "row"}\n')
     report = _doctor_on([], tmp_path, settings=settings)
     assert _by_code(report)["data-manifest-mismatch"].severity == "error" and report.exit_code == 1
     manifest.write_text("not json")

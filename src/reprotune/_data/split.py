@@ -300,6 +300,15 @@ def _split_grouped(
     return labels, {name: int(per_split[i]) for i, name in enumerate(SPLITS)}
 
 
+def holds_same_rows(table: Table, manifest: Manifest) -> bool:
+    """Whether ``table`` is the data ``manifest`` was made from: the same file, or the same rows
+    in a reformatted file (another key order, line ending or format), which split the same way."""
+    return table.n_rows == manifest.n_rows and (
+        table.file_sha256 == manifest.dataset_sha256
+        or table.row_hash_table().sha256() == manifest.row_hashes.sha256()
+    )
+
+
 def materialize(
     manifest: Manifest, data: Table | Any, *, verify: bool = True
 ) -> dict[str, list[dict[str, Any]] | Any]:
@@ -323,12 +332,7 @@ def materialize(
         table = table_from_dataset(data)
     else:
         table = load_table(str(data))
-    same_rows = table.n_rows == manifest.n_rows and (
-        table.file_sha256 == manifest.dataset_sha256
-        # The same rows in a reformatted file (or another format) split the same way.
-        or table.row_hash_table().sha256() == manifest.row_hashes.sha256()
-    )
-    if verify and not same_rows:
+    if verify and not holds_same_rows(table, manifest):
         raise InputError(
             f"the data ({table.n_rows} rows, sha256 {table.file_sha256[:12]}...) is not the data the "
             f"manifest was made from ({manifest.n_rows} rows, sha256 {manifest.dataset_sha256[:12]}...)",

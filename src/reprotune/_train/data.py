@@ -18,7 +18,7 @@ from reprotune._config.schema import ExperimentConfig
 from reprotune._data.columns import check_config_columns
 from reprotune._data.loaders import load_table
 from reprotune._data.manifest import Manifest, copy_manifest, load_manifest, write_manifest
-from reprotune._data.split import RareClassWarning, split_table
+from reprotune._data.split import RareClassWarning, holds_same_rows, split_table
 from reprotune._data.table import Table
 from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file
@@ -116,7 +116,7 @@ def prepare_data(
             )
         split_warnings = [str(w.message) for w in caught if issubclass(w.category, RareClassWarning)]
         source = "made for this run with the derived split seed"
-    if loaded.dataset_sha256 != table.file_sha256:
+    if not holds_same_rows(table, loaded):
         raise InputError(
             f"the split manifest was made from other data (manifest dataset sha256 "
             f"{loaded.dataset_sha256[:12]}..., data {table.file_sha256[:12]}...)",
