@@ -187,3 +187,15 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path, data: 
     err = process.stderr.read().decode()
     assert process.wait(timeout=120) == 141
     assert "Traceback" not in err and "internal error" not in err
+
+
+def test_check_split_refuses_a_negative_max_rows(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--max-rows -1: exit 2 naming it (it listed one row and '... and 3 more' of 2 changes)."""
+    manifest = tmp_path / "m.json"
+    assert main(["split", str(data), "--out", str(manifest)]) == 0
+    capsys.readouterr()
+    assert main(["check-split", str(manifest), str(data), "--max-rows", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-rows must be 0 or more (got -1)" in err and "fix:" in err

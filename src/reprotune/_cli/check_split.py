@@ -30,7 +30,14 @@ def run(args: argparse.Namespace) -> int:
     from reprotune._data.checksplit import check_split
     from reprotune._data.loaders import load_table
     from reprotune._data.manifest import load_manifest
+    from reprotune._errors import InputError
 
+    if args.max_rows < 0:
+        raise InputError(
+            f"--max-rows must be 0 or more (got {args.max_rows})",
+            source="--max-rows",
+            fix="give how many changed rows to list, e.g. --max-rows 20 (--json lists all)",
+        )
     manifest = load_manifest(args.manifest)
     table = load_table(args.data, args.format)
     columns = [c.strip() for c in args.leak_columns.split(",") if c.strip()] if args.leak_columns else None
