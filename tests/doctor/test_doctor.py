@@ -249,6 +249,12 @@ def test_doctor_names_columns_the_data_lacks(tmp_path: Path, capsys: pytest.Capt
         f"({config}, line 5, column 16 (key split.stratify_by))"
     )
     assert missing[1]["fix"] == f"set split.stratify_by to one of the data's columns: {columns}"
+    # A value given with --set is named as the --set, not as the file's line it overrode.
+    args = ["doctor", str(config), "--json", "--no-probe", "--code-dir", str(tmp_path)]
+    assert main([*args, "--set", "split.stratify_by=kind"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    missing = [f for f in report["findings"] if f["code"] == "config-column-missing"]
+    assert missing[1]["title"].endswith("does not have (--set split.stratify_by=kind)")
 
 
 def test_split_command_makes_the_runs_split(tmp_path: Path) -> None:

@@ -43,7 +43,13 @@ def run(args: argparse.Namespace) -> int:
     from reprotune._doctor.doctor import run_doctor
     from reprotune._doctor.findings import format_report
 
-    report = run_doctor(config, config_source=source, code_dir=args.code_dir, probe=not args.no_probe)
+    report = run_doctor(
+        config,
+        config_source=source,
+        code_dir=args.code_dir,
+        probe=not args.no_probe,
+        overrides=args.overrides,
+    )
     if args.json:
         sys.stdout.write(canonical_dumps(report.to_dict()))
     else:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from reprotune._config.locate import key_location
 from reprotune._config.schema import BUILTIN_PREFIX, ExperimentConfig
 from reprotune._data.columns import missing_columns
 from reprotune._data.loaders import load_table
@@ -128,10 +127,9 @@ def check_columns(ctx: Context) -> list[Finding]:
                 exc.fix or "fix data.path",
             )
         ]
-    config = Path(ctx.config_source) if ctx.config_source else None
     findings = []
     for key, name in missing_columns(ctx.cfg, table.columns):
-        where = key_location(config, key) if config is not None and config.is_file() else f"key {key}"
+        where = ctx.where(key)
         findings.append(
             Finding(
                 "config-column-missing",

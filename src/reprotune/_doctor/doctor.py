@@ -9,7 +9,7 @@ state and environment as it found them.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,7 @@ def run_doctor(
     code_dir: str | os.PathLike[str] = ".",
     probe: bool = True,
     env: Mapping[str, str] | None = None,
+    overrides: Sequence[str] = (),
 ) -> DoctorReport:
     """Audit ``config`` (or the defaults) and this machine for what can break reproducibility.
 
@@ -78,6 +79,8 @@ def run_doctor(
         code_dir: the directory whose git state is checked.
         probe: run the empirical probe.
         env: environment variables to check (default ``os.environ``).
+        overrides: the ``--set`` items the config was read with, so a finding names them, not
+            the config file's line, as where a value came from.
 
     Returns:
         The :class:`DoctorReport`; its ``exit_code`` is 1 when an error-level finding exists.
@@ -102,6 +105,7 @@ def run_doctor(
             env=os.environ if env is None else env,
             code_dir=Path(code_dir),
             config_source=None if config_source is None else str(config_source),
+            overrides=tuple(overrides),
         )
         findings = [finding for check in CHECKS for finding in check(ctx)]
         probe_result: dict[str, Any] | None = None

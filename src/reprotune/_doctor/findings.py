@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reprotune._config.locate import key_location
 from reprotune._config.schema import ExperimentConfig
 from reprotune._run.findings import SEVERITIES, Finding
 
@@ -63,7 +64,17 @@ class Context:
     env: Mapping[str, str]
     code_dir: Path
     config_source: str | None = None
+    overrides: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def where(self, key: str) -> str:
+        """Where ``key``'s value came from: the ``--set`` that gave it, the config file's line, or
+        just the key."""
+        given = next((o for o in self.overrides if o.partition("=")[0].strip() == key), None)
+        if given is not None:
+            return f"--set {given}"
+        config = Path(self.config_source) if self.config_source else None
+        return key_location(config, key) if config is not None and config.is_file() else f"key {key}"
 
 
 Check = Callable[[Context], list[Finding]]
