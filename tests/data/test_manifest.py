@@ -131,6 +131,17 @@ def test_not_json_names_line_and_column(tmp_path: Path) -> None:
             lambda o: o["classes"][1].update(decision="keep"),
             r"classes\[1\].decision: input should be 'split', 'train' or 'drop' \(got 'keep'\)",
         ),
+        (lambda o: o.update(seed=-5), r"seed: input should be greater than or equal to 0"),
+        (lambda o: o["dataset"].update(sha256="abc"), r"dataset.sha256: string should match pattern"),
+        (lambda o: o["sizes"].update(train=3), r"sizes.train is 3, but 'train' lists \d+ rows"),
+        (
+            lambda o: o.update(stratify_by=None),
+            r"strategy 'stratified' without its column \(stratify_by is null\)",
+        ),
+        (
+            lambda o: o["ratios"].update(train=0.5),
+            r"ratios \[0.5, 0.1, 0.1\] are not fractions that sum to 1",
+        ),
     ],
     ids=[
         "overlap",
@@ -144,6 +155,11 @@ def test_not_json_names_line_and_column(tmp_path: Path) -> None:
         "strategy",
         "ratios",
         "class-decision",
+        "seed-negative",
+        "sha256-not-hex",
+        "sizes",
+        "strategy-without-column",
+        "ratios-sum",
     ],
 )
 def test_invalid_manifest_refused(tmp_path: Path, edit: Any, match: str) -> None:

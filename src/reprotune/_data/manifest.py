@@ -321,7 +321,7 @@ class _Shape(BaseModel):
 class _Dataset(_Shape):
     source: str
     format: str
-    sha256: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     n_rows: int = Field(ge=0)
     columns: list[str]
 
@@ -349,7 +349,7 @@ class _ManifestFile(_Shape):
     """A manifest's keys; the index lists (``train`` ..., large) are checked with NumPy instead."""
 
     dataset: _Dataset
-    seed: int
+    seed: int = Field(ge=0)
     ratios: _Ratios
     strategy: Strategy
     stratify_by: str | None
@@ -399,7 +399,8 @@ def load_manifest(path: str | Path) -> Manifest:
     """Load and validate a manifest written by :func:`write_manifest`; never re-runs the split.
 
     Checks the schema and version, every field's type, that the index lists are ascending,
-    in range, disjoint and cover every row once, and the sidecar's sha256 when there is one.
+    in range, disjoint and cover every row once, that the keys agree with each other, and the
+    sidecar's sha256 when there is one.
 
     Raises:
         InputError: missing file, not JSON (with line and column), or any invalid field.
@@ -412,6 +413,7 @@ def load_manifest(path: str | Path) -> Manifest:
     check = _Checker(str(path))
     arrays = _index_arrays(obj, dataset.n_rows, check)
     row_hashes = _load_row_hashes(shape.row_hashes, path, dataset.n_rows, check)
+    _check_consistent(shape, obj, arrays, check)
     check.raise_if_any()
     return Manifest(
         dataset_source=dataset.source,
@@ -434,6 +436,25 @@ def load_manifest(path: str | Path) -> Manifest:
         warnings=tuple(shape.warnings),
         algorithm_version=shape.algorithm.version,
     )
+
+
+def _check_consistent(
+    shape: _ManifestFile, obj: Mapping[str, Any], arrays: Mapping[str, Any], check: _Checker
+) -> None:
+    """What the keys say of each other: ``sizes`` the lengths of the lists, the strategy its
+    column, the ratios a sum of 1 (a hand-edited manifest contradicts itself here)."""
+    given = obj.get("sizes")
+    sizes: Mapping[str, Any] = given if isinstance(given, dict) else {}
+    for name in LISTS:
+        listed = len(arrays[name])
+        if name in sizes and sizes[name] != listed:
+            check.problems.append(f"sizes.{name} is {sizes[name]!r}, but {name!r} lists {listed} rows")
+    needs = {"stratified": "stratify_by", "grouped": "group_by"}.get(shape.strategy)
+    if needs is not None and getattr(shape, needs) is None:
+        check.problems.append(f"strategy {shape.strategy!r} without its column ({needs} is null)")
+    ratios = (shape.ratios.train, shape.ratios.validation, shape.ratios.test)
+    if any(not 0 <= r <= 1 for r in ratios) or abs(sum(ratios) - 1) > 1e-9:
+        check.problems.append(f"ratios {list(ratios)} are not fractions that sum to 1")
 
 
 def _manifest_object(path: Path) -> dict[str, Any]:
