@@ -131,3 +131,15 @@ def test_leakage_follows_the_rows_after_a_row_is_removed(tmp_path: Path) -> None
     example = leaks[("train", "test")].examples[0]
     assert (example.rows_a, example.rows_b) == ((a - 1,), (b - 1,))
     assert example.text == normalize_text(f"question {a}") + " | " + normalize_text(f"answer {a}")
+
+
+def test_a_new_column_is_named(tmp_path: Path, made: tuple[Path, object]) -> None:
+    """One optional column added to a row makes every row's hash change (null where missing): the
+    report names the column, so the user can tell why every row reads as edited."""
+    _, manifest = made
+    rows = [dict(r) for r in ROWS]
+    rows[0]["note"] = "n"
+    report = check_split(manifest, load_table(str(write_jsonl(tmp_path / "n.jsonl", rows))))  # type: ignore[arg-type]
+    assert report.columns_added == ("note",) and report.columns_removed == ()
+    assert len(report.of_kind("edited")) == len(ROWS)
+    assert "  columns: added note (a row's hash covers every column" in report.format()

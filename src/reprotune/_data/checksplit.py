@@ -97,6 +97,10 @@ class CheckReport:
     aligned: bool
     leak_columns: tuple[str, ...]
     leaks: tuple[Leak, ...]
+    columns_added: tuple[str, ...] = ()
+    """Columns the data has that the manifest's did not (a row hash covers every column, so one
+    new column makes every row read as edited)."""
+    columns_removed: tuple[str, ...] = ()
 
     @property
     def identical(self) -> bool:
@@ -150,6 +154,13 @@ class CheckReport:
                 f"{self.manifest_sha256[:12]}...; data {self.data_n_rows} rows, "
                 f"sha256 {self.data_sha256[:12]}...)"
             )
+            if self.columns_added or self.columns_removed:
+                added, removed = ", ".join(self.columns_added), ", ".join(self.columns_removed)
+                which = (added and f"added {added}", removed and f"removed {removed}")
+                lines.append(
+                    f"  columns: {'; '.join(w for w in which if w)} (a row's hash covers every column, "
+                    "null where a row lacks one: every row reads as edited)"
+                )
             if not self.aligned:
                 lines.append("  (many rows changed in one stretch: compared position by position)")
             for change in self.changes[:max_rows]:
@@ -351,4 +362,6 @@ def check_split(
         aligned=aligned,
         leak_columns=tuple(columns),
         leaks=tuple(_find_leaks(manifest, table, columns, n_examples, position)),
+        columns_added=tuple(c for c in table.columns if c not in manifest.columns),
+        columns_removed=tuple(c for c in manifest.columns if c not in table.columns),
     )
