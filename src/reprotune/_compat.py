@@ -34,9 +34,12 @@ def load_tokenizer(directory: Path) -> Any:
     """
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    # trust_remote_code never None: transformers would ask on stdin whether to run the
+    # directory's own code, and a "y" runs it.
+    cls: Any = AutoTokenizer
     if transformers_major() < 5 and _saved_tokenizer_class(directory) == "TokenizersBackend":
-        return PreTrainedTokenizerFast.from_pretrained(directory, local_files_only=True)
-    return AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        cls = PreTrainedTokenizerFast
+    return cls.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
 
 
 def _saved_tokenizer_class(directory: Path) -> str | None:

@@ -333,3 +333,41 @@ def test_a_model_s_own_python_code_is_never_run(tmp_path: Path) -> None:
     )
     assert type(loaded.model).__name__ == "LlamaForCausalLM"
     assert not marker.exists()
+
+
+def test_a_model_that_needs_its_own_code_is_refused_even_when_asked_yes(
+    project: TinyProject, tmp_path: Path
+) -> None:
+    """A model_type transformers does not ship, with auto_map naming the directory's own code:
+    transformers would ask on stdin whether to run it, and a piped "y" ran it. reprotune never lets
+    it ask: exit 2 naming why, the code not run, no run directory left."""
+    import shutil
+    import subprocess
+    import sys
+
+    model_dir = tmp_path / "evil"
+    shutil.copytree(project.root / "tiny-model", model_dir)
+    marker = tmp_path / "code-ran"
+    for name in ("configuration_evil", "modeling_evil", "tokenization_evil"):
+        (model_dir / f"{name}.py").write_text(f"import os\nos.makedirs({str(marker)!r}, exist_ok=True)\n")
+    config = json.loads((model_dir / "config.json").read_text())
+    config.update(model_type="evil", architectures=["EvilForCausalLM"])
+    config["auto_map"] = {
+        "AutoConfig": "configuration_evil.EvilConfig",
+        "AutoModelForCausalLM": "modeling_evil.EvilForCausalLM",
+    }
+    (model_dir / "config.json").write_text(json.dumps(config))
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "reprotune", "run", str(project.config()), "--run-dir", str(run_dir)]
+    done = subprocess.run(
+        [*command, "--set", f"model.name={model_dir}", "--no-progress", "--no-tracking"],
+        input="y\n" * 20,
+        capture_output=True,
+        text=True,
+        cwd=project.root,
+        timeout=300,
+        env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "needs its own Python code to load" in done.stderr and "never runs a model's code" in done.stderr
+    assert not marker.exists() and not run_dir.exists()

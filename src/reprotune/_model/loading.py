@@ -310,8 +310,20 @@ def _from_pretrained(directory: Path, torch_dtype: Any) -> tuple[Any, Any]:
 
     try:
         tokenizer = load_tokenizer(directory)
-        model: Any = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype, local_files_only=True)
+        # trust_remote_code False, never None: with None transformers asks on stdin whether to run
+        # the directory's own Python code, and a "y" (piped, or typed) runs it.
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            directory, dtype=torch_dtype, local_files_only=True, trust_remote_code=False
+        )
     except (OSError, ValueError, KeyError) as exc:
+        if "trust_remote_code" in str(exc):
+            raise InputError(
+                f"{directory} needs its own Python code to load (config.json's auto_map names it), "
+                "and reprotune never runs a model's code",
+                source="model.name",
+                fix="use a model whose architecture transformers ships (config.json model_type such as "
+                "'llama'), or save this one as such where its code is trusted",
+            ) from None
         raise InputError(
             f"cannot load a causal LM and tokenizer from {directory}: {exc}",
             source="model.name",
