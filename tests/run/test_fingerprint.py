@@ -27,6 +27,9 @@ PLANTED = {
     "MLFLOW_TRACKING_URI": "https://alice:plantedSecret5@mlflow.example.com:5000/db",
     "HF_ENDPOINT": "https://hub.example.com/api?access_token=plantedSecret6&region=eu",
     "TORCH_HOME_AUTH": "plantedSecret7",
+    "HF_CREDS": "plantedSecret8",
+    "HF_PAT": "plantedSecret9",
+    "MLFLOW_TRACKING_USERNAME": "plantedSecret10",
 }
 
 
@@ -36,7 +39,7 @@ def test_planted_secrets_never_reach_the_fingerprint(monkeypatch: pytest.MonkeyP
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     text = canonical_dumps(environment_fingerprint())
-    for n in range(1, 8):
+    for n in range(1, 11):
         assert f"plantedSecret{n}" not in text
     env = environment_fingerprint()["env"]
     assert env["HF_TOKEN"] == REDACTED and env["WANDB_API_KEY"] == REDACTED

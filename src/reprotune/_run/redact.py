@@ -49,7 +49,10 @@ ENV_PREFIXES: tuple[str, ...] = (
 # of the words. Word-wise, so TOKENIZERS_PARALLELISM stays visible while HF_TOKEN, HFTOKEN and
 # WANDB_API_KEY do not. Over-redacting costs nothing; leaking costs a credential.
 _SECRET_SUFFIXES = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "AUTH")
-_SECRET_WORDS = ("PASS", "PWD", "AUTHORIZATION", "COOKIE", "SESSION", "SIGNATURE", "SIG", "PRIVATE")
+_SECRET_WORDS = (
+    "PASS", "PWD", "AUTHORIZATION", "COOKIE", "SESSION", "SIGNATURE", "SIG", "PRIVATE", "CREDS", "PAT",
+    "USERNAME",
+)  # fmt: skip
 # --- secrets -----------------------------------------------------------------------------------
 
 
