@@ -52,19 +52,26 @@ def test_credentials_in_the_tracking_uri_are_never_written_or_shown(
 
 
 def test_tracker_params_hold_no_url_credentials(
-    project: TinyProject, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    project: TinyProject, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A URL with user-info anywhere in the config reaches MLflow's params (a real SQLite store)
-    masked, and the record's config_sha256 is the masked config's."""
+    """A URL with user-info in a tracking value reaches MLflow's params (a real SQLite store)
+    masked. In a value the run computes with (a system prompt) it is refused, the password never
+    shown: the record would hold the masked text, and a rerun from it would train on other text
+    (it did, and compare blamed nondeterminism)."""
     monkeypatch.chdir(tmp_path)
     run_dir = tmp_path / "run"
     prompt = f"house style at https://bob:{PASSWORD}@example.org/style"
     args = ["run", str(project.config()), "--run-dir", str(run_dir), "--no-progress"]
-    assert main([*args, "--set", "tracking.mlflow=true", "--set", f"data.system_prompt={prompt}"]) == 0
+    assert main([*args, "--set", f"data.system_prompt={prompt}"]) == 2
+    err = capsys.readouterr().err
+    assert "data.system_prompt: holds a URL with credentials" in err and PASSWORD not in err
+    assert not run_dir.exists()
+    experiment = f"house style at https://bob:{PASSWORD}@example.org/style"
+    assert main([*args, "--set", "tracking.mlflow=true", "--set", f"tracking.experiment={experiment}"]) == 0
     with sqlite3.connect(tmp_path / "mlflow.db") as db:
         params = dict(db.execute("SELECT key, value FROM params").fetchall())
         tags = db.execute("SELECT value FROM tags").fetchall()
-    assert params["data.system_prompt"] == "house style at https://***:***@example.org/style"
+    assert params["tracking.experiment"] == "house style at https://***:***@example.org/style"
     assert not any(PASSWORD in str(value) for value in [*params.values(), *tags])
     assert PASSWORD.encode() not in _every_byte_under(run_dir)
 

@@ -125,7 +125,9 @@ class SplitConfig(_Section):
 
     manifest: Str | None = Field(
         default=None,
-        description="path to an existing split manifest; when set, the options below are ignored",
+        description="path to an existing split manifest; when set, the options below are ignored. The "
+        "data must hold its rows: the same file, or the same rows reformatted (key order, line endings, "
+        "format)",
     )
     ratios: tuple[Float, ...] = Field(
         default=(0.8, 0.1, 0.1), description="train, validation, test fractions; sum to 1"
@@ -133,7 +135,10 @@ class SplitConfig(_Section):
     stratify_by: Str | None = Field(
         default=None, description="column whose class proportions each split keeps"
     )
-    group_by: Str | None = Field(default=None, description="column whose groups never straddle two splits")
+    group_by: Str | None = Field(
+        default=None,
+        description="column whose groups never straddle two splits (not with `split.stratify_by`)",
+    )
     rare_class_policy: Literal["train", "drop", "error"] = Field(
         default="train", description="what to do with a class too small to appear in every split"
     )

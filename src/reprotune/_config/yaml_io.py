@@ -181,8 +181,19 @@ def _collect_marks(root: Any, marks: Marks, problems: list[str], start: tuple[st
 
 
 def check_secret(node: Any, path: tuple[str | int, ...], problems: list[str]) -> None:
-    """Append a problem when the scalar ``node`` looks like a credential and is not marked."""
-    if node.tag == NOT_SECRET_TAG or not isinstance(node.value, str):
+    """Append a problem when the scalar ``node`` looks like a credential and is not marked, or,
+    outside ``tracking``, holds URL credentials, which the record masks whatever the mark."""
+    if not isinstance(node.value, str):
+        return
+    if path[:1] != ("tracking",) and mask_url_credentials(node.value) != node.value:
+        where = mark_text(node.start_mark)
+        problems.append(
+            f"{dotted(path)}: holds a URL with credentials or a secret query parameter, which the record "
+            f"masks, so a rerun from the record would compute with other text [{where}]; "
+            "fix: take the credentials out of the value (set them in the environment)"
+        )
+        return
+    if node.tag == NOT_SECRET_TAG:
         return
     problem = token_problem(path, node.value)
     if problem is not None:
