@@ -95,6 +95,11 @@ def test_a_second_writer_is_refused_naming_the_holder(
     err = capsys.readouterr().err
     assert f"being written by another process (pid {proc.pid} on host {socket.gethostname()}" in err
     assert "one writer" in err
+    # A new run into it while it is being written: the holder is named, not "continue it with
+    # resume" (a fix the holder's lock then refuses).
+    assert main(["run", str(project.config()), "--run-dir", str(run_dir), *QUIET]) == 2
+    err = capsys.readouterr().err
+    assert f"being written by another process (pid {proc.pid}" in err and "continue it with" not in err
     after = _snapshot(run_dir)
     assert after.pop(".writer.lock")  # the holder's
     assert after == before
@@ -209,7 +214,7 @@ def test_resume_while_training_is_refused_and_sigterm_leaves_a_resumable_run(
         refused = project.run_cli("resume", str(run_dir), *QUIET, check=False)
         assert refused.returncode == 2 and f"pid {proc.pid} on host" in refused.stderr, refused.stderr
         again = project.run_cli("run", str(config), "--run-dir", str(run_dir), *QUIET, check=False)
-        assert again.returncode == 2 and "unfinished run" in again.stderr
+        assert again.returncode == 2 and f"pid {proc.pid} on host" in again.stderr, again.stderr
         os.kill(proc.pid, signal.SIGCONT)
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=120) == 128 + signal.SIGTERM

@@ -20,6 +20,7 @@ from reprotune._data.manifest import SIDECAR_SUFFIX
 from reprotune._errors import InputError
 from reprotune._run import layout
 from reprotune._run.layout import RunLayout
+from reprotune._run.lock import refuse_if_held
 from reprotune._run.ranks import current_world, resume_command
 from reprotune._run.record import load_record, make_run_id
 
@@ -95,6 +96,7 @@ def _refusal(run_dir: Path) -> None:
             )
         if failed_before_first_step(paths, record):
             return
+        refuse_if_held(run_dir)  # being written now: say so, not "continue it with resume"
         resume = resume_command(str(run_dir), current_world(record.get("distributed")))
         raise InputError(
             f"run directory {run_dir} holds an unfinished run (status {status!r})",

@@ -233,6 +233,28 @@ def _same_file(fd: int, path: Path) -> bool:
     return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
+def refuse_if_held(run_dir: Path, *, what: str = "run directory", option: str = "--run-dir") -> None:
+    """Raise the one-writer refusal, naming the holder, when a live process holds ``run_dir``'s
+    lock now (probed: taken and released at once when free); for checks made before the lock is
+    taken, so that a directory being written is said to be so, not to hold an unfinished run."""
+    path = RunLayout(run_dir).lock
+    if fcntl is None or not path.is_file():
+        return
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = read_holder(path)
+        ours = holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname()
+        if exc.errno in _BUSY and not ours:
+            raise _busy(run_dir, holder, what, option) from None
+    finally:
+        os.close(fd)  # closing releases a lock this probe took
+
+
 def _busy(run_dir: Path, holder: dict[str, Any], what: str, option: str) -> InputError:
     pid, host = holder.get("pid", "?"), holder.get("host", "?")
     since = f" since {holder['since']}" if holder.get("since") else ""
