@@ -113,11 +113,23 @@ def test_env_findings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONHASHSEED", "0")
     codes = set(_doctor_on([], tmp_path).codes())
     assert not codes & {"tokenizers-parallelism-on", "tokenizers-parallelism-unset", "pythonhashseed-random"}
+    # Read as the tokenizers library reads it: any value but "", off, false, f, no, n, 0 is on.
+    for on in ("enabled", "t", "y"):
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", on)
+        assert "tokenizers-parallelism-on" in _doctor_on([], tmp_path).codes(), on
+    for off in ("OFF", "n", "0"):
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", off)
+        assert "tokenizers-parallelism-on" not in _doctor_on([], tmp_path).codes(), off
 
 
-def test_not_in_git(tmp_path: Path) -> None:
-    """A code directory outside git is a warning."""
+def test_not_in_git(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A code directory outside git is a warning; a --code-dir that is no directory is bad input
+    (it was a git-absent warning, or a file's parent audited silently)."""
     assert _by_code(_doctor_on([], tmp_path))["git-absent"].severity == "warning"
+    (tmp_path / "f.txt").write_text("x")
+    for given, what in ((tmp_path / "nowhere", "does not exist"), (tmp_path / "f.txt", "is a file")):
+        assert main(["doctor", "--no-probe", "--code-dir", str(given)]) == 2
+        assert f"--code-dir '{given}' {what}" in capsys.readouterr().err
 
 
 @needs_git

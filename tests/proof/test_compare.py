@@ -282,6 +282,8 @@ def test_missing_adapter_is_incomparable(ref: Path, tmp_path: Path) -> None:
     result = compare_runs(ref, other)
     assert result.verdict is Verdict.INCOMPARABLE
     assert result.incomparable == ("run B has no adapter (adapter/adapter_model.safetensors is missing)",)
+    assert result.adapter is not None  # said "(absent)", not Python's None
+    assert f"adapter: differs (sha256 {result.adapter.sha256_a[:12]} vs (absent))" in result.format()
 
 
 def test_to_json_is_canonical_and_complete(ref: Path, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from reprotune._cli._options import add_set_option, pin_cpu_isa
 
@@ -28,8 +29,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the audit and print the report; return 1 if an error-level finding exists, else 0."""
     from reprotune._config.loading import config_from_dict, load_config
+    from reprotune._errors import InputError
     from reprotune._jsonio import canonical_dumps
 
+    if not Path(args.code_dir).is_dir():
+        what = "is a file" if Path(args.code_dir).exists() else "does not exist"
+        raise InputError(
+            f"--code-dir {args.code_dir!r} {what}: it names the directory whose git state is checked",
+            source="--code-dir",
+            fix="give the directory of the code the run uses (default: the current directory)",
+        )
     if args.config is not None:
         config = load_config(args.config, args.overrides)
         source = args.config

@@ -347,7 +347,8 @@ def check_tokenizers(ctx: Context) -> list[Finding]:
                 "export TOKENIZERS_PARALLELISM=false",
             )
         ]
-    if value.strip().lower() in ("1", "true", "yes", "on"):
+    # As the tokenizers library reads it: every value but these turns its threads on.
+    if value.lower() not in ("", "off", "false", "f", "no", "n", "0"):
         return [
             Finding(
                 "tokenizers-parallelism-on",

@@ -135,7 +135,7 @@ def check_columns(ctx: Context) -> list[Finding]:
                 "config-column-missing",
                 "error",
                 f"{key} names column {name!r}, which {table.source} does not have ({where})",
-                "the run would fail, after loading the model",
+                "the run refuses it (exit 2) before it trains",
                 f"set {key} to one of the data's columns: {table.columns}",
             )
         )

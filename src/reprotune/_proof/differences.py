@@ -360,7 +360,8 @@ def _format_adapter(adapter: AdapterDiff | None) -> Iterable[str]:
     if adapter.identical:
         yield f"adapter: identical (sha256 {adapter.sha256_a})"
         return
-    yield f"adapter: differs (sha256 {short_value(adapter.sha256_a)} vs {short_value(adapter.sha256_b)})"
+    a, b = (short_value(sha) if sha else "(absent)" for sha in (adapter.sha256_a, adapter.sha256_b))
+    yield f"adapter: differs (sha256 {a} vs {b})"
     for t in adapter.tensors:
         if t.max_abs_diff is not None:
             yield f"  {t.name}  max |diff| {t.max_abs_diff:.6g}"
