@@ -294,3 +294,15 @@ def test_split_command_makes_the_runs_split(tmp_path: Path) -> None:
     cfg = config_from_dict(settings)
     prepare_data(cfg, derive_seeds(9), tmp_path / "run-split.json")
     assert out.read_bytes() == (tmp_path / "run-split.json").read_bytes()
+
+
+def test_a_revision_for_a_local_model_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """model.revision with a local directory: the run refuses it (exit 2), and so does doctor now
+    (it said OK)."""
+    (tmp_path / "model").mkdir()
+    args = ["doctor", "--no-probe", "--code-dir", str(tmp_path), "--set", f"model.name={tmp_path / 'model'}"]
+    assert main([*args, "--set", "model.revision=main"]) == 2
+    err = capsys.readouterr().err
+    assert "model.revision 'main' was given but" in err and "which has no revisions" in err

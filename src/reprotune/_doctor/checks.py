@@ -1,9 +1,7 @@
-"""The doctor's static checks: one small function per thing that can break reproducibility.
-
-They look at the config, the determinism flags its mode puts in force, the environment variables,
-git and the data; each :class:`Finding` says how bad it is, why it matters and how to fix it. Every
-check is one function of a :class:`Context` in :data:`CHECKS`, in report order; a new check is a
-function added there, its finding codes added to ``FINDING_CODES`` and docs/doctor.md.
+"""The doctor's static checks, one small function per thing that can break reproducibility, on the
+config, the flags its mode puts in force, the environment, git and the data; each :class:`Finding`
+says how bad it is, why and the fix. Every check is a function of a :class:`Context` in
+:data:`CHECKS`, in report order; a new one's codes go in ``FINDING_CODES`` and docs/doctor.md.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ from reprotune._determinism.flags import CUBLAS_DETERMINISTIC_VALUES, CUBLAS_ENV
 from reprotune._doctor.data_checks import check_columns, check_data
 from reprotune._doctor.dist_checks import check_nccl, check_ranks
 from reprotune._doctor.findings import Check, Context
+from reprotune._model.loading import refuse_revision
 from reprotune._run.findings import Finding
 from reprotune._run.fingerprint import code_fingerprint, installed_distributions
 from reprotune._run.kernels import kernel_facts
@@ -275,6 +274,7 @@ def check_revision(ctx: Context) -> list[Finding]:
     """A hub model is pinned to a commit."""
     model = ctx.cfg.model
     if model.name.startswith(BUILTIN_PREFIX) or Path(model.name).is_absolute() or Path(model.name).is_dir():
+        refuse_revision(model.name, model.revision, "not a hub id")  # as the run does: bad input, exit 2
         return []
     if model.revision is None:
         return [
@@ -354,8 +354,7 @@ def check_tokenizers(ctx: Context) -> list[Finding]:
                 "tokenizers-parallelism-on",
                 "warning",
                 f"TOKENIZERS_PARALLELISM={value}",
-                "the Rust tokenizer's threads oversubscribe the cores torch was pinned to, and forked "
-                "workers can deadlock",
+                "the Rust tokenizer's threads oversubscribe torch's pinned cores; forks can deadlock",
                 "export TOKENIZERS_PARALLELISM=false",
             )
         ]

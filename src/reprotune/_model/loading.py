@@ -86,7 +86,7 @@ def resolve_source(name: str, revision: str | None) -> tuple[SourceKind, Path, s
     if not isinstance(name, str) or not name.strip():
         raise InputError(f"model name {name!r} is empty", source="model.name", fix=_NAME_FIX)
     if name.startswith(BUILTIN_PREFIX):
-        _no_revision(name, revision, "a builtin model")
+        refuse_revision(name, revision, "a builtin model")
         return "builtin", ensure_builtin(name), None
     path = Path(name).expanduser()
     if path.exists():
@@ -96,7 +96,7 @@ def resolve_source(name: str, revision: str | None) -> tuple[SourceKind, Path, s
                 source="model.name",
                 fix="point model.name at the directory holding config.json and the weights",
             )
-        _no_revision(name, revision, "a local directory")
+        refuse_revision(name, revision, "a local directory")
         return "local", path.resolve(), None
     if not _HUB_ID.match(name) or ".." in name:
         raise InputError(f"model path {name!r} does not exist", source="model.name", fix=_NAME_FIX)
@@ -110,7 +110,9 @@ _NAME_FIX = (
 )
 
 
-def _no_revision(name: str, revision: str | None, what: str) -> None:
+def refuse_revision(name: str, revision: str | None, what: str) -> None:
+    """Refuse ``model.revision`` for a model that is not a hub id (``what``: a builtin model, a
+    local directory): it has no revisions."""
     if revision is not None:
         raise InputError(
             f"model.revision {revision!r} was given but {name!r} is {what}, which has no revisions",
