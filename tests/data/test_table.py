@@ -11,7 +11,7 @@ import pytest
 
 from reprotune._data.loaders import load_table, table_from_columns, table_from_dataset
 from reprotune._data.row_hashes import RowHashes
-from reprotune._data.table import canonical_row_bytes, factorize, row_sha256
+from reprotune._data.table import canonical_row_bytes, factorize, not_text, row_sha256
 from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file
 
@@ -175,3 +175,31 @@ def test_bad_sources(tmp_path: Path) -> None:
     (tmp_path / "r.csv").write_text("a,b\n1\n", encoding="utf-8")
     with pytest.raises(InputError, match="line 2 has 1 fields"):
         load_table(str(tmp_path / "r.csv"))
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [(None, "missing"), (3, "a number (3), not text"), (2.5, "a number (2.5), not text"),
+     (True, "a boolean (true), not text"), (["p"], "a list, not text"), ({"a": 1}, "an object, not text")],
+)  # fmt: skip
+def test_not_text_names_the_json_kind(value: object, said: str) -> None:
+    """A field that should hold text is described in JSON's words ("a number", never "a int")."""
+    assert not_text(value) == said
+
+
+def test_a_non_text_training_row_is_refused_naming_field_row_and_split() -> None:
+    """The run refuses, before training, a train row whose response is not text; the row is named
+    once (in the location), the split in the message."""
+    from reprotune._data.split import split_table
+    from reprotune._train.data import _check_text_fields
+
+    prompts = [f"p{i}" for i in range(20)]
+    manifest = split_table(table_from_columns({"prompt": prompts, "response": prompts}), seed=0)
+    row = int(manifest.indices["train"][3])
+    responses: list[object] = [f"r{i}" for i in range(20)]
+    responses[row] = 7
+    table = table_from_columns({"prompt": prompts, "response": responses})
+    with pytest.raises(InputError) as caught:
+        _check_text_fields(table, manifest, ("prompt", "response"))
+    assert caught.value.message == "field 'response' is a number (7), not text (a train row)"
+    assert caught.value.source == f"memory, row {row}"

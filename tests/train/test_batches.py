@@ -142,7 +142,7 @@ def test_bad_max_length(chat_tok: Any, bad: Any) -> None:
 @pytest.mark.parametrize(
     ("row", "message"),
     [({"response": "r"}, "field 'prompt' is missing"),
-     ({"prompt": "p", "response": 3}, "'response' is a int"),
+     ({"prompt": "p", "response": 3}, r"'response' is a number \(3\), not text"),
      ({"prompt": ["p"], "response": "r"}, "'prompt' is a list")],
     ids=["missing", "number", "list"],
 )  # fmt: skip

@@ -70,6 +70,24 @@ def canonical_value(value: Any) -> Any:
     raise TypeError(f"no canonical JSON form for a value of type {type(value).__name__}: {value!r}")
 
 
+def not_text(value: Any) -> str:
+    """What a field that should hold text holds instead, in JSON's words, for messages:
+    ``"missing"`` for None, else e.g. ``"a number (3), not text"``."""
+    if value is None:
+        return "missing"
+    if isinstance(value, bool):
+        kind = f"a boolean ({str(value).lower()})"
+    elif isinstance(value, (int, float)):
+        kind = f"a number ({value!r})"
+    elif isinstance(value, Mapping):
+        kind = "an object"
+    elif isinstance(value, (list, tuple)):
+        kind = "a list"
+    else:
+        kind = f"a {type(value).__name__}"
+    return f"{kind}, not text"
+
+
 def canonical_row_bytes(row: Mapping[str, Any]) -> bytes:
     """The canonical form of a row: compact sorted-key JSON as UTF-8 (see the module docstring)."""
     text = json.dumps(

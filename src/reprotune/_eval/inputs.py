@@ -18,7 +18,7 @@ from reprotune._config.schema import ExperimentConfig
 from reprotune._data.checksplit import check_split
 from reprotune._data.loaders import load_table
 from reprotune._data.manifest import Manifest, load_manifest
-from reprotune._data.table import Table
+from reprotune._data.table import Table, not_text
 from reprotune._determinism.seeds import derive_seeds
 from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file
@@ -243,9 +243,8 @@ def _row(table: Table, manifest: Manifest, index: int, cfg: ExperimentConfig) ->
     for field in (cfg.data.prompt_field, cfg.data.response_field):
         value = values.get(field)
         if not isinstance(value, str):
-            what = "missing" if value is None else f"a {type(value).__name__}, not text"
             raise InputError(
-                f"row {index}: field {field!r} is {what}",
+                f"field {field!r} is {not_text(value)}",
                 source=f"{table.source}, row {index}",
                 fix=f"give every row a text {field!r}",
             )

@@ -12,6 +12,7 @@ import string
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from reprotune._data.table import not_text
 from reprotune._errors import InputError
 
 if TYPE_CHECKING:
@@ -35,9 +36,8 @@ def _where(row_index: int | None, source: str | None) -> str | None:
 def _check_text(value: object, field: str, row_index: int | None, source: str | None) -> str:
     if isinstance(value, str):
         return value
-    got = "missing" if value is None else f"a {type(value).__name__}, not a string"
     raise InputError(
-        f"field {field!r} is {got}",
+        f"field {field!r} is {not_text(value)}",
         source=_where(row_index, source),
         fix=f"give every row a string {field!r} field (or point the data config at the right field name)",
     )

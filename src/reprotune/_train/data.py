@@ -19,7 +19,7 @@ from reprotune._data.columns import check_config_columns
 from reprotune._data.loaders import load_table
 from reprotune._data.manifest import Manifest, copy_manifest, load_manifest, write_manifest
 from reprotune._data.split import RareClassWarning, holds_same_rows, split_table
-from reprotune._data.table import Table
+from reprotune._data.table import Table, not_text
 from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file
 from reprotune._run import layout
@@ -186,9 +186,8 @@ def _check_text_fields(table: Table, manifest: Manifest, fields: tuple[str, ...]
             for row in manifest.indices[split]:
                 value = column[int(row)]
                 if not isinstance(value, str):
-                    what = "missing" if value is None else f"a {type(value).__name__}, not text"
                     raise InputError(
-                        f"row {row} ({split} split): field {name!r} is {what}",
+                        f"field {name!r} is {not_text(value)} (a {split} row)",
                         source=f"{table.source}, row {row}",
                         fix=f"give every row a text {name!r}, or point data.prompt_field / "
                         "data.response_field at the right columns",
