@@ -50,6 +50,17 @@ def read_json_file(path: str | os.PathLike[str], *, what: str, fix: str) -> Any:
         ) from None
 
 
+#: What a parsed JSON file holds when it is no object, for messages.
+_JSON_KINDS = {
+    list: "a JSON array",
+    str: "a JSON string",
+    int: "a number",
+    float: "a number",
+    bool: "true or false",
+    type(None): "null",
+}
+
+
 def check_document(
     data: Any, *, schema: str, versions: Collection[int], what: str, source: str, fix: str, version_fix: str
 ) -> dict[str, Any]:
@@ -65,11 +76,18 @@ def check_document(
     Raises:
         SchemaVersionError: another schema, or a version this reprotune does not read.
     """
-    if not isinstance(data, dict) or data.get("schema") != schema:
-        got = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        where = f"{source}: key 'schema'" if isinstance(data, dict) else source
+    if not isinstance(data, dict):
         raise SchemaVersionError(
-            f"not a reprotune {what}: schema is {got!r}, expected {schema!r}", source=where, fix=fix
+            f"not a reprotune {what}: the file holds {_JSON_KINDS.get(type(data), 'a JSON value')}, "
+            f"not an object with schema {schema!r}",
+            source=source,
+            fix=fix,
+        )
+    if data.get("schema") != schema:
+        raise SchemaVersionError(
+            f"not a reprotune {what}: schema is {data.get('schema')!r}, expected {schema!r}",
+            source=f"{source}: key 'schema'",
+            fix=fix,
         )
     version = data.get("schema_version")
     if isinstance(version, bool) or not isinstance(version, int) or version not in versions:

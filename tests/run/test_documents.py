@@ -28,7 +28,14 @@ def test_a_document_of_a_version_read_is_returned_as_it_is() -> None:
 @pytest.mark.parametrize(
     ("data", "message", "source", "fix"),
     [
-        ([1, 2], "not a reprotune thing: schema is 'list'", "t.json", "pass a thing"),
+        (
+            [1, 2],
+            "not a reprotune thing: the file holds a JSON array, not an object",
+            "t.json",
+            "pass a thing",
+        ),
+        ("x", "not a reprotune thing: the file holds a JSON string, not an object", "t.json", "pass a thing"),
+        (None, "not a reprotune thing: the file holds null, not an object", "t.json", "pass a thing"),
         (
             {"schema": "other"},
             "schema is 'other', expected 'reprotune/thing'",
@@ -60,7 +67,16 @@ def test_a_document_of_a_version_read_is_returned_as_it_is() -> None:
             "use the reprotune that wrote it",
         ),
     ],
-    ids=["not-an-object", "other-schema", "future-version", "bool-version", "list-version", "no-version"],
+    ids=[
+        "array",
+        "string",
+        "null",
+        "other-schema",
+        "future-version",
+        "bool-version",
+        "list-version",
+        "no-version",
+    ],
 )
 def test_anything_else_is_refused_naming_the_key_and_the_fix(
     data: Any, message: str, source: str, fix: str
