@@ -85,7 +85,7 @@ def empty_jsonl(tmp_path: Path) -> Path:
     ("args", "expected"),
     [
         (lambda t, d: [str(t / "missing.jsonl")], ["missing.jsonl' does not exist", "fix:"]),
-        (lambda t, d: [str(d), "--format", "xml"], ["unknown data format 'xml'", "jsonl"]),
+        (lambda t, d: [str(d), "--format", "csv"], ["format 'csv' was asked for", "says jsonl", "auto"]),
         (lambda t, d: [str(bad_jsonl(t))], ["line 3 is not valid JSON", "bad.jsonl:3:"]),
         (
             lambda t, d: [str(d), "--stratify-by", "label"],
@@ -104,7 +104,7 @@ def empty_jsonl(tmp_path: Path) -> Path:
     ],
     ids=[
         "missing-file",
-        "unknown-format",
+        "format-not-the-extensions",
         "malformed-jsonl",
         "stratify-missing",
         "group-missing",
@@ -199,3 +199,43 @@ def test_check_split_refuses_a_negative_max_rows(
     assert main(["check-split", str(manifest), str(data), "--max-rows", "-1"]) == 2
     err = capsys.readouterr().err
     assert "--max-rows must be 0 or more (got -1)" in err and "fix:" in err
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "choices"),
+    [
+        ("--format", "xml", "'auto', 'jsonl', 'csv', 'parquet'"),
+        ("--rare-class-policy", "Train", "'train', 'drop', 'error'"),
+    ],
+)
+def test_split_names_the_choices_of_a_closed_option(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, choices: str
+) -> None:
+    """A value outside a closed option's choices is a usage error (exit 2) naming the option as the
+    user typed it and every choice (it named the internal key 'rare_class_policy')."""
+    out = tmp_path / "m.json"
+    assert main(["split", str(data), "--out", str(out), option, value]) == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: invalid choice: '{value}' (choose from {choices})" in err
+    assert not out.exists()
+
+
+def test_the_cli_choices_are_the_data_modules_own() -> None:
+    """The CLI spells the formats and policies without importing NumPy; they must stay the same."""
+    from reprotune._cli._options import DATA_FORMATS, RARE_CLASS_POLICIES
+    from reprotune._data.loaders import FORMATS
+    from reprotune._data.split_options import RARE_POLICIES
+
+    assert (DATA_FORMATS, RARE_CLASS_POLICIES) == (FORMATS, RARE_POLICIES)
+
+
+def test_check_split_refuses_leak_columns_that_name_none(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--leak-columns "" (or ","): exit 2 (it fell back to every text column, as if not given)."""
+    manifest = tmp_path / "m.json"
+    assert main(["split", str(data), "--out", str(manifest)]) == 0
+    capsys.readouterr()
+    assert main(["check-split", str(manifest), str(data), "--leak-columns", " , "]) == 2
+    err = capsys.readouterr().err
+    assert "--leak-columns ' , ' names no column" in err and "fix:" in err

@@ -9,6 +9,21 @@ from typing import Any
 from reprotune._config.locate import is_key_path, key_location
 from reprotune._errors import ReprotuneError
 
+#: The data formats and rare-class policies the split commands take, spelled here so that parsing
+#: the command line imports no NumPy (tests/cli check them against ``_data``'s own).
+DATA_FORMATS = ("auto", "jsonl", "csv", "parquet")
+RARE_CLASS_POLICIES = ("train", "drop", "error")
+
+
+def add_format_option(parser: argparse.ArgumentParser) -> None:
+    """``--format``: how to read the data file (by its extension unless given)."""
+    parser.add_argument(
+        "--format",
+        default="auto",
+        choices=DATA_FORMATS,
+        help="auto (from the extension; default), jsonl, csv or parquet",
+    )
+
 
 def add_set_option(parser: argparse.ArgumentParser, *, example: str = "train.max_steps=10") -> None:
     """``--set key.path=value`` (repeatable), collected in ``args.overrides``; ``example`` is one

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 
+from reprotune._cli._options import add_format_option
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the command's arguments."""
     parser.add_argument("manifest", metavar="MANIFEST", help="a manifest written by `reprotune split`")
     parser.add_argument("data", metavar="DATA", help="JSONL, CSV or Parquet file, or builtin:chatterbot-en")
-    parser.add_argument("--format", default="auto", help="auto (from the extension), jsonl, csv or parquet")
+    add_format_option(parser)
     parser.add_argument("--fail-on-leak", action="store_true", help="exit 1 when text leaks across splits")
     parser.add_argument(
         "--leak-columns",
@@ -40,7 +42,16 @@ def run(args: argparse.Namespace) -> int:
         )
     manifest = load_manifest(args.manifest)
     table = load_table(args.data, args.format)
-    columns = [c.strip() for c in args.leak_columns.split(",") if c.strip()] if args.leak_columns else None
+    columns = None
+    if args.leak_columns is not None:
+        columns = [c.strip() for c in args.leak_columns.split(",") if c.strip()]
+        if not columns:
+            raise InputError(
+                f"--leak-columns {args.leak_columns!r} names no column",
+                source="--leak-columns",
+                fix="name the columns to compare, e.g. --leak-columns prompt,response, or leave the "
+                "option out for every text column",
+            )
     report = check_split(manifest, table, leak_columns=columns)
     if args.json:
         print(report.to_json(), end="")

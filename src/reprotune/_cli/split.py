@@ -11,6 +11,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from reprotune._cli._options import RARE_CLASS_POLICIES, add_format_option
 from reprotune._errors import InputError
 from reprotune._run.outputs import refuse_overwrite
 
@@ -19,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the command's arguments."""
     parser.add_argument("data", metavar="DATA", help="JSONL, CSV or Parquet file, or builtin:chatterbot-en")
     parser.add_argument("--out", required=True, metavar="MANIFEST", help="where to write the manifest (JSON)")
-    parser.add_argument("--format", default="auto", help="auto (from the extension), jsonl, csv or parquet")
+    add_format_option(parser)
     parser.add_argument("--stratify-by", metavar="COL", help="keep the proportions of this column's classes")
     parser.add_argument(
         "--group-by", metavar="COL", help="keep all rows sharing this column's value together"
@@ -33,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rare-class-policy",
         default="train",
+        choices=RARE_CLASS_POLICIES,
         help="classes too small for every split: train (keep in train, warn; default), drop, error",
     )
 

@@ -157,6 +157,13 @@ def load_table(source: str, format: str = "auto") -> Table:
             f"or use {CHATTERBOT_EN}",
         )
     fmt = _detect_format(path) if format == "auto" else format
+    implied = _SUFFIX_FORMATS.get(path.suffix.lower())
+    if implied is not None and implied != fmt:
+        raise InputError(
+            f"format {fmt!r} was asked for {path.name!r}, whose extension {path.suffix!r} says {implied}",
+            source=source,
+            fix=f"leave the format as auto (or give {implied}); a file in another format needs its extension",
+        )
     if fmt == "parquet":
         return _load_parquet(path)
     data = path.read_bytes()
