@@ -153,6 +153,24 @@ def test_bad_overrides_are_all_reported(tmp_path: Path) -> None:
     assert "--set seed.root.x: seed.root is a value, not a section" in text
 
 
+def test_a_set_value_that_is_bad_yaml_or_a_token_reads_as_one_line(tmp_path: Path) -> None:
+    """A --set value that is not YAML is named in one line with its column and a fix a shell keeps
+    (PyYAML's multi-line text and "key='a: b'", which a shell unquotes, were shown); a token given
+    with --set is not located at "[line 1, column 1]" nor named twice."""
+    path = _write(tmp_path, "{}")
+    token = "ghp_" + "a1B2c3D4" * 5
+    with pytest.raises(ConfigError) as info:
+        load_config(path, ["train.learning_rate=[1,", f"model.name={token}"])
+    bad_yaml, secret = info.value.problems
+    assert bad_yaml == (
+        "--set train.learning_rate: value '[1,' is not valid YAML: expected the node content, but found "
+        "'<stream end>' at column 4; fix: close its brackets and braces; to pass the value as text, put "
+        "YAML quotes inside the shell's, e.g. --set \"key='a: [b'\""
+    )
+    assert secret.startswith("--set model.name: holds what looks like a GitHub token (ghp_...); fix: ")
+    assert "line 1" not in secret and token not in secret
+
+
 def test_unknown_seed_consumer(tmp_path: Path) -> None:
     """seed.overrides keys must be known consumers."""
     with pytest.raises(

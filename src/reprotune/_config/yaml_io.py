@@ -254,19 +254,32 @@ def parse_yaml_value(text: str, path: tuple[str | int, ...] = ()) -> Any:
         problems: list[str] = []
         _collect_marks(node, {}, problems, start=path)
         if problems:
-            message, _, fix = problems[0].partition("; fix: ")
-            raise InputError(message, fix=fix)
+            raise _set_problem(problems[0], path)
         return loader.construct_document(node)
     except ConfigError as exc:
-        message, _, fix = exc.problems[0].partition("; fix: ")
-        raise InputError(message, fix=fix) from None
+        raise _set_problem(exc.problems[0], path) from None
     except (yaml.YAMLError, RecursionError) as exc:
+        if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
+            mark = exc.problem_mark
+            detail = exc.problem + (f" at column {mark.column + 1}" if mark is not None else "")
+        else:
+            detail = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         raise InputError(
-            mask_url_credentials(f"value {text[:80]!r} is not valid YAML: {str(exc)[:200]}"),
-            fix="quote it, e.g. key='a: b'",
+            mask_url_credentials(f"value {text[:80]!r} is not valid YAML: {detail}"),
+            fix="close its brackets and braces; to pass the value as text, put YAML quotes inside "
+            "the shell's, e.g. --set \"key='a: [b'\"",
         ) from None
     finally:
         loader.dispose()
+
+
+def _set_problem(problem: str, path: tuple[str | int, ...]) -> InputError:
+    """A problem found in one ``--set`` value, without what only a file has: the key (the caller
+    names the ``--set``) and a line and column (always line 1)."""
+    message, _, fix = problem.partition("; fix: ")
+    message = re.sub(r" \[line \d+, column \d+[^\]]*\]", "", message)
+    key = f"{dotted(path)}: "
+    return InputError(message[len(key) :] if path and message.startswith(key) else message, fix=fix)
 
 
 def not_secret_marked(data: Any, path: tuple[str | int, ...] = ()) -> Any:
