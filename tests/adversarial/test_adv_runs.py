@@ -172,14 +172,43 @@ def test_a_pickled_model_is_refused_with_how_to_convert(
     from transformers import AutoModelForCausalLM
 
     source = build_tiny_model(tmp_path / "tiny", seed=0)
-    model_dir = tmp_path / "pickled"
-    model_dir.mkdir()
-    for name in os.listdir(source):  # config and tokenizer, not the safetensors weights
-        if not name.endswith(".safetensors"):
-            (model_dir / name).write_bytes((source / name).read_bytes())
+    model_dir = _tiny_model_without(tmp_path / "pickled", source, (".safetensors",))
     # The weights as older tools saved them: a pickled state dict.
     torch.save(AutoModelForCausalLM.from_pretrained(source).state_dict(), model_dir / "pytorch_model.bin")
     assert (model_dir / "pytorch_model.bin").exists() and not list(model_dir.glob("*.safetensors"))
+    _refused_as_model(project, tmp_path, capsys, model_dir)
+    _clean_exit_2(
+        capsys, "only as pickled pytorch_model*.bin", "safetensors weights only", "safe_serialization=True"
+    )
+
+
+def test_a_model_without_tokenizer_files_is_refused_naming_them(
+    project: TinyProject, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model directory whose tokenizer files are missing: exit 2 naming the files (transformers
+    said to install sentencepiece or tiktoken), no run directory."""
+    source = build_tiny_model(tmp_path / "tiny", seed=0)
+    model_dir = _tiny_model_without(
+        tmp_path / "no-tokenizer", source, ("tokenizer", "special_tokens", "vocab")
+    )
+    _refused_as_model(project, tmp_path, capsys, model_dir)
+    _clean_exit_2(capsys, "holds no tokenizer: none of tokenizer.json, tokenizer.model", "save_pretrained")
+
+
+def _tiny_model_without(model_dir: Path, source: Path, parts: tuple[str, ...]) -> Path:
+    """A copy of the model folder ``source`` without the files whose names start or end with one of
+    ``parts``."""
+    model_dir.mkdir()
+    for name in os.listdir(source):
+        if not (name.startswith(parts) or name.endswith(parts)):
+            (model_dir / name).write_bytes((source / name).read_bytes())
+    return model_dir
+
+
+def _refused_as_model(
+    project: TinyProject, tmp_path: Path, capsys: pytest.CaptureFixture[str], model_dir: Path
+) -> None:
+    """A run of ``model_dir`` exits 2 and leaves no run directory (the message is the caller's)."""
     args = [
         "run",
         str(project.config()),
@@ -189,9 +218,6 @@ def test_a_pickled_model_is_refused_with_how_to_convert(
         f"model.name={model_dir}",
     ]
     assert main([*args, *QUIET]) == 2
-    _clean_exit_2(
-        capsys, "only as pickled pytorch_model*.bin", "safetensors weights only", "safe_serialization=True"
-    )
     assert not (tmp_path / "run").exists()
 
 

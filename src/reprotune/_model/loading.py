@@ -285,6 +285,7 @@ def _hashed_files(kind: str, directory: Path) -> dict[str, Any]:
             fix="point model.name at the folder written by save_pretrained (config.json, weights, tokenizer)",
         )
     _refuse_pickled_weights(directory)
+    _refuse_missing_tokenizer(directory)
     # The converted builtin lives in reprotune's own cache: its hashes are kept beside it and a
     # file is read again only when its size, modification time or inode changed (saves ~1 s a load).
     cache = directory / HASH_CACHE if kind == "builtin" else None
@@ -332,6 +333,24 @@ def _from_pretrained(directory: Path, torch_dtype: Any) -> tuple[Any, Any]:
             fix="check that the folder is a complete Hugging Face causal-LM checkpoint with its tokenizer",
         ) from exc
     return tokenizer, model
+
+
+#: Files of which a Hugging Face tokenizer needs one: the fast tokenizer, a SentencePiece model,
+#: or a BPE / WordPiece vocabulary.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
+
+
+def _refuse_missing_tokenizer(directory: Path) -> None:
+    """Refuse a model directory without tokenizer files by naming them (transformers then says to
+    install sentencepiece or tiktoken, which would not help)."""
+    if any((directory / name).is_file() for name in TOKENIZER_FILES) or any(directory.glob("*.tiktoken")):
+        return
+    raise InputError(
+        f"{directory} holds no tokenizer: none of {', '.join(TOKENIZER_FILES)} is there",
+        source="model.name",
+        fix="save the model's tokenizer into the folder (tokenizer.save_pretrained(folder)) beside its "
+        "config and weights",
+    )
 
 
 def _refuse_pickled_weights(directory: Path) -> None:
