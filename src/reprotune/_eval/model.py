@@ -87,7 +87,7 @@ def load_eval_model(
         _refuse_changed(part, recorded, info, record_path)
     tokenizer_check = _tokenizer_check(recorded, info, allow_tokenizer_change, record_path)
     model = loaded.model
-    _refuse_sliding_window(model.config, cfg.model.max_length + cfg.eval.max_new_tokens)
+    refuse_past_the_model(model.config, cfg.model.max_length, cfg.eval.max_new_tokens)
     model.set_attn_implementation(register_rowwise_attention())
     # A model whose attention does not go through transformers' AttentionInterface keeps its own:
     # recorded as it is, and the eval then claims no batch invariance.
@@ -120,9 +120,21 @@ def load_eval_model(
     return EvalModel(model, loaded.tokenizer, info, tokenizer_check, eos, attention, invariance)
 
 
-def _refuse_sliding_window(config: Any, tokens: int) -> None:
-    """The rowwise attention attends over every earlier token: refuse a model whose sliding
-    window would cut that off within the longest sequence an eval makes."""
+def refuse_past_the_model(config: Any, max_length: int, max_new_tokens: int) -> None:
+    """Refuse an eval whose longest sequence (a prompt of ``model.max_length`` tokens and
+    ``eval.max_new_tokens`` more) runs past the model's positions (transformers only warns, and
+    generates from positions the model never learned), or past a sliding window, which the rowwise
+    attention (over every earlier token) does not implement."""
+    tokens = max_length + max_new_tokens
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and tokens > positions:
+        raise InputError(
+            f"eval.max_new_tokens {max_new_tokens} after prompts of up to model.max_length {max_length} "
+            f"tokens reaches {tokens} tokens, past the model's {positions} positions",
+            source="eval.max_new_tokens",
+            fix=f"set eval.max_new_tokens to at most {max(positions - max_length, 0)}, or lower "
+            "model.max_length",
+        )
     window = getattr(config, "sliding_window", None)
     uses = getattr(config, "use_sliding_window", True)
     if isinstance(window, int) and uses and window < tokens:
