@@ -51,6 +51,10 @@ def test_different_root_seed_diverges_at_init_and_names_seed(ref: Path, tmp_path
         "the LoRA initial weights differ (step 0), and the data order from step 1: root seed 42 vs 43"
     )
     assert Difference("seeds", "seeds.root", 42, 43, "changed") in result.differences
+    # One fact, one cause: the config's seed and the manifest's sha256 only restate the seeds and
+    # the split, named above (they were causes of their own).
+    assert {"config.seed", "data.manifest_sha256"} <= {d.key for d in result.differences}
+    assert not [c for c in result.causes if "config.seed" in c or "manifest_sha256" in c]
 
 
 def test_edited_row_diverges_with_manifest_named(tmp_path: Path) -> None:

@@ -230,6 +230,7 @@ def _evidence(
             continue  # cannot change the numbers: listed under "what differs", never a cause
         group = "model_files" if diff.key.startswith(_MODEL_FILE_KEYS) else str(diff.category)
         by_category.setdefault(group, []).append(diff)
+    _drop_restatements(by_category, split)
     config = by_category.get("config", [])
     if "kernels" in by_category and config and all(d.key in _KERNEL_CONFIG_KEYS for d in config):
         del by_category["config"]  # one cause: the kernels (naming the mode); trace commands follow
@@ -255,6 +256,23 @@ def _evidence(
     ordered = [texts[k] for k in ranking if k in texts]
     ordered.extend(text for kind, text in texts.items() if kind not in ranking)
     return ordered
+
+
+def _drop_restatements(by_category: dict[str, list[Difference]], split: SplitDiff | None) -> None:
+    """One fact, one cause: the config's seed keys restate the recorded seeds, and the manifest's
+    sha256 restates the split difference that names its rows."""
+    if by_category.get("seeds"):
+        _keep(by_category, "config", lambda d: d.key.split(".")[:2] != ["config", "seed"])
+    if split is not None and split_text(split):
+        _keep(by_category, "data", lambda d: d.key != "data.manifest_sha256")
+
+
+def _keep(by_category: dict[str, list[Difference]], kind: str, wanted: Callable[[Difference], bool]) -> None:
+    kept = [d for d in by_category.get(kind, []) if wanted(d)]
+    if kept:
+        by_category[kind] = kept
+    else:
+        by_category.pop(kind, None)
 
 
 def _kernel_text(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
