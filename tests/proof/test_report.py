@@ -146,3 +146,15 @@ def test_renders_in_headless_chromium(runs: list[Path], tmp_path: Path) -> None:
     probe_match = re.fullmatch(r"2/2 w=(\d+),(\d+) lines=3,3", match.group(1))
     assert probe_match is not None, match.group(1)
     assert all(600 <= int(w) <= 900 for w in probe_match.groups()), match.group(1)
+
+
+def test_the_glance_of_an_incomparable_pair_says_why_first(tmp_path: Path) -> None:
+    """INCOMPARABLE at a glance names what makes the runs other experiments (it showed the first
+    cause, here the seed, as if they were one experiment that parted)."""
+    ref = write_run_dir(tmp_path / "ref")
+    other = write_run_dir(tmp_path / "longer", RunSpec(seed=43, steps=16))
+    html = write_report([ref, other], tmp_path / "report.html").read_text(encoding="utf-8")
+    glance = html[: html.index("<h2>Runs</h2>")]
+    assert '<span class="verdict INCOMPARABLE">INCOMPARABLE</span>' in glance
+    assert ": different training length: run A has 12 steps" in glance
+    assert "root seed" not in glance

@@ -111,14 +111,15 @@ def render_report(
 
 
 def _glance(labels: Sequence[str], comparisons: Sequence[Comparison]) -> Iterable[str]:
-    """Each comparison's verdict and its first cause (or where the runs part), on the first
-    screen: the details follow below."""
+    """Each comparison's verdict and where the runs part, with what makes them incomparable or else
+    the first cause, on the first screen: the details follow below."""
     if not comparisons:
         return
     yield '<ul class="glance">'
     for label, c in zip(labels[1:], comparisons, strict=True):
         at = c.where.first_divergence_step
-        why = c.causes[0] if c.causes else (c.incomparable[0] if c.incomparable else "")
+        # An INCOMPARABLE pair: why the runs are not of one experiment, before any cause.
+        why = next(iter((*c.incomparable, *c.causes)), "")
         where = f" from step {at}" if at is not None else ""
         yield (
             f"<li>{escape(labels[0])} vs {escape(label)}: "
