@@ -212,3 +212,23 @@ def test_significance_never_imports_torch(tmp_path: Path) -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("where", ["unwritable", "study-file"])
+def test_a_report_that_cannot_be_written_is_the_only_output(
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-o under a file (no directory can be made there), or onto a study's own study.json: exit 2
+    with the error alone (the verdict was printed first, then the error), the study untouched."""
+    a = write_study_dir(tmp_path / "a", [5.0, 5.02, 4.98])
+    b = write_study_dir(tmp_path / "b", [5.01, 4.97, 5.0])
+    if where == "unwritable":
+        (tmp_path / "notes.txt").write_text("mine", encoding="utf-8")
+        out = tmp_path / "notes.txt" / "sig.html"
+    else:
+        out = b / "study.json"
+    before = (b / "study.json").read_bytes()
+    assert main(["significance", str(a), str(b), "-o", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "fix:" in captured.err
+    assert (b / "study.json").read_bytes() == before

@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from reprotune._errors import InputError
+    from reprotune._run.outputs import refuse_overwrite
     from reprotune._studies.report import write_significance_report
     from reprotune._studies.significance import significance
     from reprotune._studies.studyfile import load_study
@@ -45,12 +46,13 @@ def run(args: argparse.Namespace) -> int:
         allow_different_models=args.allow,
         seed=args.seed,
     )
+    if args.report is not None:  # first: a report that cannot be written is the only output
+        refuse_overwrite(args.report, reads=[args.study_a, args.study_b], option="--report")
+        write_significance_report(result, load_study(args.study_a), load_study(args.study_b), args.report)
     if args.json:
         print(json.dumps(result.to_json(), indent=1, sort_keys=True))
     else:
         print(result.format(), end="")
-    if args.report is not None:
-        write_significance_report(result, load_study(args.study_a), load_study(args.study_b), args.report)
-        if not args.json:
+        if args.report is not None:
             print(f"report: {args.report}")
     return 0
