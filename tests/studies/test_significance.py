@@ -232,3 +232,14 @@ def test_a_report_that_cannot_be_written_is_the_only_output(
     captured = capsys.readouterr()
     assert captured.out == "" and "fix:" in captured.err
     assert (b / "study.json").read_bytes() == before
+
+
+def test_a_folder_of_studies_is_answered_with_the_studies_in_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """significance A studies/ (the folder that holds the studies): exit 2, the fix names them."""
+    a = write_study_dir(tmp_path / "studies" / "lr-low", [5.0, 5.02, 4.98])
+    write_study_dir(tmp_path / "studies" / "lr-high", [5.01, 4.97, 5.0])
+    assert main(["significance", str(a), str(tmp_path / "studies")]) == 2
+    err = capsys.readouterr().err
+    assert f"fix: pass one of the studies in {tmp_path / 'studies'}: lr-high, lr-low" in err

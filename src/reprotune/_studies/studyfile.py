@@ -100,9 +100,13 @@ def load_study(path: str | os.PathLike[str], *, option: str | None = None) -> di
         SchemaVersionError: another schema, or a schema version this version does not read.
     """
     file = Path(path)
-    if file.is_dir():
-        file = file / layout.STUDY
     fix = "pass a study directory written by `reprotune seeds` (it holds study.json)"
+    if file.is_dir():
+        inside = sorted(p.parent.name for p in file.glob(f"*/{layout.STUDY}"))
+        if inside and not (file / layout.STUDY).exists():
+            shown = ", ".join(inside[:5]) + (f" and {len(inside) - 5} more" if len(inside) > 5 else "")
+            fix = f"pass one of the studies in {file}: {shown}"
+        file = file / layout.STUDY
     data = read_json_file(file, what="study", fix=fix)
     where = f"{option} ({file})" if option else str(file)
     data = check_document(
