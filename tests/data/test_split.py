@@ -209,3 +209,18 @@ def test_empty_table_refused() -> None:
     """An empty dataset cannot be split."""
     with pytest.raises(InputError, match="no rows"):
         split_table(table_from_columns({"x": []}), seed=0)
+
+
+@pytest.mark.parametrize(("option", "unit"), [("group_by", "group"), ("stratify_by", "class")])
+def test_rows_without_a_value_in_the_column_are_said_to_be_one_group(option: str, unit: str) -> None:
+    """Rows whose grouping or stratifying value is null or absent are split as one group or class,
+    and said so in a warning and the manifest (it was silent)."""
+    thread = [f"t{i // 4}" for i in range(32)] + [None] * 8
+    table = table_from_columns({"prompt": [f"p{i}" for i in range(40)], "thread": thread})
+    with pytest.warns(RareClassWarning) as caught:
+        manifest = split_table(table, seed=0, **{option: "thread"})
+    note = f"8 row(s) have no 'thread' (null or absent): they are split as one {unit}"
+    assert note in [str(w.message) for w in caught] and note in manifest.warnings
+    missing = set(range(32, 40))
+    if unit == "group":  # together, in one split
+        assert sum(bool(missing & set(rows)) for rows in manifest.indices.values()) == 1

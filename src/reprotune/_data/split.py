@@ -188,6 +188,8 @@ def split_table(
         counts, _ = allocate(table.n_rows, ratio_values)
         bounds = np.array([[counts[0], counts[0] + counts[1]]], dtype=np.int64)
         labels = rank_labels(np.zeros(table.n_rows, dtype=np.uint8), keys, bounds)
+    if strategy != "random":
+        notes.extend(_no_value_note(table, str(group_by or stratify_by), strategy))
     arrays = {name: np.flatnonzero(labels == position) for position, name in enumerate(LISTS)}
     for name, ratio in zip(SPLITS, ratio_values, strict=True):
         if ratio > 0 and arrays[name].size == 0:
@@ -298,6 +300,19 @@ def _split_grouped(
     labels = group_label[codes]
     per_split = np.bincount(group_label, minlength=3)
     return labels, {name: int(per_split[i]) for i, name in enumerate(SPLITS)}
+
+
+def _no_value_note(table: Table, column: str, strategy: str) -> list[str]:
+    """Rows without a value in the grouping or stratifying column (null, or the key absent) are
+    kept together as one group or class: said, so that it is not a silent choice."""
+    values = table.column(column)
+    if isinstance(values, np.ndarray) and values.dtype != object:
+        return []  # a typed column holds a value in every row
+    missing = sum(value is None for value in values)
+    if not missing:
+        return []
+    unit = "group" if strategy == "grouped" else "class"
+    return [f"{missing} row(s) have no {column!r} (null or absent): they are split as one {unit}"]
 
 
 def holds_same_rows(table: Table, manifest: Manifest) -> bool:
