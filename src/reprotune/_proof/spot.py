@@ -41,9 +41,9 @@ from reprotune._proof.rerun import checked_before_rerun
 from reprotune._proof.spot_plan import PlannedControl, PlannedInterval, ResumeControl, SeedControl, SpotPlan
 from reprotune._proof.unpack import unpack
 from reprotune._proof.verification import (
-    NO_DROPOUT_INCONCLUSIVE,
     Leg,
     Verification,
+    inconclusive_without_dropout,
     judge_leg,
     machine_summary,
     outcome,
@@ -299,9 +299,7 @@ def _judge_control(reference: Path, control: PlannedControl) -> Leg:
     else:
         leg.note = f"resumed from checkpoint {control.start} without restoring the RNG states"
         lora = (load_record(RunLayout(reference).record).get("config") or {}).get("lora") or {}
-        if not leg.passed and not lora.get("dropout"):
-            leg.passed = None
-            leg.note += f"; {NO_DROPOUT_INCONCLUSIVE}"
+        inconclusive_without_dropout(leg, lora.get("dropout"))
     return leg
 
 

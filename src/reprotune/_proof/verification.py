@@ -122,6 +122,18 @@ NO_DROPOUT_INCONCLUSIVE = (
 )
 
 
+def inconclusive_without_dropout(leg: Leg, dropout: float | None) -> bool:
+    """The one rule for an RNG-skip control (``verify``'s and ``verify --spot``'s): one that did
+    not part, in a run whose LoRA dropout is 0 (or unrecorded), could not show a skipped restore
+    (nothing draws from the RNG after the checkpoint): it is inconclusive (``passed`` None, the
+    reason added to its note), not failed. Returns whether it was judged so."""
+    if leg.passed or dropout:
+        return False
+    leg.passed = None
+    leg.note = f"{leg.note}; {NO_DROPOUT_INCONCLUSIVE}" if leg.note else NO_DROPOUT_INCONCLUSIVE
+    return True
+
+
 def progress_line(leg: Leg) -> str:
     """The line printed as a leg is judged; a leg that could not show what it had to (``passed``
     None) says it is not counted, instead of reading as a failure."""

@@ -47,10 +47,10 @@ from reprotune._proof.differences import Comparison
 from reprotune._proof.processes import LegProcesses, launch_world_size
 from reprotune._proof.processes import run_logged as _reprotune
 from reprotune._proof.verification import (
-    NO_DROPOUT_INCONCLUSIVE,
     Expected,
     Leg,
     Verification,
+    inconclusive_without_dropout,
     judge_leg,
     machine_summary,
     outcome,
@@ -86,7 +86,7 @@ class _Context:
         cmp = judge_leg(leg, self.reference, prefix=prefix)
         leg.train_s = train_seconds(Path(leg.run_dir), since=since)
         if leg.name == "control-resume":
-            _inconclusive_without_dropout(self.cfg, leg)
+            _inconclusive_control(self.cfg, leg)
         self.progress(progress_line(leg))
         return cmp
 
@@ -288,11 +288,10 @@ def _watch(ctx: _Context, bound: int) -> list[str]:
     return ["--watch-reference", str(ctx.reference), "--watch-bound", str(bound)]
 
 
-def _inconclusive_without_dropout(cfg: ExperimentConfig, leg: Leg) -> None:
-    if not leg.passed and cfg.lora.dropout == 0:
-        leg.passed = None
-        leg.note = NO_DROPOUT_INCONCLUSIVE
-    elif not leg.passed and launch_world_size() > 1:
+def _inconclusive_control(cfg: ExperimentConfig, leg: Leg) -> None:
+    if inconclusive_without_dropout(leg, cfg.lora.dropout):
+        return
+    if not leg.passed and launch_world_size() > 1:
         leg.passed = None
         leg.note = (
             "inconclusive: a distributed run reseeds dropout for every micro-batch from (seed, step, "
