@@ -188,8 +188,7 @@ def split_table(
         counts, _ = allocate(table.n_rows, ratio_values)
         bounds = np.array([[counts[0], counts[0] + counts[1]]], dtype=np.int64)
         labels = rank_labels(np.zeros(table.n_rows, dtype=np.uint8), keys, bounds)
-    if strategy != "random":
-        notes.extend(_no_value_note(table, str(group_by or stratify_by), strategy))
+    notes.extend(_no_value_note(table, group_by or stratify_by, strategy))
     arrays = {name: np.flatnonzero(labels == position) for position, name in enumerate(LISTS)}
     for name, ratio in zip(SPLITS, ratio_values, strict=True):
         if ratio > 0 and arrays[name].size == 0:
@@ -302,9 +301,11 @@ def _split_grouped(
     return labels, {name: int(per_split[i]) for i, name in enumerate(SPLITS)}
 
 
-def _no_value_note(table: Table, column: str, strategy: str) -> list[str]:
+def _no_value_note(table: Table, column: str | None, strategy: str) -> list[str]:
     """Rows without a value in the grouping or stratifying column (null, or the key absent) are
     kept together as one group or class: said, so that it is not a silent choice."""
+    if column is None:
+        return []
     values = table.column(column)
     if isinstance(values, np.ndarray) and values.dtype != object:
         return []  # a typed column holds a value in every row
