@@ -179,6 +179,20 @@ def test_unknown_seed_consumer(tmp_path: Path) -> None:
         config_from_dict({"seed": {"overrides": {"lora": 1}}})
 
 
+
+def test_every_bad_seed_override_is_named_at_once() -> None:
+    """Two unknown consumers and a seed out of range: all three in one problem (only the first
+    was named, so each fix met the next refusal)."""
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict({"seed": {"overrides": {"lora": 1, "order": 2, "dropout": -1}}})
+    (problem,) = caught.value.problems
+    assert problem.startswith(
+        "seed.overrides: unknown seed consumer 'lora' (did you mean 'lora_init'?); unknown seed consumer "
+        "'order'"
+    )
+    assert "seed for 'dropout' must be in [0, 2**63) (got -1); fix: use consumers " in problem
+
+
 def test_stratify_and_group_together_are_refused_with_the_config() -> None:
     """A split cannot keep both classes and groups together: refused as the config is read
     (naming split.group_by), where it passed doctor and failed the run naming CLI flags."""

@@ -67,14 +67,17 @@ class SeedConfig(_Section):
     @field_validator("overrides")
     @classmethod
     def _known_consumers(cls, value: dict[str, int]) -> dict[str, int]:
+        bad = []  # every bad entry at once, each with its own hint; one fix for all
         for name, seed in value.items():
             if name not in CONSUMERS:
-                raise ValueError(
-                    f"unknown seed consumer {name!r}; fix: {did_you_mean(name, CONSUMERS)}"
-                    f"use one of {', '.join(CONSUMERS)}"
-                )
-            if not 0 <= seed < SEED_LIMIT:
-                raise ValueError(f"seed for {name!r} must be in [0, 2**63) (got {seed}); fix: use e.g. 7")
+                hint = did_you_mean(name, CONSUMERS).strip()
+                bad.append(f"unknown seed consumer {name!r}" + (f" ({hint})" if hint else ""))
+            elif not 0 <= seed < SEED_LIMIT:
+                bad.append(f"seed for {name!r} must be in [0, 2**63) (got {seed})")
+        if bad:
+            raise ValueError(
+                f"{'; '.join(bad)}; fix: use consumers {', '.join(CONSUMERS)}, seeds in [0, 2**63)"
+            )
         return value
 
 
