@@ -179,7 +179,6 @@ def test_unknown_seed_consumer(tmp_path: Path) -> None:
         config_from_dict({"seed": {"overrides": {"lora": 1}}})
 
 
-
 def test_every_bad_seed_override_is_named_at_once() -> None:
     """Two unknown consumers and a seed out of range: all three in one problem (only the first
     was named, so each fix met the next refusal)."""
@@ -254,6 +253,25 @@ def test_missing_data_file_says_did_you_mean(tmp_path: Path) -> None:
     (tmp_path / "train.jsonl").write_text("")
     with pytest.raises(ConfigError, match=r"data.path: file not found.*did you mean '.*train.jsonl'"):
         load_config(_write(tmp_path, "data:\n  path: trian.jsonl\n"))
+
+
+def test_missing_paths_come_with_the_other_problems_and_their_lines(tmp_path: Path) -> None:
+    """A missing data file is named in the same refusal as an unknown key (it showed only once the
+    schema problems were fixed) and located: its line and column, or [from --set]."""
+    path = _write(tmp_path, "data:\n  path: nothere.jsonl\ntrain:\n  max_stepz: 3\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    problems = _problems(info)
+    assert set(problems) == {"train.max_stepz", "data.path"}
+    assert (
+        "file not found (got " in problems["data.path"]
+        and "[line 2, column 9]; fix: " in problems["data.path"]
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path, ["data.path=elsewhere.jsonl", "split.manifest=m.json"])
+    problems = _problems(info)
+    assert set(problems) == {"train.max_stepz", "data.path", "split.manifest"}
+    assert "elsewhere.jsonl') [from --set]; fix: " in problems["data.path"]
 
 
 def test_missing_config_file_says_did_you_mean(tmp_path: Path) -> None:

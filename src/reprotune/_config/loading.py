@@ -11,7 +11,6 @@ Importing this module never imports torch.
 
 from __future__ import annotations
 
-import difflib
 import reprlib
 import typing
 from collections.abc import Mapping, Sequence
@@ -21,8 +20,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from reprotune._config.paths import file_hint, inside_hint, path_problems, paths_only, with_config_dir
 from reprotune._config.schema import (
-    BUILTIN_PREFIX,
     FIELD_TAG,
     ExperimentConfig,
     config_sha256,
@@ -226,18 +225,20 @@ def config_from_dict(
         )
     raw = _deep_copy(dict(data))
     overridden = _apply_overrides(raw, overrides, problems)
+    marks = _marks or {}
     try:
         cfg = ExperimentConfig.model_validate(raw)
     except ValidationError as exc:
-        problems.extend(_format_error(error, _marks or {}, overridden) for error in exc.errors())
-        raise ConfigError(problems, source=source) from None
-    if problems:
+        problems.extend(_format_error(error, marks, overridden) for error in exc.errors())
+        cfg = None
+    if cfg is None or problems:  # the paths too, so that one round of fixes is enough
+        located = paths_only(raw, base_dir) if check_paths else None
+        if located is not None:
+            problems.extend(path_problems(located, marks, overridden))
         raise ConfigError(problems, source=source)
-    if base_dir is not None:
-        configured = Path(cfg.config_dir) if cfg.config_dir is not None else Path(".")
-        cfg = cfg.model_copy(update={"config_dir": str((Path(base_dir) / configured).resolve())})
+    cfg = with_config_dir(cfg, base_dir)
     if check_paths:
-        problems.extend(_missing_paths(cfg.resolve_paths()))
+        problems.extend(path_problems(cfg, marks, overridden))
         if problems:
             raise ConfigError(problems, source=source)
     return cfg
@@ -268,12 +269,12 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentCo
     file = Path(path)
     kind = path_kind(file)
     if kind == "missing":
-        raise InputError(f"config file {str(path)!r} not found", source=str(path), fix=_file_hint(file))
+        raise InputError(f"config file {str(path)!r} not found", source=str(path), fix=file_hint(file))
     if kind != "file":
         raise InputError(
             f"config path {str(path)!r} is a {kind}, not a config file",
             source=str(path),
-            fix=f"pass a YAML file{_inside_hint(file, ('.yaml', '.yml'))}",
+            fix=f"pass a YAML file{inside_hint(file, ('.yaml', '.yml'))}",
         )
     size = file.stat().st_size
     if size > MAX_CONFIG_BYTES:
@@ -330,59 +331,3 @@ def _deep_copy(value: Any) -> Any:
     if isinstance(value, list):
         return [_deep_copy(v) for v in value]
     return value
-
-
-def _missing_paths(cfg: ExperimentConfig) -> list[str]:
-    problems = []
-    data_suffixes = (".jsonl", ".ndjson", ".csv", ".parquet", ".pq")
-    if not cfg.data.path.startswith(BUILTIN_PREFIX):
-        expected = "a JSONL, CSV or Parquet file"
-        problems += _file_problem("data.path", Path(cfg.data.path), expected, data_suffixes)
-    if cfg.split.manifest is not None:
-        problems += _file_problem("split.manifest", Path(cfg.split.manifest), "a manifest file", (".json",))
-    model = Path(cfg.model.name)
-    if model.is_absolute() and not model.is_dir():
-        kind = path_kind(model)
-        problem = (
-            "local model directory not found" if kind == "missing" else f"is a {kind}, not a model directory"
-        )
-        problems.append(
-            f"model.name: {problem} (got {cfg.model.name!r}); "
-            "fix: point it at a directory with config.json and weights, or use a hub id"
-        )
-    return problems
-
-
-def _file_problem(key: str, path: Path, expected: str, suffixes: tuple[str, ...]) -> list[str]:
-    """The problem with a config path that must name a regular file (none when it does)."""
-    kind = path_kind(path)
-    if kind == "file":
-        return []
-    if kind == "missing":
-        return [f"{key}: file not found (got {str(path)!r}); fix: {_file_hint(path)}"]
-    return [
-        f"{key}: is a {kind}, not {expected} (got {str(path)!r}); "
-        f"fix: point it at {expected}{_inside_hint(path, suffixes)}"
-    ]
-
-
-def _inside_hint(path: Path, suffixes: tuple[str, ...]) -> str:
-    """``, e.g. 'dir/a.yaml'`` when ``path`` is a directory holding files with those suffixes."""
-    if not path.is_dir():
-        return ""
-    try:
-        found = sorted(p.name for p in path.iterdir() if p.suffix.lower() in suffixes and p.is_file())
-    except OSError:
-        return ""
-    return f", e.g. {str(path / found[0])!r}" if found else ""
-
-
-def _file_hint(path: Path) -> str:
-    """'did you mean' among the siblings of a missing file, else a generic hint."""
-    parent = path.parent if path.parent.is_dir() else None
-    if parent is not None:
-        siblings = [p.name for p in parent.iterdir() if p.name != path.name]
-        close = difflib.get_close_matches(path.name, siblings, n=1, cutoff=0.6)
-        if close:
-            return f"did you mean {str(parent / close[0])!r}?"
-    return "check the path (relative paths in a config resolve against the config file's directory)"

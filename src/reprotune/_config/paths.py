@@ -1,0 +1,118 @@
+"""Config paths checked on disk: the data file, the split manifest and a local model directory,
+each problem located where its value was set (line and column, or ``--set``).
+
+Importing this module never imports torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from reprotune._config.schema import BUILTIN_PREFIX, ExperimentConfig
+from reprotune._config.yaml_io import Marks, mark_text
+from reprotune._jsonio import path_kind
+
+
+def path_problems(cfg: ExperimentConfig, marks: Marks, overridden: set[tuple[str, ...]]) -> list[str]:
+    """Every config path that does not name what it must, located (``cfg`` has its config_dir)."""
+    return [_locate(problem, marks, overridden) for problem in _missing_paths(cfg.resolve_paths())]
+
+
+def with_config_dir(cfg: ExperimentConfig, base_dir: str | Path | None) -> ExperimentConfig:
+    """``cfg`` with its ``config_dir`` made absolute against the config file's directory."""
+    if base_dir is None:
+        return cfg
+    configured = Path(cfg.config_dir) if cfg.config_dir is not None else Path(".")
+    return cfg.model_copy(update={"config_dir": str((Path(base_dir) / configured).resolve())})
+
+
+def paths_only(raw: Mapping[str, Any], base_dir: str | Path | None) -> ExperimentConfig | None:
+    """A config of defaults with only ``raw``'s data, manifest, model and config_dir paths: what
+    is checked on disk when other keys are invalid (None when the paths themselves are)."""
+    picked: dict[str, Any] = {"config_dir": raw.get("config_dir")}
+    for section, key in _PATH_KEYS:
+        value = raw.get(section)
+        if isinstance(value, Mapping) and key in value:
+            picked[section] = {key: value[key]}
+    try:
+        return with_config_dir(ExperimentConfig.model_validate(picked), base_dir)
+    except ValidationError:
+        return None
+
+
+_PATH_KEYS = (("data", "path"), ("split", "manifest"), ("model", "name"))
+
+
+def _locate(problem: str, marks: Marks, overridden: set[tuple[str, ...]]) -> str:
+    """A path problem (``data.path: file not found ...; fix: ...``) with where its value was set."""
+    key, _, rest = problem.partition(": ")
+    loc = tuple(key.split("."))
+    if loc in overridden:
+        where = " [from --set]"
+    elif loc in marks:
+        where = f" [{mark_text(marks[loc][1])}]"
+    else:
+        return problem
+    head, _, fix = rest.partition("; fix: ")
+    return f"{key}: {head}{where}" + (f"; fix: {fix}" if fix else "")
+
+
+def _missing_paths(cfg: ExperimentConfig) -> list[str]:
+    problems = []
+    data_suffixes = (".jsonl", ".ndjson", ".csv", ".parquet", ".pq")
+    if not cfg.data.path.startswith(BUILTIN_PREFIX):
+        expected = "a JSONL, CSV or Parquet file"
+        problems += _file_problem("data.path", Path(cfg.data.path), expected, data_suffixes)
+    if cfg.split.manifest is not None:
+        problems += _file_problem("split.manifest", Path(cfg.split.manifest), "a manifest file", (".json",))
+    model = Path(cfg.model.name)
+    if model.is_absolute() and not model.is_dir():
+        kind = path_kind(model)
+        problem = (
+            "local model directory not found" if kind == "missing" else f"is a {kind}, not a model directory"
+        )
+        problems.append(
+            f"model.name: {problem} (got {cfg.model.name!r}); "
+            "fix: point it at a directory with config.json and weights, or use a hub id"
+        )
+    return problems
+
+
+def _file_problem(key: str, path: Path, expected: str, suffixes: tuple[str, ...]) -> list[str]:
+    """The problem with a config path that must name a regular file (none when it does)."""
+    kind = path_kind(path)
+    if kind == "file":
+        return []
+    if kind == "missing":
+        return [f"{key}: file not found (got {str(path)!r}); fix: {file_hint(path)}"]
+    return [
+        f"{key}: is a {kind}, not {expected} (got {str(path)!r}); "
+        f"fix: point it at {expected}{inside_hint(path, suffixes)}"
+    ]
+
+
+def inside_hint(path: Path, suffixes: tuple[str, ...]) -> str:
+    """``, e.g. 'dir/a.yaml'`` when ``path`` is a directory holding files with those suffixes."""
+    if not path.is_dir():
+        return ""
+    try:
+        found = sorted(p.name for p in path.iterdir() if p.suffix.lower() in suffixes and p.is_file())
+    except OSError:
+        return ""
+    return f", e.g. {str(path / found[0])!r}" if found else ""
+
+
+def file_hint(path: Path) -> str:
+    """'did you mean' among the siblings of a missing file, else a generic hint."""
+    parent = path.parent if path.parent.is_dir() else None
+    if parent is not None:
+        siblings = [p.name for p in parent.iterdir() if p.name != path.name]
+        close = difflib.get_close_matches(path.name, siblings, n=1, cutoff=0.6)
+        if close:
+            return f"did you mean {str(parent / close[0])!r}?"
+    return "check the path (relative paths in a config resolve against the config file's directory)"
