@@ -217,6 +217,28 @@ def test_changed_data_is_refused_naming_the_rows(
     assert _listing(run_a) == before
 
 
+@pytest.mark.parametrize("moved", ["data.jsonl", "tiny-model"])
+def test_a_data_file_or_model_directory_gone_is_to_be_put_back(
+    project: Any, run_a: Path, moved: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run's data file or local base model gone: exit 2, the fix says to put back the run's
+    own (its path and sha256), where it said to give some data file or download a hub model."""
+    place = project.root / moved
+    place.rename(project.root / "moved-away")
+    try:
+        before = _listing(run_a)
+        assert main(["eval", str(run_a), "--no-progress"]) == 2
+    finally:
+        (project.root / "moved-away").rename(place)
+    err = capsys.readouterr().err
+    assert (
+        "is no longer there" in err and f"fix: put the {'file' if moved == 'data.jsonl' else 'model'}" in err
+    )
+    assert f"back at {place}" in err and "sha256 " in err
+    assert "hf download" not in err and "give a JSONL" not in err
+    assert _listing(run_a) == before
+
+
 def test_a_run_without_adapter_or_test_rows_is_refused(
     project: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -113,7 +113,7 @@ def prepare_inputs(
     cfg = _eval_config(record, overrides, paths.record)
     seeds = derive_seeds(cfg.seed.root, dict(cfg.seed.overrides))
     manifest, manifest_sha256 = _manifest(paths)
-    table = load_table(cfg.data.path, cfg.data.format)
+    table = _run_data(cfg, record)
     data = _check_data(manifest, table, paths.manifest, cfg.data.path)
     indices = [int(i) for i in manifest.indices[split]]
     if not indices:
@@ -208,6 +208,20 @@ def _eval_config(record: Mapping[str, Any], overrides: Sequence[str], source: Pa
     # The recorded config_dir, or where a moved project now is: relative data paths open there.
     cfg = record_config(record, run_dir=Path(source).parent, source=str(source), overrides=overrides)
     return cfg.resolve_paths()
+
+
+def _run_data(cfg: ExperimentConfig, record: Mapping[str, Any]) -> Table:
+    """The run's data file; a file no longer there is to be restored, not replaced (an eval takes
+    the run's own rows, checked against its manifest)."""
+    if not cfg.data.path.startswith("builtin:") and not Path(cfg.data.path).exists():
+        recorded = (record.get("data") or {}).get("file_sha256")
+        raise InputError(
+            f"the run's data file {cfg.data.path} is no longer there",
+            source="record.json: config.data.path",
+            fix=f"put the file the run trained on back at {cfg.data.path} (sha256 {recorded}); an eval "
+            "takes the run's own rows, checked against its split.json",
+        )
+    return load_table(cfg.data.path, cfg.data.format)
 
 
 def _manifest(paths: RunLayout) -> tuple[Manifest, str]:

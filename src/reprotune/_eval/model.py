@@ -74,6 +74,7 @@ def load_eval_model(
         InputError: the weights or config files differ from the record, or the tokenizer files
             do without ``allow_tokenizer_change``.
     """
+    _refuse_moved_model(cfg.model.name, recorded)
     loaded = load_base_model(
         cfg.model.name,
         revision=cfg.model.revision,
@@ -118,6 +119,21 @@ def load_eval_model(
         vocab_size=int(loaded.model.config.vocab_size),
     )
     return EvalModel(model, loaded.tokenizer, info, tokenizer_check, eos, attention, invariance)
+
+
+def _refuse_moved_model(name: str, recorded: Mapping[str, Any]) -> None:
+    """A run trained on a local model directory that is no longer there (``name``, the run's
+    model.name resolved as the run's data is, absolute when the directory exists): say to put it
+    back (the loader would look the name up as a hub id, and say to download one)."""
+    if recorded.get("kind") == "local" and not (Path(name).is_absolute() and Path(name).is_dir()):
+        source = recorded.get("source")
+        raise InputError(
+            f"the run's base model directory is no longer there ({source} when the run trained)",
+            source="record.json: config.model.name",
+            fix=f"put the model the run trained on back at {source}, or beside the project as "
+            f"model.name {name!r} says (weights sha256 {recorded.get('weights_sha256')}); an eval "
+            "loads the run's own base model",
+        )
 
 
 def refuse_past_the_model(config: Any, max_length: int, max_new_tokens: int) -> None:
