@@ -133,7 +133,9 @@ class SplitConfig(_Section):
         "format)",
     )
     ratios: tuple[Float, ...] = Field(
-        default=(0.8, 0.1, 0.1), description="train, validation, test fractions; sum to 1"
+        default=(0.8, 0.1, 0.1),
+        description="train, validation, test fractions summing to 1, train and validation > 0 (a run "
+        "trains and validates; `reprotune split --ratios` alone also takes 0 for them)",
     )
     stratify_by: Str | None = Field(
         default=None, description="column whose class proportions each split keeps"
