@@ -187,19 +187,24 @@ def test_not_text_names_the_json_kind(value: object, said: str) -> None:
     assert not_text(value) == said
 
 
-def test_a_non_text_training_row_is_refused_naming_field_row_and_split() -> None:
-    """The run refuses, before training, a train row whose response is not text; the row is named
-    once (in the location), the split in the message."""
+@pytest.mark.parametrize(("split", "at_end"), [("train", False), ("test", True)])
+def test_a_non_text_row_the_run_reads_is_refused_naming_field_row_and_split(split: str, at_end: bool) -> None:
+    """The run refuses, before training, a row it will read whose response is not text: a train
+    row, and with eval.generate_at_end a test row (the eval at the end failed after training); the
+    row is named once (in the location), the split in the message."""
+    from reprotune._config.loading import config_from_dict
     from reprotune._data.split import split_table
     from reprotune._train.data import _check_text_fields
 
     prompts = [f"p{i}" for i in range(20)]
     manifest = split_table(table_from_columns({"prompt": prompts, "response": prompts}), seed=0)
-    row = int(manifest.indices["train"][3])
+    row = int(manifest.indices[split][0])
     responses: list[object] = [f"r{i}" for i in range(20)]
     responses[row] = 7
     table = table_from_columns({"prompt": prompts, "response": responses})
+    if split == "test":  # without the eval at the end, the run never reads a test row
+        _check_text_fields(table, manifest, config_from_dict({}))
     with pytest.raises(InputError) as caught:
-        _check_text_fields(table, manifest, ("prompt", "response"))
-    assert caught.value.message == "field 'response' is a number (7), not text (a train row)"
+        _check_text_fields(table, manifest, config_from_dict({"eval": {"generate_at_end": at_end}}))
+    assert caught.value.message == f"field 'response' is a number (7), not text (a {split} row)"
     assert caught.value.source == f"memory, row {row}"

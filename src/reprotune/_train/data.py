@@ -124,7 +124,7 @@ def prepare_data(
             fix=f"run `reprotune check-split {given} {cfg.data.path}` to see what changed, "
             "then make a new manifest or restore the data",
         )
-    _check_text_fields(table, loaded, (cfg.data.prompt_field, cfg.data.response_field))
+    _check_text_fields(table, loaded, cfg)
     data = RunData(
         table=table,
         manifest=loaded,
@@ -178,12 +178,16 @@ def check_rows_per_step(cfg: ExperimentConfig, data: RunData) -> None:
         )
 
 
-def _check_text_fields(table: Table, manifest: Manifest, fields: tuple[str, ...]) -> None:
-    """Refuse, before any training, a train or validation row whose prompt or response is not text."""
-    for name in fields:
+def _check_text_fields(table: Table, manifest: Manifest, cfg: ExperimentConfig) -> None:
+    """Refuse, before any training, a row the run will read whose prompt or response is not text:
+    train and validation rows, and the test rows ``eval.generate_at_end`` evaluates."""
+    rows = {split: manifest.indices[split] for split in ("train", "validation")}
+    if cfg.eval.generate_at_end:
+        rows["test"] = manifest.indices["test"][: cfg.eval.generate_max_rows]
+    for name in (cfg.data.prompt_field, cfg.data.response_field):
         column = table.column(name)
-        for split in ("train", "validation"):
-            for row in manifest.indices[split]:
+        for split, indices in rows.items():
+            for row in indices:
                 value = column[int(row)]
                 if not isinstance(value, str):
                     raise InputError(
