@@ -98,3 +98,20 @@ def test_pack_never_writes_over_its_inputs_or_into_a_run(
     assert "writing it would destroy what it holds" in err or "inside the run directory" in err, err
     assert file_tree(project.root) == before
     assert os.path.isfile(project.root / "data.jsonl")
+
+
+@pytest.mark.parametrize("target", ["data.jsonl", "cfg.yaml"])
+def test_pack_never_replaces_a_file_that_is_not_a_bundle(
+    bundled: tuple[TinyProject, Path], target: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`pack -o data.jsonl` without --with-data (the data is then not an input) or onto the config:
+    exit 2, the file keeps every byte; `pack -o` onto the run's earlier bundle replaces it, with
+    the same bytes (a run packs deterministically)."""
+    project, bundle = bundled
+    before = file_tree(project.root)
+    assert main(["pack", str(project.root / "runs" / "r"), "-o", str(project.root / target)]) == 2
+    assert "exists and is not a reprotune bundle" in capsys.readouterr().err
+    assert file_tree(project.root) == before
+    packed = bundle.read_bytes()
+    assert main(["pack", str(project.root / "runs" / "r"), "-o", str(bundle)]) == 0
+    assert bundle.read_bytes() == packed

@@ -88,6 +88,55 @@ def test_split_out_into_a_run_directory_is_refused(
     assert (run / "split.json").read_bytes() == manifest
 
 
+@pytest.mark.parametrize("kind", ["config", "json", "other schema", "data"])
+def test_split_out_onto_a_file_that_is_not_a_manifest_is_refused(
+    tmp_path: Path, data: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`split --out` onto an existing file that is not a split manifest (a config, another JSON
+    document, another data file): exit 2, the file keeps every byte."""
+    out = tmp_path / {"config": "cfg.yaml", "json": "notes.json", "other schema": "bundle.json"}.get(
+        kind, "other.jsonl"
+    )
+    content = {
+        "config": "seed: {root: 1}\n",
+        "json": '{"note": "mine"}',
+        "other schema": '{"schema": "reprotune/bundle"}',
+    }.get(kind, ROWS)
+    out.write_text(content, encoding="utf-8")
+    assert main(["split", str(data), "--out", str(out)]) == 2
+    _assert_refused(capsys, f"--out {str(out)!r} exists and is not a split manifest", "give --out a new path")
+    assert out.read_text(encoding="utf-8") == content
+
+
+def test_split_out_replaces_a_manifest_or_an_empty_file(tmp_path: Path, data: Path) -> None:
+    """A manifest written again (another seed) replaces the old one; an empty file holds nothing."""
+    out = tmp_path / "split.json"
+    assert main(["split", str(data), "--out", str(out), "--seed", "1"]) == 0
+    first = out.read_bytes()
+    assert main(["split", str(data), "--out", str(out), "--seed", "2"]) == 0
+    assert out.read_bytes() != first and load_manifest(out).seed == 2
+    empty = tmp_path / "empty.json"
+    empty.touch()
+    assert main(["split", str(data), "--out", str(empty)]) == 0 and load_manifest(empty).n_rows == 40
+
+
+def test_report_onto_a_file_that_is_not_a_page_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`report RUN -o cfg.yaml` exits 2 and the config keeps every byte; `-o` an earlier report
+    replaces it."""
+    run = write_run_dir(tmp_path / "A", RunSpec())
+    config = tmp_path / "cfg.yaml"
+    config.write_text("seed: {root: 1}\n", encoding="utf-8")
+    assert main(["report", str(run), "-o", str(config)]) == 2
+    _assert_refused(capsys, "exists and is not an HTML page")
+    assert config.read_text(encoding="utf-8") == "seed: {root: 1}\n"
+    page = tmp_path / "report.html"
+    page.write_text("<!DOCTYPE html>\n<html><body>an older report</body></html>", encoding="utf-8")
+    assert main(["report", str(run), "-o", str(page)]) == 0
+    assert "an older report" not in page.read_text(encoding="utf-8")
+
+
 def test_verify_out_onto_its_config_is_refused(
     project: TinyProject, capsys: pytest.CaptureFixture[str]
 ) -> None:

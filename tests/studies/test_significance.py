@@ -129,6 +129,24 @@ def test_html_report(tmp_path: Path) -> None:
     html = out.read_text(encoding="utf-8")
     assert "within seed noise" in html and html.count("<svg") == 1 and html.count("<circle") == 6
     assert "<script" not in html and "http://" not in html and "https://" not in html
+    again = write_study_dir(tmp_path / "c", [4.0, 4.02, 3.98])
+    assert main(["significance", str(a), str(again), "-o", str(out)]) == 0  # its own page: replaced
+    assert "beyond seed noise" in out.read_text(encoding="utf-8")
+
+
+def test_a_report_over_a_file_that_is_not_a_page_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-o onto an existing file that is not an HTML page (a config): exit 2, nothing printed but the
+    error, the file keeps every byte."""
+    a = write_study_dir(tmp_path / "a", [5.0, 5.02, 4.98])
+    b = write_study_dir(tmp_path / "b", [5.01, 4.97, 5.0])
+    out = tmp_path / "cfg.yaml"
+    out.write_text("seed: {root: 1}\n", encoding="utf-8")
+    assert main(["significance", str(a), str(b), "-o", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "exists and is not an HTML page" in captured.err, captured
+    assert out.read_text(encoding="utf-8") == "seed: {root: 1}\n"
 
 
 @pytest.mark.parametrize(

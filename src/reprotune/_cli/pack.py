@@ -8,7 +8,13 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, help="a completed run directory")
-    parser.add_argument("-o", "--out", type=Path, required=True, help="the bundle to write (.tar.gz)")
+    parser.add_argument(
+        "-o",
+        "--out",
+        type=Path,
+        required=True,
+        help="the bundle to write (.tar.gz); an existing file there is replaced only if it is a bundle",
+    )
     parser.add_argument(
         "--with-data",
         action="store_true",

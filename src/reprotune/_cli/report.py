@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from reprotune._run.outputs import refuse_overwrite
+from reprotune._run.outputs import html_page, refuse_overwrite
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out",
         type=Path,
         default=Path("report.html"),
-        help="the HTML file to write (default: report.html)",
+        help="the HTML file to write (default: report.html); an existing file there is replaced only if "
+        "it is an HTML page",
     )
 
 
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     """Write the report and print its path; return 0."""
     from reprotune._proof.report import write_report
 
-    refuse_overwrite(args.out, reads=args.run_dirs, option="--out")
+    refuse_overwrite(args.out, reads=args.run_dirs, option="--out", own=html_page())
     path = write_report(args.run_dirs, args.out)
     print(f"report written to {path}")
     return 0

@@ -24,12 +24,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="the permutation test's seed, when it resamples")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("-o", "--report", type=Path, default=None, help="also write an HTML report here")
+    parser.add_argument(
+        "-o",
+        "--report",
+        type=Path,
+        default=None,
+        help="also write an HTML report here (an existing file there is replaced only if it is an HTML page)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from reprotune._errors import InputError
-    from reprotune._run.outputs import refuse_overwrite
+    from reprotune._run.outputs import html_page, refuse_overwrite
     from reprotune._studies.report import write_significance_report
     from reprotune._studies.significance import significance
     from reprotune._studies.studyfile import load_study
@@ -47,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     if args.report is not None:  # first: a report that cannot be written is the only output
-        refuse_overwrite(args.report, reads=[args.study_a, args.study_b], option="--report")
+        refuse_overwrite(args.report, reads=[args.study_a, args.study_b], option="--report", own=html_page())
         write_significance_report(result, load_study(args.study_a), load_study(args.study_b), args.report)
     if args.json:
         print(json.dumps(result.to_json(), indent=1, sort_keys=True))

@@ -13,13 +13,19 @@ from pathlib import Path
 
 from reprotune._cli._options import RARE_CLASS_POLICIES, add_format_option
 from reprotune._errors import InputError
-from reprotune._run.outputs import refuse_overwrite
+from reprotune._run.outputs import json_document, refuse_overwrite
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the command's arguments."""
     parser.add_argument("data", metavar="DATA", help="JSONL, CSV or Parquet file, or builtin:chatterbot-en")
-    parser.add_argument("--out", required=True, metavar="MANIFEST", help="where to write the manifest (JSON)")
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="MANIFEST",
+        help="where to write the manifest (JSON); an existing file there is replaced only if it is "
+        "a manifest",
+    )
     add_format_option(parser)
     parser.add_argument("--stratify-by", metavar="COL", help="keep the proportions of this column's classes")
     parser.add_argument(
@@ -88,7 +94,7 @@ def parse_seed(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     """Split the data, write the manifest, print a summary. Returns 0."""
     from reprotune._data.loaders import load_table
-    from reprotune._data.manifest import write_manifest
+    from reprotune._data.manifest import SCHEMA, write_manifest
     from reprotune._data.split import RareClassWarning, split_table
 
     ratios = parse_ratios(args.ratios)
@@ -98,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(
             f"--out {args.out!r} is a directory", source="--out", fix="give a file path such as split.json"
         )
-    refuse_overwrite(out, reads=[args.data], option="--out")
+    refuse_overwrite(out, reads=[args.data], option="--out", own=json_document(SCHEMA, "a split manifest"))
     table = load_table(args.data, args.format)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RareClassWarning)

@@ -24,7 +24,7 @@ from reprotune._errors import InputError
 from reprotune._jsonio import canonical_dumps, publishing_file, sha256_file
 from reprotune._run import layout
 from reprotune._run.checkpoint_files import list_checkpoints, verify_checkpoint
-from reprotune._run.outputs import refuse_overwrite
+from reprotune._run.outputs import refuse_overwrite, tar_archive
 from reprotune._run.record import load_record, record_config
 from reprotune._run.rundir import check_is_run_dir
 
@@ -65,7 +65,12 @@ def pack(
     if not allow_secrets and paths.patch.is_file():
         refuse_secrets_in_patch(paths.patch)
     data_file = _data_file(record, run_dir) if with_data else None  # None for builtin data
-    refuse_overwrite(out, reads=[run_dir, *([data_file] if data_file else [])], option="-o")
+    refuse_overwrite(
+        out,
+        reads=[run_dir, *([data_file] if data_file else [])],
+        option="-o",
+        own=tar_archive(MANIFEST, "a reprotune bundle"),
+    )
     files: dict[str, Path] = {}
     for path in _run_files(paths) + (_checkpoint_files(paths) if with_checkpoints else []):
         files[f"{RUN}/{path.relative_to(run_dir).as_posix()}"] = path

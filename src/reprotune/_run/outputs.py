@@ -5,31 +5,91 @@ manifest; ``report -o RUN/record.json`` would replace a record with HTML; ``pack
 --with-data`` would replace the data it packs; ``rerun BUNDLE --out runs/A`` would write into the run
 it came from. Paths are compared resolved (symlinks followed) and by identity (hard links), and no
 output may be, or land inside, a run or verification directory, whose files belong to the run.
-One check for every command that writes (split, report, pack, rerun). A command refused after it
-began writing its output directory removes what it made there (:func:`removed_if_refused`).
-Imports only the standard library and ``_run.layout``'s names, so commands that need no model stay
-light.
+One check for every command that writes (split, report, pack, rerun). A command that writes one
+file replaces an existing file there only when it is of the command's own kind (:class:`OwnKind`:
+a report over an HTML page, a manifest over a manifest): ``pack -o cfg.yaml`` is refused, not a
+config turned into a tarball. A command refused after it began writing its output directory
+removes what it made there (:func:`removed_if_refused`). Imports only the standard library and
+``_run.layout``'s names, so commands that need no model stay light.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+import tarfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from reprotune._errors import InputError
 from reprotune._run.layout import RECORD, VERIFICATION
 
 
-def refuse_overwrite(out: Path, *, reads: Sequence[str | Path], option: str) -> None:
-    """Refuse ``out`` when it is (or would replace) a file the command reads or a run's file.
+@dataclass(frozen=True)
+class OwnKind:
+    """The kind of file a command writes, which it may replace; any other file there is refused.
+
+    ``name`` says it in the refusal ("an HTML page"); ``test`` tells whether an existing file is of
+    this kind (it reads no more than it needs).
+    """
+
+    name: str
+    test: Callable[[Path], bool]
+
+
+def html_page() -> OwnKind:
+    """An HTML page (what ``report`` and ``significance --report`` write)."""
+
+    def test(path: Path) -> bool:
+        with path.open("rb") as handle:
+            start = handle.read(512).lstrip().lower()
+        return start.startswith((b"<!doctype html", b"<html"))
+
+    return OwnKind("an HTML page", test)
+
+
+def json_document(schema: str, name: str) -> OwnKind:
+    """A JSON document whose ``schema`` is ``schema`` (a split manifest: ``reprotune/split-manifest``)."""
+
+    def test(path: Path) -> bool:
+        try:
+            document = json.loads(path.read_bytes())
+        except (ValueError, UnicodeDecodeError):
+            return False
+        return isinstance(document, dict) and document.get("schema") == schema
+
+    return OwnKind(name, test)
+
+
+def tar_archive(first_member: str, name: str) -> OwnKind:
+    """A tar archive whose first member is ``first_member`` (a bundle's ``bundle.json``)."""
+
+    def test(path: Path) -> bool:
+        try:
+            with tarfile.open(path) as archive:
+                member = archive.next()
+        except (tarfile.TarError, EOFError, OSError):
+            return False
+        return member is not None and member.name == first_member
+
+    return OwnKind(name, test)
+
+
+def refuse_overwrite(
+    out: Path, *, reads: Sequence[str | Path], option: str, own: OwnKind | None = None
+) -> None:
+    """Refuse ``out`` when it is (or would replace) a file the command reads or a run's file, or
+    (given ``own``) an existing file of another kind than the command writes.
 
     Args:
         out: the output path given.
         reads: the files and directories the command reads.
         option: the option that named ``out`` (``--out``), for the message.
+        own: the kind of file the command writes; an existing non-empty file at ``out`` that is not
+            of this kind is refused (an empty one holds nothing to lose).
 
     Raises:
         InputError: naming both paths and the fix.
@@ -53,6 +113,19 @@ def refuse_overwrite(out: Path, *, reads: Sequence[str | Path], option: str) -> 
         if (parent / RECORD).is_file() or (parent / VERIFICATION).is_file():
             kind = "run" if (parent / RECORD).is_file() else "verification"
             raise _refusal(out, option, f"is inside the {kind} directory {parent}, whose files belong to it")
+    if own is not None and target.is_file() and target.stat().st_size > 0 and not _is_own(own, target):
+        raise InputError(
+            f"{option} {str(out)!r} exists and is not {own.name}: writing it would replace what it holds",
+            source=option,
+            fix=f"give {option} a new path (or remove {out} first, if it should go)",
+        )
+
+
+def _is_own(own: OwnKind, path: Path) -> bool:
+    try:
+        return own.test(path)
+    except OSError:  # unreadable: not known to be ours
+        return False
 
 
 def refuse_nonempty_dir(out: Path, *, option: str) -> None:
