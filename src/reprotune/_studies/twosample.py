@@ -8,7 +8,9 @@
   recorded seed. With few seeds it cannot reach a small p (3 seeds each: never below 0.1), so it
   is reported beside the verdict, which says when the two disagree.
 - Effect size: Cohen's d (difference of means over the pooled standard deviation), and the seeds
-  per side a two-sided t-test at ``alpha`` needs to detect that d with 80 % power (noncentral t).
+  per side the verdict's test (Welch's, two-sided, at ``alpha``) needs to detect that d with 80 %
+  power, with the two studies' variances in the ratio they show (noncentral t at Welch's degrees
+  of freedom; equal variances give the textbook Student values).
 
 Never imports torch.
 """
@@ -119,7 +121,11 @@ def compare_samples(
         permutation_seed=seed,
         permutation_smallest_p=min(1.0, 2 / arrangements),
         cohens_d=d,
-        seeds_for_power=seeds_for_power(d, alpha) if d is not None else None,
+        seeds_for_power=(
+            seeds_for_power(d, alpha, variance_ratio=min(sa, sb) ** 2 / max(sa, sb) ** 2)
+            if d is not None
+            else None
+        ),
         beyond_noise=p < alpha,
         note=note,
     )
@@ -136,16 +142,25 @@ def _cohens_d(xa: np.ndarray, xb: np.ndarray) -> float | None:
     return float((np.mean(xb) - np.mean(xa)) / pooled) if pooled > 0 else None
 
 
-def seeds_for_power(d: float, alpha: float, power: float = POWER) -> int | None:
-    """The smallest n per side at which a two-sided two-sample t-test at ``alpha`` detects an effect
-    of Cohen's d ``d`` with probability ``power`` (noncentral t); None for d = 0 or beyond 10**7."""
+def seeds_for_power(
+    d: float, alpha: float, power: float = POWER, *, variance_ratio: float = 1.0
+) -> int | None:
+    """The smallest n per side at which Welch's two-sided test at ``alpha`` detects an effect of
+    Cohen's d ``d`` with probability ``power``; None for d = 0 or beyond 10**7.
+
+    ``variance_ratio`` (the smaller variance over the larger, in [0, 1]) sets Welch's degrees of
+    freedom at n per side, ``(n - 1)(1 + r)**2 / (1 + r**2)``: ``2n - 2`` (Student's) for equal
+    variances, down to ``n - 1`` when one study has no spread. With n per side the statistic is
+    Student's, so only the degrees of freedom change (noncentral t, ``|d| * sqrt(n / 2)``).
+    """
     if d == 0 or not math.isfinite(d):
         return None
+    ratio = min(max(variance_ratio, 0.0), 1.0)
 
     def achieved(n: int) -> float:
         from scipy import stats
 
-        df = 2 * n - 2
+        df = (n - 1) * (1 + ratio) ** 2 / (1 + ratio**2)
         noncentrality = abs(d) * math.sqrt(n / 2)
         critical = stats.t.ppf(1 - alpha / 2, df)
         return float(stats.nct.sf(critical, df, noncentrality) + stats.nct.cdf(-critical, df, noncentrality))
