@@ -31,6 +31,11 @@ def test_split_then_check(tmp_path: Path, data: Path, capsys: pytest.CaptureFixt
     assert json.loads(out.read_text())["seed"] == 7
     assert main(["check-split", str(out), str(data)]) == 0
     assert capsys.readouterr().out.startswith("identical")
+    assert main(["check-split", str(data), str(out)]) == 2  # the other way round: said so, with the fix
+    err = capsys.readouterr().err
+    assert f"{data} is the split manifest" not in err
+    assert f"{out} is the split manifest and {data} is not: the arguments are the other way round" in err
+    assert f"fix: reprotune check-split {out} {data}" in err
 
 
 def test_check_split_reports_edit_and_leak(

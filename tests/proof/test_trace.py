@@ -179,8 +179,8 @@ def test_a_trace_holds_hashes_only(project: TinyProject) -> None:
 
 
 def test_trace_refuses_bad_input_clearly(project: TinyProject) -> None:
-    """A step outside the run, an existing output file, a trace compared with a run: exit 2, the
-    value named, nothing written."""
+    """A step outside the run, an existing output file or a directory as --out, a trace compared
+    with a run: exit 2, the value named, nothing written."""
     for step in ("0", "9"):
         done = project.run_cli("trace", "native", "--step", step, "--out", "x.jsonl", check=False)
         assert done.returncode == 2 and "steps 1 to 8" in done.stderr
@@ -189,6 +189,9 @@ def test_trace_refuses_bad_input_clearly(project: TinyProject) -> None:
     done = project.run_cli("trace", "native", "--step", "1", "--out", "exists.jsonl", check=False)
     assert done.returncode == 2 and "already exists" in done.stderr
     assert (project.root / "exists.jsonl").read_text() == "mine\n"
+    done = project.run_cli("trace", "native", "--step", "1", "--out", ".", check=False)
+    assert done.returncode == 2 and "is a directory; --out names the trace file" in done.stderr
+    assert "fix: give a file path, e.g. --out " in done.stderr and "-step-1.jsonl" in done.stderr
     project.run_cli("trace", "native", "--step", "1", "--out", "one.jsonl", "--no-progress")
     done = project.run_cli("compare", "one.jsonl", "native", check=False)
     assert done.returncode == 2 and "is not a trace" in done.stderr

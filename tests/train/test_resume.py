@@ -181,20 +181,30 @@ def test_resume_of_a_completed_run_exits_2(reference: Path, capsys: pytest.Captu
     assert sha256_file(reference / "record.json") == before
 
 
-@pytest.mark.parametrize("kind", ["empty", "missing", "other-files"])
+@pytest.mark.parametrize("kind", ["empty", "missing", "other-files", "config"])
 def test_resume_of_a_non_run_dir_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
 ) -> None:
-    """``resume`` on a directory that holds no run (empty, missing, unrelated files) exits 2."""
-    target = tmp_path / "not-a-run"
-    if kind != "missing":
+    """``resume`` on what holds no run exits 2 saying what it is instead: a missing path, a
+    directory without record.json, a config (which `reprotune run` starts)."""
+    target = tmp_path / ("cfg.yaml" if kind == "config" else "not-a-run")
+    if kind in ("empty", "other-files"):
         target.mkdir()
     if kind == "other-files":
         (target / "notes.txt").write_text("hello\n", encoding="utf-8")
+    if kind == "config":
+        target.write_text("seed: {root: 1}\n", encoding="utf-8")
     assert main(["resume", str(target), *QUIET]) == 2
     err = capsys.readouterr().err
-    assert f"{target} is not a run directory (no record.json)" in err
-    assert "fix: point at a directory written by `reprotune run`" in err
+    expected = {
+        "missing": (f"no such directory: {target}", "fix: pass the directory `reprotune run` wrote"),
+        "config": (
+            f"{target} is a file, not a run directory",
+            f"fix: a config starts a run (`reprotune run {target}`); give the directory that run wrote",
+        ),
+    }.get(kind, (f"{target} is not a run directory: it has no record.json", "fix: pass the directory"))
+    for text in expected:
+        assert text in err, err
 
 
 def test_resume_keeps_what_the_first_attempt_recorded(tmp_path: Path) -> None:

@@ -8,8 +8,13 @@ leaks across splits; 2 bad input. Imports nothing heavy at module level.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from reprotune._cli._options import add_format_option
+
+if TYPE_CHECKING:
+    from reprotune._data.manifest import Manifest
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +36,6 @@ def run(args: argparse.Namespace) -> int:
     """Check the data against the manifest and print the report; return the exit code."""
     from reprotune._data.checksplit import check_split
     from reprotune._data.loaders import load_table
-    from reprotune._data.manifest import load_manifest
     from reprotune._errors import InputError
 
     if args.max_rows < 0:
@@ -40,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
             source="--max-rows",
             fix="give how many changed rows to list, e.g. --max-rows 20 (--json lists all)",
         )
-    manifest = load_manifest(args.manifest)
+    manifest = _manifest(args)
     table = load_table(args.data, args.format)
     columns = None
     if args.leak_columns is not None:
@@ -60,3 +64,22 @@ def run(args: argparse.Namespace) -> int:
     if not report.identical:
         return 1
     return 1 if args.fail_on_leak and report.leaked else 0
+
+
+def _manifest(args: argparse.Namespace) -> Manifest:
+    """The manifest given; when it is none and DATA is one, the arguments were swapped: say so."""
+    from reprotune._data.manifest import SCHEMA, load_manifest
+    from reprotune._errors import InputError
+    from reprotune._run.outputs import json_document
+
+    try:
+        return load_manifest(args.manifest)
+    except InputError:
+        data = Path(args.data)
+        if data.is_file() and json_document(SCHEMA, "a split manifest").test(data):
+            raise InputError(
+                f"{args.data} is the split manifest and {args.manifest} is not: the arguments are the "
+                "other way round (check-split MANIFEST DATA)",
+                fix=f"reprotune check-split {args.data} {args.manifest}",
+            ) from None
+        raise

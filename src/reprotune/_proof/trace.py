@@ -40,7 +40,7 @@ from torch.utils._pytree import tree_flatten
 
 from reprotune._config.loading import config_from_dict
 from reprotune._errors import InputError
-from reprotune._proof.tracefile import SCHEMA, SCHEMA_VERSION, TraceOp, write_trace
+from reprotune._proof.tracefile import SCHEMA, SCHEMA_VERSION, TraceOp, new_trace_path, write_trace
 from reprotune._run.checkpoint import restore_checkpoint
 from reprotune._run.checkpoint_files import list_checkpoints, verify_checkpoint
 from reprotune._run.kernels import kernel_facts
@@ -322,11 +322,7 @@ def trace_step(
     say = report or (lambda line: None)
     run = open_run_dir(run_dir)
     _refuse_unsupported(run, step)
-    target = Path(out) if out is not None else Path.cwd() / f"trace-{run.run_id}-step-{step}.jsonl"
-    if target.exists() or target.is_symlink():
-        raise InputError(
-            f"{target} already exists", source="--out", fix="choose a new file: a trace never overwrites"
-        )
+    target = new_trace_path(out, f"trace-{run.run_id}-step-{step}.jsonl")
     cfg = config_from_dict(dict(run.section("config")), source=str(run.layout.record))
     setup = build_setup(cfg, manifest=run.layout.manifest)
     start = _restore(setup, run, step, report or partial(print, file=sys.stderr, flush=True))

@@ -84,6 +84,23 @@ class Trace:
     ops: tuple[TraceOp, ...]
 
 
+def new_trace_path(out: str | Path | None, name: str) -> Path:
+    """Where a new trace goes: ``out``, or ``name`` in the current directory; refused when that
+    exists (a trace never overwrites) or is a directory (named with the file it could hold)."""
+    target = Path(out) if out is not None else Path.cwd() / name
+    if target.is_dir():
+        raise InputError(
+            f"{target} is a directory; --out names the trace file",
+            source="--out",
+            fix=f"give a file path, e.g. --out {target / name}",
+        )
+    if target.exists() or target.is_symlink():
+        raise InputError(
+            f"{target} already exists", source="--out", fix="choose a new file: a trace never overwrites"
+        )
+    return target
+
+
 def write_trace(path: Path, header: Mapping[str, Any], ops: Sequence[TraceOp]) -> bytes:
     """Write the trace atomically (gzip-compressed when ``path`` ends in ``.gz``); return its bytes."""
     lines = [canonical_dumps({**header, "kind": "header", "ops": len(ops)}, indent=None)]

@@ -123,6 +123,8 @@ def check_is_run_dir(root: Path, *, option: str | None = None) -> None:
     if not root.is_dir():
         if root.name.endswith((".tar.gz", ".tgz")):  # a bundle (`reprotune pack`) is no run directory
             fix = f"rerun it here with `reprotune rerun {root} --out DIR` (its run unpacks to DIR/recorded)"
+        elif root.suffix in (".yaml", ".yml"):  # a config: it starts a run, and is none
+            fix = f"a config starts a run (`reprotune run {root}`); give the directory that run wrote"
         raise InputError(f"{root} is a file, not a run directory", source=option, fix=fix)
     if (root / layout.RECORD).is_file():
         return

@@ -39,6 +39,7 @@ from reprotune._run.live_record import LiveRecord
 from reprotune._run.lock import holding_run_dir
 from reprotune._run.nospace import no_space_in_run
 from reprotune._run.record import Status, attempt_timings
+from reprotune._run.rundir import check_is_run_dir
 from reprotune._trackers.base import Tracker, TrackerSet
 from reprotune._trackers.mlflow import MlflowTracker
 from reprotune._trackers.wandb import WandbTracker
@@ -122,12 +123,7 @@ def _resume(run_dir: Path, options: RunOptions, dist: DistContext | None) -> Run
             source=str(run_dir),
             fix=f"start it again with `reprotune run CONFIG --run-dir {run_dir}`",
         )
-    if not paths.is_run_dir():
-        raise InputError(
-            f"{run_dir} is not a run directory (no {paths.record.name})",
-            source=str(run_dir),
-            fix="point at a directory written by `reprotune run`",
-        )
+    check_is_run_dir(run_dir)
     with holding_run_dir(run_dir, report=report), hf_progress_bars(options.progress), interrupt_on_signals():
         record = LiveRecord.load(paths.record)  # read under the lock: no other writer now
         refuse_completed(record.typed.status, run_dir)
