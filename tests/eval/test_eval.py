@@ -175,6 +175,7 @@ def _base_train() -> dict[str, Any]:
         (["--set", "lora.r=2"], "an eval cannot change"),
         (["--set", "seed.overrides.split=3"], "changes nothing in an eval: it takes the run's own split"),
         (["--set", "foo"], "--set 'foo': expected KEY.PATH=VALUE"),
+        (["--set", "eval.batch_sise=2"], "record.json (the run's config) with --set: invalid config"),
     ],
     ids=[
         "max-rows-0",
@@ -185,6 +186,7 @@ def _base_train() -> dict[str, Any]:
         "set-lora",
         "split-seed",
         "no-equals",
+        "typo",
     ],
 )
 def test_bad_input_exits_2_with_nothing_written(

@@ -55,6 +55,15 @@ def test_a_bundle_is_not_a_run_dir_and_the_fix_says_how_to_rerun_it(tmp_path: Pa
     assert f"fix: rerun it here with `reprotune rerun {bundle} --out DIR`" in str(refused.value)
 
 
+def test_a_part_of_a_run_names_the_run(run: Path) -> None:
+    """An eval directory or the checkpoints folder of a run, given as a run: the fix names the run
+    as the path was given."""
+    (run / "evals" / "20261203-test-0001").mkdir(parents=True)
+    with pytest.raises(InputError, match=r"has no record\.json") as info:
+        open_run_dir(run / "evals" / "20261203-test-0001")
+    assert info.value.fix == f"pass the run directory {run}: evals/20261203-test-0001 is a part of that run"
+
+
 def test_parent_of_runs_suggests_children(run: Path) -> None:
     """Passing runs/ itself suggests the run directories inside it."""
     with pytest.raises(InputError, match=r"has no record\.json") as info:

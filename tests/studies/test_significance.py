@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -274,6 +275,23 @@ def test_a_report_that_cannot_be_written_is_the_only_output(
     captured = capsys.readouterr()
     assert captured.out == "" and "fix:" in captured.err
     assert (b / "study.json").read_bytes() == before
+
+
+def test_one_study_given_twice_is_said_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A study given as A and B (its directory and its study.json), or a copy of it: the verdict
+    stands (no difference) and a note says that a config was compared with itself."""
+    a = write_study_dir(tmp_path / "a", [5.0, 5.02, 4.98])
+    assert main(["significance", str(a), str(a / "study.json")]) == 0
+    out = capsys.readouterr().out
+    assert "within seed noise" in out.splitlines()[0]
+    assert "note: A and B are one study given twice (study " in out
+    assert "Nothing differs between the studies' configs, not even their seeds." in out
+    shutil.copytree(a, tmp_path / "copy")
+    assert main(["significance", str(a), str(tmp_path / "copy")]) == 0
+    assert "note: A and B are two studies of one config and seeds" in capsys.readouterr().out
+    other = write_study_dir(tmp_path / "b", [5.01, 4.97, 5.0], config={"seed": {"root": 9}})
+    assert main(["significance", str(a), str(other)]) == 0
+    assert "A and B are" not in capsys.readouterr().out
 
 
 def test_a_folder_of_studies_is_answered_with_the_studies_in_it(

@@ -206,7 +206,9 @@ def _eval_config(record: Mapping[str, Any], overrides: Sequence[str], source: Pa
     if not isinstance(config, Mapping):
         raise InputError("the record holds no config", source=str(source), fix="rerun the run")
     # The recorded config_dir, or where a moved project now is: relative data paths open there.
-    cfg = record_config(record, run_dir=Path(source).parent, source=str(source), overrides=overrides)
+    # A problem is the run's config with this eval's --set, not the record: say so.
+    shown = f"{source} (the run's config) with --set" if overrides else str(source)
+    cfg = record_config(record, run_dir=Path(source).parent, source=shown, overrides=overrides)
     return cfg.resolve_paths()
 
 

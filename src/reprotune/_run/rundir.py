@@ -128,9 +128,15 @@ def check_is_run_dir(root: Path, *, option: str | None = None) -> None:
         raise InputError(f"{root} is a file, not a run directory", source=option, fix=fix)
     if (root / layout.RECORD).is_file():
         return
-    # A common slip is passing runs/ itself: name the run directories found inside.
+    # A common slip is passing runs/ itself: name the run directories found inside; another,
+    # passing a part of a run (its evals/ID or a checkpoint): name the run.
     inside = sorted(p.name for p in root.iterdir() if (p / layout.RECORD).is_file())
-    if inside:
+    parents = [*root.parents, *root.resolve().parents]  # as given first: the fix shows what was typed
+    owner = next((p for p in parents if str(p) != "." and (p / layout.RECORD).is_file()), None)
+    if owner is not None:
+        part = (root if root.is_relative_to(owner) else root.resolve()).relative_to(owner)
+        fix = f"pass the run directory {owner}: {part} is a part of that run"
+    elif inside:
         shown = ", ".join(str(root / name) for name in inside[:3])
         fix = f"pass one of the run directories inside it, e.g. {shown}"
     raise InputError(f"{root} is not a run directory: it has no {layout.RECORD}", source=option, fix=fix)

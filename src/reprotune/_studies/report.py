@@ -180,7 +180,7 @@ def render_significance(result: Significance, study_a: Mapping[str, Any], study_
             _table(("key", "A", "B"), ((d["key"], _text(d["a"]), _text(d["b"])) for d in result.differences))
         )
     else:
-        parts.append("<p>Nothing differs between the studies' configs but their seeds.</p>")
+        parts.append(f"<p>{escape(result.nothing_differs)}</p>")
     parts.append("</body></html>\n")
     return "\n".join(parts)
 

@@ -87,8 +87,15 @@ class Significance:
                 for d in self.differences
             ]
         else:
-            lines.append("Nothing differs between the studies' configs but their seeds.")
+            lines.append(self.nothing_differs)
         return "\n".join(lines) + "\n"
+
+    @property
+    def nothing_differs(self) -> str:
+        """The sentence said when the configs have no difference (one study: not even seeds)."""
+        if self.study_id_a == self.study_id_b:
+            return "Nothing differs between the studies' configs, not even their seeds."
+        return "Nothing differs between the studies' configs but their seeds."
 
 
 def _show(value: Any) -> str:
@@ -165,8 +172,28 @@ def significance(
         test,
         verdict,
         differences,
-        _notes(a, b, test),
+        _notes(a, b, test) + _one_study_note(a, b, study_a, study_b),
     )
+
+
+def _one_study_note(
+    a: Mapping[str, Any], b: Mapping[str, Any], path_a: str | Path, path_b: str | Path
+) -> list[str]:
+    """A note when A and B are one study (one id: the same config, vary and seeds)."""
+    if a["study_id"] != b["study_id"]:
+        return []
+
+    def folder(path: str | Path) -> Path:
+        resolved = Path(path).resolve()
+        return resolved.parent if resolved.is_file() else resolved
+
+    given = (
+        "one study given twice" if folder(path_a) == folder(path_b) else "two studies of one config and seeds"
+    )
+    return [
+        f"A and B are {given} (study {a['study_id']}): a config compared with itself can show no "
+        "difference; to compare two configs, give a study of each"
+    ]
 
 
 def _check_options(alpha: float, seed: int) -> None:
