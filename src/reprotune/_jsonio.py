@@ -295,6 +295,17 @@ def flattened(value: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def empty_beside_keys(key: str, flat_a: Mapping[str, Any], flat_b: Mapping[str, Any]) -> bool:
+    """Whether ``key`` is an empty mapping on one side of two :func:`flattened` values and absent on
+    the other, which lists keys under it (``seed.overrides: {}`` beside ``seed.overrides.split``):
+    those keys are the difference, and the empty mapping is no other."""
+    for here, there in ((flat_a, flat_b), (flat_b, flat_a)):
+        value = here.get(key)
+        if isinstance(value, Mapping) and not value and key not in there:
+            return any(other.startswith(f"{key}.") for other in there)
+    return False
+
+
 def read_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The JSON object in ``path``, or ``{}`` when the file is missing, unreadable, not JSON or
     not an object: for files read as hints (caches, lock holders, metadata), never trusted."""

@@ -126,6 +126,21 @@ def test_environment_difference_listed_when_numbers_agree(ref: Path, tmp_path: P
     assert "environment.torch.num_threads: 2 -> 4" in result.format()
 
 
+def test_an_empty_mapping_beside_its_keys_is_no_difference_of_its_own(tmp_path: Path) -> None:
+    """``seed.overrides: {}`` in A, ``seed.overrides.split: 3`` in B: the key B adds is the difference,
+    not also ``{} -> (absent)`` (a flattening artefact), both ways round; an emptied mapping whose
+    other side has a value is still one."""
+    empty = write_run_dir(tmp_path / "empty", RunSpec(config={"overrides": {}}))
+    one = write_run_dir(tmp_path / "one", RunSpec(config={"overrides": {"split": 3}}))
+    for a, b, kind in ((empty, one, "added"), (one, empty, "removed")):
+        differences = compare_runs(a, b).differences
+        assert [d.key for d in differences] == ["config.overrides.split"], differences
+        assert differences[0].change == kind
+    other = write_run_dir(tmp_path / "scalar", RunSpec(config={"overrides": 0}))
+    keys = [d.key for d in compare_runs(empty, other).differences]
+    assert keys == ["config.overrides"]
+
+
 def test_environment_difference_is_cause_of_numbers(ref: Path, tmp_path: Path) -> None:
     """Numbers that part at step 7 with identical data order are tied to the torch version that differs."""
     spec = RunSpec(environment={"torch": {"version": "2.14.1"}}, noise_from_step=7)

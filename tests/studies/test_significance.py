@@ -19,7 +19,7 @@ from scipy import stats
 from synthetic import MODEL, write_study_dir
 
 from reprotune._cli import main
-from reprotune._studies.significance import significance
+from reprotune._studies.significance import significance, study_differences
 from reprotune._studies.twosample import compare_samples, seeds_for_power, verdict_line
 
 REPETITIONS = 1000
@@ -275,6 +275,13 @@ def test_a_report_that_cannot_be_written_is_the_only_output(
     captured = capsys.readouterr()
     assert captured.out == "" and "fix:" in captured.err
     assert (b / "study.json").read_bytes() == before
+
+
+def test_an_empty_mapping_beside_its_keys_is_no_study_difference() -> None:
+    """``seed.overrides: {}`` against ``seed.overrides.dropout: 3``: one difference, the key."""
+    a = {"config": {"seed": {"root": 1, "overrides": {}}}, "vary": "all", "base_model": MODEL}
+    b = {"config": {"seed": {"root": 1, "overrides": {"dropout": 3}}}, "vary": "all", "base_model": MODEL}
+    assert [d["key"] for d in study_differences(a, b)] == ["seed.overrides.dropout"]
 
 
 def test_one_study_given_twice_is_said_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from reprotune._config.schema import NEUTRAL_DEFAULTS
-from reprotune._jsonio import flattened
+from reprotune._jsonio import empty_beside_keys, flattened
 from reprotune._proof.differences import Category, Difference, is_inert
 from reprotune._proof.microscope import kernels_of
 from reprotune._run.rundir import RunDir
@@ -44,6 +44,8 @@ def record_differences(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
             if category == "kernels" and not both_kernels:
                 continue
             if key in _NEUTRAL and flat_a.get(key, _NEUTRAL[key]) == flat_b.get(key, _NEUTRAL[key]):
+                continue
+            if empty_beside_keys(key, flat_a, flat_b):
                 continue
             if key not in flat_b:
                 yield Difference(category, key, flat_a[key], None, "removed", inert)

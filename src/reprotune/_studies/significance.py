@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from reprotune._config.schema import did_you_mean
 from reprotune._errors import InputError
-from reprotune._jsonio import flattened
+from reprotune._jsonio import empty_beside_keys, flattened
 from reprotune._proof.differences import is_inert
 from reprotune._studies.metrics import FINAL_VAL_LOSS
 from reprotune._studies.studyfile import load_study
@@ -252,7 +252,7 @@ def study_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[s
     return [
         {"key": key, "a": flat_a.get(key), "b": flat_b.get(key), "inert": _inert(key)}
         for key in sorted(set(flat_a) | set(flat_b))
-        if flat_a.get(key) != flat_b.get(key)
+        if flat_a.get(key) != flat_b.get(key) and not empty_beside_keys(key, flat_a, flat_b)
     ]
 
 
