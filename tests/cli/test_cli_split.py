@@ -194,16 +194,26 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path, data: 
     assert "Traceback" not in err and "internal error" not in err
 
 
-def test_check_split_refuses_a_negative_max_rows(
-    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("option", "value", "expected"),
+    [
+        # it listed one row and '... and 3 more' of 2 changes
+        ("--max-rows", "-1", "--max-rows must be 0 or more (got -1)"),
+        # it fell back to every text column, as if not given
+        ("--leak-columns", " , ", "--leak-columns ' , ' names no column"),
+    ],
+    ids=["negative-max-rows", "no-leak-column"],
+)
+def test_check_split_refuses_an_option_value_that_means_nothing(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, expected: str
 ) -> None:
-    """--max-rows -1: exit 2 naming it (it listed one row and '... and 3 more' of 2 changes)."""
+    """--max-rows -1, --leak-columns "" (or ","): exit 2 naming the value, with the fix."""
     manifest = tmp_path / "m.json"
     assert main(["split", str(data), "--out", str(manifest)]) == 0
     capsys.readouterr()
-    assert main(["check-split", str(manifest), str(data), "--max-rows", "-1"]) == 2
+    assert main(["check-split", str(manifest), str(data), option, value]) == 2
     err = capsys.readouterr().err
-    assert "--max-rows must be 0 or more (got -1)" in err and "fix:" in err
+    assert expected in err and "fix:" in err
 
 
 @pytest.mark.parametrize(
@@ -232,15 +242,3 @@ def test_the_cli_choices_are_the_data_modules_own() -> None:
     from reprotune._data.split_options import RARE_POLICIES
 
     assert (DATA_FORMATS, RARE_CLASS_POLICIES) == (FORMATS, RARE_POLICIES)
-
-
-def test_check_split_refuses_leak_columns_that_name_none(
-    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """--leak-columns "" (or ","): exit 2 (it fell back to every text column, as if not given)."""
-    manifest = tmp_path / "m.json"
-    assert main(["split", str(data), "--out", str(manifest)]) == 0
-    capsys.readouterr()
-    assert main(["check-split", str(manifest), str(data), "--leak-columns", " , "]) == 2
-    err = capsys.readouterr().err
-    assert "--leak-columns ' , ' names no column" in err and "fix:" in err
