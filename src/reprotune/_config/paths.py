@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
@@ -20,7 +20,7 @@ from reprotune._jsonio import path_kind
 
 def path_problems(cfg: ExperimentConfig, marks: Marks, overridden: set[tuple[str, ...]]) -> list[str]:
     """Every config path that does not name what it must, located (``cfg`` has its config_dir)."""
-    return [_locate(problem, marks, overridden) for problem in _missing_paths(cfg.resolve_paths())]
+    return [problem.located(marks, overridden) for problem in _missing_paths(cfg.resolve_paths())]
 
 
 def with_config_dir(cfg: ExperimentConfig, base_dir: str | Path | None) -> ExperimentConfig:
@@ -48,28 +48,34 @@ def paths_only(raw: Mapping[str, Any], base_dir: str | Path | None) -> Experimen
 _PATH_KEYS = (("data", "path"), ("split", "manifest"), ("model", "name"))
 
 
-def _locate(problem: str, marks: Marks, overridden: set[tuple[str, ...]]) -> str:
-    """A path problem (``data.path: file not found ...; fix: ...``) with where its value was set."""
-    key, _, rest = problem.partition(": ")
-    loc = tuple(key.split("."))
-    if loc in overridden:
-        where = " [from --set]"
-    elif loc in marks:
-        where = f" [{mark_text(marks[loc][1])}]"
-    else:
-        return problem
-    head, _, fix = rest.partition("; fix: ")
-    return f"{key}: {head}{where}" + (f"; fix: {fix}" if fix else "")
+class _PathProblem(NamedTuple):
+    """A config path that does not name what it must: its key, what is wrong, the fix."""
+
+    key: tuple[str, ...]
+    problem: str
+    fix: str
+
+    def located(self, marks: Marks, overridden: set[tuple[str, ...]]) -> str:
+        """``data.path: file not found (got ...) [line 3, column 9]; fix: ...``."""
+        if self.key in overridden:
+            where = " [from --set]"
+        elif self.key in marks:
+            where = f" [{mark_text(marks[self.key][1])}]"
+        else:
+            where = ""
+        return f"{'.'.join(self.key)}: {self.problem}{where}; fix: {self.fix}"
 
 
-def _missing_paths(cfg: ExperimentConfig) -> list[str]:
+def _missing_paths(cfg: ExperimentConfig) -> list[_PathProblem]:
     problems = []
     data_suffixes = (".jsonl", ".ndjson", ".csv", ".parquet", ".pq")
     if not cfg.data.path.startswith(BUILTIN_PREFIX):
         expected = "a JSONL, CSV or Parquet file"
-        problems += _file_problem("data.path", Path(cfg.data.path), expected, data_suffixes)
+        problems += _file_problem(("data", "path"), Path(cfg.data.path), expected, data_suffixes)
     if cfg.split.manifest is not None:
-        problems += _file_problem("split.manifest", Path(cfg.split.manifest), "a manifest file", (".json",))
+        problems += _file_problem(
+            ("split", "manifest"), Path(cfg.split.manifest), "a manifest file", (".json",)
+        )
     model = Path(cfg.model.name)
     if model.is_absolute() and not model.is_dir():
         kind = path_kind(model)
@@ -77,22 +83,30 @@ def _missing_paths(cfg: ExperimentConfig) -> list[str]:
             "local model directory not found" if kind == "missing" else f"is a {kind}, not a model directory"
         )
         problems.append(
-            f"model.name: {problem} (got {cfg.model.name!r}); "
-            "fix: point it at a directory with config.json and weights, or use a hub id"
+            _PathProblem(
+                ("model", "name"),
+                f"{problem} (got {cfg.model.name!r})",
+                "point it at a directory with config.json and weights, or use a hub id",
+            )
         )
     return problems
 
 
-def _file_problem(key: str, path: Path, expected: str, suffixes: tuple[str, ...]) -> list[str]:
+def _file_problem(
+    key: tuple[str, ...], path: Path, expected: str, suffixes: tuple[str, ...]
+) -> list[_PathProblem]:
     """The problem with a config path that must name a regular file (none when it does)."""
     kind = path_kind(path)
     if kind == "file":
         return []
     if kind == "missing":
-        return [f"{key}: file not found (got {str(path)!r}); fix: {file_hint(path)}"]
+        return [_PathProblem(key, f"file not found (got {str(path)!r})", file_hint(path))]
     return [
-        f"{key}: is a {kind}, not {expected} (got {str(path)!r}); "
-        f"fix: point it at {expected}{inside_hint(path, suffixes)}"
+        _PathProblem(
+            key,
+            f"is a {kind}, not {expected} (got {str(path)!r})",
+            f"point it at {expected}{inside_hint(path, suffixes)}",
+        )
     ]
 
 
