@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -186,6 +187,24 @@ def test_a_directory_as_data_path_is_named_a_directory(project: TinyProject, tmp
     assert problem.startswith("data.path: is a directory, not a JSONL, CSV or Parquet file")
     assert f"e.g. {str(folder / 'rows.jsonl')!r}" in problem
     assert "did you mean" not in problem
+
+
+def test_data_of_no_known_extension_names_the_way_its_command_takes_a_format(
+    project: TinyProject, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """data.txt: `run` says to set data.format in the config (it has no --format), `split` to pass
+    --format; each exits 2 before anything is written."""
+    shutil.copyfile(project.root / "data.jsonl", project.root / "rows.txt")
+    config = project.config("txtdata.yaml", data={"path": "rows.txt"})
+    run_dir = project.root / "runs" / "txt"
+    assert main(["run", str(config), "--run-dir", str(run_dir), "--no-progress", "--no-tracking"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot tell the format of 'rows.txt' from its extension '.txt'" in err
+    assert err.rstrip().endswith("or set data.format (jsonl, csv or parquet) in the config"), err
+    assert not run_dir.exists()
+    assert main(["split", str(project.root / "rows.txt"), "--out", str(project.root / "s.json")]) == 2
+    assert capsys.readouterr().err.rstrip().endswith("or pass --format jsonl|csv|parquet")
+    assert not (project.root / "s.json").exists()
 
 
 def test_a_directory_as_the_config_is_named_a_directory(

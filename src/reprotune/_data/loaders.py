@@ -102,23 +102,30 @@ def _check_format(format: str, source: str) -> None:
         )
 
 
-def _detect_format(path: Path) -> str:
+CLI_FORMAT = "pass --format jsonl|csv|parquet"
+CONFIG_FORMAT = "set data.format (jsonl, csv or parquet) in the config"
+
+
+def _detect_format(path: Path, format_fix: str | None) -> str:
     fmt = _SUFFIX_FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise InputError(
             f"cannot tell the format of {path.name!r} from its extension {path.suffix!r}",
             source=str(path),
-            fix=f"name the file with one of {sorted(_SUFFIX_FORMATS)} or pass --format jsonl|csv|parquet",
+            fix=f"name the file with one of {sorted(_SUFFIX_FORMATS)}"
+            + (f" or {format_fix}" if format_fix else ""),
         )
     return fmt
 
 
-def load_table(source: str, format: str = "auto") -> Table:
+def load_table(source: str, format: str = "auto", *, format_fix: str | None = CLI_FORMAT) -> Table:
     """Load a JSONL, CSV or Parquet file, or the embedded dataset (``builtin:chatterbot-en``).
 
     Args:
         source: a file path or a builtin name.
         format: ``auto`` (from the file extension), ``jsonl``, ``csv`` or ``parquet``.
+        format_fix: how the caller's user gives the format when the extension does not tell it
+            (:data:`CLI_FORMAT`, :data:`CONFIG_FORMAT`; None: there is no way, rename the file).
 
     Returns:
         The table; for a file, ``file_sha256`` is the sha256 of the exact bytes parsed.
@@ -156,7 +163,7 @@ def load_table(source: str, format: str = "auto") -> Table:
             fix=f"give a JSONL, CSV or Parquet file{inside} (paths are relative to {Path.cwd()}), "
             f"or use {CHATTERBOT_EN}",
         )
-    fmt = _detect_format(path) if format == "auto" else format
+    fmt = _detect_format(path, format_fix) if format == "auto" else format
     implied = _SUFFIX_FORMATS.get(path.suffix.lower())
     if implied is not None and implied != fmt:
         raise InputError(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from reprotune._config.schema import BUILTIN_PREFIX, ExperimentConfig
 from reprotune._data.columns import missing_columns
-from reprotune._data.loaders import load_table
+from reprotune._data.loaders import CONFIG_FORMAT, load_table
 from reprotune._data.manifest import Manifest, load_manifest
 from reprotune._data.split import holds_same_rows
 from reprotune._determinism.seeds import derive_seeds
@@ -92,7 +92,7 @@ def _reformatted(cfg: ExperimentConfig, manifest: Manifest) -> bool:
     """The same rows as the manifest's in another file (key order, line endings, format): the run
     takes it, as the split holds."""
     try:
-        return holds_same_rows(load_table(cfg.data.path, cfg.data.format), manifest)
+        return holds_same_rows(load_table(cfg.data.path, cfg.data.format, format_fix=CONFIG_FORMAT), manifest)
     except InputError:
         return False
 
@@ -116,7 +116,7 @@ def split_command(cfg: ExperimentConfig, out: str = "split.json") -> str:
 def check_columns(ctx: Context) -> list[Finding]:
     """Every column the config names (prompt, response, stratify, group) exists in the data."""
     try:
-        table = load_table(ctx.cfg.data.path, ctx.cfg.data.format)
+        table = load_table(ctx.cfg.data.path, ctx.cfg.data.format, format_fix=CONFIG_FORMAT)
     except InputError as exc:
         return [
             Finding(

@@ -16,7 +16,7 @@ from typing import Any
 
 from reprotune._config.schema import ExperimentConfig
 from reprotune._data.checksplit import check_split
-from reprotune._data.loaders import load_table
+from reprotune._data.loaders import CONFIG_FORMAT, load_table
 from reprotune._data.manifest import Manifest, load_manifest
 from reprotune._data.table import Table, not_text
 from reprotune._determinism.seeds import derive_seeds
@@ -223,7 +223,7 @@ def _run_data(cfg: ExperimentConfig, record: Mapping[str, Any]) -> Table:
             fix=f"put the file the run trained on back at {cfg.data.path} (sha256 {recorded}); an eval "
             "takes the run's own rows, checked against its split.json",
         )
-    return load_table(cfg.data.path, cfg.data.format)
+    return load_table(cfg.data.path, cfg.data.format, format_fix=CONFIG_FORMAT)
 
 
 def _manifest(paths: RunLayout) -> tuple[Manifest, str]:

@@ -55,7 +55,7 @@ def preflight(run_dir: Path, record: dict[str, Any], cfg: ExperimentConfig, *, c
     """
     data_path = cfg.resolve_paths().data.path
     manifest_path = RunLayout(run_dir).manifest
-    table = load_table(data_path, cfg.data.format)
+    table = load_table(data_path, cfg.data.format, format_fix=None)
     check = check_split(load_manifest(manifest_path), table)
     if not check.identical:
         raise RunFailedError(

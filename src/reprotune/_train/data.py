@@ -16,7 +16,7 @@ import numpy as np
 
 from reprotune._config.schema import ExperimentConfig
 from reprotune._data.columns import check_config_columns
-from reprotune._data.loaders import load_table
+from reprotune._data.loaders import CONFIG_FORMAT, load_table
 from reprotune._data.manifest import Manifest, copy_manifest, load_manifest, write_manifest
 from reprotune._data.split import RareClassWarning, holds_same_rows, split_table
 from reprotune._data.table import Table, not_text
@@ -93,7 +93,7 @@ def prepare_data(
     Raises:
         InputError: missing fields, a manifest made from other data, a row without text.
     """
-    table = load_table(cfg.data.path, cfg.data.format)
+    table = load_table(cfg.data.path, cfg.data.format, format_fix=CONFIG_FORMAT)
     check_config_columns(cfg, table)
     given = manifest if manifest is not None else cfg.split.manifest
     reused = reuse_manifest and manifest_out is not None and manifest_out.exists()
