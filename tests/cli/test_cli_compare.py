@@ -188,8 +188,10 @@ def test_a_trace_against_a_run_a_missing_one_another_step_or_tolerance_are_refus
     assert main(["compare", str(tmp_path / "eval"), str(tmp_path / "eval"), "--tolerance", "0.1"]) == 2
     assert "--tolerance applies to runs; evals are compared token by token" in capsys.readouterr().err
 
-    assert main(["compare", str(tmp_path / "nope.jsonl"), str(tmp_path / "b.jsonl")]) == 2
-    assert f"{tmp_path / 'nope.jsonl'}: {tmp_path / 'nope.jsonl'} does not exist" in capsys.readouterr().err
+    for other in (tmp_path / "b.jsonl", ref):  # beside a trace or a run: a trace's name is no directory
+        assert main(["compare", str(tmp_path / "nope.jsonl"), str(other)]) == 2
+        err = capsys.readouterr().err
+        assert f"no such trace file: {tmp_path / 'nope.jsonl'}" in err and "no such directory" not in err
 
     write_trace(tmp_path / "c.jsonl", {**header, "step": 2}, [op])
     assert main(["compare", str(tmp_path / "a.jsonl"), str(tmp_path / "c.jsonl")]) == 2

@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     evals get their evals compared too (docs/eval.md); two trace files (``reprotune trace``) are
     compared op by op (docs/microscope.md).
     """
+    from reprotune._errors import InputError
     from reprotune._eval.compare import compare_evals, latest_pairs
     from reprotune._eval.evalfile import is_eval_dir
     from reprotune._jsonio import canonical_dumps
@@ -43,6 +44,13 @@ def run(args: argparse.Namespace) -> int:
     from reprotune._proof.trace_compare import compare_traces
     from reprotune._proof.tracefile import is_trace_file, read_trace
 
+    for path in (args.run_a, args.run_b):  # a trace's name, not there: no "no such directory"
+        if not path.exists() and path.name.endswith((".jsonl", ".jsonl.gz")):
+            raise InputError(
+                f"no such trace file: {path}",
+                fix="give the file `reprotune trace RUN_DIR --step K` wrote (compare takes two traces, "
+                "two runs or two evals)",
+            )
     if is_trace_file(args.run_a) or is_trace_file(args.run_b):
         return _compare_pair(
             args,
