@@ -55,6 +55,9 @@ def json_document(schema: str, name: str) -> OwnKind:
     """A JSON document whose ``schema`` is ``schema`` (a split manifest: ``reprotune/split-manifest``)."""
 
     def test(path: Path) -> bool:
+        with path.open("rb") as handle:
+            if not handle.read(4096).lstrip().startswith(b"{"):  # not read whole: a data file is big
+                return False
         try:
             document = json.loads(path.read_bytes())
         except (ValueError, UnicodeDecodeError):
