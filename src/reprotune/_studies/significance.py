@@ -191,8 +191,8 @@ def _one_study_note(
         "one study given twice" if folder(path_a) == folder(path_b) else "two studies of one config and seeds"
     )
     return [
-        f"A and B are {given} (study {a['study_id']}): a config compared with itself can show no "
-        "difference; to compare two configs, give a study of each"
+        f"A and B are {given} (study {a['study_id']}): a config compared with itself shows run-to-run "
+        "noise at most, never a config's effect; to compare two configs, give a study of each"
     ]
 
 
