@@ -58,10 +58,11 @@ def test_a_bundle_is_not_a_run_dir_and_the_fix_says_how_to_rerun_it(tmp_path: Pa
 def test_a_part_of_a_run_names_the_run(run: Path) -> None:
     """An eval directory or the checkpoints folder of a run, given as a run: the fix names the run
     as the path was given."""
-    (run / "evals" / "20261203-test-0001").mkdir(parents=True)
-    with pytest.raises(InputError, match=r"has no record\.json") as info:
-        open_run_dir(run / "evals" / "20261203-test-0001")
-    assert info.value.fix == f"pass the run directory {run}: evals/20261203-test-0001 is a part of that run"
+    for part in ("evals/20261203-test-0001", "checkpoints"):
+        (run / part).mkdir(parents=True, exist_ok=True)
+        with pytest.raises(InputError, match=r"has no record\.json") as info:
+            open_run_dir(run / part)
+        assert info.value.fix == f"pass the run directory {run}: {part} is a part of that run"
 
 
 def test_parent_of_runs_suggests_children(run: Path) -> None:

@@ -75,8 +75,7 @@ def _manifest(args: argparse.Namespace) -> Manifest:
     try:
         return load_manifest(args.manifest)
     except InputError:
-        data = Path(args.data)
-        if data.is_file() and json_document(SCHEMA, "a split manifest").test(data):
+        if json_document(SCHEMA, "a split manifest").holds(Path(args.data)):
             raise InputError(
                 f"{args.data} is the split manifest and {args.manifest} is not: the arguments are the "
                 "other way round (check-split MANIFEST DATA)",

@@ -39,6 +39,13 @@ class OwnKind:
     name: str
     test: Callable[[Path], bool]
 
+    def holds(self, path: Path) -> bool:
+        """Whether ``path`` is a file of this kind (one that cannot be read is not known to be)."""
+        try:
+            return path.is_file() and self.test(path)
+        except OSError:
+            return False
+
 
 def html_page() -> OwnKind:
     """An HTML page (what ``report`` and ``significance --report`` write)."""
@@ -116,19 +123,12 @@ def refuse_overwrite(
         if (parent / RECORD).is_file() or (parent / VERIFICATION).is_file():
             kind = "run" if (parent / RECORD).is_file() else "verification"
             raise _refusal(out, option, f"is inside the {kind} directory {parent}, whose files belong to it")
-    if own is not None and target.is_file() and target.stat().st_size > 0 and not _is_own(own, target):
+    if own is not None and target.is_file() and target.stat().st_size > 0 and not own.holds(target):
         raise InputError(
             f"{option} {str(out)!r} exists and is not {own.name}: writing it would replace what it holds",
             source=option,
             fix=f"give {option} a new path (or remove {out} first, if it should go)",
         )
-
-
-def _is_own(own: OwnKind, path: Path) -> bool:
-    try:
-        return own.test(path)
-    except OSError:  # unreadable: not known to be ours
-        return False
 
 
 def refuse_nonempty_dir(out: Path, *, option: str) -> None:
