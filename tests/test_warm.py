@@ -3,6 +3,7 @@ of a real one."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from warm import launcher
+from warm import launcher, needs_cold_start
 
 
 def _alive(pid: int) -> bool:
@@ -124,3 +125,19 @@ def test_torchrun_may_signal_a_forked_rank_that_has_just_exited(tmp_path: Path) 
     done = warm.run([], cwd=tmp_path, env=env, timeout=120, script=str(closer))
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["WarmPopen", "closed"]
+
+
+def test_a_command_that_pins_its_runs_mode_on_a_portable_run_starts_cold(tmp_path: Path) -> None:
+    """``trace``, ``eval`` and ``rerun`` of a run made in a portable CPU mode put that mode in force
+    before torch loads: a fork of the zygote (torch loaded, native kernels) cannot, so such a call
+    starts a real interpreter; reading the run (``compare``) or a native run forks."""
+    for name, cpu_isa in (("portable", "avx2-compatible"), ("native", "native")):
+        (tmp_path / name).mkdir()
+        record = {"config": {"determinism": {"cpu_isa": cpu_isa}}}
+        (tmp_path / name / "record.json").write_text(json.dumps(record), encoding="utf-8")
+    env = dict(os.environ)
+    for command in ("trace", "eval", "rerun"):
+        assert needs_cold_start([command, "portable", "--step", "1"], env, env, tmp_path)
+        assert not needs_cold_start([command, "native", "--step", "1"], env, env, tmp_path)
+    assert not needs_cold_start(["compare", "portable", "native"], env, env, tmp_path)
+    assert needs_cold_start(["run", "cfg.yaml", "--set", "determinism.cpu_isa=avx2-compatible"], env, env)

@@ -112,7 +112,7 @@ def reply(obj):
 
 
 def needs_cold_start(spec):
-    return _rules.needs_cold_start(spec["argv"], spec["env"], START_ENV)
+    return _rules.needs_cold_start(spec["argv"], spec["env"], START_ENV, spec["cwd"])
 
 
 def child(spec, fds=None):
@@ -282,14 +282,33 @@ while True:
 
 
 def needs_cold_start(
-    args: tuple[str, ...] | list[str], env: dict[str, str], base: dict[str, str] | None = None
+    args: tuple[str, ...] | list[str],
+    env: dict[str, str],
+    base: dict[str, str] | None = None,
+    cwd: str | Path | None = None,
 ) -> bool:
     """Whether a call must start a real interpreter (see the module docstring): ``env`` differs
-    from ``base`` (the zygote's start) in a variable read at start, or the call pins CPU kernels."""
+    from ``base`` (the zygote's start) in a variable read at start, or the call pins CPU kernels:
+    with ``--set determinism.cpu_isa=...``, or a command that pins the mode of the run it is
+    given before torch loads (``trace``, ``eval``, ``rerun``) naming a run (relative to ``cwd``)
+    that ran in a portable mode."""
     base = dict(os.environ) if base is None else base
-    return bool(_start_differences(env, base)) or any(
-        "cpu_isa" in arg and not arg.endswith("native") for arg in args
+    args = list(args)
+    pins_runs_mode = args[:1] in (["trace"], ["eval"], ["rerun"])
+    return (
+        bool(_start_differences(env, base))
+        or any("cpu_isa" in arg and not arg.endswith("native") for arg in args)
+        or (pins_runs_mode and any(_portable_run(Path(cwd or os.getcwd()) / a) for a in args[1:]))
     )
+
+
+def _portable_run(path: Path) -> bool:
+    """Whether ``path`` is a run directory whose record pins a CPU mode other than native."""
+    try:
+        record = json.loads((path / "record.json").read_text(encoding="utf-8"))
+        return record["config"]["determinism"].get("cpu_isa", "native") != "native"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def _start_differences(env: dict[str, str], base: dict[str, str]) -> set[str]:
@@ -532,7 +551,7 @@ def _call(
 ) -> subprocess.CompletedProcess[str]:
     """``python PROGRAM ARGS`` (``PROGRAM``: ``-m MODULE`` or ``SCRIPT``), forked or started."""
     warm = None if cold or os.environ.get("REPROTUNE_TESTS_COLD") else launcher(env)
-    if warm is None or needs_cold_start(args, env, warm.env):
+    if warm is None or needs_cold_start(args, env, warm.env, cwd):
         command = [sys.executable, *program, *args]
         return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if program[0] == "-m":
