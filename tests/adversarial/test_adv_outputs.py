@@ -21,6 +21,7 @@ from reprotune._data.loaders import table_from_columns
 from reprotune._data.manifest import load_manifest, write_manifest
 from reprotune._data.split import split_table
 from reprotune._errors import InputError
+from reprotune._run import outputs
 from rundirs import RunSpec, write_run_dir
 from tinyrun import TinyProject
 
@@ -118,6 +119,28 @@ def test_split_out_replaces_a_manifest_or_an_empty_file(tmp_path: Path, data: Pa
     empty = tmp_path / "empty.json"
     empty.touch()
     assert main(["split", str(data), "--out", str(empty)]) == 0 and load_manifest(empty).n_rows == 40
+
+
+def test_a_data_file_at_out_is_told_from_a_manifest_without_reading_it_whole(
+    tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """JSON Lines (a whole object on its first line, more after it) is not a manifest, told from
+    its first line: the file is never read whole (a data file can be gigabytes). A manifest written
+    over several lines (pretty-printed by hand) is read whole and is one."""
+    pretty = tmp_path / "pretty.json"
+    assert main(["split", str(data), "--out", str(pretty)]) == 0
+    pretty.write_text(json.dumps(json.loads(pretty.read_text(encoding="utf-8")), indent=2), encoding="utf-8")
+    kind = outputs.json_document(manifest_module.SCHEMA, "a split manifest")
+    whole: list[Path] = []
+    read_bytes = Path.read_bytes
+
+    def counted(path: Path) -> bytes:
+        whole.append(path)
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", counted)
+    assert not kind.holds(data) and whole == []
+    assert kind.holds(pretty) and whole == [pretty]
 
 
 def test_report_onto_a_file_that_is_not_a_page_is_refused(

@@ -62,13 +62,26 @@ def json_document(schema: str, name: str) -> OwnKind:
     """A JSON document whose ``schema`` is ``schema`` (a split manifest: ``reprotune/split-manifest``)."""
 
     def test(path: Path) -> bool:
+        # A data file is not read whole: not JSON at all, or JSON Lines (one whole object on its
+        # first line and more after it), is told from the first line.
         with path.open("rb") as handle:
-            if not handle.read(4096).lstrip().startswith(b"{"):  # not read whole: a data file is big
+            first = handle.readline()
+            while first and not first.strip():
+                first = handle.readline()
+            if not first.lstrip().startswith(b"{"):
                 return False
-        try:
-            document = json.loads(path.read_bytes())
-        except (ValueError, UnicodeDecodeError):
-            return False
+            try:
+                document = json.loads(first)
+            except (ValueError, UnicodeDecodeError):  # an object over several lines: read it all
+                document = None
+            else:
+                if handle.read(4096).strip():
+                    return False
+        if document is None:
+            try:
+                document = json.loads(path.read_bytes())
+            except (ValueError, UnicodeDecodeError):
+                return False
         return isinstance(document, dict) and document.get("schema") == schema
 
     return OwnKind(name, test)
