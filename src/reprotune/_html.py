@@ -8,7 +8,11 @@ from collections.abc import Iterable, Sequence
 from html import escape
 from typing import Any
 
-__all__ = ["CSS", "cell", "escape", "figure_svg", "head", "table"]
+__all__ = ["CSS", "GENERATOR", "cell", "escape", "figure_svg", "head", "table"]
+
+#: In the head of every page: how ``report`` and ``significance --report`` know a page they may
+#: replace (``_run.outputs.reprotune_page``).
+GENERATOR = '<meta name="generator" content="reprotune">'
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
@@ -27,7 +31,7 @@ def head(title: str, css: str = "") -> list[str]:
     """The page up to ``<body>``: the shared stylesheet and the page's own rules (``css``)."""
     return [
         "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
+        f'<html lang="en"><head><meta charset="utf-8">{GENERATOR}',
         f"<title>{escape(title)}</title>",
         f"<style>{CSS}{css}</style></head><body>",
     ]

@@ -21,6 +21,7 @@ from reprotune._data.loaders import table_from_columns
 from reprotune._data.manifest import load_manifest, write_manifest
 from reprotune._data.split import split_table
 from reprotune._errors import InputError
+from reprotune._html import GENERATOR
 from reprotune._run import outputs
 from rundirs import RunSpec, write_run_dir
 from tinyrun import TinyProject
@@ -147,17 +148,33 @@ def test_report_onto_a_file_that_is_not_a_page_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`report RUN -o cfg.yaml` exits 2 and the config keeps every byte; `-o` an earlier report
-    replaces it."""
+    (one marked as reprotune's, or one of the HTML kit's from before the mark) replaces it; `-o`
+    someone's own HTML page is refused and kept."""
     run = write_run_dir(tmp_path / "A", RunSpec())
     config = tmp_path / "cfg.yaml"
     config.write_text("seed: {root: 1}\n", encoding="utf-8")
     assert main(["report", str(run), "-o", str(config)]) == 2
-    _assert_refused(capsys, "exists and is not an HTML page")
+    _assert_refused(capsys, "exists and is not a page reprotune wrote")
     assert config.read_text(encoding="utf-8") == "seed: {root: 1}\n"
     page = tmp_path / "report.html"
-    page.write_text("<!DOCTYPE html>\n<html><body>an older report</body></html>", encoding="utf-8")
     assert main(["report", str(run), "-o", str(page)]) == 0
-    assert "an older report" not in page.read_text(encoding="utf-8")
+    first = page.read_bytes()
+    assert main(["report", str(run), str(run), "-o", str(page)]) == 0  # an earlier report: replaced
+    assert page.read_bytes() != first
+    # a page of the HTML kit from before the generator mark: replaced too
+    page.write_text(
+        "<!DOCTYPE html>\n<html><head><style>\nbody { font-family: system-ui, sans-serif; "
+        "margin: 2em auto; max-width: 70em; color: #222; }</style></head></html>",
+        encoding="utf-8",
+    )
+    assert main(["report", str(run), "-o", str(page)]) == 0
+    assert GENERATOR in page.read_text(encoding="utf-8")
+    # someone's own page (a project's index.html) is not reprotune's: refused, kept byte for byte
+    theirs = tmp_path / "index.html"
+    theirs.write_text("<!DOCTYPE html>\n<html><body>our project</body></html>", encoding="utf-8")
+    assert main(["report", str(run), "-o", str(theirs)]) == 2
+    _assert_refused(capsys, f"--out {str(theirs)!r} exists and is not a page reprotune wrote")
+    assert theirs.read_text(encoding="utf-8") == "<!DOCTYPE html>\n<html><body>our project</body></html>"
 
 
 def test_verify_out_onto_its_config_is_refused(

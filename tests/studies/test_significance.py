@@ -162,7 +162,7 @@ def test_html_report(tmp_path: Path) -> None:
 def test_a_report_over_a_file_that_is_not_a_page_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """-o onto an existing file that is not an HTML page (a config): exit 2, nothing printed but the
+    """-o onto an existing file that is not a page reprotune wrote (a config): exit 2, nothing printed but the
     error, the file keeps every byte."""
     a = write_study_dir(tmp_path / "a", [5.0, 5.02, 4.98])
     b = write_study_dir(tmp_path / "b", [5.01, 4.97, 5.0])
@@ -170,7 +170,7 @@ def test_a_report_over_a_file_that_is_not_a_page_is_refused(
     out.write_text("seed: {root: 1}\n", encoding="utf-8")
     assert main(["significance", str(a), str(b), "-o", str(out)]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and "exists and is not an HTML page" in captured.err, captured
+    assert captured.out == "" and "exists and is not a page reprotune wrote" in captured.err, captured
     assert out.read_text(encoding="utf-8") == "seed: {root: 1}\n"
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from reprotune._run.outputs import html_page, refuse_overwrite
+from reprotune._run.outputs import refuse_overwrite, reprotune_page
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=Path("report.html"),
         help="the HTML file to write (default: report.html); an existing file there is replaced only if "
-        "it is an HTML page",
+        "reprotune wrote it (an earlier report)",
     )
 
 
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     """Write the report and print its path; return 0."""
     from reprotune._proof.report import write_report
 
-    refuse_overwrite(args.out, reads=args.run_dirs, option="--out", own=html_page())
+    refuse_overwrite(args.out, reads=args.run_dirs, option="--out", own=reprotune_page())
     path = write_report(args.run_dirs, args.out)
     print(f"report written to {path}")
     return 0

@@ -29,13 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--report",
         type=Path,
         default=None,
-        help="also write an HTML report here (an existing file there is replaced only if it is an HTML page)",
+        help="also write an HTML report here (an existing file there is replaced only if reprotune wrote it)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     from reprotune._errors import InputError
-    from reprotune._run.outputs import html_page, refuse_overwrite
+    from reprotune._run.outputs import refuse_overwrite, reprotune_page
     from reprotune._studies.report import write_significance_report
     from reprotune._studies.significance import significance
     from reprotune._studies.studyfile import load_study
@@ -53,7 +53,9 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     if args.report is not None:  # first: a report that cannot be written is the only output
-        refuse_overwrite(args.report, reads=[args.study_a, args.study_b], option="--report", own=html_page())
+        refuse_overwrite(
+            args.report, reads=[args.study_a, args.study_b], option="--report", own=reprotune_page()
+        )
         write_significance_report(result, load_study(args.study_a), load_study(args.study_b), args.report)
     if args.json:
         print(json.dumps(result.to_json(), indent=1, sort_keys=True))

@@ -7,10 +7,10 @@ it came from. Paths are compared resolved (symlinks followed) and by identity (h
 output may be, or land inside, a run or verification directory, whose files belong to the run.
 One check for every command that writes (split, report, pack, rerun). A command that writes one
 file replaces an existing file there only when it is of the command's own kind (:class:`OwnKind`:
-a report over an HTML page, a manifest over a manifest): ``pack -o cfg.yaml`` is refused, not a
+a report over a report page, a manifest over a manifest): ``pack -o cfg.yaml`` is refused, not a
 config turned into a tarball. A command refused after it began writing its output directory
-removes what it made there (:func:`removed_if_refused`). Imports only the standard library and
-``_run.layout``'s names, so commands that need no model stay light.
+removes what it made there (:func:`removed_if_refused`). Imports only the standard library,
+``_run.layout``'s names and the HTML kit's marks, so commands that need no model stay light.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reprotune._errors import InputError
+from reprotune._html import CSS, GENERATOR
 from reprotune._run.layout import RECORD, VERIFICATION
 
 
@@ -32,7 +33,7 @@ from reprotune._run.layout import RECORD, VERIFICATION
 class OwnKind:
     """The kind of file a command writes, which it may replace; any other file there is refused.
 
-    ``name`` says it in the refusal ("an HTML page"); ``test`` tells whether an existing file is of
+    ``name`` says it in the refusal ("a page reprotune wrote"); ``test`` tells whether an existing file is of
     this kind (it reads no more than it needs).
     """
 
@@ -47,15 +48,18 @@ class OwnKind:
             return False
 
 
-def html_page() -> OwnKind:
-    """An HTML page (what ``report`` and ``significance --report`` write)."""
+def reprotune_page() -> OwnKind:
+    """An HTML page reprotune wrote (``report``, ``significance --report``): its head names
+    reprotune as its generator, or (a page written before that mark) holds the kit's stylesheet.
+    Any other HTML page (a project's ``index.html``) is the user's."""
 
     def test(path: Path) -> bool:
         with path.open("rb") as handle:
-            start = handle.read(512).lstrip().lower()
-        return start.startswith((b"<!doctype html", b"<html"))
+            start = handle.read(4096)
+        marks = (GENERATOR.encode(), CSS.strip().split("\n", 1)[0].encode())
+        return start.lstrip().lower().startswith(b"<!doctype html") and any(m in start for m in marks)
 
-    return OwnKind("an HTML page", test)
+    return OwnKind("a page reprotune wrote", test)
 
 
 def json_document(schema: str, name: str) -> OwnKind:
