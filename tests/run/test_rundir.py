@@ -65,6 +65,17 @@ def test_a_part_of_a_run_names_the_run(run: Path) -> None:
         assert info.value.fix == f"pass the run directory {run}: {part} is a part of that run"
 
 
+def test_a_part_of_a_run_given_as_dot_names_the_run_relative_to_it(
+    run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`.` inside a run's eval directory: the fix names the run as `../..`, a path to type here."""
+    (run / "evals" / "e1").mkdir(parents=True)
+    monkeypatch.chdir(run / "evals" / "e1")
+    with pytest.raises(InputError, match=r"has no record\.json") as info:
+        open_run_dir(Path("."))
+    assert info.value.fix == "pass the run directory ../..: evals/e1 is a part of that run"
+
+
 def test_parent_of_runs_suggests_children(run: Path) -> None:
     """Passing runs/ itself suggests the run directories inside it."""
     with pytest.raises(InputError, match=r"has no record\.json") as info:

@@ -8,6 +8,7 @@ the line and what to do.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,6 +136,8 @@ def check_is_run_dir(root: Path, *, option: str | None = None) -> None:
     owner = next((p for p in parents if str(p) != "." and (p / layout.RECORD).is_file()), None)
     if owner is not None:
         part = (root if root.is_relative_to(owner) else root.resolve()).relative_to(owner)
+        if not root.is_absolute() and owner.is_absolute():  # `.` inside a run: say `../..`, as typed
+            owner = Path(os.path.relpath(owner))
         fix = f"pass the run directory {owner}: {part} is a part of that run"
     elif inside:
         shown = ", ".join(str(root / name) for name in inside[:3])
