@@ -23,7 +23,9 @@ class ReprotuneError(Exception):
         self.fix = fix
 
     def __str__(self) -> str:
-        parts = [f"{self.source}: {self.message}" if self.source else self.message]
+        # A message that opens with its source already says where (`--out 'x' is a file`).
+        located = self.source and not self.message.startswith(f"{self.source} ")
+        parts = [f"{self.source}: {self.message}" if located else self.message]
         if self.fix:
             parts.append(f"fix: {self.fix}")
         return "\n".join(parts)

@@ -191,6 +191,20 @@ def test_verify_out_onto_its_config_is_refused(
 # --- item 7 (split): bad outputs and seeds ---------------------------------------------------------
 
 
+def test_an_option_named_in_its_message_is_not_named_again(
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A refusal whose message opens with the option (`--out 'x' ...`) prints it once; one that does
+    not is located by it (`--out: ...`)."""
+    assert str(InputError("--out 'x' is a file", source="--out", fix="f")) == "--out 'x' is a file\nfix: f"
+    assert str(InputError("x is a file", source="--out")) == "--out: x is a file"
+    assert str(InputError("--outside", source="--out")) == "--out: --outside"
+    out = tmp_path / "cfg.yaml"
+    out.write_text("seed: {root: 1}\n", encoding="utf-8")
+    assert main(["split", str(data), "--out", str(out)]) == 2
+    assert f"error: --out {str(out)!r} exists and is not a split manifest" in capsys.readouterr().err
+
+
 def test_split_out_under_a_file_is_exit_2(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """An --out whose parent is a file names that file."""
     blocker = data.parent / "plain"

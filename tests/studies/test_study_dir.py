@@ -42,8 +42,9 @@ def test_a_directory_that_is_not_a_study(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "s").iterdir()] == ["notes.txt"]
     # A file given as --out: the message names --out (it said --run-dir).
     (tmp_path / "f").write_text("mine", encoding="utf-8")
-    with pytest.raises(InputError, match=r": --out '.*f' is a file, not a directory"):
+    with pytest.raises(InputError, match=r"^--out '.*f' is a file, not a directory") as refused:
         run_study(CFG, n=2, vary="all", options=StudyOptions(out=tmp_path / "f", tracking=False))
+    assert refused.value.source == "--out"  # said once: not "--out: --out", nor the path twice
 
 
 @pytest.mark.parametrize(

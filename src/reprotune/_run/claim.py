@@ -56,7 +56,7 @@ def check_run_dir_free(run_dir: Path) -> None:
             what = "is a file" if parent == run_dir else f"is under {parent}, which is a file"
             raise InputError(
                 f"--run-dir {str(run_dir)!r} {what}, not a directory",
-                source=str(run_dir),
+                source="--run-dir",
                 fix="give a directory path (new, or empty)",
             )
         if parent.is_dir():

@@ -269,6 +269,6 @@ def _busy(run_dir: Path, holder: dict[str, Any], what: str, option: str) -> Inpu
 def _not_a_directory(run_dir: Path, option: str) -> InputError:
     return InputError(
         f"{option} {str(run_dir)!r} is a file, not a directory",
-        source=str(run_dir),
+        source=option,
         fix="give a directory path (new, or holding an unfinished run)",
     )
