@@ -39,6 +39,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 #: Variables read when an interpreter or a math library starts: a child forked from the zygote
 #: would keep the zygote's reading of them.
@@ -358,6 +359,7 @@ class WarmLauncher:
     def __init__(self, overrides: dict[str, str] | None = None) -> None:
         self.env = {**os.environ, **(overrides or {})}
         self._tmp = Path(tempfile.mkdtemp(prefix="reprotune-warm-"))
+        self.socket = self._tmp / "zygote.sock"  # where forked processes ask for their legs
         preload = _LAUNCH_MODULES if overrides else ()
         self._proc = subprocess.Popen(
             [
@@ -365,7 +367,7 @@ class WarmLauncher:
                 "-c",
                 _ZYGOTE,
                 __file__,
-                str(self._tmp / "zygote.sock"),
+                str(self.socket),
                 json.dumps(preload),
             ],
             stdin=subprocess.PIPE,
@@ -513,6 +515,23 @@ def launcher(env: dict[str, str] | None = None) -> WarmLauncher | None:
         if found is None or found._proc.poll() is not None:
             found = _launchers[key] = WarmLauncher(dict(key))
         return found
+
+
+def fork_legs_here(monkeypatch: Any) -> bool:
+    """In this process (a test that runs verify in-process): verify's legs forked from the session's
+    zygote, as they are in a process the zygote forked (tests/inject/warm_legs.py), for the rest of
+    the test (``monkeypatch``); False (legs stay real interpreters) where there is no zygote."""
+    import warm_legs
+
+    from reprotune._proof import processes, verify_command
+
+    warm = None if os.environ.get("REPROTUNE_TESTS_COLD") else launcher()
+    if warm is None:
+        return False
+    monkeypatch.setenv(warm_legs.ENV, str(warm.socket))
+    monkeypatch.setattr(processes, "subprocess", warm_legs._Subprocess())
+    monkeypatch.setattr(verify_command, "subprocess", warm_legs._Subprocess())
+    return True
 
 
 def run_reprotune(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -15,6 +16,7 @@ from reprotune._proof.compare import compare_runs
 from reprotune._proof.verification import NO_DROPOUT_INCONCLUSIVE
 from reprotune._run.ledger import read_ledger
 from tinyrun import BASE_CONFIG, TinyProject, merge
+from warm import fork_legs_here
 
 
 def _legs(out: Path) -> dict[str, tuple[str, bool | None]]:
@@ -191,7 +193,9 @@ def test_verify_fails_when_the_control_changes_nothing(
 
 
 def test_verify_fails_when_runs_are_not_reproducible(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Data edited between the reference and the rerun: the rerun DIVERGES and verify FAILS."""
+    """Data edited between the reference and the rerun: the rerun DIVERGES and verify FAILS (verify
+    in this process, its legs forked from the warm zygote, tests/warm.py)."""
+    assert fork_legs_here(monkeypatch) or os.environ.get("REPROTUNE_TESTS_COLD")
     project = TinyProject.create(tmp_path / "project")
     config = config_from_dict(
         merge(
