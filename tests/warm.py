@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reprotune._cli._options import recorded_cpu_isa
+
 #: Variables read when an interpreter or a math library starts: a child forked from the zygote
 #: would keep the zygote's reading of them.
 COLD_PREFIXES = (
@@ -305,11 +307,7 @@ def needs_cold_start(
 
 def _portable_run(path: Path) -> bool:
     """Whether ``path`` is a run directory whose record pins a CPU mode other than native."""
-    try:
-        record = json.loads((path / "record.json").read_text(encoding="utf-8"))
-        return record["config"]["determinism"].get("cpu_isa", "native") != "native"
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
+    return recorded_cpu_isa(path) not in (None, "native")
 
 
 def _start_differences(env: dict[str, str], base: dict[str, str]) -> set[str]:

@@ -24,19 +24,15 @@ from reprotune._model.lora import apply_lora, tensors_sha256, trainable_tensors
 from reprotune._run.checkpoint import (
     STATE_FILE,
     CheckpointState,
-    latest_valid_checkpoint,
     list_checkpoints,
     restore_checkpoint,
     save_checkpoint,
+    valid_checkpoints,
     verify_checkpoint,
 )
 from reprotune._run.ledger import hexf
 from reprotune._train.optim import build_optimizer, build_scheduler
 from reprotune.testing import build_tiny_model
-
-# The checkpoint hardening proposed in /tmp/resume_fix_1.patch (state.json hashes itself and must list
-# exactly the data files; a pickled object is an InputError). Until the lead applies it, the tests
-# of what it fixes are expected to fail; after, they must pass (strict).
 
 CHECKPOINT_FILES = ("trainable.safetensors", "optimizer.pt", "rng.safetensors", "rng.json", STATE_FILE)
 STATE = CheckpointState(step=2, epoch=0, position=(0, 8))
@@ -303,7 +299,7 @@ def test_flipped_byte_in_any_file_is_refused_and_the_previous_one_used(
     assert problem is not None
     assert name in problem
     warnings: list[str] = []
-    assert latest_valid_checkpoint(newer.parent, report=warnings.append) == older
+    assert next(valid_checkpoints(newer.parent, report=warnings.append), None) == older
     assert len(warnings) == 1
     assert warnings[0].startswith("warning: ") and str(newer) in warnings[0] and "falling back" in warnings[0]
 
@@ -322,7 +318,7 @@ def test_no_valid_checkpoint_gives_none_with_a_warning_each(two_checkpoints: tup
     _flip_byte(older / "trainable.safetensors")
     (newer / STATE_FILE).unlink()
     warnings: list[str] = []
-    assert latest_valid_checkpoint(older.parent, report=warnings.append) is None
+    assert next(valid_checkpoints(older.parent, report=warnings.append), None) is None
     assert [str(newer) in warnings[0], str(older) in warnings[1]] == [True, True]
     assert len(warnings) == 2
     assert warnings[0].endswith("; falling back to the previous one")
@@ -385,7 +381,7 @@ def test_pickled_object_is_refused_by_its_hash(two_checkpoints: tuple[Path, Path
     marker = tmp_path / "code-ran"
     _plant_payload(newer, marker)
     assert verify_checkpoint(newer) == "optimizer.pt does not match its recorded sha256"
-    assert latest_valid_checkpoint(newer.parent, report=lambda _: None) == older
+    assert next(valid_checkpoints(newer.parent, report=lambda _: None), None) == older
     assert not marker.exists()
 
 

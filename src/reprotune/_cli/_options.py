@@ -82,9 +82,9 @@ def pin_cpu_isa(cpu_isa: str) -> None:
     set_isa_environment(cpu_isa)
 
 
-def pin_cpu_isa_of_run(run_dir: Path) -> None:
-    """:func:`pin_cpu_isa` for the config a run directory recorded (read without torch); a
-    directory that is not a run is left for the command to refuse."""
+def recorded_cpu_isa(run_dir: Path) -> str | None:
+    """The ``determinism.cpu_isa`` a run directory's record holds (``native`` where a record from
+    before the mode lacks it), read without torch; None for a directory that is not a run."""
     import json
 
     from reprotune._run.layout import RunLayout
@@ -93,8 +93,15 @@ def pin_cpu_isa_of_run(run_dir: Path) -> None:
         record = json.loads(RunLayout(run_dir).record.read_text(encoding="utf-8"))
         cpu_isa = record["config"]["determinism"].get("cpu_isa", "native")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return
-    if isinstance(cpu_isa, str):
+        return None
+    return cpu_isa if isinstance(cpu_isa, str) else None
+
+
+def pin_cpu_isa_of_run(run_dir: Path) -> None:
+    """:func:`pin_cpu_isa` for the config a run directory recorded; a directory that is not a run
+    is left for the command to refuse."""
+    cpu_isa = recorded_cpu_isa(run_dir)
+    if cpu_isa is not None:
         pin_cpu_isa(cpu_isa)
 
 

@@ -26,6 +26,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from reprotune._config.secrets import mask_config
+from reprotune._determinism.isa import CpuIsa
 from reprotune._determinism.seeds import CONSUMERS, SEED_LIMIT
 from reprotune._jsonio import canonical_sha256
 
@@ -359,7 +360,7 @@ class DeterminismConfig(_Section):
     device: Literal["cpu", "cuda", "auto"] = Field(
         default="cpu", description="compute device; auto = cuda if present"
     )
-    cpu_isa: Literal["native", "avx2", "avx512", "avx2-compatible"] = Field(
+    cpu_isa: CpuIsa = Field(
         default="native",
         description="CPU kernels: native = the best this CPU has; avx2 / avx512 = every kernel knob "
         "(ATen capability, MKL code path and CNR mode, oneDNN ISA) pinned to that baseline, so that "

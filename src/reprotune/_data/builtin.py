@@ -32,7 +32,6 @@ from reprotune._errors import InputError
 BUILTIN_PREFIX = "builtin:"
 CHATTERBOT_EN = "builtin:chatterbot-en"
 BUILTIN_NAMES = (CHATTERBOT_EN,)
-CHATTERBOT_COLUMNS = ["prompt", "response", "category"]
 
 
 def chatterbot_dir() -> Path:

@@ -10,14 +10,6 @@ from reprotune._config.schema import ExperimentConfig
 from reprotune._data.table import Table
 from reprotune._errors import InputError
 
-#: The config keys whose value is a column name of the data.
-COLUMN_KEYS: tuple[str, ...] = (
-    "data.prompt_field",
-    "data.response_field",
-    "split.stratify_by",
-    "split.group_by",
-)
-
 
 def config_columns(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     """``(config key, column name)`` for every column the config names (unset keys left out)."""

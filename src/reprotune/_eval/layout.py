@@ -21,7 +21,6 @@ EVAL_FILE: Final = "eval.json"
 PREDICTIONS: Final = "predictions.jsonl"
 SCHEMA: Final = "reprotune/eval"
 SCHEMA_VERSION: Final = 1
-PREDICTIONS_SCHEMA: Final = "reprotune/eval-predictions"
 
 
 @dataclass(frozen=True)

@@ -191,11 +191,6 @@ def _write_files(
     write_json_atomic(tmp / STATE_FILE, manifest)
 
 
-def latest_valid_checkpoint(directory: Path, *, report: Callable[[str], None]) -> Path | None:
-    """The newest checkpoint whose files match their hashes; each refused one is reported."""
-    return next(valid_checkpoints(directory, report=report), None)
-
-
 def valid_checkpoints(directory: Path, *, report: Callable[[str], None]) -> Iterator[Path]:
     """The checkpoints whose files match their hashes, newest first; each refused one is reported."""
     for path in reversed(list_checkpoints(directory)):
