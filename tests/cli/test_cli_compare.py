@@ -141,7 +141,7 @@ def test_compare_and_report_never_import_torch(ref: Path, tmp_path: Path) -> Non
         inputs=(("2x2", "float32", "a"),),
         outputs=(),
     )
-    header = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "step": 1, "kernels": {}}
+    header = _trace_header(SCHEMA, SCHEMA_VERSION)
     for name in ("a.jsonl", "b.jsonl"):
         write_trace(tmp_path / name, header, [op])
     script = (
@@ -159,6 +159,20 @@ def test_compare_and_report_never_import_torch(ref: Path, tmp_path: Path) -> Non
     assert proc.stdout.splitlines()[-1] == "NO-TORCH [1, 0, 0]"
 
 
+def _trace_header(schema: str, version: int) -> dict[str, object]:
+    """A whole trace header of step 1, as `reprotune trace` writes one (its fields checked on read)."""
+    return {
+        "schema": schema,
+        "schema_version": version,
+        "run_id": "r",
+        "step": 1,
+        "replayed_from": 0,
+        "reproduced": {"step": True, "before": True},
+        "weights_in_sha256": "0" * 64,
+        "kernels": {"version": 1},
+    }
+
+
 def test_a_trace_against_a_run_a_missing_one_another_step_or_tolerance_are_refused(
     ref: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -170,7 +184,7 @@ def test_a_trace_against_a_run_a_missing_one_another_step_or_tolerance_are_refus
     op = TraceOp(
         kind="op", i=0, phase="forward.0", module="m", op="aten::mm", n=0, args="", inputs=(), outputs=()
     )
-    header = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "step": 1, "kernels": {}}
+    header = _trace_header(SCHEMA, SCHEMA_VERSION)
     for name in ("a.jsonl", "b.jsonl"):
         write_trace(tmp_path / name, header, [op])
     (tmp_path / "eval").mkdir()
@@ -200,3 +214,10 @@ def test_a_trace_against_a_run_a_missing_one_another_step_or_tolerance_are_refus
 
     assert main(["compare", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--tolerance", "0.1"]) == 2
     assert "--tolerance applies to runs; traces are compared op by op, bit for bit" in capsys.readouterr().err
+
+    cut = tmp_path / "cut.jsonl"  # a trace whose header line was cut: read as a trace, said where
+    cut.write_text((tmp_path / "a.jsonl").read_text()[:30])
+    for pair in ((cut, tmp_path / "b.jsonl"), (cut, cut)):
+        assert main(["compare", *map(str, pair)]) == 2
+        err = capsys.readouterr().err
+        assert f"{cut}:1: the first line is not JSON" in err and "trace the step again if it was cut" in err

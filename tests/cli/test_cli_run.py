@@ -279,3 +279,34 @@ def test_an_interrupted_run_says_how_to_resume_it_as_it_was_launched(monkeypatch
     assert _resume_hint(args).startswith("`torchrun --nproc_per_node 2 -m reprotune resume runs/k2`")
     unnamed = _resume_hint(argparse.Namespace(run_dir=None))  # runs/<id>, said when the run began
     assert unnamed.startswith("`torchrun --nproc_per_node 2 -m reprotune resume RUN_DIR`")
+
+
+@pytest.mark.parametrize(
+    ("argv", "argument"),
+    [
+        (["run", ""], "config"),
+        (["run", "c.yaml", "--run-dir", ""], "--run-dir"),
+        (["trace", "r", "--step", "1", "--out", ""], "--out"),
+        (["compare", "", "b"], "RUN_A"),
+        (["pack", "r", "-o", ""], "-o/--out"),
+        (["split", "", "--out", "m.json"], "DATA"),
+        (["split", "d.jsonl", "--out", ""], "--out"),
+        (["check-split", "", "d.jsonl"], "MANIFEST"),
+        (["doctor", ""], "config"),
+        (["eval", "r", "--out", ""], "--out"),
+    ],
+)
+def test_an_empty_path_is_a_usage_error_naming_its_argument(
+    argv: list[str],
+    argument: str,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An empty path (``--out ""``, a variable that expanded to nothing) is refused by name, exit
+    2, before anything runs: ``Path("")`` would otherwise be the current directory, which a
+    command then reads or writes into ("--out 'm.json' is inside ., which this command reads")."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert f"argument {argument}: an empty path: give a file or directory" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

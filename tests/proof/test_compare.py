@@ -179,6 +179,19 @@ def test_nothing_recorded_differs_points_at_the_trace(tmp_path: Path) -> None:
     assert "find the first op that differs" in result.format()
 
 
+def test_the_trace_commands_paste_into_a_shell(tmp_path: Path) -> None:
+    """A path with a space and a quote is quoted; the kernel-steering variables each run was made
+    with stand before its command, so that the pasted command traces under the run's own kernels."""
+    steering = {"OMP_NUM_THREADS": "4", "MKL_CBWR": None}
+    kernels = {"kernels": {"version": 1, "cpu": {"model": "EPYC"}, "steering_env": steering}}
+    ref = write_run_dir(tmp_path / "ref", RunSpec(environment=kernels))
+    other = write_run_dir(tmp_path / "it's b", RunSpec(noise_from_step=5, environment=kernels))
+    steps = compare_runs(ref, other).next_steps
+    assert steps[1] == f"  OMP_NUM_THREADS=4 reprotune trace {ref} --step 5 --out A-step-5.trace.jsonl"
+    quoted = "'" + str(other).replace("'", "'\"'\"'") + "'"
+    assert steps[3] == f"  OMP_NUM_THREADS=4 reprotune trace {quoted} --step 5 --out B-step-5.trace.jsonl"
+
+
 def test_records_without_kernel_facts_make_them_unknown(ref: Path, tmp_path: Path) -> None:
     """Records made before kernel facts were recorded still compare: with nothing else recorded
     differing, the cause says the kernel facts are unknown (never "nothing recorded differs"),

@@ -48,6 +48,11 @@ def test_other_kernels_diverge_and_compare_names_them(project: TinyProject) -> N
     assert "CPU kernels differ: CPU capability" in result.causes[0] and " vs DEFAULT" in result.causes[0]
     assert not any("nothing recorded differs" in cause for cause in result.causes)
     assert f"--step {step} " in result.next_steps[1] and "reprotune compare A-step" in result.next_steps[-1]
+    # B's command carries the kernel settings its run was made with: pasted, it traces B's own step
+    settings, _, command = result.next_steps[3].partition(" reprotune trace ")
+    assert "ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41" in settings
+    assert command.startswith(f"{project.root / 'lesser'} --step {step} ")
+    assert "ATEN_CPU_CAPABILITY" not in result.next_steps[1]
     kinds = {d.key for d in result.differences if d.category == "kernels"}
     assert "environment.kernels.cpu.aten_capability" in kinds
     record = json.loads((project.root / "lesser" / "record.json").read_text())
@@ -80,6 +85,22 @@ def test_traces_of_the_first_divergent_step_name_the_first_op(project: TinyProje
     assert "same inputs, different outputs: the kernel differs (CPU capability" in first
     shown = project.run_cli("compare", str(a), str(b), check=False)
     assert shown.returncode == 1 and "same inputs, different outputs" in shown.stdout
+
+
+def test_a_trace_made_under_other_kernels_than_its_run_says_so(project: TinyProject, tmp_path: Path) -> None:
+    """The lesser run traced without its kernel settings: the trace says its kernels are not the
+    run's and which variables to set, and compare of the traces notes it beside its verdict."""
+    step = compare_runs(project.root / "native", project.root / "lesser").where.first_divergence_step
+    mine, a = tmp_path / "here.jsonl", tmp_path / "a.jsonl"
+    done = project.run_cli("trace", "lesser", "--step", str(step), "--out", str(mine), "--no-progress")
+    assert "  kernels           NOT the run's (run vs here): CPU capability DEFAULT vs " in done.stdout
+    assert "trace again with ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2" in done.stdout
+    against = read_trace(mine).header["kernels_vs_run"]
+    assert against["assignments"] == [f"{k}={v}" for k, v in LESSER.items()]
+    project.run_cli("trace", "native", "--step", str(step), "--out", str(a), "--no-progress")
+    assert read_trace(a).header["kernels_vs_run"] == {"differences": [], "assignments": []}
+    notes = compare_traces(read_trace(a), read_trace(mine)).notes
+    assert any(n.startswith("trace B was made under other kernels than its run's") for n in notes)
 
 
 def test_a_step_traced_twice_is_byte_identical(project: TinyProject) -> None:
@@ -189,6 +210,12 @@ def test_trace_refuses_bad_input_clearly(project: TinyProject) -> None:
     done = project.run_cli("trace", "native", "--step", "1", "--out", "exists.jsonl", check=False)
     assert done.returncode == 2 and "already exists" in done.stderr
     assert (project.root / "exists.jsonl").read_text() == "mine\n"
+    done = project.run_cli("trace", "native", "--step", "1", "--out", "exists.jsonl/t.jsonl", check=False)
+    assert done.returncode == 2
+    assert "trace: error: --out 'exists.jsonl/t.jsonl' cannot be written: " in done.stderr
+    assert "exists.jsonl is a file, not a directory" in done.stderr and "trace: replaying" not in done.stderr
+    done = project.run_cli("trace", "native", "--step", "1", "--out", "", check=False)
+    assert done.returncode == 2 and "argument --out: an empty path: give a file or directory" in done.stderr
     done = project.run_cli("trace", "native", "--step", "1", "--out", ".", check=False)
     assert done.returncode == 2 and "is a directory; --out names the trace file" in done.stderr
     assert "fix: give a file path, e.g. --out " in done.stderr and "-step-1.jsonl" in done.stderr

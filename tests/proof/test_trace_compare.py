@@ -3,6 +3,7 @@ of first difference is called, and the trace file's own checks."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,18 @@ def _op(
 
 
 def _trace(path: Path, ops: list[TraceOp], kernels: dict[str, Any], **header: Any) -> Any:
-    body = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "step": 3, "kernels": kernels, **header}
+    body = {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "run_id": "r",
+        "config_sha256": "c" * 64,
+        "step": 3,
+        "replayed_from": 0,
+        "reproduced": {"step": True, "before": True},
+        "weights_in_sha256": "w" * 64,
+        "kernels": {"version": 1, **kernels},
+        **header,
+    }
     write_trace(path, body, ops)
     return read_trace(path)
 
@@ -159,3 +171,79 @@ def test_a_line_separator_inside_a_string_does_not_split_an_op_line(tmp_path: Pa
     """Canonical JSON writes U+2028 and U+0085 raw inside strings; the reader splits at newlines only."""
     ops = [_op(0, "model.a\u2028b", "aten::mm", ["x"], ["y"], args="['\u0085']")]
     assert _trace(tmp_path / "t.jsonl", ops, KERNELS_A).ops == tuple(ops)
+
+
+def test_an_input_an_agreeing_op_made_is_not_blamed_on_the_weights(tmp_path: Path) -> None:
+    """An input that differs though the op that made it agreed changed out of the trace's sight (or a
+    file was edited): not said to come from the weights, data or config."""
+    b = [BASE[0], _op(1, "model.layers.0.self_attn.q_proj", "aten::mm", ["h0'", "wq"], ["q2"])]
+    found = compare_traces(_trace(tmp_path / "a", BASE[:2], KERNELS_A), _trace(tmp_path / "b", b, KERNELS_A))
+    assert found.finding == "inputs"
+    assert "that op agreed in both traces" in found.explanation[1]
+    assert not any("the weights going into the step" in text for text in found.explanation)
+
+
+def test_traces_of_two_configs_say_so(tmp_path: Path) -> None:
+    """Other config_sha256 in the headers: the note names the configs, and the weights' difference is
+    not sent looking for an earlier step."""
+    a = _trace(tmp_path / "a", BASE, KERNELS_A, weights_in_sha256="1" * 64)
+    b = _trace(tmp_path / "b", BASE, KERNELS_A, weights_in_sha256="2" * 64, config_sha256="d" * 64)
+    notes = compare_traces(a, b).notes
+    assert notes[0].startswith("the two runs' configs differ (config_sha256 cccccccccccc vs dddddddddddd)")
+    assert any(n.endswith("(111111111111 vs 222222222222): as their configs do") for n in notes)
+    assert not any("trace the first step" in n for n in notes)
+
+
+def test_a_trace_made_under_other_kernels_than_its_run_is_noted(tmp_path: Path) -> None:
+    """A header whose kernels_vs_run lists differences: the note says so and how to trace again."""
+    against = {
+        "differences": ["CPU capability DEFAULT vs AVX2"],
+        "assignments": ["ATEN_CPU_CAPABILITY=default"],
+    }
+    a = _trace(tmp_path / "a", BASE, KERNELS_A)
+    b = _trace(tmp_path / "b", BASE, KERNELS_A, kernels_vs_run=against)
+    notes = compare_traces(a, b).notes
+    assert notes == (
+        "trace B was made under other kernels than its run's (run vs here: CPU capability DEFAULT vs "
+        "AVX2): it shows those kernels' step; trace again with ATEN_CPU_CAPABILITY=default",
+    )
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        ({"reproduced": "yes"}, "reproduced: input should be an object (got 'yes')"),
+        ({"step": None}, "step: input should be a valid integer"),
+        ({"step": 0}, "step: input should be greater than or equal to 1"),
+        ({"kernels": "x"}, "kernels: input should be an object (got 'x')"),
+        ({"kernels": {"version": 1, "cpu": "x"}}, "kernels.cpu: input should be an object (got 'x')"),
+    ],
+)
+def test_a_hand_edited_header_is_refused_at_its_key(
+    tmp_path: Path, edit: dict[str, Any], problem: str
+) -> None:
+    """A header edited by hand is refused naming the file, line 1 and the key, never crashed on."""
+    _trace(tmp_path / "t.jsonl", BASE, KERNELS_A)
+    lines = (tmp_path / "t.jsonl").read_text().splitlines()
+    header = {**json.loads(lines[0]), **edit}
+    (tmp_path / "e.jsonl").write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    with pytest.raises(InputError) as caught:
+        read_trace(tmp_path / "e.jsonl")
+    assert caught.value.source == f"{tmp_path / 'e.jsonl'}:1"
+    assert problem in caught.value.message.lower()
+
+
+def test_a_cut_header_or_gzip_is_called_cut(tmp_path: Path) -> None:
+    """A first line that is not whole JSON, or a .gz cut short, gets the fix for a cut trace."""
+    _trace(tmp_path / "t.jsonl", BASE, KERNELS_A)
+    text = (tmp_path / "t.jsonl").read_text()
+    (tmp_path / "h.jsonl").write_text(text[:40])
+    with pytest.raises(InputError, match="the first line is not JSON") as caught:
+        read_trace(tmp_path / "h.jsonl")
+    assert "trace the step again if it was cut" in str(caught.value)
+    _trace(tmp_path / "t.jsonl.gz", BASE, KERNELS_A)
+    data = (tmp_path / "t.jsonl.gz").read_bytes()
+    (tmp_path / "cut.jsonl.gz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError, match="cannot read") as caught:
+        read_trace(tmp_path / "cut.jsonl.gz")
+    assert "trace the step again if it was cut" in str(caught.value)

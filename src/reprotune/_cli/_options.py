@@ -15,6 +15,19 @@ DATA_FORMATS = ("auto", "jsonl", "csv", "parquet")
 RARE_CLASS_POLICIES = ("train", "drop", "error")
 
 
+def path_value(text: str) -> Path:
+    """An argparse ``type`` for a path: an empty one (``--out ""``, which ``Path`` would read as
+    the current directory) is refused by name, exit 2."""
+    return Path(path_text(text))
+
+
+def path_text(text: str) -> str:
+    """:func:`path_value` for an argument kept as text (a data path or ``builtin:NAME``)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path: give a file or directory")
+    return text
+
+
 def add_format_option(parser: argparse.ArgumentParser) -> None:
     """``--format``: how to read the data file (by its extension unless given)."""
     parser.add_argument(
@@ -56,10 +69,10 @@ def locate_config_source(exc: ReprotuneError, args: argparse.Namespace) -> None:
 
 def add_watch_options(parser: argparse.ArgumentParser) -> None:
     """verify's negative controls: stream the run against a reference run and stop once it parts."""
-    parser.add_argument("--watch-reference", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--watch-reference", type=path_value, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--watch-bound", type=int, default=None, help=argparse.SUPPRESS)
     # Controls started side by side train in turns (reprotune._train.turn).
-    parser.add_argument("--train-lock", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--train-lock", type=path_value, default=None, help=argparse.SUPPRESS)
 
 
 def watch_hooks(args: argparse.Namespace) -> tuple[Any, ...]:

@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reprotune._cli._options import add_format_option
+from reprotune._cli._options import add_format_option, path_text
 
 if TYPE_CHECKING:
     from reprotune._data.manifest import Manifest
@@ -19,8 +19,12 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the command's arguments."""
-    parser.add_argument("manifest", metavar="MANIFEST", help="a manifest written by `reprotune split`")
-    parser.add_argument("data", metavar="DATA", help="JSONL, CSV or Parquet file, or builtin:chatterbot-en")
+    parser.add_argument(
+        "manifest", type=path_text, metavar="MANIFEST", help="a manifest written by `reprotune split`"
+    )
+    parser.add_argument(
+        "data", type=path_text, metavar="DATA", help="JSONL, CSV or Parquet file, or builtin:chatterbot-en"
+    )
     add_format_option(parser)
     parser.add_argument("--fail-on-leak", action="store_true", help="exit 1 when text leaks across splits")
     parser.add_argument(

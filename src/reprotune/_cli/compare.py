@@ -11,13 +11,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from reprotune._cli._options import path_value
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add compare's arguments to its subparser."""
     parser.add_argument(
-        "run_a", type=Path, metavar="RUN_A", help="the reference run directory (or eval directory, or trace)"
+        "run_a",
+        type=path_value,
+        metavar="RUN_A",
+        help="the reference run directory (or eval directory, or trace)",
     )
-    parser.add_argument("run_b", type=Path, metavar="RUN_B", help="the one compared with it")
+    parser.add_argument("run_b", type=path_value, metavar="RUN_B", help="the one compared with it")
     parser.add_argument(
         "--tolerance",
         type=float,
@@ -51,11 +56,11 @@ def run(args: argparse.Namespace) -> int:
                 fix="give the file `reprotune trace RUN_DIR --step K` wrote (compare takes two traces, "
                 "two runs or two evals)",
             )
-    if is_trace_file(args.run_a) or is_trace_file(args.run_b):
-        return _compare_pair(
+    if any(is_trace_file(p) or _trace_named(p) for p in (args.run_a, args.run_b)):
+        return _compare_pair(  # a file named like a trace is read as one: its own error says what is wrong
             args,
             what="a trace (written by `reprotune trace`)",
-            is_kind=is_trace_file,
+            is_kind=lambda path: is_trace_file(path) or _trace_named(path),
             fix="compare two traces of the same step, one from each machine",
             how="traces are compared op by op, bit for bit",
             compare=lambda a, b: compare_traces(read_trace(a), read_trace(b)),
@@ -81,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
         for e in evals:
             print(f"\nevals of the two runs: {e.format()}", end="")
     return max([comparison.exit_code, *(e.exit_code for e in evals)])
+
+
+def _trace_named(path: Path) -> bool:
+    return path.is_file() and path.name.endswith((".jsonl", ".jsonl.gz"))
 
 
 def _compare_pair(

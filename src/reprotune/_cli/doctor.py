@@ -9,12 +9,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from reprotune._cli._options import add_set_option, pin_cpu_isa
+from reprotune._cli._options import add_set_option, path_text, pin_cpu_isa
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add doctor's arguments to its subparser."""
-    parser.add_argument("config", nargs="?", help="experiment config (YAML); default: audit the defaults")
+    parser.add_argument(
+        "config", nargs="?", type=path_text, help="experiment config (YAML); default: audit the defaults"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     add_set_option(parser)
     parser.add_argument(

@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reprotune._cli._options import add_set_option, pin_cpu_isa_of_run
+from reprotune._cli._options import add_set_option, path_value, pin_cpu_isa_of_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a completed run directory")
+    parser.add_argument("run_dir", type=path_value, metavar="RUN_DIR", help="a completed run directory")
     parser.add_argument(
         "--split", choices=("test", "validation"), default="test", help="the split of the run's own manifest"
     )
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_set_option(parser, example="eval.decoding=sample (eval.* and seed.eval only)")
     parser.add_argument(
         "--out",
-        type=Path,
+        type=path_value,
         default=None,
         help="the eval directory to create (default RUN_DIR/evals/<eval-id>)",
     )

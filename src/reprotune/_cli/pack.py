@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+
+from reprotune._cli._options import path_value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path, help="a completed run directory")
+    parser.add_argument("run_dir", type=path_value, help="a completed run directory")
     parser.add_argument(
         "-o",
         "--out",
-        type=Path,
+        type=path_value,
         required=True,
         help="the bundle to write (.tar.gz); an existing file there is replaced only if it is a bundle",
     )

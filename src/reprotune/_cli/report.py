@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from reprotune._cli._options import path_value
 from reprotune._run.outputs import refuse_overwrite, reprotune_page
 
 
@@ -15,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add report's arguments to its subparser."""
     parser.add_argument(
         "run_dirs",
-        type=Path,
+        type=path_value,
         nargs="+",
         metavar="RUN_DIR",
         help="run directories; the first is the reference the others are compared with",
@@ -23,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-o",
         "--out",
-        type=Path,
+        type=path_value,
         default=Path("report.html"),
         help="the HTML file to write (default: report.html); an existing file there is replaced only if "
         "reprotune wrote it (an earlier report)",

@@ -5,23 +5,25 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from reprotune._cli._options import pin_cpu_isa_of_bundle, pin_cpu_isa_of_run
+from reprotune._cli._options import path_value, pin_cpu_isa_of_bundle, pin_cpu_isa_of_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "run_dir", type=Path, help="the recorded run to reproduce: a run directory, or a bundle (.tar.gz)"
+        "run_dir",
+        type=path_value,
+        help="the recorded run to reproduce: a run directory, or a bundle (.tar.gz)",
     )
     parser.add_argument(
         "--run-dir",
         dest="new_run_dir",
-        type=Path,
+        type=path_value,
         default=None,
         help="where the new run goes (default: <RUN_DIR>-rerun; for a bundle: <out>/rerun)",
     )
     parser.add_argument(
         "--out",
-        type=Path,
+        type=path_value,
         default=None,
         help="for a bundle: a new or empty directory to unpack it (recorded/) and rerun it (rerun/) in "
         "(default: runs/<name>, or runs/<name>-rerun when that exists)",

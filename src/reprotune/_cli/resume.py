@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from reprotune._cli._options import add_watch_options, pin_cpu_isa_of_run, watch_hooks
+from reprotune._cli._options import add_watch_options, path_value, pin_cpu_isa_of_run, watch_hooks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path, help="the run directory of an unfinished run")
+    parser.add_argument("run_dir", type=path_value, help="the run directory of an unfinished run")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-tracking", action="store_true", help="do not mirror the run to MLflow")
     parser.add_argument(

@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from reprotune._cli._options import add_set_option, add_watch_options, pin_cpu_isa, watch_hooks
+from reprotune._cli._options import add_set_option, add_watch_options, path_value, pin_cpu_isa, watch_hooks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", type=Path, help="experiment config (YAML)")
+    parser.add_argument("config", type=path_value, help="experiment config (YAML)")
     add_set_option(parser)
-    parser.add_argument("--run-dir", type=Path, default=None, help="run directory (default: runs/<run-id>)")
+    parser.add_argument(
+        "--run-dir", type=path_value, default=None, help="run directory (default: runs/<run-id>)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-tracking", action="store_true", help="do not mirror the run to MLflow")
     # For verify's resume leg: stop after this step, as if interrupted, leaving a resumable run.
     parser.add_argument("--stop-after-step", type=int, default=None, help=argparse.SUPPRESS)
     # For rerun: train on this manifest (a recorded run's split.json) instead of the config's split.
-    parser.add_argument("--manifest", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--manifest", type=path_value, default=None, help=argparse.SUPPRESS)
     add_watch_options(parser)
 
 

@@ -6,13 +6,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from reprotune._cli._options import add_set_option, pin_cpu_isa
+from reprotune._cli._options import add_set_option, path_value, pin_cpu_isa
 
 VARY = ("all", "split", "data_order", "lora_init", "dropout", "each")  # _studies.plan.VARY_CHOICES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", type=Path, help="experiment config (YAML)")
+    parser.add_argument("config", type=path_value, help="experiment config (YAML)")
     parser.add_argument(
         "--n", type=int, required=True, help="runs per group (at least 2; 5 or more is useful)"
     )
@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="which seeds move: all (new root seeds), one consumer, or each consumer in turn (default: all)",
     )
     parser.add_argument(
-        "--out", type=Path, default=None, help="study directory (default: studies/<study-id>)"
+        "--out", type=path_value, default=None, help="study directory (default: studies/<study-id>)"
     )
     parser.add_argument(
         "--jobs", type=int, default=1, help="runs at once, each in its own process (default: 1)"

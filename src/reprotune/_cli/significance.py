@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+
+from reprotune._cli._options import path_value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "study_a", type=Path, help="study A (a directory written by `reprotune seeds`), the reference"
+        "study_a", type=path_value, help="study A (a directory written by `reprotune seeds`), the reference"
     )
-    parser.add_argument("study_b", type=Path, help="study B")
+    parser.add_argument("study_b", type=path_value, help="study B")
     parser.add_argument(
         "--metric", default="final_val_loss", help="the metric to test (default: final_val_loss)"
     )
@@ -27,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-o",
         "--report",
-        type=Path,
+        type=path_value,
         default=None,
         help="also write an HTML report here (an existing file there is replaced only if reprotune wrote it)",
     )

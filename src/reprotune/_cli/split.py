@@ -11,16 +11,19 @@ import sys
 import warnings
 from pathlib import Path
 
-from reprotune._cli._options import RARE_CLASS_POLICIES, add_format_option
+from reprotune._cli._options import RARE_CLASS_POLICIES, add_format_option, path_text
 from reprotune._errors import InputError
 from reprotune._run.outputs import json_document, refuse_overwrite
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the command's arguments."""
-    parser.add_argument("data", metavar="DATA", help="JSONL, CSV or Parquet file, or builtin:chatterbot-en")
+    parser.add_argument(
+        "data", type=path_text, metavar="DATA", help="JSONL, CSV or Parquet file, or builtin:chatterbot-en"
+    )
     parser.add_argument(
         "--out",
+        type=path_text,
         required=True,
         metavar="MANIFEST",
         help="where to write the manifest (JSON); an existing file there is replaced only if it is "

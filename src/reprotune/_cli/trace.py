@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from reprotune._cli._options import pin_cpu_isa_of_run
+from reprotune._cli._options import path_value, pin_cpu_isa_of_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory (reprotune run)")
+    parser.add_argument("run_dir", type=path_value, metavar="RUN_DIR", help="a run directory (reprotune run)")
     parser.add_argument("--step", type=int, required=True, metavar="K", help="the optimizer step to trace")
     parser.add_argument(
         "--out",
-        type=Path,
+        type=path_value,
         default=None,
         metavar="FILE",
         help="the trace file to write (must not exist; .gz compresses); "
@@ -55,6 +54,12 @@ def run(args: argparse.Namespace) -> int:
             "                    shows this machine's step (compare it with a trace made where the run was)"
         )
     print(f"  CPU capability    {header['kernels']['cpu']['aten_capability']}")
+    against = header.get("kernels_vs_run") or {}
+    if against.get("differences"):
+        print(f"  kernels           NOT the run's (run vs here): {'; '.join(against['differences'])}")
+        if against.get("assignments"):
+            assignments = " ".join(against["assignments"])
+            print(f"                    trace again with {assignments} set, as the run had")
     print(
         f"  traced step       {result.seconds:.2f} s"
         + (f" (a plain step: {result.step_s:.2f} s)" if result.step_s else "")

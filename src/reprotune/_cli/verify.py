@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reprotune._cli._options import add_set_option
+from reprotune._cli._options import add_set_option, path_value
 from reprotune._errors import InputError
 
 if TYPE_CHECKING:
@@ -20,14 +20,14 @@ _USAGE_FIX = 'run `reprotune verify CONFIG` or `reprotune verify --command "pyth
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "config",
-        type=Path,
+        type=path_value,
         nargs="?",
         default=None,
         help="experiment config (YAML); with --spot, the run directory to check; not with --command",
     )
     add_set_option(parser)
     parser.add_argument(
-        "--out", type=Path, default=None, help="verification directory (default: runs/verify-<id>)"
+        "--out", type=path_value, default=None, help="verification directory (default: runs/verify-<id>)"
     )
     parser.add_argument(
         "--control-seed",
@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--reference",
-        type=Path,
+        type=path_value,
         default=None,
         help="use this completed run of the same config as the reference instead of running one",
     )

@@ -3,11 +3,14 @@ to run on each machine, and the kernel facts each record holds. No torch."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from reprotune._determinism.isa import BASELINES
 from reprotune._proof.causes import is_kernel_cause
 from reprotune._proof.differences import Where
+from reprotune._run.kernels import kernel_differences
 from reprotune._run.rundir import RunDir
 
 
@@ -26,14 +29,61 @@ def _machine(run: RunDir) -> str:
     return "its CPU is not recorded"
 
 
+def steering_assignments(
+    kernels: Mapping[str, Any] | None, here: Mapping[str, Any] | None = None
+) -> list[str]:
+    """``VAR=value`` for each kernel-steering variable the record holds set (``here``: only those
+    whose value differs there, and ``-u VAR`` for one set there but not in the record), the ones a
+    ``determinism.cpu_isa`` mode sets left out: ``reprotune trace`` pins those itself."""
+    recorded = (kernels or {}).get("steering_env")
+    if not isinstance(recorded, Mapping):
+        return []
+    mode = BASELINES.get(str(((kernels or {}).get("portable") or {}).get("cpu_isa")))
+    pinned = set(mode.env) if mode is not None else set()
+    current = (here or {}).get("steering_env") if here is not None else None
+    found = []
+    for name, value in recorded.items():
+        if name in pinned:
+            continue
+        if isinstance(current, Mapping) and current.get(name) == value:
+            continue
+        if value is not None:
+            found.append(f"{name}={shlex.quote(str(value))}")
+        elif isinstance(current, Mapping) and current.get(name) is not None:
+            found.append(f"-u {name}")
+    return found
+
+
+def kernels_against_run(run: RunDir, here: Mapping[str, Any]) -> dict[str, list[str]] | None:
+    """How this environment's kernel facts differ from those the run recorded (``differences``,
+    run's first, as ``kernel_differences`` words them) and the variables to set so that the
+    steering ones agree (``assignments``); None for a record without kernel facts."""
+    recorded = kernels_of(run)
+    if recorded is None:
+        return None
+    return {
+        "differences": kernel_differences(recorded, here),
+        "assignments": steering_assignments(recorded, here),
+    }
+
+
+def _env_prefix(assignments: Sequence[str]) -> str:
+    if not assignments:
+        return ""
+    return ("env " if any(a.startswith("-u ") for a in assignments) else "") + " ".join(assignments) + " "
+
+
 def trace_commands(run_a: RunDir, run_b: RunDir, where: Where, causes: Sequence[str]) -> Iterable[str]:
     """The ``reprotune trace`` commands to run on each machine, when the runs part at a step whose
-    cause is a kernel, a kernel fact nobody recorded, or nondeterminism (see ``_proof.causes``)."""
+    cause is a kernel, a kernel fact nobody recorded, or nondeterminism (see ``_proof.causes``):
+    each under the kernel-steering variables its run was made with, paths quoted for a shell."""
     step = where.first_divergence_step
     if step is None or step < 1 or not causes or not any(is_kernel_cause(c) for c in causes[:1]):
         return
     for label, run in (("A", run_a), ("B", run_b)):
         yield f"on {label}'s machine ({_machine(run)}):"
-        yield f"  reprotune trace {run.path} --step {step} --out {label}-step-{step}.trace.jsonl"
+        env = _env_prefix(steering_assignments(kernels_of(run)))
+        path = shlex.quote(str(run.path))
+        yield f"  {env}reprotune trace {path} --step {step} --out {label}-step-{step}.trace.jsonl"
     yield "then, with both files in one place:"
     yield f"  reprotune compare A-step-{step}.trace.jsonl B-step-{step}.trace.jsonl"

@@ -20,6 +20,7 @@ with probability (intervals replayed) / (intervals in the run) for an interval p
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -258,9 +259,10 @@ def _judge_interval(reference: Path, interval: Interval, plan: SpotPlan, total: 
 def _trace_hint(reference: Path, step: int, plan: SpotPlan) -> str:
     """The ``reprotune trace`` commands that find the first op of ``step`` that differs."""
     made = "on the machine that made the run" if plan.data else "for the run"
+    here = shlex.quote(str(reference))
     return (
         f"to find the first op that differs, {made}: `reprotune trace RUN_DIR --step {step} --out "
-        f"A-step-{step}.trace.jsonl`; here: `reprotune trace {reference} --step {step} --out "
+        f"A-step-{step}.trace.jsonl`; here: `reprotune trace {here} --step {step} --out "
         f"B-step-{step}.trace.jsonl`; then `reprotune compare A-step-{step}.trace.jsonl "
         f"B-step-{step}.trace.jsonl`"
     )

@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_flatten
 
 from reprotune._config.loading import config_from_dict
 from reprotune._errors import InputError
+from reprotune._proof.microscope import kernels_against_run
 from reprotune._proof.tracefile import SCHEMA, SCHEMA_VERSION, TraceOp, new_trace_path, write_trace
 from reprotune._run.checkpoint import restore_checkpoint
 from reprotune._run.checkpoint_files import list_checkpoints, verify_checkpoint
@@ -352,6 +353,10 @@ def trace_step(
     return TraceResult(target, header, seconds, step_s)
 
 
+def _attention(setup: Setup) -> str | None:
+    return getattr(setup.model.config, "_attn_implementation", None)
+
+
 def _header(
     run: RunDir,
     setup: Setup,
@@ -380,7 +385,8 @@ def _header(
             "replayed_line": dict(line),
         },
         "weights_in_sha256": weights_in,
-        "kernels": kernel_facts(attention=getattr(setup.model.config, "_attn_implementation", None)),
+        "kernels": (here := kernel_facts(attention=_attention(setup))),
+        "kernels_vs_run": kernels_against_run(run, here),
         "environment": {
             "host": socket.gethostname(),
             "torch": torch.__version__,

@@ -88,20 +88,28 @@ def _differing_inputs(a: TraceOp, b: TraceOp) -> list[int]:
     return [k for k, (x, y) in enumerate(zip(a.inputs, b.inputs, strict=False)) if x[:3] != y[:3]]
 
 
-def _origin(index: int, op: TraceOp, produced: set[str]) -> str:
-    """Where input ``index`` of ``op`` came from, as far as the trace can see."""
+def _origin(index: int, op: TraceOp, produced: set[str]) -> tuple[str, bool]:
+    """Where input ``index`` of ``op`` came from, as far as the trace can see, and whether an op
+    both traces agree on made it (so the input changed after it, out of the trace's sight)."""
     entry = op.inputs[index]
     label = entry[3] if len(entry) > 3 else ""
     if label.startswith("param:"):
-        return f"input {index} is the parameter {label.removeprefix('param:')}"
+        return f"input {index} is the parameter {label.removeprefix('param:')}", False
     if label:
-        return f"input {index} is {label}"
+        return f"input {index} is {label}", False
+    shape = f"{entry[0] or 'scalar'} {entry[1]}"
     if entry[2] in produced:
-        return f"input {index} ({entry[0] or 'scalar'} {entry[1]}) was made by an earlier op"
+        return (
+            f"input {index} ({shape}) in A is what an earlier op made, and that op agreed in both "
+            "traces: in B it was changed after it, by a write the trace cannot see (an in-place "
+            "update that bypasses the dispatcher), or a trace file was edited",
+            True,
+        )
     return (
-        f"input {index} ({entry[0] or 'scalar'} {entry[1]}) was not made by any op the trace saw: it "
-        "comes from the step's data, or from an op that bypasses the dispatcher, whose difference "
-        "shows first here, at its consumer"
+        f"input {index} ({shape}) was not made by any op the trace saw: it comes from the step's "
+        "data, or from an op that bypasses the dispatcher, whose difference shows first here, at "
+        "its consumer",
+        False,
     )
 
 
@@ -112,7 +120,21 @@ def _module_ops(ops: Sequence[TraceOp], start: int, phase: str, module: str) -> 
 
 
 def _notes(a: Trace, b: Trace) -> Iterable[str]:
+    ca, cb = a.header.get("config_sha256"), b.header.get("config_sha256")
+    configs_differ = bool(ca and cb and ca != cb)
+    if configs_differ:
+        yield (
+            f"the two runs' configs differ (config_sha256 {str(ca)[:12]} vs {str(cb)[:12]}): the traces "
+            "are of two experiments, not one run twice; `reprotune compare RUN_A RUN_B` names the keys"
+        )
     for label, trace in (("A", a), ("B", b)):
+        against = trace.header.get("kernels_vs_run") or {}
+        if against.get("differences"):
+            fix = ", ".join(against.get("assignments") or []) or "on the run's own machine"
+            yield (
+                f"trace {label} was made under other kernels than its run's (run vs here: "
+                f"{'; '.join(against['differences'])}): it shows those kernels' step; trace again with {fix}"
+            )
         reproduced = trace.header.get("reproduced") or {}
         if reproduced.get("step") is False:
             fields = ", ".join(reproduced.get("differing_fields") or [])
@@ -125,10 +147,12 @@ def _notes(a: Trace, b: Trace) -> Iterable[str]:
             yield f"trace {label}'s replay already differed from its run at step(s) {steps}"
     wa, wb = a.header.get("weights_in_sha256"), b.header.get("weights_in_sha256")
     if wa and wb and wa != wb:
-        yield (
-            f"the weights going into the step differ ({str(wa)[:12]} vs {str(wb)[:12]}): trace the first "
-            "step where the runs part, where they were still equal"
+        advice = (
+            "as their configs do"
+            if configs_differ
+            else "trace the first step where the runs part, where they were still equal"
         )
+        yield f"the weights going into the step differ ({str(wa)[:12]} vs {str(wb)[:12]}): {advice}"
 
 
 def compare_traces(a: Trace, b: Trace) -> TraceComparison:
@@ -175,11 +199,18 @@ def compare_traces(a: Trace, b: Trace) -> TraceComparison:
             )
             return TraceComparison("inputs", op_a, op_b, text, compared, notes, paths)
         origins = [_origin(k, op_a, produced) for k in _differing_inputs(op_a, op_b)]
+        outside = any(not made for _, made in origins)
         text = (
             f"{where}: inputs differ at the first op that reads them, while every op before it agreed",
-            *origins,
-            "the weights going into the step, the data or the config differ: `reprotune compare` of the two "
-            "runs names the recorded causes",
+            *(words for words, _ in origins),
+            *(
+                [
+                    "the weights going into the step, the data or the config differ: `reprotune compare` "
+                    "of the two runs names the recorded causes"
+                ]
+                if outside
+                else []
+            ),
         )
         return TraceComparison("inputs", op_a, op_b, text, compared, notes, paths)
     if len(a.ops) != len(b.ops):

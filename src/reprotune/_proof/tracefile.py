@@ -8,7 +8,9 @@ Header (``"kind": "header"``): ``schema`` (``reprotune/trace``), ``schema_versio
 replay started from, 0 for the start), ``reproduced`` (did the replay give the run's own ledger
 lines: each step before the traced one, and the traced step's line, field by field),
 ``weights_in_sha256`` (the trainable weights going into the step, as the ledger hashes them),
-``kernels`` (the machine's kernel facts, ``_run.kernels``), ``environment`` (host, torch, Python,
+``kernels`` (the machine's kernel facts, ``_run.kernels``), ``kernels_vs_run`` (how they differ
+from the facts the run recorded, and the steering variables to set so they agree; null for a record
+without them; absent in traces written before it), ``environment`` (host, torch, Python,
 threads), ``hash`` (the content hash used), ``ops`` (how many op lines follow). Nothing that depends
 on the time or the process: the same step traced twice on one machine gives the same bytes.
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from reprotune._documents import check_document, jsonl_lines, validated_line
 from reprotune._errors import InputError
 from reprotune._jsonio import canonical_dumps, write_bytes_atomic
+from reprotune._run.outputs import refuse_unwritable_parent
 
 SCHEMA = "reprotune/trace"
 SCHEMA_VERSION = 1
@@ -75,6 +79,51 @@ class TraceOp(BaseModel):
         return f"{self.op} {shapes} {'/'.join(dtypes)}".strip()
 
 
+class _Reproduced(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    step: bool
+    before: bool
+    differing_fields: list[str] = Field(default_factory=list)
+    differing_steps_before: dict[str, list[str]] = Field(default_factory=dict)
+
+
+class _Kernels(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    version: int
+    cpu: dict[str, Any] | None = None
+    blas: dict[str, Any] | None = None
+    steering_env: dict[str, str | None] | None = None
+    attention: dict[str, Any] | None = None
+    cuda: dict[str, Any] | None = None
+    portable: dict[str, Any] | None = None
+
+
+class _KernelsVsRun(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    differences: list[str]
+    assignments: list[str] = Field(default_factory=list)
+
+
+class TraceHeader(BaseModel):
+    """The header's fields that ``compare`` reads, typed (see the module docstring); a header is
+    checked against it when read, so a hand-edited one is refused at its key, not crashed on."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    run_id: str
+    config_sha256: str | None = None
+    step: int = Field(ge=1)
+    replayed_from: int = Field(ge=0)
+    reproduced: _Reproduced
+    weights_in_sha256: str
+    kernels: _Kernels
+    kernels_vs_run: _KernelsVsRun | None = None
+    ops: int = Field(ge=0)
+
+
 @dataclass(frozen=True)
 class Trace:
     """A trace file read back: its header and its ops."""
@@ -88,6 +137,8 @@ def new_trace_path(out: str | Path | None, name: str) -> Path:
     """Where a new trace goes: ``out``, or ``name`` in the current directory; refused when that
     exists (a trace never overwrites) or is a directory (named with the file it could hold)."""
     target = Path(out) if out is not None else Path.cwd() / name
+    if out is not None and not str(out).strip():
+        raise InputError("--out is empty", source="--out", fix=f"give a file path, e.g. --out {name}")
     if target.is_dir():
         raise InputError(
             f"{target} is a directory; --out names the trace file",
@@ -98,6 +149,7 @@ def new_trace_path(out: str | Path | None, name: str) -> Path:
         raise InputError(
             f"{target} already exists", source="--out", fix="choose a new file: a trace never overwrites"
         )
+    refuse_unwritable_parent(target, source="--out")
     return target
 
 
@@ -143,13 +195,15 @@ def read_trace(path: str | Path) -> Trace:
     try:
         raw = gzip.decompress(file.read_bytes()) if file.name.endswith(".gz") else file.read_bytes()
         text = raw.decode("utf-8")
-    except (OSError, EOFError, UnicodeDecodeError, gzip.BadGzipFile) as exc:
+    except (EOFError, UnicodeDecodeError, gzip.BadGzipFile, zlib.error) as exc:
+        raise InputError(f"cannot read {file}: {exc}", source=str(file), fix=_FIX) from None
+    except OSError as exc:
         raise InputError(f"cannot read {file}: {exc}", source=str(file), fix="check the path") from None
     lines = jsonl_lines(text)
     try:
         header = json.loads(lines[0]) if lines else None
-    except ValueError:
-        header = None
+    except ValueError as exc:
+        raise _bad(file, 1, f"the first line is not JSON ({exc}): not a whole trace header") from None
     if not isinstance(header, dict) or header.get("schema") != SCHEMA:
         raise _bad(file, 1, "not a reprotune trace (no trace header)")
     check_document(
@@ -161,6 +215,7 @@ def read_trace(path: str | Path) -> Trace:
         fix="pass a trace written by `reprotune trace`",
         version_fix="trace the step again with this reprotune",
     )
+    validated_line(TraceHeader, lines[0], what="trace header", source=f"{file}:1", fix=_FIX)
     ops = [
         validated_line(TraceOp, line, what="trace op line", source=f"{file}:{number}", fix=_FIX)
         for number, line in enumerate(lines[1:], start=2)

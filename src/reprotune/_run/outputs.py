@@ -163,6 +163,23 @@ def refuse_nonempty_dir(out: Path, *, option: str) -> None:
         )
 
 
+def refuse_unwritable_parent(out: Path, *, source: str) -> None:
+    """Refuse an output file whose directory cannot be made or written, before any work: a parent
+    that is a file, or the nearest existing directory not writable here. Missing directories are
+    fine: the command creates them."""
+    for parent in out.absolute().parents:
+        if not parent.exists():
+            continue
+        if not parent.is_dir():
+            problem, fix = f"{parent} is a file, not a directory", f"give {source} a path in a directory"
+        elif not os.access(parent, os.W_OK | os.X_OK):
+            problem = f"the directory {parent} is not writable here"
+            fix = f"give {source} a path you can write"
+        else:
+            return
+        raise InputError(f"{source} {str(out)!r} cannot be written: {problem}", source=source, fix=fix)
+
+
 def _refusal(out: Path, option: str, problem: str) -> InputError:
     return InputError(
         f"{option} {str(out)!r} {problem}: writing it would destroy what it holds",
