@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -453,3 +454,22 @@ def test_a_recorded_peft_before_seed_finding_is_the_first_cause_when_the_init_di
         "(fix: seed first)"
     )
     assert result.next_steps == ()
+
+
+def test_a_steering_variable_is_one_cause_with_the_kernels_not_two(tmp_path: Path) -> None:
+    """The record's environment variables and its kernel facts' steering_env both hold MKL_CBWR: a
+    run in a portable mode against a native one names it once, in the kernel cause (it was listed
+    again as a second environment cause)."""
+
+    def environment(cbwr: str | None) -> dict[str, Any]:
+        kernels = {"version": 1, "cpu": {"model": "EPYC"}, "steering_env": {"MKL_CBWR": cbwr}}
+        return {"kernels": kernels, "env": {"MKL_CBWR": cbwr} if cbwr else {}}
+
+    ref = write_run_dir(tmp_path / "native", RunSpec(environment=environment(None)))
+    portable = write_run_dir(
+        tmp_path / "portable", RunSpec(noise_from_step=1, environment=environment("COMPATIBLE,STRICT"))
+    )
+    result = compare_runs(ref, portable)
+    assert len(result.causes) == 1, result.causes
+    assert "kernel environment variables MKL_CBWR=unset vs MKL_CBWR=COMPATIBLE,STRICT" in result.causes[0]
+    assert any(d.key == "environment.env.MKL_CBWR" for d in result.differences)  # still listed

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from reprotune._proof.cause_texts import MAX_SHOWN, distributed_text, resume_text, split_text, value_text
 from reprotune._proof.differences import AdapterDiff, Difference, Resume, SplitDiff, Where
-from reprotune._run.kernels import is_gpu_difference, kernel_differences
+from reprotune._run.kernels import STEERING_ENV, is_gpu_difference, kernel_differences
 
 Stage = Literal["init", "order", "numbers"]
 # Seeds that act at each stage; the root seed acts on all of them.
@@ -259,12 +259,17 @@ def _evidence(
 
 
 def _drop_restatements(by_category: dict[str, list[Difference]], split: SplitDiff | None) -> None:
-    """One fact, one cause: the config's seed keys restate the recorded seeds, and the manifest's
-    sha256 restates the split difference that names its rows."""
+    """One fact, one cause: the config's seed keys restate the recorded seeds, the manifest's
+    sha256 restates the split difference that names its rows, and the recorded environment
+    variables that steer kernels restate the kernel facts."""
     if by_category.get("seeds"):
         _keep(by_category, "config", lambda d: d.key.split(".")[:2] != ["config", "seed"])
     if split is not None and split_text(split):
         _keep(by_category, "data", lambda d: d.key != "data.manifest_sha256")
+    if by_category.get("kernels"):  # the kernel facts' steering_env names these variables already
+        _keep(
+            by_category, "environment", lambda d: d.key.removeprefix("environment.env.") not in STEERING_ENV
+        )
 
 
 def _keep(by_category: dict[str, list[Difference]], kind: str, wanted: Callable[[Difference], bool]) -> None:
