@@ -220,7 +220,7 @@ def test_split_out_in_a_read_only_directory_is_exit_2(
     disk = small_disk(1 << 20)
     assert os.system(f"mount -o remount,ro {disk}") == 0
     assert main(["split", str(data), "--out", str(disk / "split.json")]) == 2
-    _assert_refused(capsys, f"cannot write {disk / 'split.json'}", "Read-only file system")
+    _assert_refused(capsys, f"--out {str(disk / 'split.json')!r} cannot be written", "read-only file system")
 
 
 @pytest.mark.parametrize(
@@ -326,3 +326,85 @@ def test_project_data_is_never_written_by_split(
     assert main(["split", str(data), "--out", str(out)]) == 2
     assert data.read_bytes() == before
     _assert_refused(capsys, "the same file")
+
+
+# --- every writer: an output path refused before any work, by name, exit 2 -------------------------
+
+
+def test_an_output_under_a_file_or_onto_a_directory_is_refused_by_every_writer(
+    project: TinyProject, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`pack -o DIR`, `pack -o FILE/x`, `verify --out FILE/x`: exit 2 naming the path, no traceback
+    (they raised IsADirectoryError, FileExistsError, NotADirectoryError), nothing written; a refusal
+    around an --out that is a file (`verify --spot --out FILE`) leaves it (it listed it as a
+    directory, NotADirectoryError)."""
+    run = write_run_dir(tmp_path / "run", RunSpec())
+    blocker = tmp_path / "plain.txt"
+    blocker.write_text("x")
+    assert main(["pack", str(run), "-o", str(tmp_path)]) == 2
+    _assert_refused(capsys, f"-o {str(tmp_path)!r} is a directory; -o names the file to write")
+    assert main(["pack", str(run), "-o", str(blocker / "b.tar.gz")]) == 2
+    _assert_refused(capsys, f"-o {str(blocker / 'b.tar.gz')!r} cannot be written: {blocker} is a file")
+    assert main(["verify", str(project.config()), "--out", str(blocker / "v")]) == 2
+    _assert_refused(capsys, f"--out {str(blocker / 'v')!r} cannot be written: {blocker} is a file")
+    with pytest.raises(InputError, match="refused"), outputs.removed_if_refused(blocker):
+        raise InputError("refused")  # as verify --spot --out FILE refuses: the file is not iterated
+    assert blocker.read_text() == "x" and sorted(p.name for p in tmp_path.iterdir()) == ["plain.txt", "run"]
+
+
+def test_outputs_inside_another_run_directory_are_refused(
+    project: TinyProject, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A new run, a study or a verification inside an existing run directory would mix their files
+    with its run's: refused, exit 2, the run directory left as it was."""
+    run = write_run_dir(tmp_path / "run", RunSpec())
+    before = sorted(p.name for p in run.iterdir())
+    config = str(project.config())
+    for argv, option, inside in (
+        (["run", config, "--no-progress", "--no-tracking", "--run-dir"], "--run-dir", run / "sub"),
+        (["seeds", config, "--n", "2", "--out"], "--out", run / "study"),
+        (["verify", config, "--out"], "--out", run / "verify"),
+    ):
+        assert main([*argv, str(inside)]) == 2
+        _assert_refused(capsys, f"{option} {str(inside)!r} is inside the run directory {run}, whose files")
+        assert sorted(p.name for p in run.iterdir()) == before, argv
+
+
+def test_rerun_refuses_a_bad_tolerance_and_the_other_forms_option_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rerun RUN --tolerance -1` trained the whole rerun before refusing the tolerance, and left the
+    new run behind; `rerun RUN --out X` ignored --out. Both: exit 2 before anything is made."""
+    run = write_run_dir(tmp_path / "run", RunSpec())
+    for bad in ("-1", "nan", "inf"):
+        assert main(["rerun", str(run), "--tolerance", bad, "--no-progress"]) == 2
+        _assert_refused(capsys, "is not a finite number >= 0")
+    assert main(["rerun", str(run), "--out", str(tmp_path / "x")]) == 2
+    _assert_refused(capsys, "--out", "is for rerunning a bundle", f"use --run-dir {tmp_path / 'x'} instead")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_path_the_filesystem_refuses_late_is_exit_2_not_an_internal_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write refused by the filesystem after the checks (a permission the checks could not
+    foresee) is bad input: exit 2 naming the path; another OSError stays an internal error."""
+    import reprotune._proof.bundle as bundle
+
+    run = write_run_dir(tmp_path / "run", RunSpec())
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", "/mnt/share/b.tar.gz")
+
+    monkeypatch.setattr(bundle, "pack", refused)
+    assert main(["pack", str(run), "-o", str(tmp_path / "b.tar.gz")]) == 2
+    _assert_refused(
+        capsys, "error: /mnt/share/b.tar.gz: Permission denied", "fix: give a path in a directory"
+    )
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError(5, "Input/output error", "/dev/sdz")
+
+    monkeypatch.setattr(bundle, "pack", broken)
+    assert main(["pack", str(run), "-o", str(tmp_path / "b.tar.gz")]) == 1
+    assert "internal error" in capsys.readouterr().err

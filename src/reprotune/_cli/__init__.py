@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import os
 import sys
@@ -132,10 +133,40 @@ def _main(argv: Sequence[str] | None) -> int:
         with contextlib.suppress(OSError, AttributeError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())  # type: ignore[union-attr]
         return 141  # 128 + SIGPIPE
-    except Exception:  # a bug, not bad input: show everything
-        traceback.print_exc()
-        print(f"reprotune {args.command}: internal error (please report it)", file=sys.stderr)
-        return 1
+    except OSError as exc:
+        if exc.errno not in _FILESYSTEM_REFUSALS:
+            return _internal_error(args.command, exc)
+        where = exc.filename if exc.filename is not None else "a path"  # found only when written
+        print(
+            f"reprotune {args.command}: error: {where}: {exc.strerror or exc}\n"
+            "fix: give a path in a directory you can write, on a filesystem with space left",
+            file=sys.stderr,
+        )
+        return 2
+    except Exception as exc:  # a bug, not bad input: show everything
+        return _internal_error(args.command, exc)
+
+
+#: The errors of a path the filesystem refuses (permission, read-only, full, a file where a
+#: directory must be and the reverse): said as bad input, exit 2, not as an internal error.
+_FILESYSTEM_REFUSALS = frozenset(
+    {
+        errno.EACCES,
+        errno.EPERM,
+        errno.EROFS,
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.EEXIST,
+    }
+)
+
+
+def _internal_error(command: str, exc: BaseException) -> int:
+    traceback.print_exception(exc)
+    print(f"reprotune {command}: internal error (please report it)", file=sys.stderr)
+    return 1
 
 
 def _resume_hint(args: argparse.Namespace) -> str:

@@ -19,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="new_run_dir",
         type=path_value,
         default=None,
-        help="where the new run goes (default: <RUN_DIR>-rerun; for a bundle: <out>/rerun)",
+        help="for a run directory: where the new run goes (default: <RUN_DIR>-rerun, or -rerun-2, ... "
+        "when that exists); a bundle reruns into <out>/rerun",
     )
     parser.add_argument(
         "--out",
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         pin_cpu_isa_of_bundle(args.run_dir)
     from reprotune._proof.rerun import rerun, rerun_bundle
 
+    _refuse_the_other_forms_option(args)
     if args.run_dir.is_file():
         out = args.out or _new_out(args.run_dir)
         new_dir, comparison = rerun_bundle(
@@ -78,6 +80,27 @@ def run(args: argparse.Namespace) -> int:
     print(f"rerun of {args.run_dir} -> {new_dir}")
     print(comparison.format())
     return 0 if comparison.verdict in ("IDENTICAL", "WITHIN_TOLERANCE") else 1
+
+
+def _refuse_the_other_forms_option(args: argparse.Namespace) -> None:
+    """``--out`` goes with a bundle, ``--run-dir`` with a run directory: the other is refused, not
+    ignored (the rerun would land somewhere else than asked)."""
+    from reprotune._errors import InputError
+
+    if args.run_dir.is_file() and args.new_run_dir is not None:
+        raise InputError(
+            f"--run-dir {str(args.new_run_dir)!r} is for rerunning a run directory; {args.run_dir} is a "
+            "bundle, which reruns into --out (recorded/ and rerun/ in it)",
+            source="--run-dir",
+            fix=f"use --out {args.new_run_dir} instead",
+        )
+    if args.run_dir.is_dir() and args.out is not None:
+        raise InputError(
+            f"--out {str(args.out)!r} is for rerunning a bundle; {args.run_dir} is a run directory, "
+            "whose rerun goes to --run-dir",
+            source="--out",
+            fix=f"use --run-dir {args.out} instead",
+        )
 
 
 def _new_out(bundle: Path) -> Path:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from reprotune._cli._options import add_set_option, path_value
 from reprotune._errors import InputError
+from reprotune._run.outputs import refuse_inside_run, refuse_unwritable_parent
 
 if TYPE_CHECKING:
     from reprotune._proof.verification import Verification
@@ -124,6 +125,8 @@ def _run(args: argparse.Namespace) -> int:
         raise InputError(
             f"--out {str(out)!r} is a file, not a directory", source="--out", fix="give a new directory"
         )
+    refuse_unwritable_parent(out, source="--out")
+    refuse_inside_run(out, option="--out")
     result = verify_config(
         cfg,
         out,
@@ -152,6 +155,8 @@ def _run_command(args: argparse.Namespace) -> int:
     out = args.out
     if out is None:
         out = _default_out("verify", _command_digest(args.train_command))
+    refuse_unwritable_parent(out, source="--out")
+    refuse_inside_run(out, option="--out")
     result = verify_command(args.train_command, out, resume_at=args.resume_at)
     print(result.format())
     print(f"verification record: {out / 'verification.json'}")

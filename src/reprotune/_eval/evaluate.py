@@ -49,6 +49,7 @@ from reprotune._jsonio import (
 from reprotune._run import layout as run_layout
 from reprotune._run.fingerprint import environment_fingerprint
 from reprotune._run.layout import RunLayout
+from reprotune._run.outputs import refuse_inside_run, refuse_unwritable_parent
 from reprotune._run.record import utc_now
 from reprotune._train.batches import IGNORE_INDEX, encode_example
 from reprotune._train.hooks import hf_progress_bars
@@ -117,6 +118,8 @@ def run_eval(
     )
     cfg = inputs.cfg
     size, target = _checked_size_and_target(batch_size, out, cfg.eval.generate_batch_size)
+    if target is not None:
+        refuse_inside_run(target, option="--out", own=inputs.run_dir)
     device = resolve_device(cfg.determinism.device)
     flags = apply_determinism(
         cfg.determinism.mode, cfg.determinism.threads, device.type, cpu_isa=cfg.determinism.cpu_isa
@@ -182,6 +185,8 @@ def _checked_size_and_target(
         raise InputError(
             f"{target} already exists", source="--out", fix="choose a new directory: an eval never overwrites"
         )
+    if target is not None:
+        refuse_unwritable_parent(target, source="--out")
     return size, target
 
 

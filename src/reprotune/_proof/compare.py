@@ -73,14 +73,19 @@ def compare_runs(
         >>> result = compare_runs("runs/A", "runs/B")  # doctest: +SKIP
         >>> result.verdict, result.where.first_divergence_step, result.causes[:1]  # doctest: +SKIP
     """
+    check_tolerance(tolerance)
+    run_a, run_b = open_run_dir(a), open_run_dir(b)
+    return compare_opened(run_a, run_b, tolerance=tolerance, prefix=prefix)
+
+
+def check_tolerance(tolerance: float | None) -> None:
+    """Refuse a tolerance that is negative or not finite (before any work that ends in a compare)."""
     if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0):
         raise InputError(
             f"tolerance {tolerance!r} is not a finite number >= 0",
             source="--tolerance",
             fix="pass an absolute tolerance such as 1e-6",
         )
-    run_a, run_b = open_run_dir(a), open_run_dir(b)
-    return compare_opened(run_a, run_b, tolerance=tolerance, prefix=prefix)
 
 
 def compare_opened(

@@ -25,9 +25,10 @@ from reprotune._determinism.flags import apply_determinism
 from reprotune._errors import InputError, RunFailedError
 from reprotune._jsonio import sha256_file, write_json_atomic
 from reprotune._proof.bundle import builtin_data
-from reprotune._proof.compare import compare_runs
+from reprotune._proof.compare import check_tolerance, compare_runs
 from reprotune._proof.differences import Comparison
 from reprotune._proof.unpack import unpack
+from reprotune._run.claim import unused_path
 from reprotune._run.drift import code_drift, refuse_code_drift, refuse_trainer_run, section_drift
 from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint
 from reprotune._run.layout import RunLayout
@@ -140,6 +141,7 @@ def rerun(
     """
     paths = RunLayout(run_dir)
     # Everything the comparison will read is checked now, not after a whole training.
+    check_tolerance(tolerance)
     record = dict(open_run_dir(run_dir).record)
     if record.get("status") != "completed":
         raise InputError(
@@ -163,7 +165,7 @@ def rerun(
         what="rerunning",
         report=report,
     )
-    target = new_run_dir or run_dir.parent / f"{run_dir.name}-rerun"
+    target = new_run_dir or unused_path(run_dir.parent, f"{run_dir.name}-rerun")
     options = RunOptions(
         run_dir=target, progress=progress, tracking=True, manifest=paths.manifest, code_dir=code_dir
     )
@@ -195,6 +197,7 @@ def rerun_bundle(
             ``data``), data that is not the run's (its rows named), or an ``out`` that is a run
             directory, in one, or not empty.
     """
+    check_tolerance(tolerance)
     files_read = [Path(data)] if data is not None and not str(data).startswith("builtin:") else []
     refuse_overwrite(out, reads=[bundle, *files_read], option="--out")
     refuse_nonempty_dir(out, option="--out")

@@ -92,7 +92,7 @@ def _refusal(run_dir: Path) -> None:
             raise InputError(
                 f"run directory {run_dir} already holds a completed run",
                 source=str(paths.record),
-                fix="choose a new directory with --run-dir, or leave it out for a fresh runs/<id>",
+                fix="choose a new directory with --run-dir, or leave --run-dir out for a fresh one",
             )
         if failed_before_first_step(paths, record):
             return

@@ -119,7 +119,8 @@ def refuse_overwrite(
             of this kind is refused (an empty one holds nothing to lose).
 
     Raises:
-        InputError: naming both paths and the fix.
+        InputError: naming both paths and the fix; or ``out`` cannot be written (a parent that is
+            a file, a directory not writable here).
     """
     target = out.resolve()
     for given in reads:
@@ -140,6 +141,13 @@ def refuse_overwrite(
         if (parent / RECORD).is_file() or (parent / VERIFICATION).is_file():
             kind = "run" if (parent / RECORD).is_file() else "verification"
             raise _refusal(out, option, f"is inside the {kind} directory {parent}, whose files belong to it")
+    refuse_unwritable_parent(out, source=option)
+    if own is not None and target.is_dir():
+        raise InputError(
+            f"{option} {str(out)!r} is a directory; {option} names the file to write ({own.name})",
+            source=option,
+            fix=f"give {option} a file path (a new file, in that directory or elsewhere)",
+        )
     if own is not None and target.is_file() and target.stat().st_size > 0 and not own.holds(target):
         raise InputError(
             f"{option} {str(out)!r} exists and is not {own.name}: writing it would replace what it holds",
@@ -163,6 +171,22 @@ def refuse_nonempty_dir(out: Path, *, option: str) -> None:
         )
 
 
+def refuse_inside_run(out: Path, *, option: str, own: Path | None = None) -> None:
+    """Refuse an output that would go inside a run directory (its files belong to its run), but
+    for ``own``: the run the command works on (an eval goes inside its run)."""
+    target = out.resolve()
+    mine = own.resolve() if own is not None else None
+    for parent in target.parents:
+        if parent == mine:
+            return
+        if (parent / RECORD).is_file():
+            raise InputError(
+                f"{option} {str(out)!r} is inside the run directory {parent}, whose files belong to its run",
+                source=option,
+                fix=f"give {option} a path outside any run directory",
+            )
+
+
 def refuse_unwritable_parent(out: Path, *, source: str) -> None:
     """Refuse an output file whose directory cannot be made or written, before any work: a parent
     that is a file, or the nearest existing directory not writable here. Missing directories are
@@ -170,11 +194,13 @@ def refuse_unwritable_parent(out: Path, *, source: str) -> None:
     for parent in out.absolute().parents:
         if not parent.exists():
             continue
+        fix = f"give {source} a path you can write"
         if not parent.is_dir():
             problem, fix = f"{parent} is a file, not a directory", f"give {source} a path in a directory"
+        elif os.statvfs(parent).f_flag & os.ST_RDONLY:
+            problem = f"{parent} is on a read-only file system"
         elif not os.access(parent, os.W_OK | os.X_OK):
             problem = f"the directory {parent} is not writable here"
-            fix = f"give {source} a path you can write"
         else:
             return
         raise InputError(f"{source} {str(out)!r} cannot be written: {problem}", source=source, fix=fix)
@@ -208,7 +234,10 @@ def removed_if_refused(out: Path) -> Iterator[None]:
     try:
         yield
     except InputError:
-        made = [created] if created is not None else [p for p in out.iterdir() if p not in before]
+        if created is not None:
+            made = [created]
+        else:  # out existed: what the block added to it (nothing, when out is a file)
+            made = [p for p in out.iterdir() if p not in before] if out.is_dir() else []
         for path in made:
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
