@@ -153,6 +153,21 @@ def test_bad_overrides_are_all_reported(tmp_path: Path) -> None:
     assert "--set seed.root.x: seed.root is a value, not a section" in text
 
 
+def test_a_set_entry_of_a_mapping_is_located_at_the_set(tmp_path: Path) -> None:
+    """`--set seed.overrides.bogus=7` fails at `seed.overrides` (the mapping's check): it is said to
+    come from --set (it had no location); the same entry in the file keeps its line."""
+    path = _write(tmp_path, "{}")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, ["seed.overrides.bogus=7"])
+    assert info.value.problems[0].startswith(
+        "seed.overrides: unknown seed consumer 'bogus' [from --set]; fix:"
+    )
+    path = _write(tmp_path, "seed:\n  overrides:\n    bogus: 7\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, [])
+    assert "unknown seed consumer 'bogus' [line 3, column 5]" in info.value.problems[0]
+
+
 def test_a_set_value_that_is_bad_yaml_or_a_token_reads_as_one_line(tmp_path: Path) -> None:
     """A --set value that is not YAML is named in one line with its column and a fix a shell keeps
     (PyYAML's multi-line text and "key='a: b'", which a shell unquotes, were shown); a token given

@@ -319,6 +319,21 @@ def test_missing_adapter_is_incomparable(ref: Path, tmp_path: Path) -> None:
     assert f"adapter: differs (sha256 {result.adapter.sha256_a[:12]} vs (absent))" in result.format()
 
 
+@pytest.mark.parametrize("name", ["ledger.jsonl", "split.json", "adapter/adapter_model.safetensors"])
+def test_a_directory_where_a_run_file_belongs_is_damage_not_absence(
+    ref: Path, tmp_path: Path, name: str
+) -> None:
+    """A run file replaced by a directory is refused as damage, naming it: it read as missing (a
+    split.json directory compared IDENTICAL with a note "has no split.json")."""
+    other = tmp_path / "damaged"
+    shutil.copytree(ref, other)
+    (other / name).unlink()
+    (other / name).mkdir()
+    with pytest.raises(InputError, match="is a directory, where the run writes a file") as info:
+        compare_runs(ref, other)
+    assert info.value.source == str(other / name)
+
+
 def test_to_json_is_canonical_and_complete(ref: Path, tmp_path: Path) -> None:
     """to_json() is JSON-serializable, versioned, and carries verdict, where, causes and differences."""
     result = compare_runs(ref, write_run_dir(tmp_path / "seed43", RunSpec(seed=43)))

@@ -175,7 +175,10 @@ def _format_error(error: Mapping[str, Any], marks: Marks, overridden: set[tuple[
             bound = _BOUND_FIXES[kind]
             fix = f"use a value {_BOUND_WORDS[bound]} {ctx.get(bound)}"
     where = ""
-    if loc[:1] and tuple(str(p) for p in loc if isinstance(p, str)) in overridden:
+    key = tuple(str(p) for p in loc if isinstance(p, str))
+    # --set seed.overrides.bogus=7 fails at seed.overrides (the mapping's validator): a --set at, above
+    # or below the key is where the value came from
+    if loc[:1] and any(key[: len(o)] == o or o[: len(key)] == key for o in overridden):
         where = " [from --set]"
     elif loc in marks:
         key_mark, value_mark = marks[loc]

@@ -86,6 +86,8 @@ def open_run_dir(path: str | Path) -> RunDir:
     paths = layout.RunLayout(Path(path))
     check_is_run_dir(paths.root)
     record = load_record(paths.record)
+    for path in (paths.ledger, paths.manifest, paths.adapter_weights):
+        _refuse_if_not_a_file(path)
     if not paths.ledger.is_file():
         raise InputError(
             f"the run directory has no {layout.LEDGER}",
@@ -109,6 +111,17 @@ def open_run_dir(path: str | Path) -> RunDir:
         manifest_sha256=sha256_file(paths.manifest) if has_manifest else None,
         adapter_path=paths.adapter_weights if paths.adapter_weights.is_file() else None,
     )
+
+
+def _refuse_if_not_a_file(path: Path) -> None:
+    """A run's file that exists as something else (a directory) is damage, not a missing file."""
+    if (path.exists() or path.is_symlink()) and not path.is_file():
+        what = "a directory" if path.is_dir() else "not a regular file"
+        raise InputError(
+            f"{path} is {what}, where the run writes a file: the run directory is damaged",
+            source=str(path),
+            fix="restore the run directory from a copy, or reproduce the run with `reprotune rerun RUN_DIR`",
+        )
 
 
 def check_is_run_dir(root: Path, *, option: str | None = None) -> None:
