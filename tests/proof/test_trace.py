@@ -94,7 +94,10 @@ def test_a_trace_made_under_other_kernels_than_its_run_says_so(project: TinyProj
     mine, a = tmp_path / "here.jsonl", tmp_path / "a.jsonl"
     done = project.run_cli("trace", "lesser", "--step", str(step), "--out", str(mine), "--no-progress")
     assert "  kernels           NOT the run's (run vs here): CPU capability DEFAULT vs " in done.stdout
-    assert "trace again with ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2" in done.stdout
+    assert (
+        "trace again as the run was made: ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 "
+        f"ONEDNN_MAX_CPU_ISA=SSE41 reprotune trace lesser --step {step}\n"
+    ) in done.stdout
     against = read_trace(mine).header["kernels_vs_run"]
     assert against["assignments"] == [f"{k}={v}" for k, v in LESSER.items()]
     project.run_cli("trace", "native", "--step", str(step), "--out", str(a), "--no-progress")

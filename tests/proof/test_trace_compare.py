@@ -201,11 +201,12 @@ def test_a_trace_made_under_other_kernels_than_its_run_is_noted(tmp_path: Path) 
         "assignments": ["ATEN_CPU_CAPABILITY=default"],
     }
     a = _trace(tmp_path / "a", BASE, KERNELS_A)
-    b = _trace(tmp_path / "b", BASE, KERNELS_A, kernels_vs_run=against)
+    b = _trace(tmp_path / "b", BASE, KERNELS_A, kernels_vs_run=against, run_dir="/runs/my run")
     notes = compare_traces(a, b).notes
     assert notes == (
         "trace B was made under other kernels than its run's (run vs here: CPU capability DEFAULT vs "
-        "AVX2): it shows those kernels' step; trace again with ATEN_CPU_CAPABILITY=default",
+        "AVX2): it shows those kernels' step; trace again as the run was made: "
+        "ATEN_CPU_CAPABILITY=default reprotune trace '/runs/my run' --step 3",
     )
 
 

@@ -28,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     pin_cpu_isa_of_run(args.run_dir)  # before torch loads
+    from reprotune._proof.microscope import trace_command
     from reprotune._proof.trace import trace_step
     from reprotune._train.hooks import hf_progress_bars
 
@@ -58,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
     if against.get("differences"):
         print(f"  kernels           NOT the run's (run vs here): {'; '.join(against['differences'])}")
         if against.get("assignments"):
-            assignments = " ".join(against["assignments"])
-            print(f"                    trace again with {assignments} set, as the run had")
+            again = trace_command(str(args.run_dir), header["step"], against["assignments"])
+            print(f"                    trace again as the run was made: {again}")
     print(
         f"  traced step       {result.seconds:.2f} s"
         + (f" (a plain step: {result.step_s:.2f} s)" if result.step_s else "")

@@ -67,10 +67,12 @@ def kernels_against_run(run: RunDir, here: Mapping[str, Any]) -> dict[str, list[
     }
 
 
-def _env_prefix(assignments: Sequence[str]) -> str:
-    if not assignments:
-        return ""
-    return ("env " if any(a.startswith("-u ") for a in assignments) else "") + " ".join(assignments) + " "
+def trace_command(run_dir: str, step: object, assignments: Sequence[str] = (), out: str | None = None) -> str:
+    """``[env -u X] VAR=value reprotune trace RUN_DIR --step K [--out FILE]``, quoted for a shell."""
+    unset = any(a.startswith("-u ") for a in assignments)
+    env = ("env " if unset else "") + "".join(f"{a} " for a in assignments)
+    tail = f" --out {shlex.quote(out)}" if out else ""
+    return f"{env}reprotune trace {shlex.quote(run_dir)} --step {step}{tail}"
 
 
 def trace_commands(run_a: RunDir, run_b: RunDir, where: Where, causes: Sequence[str]) -> Iterable[str]:
@@ -82,8 +84,7 @@ def trace_commands(run_a: RunDir, run_b: RunDir, where: Where, causes: Sequence[
         return
     for label, run in (("A", run_a), ("B", run_b)):
         yield f"on {label}'s machine ({_machine(run)}):"
-        env = _env_prefix(steering_assignments(kernels_of(run)))
-        path = shlex.quote(str(run.path))
-        yield f"  {env}reprotune trace {path} --step {step} --out {label}-step-{step}.trace.jsonl"
+        assignments = steering_assignments(kernels_of(run))
+        yield f"  {trace_command(str(run.path), step, assignments, f'{label}-step-{step}.trace.jsonl')}"
     yield "then, with both files in one place:"
     yield f"  reprotune compare A-step-{step}.trace.jsonl B-step-{step}.trace.jsonl"

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from reprotune._errors import InputError
+from reprotune._proof.microscope import trace_command
 from reprotune._proof.tracefile import Trace, TraceOp
 from reprotune._run.kernels import kernel_differences
 
@@ -130,10 +131,16 @@ def _notes(a: Trace, b: Trace) -> Iterable[str]:
     for label, trace in (("A", a), ("B", b)):
         against = trace.header.get("kernels_vs_run") or {}
         if against.get("differences"):
-            fix = ", ".join(against.get("assignments") or []) or "on the run's own machine"
+            assignments = against.get("assignments") or []
+            command = trace_command(str(trace.header.get("run_dir")), trace.header.get("step"), assignments)
+            again = (
+                f"trace again as the run was made: {command}"
+                if assignments
+                else "trace it on the machine that made the run"
+            )
             yield (
                 f"trace {label} was made under other kernels than its run's (run vs here: "
-                f"{'; '.join(against['differences'])}): it shows those kernels' step; trace again with {fix}"
+                f"{'; '.join(against['differences'])}): it shows those kernels' step; {again}"
             )
         reproduced = trace.header.get("reproduced") or {}
         if reproduced.get("step") is False:
