@@ -145,6 +145,24 @@ def test_a_mode_that_cannot_be_put_in_force_is_refused_before_anything_is_writte
     assert done.returncode == 2
     assert "already holds ATEN_CPU_CAPABILITY=default" in done.stderr
     assert not (tmp_path / "refused").exists()
+    mode = next(iter(MODES))  # a replay of a portable run under a contradicting variable
+    done = portable.run_cli(
+        "trace",
+        mode,
+        "--step",
+        "1",
+        "--out",
+        str(tmp_path / "t.jsonl"),
+        env={"ATEN_CPU_CAPABILITY": "default"},
+        check=False,
+    )
+    assert done.returncode == 2 and not (tmp_path / "t.jsonl").exists()
+    assert (
+        f"the run in {mode} was made in determinism.cpu_isa {mode!r}, which this command replays"
+        in done.stderr
+    )
+    assert "fix: unset the variables named (the mode sets them itself)" in done.stderr
+    assert "use determinism.cpu_isa: native" not in done.stderr
 
 
 def test_a_bundle_of_a_portable_run_reruns_in_its_mode(portable: TinyProject, tmp_path: Path) -> None:

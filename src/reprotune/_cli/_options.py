@@ -115,7 +115,7 @@ def pin_cpu_isa_of_run(run_dir: Path) -> None:
     is left for the command to refuse."""
     cpu_isa = recorded_cpu_isa(run_dir)
     if cpu_isa is not None:
-        pin_cpu_isa(cpu_isa)
+        _pin_recorded(cpu_isa, f"the run in {run_dir}")
 
 
 def pin_cpu_isa_of_bundle(bundle: Path) -> None:
@@ -134,4 +134,21 @@ def pin_cpu_isa_of_bundle(bundle: Path) -> None:
     except (InputError, OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return
     if isinstance(cpu_isa, str):
+        _pin_recorded(cpu_isa, f"the run in {bundle}")
+
+
+def _pin_recorded(cpu_isa: str, what: str) -> None:
+    """:func:`pin_cpu_isa` for a recorded run: its mode is not the user's to change here, so a
+    refusal says how to replay it in that mode (the config's fix, "use native", does not apply)."""
+    from reprotune._errors import InputError
+
+    try:
         pin_cpu_isa(cpu_isa)
+    except InputError as exc:
+        raise InputError(
+            f"{what} was made in determinism.cpu_isa {cpu_isa!r}, which this command replays it in: "
+            f"{exc.message}",
+            source=f"{what} (determinism.cpu_isa)",
+            fix="unset the variables named (the mode sets them itself), or replay it on a CPU that has "
+            "the mode's instructions",
+        ) from None
