@@ -90,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reprotune._train.signals import interrupt_on_signals
+    from reprotune._run.signals import interrupt_on_signals
 
     with interrupt_on_signals():  # SIGTERM/SIGHUP as Ctrl-C: the legs are stopped, exit 128 + signal
         return _run(args)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from reprotune._errors import RunFailedError
-from reprotune._train.signals import raise_if_interrupted
+from reprotune._run.signals import raise_if_interrupted
 
 # Variables torchrun sets for its workers: a leg launched from a verify under torchrun is a new
 # torchrun launch of its own, which must not inherit them.

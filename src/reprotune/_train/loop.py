@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from reprotune._run.signals import raise_if_interrupted
 from reprotune._train.setup import Setup
-from reprotune._train.signals import raise_if_interrupted
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from reprotune._run.lock import holding_run_dir
 from reprotune._run.nospace import no_space_in_run
 from reprotune._run.record import Status, attempt_timings
 from reprotune._run.rundir import check_is_run_dir
+from reprotune._run.signals import interrupt_on_signals, recording_the_end
 from reprotune._trackers.base import Tracker, TrackerSet
 from reprotune._trackers.mlflow import MlflowTracker
 from reprotune._trackers.wandb import WandbTracker
@@ -62,7 +63,6 @@ from reprotune._train.hooks import (
 from reprotune._train.loop import LoopResult, StepHook, train_loop
 from reprotune._train.options import DEFAULT_OPTIONS, RunOptions, RunResult
 from reprotune._train.setup import Setup, build_setup, with_saved_manifest
-from reprotune._train.signals import interrupt_on_signals, recording_the_end
 from reprotune._train.strategy import Resume, seed_generators, under_torchrun
 from reprotune._train.turn import training_turn
 from reprotune._train.writer import RunWriter, report

@@ -30,7 +30,7 @@ import torch
 from transformers import TrainerCallback
 
 from reprotune._data.manifest import Manifest, load_manifest
-from reprotune._errors import InputError
+from reprotune._errors import InputError, Interrupted
 from reprotune._model.lora import WeightsHasher, trainable_tensors
 from reprotune._run import layout
 from reprotune._run.claim import unused_path
@@ -42,6 +42,7 @@ from reprotune._run.fingerprint import (
 )
 from reprotune._run.ledger import train_line, val_line
 from reprotune._run.record import Status, make_run_id, new_record, utc_now
+from reprotune._run.signals import interrupt_on_signals
 from reprotune._trackers.mlflow_link import require_mlflow, run_to_link
 from reprotune._trackers.wandb import import_wandb
 from reprotune._train.writer import report
@@ -314,17 +315,25 @@ class ReprotuneCallback(TrainerCallback):
             self._checkpoint = None if checkpoint in (None, False) else str(checkpoint)
             self._stopping = False
             try:
-                return original(*args, **kwargs)
-            except BaseException as exc:
-                if self._run is not None and not self._run.finished:
-                    status: Status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-                    try:
-                        self._run.end(status, error=exc)
-                    except Exception as second:  # the first error is the news
-                        report(f"warning: could not record the run's end: {second}")
+                with interrupt_on_signals():  # SIGTERM/SIGHUP end the run as Ctrl-C does: recorded
+                    return self._recording_the_end(original, args, kwargs)
+            except Interrupted as exc:  # the handlers are back: die of the signal, as without reprotune
+                os.kill(os.getpid(), exc.signum)
                 raise
 
         trainer.train = train
+
+    def _recording_the_end(self, original: Any, args: Any, kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except BaseException as exc:
+            if self._run is not None and not self._run.finished:
+                status: Status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+                try:
+                    self._run.end(status, error=exc)
+                except Exception as second:  # the first error is the news
+                    report(f"warning: could not record the run's end: {second}")
+            raise
 
     def _attach(self, trainer: Any, args: Any, state: Any, loader: Any) -> tuple[Any, int | None]:
         """Install the step probe; apply a negative control; return the sampler and its seed."""
