@@ -376,3 +376,56 @@ def test_a_tracker_switch_that_is_not_a_bool_is_refused(flag: str) -> None:
 
     with pytest.raises(InputError, match=f"{flag}='yes' is not True or False"):
         ReprotuneCallback(**{flag: "yes"})
+
+
+def test_a_second_callback_is_refused_before_any_run_directory_is_made(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """Two ReprotuneCallbacks in one Trainer (in callbacks=[...], or one more by add_callback):
+    refused by name; it said 'the run directory is not empty' of a new one, or failed with 'no
+    training_step was observed'."""
+    run_dir = tmp_path / "twice"
+    with pytest.raises(InputError, match="the Trainer holds 2 ReprotuneCallbacks") as info:
+        tiny_trainer(
+            model_dir,
+            tiny_rows(8, seed=1),
+            tmp_path / "out",
+            lambda: [ReprotuneCallback(run_dir), ReprotuneCallback(run_dir)],
+            max_steps=1,
+        )
+    assert "give the Trainer one ReprotuneCallback" in str(info.value)
+    trainer = tiny_trainer(
+        model_dir, tiny_rows(8, seed=1), tmp_path / "out", lambda: ReprotuneCallback(run_dir), max_steps=1
+    )
+    trainer.add_callback(ReprotuneCallback(tmp_path / "other"))
+    with pytest.raises(InputError, match="the Trainer holds 2 ReprotuneCallbacks"):
+        trainer.train()
+    assert not run_dir.exists() and not (tmp_path / "other").exists()
+
+
+def test_resume_of_a_completed_trainer_run_and_a_run_dir_inside_a_run_say_what_applies(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`reprotune resume` of a completed Trainer-made run points to running the script again (it
+    offered `reprotune rerun`, which refuses such runs); a callback run_dir inside a run directory
+    is refused naming the callback's run_dir (it named a --run-dir option the callback has not)."""
+    run_dir = tmp_path / "done"
+    tiny_trainer(
+        model_dir, tiny_rows(8, seed=1), tmp_path / "out", lambda: ReprotuneCallback(run_dir), max_steps=1
+    ).train()
+    assert main(["resume", str(run_dir), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "written by ReprotuneCallback inside a Trainer script: it completed" in err
+    assert (
+        "fix: run the script again and `reprotune compare` the two runs" in err
+        and "reprotune rerun" not in err
+    )
+    inside = run_dir / "sub"
+    trainer = tiny_trainer(
+        model_dir, tiny_rows(8, seed=1), tmp_path / "out2", lambda: ReprotuneCallback(inside), max_steps=1
+    )
+    with pytest.raises(
+        InputError, match=f"ReprotuneCallback run_dir '{inside}' is inside the run directory {run_dir}"
+    ):
+        trainer.train()
+    assert not inside.exists()

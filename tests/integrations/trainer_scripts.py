@@ -121,7 +121,8 @@ def tiny_trainer(
     """A real ``transformers.Trainer`` with LoRA on the tiny model, in this process.
 
     ``seed_first=False`` builds the PEFT model before seeding (the mistake the callback reports).
-    The callback is made where a script makes it: in the ``Trainer(...)`` call, after the model.
+    The callback is made where a script makes it: in the ``Trainer(...)`` call, after the model
+    (``make_callback`` may return a list of them).
     """
     from peft import LoraConfig, get_peft_model
     from transformers import (
@@ -162,5 +163,5 @@ def tiny_trainer(
         train_dataset=tokenized_rows(tokenizer, rows),
         data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100),
         processing_class=tokenizer,
-        callbacks=[make_callback()],
+        callbacks=made if isinstance(made := make_callback(), list) else [made],
     )

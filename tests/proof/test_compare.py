@@ -370,6 +370,7 @@ INERT_ROWS = [
     ("code.patch_file", "code.patch", None),
     ("config.config_dir", "/a", "/b"),
     ("config.data.path", "a.jsonl", "b.jsonl"),
+    ("config.lora.base_model_name_or_path", "/home/a/model", "/home/b/model"),  # a Trainer-made run's
     ("config.model.name", "tiny", "tiny-copy"),
     ("config.split.manifest", "a.json", "b.json"),
     ("config.tracking.uri", "sqlite:///a.db", "sqlite:///b.db"),

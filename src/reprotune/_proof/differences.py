@@ -143,6 +143,7 @@ INERT_KEYS: tuple[str, ...] = (
     "code.patch_file",
     "config.config_dir",
     "config.data.path",
+    "config.lora.base_model_name_or_path",
     "config.model.name",
     "config.split.manifest",
     "config.tracking",

@@ -29,7 +29,13 @@ from reprotune._proof.compare import check_tolerance, compare_runs
 from reprotune._proof.differences import Comparison
 from reprotune._proof.unpack import unpack
 from reprotune._run.claim import unused_path
-from reprotune._run.drift import code_drift, refuse_code_drift, refuse_trainer_run, section_drift
+from reprotune._run.drift import (
+    RUN_THE_SCRIPT_AGAIN,
+    code_drift,
+    refuse_code_drift,
+    refuse_trainer_run,
+    section_drift,
+)
 from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint
 from reprotune._run.layout import RunLayout
 from reprotune._run.outputs import first_missing, refuse_nonempty_dir, refuse_overwrite
@@ -153,8 +159,7 @@ def rerun(
         record,
         run_dir,
         why="it has no reprotune config to rerun",
-        fix="run the script again and `reprotune compare` the two runs, or use `reprotune verify "
-        '--command "python train.py ..."` (docs/integrations.md)',
+        fix=RUN_THE_SCRIPT_AGAIN,
     )
     cfg = checked_before_rerun(
         run_dir,

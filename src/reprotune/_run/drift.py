@@ -78,6 +78,13 @@ def refuse_completed(status: str | None, run_dir: Path, *, fix: str | None = Non
         )
 
 
+#: What reproduces a Trainer-made run, which reprotune cannot train again itself.
+RUN_THE_SCRIPT_AGAIN = (
+    "run the script again and `reprotune compare` the two runs, or use `reprotune verify "
+    '--command "python train.py ..."` (docs/integrations.md)'
+)
+
+
 def refuse_trainer_run(record: Mapping[str, Any], run_dir: Path, *, why: str, fix: str) -> None:
     """Raise when ``record`` is of a run ``ReprotuneCallback`` wrote inside a user's Trainer script:
     it holds the Trainer's settings, not a reprotune config, so reprotune cannot train it again.

@@ -25,6 +25,7 @@ from reprotune._jsonio import write_bytes_atomic
 from reprotune._model.lora import save_adapter
 from reprotune._run.claim import check_run_dir_free, claim_run_dir, new_run_dir, unlanded_first_record
 from reprotune._run.drift import (
+    RUN_THE_SCRIPT_AGAIN,
     code_drift,
     environment_drift,
     refuse_code_drift,
@@ -126,6 +127,10 @@ def _resume(run_dir: Path, options: RunOptions, dist: DistContext | None) -> Run
     check_is_run_dir(run_dir)
     with holding_run_dir(run_dir, report=report), hf_progress_bars(options.progress), interrupt_on_signals():
         record = LiveRecord.load(paths.record)  # read under the lock: no other writer now
+        if record.typed.status == "completed":  # rerun, which refuse_completed offers, cannot take one
+            refuse_trainer_run(
+                record, run_dir, why="it completed (a Trainer-made run)", fix=RUN_THE_SCRIPT_AGAIN
+            )
         refuse_completed(record.typed.status, run_dir)
         refuse_trainer_run(
             record,

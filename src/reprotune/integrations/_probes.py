@@ -54,6 +54,19 @@ def find_trainer() -> Any | None:
     return None
 
 
+def refuse_a_second(trainer: Any, kind: type) -> None:
+    """Refuse a Trainer given two callbacks of ``kind``: each would claim its own run directory
+    (or the same one) for one training."""
+    handler = getattr(trainer, "callback_handler", None)
+    given = [c for c in getattr(handler, "callbacks", []) if isinstance(c, kind)]
+    if len(given) > 1:
+        raise InputError(
+            f"the Trainer holds {len(given)} {kind.__name__}s: one training writes one run directory",
+            source=kind.__name__,
+            fix=f"give the Trainer one {kind.__name__} (in callbacks=[...] or by add_callback, not both)",
+        )
+
+
 def trainer_or_refuse(known: Any, *, steered: bool) -> Any:
     """The Trainer a callback is in: ``known`` (found when the Trainer was made) or the one on the
     stack now; ``steered``: verify steers the run, which needs the callback from the start.

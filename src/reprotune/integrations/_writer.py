@@ -29,6 +29,7 @@ from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import Entry, LedgerWriter, read_ledger, truncate_ledger
 from reprotune._run.live_record import LiveRecord
 from reprotune._run.lock import RunDirLock, lock_run_dir
+from reprotune._run.outputs import refuse_inside_run
 from reprotune._run.record import Status, attempt_timings
 from reprotune._trackers.base import Tracker, TrackerSet
 from reprotune._trackers.mlflow import MlflowTracker
@@ -36,6 +37,9 @@ from reprotune._trackers.mlflow_link import MlflowRunLink
 from reprotune._trackers.wandb import WandbTracker
 from reprotune._train.writer import RunWriter, report
 from reprotune.integrations._ranks import CHECKPOINT_MARKER, checkpoint_marker, resume_problems, rng_changed
+
+#: How the callback's run directory is named in messages (it is no command-line option).
+OPTION = "ReprotuneCallback run_dir"
 
 
 class TrainerRun(RunWriter):
@@ -70,6 +74,7 @@ class TrainerRun(RunWriter):
         Raises:
             InputError: ``run_dir`` is a file, holds files, or another process writes it.
         """
+        refuse_inside_run(run_dir, option=OPTION)
         if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
             what = "is not a directory" if not run_dir.is_dir() else "is not empty"
             raise InputError(
@@ -79,7 +84,7 @@ class TrainerRun(RunWriter):
                 "to continue a stopped run, resume the Trainer from its checkpoint",
             )
         live = LiveRecord(record)  # checked before the directory is claimed
-        lock = lock_run_dir(run_dir, report=report)
+        lock = lock_run_dir(run_dir, report=report, option=OPTION)
         paths = RunLayout(run_dir)
         try:
             if patch:
@@ -131,7 +136,7 @@ class TrainerRun(RunWriter):
                 fix=fix,
             )
         writer: TrainerRun | None = None
-        lock = lock_run_dir(run_dir, report=report)
+        lock = lock_run_dir(run_dir, report=report, option=OPTION)
         try:
             record = LiveRecord.load(paths.record)
             _check_resumable(paths, record, config_sha256, code)

@@ -60,6 +60,7 @@ from reprotune.integrations._probes import (
     data_sampler,
     find_trainer,
     install_probe,
+    refuse_a_second,
     steps_per_epoch,
     trainer_made_adapter,
     trainer_or_refuse,
@@ -150,6 +151,7 @@ class ReprotuneCallback(TrainerCallback):
         trainer = find_trainer()
         if trainer is None:
             return
+        refuse_a_second(trainer, type(self))
         self._trainer = trainer
         self._adapter_made_by_trainer = trainer_made_adapter(trainer)
         if self._controls.output_dir is not None:
@@ -175,6 +177,7 @@ class ReprotuneCallback(TrainerCallback):
         trainer = trainer_or_refuse(
             self._trainer, steered=bool(self._controls.resume_from or self._controls.output_dir)
         )
+        refuse_a_second(trainer, type(self))  # also one added by add_callback
         if self._run is not None and not self._run.finished:
             self._run.end("interrupted")  # a second train() on the same callback
         model, loader = kwargs["model"], kwargs["train_dataloader"]
