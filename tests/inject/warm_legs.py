@@ -106,7 +106,14 @@ def _fork_spec(command: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """What the zygote needs to fork ``command``: ``python -m reprotune[.module] ARGS`` or ``python
     SCRIPT.py ARGS`` (a user's command) of this interpreter, with file (or inherited) output and
     nothing else asked; None for anything else."""
-    allowed = {"stdout", "stderr", "env", "preexec_fn", "cwd"}
+    allowed = {
+        "stdout",
+        "stderr",
+        "env",
+        "preexec_fn",
+        "cwd",
+        "start_new_session",
+    }  # a forked leg leads its group
     streams_ok = all(kwargs.get(k) is None or hasattr(kwargs[k], "fileno") for k in ("stdout", "stderr"))
     if not (isinstance(command, list) and len(command) >= 2 and set(kwargs) <= allowed and streams_ok):
         return None

@@ -70,17 +70,23 @@ def test_verify_command_sft_trainer_under_torchrun_resumes_at_a_save_step(tmp_pa
 
 def test_a_leg_that_cannot_finish_is_stopped_within_the_bound(tmp_path: Path) -> None:
     """A leg past its bound (here 1 s, for the test) is stopped with SIGTERM and fails saying it
-    did not finish and why that happens under torchrun; no process of it is left."""
+    did not finish and what usually holds such a command; no process of it is left, also one the
+    command started itself (`sh -c 'python sleepy.py; true'`: the SIGTERM reached only the shell,
+    and the script slept on as an orphan)."""
     script = tmp_path / "sleepy.py"
     script.write_text("import time\ntime.sleep(600)\n")
-    runner = verify_command.Runner([sys.executable, str(script)], tmp_path / "log", tmp_path, print, 1.0)
+    command = ["sh", "-c", f"{sys.executable} {script}; true"]
+    runner = verify_command.Runner(command, tmp_path / "log", tmp_path, print, 1.0)
     from reprotune._errors import RunFailedError
     from reprotune.integrations.controls import Controls
 
     with pytest.raises(RunFailedError) as caught:
         runner.leg("rerun", Controls(run_dir=tmp_path / "rerun"))
-    assert "the rerun leg did not finish within 1 s" in caught.value.message
-    assert "a rank waiting for another that stopped" in caught.value.message
+    assert "the rerun leg did not finish within 1 s: stopped; the script hung" in caught.value.message
+    torchrun = verify_command.Runner(
+        ["torchrun", "--nproc_per_node", "2", "t.py"], tmp_path / "l", tmp_path, print
+    )
+    assert "a rank waiting for another that stopped" in torchrun._timeout_text()
     left = [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
     assert left == []
 

@@ -24,9 +24,9 @@ Never imports torch.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -185,6 +185,7 @@ class Runner:
     cwd: Path
     progress: Callable[[str], None]
     timeout_s: float | None = None
+    timeout_why: str = ""
     walls: dict[Path, float] = field(default_factory=dict)
     """Each leg's processes' wall time by run directory (a stop and its resume add up)."""
 
@@ -194,6 +195,17 @@ class Runner:
             leg.wall_s = round(self.walls.get(Path(leg.run_dir).resolve(), 0.0), 3)
             if RunLayout(Path(leg.run_dir)).is_run_dir():
                 leg.train_s = train_seconds(Path(leg.run_dir))
+
+    def _timeout_text(self) -> str:
+        """Why a leg past the timeout is stopped, and what usually holds it, for this command."""
+        under_torchrun = any("torchrun" in part or "torch.distributed.run" in part for part in self.argv)
+        hint = (
+            "under torchrun this is most often a rank waiting for another that stopped (a stop or a "
+            "negative control applied on one rank only)"
+            if under_torchrun
+            else "the script hung, or waits for something the reference did not"
+        )
+        return (f" ({self.timeout_why})" if self.timeout_why else "") + f": stopped; {hint}"
 
     def leg(self, name: str, controls: Controls, *, label: str | None = None) -> Path:
         """Run the command for one leg; return its run directory (absolute)."""
@@ -215,6 +227,7 @@ class Runner:
                     stderr=out,
                     env=env,
                     cwd=self.cwd,
+                    start_new_session=True,  # its own group: a stop reaches what it started (sh -c ...)
                     preexec_fn=ending_with_this_process(),  # never trains on after this verify
                 )
             except OSError as exc:
@@ -223,11 +236,15 @@ class Runner:
                     source="--command",
                     fix='give a command that runs from this directory, e.g. --command "python train.py"',
                 ) from None
-            code = _wait(process, self.timeout_s, name)
+            code = _wait(process, self.timeout_s, name, self._timeout_text())
         wall = time.perf_counter() - started
         self.walls[run_dir] = self.walls.get(run_dir, 0.0) + wall
         if self.timeout_s is None and name == "reference":
             self.timeout_s = max(MIN_LEG_TIMEOUT_S, LEG_TIMEOUT_FACTOR * wall)
+            times = f"{LEG_TIMEOUT_FACTOR:g}x the reference's {wall:.0f} s"
+            self.timeout_why = (
+                times if self.timeout_s > MIN_LEG_TIMEOUT_S else f"the least a leg gets; {times} is less"
+            )
         if code != 0:
             tail = self.log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
             raise RunFailedError(
@@ -245,31 +262,37 @@ class Runner:
         return run_dir
 
 
-def _wait(process: subprocess.Popen[bytes], timeout_s: float | None, name: str) -> int:
-    """The leg's exit code; past ``timeout_s`` it is stopped (SIGTERM, which torchrun passes on
-    to its workers; SIGKILL 30 s later) and the leg fails, saying why."""
+def _wait(process: subprocess.Popen[bytes], timeout_s: float | None, name: str, why: str) -> int:
+    """The leg's exit code; past ``timeout_s`` it is stopped (SIGTERM to its process group, which
+    torchrun passes on to its workers; SIGKILL 30 s later) and the leg fails, saying ``why``."""
     try:
         return process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _stop(process)
         raise RunFailedError(
-            f"the {name} leg did not finish within {timeout_s:.0f} s ({LEG_TIMEOUT_FACTOR:g}x the "
-            "reference's wall time): stopped. Under torchrun this is most often a rank waiting for "
-            "another that stopped (a stop or a negative control applied on one rank only)",
+            f"the {name} leg did not finish within {timeout_s:.0f} s{why}",
             source="--command",
             fix="see verify.log; the callback applies verify's stop and controls on every rank, so check "
             "that every rank's Trainer has a ReprotuneCallback",
         ) from None
     except BaseException:
-        process.terminate()  # Ctrl-C or SIGTERM of verify: the leg stops with it
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=30)
+        _stop(process)  # Ctrl-C or SIGTERM of verify: the leg stops with it, and all it started
         raise
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the leg's process group (the command and what it started), SIGKILL 30 s later."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            process.send_signal(sig)  # no group of its own (gone already): the process itself
+        try:
+            process.wait(timeout=30)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+    process.wait()
 
 
 def require_status(run_dir: Path, status: Status, leg: str) -> None:
