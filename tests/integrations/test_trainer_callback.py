@@ -363,7 +363,10 @@ def test_an_rng_seeded_otherwise_when_the_callback_was_made_names_both_possible_
     or a callback made before the script seeded; the finding says both and how to place each."""
     [finding] = trainer_findings(_facts(seed_probe=SeedProbe(initial_seed=1234, fresh=False)))
     title = finding["title"]
-    assert "last seeded with 1234, not TrainingArguments.seed=42, when the callback was made" in title
+    assert (
+        "torch's RNG seed was 1234, not TrainingArguments.seed=42, when the callback was made (a random"
+        in title
+    )
     assert "or the callback was made before the script seeded" in title
     assert "make the callback in the Trainer(...) call, after both" in finding["fix"]
 

@@ -262,8 +262,8 @@ def _seed_findings(facts: TrainerFacts) -> list[dict[str, str]]:
         if facts.trainer_seeds_first or probe.initial_seed == seed:
             return []
         title = (
-            f"the trainer built the LoRA adapter from peft_config before it seeded (torch's RNG was last "
-            f"seeded with {probe.initial_seed}, not TrainingArguments.seed={seed}, when it was made)"
+            f"the trainer built the LoRA adapter from peft_config before it seeded (torch's RNG seed was "
+            f"{probe.initial_seed}, not TrainingArguments.seed={seed}, when it was made; {_UNSEEDED})"
         )
         fix = "call reprotune.seed_everything(args.seed) before making the trainer (SFTTrainer(...))"
         return [_finding("peft-before-seed", "warning", title, why, fix)]
@@ -271,9 +271,9 @@ def _seed_findings(facts: TrainerFacts) -> list[dict[str, str]]:
         # The probe is taken when the callback is made: in the Trainer(...) call, right before the
         # Trainer re-seeds. A callback made earlier, before the script seeds, sees an unseeded RNG.
         title = (
-            f"torch's RNG was last seeded with {probe.initial_seed}, not TrainingArguments.seed={seed}, "
-            "when the callback was made: the PEFT model was built before the seed was set, or the "
-            "callback was made before the script seeded"
+            f"torch's RNG seed was {probe.initial_seed}, not TrainingArguments.seed={seed}, when the "
+            f"callback was made ({_UNSEEDED}): the PEFT model was built before the seed was set, or "
+            "the callback was made before the script seeded"
         )
         fix = (
             "call reprotune.seed_everything(args.seed) (or set_seed) before building the PEFT model, and "
@@ -287,6 +287,10 @@ def _seed_findings(facts: TrainerFacts) -> list[dict[str, str]]:
         )
         return [_finding("peft-before-seed", "warning", title, why, fix)]
     return []
+
+
+#: What an unexpected ``torch.initial_seed()`` may be: a process that never seeded has a random one.
+_UNSEEDED = "a random one of torch's own when nothing seeded it"
 
 
 #: Calls that build a PEFT adapter, and that seed, in a trainer's ``__init__`` source.
