@@ -399,7 +399,7 @@ def test_a_path_the_filesystem_refuses_late_is_exit_2_not_an_internal_error(
     monkeypatch.setattr(bundle, "pack", refused)
     assert main(["pack", str(run), "-o", str(tmp_path / "b.tar.gz")]) == 2
     _assert_refused(
-        capsys, "error: /mnt/share/b.tar.gz: Permission denied", "fix: give a path in a directory"
+        capsys, "error: /mnt/share/b.tar.gz: Permission denied", "fix: check the path's permissions"
     )
 
     def broken(*args: object, **kwargs: object) -> None:
@@ -408,3 +408,17 @@ def test_a_path_the_filesystem_refuses_late_is_exit_2_not_an_internal_error(
     monkeypatch.setattr(bundle, "pack", broken)
     assert main(["pack", str(run), "-o", str(tmp_path / "b.tar.gz")]) == 1
     assert "internal error" in capsys.readouterr().err
+
+
+def test_an_existing_output_directory_is_judged_by_itself_not_by_its_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--out /data/alice` that exists, writable, in a /data this user cannot write: accepted (the
+    command writes into it); a new `--out /data/bob` is refused, naming /data. os.access stands in
+    for the permissions (root passes every mode check)."""
+    parent, mine = tmp_path / "data", tmp_path / "data" / "alice"
+    mine.mkdir(parents=True)
+    monkeypatch.setattr(outputs.os, "access", lambda path, mode: Path(path) != parent)
+    outputs.refuse_unwritable_parent(mine, source="--out")
+    with pytest.raises(InputError, match=f"the directory {parent} is not writable here"):
+        outputs.refuse_unwritable_parent(parent / "bob", source="--out")

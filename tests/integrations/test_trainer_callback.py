@@ -310,41 +310,48 @@ def test_a_run_dir_holding_files_is_refused(model_dir: Path, tmp_path: Path) -> 
 
 
 def test_sigterm_during_training_records_the_run_interrupted_then_ends_as_the_signal_would(
-    model_dir: Path, tmp_path: Path
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """SIGTERM (what `kill`, a scheduler or verify's leg timeout sends) mid-training: the record
-    says `interrupted` with its end time and the lock is released (it stayed `running`, locked);
-    then the signal is delivered again to the handler that was there before, so that the script
-    ends as it would have without reprotune (here a test handler that only counts)."""
+    """SIGTERM (what `kill`, a scheduler or verify's leg timeout sends) mid-training, with its
+    default action in force: the record says `interrupted` with its end time and the lock is
+    released (it stayed `running`, locked); then the signal is sent again, the default action
+    back, so that the script ends as it would have without reprotune (here the sending is caught:
+    it would end pytest)."""
     import signal
+    import types
 
     from transformers import TrainerCallback
 
+    import reprotune.integrations.transformers as callback_module
     from reprotune._errors import Interrupted
 
     class TermAtStepTwo(TrainerCallback):  # type: ignore[misc]
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if state.global_step == 2:
-                os.kill(os.getpid(), signal.SIGTERM)
+                signal.raise_signal(signal.SIGTERM)
 
+    delivered: list[tuple[int, object]] = []
+
+    class _Os(types.SimpleNamespace):
+        def __getattr__(self, name: str) -> Any:
+            return getattr(os, name)
+
+    fake_os = _Os(kill=lambda pid, sig: delivered.append((sig, signal.getsignal(sig))))
+    monkeypatch.setattr(callback_module, "os", fake_os)
     run_dir = tmp_path / "termed"
     trainer = tiny_trainer(
         model_dir, tiny_rows(16, seed=1), tmp_path / "out", lambda: ReprotuneCallback(run_dir)
     )
     trainer.add_callback(TermAtStepTwo())
-    delivered: list[int] = []
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: delivered.append(signum))
-    try:
-        with pytest.raises(Interrupted):
-            trainer.train()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    with pytest.raises(Interrupted):
+        trainer.train()
     record = load_record(run_dir)
     assert record["status"] == "interrupted" and record["timings"]["ended_at"]
     assert record["error"] == {"message": "stopped by SIGTERM", "type": "Interrupted"}
     assert len(read_ledger(run_dir / "ledger.jsonl").train) == 2
     assert not (run_dir / ".writer.lock").exists()  # released: `reprotune resume`/compare see it ended
-    assert delivered == [signal.SIGTERM]  # once, after the record: not swallowed
+    assert delivered == [(signal.SIGTERM, signal.SIG_DFL)]  # once, after the record, to the default
 
 
 def test_the_callback_needs_no_training_code() -> None:

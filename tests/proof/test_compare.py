@@ -489,3 +489,16 @@ def test_a_steering_variable_is_one_cause_with_the_kernels_not_two(tmp_path: Pat
     assert len(result.causes) == 1, result.causes
     assert "kernel environment variables MKL_CBWR=unset vs MKL_CBWR=COMPATIBLE,STRICT" in result.causes[0]
     assert any(d.key == "environment.env.MKL_CBWR" for d in result.differences)  # still listed
+
+
+def test_a_trace_command_unsets_before_it_sets() -> None:
+    """`env` reads its `-u` options before the first VAR=value: unsets go first (after one, `env`
+    took `-u` for the command to run, exit 127); values and the path are quoted for a shell."""
+    from reprotune._proof.microscope import steering_assignments, trace_command
+
+    recorded = {"steering_env": {"MKL_NUM_THREADS": "4", "OMP_NUM_THREADS": None}}
+    here = {"steering_env": {"MKL_NUM_THREADS": None, "OMP_NUM_THREADS": "8"}}
+    assignments = steering_assignments(recorded, here)
+    assert assignments == ["MKL_NUM_THREADS=4", "-u OMP_NUM_THREADS"]
+    command = trace_command("runs/my run", 3, assignments)
+    assert command == "env -u OMP_NUM_THREADS MKL_NUM_THREADS=4 reprotune trace 'runs/my run' --step 3"

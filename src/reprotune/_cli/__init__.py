@@ -134,33 +134,28 @@ def _main(argv: Sequence[str] | None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())  # type: ignore[union-attr]
         return 141  # 128 + SIGPIPE
     except OSError as exc:
-        if exc.errno not in _FILESYSTEM_REFUSALS:
+        fix = _FILESYSTEM_REFUSALS.get(exc.errno or 0)
+        if fix is None:
             return _internal_error(args.command, exc)
-        where = exc.filename if exc.filename is not None else "a path"  # found only when written
-        print(
-            f"reprotune {args.command}: error: {where}: {exc.strerror or exc}\n"
-            "fix: give a path in a directory you can write, on a filesystem with space left",
-            file=sys.stderr,
-        )
+        where = f"{exc.filename}: " if exc.filename is not None else ""  # found only when used
+        print(f"reprotune {args.command}: error: {where}{exc.strerror or exc}\nfix: {fix}", file=sys.stderr)
         return 2
     except Exception as exc:  # a bug, not bad input: show everything
         return _internal_error(args.command, exc)
 
 
-#: The errors of a path the filesystem refuses (permission, read-only, full, a file where a
-#: directory must be and the reverse): said as bad input, exit 2, not as an internal error.
-_FILESYSTEM_REFUSALS = frozenset(
-    {
-        errno.EACCES,
-        errno.EPERM,
-        errno.EROFS,
-        errno.ENOSPC,
-        errno.EDQUOT,
-        errno.ENOTDIR,
-        errno.EISDIR,
-        errno.EEXIST,
-    }
-)
+#: The errors of a path the filesystem refuses, found only when a file is read or written (the
+#: commands check their paths first): bad input, exit 2, each with what to do; any other OSError
+#: is an internal error.
+_FILESYSTEM_REFUSALS: dict[int, str] = {
+    errno.EACCES: "check the path's permissions, or give a path you can read and write",
+    errno.EPERM: "check the path's permissions, or give a path you can read and write",
+    errno.EROFS: "the file system is read-only: give a path on a writable one",
+    errno.ENOSPC: "the disk is full: free space, or give a path on another file system",
+    errno.EDQUOT: "the disk quota is used up: free space, or give a path on another file system",
+    errno.ENOTDIR: "a part of the path is a file where a directory belongs: check the path",
+    errno.EISDIR: "the path is a directory where a file belongs: check the path",
+}
 
 
 def _internal_error(command: str, exc: BaseException) -> int:

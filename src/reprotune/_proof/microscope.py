@@ -69,8 +69,9 @@ def kernels_against_run(run: RunDir, here: Mapping[str, Any]) -> dict[str, list[
 
 def trace_command(run_dir: str, step: object, assignments: Sequence[str] = (), out: str | None = None) -> str:
     """``[env -u X] VAR=value reprotune trace RUN_DIR --step K [--out FILE]``, quoted for a shell."""
-    unset = any(a.startswith("-u ") for a in assignments)
-    env = ("env " if unset else "") + "".join(f"{a} " for a in assignments)
+    unset = [a for a in assignments if a.startswith("-u ")]  # env reads its options before any VAR=value
+    ordered = [*unset, *(a for a in assignments if not a.startswith("-u "))]
+    env = ("env " if unset else "") + "".join(f"{a} " for a in ordered)
     tail = f" --out {shlex.quote(out)}" if out else ""
     return f"{env}reprotune trace {shlex.quote(run_dir)} --step {step}{tail}"
 

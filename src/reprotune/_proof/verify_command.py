@@ -24,6 +24,7 @@ Never imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -281,18 +282,36 @@ def _wait(process: subprocess.Popen[bytes], timeout_s: float | None, name: str, 
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the leg's process group (the command and what it started), SIGKILL 30 s later."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except (ProcessLookupError, PermissionError):
+    """Stop the leg and everything in its process group (the command and what it started): SIGTERM,
+    then, when any of it is still there 30 s later (or this wait is itself interrupted), SIGKILL."""
+    group = process.pid  # the leg leads its own group (start_new_session)
+    try:
+        _signal_group(group, signal.SIGTERM, process)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if process.poll() is not None and not _group_alive(group):
+                return
+            time.sleep(0.1)
+    finally:
+        if process.poll() is None or _group_alive(group):
+            _signal_group(group, signal.SIGKILL, process)
+        process.wait()
+
+
+def _signal_group(group: int, sig: int, process: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(group, sig)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
             process.send_signal(sig)  # no group of its own (gone already): the process itself
-        try:
-            process.wait(timeout=30)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-    process.wait()
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def require_status(run_dir: Path, status: Status, leg: str) -> None:

@@ -21,6 +21,7 @@ from reprotune._errors import InputError
 from reprotune._run import layout
 from reprotune._run.layout import RunLayout
 from reprotune._run.lock import refuse_if_held
+from reprotune._run.outputs import refuse_inside_run, refuse_unwritable_parent
 from reprotune._run.ranks import current_world, resume_command
 from reprotune._run.record import load_record, make_run_id
 
@@ -61,6 +62,8 @@ def check_run_dir_free(run_dir: Path) -> None:
             )
         if parent.is_dir():
             break
+    refuse_inside_run(run_dir, option="--run-dir")
+    refuse_unwritable_parent(run_dir, source="--run-dir")
     _refusal(run_dir)
 
 

@@ -25,7 +25,6 @@ from typing import Any
 from reprotune._errors import InputError
 from reprotune._jsonio import read_json_object
 from reprotune._run.layout import RunLayout
-from reprotune._run.outputs import refuse_inside_run
 
 try:  # POSIX; elsewhere every lock is "not supported" and said so
     import fcntl
@@ -87,7 +86,6 @@ def lock_run_dir(
             directory cannot be created or written.
     """
     path = RunLayout(run_dir).lock
-    refuse_inside_run(run_dir, option=option)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except FileExistsError:

@@ -188,12 +188,13 @@ def refuse_inside_run(out: Path, *, option: str, own: Path | None = None) -> Non
 
 
 def refuse_unwritable_parent(out: Path, *, source: str) -> None:
-    """Refuse an output file whose directory cannot be made or written, before any work: a parent
-    that is a file, or the nearest existing directory not writable here. Missing directories are
-    fine: the command creates them."""
-    for parent in out.absolute().parents:
-        if not parent.exists():
-            continue
+    """Refuse an output whose directory cannot be made or written, before any work: a parent that
+    is a file, or the nearest existing directory (``out`` itself, when it is one) not writable
+    here. Missing directories are fine: the command creates them."""
+    target = out.absolute()
+    for parent in (target, *target.parents):
+        if not parent.exists() or (parent == target and not parent.is_dir()):
+            continue  # a directory to make, or the file to replace: its directory decides
         fix = f"give {source} a path you can write"
         if not parent.is_dir():
             problem, fix = f"{parent} is a file, not a directory", f"give {source} a path in a directory"

@@ -31,10 +31,13 @@ SIGNALS: tuple[signal.Signals, ...] = tuple(
 
 
 @contextlib.contextmanager
-def interrupt_on_signals() -> Iterator[None]:
+def interrupt_on_signals(*, default_only: bool = False) -> Iterator[None]:
     """Within the block, SIGTERM and SIGHUP raise :class:`Interrupted`; restored after.
 
-    Outside the main thread (where Python cannot set handlers) this does nothing.
+    A signal that is ignored (``nohup`` ignores SIGHUP: training goes on when the terminal
+    closes), or whose handler was set outside Python, is left as it is; with ``default_only`` (in
+    a user's script) also one that has a handler of the script's own. Outside the main thread
+    (where Python cannot set handlers) this does nothing.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -50,6 +53,9 @@ def interrupt_on_signals() -> Iterator[None]:
 
     previous: dict[signal.Signals, Any] = {}
     for sig in SIGNALS:
+        current = signal.getsignal(sig)
+        if current is signal.SIG_IGN or current is None or (default_only and current is not signal.SIG_DFL):
+            continue
         previous[sig] = signal.signal(sig, handler)
     try:
         yield

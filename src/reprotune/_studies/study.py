@@ -23,6 +23,7 @@ from reprotune._errors import InputError
 from reprotune._jsonio import write_bytes_atomic
 from reprotune._run.layout import LOCK
 from reprotune._run.lock import holding_run_dir
+from reprotune._run.outputs import refuse_inside_run, refuse_unwritable_parent
 from reprotune._run.record import Status
 from reprotune._studies import layout
 from reprotune._studies.execute import Action, RunOutcome, execute_runs
@@ -98,6 +99,8 @@ def run_study(
         )
     plan = plan_study(cfg, n=n, vary=vary, name=options.name)
     paths = StudyLayout(options.out or Path("studies") / plan.study_id)
+    refuse_inside_run(paths.root, option="--out")
+    refuse_unwritable_parent(paths.root, source="--out")
     # One writer: a second `seeds` on the same directory is refused while this one runs.
     with holding_run_dir(paths.root, report=options.progress, what="study directory", option="--out"):
         return _run_locked(cfg, plan, paths, options)

@@ -42,7 +42,7 @@ from reprotune._run.fingerprint import (
 )
 from reprotune._run.ledger import train_line, val_line
 from reprotune._run.record import Status, make_run_id, new_record, utc_now
-from reprotune._run.signals import interrupt_on_signals
+from reprotune._run.signals import interrupt_on_signals, raise_if_interrupted, recording_the_end
 from reprotune._trackers.mlflow_link import require_mlflow, run_to_link
 from reprotune._trackers.wandb import import_wandb
 from reprotune._train.writer import report
@@ -246,6 +246,7 @@ class ReprotuneCallback(TrainerCallback):
         )
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        raise_if_interrupted()  # a signal whose exception something swallowed: stop now
         self._probe.begin_step()
         self._step_started = time.perf_counter()
 
@@ -318,7 +319,7 @@ class ReprotuneCallback(TrainerCallback):
             self._checkpoint = None if checkpoint in (None, False) else str(checkpoint)
             self._stopping = False
             try:
-                with interrupt_on_signals():  # SIGTERM/SIGHUP end the run as Ctrl-C does: recorded
+                with interrupt_on_signals(default_only=True):  # SIGTERM/SIGHUP: recorded as Ctrl-C
                     return self._recording_the_end(original, args, kwargs)
             except Interrupted as exc:  # the handlers are back: die of the signal, as without reprotune
                 os.kill(os.getpid(), exc.signum)
@@ -333,7 +334,8 @@ class ReprotuneCallback(TrainerCallback):
             if self._run is not None and not self._run.finished:
                 status: Status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
                 try:
-                    self._run.end(status, error=exc)
+                    with recording_the_end():  # a launcher's stop now must not cut the record short
+                        self._run.end(status, error=exc)
                 except Exception as second:  # the first error is the news
                     report(f"warning: could not record the run's end: {second}")
             raise
