@@ -471,6 +471,21 @@ def test_a_recorded_peft_before_seed_finding_is_the_first_cause_when_the_init_di
     )
     assert result.next_steps == ()
 
+    # Two unseeded Trainer runs, kernel facts recorded and equal: one cause naming both records,
+    # and no "nothing recorded differs" beside it (it was said, with the finding once per run)
+    kernels = {"kernels": {"version": 1, "cpu": {"aten_capability": "AVX2", "model": "EPYC"}}}
+    one = write_run_dir(tmp_path / "one", RunSpec(environment=kernels))
+    two = write_run_dir(tmp_path / "two", RunSpec(noise_from_step=1, environment=kernels))
+    edit_ledger(two, 0, "weights_sha256", "e" * 64, kind="init", as_written=True)
+    for run in (one, two):
+        data = json.loads((run / "record.json").read_text())
+        (run / "record.json").write_text(canonical_dumps({**data, "findings": record["findings"]}))
+    result = compare_runs(one, two)
+    assert result.causes == (
+        "the LoRA initial weights differ (step 0): both runs' records warn peft-before-seed: built unseeded "
+        "(fix: seed first)",
+    )
+
 
 def test_a_steering_variable_is_one_cause_with_the_kernels_not_two(tmp_path: Path) -> None:
     """The record's environment variables and its kernel facts' steering_env both hold MKL_CBWR: a

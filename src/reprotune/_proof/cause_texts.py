@@ -4,7 +4,7 @@ split; and how a recorded value is shown in them."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reprotune._proof.differences import Difference, Resume, SplitDiff
@@ -119,3 +119,24 @@ def value_text(value: Any, absent: bool) -> str:
         return value[:12] if len(value) == 64 else value
     text = json.dumps(value, sort_keys=True)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def seed_finding_causes(records: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The initial weights differ: a Trainer-made run whose record (``records``: by run label)
+    warns that its LoRA init was not covered by its seed (``peft-before-seed``) is the likeliest
+    cause, whatever else agrees; one sentence when both records warn it."""
+    warned = []
+    for label, record in records.items():
+        findings = record.get("findings")
+        for finding in findings if isinstance(findings, list) else []:
+            if isinstance(finding, dict) and finding.get("code") == "peft-before-seed":
+                warned.append((label, finding))
+                break
+    if not warned:
+        return []
+    label, finding = warned[0]
+    whose = "both runs' records warn" if len(warned) == 2 else f"run {label}'s record warns"
+    return [
+        f"the LoRA initial weights differ (step 0): {whose} peft-before-seed: "
+        f"{finding.get('title')} (fix: {finding.get('fix')})"
+    ]

@@ -93,6 +93,11 @@ _KERNEL_CONFIG_KEYS = frozenset({"config.determinism.cpu_isa"})
 Kernels = tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]
 
 
+def is_unexplained(cause: str) -> bool:
+    """Whether a cause says that nothing recorded explains the divergence."""
+    return _NONDETERMINISM in cause
+
+
 def is_kernel_cause(cause: str) -> bool:
     """Whether a cause says the runs part at a kernel, at kernels nobody recorded, or at nothing
     recorded: the causes an op-level trace explains."""

@@ -22,7 +22,8 @@ from typing import Any, Literal
 
 from reprotune._errors import InputError
 from reprotune._proof.adapter_diff import compare_adapters
-from reprotune._proof.causes import explain
+from reprotune._proof.cause_texts import seed_finding_causes
+from reprotune._proof.causes import explain, is_unexplained
 from reprotune._proof.differences import (
     AdapterDiff,
     Comparison,
@@ -124,8 +125,13 @@ def compare_opened(
         kernels=kernels,
         edited=edited,
     )
-    if not ledgers_equal and where.first_weights_step == 0:
-        causes[:0] = _seed_findings(run_a, run_b)
+    seed_findings = (
+        seed_finding_causes({"A": run_a.record, "B": run_b.record})
+        if not ledgers_equal and where.first_weights_step == 0
+        else []
+    )
+    if seed_findings:  # a recorded reason: "nothing recorded differs" is no longer true
+        causes = [*seed_findings, *(c for c in causes if not is_unexplained(c))]
     return Comparison(
         verdict=verdict,
         run_a=_summary(run_a),
@@ -142,19 +148,6 @@ def compare_opened(
         prefix=prefix,
         next_steps=tuple(trace_commands(run_a, run_b, where, causes)),
     )
-
-
-def _seed_findings(run_a: RunDir, run_b: RunDir) -> Iterable[str]:
-    """The initial weights differ: a Trainer-made run whose record warns that its LoRA init was not
-    covered by its seed (``peft-before-seed``) is the likeliest cause, whatever else agrees."""
-    for label, run in (("A", run_a), ("B", run_b)):
-        findings = run.record.get("findings")
-        for finding in findings if isinstance(findings, list) else []:
-            if isinstance(finding, dict) and finding.get("code") == "peft-before-seed":
-                yield (
-                    f"the LoRA initial weights differ (step 0): run {label}'s record warns peft-before-seed: "
-                    f"{finding.get('title')} (fix: {finding.get('fix')})"
-                )
 
 
 def _resumes(run: RunDir, label: Literal["A", "B"]) -> Iterable[Resume]:
