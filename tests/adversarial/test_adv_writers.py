@@ -250,16 +250,22 @@ class _SendSignal:
 def test_sighup_interrupts_the_run_and_the_old_handler_comes_back(
     project: TinyProject, tmp_path: Path
 ) -> None:
-    """SIGHUP during a run: status interrupted with the ledger through that step; handlers restored."""
-    before = signal.getsignal(signal.SIGHUP), signal.getsignal(signal.SIGTERM)
-    cfg = load_config(project.config(), [])
-    options = RunOptions(
-        run_dir=tmp_path / "run", progress=False, tracking=False, hooks=[_SendSignal(signal.SIGHUP, 3)]
-    )
-    with torch.random.fork_rng(), pytest.raises(Interrupted) as caught:
-        run_experiment(cfg, options)
-    assert caught.value.signum == signal.SIGHUP
-    assert (signal.getsignal(signal.SIGHUP), signal.getsignal(signal.SIGTERM)) == before
+    """SIGHUP during a run: status interrupted with the ledger through that step; handlers restored.
+    SIGHUP's default action is put in force first: a suite started under `nohup` inherits it
+    ignored, and an ignored SIGHUP is left ignored (tests/run/test_signals.py)."""
+    inherited = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        before = signal.getsignal(signal.SIGHUP), signal.getsignal(signal.SIGTERM)
+        cfg = load_config(project.config(), [])
+        options = RunOptions(
+            run_dir=tmp_path / "run", progress=False, tracking=False, hooks=[_SendSignal(signal.SIGHUP, 3)]
+        )
+        with torch.random.fork_rng(), pytest.raises(Interrupted) as caught:
+            run_experiment(cfg, options)
+        assert caught.value.signum == signal.SIGHUP
+        assert (signal.getsignal(signal.SIGHUP), signal.getsignal(signal.SIGTERM)) == before
+    finally:
+        signal.signal(signal.SIGHUP, inherited)
     record = load_record(tmp_path / "run" / "record.json")
     assert record["status"] == "interrupted" and record["error"]["message"] == "stopped by SIGHUP"
     steps = [e.fields["step"] for e in read_ledger(tmp_path / "run" / "ledger.jsonl").entries()]
