@@ -439,3 +439,27 @@ def test_resume_of_a_completed_trainer_run_and_a_run_dir_inside_a_run_say_what_a
     ):
         trainer.train()
     assert not inside.exists()
+
+
+@pytest.mark.parametrize("seed_first", [True, False], ids=["seeded-init", "unseeded-init"])
+def test_a_data_seed_control_parted_before_its_batches_is_inconclusive(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed_first: bool
+) -> None:
+    """verify --command's data-order control: with the LoRA built after the seed it parts where
+    its batches do and counts; built before (an unseeded init), it parts at step 0, before any
+    batch, so its DIVERGED proves nothing about the check: inconclusive, not ok."""
+    from reprotune._proof.verification import Leg, judge_data_order_control
+
+    _, reference = _train(model_dir, tmp_path, "reference", max_steps=3, seed_first=seed_first)
+    monkeypatch.setenv("REPROTUNE_PERTURB_DATA_SEED", "1")
+    _, control = _train(model_dir, tmp_path, "control", max_steps=3, seed_first=seed_first)
+    leg = Leg("control-data-seed", str(control), "DIVERGED")
+    comparison = judge_data_order_control(leg, reference)
+    assert leg.verdict == "DIVERGED"
+    if seed_first:
+        assert comparison.where.first_divergence_step == comparison.where.first_batch_step == 1
+        assert leg.passed is True and leg.note is not None and leg.note.startswith("why: ")
+    else:
+        assert comparison.where.first_divergence_step == 0 and comparison.where.first_batch_step == 1
+        assert leg.passed is None
+        assert leg.note is not None and "parted at step 0 (the initial weights), before its batches" in leg.note

@@ -23,7 +23,7 @@ from pathlib import Path
 from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file, write_json_atomic
 from reprotune._proof.intervals import Interval, adapter_state, coverage, judge_interval, plan_intervals
-from reprotune._proof.verification import Leg, judge_leg, outcome
+from reprotune._proof.verification import Leg, judge_data_order_control, outcome
 from reprotune._proof.verify_command import (
     TRAINER_OUTPUT,
     CommandVerification,
@@ -154,6 +154,5 @@ def _end_state(reference: Path, leg_dir: Path, end: int, total: int) -> tuple[st
 
 def _control_leg(reference: Path, control_dir: Path) -> Leg:
     leg = Leg("control-data-seed", str(control_dir), "DIVERGED")
-    comparison = judge_leg(leg, reference, prefix=True)  # the control stops once it parts
-    leg.note = f"why: {comparison.causes[0]}" if comparison.causes else None
+    judge_data_order_control(leg, reference, prefix=True)  # the control stops once it parts
     return leg

@@ -116,6 +116,27 @@ def judge_leg(leg: Leg, reference: Path, *, prefix: bool = False) -> Comparison:
     return cmp
 
 
+def judge_data_order_control(leg: Leg, reference: Path, *, prefix: bool = False) -> Comparison:
+    """Judge a control that perturbs the data-order seed (``verify --command``'s): as
+    :func:`judge_leg`, and when it parted before its batches did, it is inconclusive (``passed``
+    None): the data order cannot part two runs before it changes a batch, so something else did
+    (an unseeded LoRA init, nondeterminism), and its DIVERGED proves nothing about the check."""
+    cmp = judge_leg(leg, reference, prefix=prefix)
+    where = cmp.where
+    at, batch = where.first_divergence_step, where.first_batch_step
+    leg.note = f"why: {cmp.causes[0]}" if cmp.verdict != "IDENTICAL" and cmp.causes else None
+    if leg.passed and at is not None and (batch is None or batch > at):
+        parted = "step 0 (the initial weights)" if at == 0 else f"step {at}"
+        leg.passed = None
+        leg.note = (
+            f"inconclusive, not counted: it parted at {parted}, before its batches differed "
+            f"({'never' if batch is None else f'step {batch}'}), so the data order did not part it; "
+            "something that differs from run to run did (the rerun leg shows it)"
+            + (f"; {leg.note}" if leg.note else "")
+        )
+    return cmp
+
+
 NO_DROPOUT_INCONCLUSIVE = (
     "inconclusive: with lora.dropout 0 nothing draws from the RNG after the checkpoint, so "
     "skipping its restore cannot show"

@@ -43,6 +43,7 @@ from reprotune._proof.verification import (
     Leg,
     Outcome,
     coverage_lines,
+    judge_data_order_control,
     judge_leg,
     leg_lines,
     outcome,
@@ -151,14 +152,7 @@ def _verify(run: Runner, layout: VerifyLayout, command: str, resume_at: int | No
         _check_resume_at(reference, resume_at)
     legs = [
         _judge("rerun", reference, run.leg("rerun", Controls(run_dir=layout.leg("rerun"))), "IDENTICAL"),
-        _judge(
-            "control-data-seed",
-            reference,
-            run.leg(
-                "control-data-seed", Controls(run_dir=layout.leg("control-data-seed"), perturb_data_seed=1)
-            ),
-            "DIVERGED",
-        ),
+        _data_seed_control(run, layout, reference),
     ]
     if resume_at is not None:
         legs.append(_resume_leg(run, layout.leg("resume"), reference, resume_at))
@@ -329,6 +323,17 @@ def _judge(name: str, reference: Path, leg_dir: Path, expected: Expected) -> Leg
     comparison = judge_leg(leg, reference)
     if leg.verdict != "IDENTICAL" and comparison.causes:
         leg.note = f"why: {comparison.causes[0]}"
+    if comparison.incomparable:
+        leg.note = f"incomparable: {comparison.incomparable[0]}"
+    return leg
+
+
+def _data_seed_control(run: Runner, layout: VerifyLayout, reference: Path) -> Leg:
+    control = run.leg(
+        "control-data-seed", Controls(run_dir=layout.leg("control-data-seed"), perturb_data_seed=1)
+    )
+    leg = Leg("control-data-seed", str(control), "DIVERGED")
+    comparison = judge_data_order_control(leg, reference)
     if comparison.incomparable:
         leg.note = f"incomparable: {comparison.incomparable[0]}"
     return leg
