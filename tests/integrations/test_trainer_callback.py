@@ -462,4 +462,5 @@ def test_a_data_seed_control_parted_before_its_batches_is_inconclusive(
     else:
         assert comparison.where.first_divergence_step == 0 and comparison.where.first_batch_step == 1
         assert leg.passed is None
-        assert leg.note is not None and "parted at step 0 (the initial weights), before its batches" in leg.note
+        assert leg.note is not None
+        assert "parted at step 0 (the initial weights), before its batches" in leg.note
