@@ -275,3 +275,41 @@ def test_mlflow_true_starts_the_run_when_the_trainer_reports_nowhere(tmp_path: P
         ]
         listed = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert {"record.json", "ledger", "adapter"} <= listed
+
+
+def test_a_leg_past_its_time_fails_the_verification_and_the_rest_are_not_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reference finishes; the rerun hangs past its bound (1 s here, for the test): verify
+    still ends with a verdict, FAIL, and writes verification.json; the rerun leg is FAILED saying
+    it ran past its time, and the legs after it are not run (n/a), each of which would have
+    waited as long. Before, verify raised with no verification.json."""
+    from reprotune._proof import verify_command as vc
+    from rundirs import RunSpec, write_run_dir
+
+    made = write_run_dir(tmp_path / "made", RunSpec())
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import os, shutil, sys, time\n"
+        "target = os.environ['REPROTUNE_RUN_DIR']\n"
+        "if target.endswith('reference'):\n"
+        "    shutil.copytree(sys.argv[1], target)\n"
+        "else:\n"
+        "    time.sleep(600)\n"
+    )
+    monkeypatch.setattr(vc, "MIN_LEG_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(vc, "LEG_TIMEOUT_FACTOR", 0.0)
+    command = shlex.join([sys.executable, str(script), str(made)])
+    result = vc.verify_command(command, tmp_path / "ver", resume_at=3, cwd=tmp_path, progress=lambda _: None)
+    assert result.verdict == "FAIL"
+    report = json.loads((tmp_path / "ver" / "verification.json").read_text(encoding="utf-8"))
+    legs = {leg["name"]: leg for leg in report["legs"]}
+    assert report["verdict"] == "FAIL" and list(legs) == ["rerun", "control-data-seed", "resume"]
+    assert (legs["rerun"]["verdict"], legs["rerun"]["passed"]) == ("FAILED", False)
+    assert "the rerun leg did not finish within 1 s" in legs["rerun"]["note"]
+    for name in ("control-data-seed", "resume"):
+        assert (legs[name]["verdict"], legs[name]["passed"]) == (None, None)
+        assert legs[name]["note"] == "not run: the rerun leg ran past its time"
+    assert legs["resume"]["evidence"] == {"resumed_at": 3}
+    shown = result.format()
+    assert "[FAIL] rerun" in shown and "[n/a ] control-data-seed" in shown

@@ -32,6 +32,15 @@ class Interval:
     def steps(self) -> int:
         return self.end - self.start
 
+    @property
+    def name(self) -> str:
+        """The interval's leg name (``steps 4-6``)."""
+        return f"steps {self.start + 1}-{self.end}"
+
+    def leg_dir(self, root: Path) -> Path:
+        """The interval's run directory in the verification directory ``root`` (absolute)."""
+        return (root / f"steps-{self.start + 1}-{self.end}").resolve()
+
 
 def plan_intervals(states: Sequence[int], total: int, *, budget: float, seed: int) -> list[Interval]:
     """The intervals to replay, in step order.
@@ -102,9 +111,10 @@ def judge_interval(
     if first is not None:
         evidence["first_divergence"], evidence["differing"] = first
     verdict = "IDENTICAL" if first is None and end_state[1] else "DIVERGED"
-    name = f"steps {interval.start + 1}-{interval.end}"
     note = f"{interval.why}; from {origin}"
-    leg = Leg(name, str(leg_dir), "IDENTICAL", verdict, verdict == "IDENTICAL", evidence, note, prefix=True)
+    leg = Leg(
+        interval.name, str(leg_dir), "IDENTICAL", verdict, verdict == "IDENTICAL", evidence, note, prefix=True
+    )
     return leg, first  # prefix: a replay holds the steps up to its interval's end, not the run's
 
 

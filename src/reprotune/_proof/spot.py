@@ -213,10 +213,7 @@ def _plan(
     replay finds the data (``data``: instead of the recorded path) and the code."""
     root = out_dir.resolve()
     planned = [
-        PlannedInterval(
-            start=i.start, end=i.end, why=i.why, run_dir=str(root / f"steps-{i.start + 1}-{i.end}")
-        )
-        for i in intervals
+        PlannedInterval(start=i.start, end=i.end, why=i.why, run_dir=str(i.leg_dir(root))) for i in intervals
     ]
     seeds = record.get("seeds") or {}
     overrides = {**((record.get("config") or {}).get("seed", {}).get("overrides") or {})}

@@ -15,6 +15,7 @@ Never imports torch.
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from reprotune._proof.verify_command import (
     TRAINER_OUTPUT,
     CommandVerification,
     Runner,
+    failed_or,
     parse_command,
     require_status,
 )
@@ -95,14 +97,24 @@ def spot_verify_command(
         f"verify --command --spot: {len(intervals)} of {len(checkpoints) + 1} intervals between the "
         f"Trainer's checkpoints, {sum(i.steps for i in intervals)} of {total} steps"
     )
-    legs = [_interval_leg(run, out_dir, reference, checkpoints, i, total) for i in intervals]
+    legs = [
+        failed_or(
+            i.name,
+            i.leg_dir(out_dir),
+            "IDENTICAL",
+            functools.partial(_interval_leg, run, out_dir, reference, checkpoints, i, total),
+        )
+        for i in intervals
+    ]
     control_dir = layout.leg("control-data-seed")
-    bound = min(total, 3)
-    run.leg(
-        "control-data-seed",
-        Controls(run_dir=control_dir, perturb_data_seed=1, stop_after=bound if bound < total else None),
+    legs.append(
+        failed_or(
+            "control-data-seed",
+            control_dir,
+            "DIVERGED",
+            lambda: _control_leg(run, reference, control_dir, total),
+        )
     )
-    legs.append(_control_leg(reference, control_dir))
     run.timed(legs)
     verdict = outcome(legs)
     result = CommandVerification(verdict, str(out_dir), command, None, legs)
@@ -114,8 +126,7 @@ def spot_verify_command(
 def _interval_leg(
     run: Runner, out_dir: Path, reference: Path, checkpoints: dict[int, Path], interval: Interval, total: int
 ) -> Leg:
-    name = f"steps {interval.start + 1}-{interval.end}"
-    leg_dir = (out_dir / f"steps-{interval.start + 1}-{interval.end}").resolve()
+    name, leg_dir = interval.name, interval.leg_dir(out_dir)
     stop = interval.end if interval.end < total else None
     if interval.start == 0:
         run.leg(name, Controls(run_dir=leg_dir, stop_after=stop))
@@ -152,7 +163,12 @@ def _end_state(reference: Path, leg_dir: Path, end: int, total: int) -> tuple[st
     return f"Trainer checkpoint-{end} differs: {', '.join(differing)}", False
 
 
-def _control_leg(reference: Path, control_dir: Path) -> Leg:
+def _control_leg(run: Runner, reference: Path, control_dir: Path, total: int) -> Leg:
+    bound = min(total, 3)
+    run.leg(
+        "control-data-seed",
+        Controls(run_dir=control_dir, perturb_data_seed=1, stop_after=bound if bound < total else None),
+    )
     leg = Leg("control-data-seed", str(control_dir), "DIVERGED")
     judge_data_order_control(leg, reference, prefix=True)  # the control stops once it parts
     return leg

@@ -150,17 +150,44 @@ def _verify(run: Runner, layout: VerifyLayout, command: str, resume_at: int | No
     require_status(reference, "completed", "reference")
     if resume_at is not None:
         _check_resume_at(reference, resume_at)
+    rerun_dir = layout.leg("rerun")
     legs = [
-        _judge("rerun", reference, run.leg("rerun", Controls(run_dir=layout.leg("rerun"))), "IDENTICAL"),
-        _data_seed_control(run, layout, reference),
+        failed_or(
+            "rerun",
+            rerun_dir,
+            "IDENTICAL",
+            lambda: _judge("rerun", reference, run.leg("rerun", Controls(run_dir=rerun_dir)), "IDENTICAL"),
+        ),
+        failed_or(
+            "control-data-seed",
+            layout.leg("control-data-seed"),
+            "DIVERGED",
+            lambda: _data_seed_control(run, layout, reference),
+        ),
     ]
     if resume_at is not None:
-        legs.append(_resume_leg(run, layout.leg("resume"), reference, resume_at))
+        legs.append(
+            failed_or(
+                "resume",
+                layout.leg("resume"),
+                "IDENTICAL",
+                lambda: _stop_and_resume(run, layout.leg("resume"), reference, resume_at),
+                evidence={"resumed_at": resume_at},
+            )
+        )
     run.timed(legs)
     verdict = outcome(legs)
     result = CommandVerification(verdict, str(layout.root), command, resume_at, legs)
     write_json_atomic(layout.verification, result.to_json())
     return result
+
+
+class LegTimedOut(RunFailedError):
+    """A leg ran past its time and was stopped."""
+
+
+class LegNotRun(RunFailedError):
+    """A leg not run, because an earlier one ran past its time."""
 
 
 #: A leg after the reference may take this many times the reference's wall time (at least
@@ -183,6 +210,8 @@ class Runner:
     timeout_why: str = ""
     walls: dict[Path, float] = field(default_factory=dict)
     """Each leg's processes' wall time by run directory (a stop and its resume add up)."""
+    timed_out: str | None = None
+    """The leg that ran past its time: the legs after it are not run (each would wait as long)."""
 
     def timed(self, legs: Sequence[Leg]) -> None:
         """Set each leg's wall time (its processes') and training time (from its record)."""
@@ -205,6 +234,12 @@ class Runner:
     def leg(self, name: str, controls: Controls, *, label: str | None = None) -> Path:
         """Run the command for one leg; return its run directory (absolute)."""
         assert controls.run_dir is not None
+        if self.timed_out is not None:
+            raise LegNotRun(
+                f"not run: the {self.timed_out} leg ran past its time",
+                source=str(self.log),
+                fix="see verify.log",
+            )
         run_dir = controls.run_dir.resolve()
         controls = replace(controls, run_dir=run_dir, output_dir=run_dir / TRAINER_OUTPUT)
         self.progress(f"verify: {label or name} ...")
@@ -231,7 +266,11 @@ class Runner:
                     source="--command",
                     fix='give a command that runs from this directory, e.g. --command "python train.py"',
                 ) from None
-            code = _wait(process, self.timeout_s, name, self._timeout_text())
+            try:
+                code = _wait(process, self.timeout_s, name, self._timeout_text())
+            except LegTimedOut:
+                self.timed_out = name
+                raise
         wall = time.perf_counter() - started
         self.walls[run_dir] = self.walls.get(run_dir, 0.0) + wall
         if self.timeout_s is None and name == "reference":
@@ -264,7 +303,7 @@ def _wait(process: subprocess.Popen[bytes], timeout_s: float | None, name: str, 
         return process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         _stop(process)
-        raise RunFailedError(
+        raise LegTimedOut(
             f"the {name} leg did not finish within {timeout_s:.0f} s{why}",
             source="--command",
             fix="see verify.log; the callback applies verify's stop and controls on every rank, so check "
@@ -350,17 +389,23 @@ def _check_resume_at(reference: Path, step: int) -> None:
         )
 
 
-def _resume_leg(run: Runner, run_dir: Path, reference: Path, step: int) -> Leg:
-    """Stop after ``step``, resume from the Trainer's checkpoint, and compare with the reference.
-
-    A resume that crashes is a failed leg with the reason, not a verification without a verdict.
-    """
+def failed_or(
+    name: str,
+    run_dir: Path,
+    expected: Expected,
+    leg: Callable[[], Leg],
+    *,
+    evidence: dict[str, Any] | None = None,
+) -> Leg:
+    """``leg()``, or, when its command failed or ran past its time after the reference's had
+    succeeded, a failed leg that says why (a leg after a timeout is not run: ``n/a``): the
+    verification still gets its verdict, and ``verification.json`` its evidence."""
     try:
-        return _stop_and_resume(run, run_dir, reference, step)
+        return leg()
+    except LegNotRun as exc:
+        return Leg(name, str(run_dir), expected, None, None, dict(evidence or {}), note=exc.message)
     except RunFailedError as exc:
-        return Leg(
-            "resume", str(run_dir), "IDENTICAL", "FAILED", False, {"resumed_at": step}, note=exc.message
-        )
+        return Leg(name, str(run_dir), expected, "FAILED", False, dict(evidence or {}), note=exc.message)
 
 
 def _stop_and_resume(run: Runner, run_dir: Path, reference: Path, step: int) -> Leg:
