@@ -2,7 +2,7 @@
 interpreters, in the processes the zygote forked.
 
 ``reprotune verify`` starts each leg as ``python -m reprotune ...`` (``reprotune._proof.processes``),
-and ``verify --command`` runs the user's command (``_proof.verify_command``); in a fresh interpreter
+and ``verify --command`` runs the user's command (``_proof.command_legs``); in a fresh interpreter
 that is some 4 s of imports per leg, most of a tiny verify's time. In a process forked from the
 zygote (``TESTS_WARM_ZYGOTE`` names the zygote's socket: a name no record keeps, unlike
 ``REPROTUNE_*``), this module gives both a
@@ -165,10 +165,10 @@ def install_from_env() -> None:
     if _installed or not os.environ.get(ENV):
         return
     _installed = True
-    from reprotune._proof import processes, verify_command
+    from reprotune._proof import command_legs, processes
 
     processes.subprocess = _Subprocess()  # type: ignore[assignment]
-    verify_command.subprocess = _Subprocess()  # type: ignore[assignment]
+    command_legs.subprocess = _Subprocess()  # type: ignore[assignment]
     if _HANDLER in sys.modules:  # a launcher zygote's child (tests/warm.py): torchrun is loaded
         _fork_torchrun_ranks()
 

@@ -464,3 +464,43 @@ def test_a_data_seed_control_parted_before_its_batches_is_inconclusive(
         assert leg.passed is None
         assert leg.note is not None
         assert "parted at step 0 (the initial weights), before its batches" in leg.note
+
+
+def test_an_output_dir_holding_another_runs_checkpoints_is_a_finding(model_dir: Path, tmp_path: Path) -> None:
+    """Run B saving into the output_dir where run A saved its checkpoints (B's saves at the same
+    steps overwrite A's, after which A cannot resume from them): warned and recorded at train
+    begin, naming A's checkpoints. A resuming from its own checkpoint there gets no such finding,
+    also with resume_from_checkpoint=True (the last checkpoint, as the Trainer takes it)."""
+    out = tmp_path / "out"
+
+    def trainer(name: str) -> Any:
+        make = lambda: ReprotuneCallback(tmp_path / name, code_dir=tmp_path)  # noqa: E731
+        return tiny_trainer(
+            model_dir, tiny_rows(40, seed=1), out, make, max_steps=2, save_strategy="steps", save_steps=1
+        )
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ReproducibilityWarning)
+        trainer("a").train()
+    run_a = load_record(tmp_path / "a")["run_id"]
+    assert "output-dir-shared" not in [f["code"] for f in load_record(tmp_path / "a")["findings"]]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer("b").train()
+    shared = [f for f in load_record(tmp_path / "b")["findings"] if f["code"] == "output-dir-shared"]
+    assert len(shared) == 1 and shared[0]["severity"] == "warning"
+    assert shared[0]["title"] == (
+        f"output_dir {out} holds checkpoints another run saved: "
+        f"checkpoint-1 (run {run_a}), checkpoint-2 (run {run_a})"
+    )
+    assert any("holds checkpoints another run saved" in str(w.message) for w in caught)
+
+    from reprotune.integrations._ranks import foreign_checkpoints
+
+    # Now B's markers are in both: B resuming from its own last checkpoint sees nothing foreign.
+    assert foreign_checkpoints(str(out), "True") == ()
+    assert foreign_checkpoints(str(out), str(out / "checkpoint-1")) == ()
+    assert foreign_checkpoints(str(out), None) == tuple(
+        f"checkpoint-{n} (run {load_record(tmp_path / 'b')['run_id']})" for n in (1, 2)
+    )
+    assert foreign_checkpoints(str(tmp_path / "nowhere"), None) == ()

@@ -77,6 +77,8 @@ def test_an_exact_resume_records_every_piece_restored(
     attempt = load_record(project.root / "cut")["attempts"][-1]
     assert attempt["rng_restored"] is True and [r["missing"] for r in attempt["ranks"]] == [[]]
     assert not {"rng_missing", "rng_changed", "state_missing"} & attempt.keys()
+    # the last step done, counted from the run's start, as `reprotune run` records it (it said 3)
+    assert load_record(project.root / "cut")["timings"]["steps_done"] == 6
     assert compare_runs(project.root / "whole", project.root / "cut").verdict.value == "IDENTICAL"
 
 
@@ -143,16 +145,19 @@ def test_resuming_a_completed_run_is_refused_and_leaves_its_record_as_it_was(tmp
 
     assert str(refused.value) == (
         f"{paths.record}: the run in {run_dir} is already complete; nothing to resume\n"
-        "fix: resume into the run that stopped, or start a new run directory"
+        "fix: resume from its checkpoint into a new run_dir (a branch of this run, its history copied), "
+        "or run the script again into a new run directory"
     )
     assert {path: path.read_bytes() for path in before} == before
 
 
-def test_resuming_from_another_runs_checkpoint_is_refused(
+def test_resuming_from_another_runs_checkpoint_is_refused_and_into_a_new_directory_branches(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Run B, stopped at step 4, resumed from the step-4 checkpoint of run A, another run (A's
-    weights, optimizer and RNG): refused, naming both runs; B's record and ledger stay as they were."""
+    weights, optimizer and RNG): refused, naming both runs; B's record and ledger stay as they were.
+    The same checkpoint resumed into a new directory branches from A (before, that was refused
+    too, pointing to A's directory, where a completed run was refused in its turn)."""
     from trainer_scripts import tiny_trainer
 
     from reprotune._errors import InputError
@@ -193,11 +198,29 @@ def test_resuming_from_another_runs_checkpoint_is_refused(
     assert f"not by run {run_b} ({tmp_path / 'b'}), which resumes from it" in message
     assert {path: path.read_bytes() for path in before} == before
 
-    with pytest.raises(InputError) as refused:  # into a directory that holds no run: name the run's
-        trainer("c", seed=2).train(resume_from_checkpoint=str(foreign))
-    assert f"fix: resume with the run_dir (or REPROTUNE_RUN_DIR) of {(tmp_path / 'a').resolve()}" in str(
+    # Into a new directory: a branch of run A (completed, so its own directory cannot resume). Its
+    # history through step 4 is copied under a new run id; it finishes IDENTICAL to A, which is
+    # left as it was.
+    a_files = {path: path.read_bytes() for path in (tmp_path / "a").rglob("*") if path.is_file()}
+    trainer("c", seed=2).train(resume_from_checkpoint=str(foreign))
+    record = load_record(tmp_path / "c")
+    assert record["status"] == "completed" and record["run_id"] != run_a
+    assert record["attempts"][-1]["branched_from"] == {
+        "run_id": run_a,
+        "run_dir": str((tmp_path / "a").resolve()),
+        "status": "completed",
+    }
+    assert record["attempts"][-1]["from_step"] == 4 and record["attempts"][-1]["rng_restored"] is True
+    assert compare_runs(tmp_path / "a", tmp_path / "c").verdict.value == "IDENTICAL"
+    assert {path: path.read_bytes() for path in a_files} == a_files
+
+    (tmp_path / "a").rename(tmp_path / "a-moved")  # the run that saved it is gone: name where it was
+    with pytest.raises(InputError) as refused:
+        trainer("d", seed=2).train(resume_from_checkpoint=str(foreign))
+    assert f"the run that saved the checkpoint is not found at {(tmp_path / 'a').resolve()}" in str(
         refused.value
     )
+    assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir())
 
 
 def test_reprotune_resume_of_a_trainer_made_run_says_to_resume_the_script(

@@ -284,7 +284,7 @@ def test_a_leg_past_its_time_fails_the_verification_and_the_rest_are_not_run(
     still ends with a verdict, FAIL, and writes verification.json; the rerun leg is FAILED saying
     it ran past its time, and the legs after it are not run (n/a), each of which would have
     waited as long. Before, verify raised with no verification.json."""
-    from reprotune._proof import verify_command as vc
+    from reprotune._proof import command_legs, verify_command
     from rundirs import RunSpec, write_run_dir
 
     made = write_run_dir(tmp_path / "made", RunSpec())
@@ -297,10 +297,12 @@ def test_a_leg_past_its_time_fails_the_verification_and_the_rest_are_not_run(
         "else:\n"
         "    time.sleep(600)\n"
     )
-    monkeypatch.setattr(vc, "MIN_LEG_TIMEOUT_S", 1.0)
-    monkeypatch.setattr(vc, "LEG_TIMEOUT_FACTOR", 0.0)
+    monkeypatch.setattr(command_legs, "MIN_LEG_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(command_legs, "LEG_TIMEOUT_FACTOR", 0.0)
     command = shlex.join([sys.executable, str(script), str(made)])
-    result = vc.verify_command(command, tmp_path / "ver", resume_at=3, cwd=tmp_path, progress=lambda _: None)
+    result = verify_command.verify_command(
+        command, tmp_path / "ver", resume_at=3, cwd=tmp_path, progress=lambda _: None
+    )
     assert result.verdict == "FAIL"
     report = json.loads((tmp_path / "ver" / "verification.json").read_text(encoding="utf-8"))
     legs = {leg["name"]: leg for leg in report["legs"]}

@@ -12,6 +12,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import psutil
 import pytest
 from trainer_scripts import OFFLINE_ENV, ScriptProject
 
-from reprotune._proof import verify_command
+from reprotune._proof import command_legs
 from warm import run_module, run_reprotune
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -76,17 +77,40 @@ def test_a_leg_that_cannot_finish_is_stopped_within_the_bound(tmp_path: Path) ->
     script = tmp_path / "sleepy.py"
     script.write_text("import time\ntime.sleep(600)\n")
     command = ["sh", "-c", f"{sys.executable} {script}; true"]
-    runner = verify_command.Runner(command, tmp_path / "log", tmp_path, print, 1.0)
+    runner = command_legs.Runner(command, tmp_path / "log", tmp_path, print, 1.0)
     from reprotune._errors import RunFailedError
     from reprotune.integrations.controls import Controls
 
     with pytest.raises(RunFailedError) as caught:
         runner.leg("rerun", Controls(run_dir=tmp_path / "rerun"))
     assert "the rerun leg did not finish within 1 s: stopped; the script hung" in caught.value.message
-    torchrun = verify_command.Runner(
+    torchrun = command_legs.Runner(
         ["torchrun", "--nproc_per_node", "2", "t.py"], tmp_path / "l", tmp_path, print
     )
     assert "a rank waiting for another that stopped" in torchrun._timeout_text()
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
+    assert left == []
+
+
+def test_a_leg_whose_child_ignores_sigterm_is_killed_after_the_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leg past its bound whose script ignores SIGTERM (started under `sh -c`, so a grandchild
+    of verify): after the grace (here 1 s, for the test) the whole group gets SIGKILL; the leg
+    fails saying it did not finish, and no process of it is left."""
+    script = tmp_path / "stubborn.py"
+    script.write_text("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)\n")
+    monkeypatch.setattr(command_legs, "STOP_GRACE_S", 1.0)
+    command = ["sh", "-c", f"{sys.executable} {script}; true"]
+    runner = command_legs.Runner(command, tmp_path / "log", tmp_path, print, 2.0)
+    from reprotune._errors import RunFailedError
+    from reprotune.integrations.controls import Controls
+
+    started = time.monotonic()
+    with pytest.raises(RunFailedError) as caught:
+        runner.leg("rerun", Controls(run_dir=tmp_path / "rerun"))
+    assert "the rerun leg did not finish within 2 s" in caught.value.message
+    assert time.monotonic() - started < 20  # the 1 s grace (the default is 30 s)
     left = [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
     assert left == []
 

@@ -23,16 +23,10 @@ from pathlib import Path
 
 from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file, write_json_atomic
+from reprotune._proof.command_legs import TRAINER_OUTPUT, Runner
 from reprotune._proof.intervals import Interval, adapter_state, coverage, judge_interval, plan_intervals
 from reprotune._proof.verification import Leg, judge_data_order_control, outcome
-from reprotune._proof.verify_command import (
-    TRAINER_OUTPUT,
-    CommandVerification,
-    Runner,
-    failed_or,
-    parse_command,
-    require_status,
-)
+from reprotune._proof.verify_command import CommandVerification, failed_or, parse_command, require_status
 from reprotune._run.layout import LOCK, RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
 from reprotune._run.record import load_record

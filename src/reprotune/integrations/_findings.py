@@ -30,6 +30,7 @@ FINDING_CODES: tuple[str, ...] = (
     "data-unhashed",
     "rows-unrecorded",
     "distributed-rank0-only",
+    "output-dir-shared",
 )
 
 
@@ -79,6 +80,8 @@ class TrainerFacts:
         rows_recorded: the dataset indices of each batch are recorded (a map-style dataset).
         model_hashed: the base model's weight files were found and hashed.
         data_hashed: the train rows' content was hashed.
+        foreign_checkpoints: checkpoints in ``args.output_dir`` that another run saved
+            (:func:`~reprotune.integrations._ranks.foreign_checkpoints`).
     """
 
     args: Any
@@ -94,6 +97,7 @@ class TrainerFacts:
     rows_recorded: bool = True
     model_hashed: bool = True
     data_hashed: bool = True
+    foreign_checkpoints: tuple[str, ...] = ()
 
 
 def _finding(code: str, severity: Severity, title: str, why: str, fix: str) -> dict[str, str]:
@@ -235,6 +239,19 @@ _LATER_RULES: tuple[_Rule, ...] = (
         "the ledger holds rank 0's loss and rows; other ranks' rows are not recorded (their host, "
         "device, checkpoint RNG hashes and what each restores on resume are)",
         "use `reprotune run` under torchrun for a record of every rank",
+    ),
+    _Rule(
+        lambda f: bool(f.foreign_checkpoints),
+        "output-dir-shared",
+        "warning",
+        lambda f: (
+            f"output_dir {f.args.output_dir} holds checkpoints another run saved: "
+            + ", ".join(f.foreign_checkpoints[:3])
+            + (f" and {len(f.foreign_checkpoints) - 3} more" if len(f.foreign_checkpoints) > 3 else "")
+        ),
+        "this run's saves at the same steps overwrite them, and save_total_limit may delete them: that "
+        "run can then no longer resume from them",
+        "give each run its own output_dir",
     ),
 )
 

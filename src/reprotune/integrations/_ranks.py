@@ -129,6 +129,32 @@ def checkpoint_marker(checkpoint: str | None) -> Mapping[str, Any]:
     return data if isinstance(data, Mapping) else {}
 
 
+def foreign_checkpoints(output_dir: str | None, resuming: str | None) -> tuple[str, ...]:
+    """The Trainer checkpoints in ``output_dir`` another run saved, as ``checkpoint-N (run ID)``:
+    those whose marker names another run than the checkpoint resumed from (``resuming``; "True":
+    the last one there, as the Trainer takes it), or any, for a new run. This run's saves at
+    those steps overwrite them."""
+    root = Path(output_dir) if output_dir else None
+    if root is None or not root.is_dir():
+        return ()
+    marked = {
+        p: checkpoint_marker(str(p)) for p in root.glob("checkpoint-*") if (p / CHECKPOINT_MARKER).is_file()
+    }
+    if resuming == "True":
+        steps = {
+            int(p.name.split("-")[-1]): p
+            for p in root.glob("checkpoint-*")
+            if p.name.split("-")[-1].isdigit()
+        }
+        resuming = str(steps[max(steps)]) if steps else None
+    own = checkpoint_marker(resuming).get("run_id") if resuming else None
+    return tuple(
+        f"{p.name} (run {m.get('run_id')})"
+        for p, m in sorted(marked.items())
+        if m.get("run_id") not in (None, own)
+    )
+
+
 def saved_ranks(checkpoint: str | None) -> dict[int, Mapping[str, Any]]:
     """The ranks' facts the callback wrote into ``checkpoint``'s marker when it was saved, by rank
     (empty for a checkpoint saved before they were recorded, or not marked)."""

@@ -24,7 +24,7 @@ from reprotune._documents import read_json_file
 from reprotune._errors import InputError
 from reprotune._jsonio import publishing_dir, sha256_file, write_bytes_atomic, write_json_atomic
 from reprotune._model.lora import save_adapter, trainable_tensors
-from reprotune._run.drift import environment_drift, refuse_code_drift, refuse_completed
+from reprotune._run.drift import environment_drift
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import Entry, LedgerWriter, read_ledger, truncate_ledger
 from reprotune._run.live_record import LiveRecord
@@ -37,9 +37,14 @@ from reprotune._trackers.mlflow_link import MlflowRunLink
 from reprotune._trackers.wandb import WandbTracker
 from reprotune._train.writer import RunWriter, report
 from reprotune.integrations._ranks import CHECKPOINT_MARKER, checkpoint_marker, resume_problems, rng_changed
-
-#: How the callback's run directory is named in messages (it is no command-line option).
-OPTION = "ReprotuneCallback run_dir"
+from reprotune.integrations._resumable import (
+    OPTION,
+    branch,
+    branch_source,
+    check_own_checkpoint,
+    check_resumable,
+    refuse_unclaimable,
+)
 
 
 class TrainerRun(RunWriter):
@@ -52,6 +57,7 @@ class TrainerRun(RunWriter):
         self._lock = lock
         self.ledger = LedgerWriter(paths.ledger)
         self._step_times: list[float] = []
+        self._last_step = 0  # the last step done (a resume's from_step until it trains one)
         self._recording_s = 0.0
         self.finished = False
 
@@ -75,14 +81,7 @@ class TrainerRun(RunWriter):
             InputError: ``run_dir`` is a file, holds files, or another process writes it.
         """
         refuse_inside_run(run_dir, option=OPTION)
-        if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-            what = "is not a directory" if not run_dir.is_dir() else "is not empty"
-            raise InputError(
-                f"the run directory {run_dir} {what}; a Trainer-made run needs a new one",
-                source=str(run_dir),
-                fix="pass another run_dir to ReprotuneCallback (or leave it out for a fresh runs/<id>); "
-                "to continue a stopped run, resume the Trainer from its checkpoint",
-            )
+        refuse_unclaimable(run_dir)
         live = LiveRecord(record)  # checked before the directory is claimed
         lock = lock_run_dir(run_dir, report=report, option=OPTION)
         paths = RunLayout(run_dir)
@@ -127,21 +126,17 @@ class TrainerRun(RunWriter):
         """
         paths = RunLayout(run_dir)
         marker = checkpoint_marker(checkpoint)
-        saved_in = marker.get("run_dir") or "the run that wrote this checkpoint"
-        fix = f"resume with the run_dir (or REPROTUNE_RUN_DIR) of {saved_in}"
-        if not paths.is_run_dir():
-            raise InputError(
-                f"the Trainer resumes from step {from_step} but {run_dir} holds no run record",
-                source=str(run_dir),
-                fix=fix,
-            )
+        source = branch_source(paths, marker, from_step, config_sha256, code)
+        attempt: dict[str, Any] = {"from_step": from_step, "from_checkpoint": checkpoint}
         writer: TrainerRun | None = None
         lock = lock_run_dir(run_dir, report=report, option=OPTION)
         try:
+            if source is not None:
+                attempt["branched_from"] = branch(source, paths, config_sha256)
             record = LiveRecord.load(paths.record)
-            _check_resumable(paths, record, config_sha256, code)
-            _check_own_checkpoint(paths, record["run_id"], checkpoint, marker)
-            attempt: dict[str, Any] = {"from_step": from_step, "from_checkpoint": checkpoint}
+            check_resumable(paths, record, config_sha256, code)
+            if source is None:
+                check_own_checkpoint(paths, record["run_id"], checkpoint, marker)
             attempt.update(_restored(ranks, checkpoint))
             attempt["environment_drift"] = environment_drift(
                 record.get("environment") or {}, environment, report
@@ -161,6 +156,7 @@ class TrainerRun(RunWriter):
                     f"{from_step}: the checkpoint is not the one this run saved"
                 )
             writer = cls(paths, record, lock, trackers)  # its ledger opens on the cut ledger
+            writer._last_step = from_step
             writer.record.begin_attempt(resumed=True, **attempt)
             writer.write_record()
         except BaseException:
@@ -180,6 +176,7 @@ class TrainerRun(RunWriter):
         self.ledger.write(line)
         self.trackers.log_metrics(step, metrics)
         self._step_times.append(step_time_s)
+        self._last_step = step
         self._recording_s += time.perf_counter() - since
 
     def validation(self, line: Entry, step: int, loss: float) -> None:
@@ -212,7 +209,8 @@ class TrainerRun(RunWriter):
 
     def _timings(self) -> dict[str, Any]:
         times = self._step_times
-        return attempt_timings(self.started, times, len(times), self._recording_s, save_times=None)
+        # steps_done is the last step done, as `reprotune run` records it (a resume's count from 1)
+        return attempt_timings(self.started, times, self._last_step, self._recording_s, save_times=None)
 
 
 def _restored(ranks: Sequence[Mapping[str, Any]], checkpoint: str | None) -> dict[str, Any]:
@@ -236,38 +234,6 @@ def _restored(ranks: Sequence[Mapping[str, Any]], checkpoint: str | None) -> dic
         if value:
             restored[key] = value
     return restored
-
-
-def _check_resumable(
-    paths: RunLayout, record: Mapping[str, Any], config_sha256: str, code: Mapping[str, Any]
-) -> None:
-    refuse_completed(
-        record.get("status"), paths.root, fix="resume into the run that stopped, or start a new run directory"
-    )
-    if record.get("config_sha256") != config_sha256:
-        raise InputError(
-            "the Trainer's settings, model or LoRA config differ from the run's (config_sha256 "
-            f"{str(record.get('config_sha256'))[:12]} recorded, {config_sha256[:12]} now)",
-            source=str(paths.record),
-            fix="resume with the same script and arguments as the run that wrote the checkpoint",
-        )
-    refuse_code_drift(record.get("code") or {}, code, paths.root, what="resuming", override=None)
-
-
-def _check_own_checkpoint(
-    paths: RunLayout, run_id: str, checkpoint: str | None, marker: Mapping[str, Any]
-) -> None:
-    """Refuse a checkpoint whose marker names another run: its weights, optimizer and RNG are that
-    run's, so the resumed run would silently be a splice of two runs."""
-    # By run id, not directory: a copy of the run (moved, or verify --spot's replays) is the run.
-    if marker.get("run_id") not in (None, run_id):
-        raise InputError(
-            f"the checkpoint {checkpoint} was saved by run {marker['run_id']} ({marker.get('run_dir')}), "
-            f"not by run {run_id} ({paths.root}), which resumes from it",
-            source=f"{checkpoint}/{CHECKPOINT_MARKER}",
-            fix=f"resume from a checkpoint of run {run_id}, or resume run {marker['run_id']} with "
-            f"run_dir={marker.get('run_dir')}",
-        )
 
 
 def _save_trainable(model: Any, directory: Path) -> dict[str, str]:

@@ -34,12 +34,7 @@ from reprotune._errors import InputError, Interrupted
 from reprotune._model.lora import WeightsHasher, trainable_tensors
 from reprotune._run import layout
 from reprotune._run.claim import unused_path
-from reprotune._run.fingerprint import (
-    CodeInfo,
-    attention_of,
-    code_fingerprint,
-    environment_fingerprint,
-)
+from reprotune._run.fingerprint import CodeInfo, attention_of, code_fingerprint, environment_fingerprint
 from reprotune._run.ledger import train_line, val_line
 from reprotune._run.record import Status, make_run_id, new_record, utc_now
 from reprotune._run.signals import interrupt_on_signals, raise_if_interrupted, recording_the_end
@@ -124,7 +119,7 @@ class ReprotuneCallback(TrainerCallback):
         self._mlflow = mlflow
         self._run_dir = Path(run_dir) if run_dir is not None else None
         self._manifest = (
-            load_manifest(Path(manifest)) if isinstance(manifest, (str, os.PathLike)) else manifest
+            load_manifest(Path(manifest)) if isinstance(manifest, str | os.PathLike) else manifest
         )
         if wandb:
             import_wandb("ReprotuneCallback(wandb=True)")
@@ -370,6 +365,7 @@ class ReprotuneCallback(TrainerCallback):
             rows_recorded=self._probe.records_rows,
             model_hashed=model_info.get("weights_sha256") is not None,
             data_hashed=data is None or data.get("train_rows_sha256") is not None,
+            foreign_checkpoints=ranks_of.foreign_checkpoints(args.output_dir, self._checkpoint),
         )
         findings = trainer_findings(facts)
         if not self._warned:

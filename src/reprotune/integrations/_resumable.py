@@ -1,0 +1,130 @@
+"""Whether a Trainer-made run may start or resume where it is asked to: a new run directory, a
+resume of the run that saved the checkpoint, or a branch (a resume into a new run directory from
+another run's checkpoint, its history copied). Each refusal names the directory and the fix."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from reprotune._errors import InputError
+from reprotune._jsonio import write_json_atomic
+from reprotune._run import layout
+from reprotune._run.drift import refuse_code_drift, refuse_completed
+from reprotune._run.layout import RunLayout
+from reprotune._run.outputs import refuse_inside_run
+from reprotune._run.record import load_record, make_run_id
+from reprotune._train.writer import report
+from reprotune.integrations._ranks import CHECKPOINT_MARKER
+
+#: How the callback's run directory is named in messages (it is no command-line option).
+OPTION = "ReprotuneCallback run_dir"
+
+
+def refuse_unclaimable(run_dir: Path) -> None:
+    """Refuse a run directory that is a file or holds files: a new run, or a branch, needs an
+    empty one."""
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        what = "is not a directory" if not run_dir.is_dir() else "is not empty"
+        raise InputError(
+            f"the run directory {run_dir} {what}; a Trainer-made run needs a new one",
+            source=str(run_dir),
+            fix="pass another run_dir to ReprotuneCallback (or leave it out for a fresh runs/<id>); "
+            "to continue a stopped run, resume the Trainer from its checkpoint",
+        )
+
+
+#: What a branch takes from the run it starts from (the ledger is then cut back to the
+#: checkpoint's step); never the adapter, checkpoints or trackers' files of that run.
+_BRANCHED_FILES = (layout.RECORD, layout.CONFIG, layout.MANIFEST, layout.LEDGER, layout.PATCH)
+
+
+def branch_source(
+    paths: RunLayout, marker: Mapping[str, Any], from_step: int, config_sha256: str, code: Mapping[str, Any]
+) -> Path | None:
+    """The run a resume into ``paths`` branches from: None when ``paths`` holds the run (a plain
+    resume), else the run that saved the checkpoint, checked before anything is copied.
+
+    Raises:
+        InputError: ``paths`` holds no run and the run that saved the checkpoint is not found; or
+            the branch is refused (a directory that is not new, other settings or code).
+    """
+    if paths.is_run_dir():
+        return None
+    source = Path(marker["run_dir"]) if isinstance(marker.get("run_dir"), str) else None
+    if source is None or not RunLayout(source).is_run_dir():
+        saved_in = marker.get("run_dir") or "the run that wrote this checkpoint"
+        raise InputError(
+            f"the Trainer resumes from step {from_step} but {paths.root} holds no run record, and "
+            f"the run that saved the checkpoint is not found at {saved_in}",
+            source=str(paths.root),
+            fix=f"resume with the run_dir (or REPROTUNE_RUN_DIR) of {saved_in}, or put that run "
+            "directory back where it was",
+        )
+    refuse_inside_run(paths.root, option=OPTION)
+    refuse_unclaimable(paths.root)
+    check_resumable(RunLayout(source), load_record(source), config_sha256, code, branching=True)
+    return source
+
+
+def branch(source: Path, paths: RunLayout, config_sha256: str) -> dict[str, Any]:
+    """Start ``paths`` as a branch of the run in ``source``: a resume from one of that run's
+    checkpoints into a new run directory (a completed run's, whose own directory cannot resume).
+    Its history (record, config, split manifest, ledger, patch) is copied, under a new run id,
+    as a run stopped there; returns what the attempt records of the run it branched from."""
+    theirs = load_record(RunLayout(source).record)
+    for name in _BRANCHED_FILES:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, paths.root / name)
+    record = load_record(paths.record)
+    record["run_id"] = make_run_id(config_sha256)
+    record["status"] = "stopped"
+    record.pop("outputs", None)
+    write_json_atomic(paths.record, record)
+    report(f"reprotune: run {record['run_id']} branches from run {theirs['run_id']} ({source})")
+    return {"run_id": theirs["run_id"], "run_dir": str(source), "status": theirs.get("status")}
+
+
+def check_resumable(
+    paths: RunLayout,
+    record: Mapping[str, Any],
+    config_sha256: str,
+    code: Mapping[str, Any],
+    *,
+    branching: bool = False,
+) -> None:
+    """Refuse to resume the run in ``paths`` when it completed (unless ``branching`` from it), or
+    with other settings or code than the run's."""
+    if not branching:
+        refuse_completed(
+            record.get("status"),
+            paths.root,
+            fix="resume from its checkpoint into a new run_dir (a branch of this run, its history "
+            "copied), or run the script again into a new run directory",
+        )
+    if record.get("config_sha256") != config_sha256:
+        raise InputError(
+            "the Trainer's settings, model or LoRA config differ from the run's (config_sha256 "
+            f"{str(record.get('config_sha256'))[:12]} recorded, {config_sha256[:12]} now)",
+            source=str(paths.record),
+            fix="resume with the same script and arguments as the run that wrote the checkpoint",
+        )
+    refuse_code_drift(record.get("code") or {}, code, paths.root, what="resuming", override=None)
+
+
+def check_own_checkpoint(
+    paths: RunLayout, run_id: str, checkpoint: str | None, marker: Mapping[str, Any]
+) -> None:
+    """Refuse a checkpoint whose marker names another run: its weights, optimizer and RNG are that
+    run's, so the resumed run would silently be a splice of two runs."""
+    # By run id, not directory: a copy of the run (moved, or verify --spot's replays) is the run.
+    if marker.get("run_id") not in (None, run_id):
+        raise InputError(
+            f"the checkpoint {checkpoint} was saved by run {marker['run_id']} ({marker.get('run_dir')}), "
+            f"not by run {run_id} ({paths.root}), which resumes from it",
+            source=f"{checkpoint}/{CHECKPOINT_MARKER}",
+            fix=f"resume from a checkpoint of run {run_id}, or resume run {marker['run_id']} with "
+            f"run_dir={marker.get('run_dir')}",
+        )
