@@ -221,6 +221,15 @@ def test_resuming_from_another_runs_checkpoint_is_refused_and_into_a_new_directo
         refused.value
     )
     assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir())
+    run_c = record["run_id"]
+    (tmp_path / "c").rename(tmp_path / "a")  # another run where A was: no history of A to copy
+    with pytest.raises(InputError) as refused:
+        trainer("e", seed=2).train(resume_from_checkpoint=str(foreign))
+    assert (
+        f"the checkpoint was saved by run {run_a}, but {(tmp_path / 'a').resolve()} now holds run {run_c}"
+        in str(refused.value)
+    )
+    assert not (tmp_path / "e").exists() or not any((tmp_path / "e").iterdir())
 
 
 def test_reprotune_resume_of_a_trainer_made_run_says_to_resume_the_script(

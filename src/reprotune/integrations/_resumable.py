@@ -63,9 +63,17 @@ def branch_source(
             fix=f"resume with the run_dir (or REPROTUNE_RUN_DIR) of {saved_in}, or put that run "
             "directory back where it was",
         )
+    theirs = load_record(source)
+    if marker.get("run_id") not in (None, theirs.get("run_id")):
+        raise InputError(
+            f"the checkpoint was saved by run {marker['run_id']}, but {source} now holds run "
+            f"{theirs.get('run_id')}: there is no history of the checkpoint's run to branch from",
+            source=str(source),
+            fix="resume into the run directory of the run that saved the checkpoint",
+        )
     refuse_inside_run(paths.root, option=OPTION)
     refuse_unclaimable(paths.root)
-    check_resumable(RunLayout(source), load_record(source), config_sha256, code, branching=True)
+    check_resumable(RunLayout(source), theirs, config_sha256, code, branching=True)
     return source
 
 
