@@ -45,9 +45,6 @@ def test_verify_command_passes_and_reports_the_resume_leg(
     project, done = verified
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "verify: PASS" in done.stdout
-    # The Trainer made the script's own output_dir (out/hf_trainer) before verify's took its
-    # place: removed again, not left empty in the project.
-    assert not (project.root / "out").exists()
     report = json.loads((project.root / "ver" / "verification.json").read_text(encoding="utf-8"))
     assert report["schema"] == "reprotune/command-verification" and report["verdict"] == "PASS"
     legs = {leg["name"]: leg for leg in report["legs"]}
@@ -318,29 +315,3 @@ def test_a_leg_past_its_time_fails_the_verification_and_the_rest_are_not_run(
     assert legs["resume"]["evidence"] == {"resumed_at": 3}
     shown = result.format()
     assert "[FAIL] rerun" in shown and "[n/a ] control-data-seed" in shown
-
-
-def test_only_an_empty_folder_made_after_the_callback_is_removed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """remove_made_empty: the empty output_dir (and its empty new parents, up to the working
-    directory) made after the callback goes; one that holds files, or was there a while before
-    the callback was made, stays."""
-    import time
-
-    from reprotune.integrations._probes import remove_made_empty
-
-    monkeypatch.chdir(tmp_path)
-    made = time.time_ns()
-    (tmp_path / "out" / "run").mkdir(parents=True)
-    remove_made_empty("out/run", made)
-    assert not (tmp_path / "out").exists()
-    (tmp_path / "full" / "run").mkdir(parents=True)
-    (tmp_path / "full" / "run" / "x").write_text("x")
-    remove_made_empty("full/run", made)
-    assert (tmp_path / "full" / "run" / "x").exists()
-    (tmp_path / "old").mkdir()
-    remove_made_empty("old", time.time_ns() + 5_000_000_000)  # a callback made 5 s after it
-    assert (tmp_path / "old").is_dir()
-    remove_made_empty(None, made)
-    remove_made_empty(str(tmp_path / "missing"), made)

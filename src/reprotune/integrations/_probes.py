@@ -27,7 +27,6 @@ import sys
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -89,24 +88,6 @@ def trainer_or_refuse(known: Any, *, steered: bool) -> Any:
             fix="pass it in Trainer(..., callbacks=[ReprotuneCallback()]) instead of add_callback",
         )
     return trainer
-
-
-def remove_made_empty(directory: str | None, since_ns: int) -> None:
-    """Remove ``directory``, and its parents up to the working directory, while each is empty and
-    was made after ``since_ns`` (less a second, for coarse file-system clocks): the Trainer makes
-    the script's own ``output_dir`` before verify's takes its place, which left an empty folder
-    in the user's project."""
-    if not directory:
-        return
-    path, here = Path(directory).absolute(), Path.cwd()
-    while path not in (here, path.parent):
-        try:
-            if path.stat().st_ctime_ns < since_ns - 1_000_000_000 or any(path.iterdir()):
-                return
-            path.rmdir()
-        except OSError:  # gone (another rank removed it), or not a directory to remove
-            return
-        path = path.parent
 
 
 def trainer_made_adapter(trainer: Any) -> bool:

@@ -56,7 +56,6 @@ from reprotune.integrations._probes import (
     find_trainer,
     install_probe,
     refuse_a_second,
-    remove_made_empty,
     steps_per_epoch,
     trainer_made_adapter,
     trainer_or_refuse,
@@ -130,7 +129,6 @@ class ReprotuneCallback(TrainerCallback):
         self._code_dir = Path(code_dir) if code_dir is not None else sections.script_dir()
         # torch's RNG now, before the Trainer re-seeds it: was the PEFT model built after the seed?
         self._seed_probe = probe_seed()
-        self._made_ns = time.time_ns()
         self._trainer: Any = None
         self._adapter_made_by_trainer = False
         self._checkpoint: str | None = None
@@ -152,7 +150,6 @@ class ReprotuneCallback(TrainerCallback):
         self._trainer = trainer
         self._adapter_made_by_trainer = trainer_made_adapter(trainer)
         if self._controls.output_dir is not None:
-            remove_made_empty(args.output_dir, self._made_ns)  # the script's own, made in vain
             args.output_dir = str(self._controls.output_dir)
         self._wrap_train(trainer)
 
