@@ -504,3 +504,6 @@ def test_an_output_dir_holding_another_runs_checkpoints_is_a_finding(model_dir: 
         f"checkpoint-{n} (run {load_record(tmp_path / 'b')['run_id']})" for n in (1, 2)
     )
     assert foreign_checkpoints(str(tmp_path / "nowhere"), None) == ()
+    # A branch (a resume into a new run directory) is a new run: every checkpoint there is another's.
+    assert len(foreign_checkpoints(str(out), str(out / "checkpoint-1"), tmp_path / "branch")) == 2
+    assert foreign_checkpoints(str(out), str(out / "checkpoint-1"), tmp_path / "b") == ()

@@ -231,6 +231,29 @@ def test_resuming_from_another_runs_checkpoint_is_refused_and_into_a_new_directo
     )
     assert not (tmp_path / "e").exists() or not any((tmp_path / "e").iterdir())
 
+    # A back where it was, its ledger cut back to step 3 (as when A was resumed from step 3 and its
+    # old checkpoint-4 stayed on disk): the branch is refused after its copy, and its directory is
+    # left as it was found, so that a retry starts afresh.
+    (tmp_path / "a").rename(tmp_path / "c")
+    (tmp_path / "a-moved").rename(tmp_path / "a")
+    from reprotune._run.ledger import truncate_ledger
+
+    truncate_ledger(tmp_path / "a" / "ledger.jsonl", keep_through_step=3)
+    with pytest.raises(InputError) as refused:
+        trainer("f", seed=2).train(resume_from_checkpoint=str(foreign))
+    assert "the ledger holds 3 steps, not the 4 of the checkpoint" in str(refused.value)
+    assert f"branch from a checkpoint of {(tmp_path / 'a').resolve()}'s last attempt" in str(refused.value)
+    assert not (tmp_path / "f").exists() or not any((tmp_path / "f").iterdir())
+
+    # B is stopped, not complete: it resumes in its own directory, not as a branch elsewhere.
+    with pytest.raises(InputError) as refused:
+        trainer("g", seed=1).train(resume_from_checkpoint=str(tmp_path / "out-b" / "checkpoint-4"))
+    assert f"resumes from step 4 of run {run_b} (stopped) but {tmp_path / 'g'} holds no run record" in str(
+        refused.value
+    )
+    assert f"fix: resume with the run_dir (or REPROTUNE_RUN_DIR) of {tmp_path / 'b'}" in str(refused.value)
+    assert not (tmp_path / "g").exists() or not any((tmp_path / "g").iterdir())
+
 
 def test_reprotune_resume_of_a_trainer_made_run_says_to_resume_the_script(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

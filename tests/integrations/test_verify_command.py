@@ -277,6 +277,20 @@ def test_mlflow_true_starts_the_run_when_the_trainer_reports_nowhere(tmp_path: P
         assert {"record.json", "ledger", "adapter"} <= listed
 
 
+def _reference_only_script(tmp_path: Path, otherwise: str) -> Path:
+    """A script whose reference leg copies the run directory given as its argument, and whose
+    other legs do ``otherwise`` (Python lines, indented once)."""
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import os, shutil, sys, time\n"
+        "target = os.environ['REPROTUNE_RUN_DIR']\n"
+        "if target.endswith('reference'):\n"
+        "    shutil.copytree(sys.argv[1], target)\n"
+        "else:\n" + otherwise
+    )
+    return script
+
+
 def test_a_leg_past_its_time_fails_the_verification_and_the_rest_are_not_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -288,15 +302,7 @@ def test_a_leg_past_its_time_fails_the_verification_and_the_rest_are_not_run(
     from rundirs import RunSpec, write_run_dir
 
     made = write_run_dir(tmp_path / "made", RunSpec())
-    script = tmp_path / "script.py"
-    script.write_text(
-        "import os, shutil, sys, time\n"
-        "target = os.environ['REPROTUNE_RUN_DIR']\n"
-        "if target.endswith('reference'):\n"
-        "    shutil.copytree(sys.argv[1], target)\n"
-        "else:\n"
-        "    time.sleep(600)\n"
-    )
+    script = _reference_only_script(tmp_path, "    time.sleep(600)\n")
     monkeypatch.setattr(command_legs, "MIN_LEG_TIMEOUT_S", 1.0)
     monkeypatch.setattr(command_legs, "LEG_TIMEOUT_FACTOR", 0.0)
     command = shlex.join([sys.executable, str(script), str(made)])
@@ -315,3 +321,31 @@ def test_a_leg_past_its_time_fails_the_verification_and_the_rest_are_not_run(
     assert legs["resume"]["evidence"] == {"resumed_at": 3}
     shown = result.format()
     assert "[FAIL] rerun" in shown and "[n/a ] control-data-seed" in shown
+
+
+def test_a_leg_whose_command_fails_after_the_reference_is_a_failed_leg(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reference finishes; every later leg's command exits 3: verify still ends with FAIL and
+    verification.json, each leg FAILED with the exit code and the script's last lines (the resume
+    leg at its first command), and the failed legs' run directories absolute as a run leg's are."""
+    from reprotune._proof import verify_command
+    from rundirs import RunSpec, write_run_dir
+
+    made = write_run_dir(tmp_path / "made", RunSpec())
+    script = _reference_only_script(
+        tmp_path, "    print('boom: out of memory', file=sys.stderr)\n    sys.exit(3)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    command = shlex.join([sys.executable, str(script), str(made)])
+    result = verify_command.verify_command(command, Path("ver"), resume_at=3, progress=lambda _: None)
+    assert result.verdict == "FAIL"
+    report = json.loads((tmp_path / "ver" / "verification.json").read_text(encoding="utf-8"))
+    legs = {leg["name"]: leg for leg in report["legs"]}
+    assert list(legs) == ["rerun", "control-data-seed", "resume"]
+    for name, leg in legs.items():
+        assert (leg["verdict"], leg["passed"]) == ("FAILED", False), leg
+        assert f"the {name} leg's command failed with exit code 3" in leg["note"]
+        assert "boom: out of memory" in leg["note"]
+        assert leg["run_dir"] == str(tmp_path / "ver" / name)
+    assert legs["resume"]["evidence"] == {"resumed_at": 3}

@@ -67,6 +67,15 @@ class Runner:
             if RunLayout(Path(leg.run_dir)).is_run_dir():  # an interval's replay trains from its start
                 leg.train_s = train_seconds(Path(leg.run_dir), since=int(leg.evidence.get("from", 0)))
 
+    def refuse_after_timeout(self) -> None:
+        """Raise :class:`LegNotRun` once a leg ran past its time: each after it would wait as long."""
+        if self.timed_out is not None:
+            raise LegNotRun(
+                f"not run: the {self.timed_out} leg ran past its time",
+                source=str(self.log),
+                fix="see verify.log",
+            )
+
     def _timeout_text(self) -> str:
         """Why a leg past the timeout is stopped, and what usually holds it, for this command."""
         under_torchrun = any("torchrun" in part or "torch.distributed.run" in part for part in self.argv)
@@ -81,12 +90,7 @@ class Runner:
     def leg(self, name: str, controls: Controls, *, label: str | None = None) -> Path:
         """Run the command for one leg; return its run directory (absolute)."""
         assert controls.run_dir is not None
-        if self.timed_out is not None:
-            raise LegNotRun(
-                f"not run: the {self.timed_out} leg ran past its time",
-                source=str(self.log),
-                fix="see verify.log",
-            )
+        self.refuse_after_timeout()
         run_dir = controls.run_dir.resolve()
         controls = replace(controls, run_dir=run_dir, output_dir=run_dir / TRAINER_OUTPUT)
         self.progress(f"verify: {label or name} ...")
@@ -118,8 +122,9 @@ class Runner:
             except LegTimedOut:
                 self.timed_out = name
                 raise
-        wall = time.perf_counter() - started
-        self.walls[run_dir] = self.walls.get(run_dir, 0.0) + wall
+            finally:  # a leg stopped past its time cost its time too
+                wall = time.perf_counter() - started
+                self.walls[run_dir] = self.walls.get(run_dir, 0.0) + wall
         if self.timeout_s is None and name == "reference":
             self.timeout_s = max(MIN_LEG_TIMEOUT_S, LEG_TIMEOUT_FACTOR * wall)
             times = f"{LEG_TIMEOUT_FACTOR:g}x the reference's {wall:.0f} s"

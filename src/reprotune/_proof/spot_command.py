@@ -97,6 +97,7 @@ def spot_verify_command(
             i.leg_dir(out_dir),
             "IDENTICAL",
             functools.partial(_interval_leg, run, out_dir, reference, checkpoints, i, total),
+            evidence={"from": i.start, "to": i.end, "steps": i.steps},
         )
         for i in intervals
     ]
@@ -125,6 +126,7 @@ def _interval_leg(
     if interval.start == 0:
         run.leg(name, Controls(run_dir=leg_dir, stop_after=stop))
     else:
+        run.refuse_after_timeout()  # before copying the reference for a leg that will not run
         checkpoint = _prepare_resume(reference, checkpoints[interval.start], leg_dir)
         run.leg(name, Controls(run_dir=leg_dir, resume_from=checkpoint, stop_after=stop))
     origin = "the initial state" if interval.start == 0 else f"Trainer checkpoint-{interval.start}"

@@ -131,8 +131,8 @@ def judge_data_order_control(leg: Leg, reference: Path, *, prefix: bool = False)
         leg.note = (
             f"inconclusive, not counted: it parted at {parted}, before its batches differed "
             f"({'never' if batch is None else f'step {batch}'}), so the data order did not part it; "
-            "something that differs from run to run did (the rerun leg shows it)"
-            + (f"; {leg.note}" if leg.note else "")
+            "something that differs from run to run did (`reprotune compare` of the reference and "
+            "this leg says what)" + (f"; {leg.note}" if leg.note else "")
         )
     return cmp
 

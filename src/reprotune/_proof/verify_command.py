@@ -115,7 +115,8 @@ def verify_command(
     Raises:
         InputError: a bad command, ``resume_at`` or ``out_dir``; a resume step at or after the
             run's last step; a command that wrote no run directory (its Trainer has no callback).
-        RunFailedError: the command failed.
+        RunFailedError: the reference leg's command failed (a later leg's failure, or its
+            timeout, is a FAILED leg of the verification).
     """
     argv = parse_command(command)
     if resume_at is not None and (isinstance(resume_at, bool) or resume_at < 1):
@@ -225,12 +226,13 @@ def failed_or(
     """``leg()``, or, when its command failed or ran past its time after the reference's had
     succeeded, a failed leg that says why (a leg after a timeout is not run: ``n/a``): the
     verification still gets its verdict, and ``verification.json`` its evidence."""
+    where = str(run_dir.resolve())  # as a leg that ran names it
     try:
         return leg()
     except LegNotRun as exc:
-        return Leg(name, str(run_dir), expected, None, None, dict(evidence or {}), note=exc.message)
+        return Leg(name, where, expected, None, None, dict(evidence or {}), note=exc.message)
     except RunFailedError as exc:
-        return Leg(name, str(run_dir), expected, "FAILED", False, dict(evidence or {}), note=exc.message)
+        return Leg(name, where, expected, "FAILED", False, dict(evidence or {}), note=exc.message)
 
 
 def _stop_and_resume(run: Runner, run_dir: Path, reference: Path, step: int) -> Leg:

@@ -21,6 +21,7 @@ from reprotune._documents import read_json_file
 from reprotune._jsonio import sha256_file
 from reprotune._run.checkpoint_files import TRAINER_DATA_POSITION as DATA_POSITION
 from reprotune._run.checkpoint_files import TRAINER_PIECES as CONSEQUENCES
+from reprotune._run.layout import RunLayout
 from reprotune.integrations._probes import steps_per_epoch
 
 _T = TypeVar("_T")
@@ -129,11 +130,13 @@ def checkpoint_marker(checkpoint: str | None) -> Mapping[str, Any]:
     return data if isinstance(data, Mapping) else {}
 
 
-def foreign_checkpoints(output_dir: str | None, resuming: str | None) -> tuple[str, ...]:
+def foreign_checkpoints(
+    output_dir: str | None, resuming: str | None, run_dir: Path | None = None
+) -> tuple[str, ...]:
     """The Trainer checkpoints in ``output_dir`` another run saved, as ``checkpoint-N (run ID)``:
     those whose marker names another run than the checkpoint resumed from (``resuming``; "True":
-    the last one there, as the Trainer takes it), or any, for a new run. This run's saves at
-    those steps overwrite them."""
+    the last one there, as the Trainer takes it), or any, for a new run or a branch (``run_dir``
+    given and holding no run yet). This run's saves at those steps overwrite them."""
     root = Path(output_dir) if output_dir else None
     if root is None or not root.is_dir():
         return ()
@@ -147,7 +150,8 @@ def foreign_checkpoints(output_dir: str | None, resuming: str | None) -> tuple[s
             if p.name.split("-")[-1].isdigit()
         }
         resuming = str(steps[max(steps)]) if steps else None
-    own = checkpoint_marker(resuming).get("run_id") if resuming else None
+    branching = run_dir is not None and not RunLayout(run_dir).is_run_dir()
+    own = checkpoint_marker(resuming).get("run_id") if resuming and not branching else None
     return tuple(
         f"{p.name} (run {m.get('run_id')})"
         for p, m in sorted(marked.items())

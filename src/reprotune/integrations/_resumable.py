@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from reprotune._data.manifest import copy_manifest
 from reprotune._errors import InputError
 from reprotune._jsonio import write_json_atomic
 from reprotune._run import layout
@@ -36,32 +37,39 @@ def refuse_unclaimable(run_dir: Path) -> None:
         )
 
 
-#: What a branch takes from the run it starts from (the ledger is then cut back to the
-#: checkpoint's step); never the adapter, checkpoints or trackers' files of that run.
-_BRANCHED_FILES = (layout.RECORD, layout.CONFIG, layout.MANIFEST, layout.LEDGER, layout.PATCH)
+#: What a branch takes from the run it starts from besides its record and split manifest (the
+#: ledger is then cut back to the checkpoint's step); never that run's adapter or checkpoints.
+_BRANCHED_FILES = (layout.CONFIG, layout.LEDGER, layout.PATCH)
 
 
 def branch_source(
     paths: RunLayout, marker: Mapping[str, Any], from_step: int, config_sha256: str, code: Mapping[str, Any]
 ) -> Path | None:
     """The run a resume into ``paths`` branches from: None when ``paths`` holds the run (a plain
-    resume), else the run that saved the checkpoint, checked before anything is copied.
+    resume), else the completed run that saved the checkpoint, checked before anything is copied.
 
     Raises:
-        InputError: ``paths`` holds no run and the run that saved the checkpoint is not found; or
-            the branch is refused (a directory that is not new, other settings or code).
+        InputError: ``paths`` holds no run, and the run that saved the checkpoint is not found,
+            is not complete (then it resumes in its own directory), or the branch is refused (a
+            directory that is not new, other settings or code).
     """
     if paths.is_run_dir():
         return None
-    source = Path(marker["run_dir"]) if isinstance(marker.get("run_dir"), str) else None
-    if source is None or not RunLayout(source).is_run_dir():
-        saved_in = marker.get("run_dir") or "the run that wrote this checkpoint"
+    saved_in = marker.get("run_dir")
+    if not isinstance(saved_in, str):
+        raise InputError(
+            f"the Trainer resumes from step {from_step} but {paths.root} holds no run record, and the "
+            f"checkpoint has no {CHECKPOINT_MARKER} naming the run that saved it",
+            source=str(paths.root),
+            fix="resume with the run_dir (or REPROTUNE_RUN_DIR) of the run that saved the checkpoint",
+        )
+    source, fix = Path(saved_in), f"resume with the run_dir (or REPROTUNE_RUN_DIR) of {saved_in}"
+    if not RunLayout(source).is_run_dir():
         raise InputError(
             f"the Trainer resumes from step {from_step} but {paths.root} holds no run record, and "
             f"the run that saved the checkpoint is not found at {saved_in}",
             source=str(paths.root),
-            fix=f"resume with the run_dir (or REPROTUNE_RUN_DIR) of {saved_in}, or put that run "
-            "directory back where it was",
+            fix=f"{fix}, or put that run directory back where it was",
         )
     theirs = load_record(source)
     if marker.get("run_id") not in (None, theirs.get("run_id")):
@@ -71,6 +79,13 @@ def branch_source(
             source=str(source),
             fix="resume into the run directory of the run that saved the checkpoint",
         )
+    if theirs.get("status") != "completed":  # it can resume in its own directory: no fork of it
+        raise InputError(
+            f"the Trainer resumes from step {from_step} of run {theirs.get('run_id')} "
+            f"({theirs.get('status')}) but {paths.root} holds no run record",
+            source=str(paths.root),
+            fix=fix,
+        )
     refuse_inside_run(paths.root, option=OPTION)
     refuse_unclaimable(paths.root)
     check_resumable(RunLayout(source), theirs, config_sha256, code, branching=True)
@@ -78,21 +93,33 @@ def branch_source(
 
 
 def branch(source: Path, paths: RunLayout, config_sha256: str) -> dict[str, Any]:
-    """Start ``paths`` as a branch of the run in ``source``: a resume from one of that run's
-    checkpoints into a new run directory (a completed run's, whose own directory cannot resume).
-    Its history (record, config, split manifest, ledger, patch) is copied, under a new run id,
-    as a run stopped there; returns what the attempt records of the run it branched from."""
+    """Start ``paths`` as a branch of the completed run in ``source``: a resume from one of that
+    run's checkpoints into a new run directory (its own directory cannot resume a completed run).
+    Its history (config, ledger, patch, split manifest with its row-hash file, then the record
+    under a new run id, as a run stopped there, last) is copied; returns what the attempt records
+    of the run it branched from. The caller removes the directory's files when the resume fails."""
     theirs = load_record(RunLayout(source).record)
     for name in _BRANCHED_FILES:
         if (source / name).is_file():
             shutil.copyfile(source / name, paths.root / name)
-    record = load_record(paths.record)
-    record["run_id"] = make_run_id(config_sha256)
-    record["status"] = "stopped"
+    if RunLayout(source).manifest.is_file():
+        copy_manifest(RunLayout(source).manifest, paths.manifest)
+    record = {**theirs, "run_id": make_run_id(config_sha256), "status": "stopped"}
     record.pop("outputs", None)
     write_json_atomic(paths.record, record)
     report(f"reprotune: run {record['run_id']} branches from run {theirs['run_id']} ({source})")
     return {"run_id": theirs["run_id"], "run_dir": str(source), "status": theirs.get("status")}
+
+
+def remove_branch(paths: RunLayout) -> None:
+    """Remove what a branch wrote into its run directory (new and empty before it), once a resume
+    into it failed: a retry then starts from a new directory again."""
+    if paths.root.is_dir():
+        for entry in paths.root.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
 
 def check_resumable(

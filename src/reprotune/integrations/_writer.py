@@ -44,6 +44,7 @@ from reprotune.integrations._resumable import (
     check_own_checkpoint,
     check_resumable,
     refuse_unclaimable,
+    remove_branch,
 )
 
 
@@ -113,6 +114,7 @@ class TrainerRun(RunWriter):
         weights_sha256: str,
         trackers: TrackerSet,
         ranks: Sequence[Mapping[str, Any]],
+        findings: Sequence[Mapping[str, str]] = (),
     ) -> TrainerRun:
         """Continue the run in ``run_dir`` from step ``from_step`` (the Trainer's checkpoint):
         the ledger is cut back to that step and a new attempt is recorded, with what each rank
@@ -138,6 +140,9 @@ class TrainerRun(RunWriter):
             if source is None:
                 check_own_checkpoint(paths, record["run_id"], checkpoint, marker)
             attempt.update(_restored(ranks, checkpoint))
+            known = {f.get("code") for f in record.get("findings") or []}
+            if new_findings := [dict(f) for f in findings if f["code"] not in known]:
+                attempt["findings"] = new_findings  # this attempt's setup, warned at its start
             attempt["environment_drift"] = environment_drift(
                 record.get("environment") or {}, environment, report
             )
@@ -147,7 +152,9 @@ class TrainerRun(RunWriter):
                 raise InputError(
                     f"the ledger holds {len(ledger.train)} steps, not the {from_step} of the checkpoint",
                     source=str(paths.ledger),
-                    fix="resume from a checkpoint this run wrote (its ledger is synced at each save)",
+                    fix="resume from a checkpoint this run wrote (its ledger is synced at each save)"
+                    if source is None
+                    else f"branch from a checkpoint of {source}'s last attempt (its ledger ends there)",
                 )
             if from_step and ledger.train[-1].fields["weights_sha256"] != weights_sha256:
                 attempt["weights_mismatch"] = True
@@ -163,6 +170,8 @@ class TrainerRun(RunWriter):
             if writer is not None:
                 writer.ledger.close()
             lock.release()
+            if source is not None:  # a branch refused or cut short: its directory new again
+                remove_branch(paths)
             raise
         writer.start_trackers()
         return writer

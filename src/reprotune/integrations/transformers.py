@@ -204,6 +204,7 @@ class ReprotuneCallback(TrainerCallback):
                 weights_sha256=self._hasher(),
                 trackers=trackers,
                 ranks=[r["restore"] for r in ranks if r["restore"] is not None],
+                findings=findings,
             )
             return
         run_id = make_run_id(config_sha)
@@ -365,7 +366,9 @@ class ReprotuneCallback(TrainerCallback):
             rows_recorded=self._probe.records_rows,
             model_hashed=model_info.get("weights_sha256") is not None,
             data_hashed=data is None or data.get("train_rows_sha256") is not None,
-            foreign_checkpoints=ranks_of.foreign_checkpoints(args.output_dir, self._checkpoint),
+            foreign_checkpoints=ranks_of.foreign_checkpoints(
+                args.output_dir, self._checkpoint, self._controls.run_dir or self._run_dir
+            ),
         )
         findings = trainer_findings(facts)
         if not self._warned:
