@@ -30,6 +30,7 @@ def write_study_dir(
     extra_metrics: Mapping[str, Sequence[float]] | None = None,
     base_model: Mapping[str, Any] | None = None,
     status: str = "completed",
+    data: Mapping[str, Any] | None = None,
 ) -> Path:
     """A study directory whose runs measured ``values`` (per group, for ``vary="each"``)."""
     cfg = config_from_dict(dict(config or {"seed": {"root": 1}}))
@@ -56,6 +57,7 @@ def write_study_dir(
         )
     final = {**study, "status": status, "runs": runs, **summarise_runs(plan, runs, {})}
     final["base_model"] = dict(base_model or MODEL)
+    final["data"] = dict(data) if data is not None else {"file_sha256": "d" * 64, "runs_agree": True}
     root.mkdir(parents=True, exist_ok=True)
     write_study(StudyLayout(root).study, final)
     return root

@@ -11,6 +11,7 @@ import math
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +118,84 @@ def test_no_spread_in_either_study() -> None:
         "same value (3 seeds each)"
     )
     assert verdict_line(equal).startswith("B equals A exactly: no seed noise")
+    # No test ran: no p-value stands in for one (it said 0.0, and 1.0 when equal).
+    assert apart.welch_p is None and apart.welch_t is None and equal.welch_p is None
+
+
+def test_the_confidence_level_is_not_rounded_to_100_percent() -> None:
+    """--alpha 0.001 gives a 99.9% interval; the line said "100% CI"."""
+    result = compare_samples([1.0, 1.1, 1.2, 0.9], [1.3, 1.5, 1.4, 1.45], alpha=0.001)
+    assert "(99.9% CI " in verdict_line(result)
+    assert "(95% CI " in verdict_line(compare_samples([1.0, 1.1, 1.2], [1.3, 1.5, 1.4]))
+
+
+def test_the_smallest_possible_permutation_p_is_the_one_the_test_can_reach() -> None:
+    """Exact over few arrangements: 2 / arrangements (3 each: 2/20). Resampled (8 each: 12,870
+    arrangements, more than 9,999 resamples): 2 / 10,000, not 2 / 12,870, which it cannot reach."""
+    assert compare_samples([1.0, 1.1, 1.2], [2.0, 2.1, 2.2]).permutation_smallest_p == 0.1
+    rng = np.random.default_rng(3)
+    apart = compare_samples(rng.normal(0, 1, 8).tolist(), rng.normal(9, 1, 8).tolist())
+    assert not apart.permutation_exact
+    assert apart.permutation_smallest_p == 2 / 10_000 <= apart.permutation_p
+
+
+@pytest.mark.parametrize(("d", "alpha"), [(10.0, 0.001), (6.0, 0.001), (12.0, 0.01), (8.0, 0.05)])
+def test_large_effects_at_small_alpha_get_enough_seeds(d: float, alpha: float) -> None:
+    """SciPy's noncentral t is NaN far in a tail; that NaN ended the search at its first guess:
+    d = 10 at alpha 0.001 asked for 2 seeds per side, whose real power is about 3 %. The answer
+    now reaches the power and the seed below it does not (20,000 simulated pairs of studies, one
+    without spread, as variance_ratio 0 says; the bounds allow 0.01)."""
+    n = seeds_for_power(d, alpha, variance_ratio=0.0)
+    assert n is not None
+    rng = np.random.default_rng(11)
+
+    def simulated_power(seeds: int) -> float:
+        a = rng.normal(0.0, 1.0, (20_000, seeds))
+        b = np.full((20_000, seeds), d / math.sqrt(2))  # d over the pooled deviation, B without spread
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return float(np.mean(stats.ttest_ind(b, a, axis=1, equal_var=False).pvalue < alpha))
+
+    assert simulated_power(n) >= 0.79
+    if n > 2:
+        assert simulated_power(n - 1) < 0.81
+
+
+def test_a_metric_both_studies_measured_is_tested_when_one_measured_more(tmp_path: Path) -> None:
+    """B's runs were also evaluated (test/bleu): final_val_loss, which both have, is still tested;
+    before, any difference in the metric sets was refused."""
+    a = write_study_dir(tmp_path / "a", [1.0, 1.1, 0.9])
+    b = write_study_dir(tmp_path / "b", [1.2, 1.3, 1.1], extra_metrics={"test/bleu": [1.0, 2.0, 3.0]})
+    result = significance(a, b, metric="final_val_loss")
+    assert result.values_b == [1.2, 1.3, 1.1]
+
+
+def test_other_data_is_a_difference_never_called_harmless(tmp_path: Path) -> None:
+    """Two studies of one config whose runs trained on other data (the file edited in place):
+    study.data.file_sha256 is listed as a difference that can change the numbers, and the note does
+    not call them a config compared with itself. A study made before the data's hash was kept
+    has none, so there its data path can change the numbers too; a study whose runs trained on
+    different data says so."""
+    a = write_study_dir(tmp_path / "a", [1.0, 1.1, 0.9])
+    b = write_study_dir(tmp_path / "b", [1.0, 1.1, 0.9], data={"file_sha256": "e" * 64, "runs_agree": True})
+    result = significance(a, b)
+    (data,) = [d for d in result.differences if d["key"] == "study.data.file_sha256"]
+    assert data["inert"] is False and (data["a"], data["b"]) == ("d" * 64, "e" * 64)
+    assert any("their runs trained on different data" in n for n in result.notes)
+    assert not any("compared with itself" in n for n in result.notes)
+
+    other = {"data": {"path": "other.jsonl"}}
+    old = write_study_dir(tmp_path / "old", [1.0, 1.1, 0.9], config={"seed": {"root": 1}, **other}, data={})
+    (path,) = [d for d in significance(a, old).differences if d["key"] == "data.path"]
+    assert path["inert"] is False
+    hashed = write_study_dir(tmp_path / "hashed", [1.0, 1.1, 0.9], config={"seed": {"root": 1}, **other})
+    (path,) = [d for d in significance(a, hashed).differences if d["key"] == "data.path"]
+    assert path["inert"] is True  # the same data under another name: its hash is compared
+
+    mixed = write_study_dir(
+        tmp_path / "m", [1.0, 1.1, 0.9], data={"file_sha256": "d" * 64, "runs_agree": False}
+    )
+    assert any("study B's runs did not all train on the same data" in n for n in significance(a, mixed).notes)
 
 
 def test_same_config_disjoint_seeds_within_noise(tmp_path: Path) -> None:
@@ -195,8 +274,9 @@ def test_bad_input_exits_2(
     """Each kind of bad input: exit 2 and a message naming it and the fix."""
     a = write_study_dir(tmp_path / "a", [1.0, 1.1, 0.9])
     extra: list[str] = []
-    if case == "metrics":
+    if case == "metrics":  # a metric B measured and A did not
         b = write_study_dir(tmp_path / "b", [1.0, 1.1, 0.9], extra_metrics={"test/bleu": [1.0, 2.0, 3.0]})
+        extra = ["--metric", "test/bleu"]
     elif case == "model":
         b = write_study_dir(tmp_path / "b", [1.0, 1.1, 0.9], base_model={**MODEL, "weights_sha256": "c" * 64})
     elif case == "each":

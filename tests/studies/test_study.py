@@ -63,6 +63,7 @@ def test_study_json(project: TinyProject, reference: StudyResult) -> None:
         assert run["metrics"] == {"final_val_loss": float.fromhex(record["outputs"]["final_val_loss"])}
         assert run["adapter_sha256"] == record["outputs"]["adapter_sha256"]
         values.append(run["metrics"]["final_val_loss"])
+        assert study["data"] == {"file_sha256": record["data"]["file_sha256"], "runs_agree": True}
     summary = study["summary"]["all"]["final_val_loss"]
     assert summary["values"] == values and summary["ci_low"] <= summary["mean"] <= summary["ci_high"]
     html = (reference.directory / "report.html").read_text(encoding="utf-8")
@@ -214,3 +215,18 @@ def test_eval_metrics_reach_the_study_in_this_process(tmp_path: Path) -> None:
         scores = json.loads((eval_dir / "eval.json").read_text(encoding="utf-8"))["metrics"]
         assert scores and all(run["metrics"][f"test/{name}"] == value for name, value in scores.items())
     assert "test/exact_match" in study["summary"]["all"]
+
+
+def test_runs_on_other_data_are_said_in_the_study() -> None:
+    """A study continued after its data file was edited holds runs on two data files: study.json's
+    data says they disagree, with a note (before, nothing was said)."""
+    from reprotune._studies.study import _data
+
+    same, notes = _data([{"data": {"file_sha256": "a" * 64}}] * 3)
+    assert same == {"file_sha256": "a" * 64, "runs_agree": True} and notes == []
+    mixed, notes = _data([{"data": {"file_sha256": "a" * 64}}, {"data": {"file_sha256": "b" * 64}}])
+    assert mixed == {"file_sha256": "a" * 64, "runs_agree": False}
+    assert (
+        len(notes) == 1
+        and "the runs did not all train on the same data (2 data.file_sha256 values" in notes[0]
+    )

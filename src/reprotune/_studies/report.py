@@ -19,6 +19,7 @@ from reprotune._html import escape, figure_svg, head, table
 from reprotune._jsonio import write_bytes_atomic
 from reprotune._studies.significance import Significance
 from reprotune._studies.stats import shares_line, source_label
+from reprotune._studies.twosample import percent
 from reprotune._version import __version__
 
 _CSS = """
@@ -51,7 +52,7 @@ def render_study(study: Mapping[str, Any]) -> str:
         f"<p>Seed rule: {escape(study['seed_rule'])}.</p>",
         f"<p>Intervals: {escape(str(study['bootstrap']['method']))}, "
         f"{study['bootstrap']['n_resamples']} resamples, seed {study['bootstrap']['seed']}, "
-        f"{study['bootstrap']['confidence_level']:.0%} of the mean.</p>",
+        f"{percent(study['bootstrap']['confidence_level'])} of the mean.</p>",
     ]
     parts += _notes(list(study["notes"]) + list(study["metric_notes"]))
     for metric in study["metrics"]:
@@ -147,14 +148,17 @@ def render_significance(result: Significance, study_a: Mapping[str, Any], study_
         )
     )
     parts.append("<h2>The test</h2>")
-    level = f"{1 - t.alpha:.0%}"
+    level = percent(1 - t.alpha)
     parts.append(
         _table(
             ("what", "value"),
             [
                 ("difference of means, B - A", t.difference),
-                (f"{level} CI of the difference (Welch)", f"{t.ci_low:.6g} .. {t.ci_high:.6g}"),
-                ("Welch's t-test p", t.welch_p),
+                (
+                    f"{level} CI of the difference (Welch)",
+                    f"{t.ci_low:.6g} .. {t.ci_high:.6g}" if t.welch_p is not None else "exact: no spread",
+                ),
+                ("Welch's t-test p", t.welch_p if t.welch_p is not None else "not defined"),
                 (
                     "Welch's t, df",
                     f"{t.welch_t:.4g}, {t.welch_df:.3g}" if t.welch_t is not None else "not defined",

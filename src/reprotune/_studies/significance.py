@@ -18,7 +18,7 @@ from reprotune._jsonio import empty_beside_keys, flattened
 from reprotune._proof.differences import is_inert
 from reprotune._studies.metrics import FINAL_VAL_LOSS
 from reprotune._studies.studyfile import load_study
-from reprotune._studies.twosample import TestResult, compare_samples, verdict_line
+from reprotune._studies.twosample import TestResult, compare_samples, percent, verdict_line
 
 SCHEMA: Final = "reprotune/significance"
 SCHEMA_VERSION: Final = 1
@@ -46,7 +46,7 @@ class Significance:
     def format(self) -> str:
         """The verdict first, then the evidence and what differs, for people."""
         t = self.test
-        level = f"{1 - t.alpha:.0%}"
+        level = percent(1 - t.alpha)
         perm = (
             f"exact over {t.permutation_resamples} arrangements"
             if t.permutation_exact
@@ -64,7 +64,10 @@ class Significance:
             f"mean {t.mean_a:.6g}, sd {t.std_a:.3g}",
             f"  B: {self.study_b}  study {self.study_id_b}, {t.n_b} runs, "
             f"mean {t.mean_b:.6g}, sd {t.std_b:.3g}",
-            f"  difference B - A    {t.difference:.6g} ({level} CI {t.ci_low:.6g}..{t.ci_high:.6g}, Welch)",
+            f"  difference B - A    {t.difference:.6g} "
+            + (
+                f"({level} CI {t.ci_low:.6g}..{t.ci_high:.6g}, Welch)" if t.welch_t is not None else "(exact)"
+            ),
             f"  Welch's t-test      {welch}",
             f"  permutation test    p = {t.permutation_p:.3g} ({perm}; smallest possible p "
             f"{t.permutation_smallest_p:.3g})",
@@ -134,19 +137,22 @@ def significance(
     _check_options(alpha, seed)
     a = _checked(load_study(study_a, option="STUDY_A"), "STUDY_A", study_a)
     b = _checked(load_study(study_b, option="STUDY_B"), "STUDY_B", study_b)
-    if set(a["metrics"]) != set(b["metrics"]):
-        raise InputError(
-            f"the studies measured different metrics: A has {sorted(a['metrics'])}, "
-            f"B has {sorted(b['metrics'])}",
-            source=f"{study_a}, {study_b}",
-            fix="evaluate the runs of both studies alike (reprotune eval), then rerun each `reprotune seeds` "
-            "command to refresh its study.json",
-        )
-    if metric not in a["metrics"]:
+    common = [m for m in a["metrics"] if m in b["metrics"]]
+    if metric not in a["metrics"] and metric not in b["metrics"]:
+        known = common or sorted(set(a["metrics"]) | set(b["metrics"]))
         raise InputError(
             f"no metric {metric!r} in the studies",
             source="--metric",
-            fix=f"{did_you_mean(metric, a['metrics'])}choose one of {', '.join(a['metrics'])}",
+            fix=f"{did_you_mean(metric, known)}choose one of {', '.join(known)}",
+        )
+    if metric not in common:  # one study measured it: evaluate the other's runs alike
+        raise InputError(
+            f"the studies measured different metrics: {metric!r} is in "
+            f"{'A' if metric in a['metrics'] else 'B'} only (A has {sorted(a['metrics'])}, "
+            f"B has {sorted(b['metrics'])})",
+            source=f"{study_a}, {study_b}",
+            fix="evaluate the runs of both studies alike (reprotune eval), then rerun each `reprotune seeds` "
+            f"command to refresh its study.json; or test a metric both have: {', '.join(common)}",
         )
     differences = study_differences(a, b)
     model_diffs = [d for d in differences if d["key"] in MODEL_IDENTITY]
@@ -182,6 +188,13 @@ def _one_study_note(
     """A note when A and B are one study (one id: the same config, vary and seeds)."""
     if a["study_id"] != b["study_id"]:
         return []
+    data_a, data_b = ((study.get("data") or {}).get("file_sha256") for study in (a, b))
+    if data_a and data_b and data_a != data_b:
+        return [
+            f"A and B are studies of one config and seeds (study {a['study_id']}), but their runs trained "
+            f"on different data (data.file_sha256 {data_a[:12]} vs {data_b[:12]}): a difference can come "
+            "from the data"
+        ]
 
     def folder(path: str | Path) -> Path:
         resolved = Path(path).resolve()
@@ -246,20 +259,29 @@ def study_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[s
             **flattened(study["config"]),
             "study.vary": study["vary"],
             **flattened(study.get("base_model") or {}, "base_model"),
+            **flattened(study.get("data") or {}, "study.data"),  # config keys have no prefix
         }
         for study in (a, b)
     )
+    # Where the data and the model were found cannot change the numbers only when what was found
+    # is compared by its hash: a study without the data's (written before it was kept) has none.
+    hashed = {
+        "data.path": all((s.get("data") or {}).get("file_sha256") for s in (a, b)),
+        "model.name": all((s.get("base_model") or {}).get("weights_sha256") for s in (a, b)),
+    }
     return [
-        {"key": key, "a": flat_a.get(key), "b": flat_b.get(key), "inert": _inert(key)}
+        {"key": key, "a": flat_a.get(key), "b": flat_b.get(key), "inert": _inert(key, hashed)}
         for key in sorted(set(flat_a) | set(flat_b))
         if flat_a.get(key) != flat_b.get(key) and not empty_beside_keys(key, flat_a, flat_b)
     ]
 
 
-def _inert(key: str) -> bool:
+def _inert(key: str, hashed: Mapping[str, bool]) -> bool:
     if key.startswith("base_model."):
         return key not in MODEL_IDENTITY
-    return not key.startswith("study.") and is_inert(f"config.{key}")
+    if key.startswith("study.") or not hashed.get(key, True):
+        return False
+    return is_inert(f"config.{key}")
 
 
 def _notes(a: Mapping[str, Any], b: Mapping[str, Any], t: TestResult) -> list[str]:
@@ -274,6 +296,11 @@ def _notes(a: Mapping[str, Any], b: Mapping[str, Any], t: TestResult) -> list[st
         else:
             notes.append(f"the permutation test disagrees with Welch's t-test (p = {t.permutation_p:.3g})")
     for label, study in (("A", a), ("B", b)):
+        if (study.get("data") or {}).get("runs_agree") is False:
+            notes.append(
+                f"study {label}'s runs did not all train on the same data (the data file changed while "
+                "it was made): its spread mixes data with seed noise"
+            )
         if study["vary"] != "all":
             notes.append(
                 f"study {label} moves only the {study['vary']} seed: the other seeds stay at one value, "

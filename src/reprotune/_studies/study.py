@@ -144,7 +144,8 @@ def _run_locked(
     runs = [entries[r.name] for r in plan.runs]
     final = {**study, "status": "completed", "runs": runs, **summarise_runs(plan, runs, notes)}
     final["base_model"], model_notes = _base_model([records[r.name] for r in plan.runs])
-    final["metric_notes"] = final["metric_notes"] + model_notes
+    final["data"], data_notes = _data([records[r.name] for r in plan.runs])
+    final["metric_notes"] = final["metric_notes"] + model_notes + data_notes
     write_study(paths.study, final)
     write_study_report(final, paths.report)
     summary = None
@@ -284,6 +285,25 @@ def _base_model(records: Sequence[dict[str, Any]]) -> tuple[dict[str, Any] | Non
             "the runs did not all start from the same base model files; base_model is the first run's"
         )
     return seen[0], notes
+
+
+def _data(records: Sequence[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[str]]:
+    """The data file every run trained on (its sha256), whether the runs agree, and a note when
+    they do not (the data file changed while the study was made: kept runs trained on the old)."""
+    seen = [(r.get("data") or {}).get("file_sha256") for r in records]
+    if not seen:
+        return None, []
+    agree = all(s == seen[0] for s in seen[1:])
+    notes = (
+        []
+        if agree
+        else [
+            f"the runs did not all train on the same data ({len(set(seen))} data.file_sha256 values: "
+            "the data file changed while the study was made); the spread mixes data with seed noise: "
+            "make the study again in a new --out; data is the first run's"
+        ]
+    )
+    return {"file_sha256": seen[0], "runs_agree": agree}, notes
 
 
 def _tracker(

@@ -58,6 +58,9 @@ class StudyFile(_Part):
     seed_rule: str
     notes: list[str]
     base_model: dict[str, Any] | None = None
+    data: dict[str, Any] | None = None
+    """The data file the runs trained on (``file_sha256``) and whether every run did
+    (``runs_agree``); absent from studies made before it was kept."""
     bootstrap: dict[str, Any]
     runs: list[RunEntry]
     metrics: list[str] = Field(default_factory=list)

@@ -46,7 +46,8 @@ class TestResult:
     ci_high: float
     welch_t: float | None
     welch_df: float | None
-    welch_p: float
+    welch_p: float | None
+    """None with no spread in either study: no test ran (the difference is exact)."""
     permutation_p: float
     permutation_exact: bool
     permutation_resamples: int
@@ -82,7 +83,7 @@ def compare_samples(
         warnings.simplefilter("ignore")  # nearly equal values make SciPy warn; handled below
         if sa == 0 and sb == 0:
             # No seed moves the metric in either study: the difference is exact, not an estimate.
-            t_value, df, p = None, None, (1.0 if diff == 0 else 0.0)
+            t_value, df, p = None, None, None
             low = high = diff
             note = "the metric is the same in every run of each study: no seed noise to test against"
         else:
@@ -119,14 +120,15 @@ def compare_samples(
         permutation_exact=arrangements <= PERMUTATION_RESAMPLES,
         permutation_resamples=min(arrangements, PERMUTATION_RESAMPLES),
         permutation_seed=seed,
-        permutation_smallest_p=min(1.0, 2 / arrangements),
+        # two-sided: twice the one-sided floor, 1/arrangements exact, 1/(resamples + 1) resampled
+        permutation_smallest_p=min(1.0, 2 / min(arrangements, PERMUTATION_RESAMPLES + 1)),
         cohens_d=d,
         seeds_for_power=(
             seeds_for_power(d, alpha, variance_ratio=min(sa, sb) ** 2 / max(sa, sb) ** 2)
             if d is not None
             else None
         ),
-        beyond_noise=p < alpha,
+        beyond_noise=diff != 0 if p is None else p < alpha,  # no spread: any difference is real
         note=note,
     )
 
@@ -163,7 +165,13 @@ def seeds_for_power(
         df = (n - 1) * (1 + ratio) ** 2 / (1 + ratio**2)
         noncentrality = abs(d) * math.sqrt(n / 2)
         critical = stats.t.ppf(1 - alpha / 2, df)
-        return float(stats.nct.sf(critical, df, noncentrality) + stats.nct.cdf(-critical, df, noncentrality))
+        # SciPy's noncentral t gives NaN far out in a tail (a large effect at a small alpha): the
+        # lower tail is then 0, the upper one its normal approximation. A NaN compared with the
+        # target power is False, which returned the starting guess, too few seeds.
+        upper = float(stats.nct.sf(critical, df, noncentrality))
+        lower = float(stats.nct.cdf(-critical, df, noncentrality))
+        upper = upper if math.isfinite(upper) else float(stats.norm.sf(critical - noncentrality))
+        return upper + (lower if math.isfinite(lower) else 0.0)
 
     from scipy import stats
 
@@ -180,10 +188,15 @@ def seeds_for_power(
     return int(n)
 
 
+def percent(level: float) -> str:
+    """A confidence level as people write it: ``95%``, ``99.9%`` (``:.0%`` made 0.999 "100%")."""
+    return f"{level * 100:.6g}%"
+
+
 def verdict_line(result: TestResult) -> str:
     """``B is lower than A by 0.12 (95% CI 0.07..0.17), beyond seed noise (p = 0.002, 5 seeds each)``."""
     r = result
-    level = f"{1 - r.alpha:.0%}"
+    level = percent(1 - r.alpha)
     if r.difference < 0:
         head, low, high = f"B is lower than A by {_g(-r.difference)}", -r.ci_high, -r.ci_low
     elif r.difference > 0:
