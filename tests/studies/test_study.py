@@ -230,3 +230,31 @@ def test_runs_on_other_data_are_said_in_the_study() -> None:
         len(notes) == 1
         and "the runs did not all train on the same data (2 data.file_sha256 values" in notes[0]
     )
+
+
+def test_a_metric_evaluated_otherwise_in_some_runs_is_left_out_and_said() -> None:
+    """Run 0 evaluated on its test split's first 3 rows, runs 1-2 on all of it: test/bleu is not
+    one sample (the study mixed them, and significance tested on them), so it is left out of the
+    summary with a note naming both setups; final_val_loss stays."""
+    from reprotune._config.loading import config_from_dict
+    from reprotune._studies.plan import plan_study
+    from reprotune._studies.study import new_study, summarise_runs
+
+    plan = plan_study(config_from_dict({"seed": {"root": 1}}), n=3, vary="all", name="s")
+    runs = [
+        {
+            **entry,
+            "metrics": {"final_val_loss": 1.0 + k, "test/bleu": 2.0 + k},
+            "metric_setups": {"test/bleu": "test first 3 rows" if k == 0 else "test all rows"},
+        }
+        for k, entry in enumerate(new_study(plan)["runs"])
+    ]
+    summary = summarise_runs(plan, runs, {})
+    assert summary["metrics"] == ["final_val_loss"]
+    assert summary["metric_notes"] == [
+        "test/bleu: the runs' evaluations differ (test all rows vs test first 3 rows), left out of the "
+        "summary: evaluate every run alike"
+    ]
+    for run in runs:
+        run["metric_setups"] = {"test/bleu": "test all rows"}
+    assert summarise_runs(plan, runs, {})["metrics"] == ["final_val_loss", "test/bleu"]

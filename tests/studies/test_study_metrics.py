@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from reprotune._studies.metrics import run_metrics
+from reprotune._studies.metrics import eval_setup, run_metrics
 
 RECORD: dict[str, Any] = {"outputs": {"final_val_loss": (5.4375).hex()}}
 
@@ -19,8 +19,8 @@ def _eval(run: Path, name: str, body: object) -> None:
 
 def test_final_val_loss_exact_bits(tmp_path: Path) -> None:
     """The value is the record's float.hex, bit for bit."""
-    metrics, notes = run_metrics(tmp_path, RECORD)
-    assert metrics == {"final_val_loss": 5.4375} and notes == []
+    metrics, notes, setups = run_metrics(tmp_path, RECORD)
+    assert metrics == {"final_val_loss": 5.4375} and notes == [] and setups == {}
 
 
 def test_eval_metrics_read_defensively(tmp_path: Path) -> None:
@@ -33,7 +33,7 @@ def test_eval_metrics_read_defensively(tmp_path: Path) -> None:
     _eval(tmp_path, "e3", {"split": "test", "status": "running", "metrics": {"bleu": 1.0}})
     _eval(tmp_path, "e4", "{not json")
     _eval(tmp_path, "e5", {"metrics": {"note": "text only"}})
-    metrics, notes = run_metrics(tmp_path, RECORD)
+    metrics, notes, _ = run_metrics(tmp_path, RECORD)
     assert metrics == {
         "final_val_loss": 5.4375,
         "test/bleu": 12.5,
@@ -49,5 +49,42 @@ def test_eval_metrics_read_defensively(tmp_path: Path) -> None:
 
 def test_no_validation_loss(tmp_path: Path) -> None:
     """A run without a final validation loss: no such metric, and a note."""
-    metrics, notes = run_metrics(tmp_path, {"outputs": {"final_val_loss": None}})
+    metrics, notes, _ = run_metrics(tmp_path, {"outputs": {"final_val_loss": None}})
     assert metrics == {} and "no final validation loss" in notes[0]
+
+
+def _generation(**changes: Any) -> dict[str, Any]:
+    prompt = {"format": "chat_template", "max_length": 64, "truncation": "prompt cut from its start"}
+    return {"decoding": "greedy", "max_new_tokens": 64, "temperature": None, "prompt": prompt, **changes}
+
+
+def test_evals_that_do_not_measure_the_run_alike_are_told_apart(tmp_path: Path) -> None:
+    """An eval of the base model alone is left out (it does not measure the run); a whole-split
+    eval takes the plain name before an earlier one of the first 3 rows, which is kept apart with
+    its setup; the setup says rows, decoding, sampling and prompt, and not the eval seed."""
+
+    def body(n_rows: int, **generation: Any) -> dict[str, Any]:
+        return {
+            "split": {"name": "test", "n_rows": n_rows, "split_rows": 7},
+            "metrics": {"bleu": float(n_rows)},
+            "generation": {**_generation(**generation), "eval_seed": n_rows},
+        }
+
+    _eval(tmp_path, "e1-quick", body(3))
+    _eval(tmp_path, "e2-full", body(7))
+    _eval(tmp_path, "e3-base", {**body(7), "base_only": True})
+    metrics, notes, setups = run_metrics(tmp_path, RECORD)
+    assert metrics == {"final_val_loss": 5.4375, "test/bleu": 7.0, "test/bleu@e1-quick": 3.0}
+    assert notes == [
+        f"{tmp_path.name}/evals/e3-base/eval.json: left out, an eval of the base model alone "
+        "(--base-only), not of this run"
+    ]
+    assert setups["test/bleu"] == (
+        "test all rows, greedy, 64 new tokens, format 'chat_template', max_length 64"
+    )
+    assert setups["test/bleu@e1-quick"].startswith("test first 3 rows, greedy")
+    sampled = body(7, decoding="sampling", temperature=0.7)
+    assert "sampling, temperature 0.7" in eval_setup(sampled) != eval_setup(body(7))
+    assert eval_setup({**body(7), "generation": {**body(7)["generation"], "eval_seed": 99}}) == eval_setup(
+        body(7)
+    )

@@ -28,7 +28,7 @@ from reprotune._run.record import Status
 from reprotune._studies import layout
 from reprotune._studies.execute import Action, RunOutcome, execute_runs
 from reprotune._studies.layout import StudyLayout
-from reprotune._studies.metrics import run_metrics
+from reprotune._studies.metrics import FINAL_VAL_LOSS, run_metrics
 from reprotune._studies.plan import SEED_RULE, PlannedRun, StudyPlan, plan_study
 from reprotune._studies.report import write_study_report
 from reprotune._studies.stats import (
@@ -233,7 +233,7 @@ def _planned_entry(planned: PlannedRun) -> dict[str, Any]:
 def _entry(outcome: RunOutcome) -> tuple[dict[str, Any], list[str]]:
     record = outcome.record
     outputs = record.get("outputs") or {}
-    metrics, notes = run_metrics(outcome.run_dir, record)
+    metrics, notes, setups = run_metrics(outcome.run_dir, record)
     entry = {
         **_planned_entry(outcome.planned),
         "status": "completed",
@@ -241,6 +241,7 @@ def _entry(outcome: RunOutcome) -> tuple[dict[str, Any], list[str]]:
         "adapter_sha256": outputs.get("adapter_sha256"),
         "ledger_sha256": outputs.get("ledger_sha256"),
         "metrics": metrics,
+        "metric_setups": setups,
     }
     return entry, notes
 
@@ -257,6 +258,14 @@ def summarise_runs(
             have = sum(name in run["metrics"] for run in runs)
             metric_notes.append(
                 f"{name}: measured in {have} of {len(runs)} runs only, left out of the summary"
+            )
+    for name in list(complete):  # evaluated otherwise in some runs: not one sample
+        setups = sorted({(run.get("metric_setups") or {}).get(name) or "?" for run in runs})
+        if name != FINAL_VAL_LOSS and len(setups) > 1:
+            complete.remove(name)
+            metric_notes.append(
+                f"{name}: the runs' evaluations differ ({' vs '.join(setups)}), left out of the "
+                "summary: evaluate every run alike"
             )
     seed = derive_seed(plan.config.seed.root, "study/bootstrap")
     values = {

@@ -41,6 +41,8 @@ class RunEntry(_Part):
     adapter_sha256: str | None = None
     ledger_sha256: str | None = None
     metrics: dict[str, float] | None = None
+    metric_setups: dict[str, str] | None = None
+    """Each eval metric's setup (rows, decoding, prompt); absent from studies made before."""
 
 
 class StudyFile(_Part):
