@@ -52,6 +52,17 @@ def test_edited_row_named_with_split_and_ids(tmp_path: Path, made: tuple[Path, o
     assert f"edited  row 7 ({split})" in report.format()
 
 
+def test_the_rows_not_listed_point_to_what_lists_them(tmp_path: Path, made: tuple[Path, object]) -> None:
+    """Past max_rows, the report says how to see them all: check-split's own --json, or for a
+    refusal inside eval or rerun (which have no --json), the command its fix gives."""
+    _, manifest = made
+    rows = [{**r, "a": f"changed {i}"} for i, r in enumerate(ROWS)]
+    report = check_split(manifest, load_table(str(write_jsonl(tmp_path / "e.jsonl", rows))))  # type: ignore[arg-type]
+    assert "  ... and 25 more (--json lists all)" in report.format(max_rows=5)
+    shown = report.format(max_rows=5, all_rows="the command below lists all")
+    assert "  ... and 25 more (the command below lists all)" in shown and "--json" not in shown
+
+
 def test_inserted_and_removed_rows_are_aligned(tmp_path: Path, made: tuple[Path, object]) -> None:
     """Inserting one row and removing another reports just those two, not every row after."""
     _, manifest = made

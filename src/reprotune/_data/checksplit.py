@@ -135,7 +135,7 @@ class CheckReport:
         """The report as canonical JSON."""
         return canonical_dumps(self.to_dict())
 
-    def format(self, max_rows: int = 20) -> str:
+    def format(self, max_rows: int = 20, *, all_rows: str = "--json lists all") -> str:
         """A report for humans, listing at most ``max_rows`` changed rows."""
         lines: list[str] = []
         if self.identical:
@@ -166,7 +166,7 @@ class CheckReport:
             for change in self.changes[:max_rows]:
                 lines.append("  " + change.describe())
             if len(self.changes) > max_rows:
-                lines.append(f"  ... and {len(self.changes) - max_rows} more (--json lists all)")
+                lines.append(f"  ... and {len(self.changes) - max_rows} more ({all_rows})")
         columns = ", ".join(self.leak_columns)
         if not self.leak_columns:
             lines.append("leakage: not checked (no text columns compared)")

@@ -241,7 +241,8 @@ def _check_data(manifest: Manifest, table: Table, manifest_path: Path, data_path
     report = check_split(manifest, table, leak_columns=[])
     if not report.identical and not report.formatting_only:
         raise InputError(
-            "the data is not the data the run was trained and split on:\n" + report.format(max_rows=20),
+            "the data is not the data the run was trained and split on:\n"
+            + report.format(max_rows=20, all_rows="the command below lists all"),
             source=f"{data_path} vs {manifest_path}",
             fix="restore the original data file (its sha256 is in record.json under data.file_sha256); "
             f"`reprotune check-split {manifest_path} {data_path}` lists every changed row",

@@ -66,9 +66,11 @@ def preflight(run_dir: Path, record: dict[str, Any], cfg: ExperimentConfig, *, c
     check = check_split(load_manifest(manifest_path), table)
     if not check.identical:
         raise RunFailedError(
-            "the data is not the data the run was made from:\n" + check.format(),
+            "the data is not the data the run was made from:\n"
+            + check.format(all_rows="the command below lists all"),
             source=f"{data_path} vs {manifest_path}",
-            fix="restore the original data file (its sha256 is in record.json under data.file_sha256)",
+            fix="restore the original data file (its sha256 is in record.json under data.file_sha256); "
+            f"`reprotune check-split {manifest_path} {data_path}` lists every changed row",
         )
     now = code_fingerprint(code_dir).to_record(patch_file=None)
     # What the run sets from its config (determinism flags, thread counts) is set first, as the
