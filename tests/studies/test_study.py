@@ -89,6 +89,30 @@ def test_rerun_keeps_verified_runs_and_refuses_changed_ones(reference: StudyResu
     assert (copy / "study.json").read_bytes() == (reference.directory / "study.json").read_bytes()
 
 
+def test_a_damaged_study_json_is_rebuilt_from_its_runs(reference: StudyResult, tmp_path: Path) -> None:
+    """study.json edited by hand: refused with a fix that works (its old fix, "run the same command
+    again", gave the same refusal); removing it as told, the same command keeps every run and
+    writes the same study.json bytes (before, the directory was "not a study directory")."""
+    copy = tmp_path / "copy"
+    shutil.copytree(reference.directory, copy)
+    cfg = load_config(copy / "config.yaml")
+    study = json.loads((copy / "study.json").read_text(encoding="utf-8"))
+    del study["runs"]
+    (copy / "study.json").write_text(json.dumps(study), encoding="utf-8")
+    options = StudyOptions(out=copy, tracking=False, name="cfg")
+    with pytest.raises(InputError) as info:
+        run_study(cfg, n=N, vary="all", options=options)
+    assert info.value.fix is not None and info.value.fix.startswith(f"remove {copy / 'study.json'} and run")
+    (copy / "study.json").unlink()
+    again = run_study(cfg, n=N, vary="all", options=options)
+    assert set(again.actions.values()) == {"kept"}
+    assert (copy / "study.json").read_bytes() == (reference.directory / "study.json").read_bytes()
+    (copy / "study.json").unlink()
+    (copy / "runs" / "stranger").mkdir()  # not a run of this plan: not taken for this study's
+    with pytest.raises(InputError, match="is not a study directory"):
+        run_study(cfg, n=N, vary="all", options=options)
+
+
 def test_sigkill_then_continue_gives_the_same_study(
     project: TinyProject, reference: StudyResult, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from reprotune._config.loading import dump_config_yaml
 from reprotune._config.schema import ExperimentConfig, config_sha256
 from reprotune._determinism.seeds import derive_seed
-from reprotune._errors import InputError
+from reprotune._errors import InputError, SchemaVersionError
 from reprotune._jsonio import write_bytes_atomic
 from reprotune._run.layout import LOCK
 from reprotune._run.lock import holding_run_dir
@@ -157,8 +157,17 @@ def _run_locked(
 def _open(paths: StudyLayout, plan: StudyPlan) -> dict[str, Any]:
     """The study's ``study.json`` content to start from: new, or the one begun before (checked)."""
     fresh = new_study(plan)
+    rebuild = (
+        f"remove {paths.study} and run the same command again: its run directories are checked "
+        "against the plan and kept, and study.json is written anew"
+    )
     if paths.study.is_file():
-        old = load_study(paths.study)
+        try:
+            old = load_study(paths.study)
+        except SchemaVersionError:
+            raise
+        except InputError as exc:  # damaged: rewriting it needs the runs alone
+            raise InputError(exc.message, source=exc.source, fix=rebuild) from None
         for key, what in (("config_sha256", "config"), ("vary", "--vary")):
             if old[key] != fresh[key]:
                 raise InputError(
@@ -177,7 +186,7 @@ def _open(paths: StudyLayout, plan: StudyPlan) -> dict[str, Any]:
     if paths.root.is_dir():
         for leftover in paths.root.glob(f".{layout.STUDY}.*.tmp"):
             leftover.unlink()  # a first study.json killed before it landed: nothing was run
-    if paths.root.exists() and (not paths.root.is_dir() or any(p.name != LOCK for p in paths.root.iterdir())):
+    if paths.root.exists() and not _only_this_studys_runs(paths, plan):
         raise InputError(
             f"{paths.root} exists and is not a study directory (it has no {layout.STUDY})",
             source="--out",
@@ -186,6 +195,20 @@ def _open(paths: StudyLayout, plan: StudyPlan) -> dict[str, Any]:
     paths.root.mkdir(parents=True, exist_ok=True)
     write_study(paths.study, fresh)
     return fresh
+
+
+def _only_this_studys_runs(paths: StudyLayout, plan: StudyPlan) -> bool:
+    """Whether ``paths.root`` is empty, or holds only what this study writes besides study.json
+    (its runs, by their planned names, logs, report): a study whose study.json was removed, which
+    a rerun rebuilds from its runs (each checked against the plan)."""
+    if not paths.root.is_dir():
+        return False
+    known = {LOCK, layout.RUNS, layout.LOGS, layout.REPORT, layout.MLFLOW, layout.CONFIG}
+    if any(p.name not in known for p in paths.root.iterdir()):
+        return False
+    runs = paths.root / layout.RUNS
+    planned = {r.name for r in plan.runs}
+    return not runs.exists() or (runs.is_dir() and all(p.name in planned for p in runs.iterdir()))
 
 
 def new_study(plan: StudyPlan) -> dict[str, Any]:
