@@ -355,8 +355,8 @@ def test_an_output_under_a_file_or_onto_a_directory_is_refused_by_every_writer(
 def test_outputs_inside_another_run_directory_are_refused(
     project: TinyProject, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A new run, a study or a verification inside an existing run directory would mix their files
-    with its run's: refused, exit 2, the run directory left as it was."""
+    """A new run, a study or a verification inside an existing run or study directory would mix
+    their files with its own: refused, exit 2, the directory left as it was."""
     run = write_run_dir(tmp_path / "run", RunSpec())
     before = sorted(p.name for p in run.iterdir())
     config = str(project.config())
@@ -368,6 +368,20 @@ def test_outputs_inside_another_run_directory_are_refused(
         assert main([*argv, str(inside)]) == 2
         _assert_refused(capsys, f"{option} {str(inside)!r} is inside the run directory {run}, whose files")
         assert sorted(p.name for p in run.iterdir()) == before, argv
+    # A seed study's directory likewise: a study, run or verification inside it was accepted.
+    study = tmp_path / "study"
+    study.mkdir()
+    (study / "study.json").write_text("{}")
+    for argv, option, inside in (
+        (["seeds", config, "--n", "2", "--out"], "--out", study / "nested"),
+        (["run", config, "--no-progress", "--no-tracking", "--run-dir"], "--run-dir", study / "x"),
+        (["verify", config, "--out"], "--out", study / "verify"),
+    ):
+        assert main([*argv, str(inside)]) == 2
+        _assert_refused(
+            capsys, f"{option} {str(inside)!r} is inside the study directory {study}, whose files"
+        )
+        assert sorted(p.name for p in study.iterdir()) == ["study.json"], argv
 
 
 def test_rerun_refuses_a_bad_tolerance_and_the_other_forms_option_before_training(

@@ -299,6 +299,20 @@ def test_an_existing_out_is_refused(run_a: Path, tmp_path: Path, capsys: pytest.
     assert _listing(tmp_path / "taken") == ["mine.txt"]
 
 
+def test_an_out_inside_the_run_but_not_its_evals_is_refused(
+    run_a: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--out RUN/adapter/ev or RUN/checkpoints/ev mixed an eval into the run's own files
+    (accepted: only another run's directory was refused); an eval of a run goes in its evals/."""
+    before = _listing(run_a)
+    for inside in (run_a / "adapter" / "ev", run_a / "checkpoints" / "ev"):
+        assert main(["eval", str(run_a), "--out", str(inside), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert f"--out {str(inside)!r} is inside the run directory {run_a.resolve()}" in err, err
+        assert "(an eval of a run goes in its evals/)" in err
+    assert _listing(run_a) == before
+
+
 def test_base_only_evaluates_the_base_model(run_a: Path, tmp_path: Path) -> None:
     """--base-only evaluates without the adapter (recorded), on the same rows; compare says why
     the outputs differ: the adapter."""

@@ -253,6 +253,17 @@ def test_a_report_over_a_file_that_is_not_a_page_is_refused(
     assert out.read_text(encoding="utf-8") == "seed: {root: 1}\n"
 
 
+def test_a_report_inside_another_study_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """-o L/report.html, L another study: its own report was silently replaced (exit 0)."""
+    a = write_study_dir(tmp_path / "a", [5.0, 5.02, 4.98])
+    b = write_study_dir(tmp_path / "b", [5.01, 4.97, 5.0])
+    other = write_study_dir(tmp_path / "other", [5.0, 5.1, 4.9])
+    (other / "report.html").write_text("its own report", encoding="utf-8")
+    assert main(["significance", str(a), str(b), "-o", str(other / "report.html")]) == 2
+    assert f"is inside the study directory {other}, whose files belong to it" in capsys.readouterr().err
+    assert (other / "report.html").read_text(encoding="utf-8") == "its own report"
+
+
 @pytest.mark.parametrize(
     ("case", "needle"),
     [

@@ -244,7 +244,7 @@ def test_eval_metrics_reach_the_study_in_this_process(tmp_path: Path) -> None:
 def test_runs_on_other_data_are_said_in_the_study() -> None:
     """A study continued after its data file was edited holds runs on two data files: study.json's
     data says they disagree, with a note (before, nothing was said)."""
-    from reprotune._studies.study import _data
+    from reprotune._studies.sources import data_identity as _data
 
     same, notes = _data([{"data": {"file_sha256": "a" * 64}}] * 3)
     assert same == {"file_sha256": "a" * 64, "runs_agree": True} and notes == []

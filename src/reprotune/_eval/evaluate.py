@@ -119,7 +119,7 @@ def run_eval(
     cfg = inputs.cfg
     size, target = _checked_size_and_target(batch_size, out, cfg.eval.generate_batch_size)
     if target is not None:
-        refuse_inside_run(target, option="--out", own=inputs.run_dir)
+        refuse_inside_run(target, option="--out", own=evals_dir(inputs.run_dir))
     device = resolve_device(cfg.determinism.device)
     flags = apply_determinism(
         cfg.determinism.mode, cfg.determinism.threads, device.type, cpu_isa=cfg.determinism.cpu_isa

@@ -36,6 +36,10 @@ VERIFICATION: Final = "verification.json"
 VERIFY_LOG: Final = "verify.log"
 #: ``verify --spot``: the intervals and controls the replay process runs (``_proof.replay``).
 SPOT_PLAN: Final = "plan.json"
+#: A seed study's file, which marks its directory (``_studies.layout``): outputs stay out of it.
+STUDY: Final = "study.json"
+#: Where a study's runs go in its directory (``runs/<name>``): the one place runs may be made in it.
+STUDY_RUNS: Final = "runs"
 
 
 @dataclass(frozen=True)

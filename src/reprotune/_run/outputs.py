@@ -26,7 +26,7 @@ from pathlib import Path
 
 from reprotune._errors import InputError
 from reprotune._html import CSS, GENERATOR
-from reprotune._run.layout import RECORD, VERIFICATION
+from reprotune._run.layout import RECORD, STUDY, STUDY_RUNS, VERIFICATION
 
 
 @dataclass(frozen=True)
@@ -138,8 +138,8 @@ def refuse_overwrite(
             raise _refusal(out, option, "is a run directory, whose files belong to its run")
         if parent == target:
             continue
-        if (parent / RECORD).is_file() or (parent / VERIFICATION).is_file():
-            kind = "run" if (parent / RECORD).is_file() else "verification"
+        kind = _owner(parent)
+        if kind is not None:
             raise _refusal(out, option, f"is inside the {kind} directory {parent}, whose files belong to it")
     refuse_unwritable_parent(out, source=option)
     if own is not None and target.is_dir():
@@ -171,19 +171,33 @@ def refuse_nonempty_dir(out: Path, *, option: str) -> None:
         )
 
 
+def _owner(directory: Path) -> str | None:
+    """What kind of directory owns everything in it: a run, verification or study (else None)."""
+    for name, kind in ((RECORD, "run"), (VERIFICATION, "verification"), (STUDY, "study")):
+        if (directory / name).is_file():
+            return kind
+    return None
+
+
 def refuse_inside_run(out: Path, *, option: str, own: Path | None = None) -> None:
-    """Refuse an output that would go inside a run directory (its files belong to its run), but
-    for ``own``: the run the command works on (an eval goes inside its run)."""
+    """Refuse an output that would go inside a run or study directory (its files belong to its run
+    or study), but for inside ``own``: the place the command may write in a run it works on (an
+    eval's: its run's ``evals/``)."""
     target = out.resolve()
     mine = own.resolve() if own is not None else None
     for parent in target.parents:
         if parent == mine:
             return
-        if (parent / RECORD).is_file():
+        kind = _owner(parent)
+        if kind == "study" and target.parent == parent / STUDY_RUNS:
+            return  # one of the study's runs (``seeds`` runs them there, --jobs as `reprotune run`)
+        if kind in ("run", "study"):
+            where = f" (an eval of a run goes in its {mine.name}/)" if mine is not None else ""
             raise InputError(
-                f"{option} {str(out)!r} is inside the run directory {parent}, whose files belong to its run",
+                f"{option} {str(out)!r} is inside the {kind} directory {parent}, "
+                f"whose files belong to its {kind}",
                 source=option,
-                fix=f"give {option} a path outside any run directory",
+                fix=f"give {option} a path outside any run or study directory{where}",
             )
 
 

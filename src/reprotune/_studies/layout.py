@@ -16,11 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-STUDY: Final = "study.json"
+from reprotune._run.layout import STUDY
+from reprotune._run.layout import STUDY_RUNS as RUNS
+
+__all__ = ["CONFIG", "LOGS", "MLFLOW", "REPORT", "RUNS", "STUDY", "StudyLayout"]
 CONFIG: Final = "config.yaml"
 REPORT: Final = "report.html"
 MLFLOW: Final = "mlflow.json"
-RUNS: Final = "runs"
 LOGS: Final = "logs"
 
 

@@ -31,6 +31,7 @@ from reprotune._studies.layout import StudyLayout
 from reprotune._studies.metrics import FINAL_VAL_LOSS, run_metrics
 from reprotune._studies.plan import SEED_RULE, PlannedRun, StudyPlan, plan_study
 from reprotune._studies.report import write_study_report
+from reprotune._studies.sources import base_model, data_identity
 from reprotune._studies.stats import (
     BOOTSTRAP_METHOD,
     BOOTSTRAP_RESAMPLES,
@@ -143,8 +144,8 @@ def _run_locked(
         raise
     runs = [entries[r.name] for r in plan.runs]
     final = {**study, "status": "completed", "runs": runs, **summarise_runs(plan, runs, notes)}
-    final["base_model"], model_notes = _base_model([records[r.name] for r in plan.runs])
-    final["data"], data_notes = _data([records[r.name] for r in plan.runs])
+    final["base_model"], model_notes = base_model([records[r.name] for r in plan.runs])
+    final["data"], data_notes = data_identity([records[r.name] for r in plan.runs])
     final["metric_notes"] = final["metric_notes"] + model_notes + data_notes
     write_study(paths.study, final)
     write_study_report(final, paths.report)
@@ -303,39 +304,6 @@ def summarise_runs(
     if plan.vary == "each":
         variance = {m: variance_shares({g: values[g][m] for g in plan.groups}) for m in complete}
     return {"metrics": complete, "summary": summary, "variance": variance, "metric_notes": metric_notes}
-
-
-def _base_model(records: Sequence[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[str]]:
-    """The base model every run started from (source and hashes), and a note if runs disagree."""
-    keys = ("source", "weights_sha256", "tokenizer_sha256")
-    seen = [{k: (r.get("model") or {}).get(k) for k in keys} for r in records]
-    if not seen:
-        return None, []
-    notes = []
-    if any(s != seen[0] for s in seen[1:]):
-        notes.append(
-            "the runs did not all start from the same base model files; base_model is the first run's"
-        )
-    return seen[0], notes
-
-
-def _data(records: Sequence[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[str]]:
-    """The data file every run trained on (its sha256), whether the runs agree, and a note when
-    they do not (the data file changed while the study was made: kept runs trained on the old)."""
-    seen = [(r.get("data") or {}).get("file_sha256") for r in records]
-    if not seen:
-        return None, []
-    agree = all(s == seen[0] for s in seen[1:])
-    notes = (
-        []
-        if agree
-        else [
-            f"the runs did not all train on the same data ({len(set(seen))} data.file_sha256 values: "
-            "the data file changed while the study was made); the spread mixes data with seed noise: "
-            "make the study again in a new --out; data is the first run's"
-        ]
-    )
-    return {"file_sha256": seen[0], "runs_agree": agree}, notes
 
 
 def _tracker(

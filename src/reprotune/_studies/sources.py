@@ -1,0 +1,41 @@
+"""What a study's runs started from, as ``study.json`` keeps it: the base model and the data file
+(their hashes, from the runs' records), and a note when the runs do not all agree. Never imports
+torch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def base_model(records: Sequence[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[str]]:
+    """The base model every run started from (source and hashes), and a note if runs disagree."""
+    keys = ("source", "weights_sha256", "tokenizer_sha256")
+    seen = [{k: (r.get("model") or {}).get(k) for k in keys} for r in records]
+    if not seen:
+        return None, []
+    notes = []
+    if any(s != seen[0] for s in seen[1:]):
+        notes.append(
+            "the runs did not all start from the same base model files; base_model is the first run's"
+        )
+    return seen[0], notes
+
+
+def data_identity(records: Sequence[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[str]]:
+    """The data file every run trained on (its sha256), whether the runs agree, and a note when
+    they do not (the data file changed while the study was made: kept runs trained on the old)."""
+    seen = [(r.get("data") or {}).get("file_sha256") for r in records]
+    if not seen:
+        return None, []
+    agree = all(s == seen[0] for s in seen[1:])
+    notes = (
+        []
+        if agree
+        else [
+            f"the runs did not all train on the same data ({len(set(seen))} data.file_sha256 values: "
+            "the data file changed while the study was made); the spread mixes data with seed noise: "
+            "make the study again in a new --out; data is the first run's"
+        ]
+    )
+    return {"file_sha256": seen[0], "runs_agree": agree}, notes
