@@ -77,6 +77,13 @@ def test_not_a_run_dir_exit_2(tmp_path: Path, ref: Path, capsys: pytest.CaptureF
     err = capsys.readouterr().err
     assert f"reprotune compare: error: {empty} is not a run directory: it has no record.json" in err
     assert "fix: pass the directory `reprotune run` wrote" in err
+    study = tmp_path / "study"  # a seed study: compare said only "not a run directory"
+    (study / "runs").mkdir(parents=True)
+    (study / "study.json").write_text("{}")
+    assert main(["compare", str(ref), str(study)]) == 2
+    err = capsys.readouterr().err
+    assert "fix: a seed study is compared with another by `reprotune significance STUDY_A STUDY_B`" in err
+    assert f"its runs are in {study / 'runs'}" in err
 
 
 def test_unknown_schema_exit_2(tmp_path: Path, ref: Path, capsys: pytest.CaptureFixture[str]) -> None:

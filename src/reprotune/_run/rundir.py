@@ -152,6 +152,11 @@ def check_is_run_dir(root: Path, *, option: str | None = None) -> None:
         if not root.is_absolute() and owner.is_absolute():  # `.` inside a run: say `../..`, as typed
             owner = Path(os.path.relpath(owner))
         fix = f"pass the run directory {owner}: {part} is a part of that run"
+    elif (root / layout.STUDY).is_file():  # a seed study: its runs are in runs/, studies compare apart
+        fix = (
+            "a seed study is compared with another by `reprotune significance STUDY_A STUDY_B`; its "
+            f"runs are in {root / layout.STUDY_RUNS}"
+        )
     elif inside:
         shown = ", ".join(str(root / name) for name in inside[:3])
         fix = f"pass one of the run directories inside it, e.g. {shown}"
