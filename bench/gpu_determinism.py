@@ -24,6 +24,12 @@ before a GPU is lent. On a CPU strict and off compute alike, so there the off ru
 kernels differ; the step-time ratios of a rehearsal mean nothing:
 
     .venv/bin/python bench/gpu_determinism.py --device cpu --steps 3 --out /tmp/rehearsal
+
+``--random-weights-from DIR`` replaces the base model by one of the same architecture with seeded
+random weights, built from ``DIR``'s ``config.json`` and tokenizer files (the converted builtin
+model's folder holds both): a machine that cannot be sent the 98 MB GGUF (a device call carries
+64 MiB) still runs the same shapes and kernels. The weights change the numbers, not which kernels
+compute them.
 """
 
 from __future__ import annotations
@@ -177,6 +183,27 @@ def microscope(out: Path, results: dict[str, dict[str, object]]) -> dict[str, ob
     return section
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+
+
+def random_weights_model(files: Path, target: Path) -> Path:
+    """A model directory at ``target``: ``files``' config with seeded random weights, and its
+    tokenizer files."""
+    import shutil
+
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(files)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(target)
+    for name in TOKENIZER_FILES:
+        if (files / name).is_file():
+            shutil.copyfile(files / name, target / name)
+    return target
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40)
@@ -186,6 +213,12 @@ def main() -> int:
         "--device", choices=("cuda", "cpu"), default="cuda", help="cpu: rehearse the script without a GPU"
     )
     parser.add_argument("--config", type=Path, default=ROOT / "examples" / "quickstart.yaml")
+    parser.add_argument(
+        "--random-weights-from",
+        type=Path,
+        metavar="DIR",
+        help="a model folder (config.json, tokenizer files): run its architecture with seeded random weights",
+    )
     args = parser.parse_args()
     config = args.config.resolve()
     import torch
@@ -206,6 +239,9 @@ def main() -> int:
         "--set",
         f"train.eval_every={args.steps}",
     ]
+    if args.random_weights_from:
+        model = random_weights_model(args.random_weights_from.resolve(), args.out.resolve() / "model")
+        common += ["--set", f"model.name={model}"]
     results: dict[str, dict[str, object]] = {}
     # On a CPU strict and off compute alike (at 1 thread or 2 too); the rehearsal runs off in the
     # portable CPU mode, other kernels, so that the two part and the branch that traces their first

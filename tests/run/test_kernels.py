@@ -89,6 +89,7 @@ def test_the_cuda_section_as_far_as_a_cpu_machine_can_show_it(monkeypatch: pytes
     never an error. On a GPU, bench/gpu_determinism.py records the real one."""
     import types
 
+    real_gpu = torch.cuda.is_available()
     props = types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0, multi_processor_count=132)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -97,7 +98,9 @@ def test_the_cuda_section_as_far_as_a_cpu_machine_can_show_it(monkeypatch: pytes
     section = kernels._cuda_section()
     assert section is not None
     assert section["devices"] == [{"index": 0, "name": "NVIDIA H200", "capability": "9.0", "sm_count": 132}]
-    assert section["nccl"] == "2.21.5" and section["cublas"] is None
+    assert section["nccl"] == "2.21.5"
+    # cuBLAS without a handle cannot be asked; a real GPU (where this test also runs) answers
+    assert section["cublas"] is None if not real_gpu else isinstance(section["cublas"], int)
     assert set(section["math"]) == {
         "matmul_allow_tf32",
         "cudnn_allow_tf32",
@@ -105,3 +108,33 @@ def test_the_cuda_section_as_far_as_a_cpu_machine_can_show_it(monkeypatch: pytes
         "bf16_reduced_precision_reduction",
         "float32_matmul_precision",
     }
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_cuda_section_on_a_gpu() -> None:
+    """On a GPU machine the section holds the real devices and library versions."""
+    section = kernels._cuda_section()
+    assert section is not None and len(section["devices"]) == torch.cuda.device_count()
+    major, minor = torch.cuda.get_device_capability(0)
+    assert section["devices"][0]["capability"] == f"{major}.{minor}"
+    assert section["devices"][0]["name"] == torch.cuda.get_device_name(0)
+    assert isinstance(section["cublas"], int) and section["cudnn"] == torch.backends.cudnn.version()
+
+
+def test_the_algorithm_settings_are_kernel_facts_read_back() -> None:
+    """``torch.use_deterministic_algorithms`` picks other kernels (on a GPU, the efficient attention's
+    backward): the facts carry what is in force, and two machines' facts that differ there name it;
+    facts from before the section existed leave it unknown, not named."""
+    before = kernel_facts()["algorithms"]
+    assert before["deterministic_algorithms"] is torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(not before["deterministic_algorithms"])
+    try:
+        after = kernel_facts()
+    finally:
+        torch.use_deterministic_algorithms(before["deterministic_algorithms"])
+    assert after["algorithms"]["deterministic_algorithms"] is not before["deterministic_algorithms"]
+    facts = kernel_facts()
+    named = kernel_differences(facts, after)
+    assert len(named) == 1 and named[0].startswith("torch's algorithm settings deterministic_algorithms=")
+    older = {k: v for k, v in facts.items() if k != "algorithms"}
+    assert kernel_differences(older, after) == [] and kernel_differences(after, older) == []

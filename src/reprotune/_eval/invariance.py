@@ -171,6 +171,7 @@ def _position_free(module: Any, block: int) -> bool:
 def _cache_key(shapes: Sequence[str], threads: int, device: str) -> str:
     facts = kernel_facts()
     facts.pop("attention", None)
+    facts.pop("algorithms", None)  # the GEMM probe's kernels do not depend on it; caches stay valid
     what = {
         "probe_version": PROBE_VERSION,
         "candidates": BLOCK_CANDIDATES,

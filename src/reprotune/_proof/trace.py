@@ -11,7 +11,8 @@ its occurrence, its non-tensor arguments, and for every input (before the op: in
 them) and output tensor its shape, dtype and a content hash of its bytes (xxh3-128: a real hash,
 so a permutation or a single flipped bit changes it). Ops the dispatcher marks as views
 (``aten::t``, ``aten::view``, ...) are left out: they move no bytes, and their consumers hash what
-they read (``aten::_unsafe_view``, which is not marked so, stays in).
+they read (``aten::_unsafe_view``, which is not marked so, stays in). Fused attention's dropout RNG
+state is written as ``rng-state``, not hashed (``_proof.op_tensors``).
 
 The traced step's ledger line is compared with the run's: the trace says at its top whether this
 machine reproduced the run (when it does not, the trace shows this machine's step, not the run's).
@@ -41,6 +42,7 @@ from torch.utils._pytree import tree_flatten
 from reprotune._config.loading import config_from_dict
 from reprotune._errors import InputError
 from reprotune._proof.microscope import kernels_against_run
+from reprotune._proof.op_tensors import RNG_STATE_HASH, rng_state_inputs, rng_state_outputs, tensor_hash
 from reprotune._proof.tracefile import SCHEMA, SCHEMA_VERSION, TraceOp, new_trace_path, write_trace
 from reprotune._run.checkpoint import restore_checkpoint
 from reprotune._run.checkpoint_files import list_checkpoints, verify_checkpoint
@@ -55,19 +57,6 @@ HASH = "xxh3-128"
 #: Ops that move no bytes beyond their inputs' (besides views, which the dispatcher marks).
 _SKIPPED = frozenset({"aten::detach", "aten::alias", "aten::lift_fresh", "prim::device"})
 _ARGS_SHOWN = 120  # longer argument lists are written as their hash
-
-
-def tensor_hash(t: torch.Tensor) -> str:
-    """xxh3-128 of a tensor's bytes in row-major order (its values, not its strides or device)."""
-    data = t.detach()
-    if data.device.type != "cpu":
-        data = data.cpu()
-    data = data.contiguous().reshape(-1)
-    try:
-        raw = data.view(torch.uint8).numpy()
-    except (RuntimeError, TypeError):  # a layout without a byte view (sparse, quantized)
-        return xxhash.xxh3_128_hexdigest(repr(data.tolist()).encode("utf-8"))
-    return xxhash.xxh3_128_hexdigest(raw.data)
 
 
 def _op_name(func: Any) -> str:
@@ -167,7 +156,9 @@ class OpTracer(TorchDispatchMode):
         """Name the part of the step that begins (``train_step`` calls it)."""
         self.phase = phase
 
-    def _entry(self, t: torch.Tensor) -> tuple[str, ...]:
+    def _entry(self, t: torch.Tensor, rng_state: set[int]) -> tuple[str, ...]:
+        if id(t) in rng_state:
+            return ("x".join(str(d) for d in t.shape), str(t.dtype).removeprefix("torch."), RNG_STATE_HASH)
         started = time.perf_counter()
         try:
             address = t.untyped_storage().data_ptr()
@@ -191,10 +182,12 @@ class OpTracer(TorchDispatchMode):
         if func.is_view or name in _SKIPPED or name.startswith("profiler::"):
             return func(*args, **kwargs)
         flat, _ = tree_flatten((args, kwargs))
-        inputs = tuple(self._entry(x) for x in flat if isinstance(x, torch.Tensor))
+        rng_state = rng_state_inputs(func, args, kwargs)
+        inputs = tuple(self._entry(x, rng_state) for x in flat if isinstance(x, torch.Tensor))
         out = func(*args, **kwargs)
         produced, _ = tree_flatten(out)
-        outputs = tuple(self._entry(x) for x in produced if isinstance(x, torch.Tensor))
+        rng_state = rng_state_outputs(func, out)
+        outputs = tuple(self._entry(x, rng_state) for x in produced if isinstance(x, torch.Tensor))
         module = self.modules.current()
         key = (self.phase, module, name)
         n = self._counts[key]

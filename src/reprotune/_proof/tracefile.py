@@ -98,6 +98,7 @@ class _Kernels(BaseModel):
     attention: dict[str, Any] | None = None
     cuda: dict[str, Any] | None = None
     portable: dict[str, Any] | None = None
+    algorithms: dict[str, Any] | None = None
 
 
 class _KernelsVsRun(BaseModel):

@@ -25,6 +25,7 @@ from functools import lru_cache
 from typing import Any
 
 from reprotune._determinism.cpu import cpu_flags, cpuinfo, is_arm, mkl_cbwr, mkl_code_path
+from reprotune._determinism.flags import determinism_flags
 from reprotune._determinism.isa import isa_in_force
 
 #: The schema of the ``environment.kernels`` section.
@@ -215,6 +216,17 @@ def _cublas_version() -> int | None:
         return None
 
 
+#: Flags of ``_determinism.flags.determinism_flags`` that choose among kernels (a deterministic
+#: variant, or one found by timing), so a kernel fact: ``algorithms`` below.
+ALGORITHM_FLAGS = (
+    "deterministic_algorithms",
+    "deterministic_warn_only",
+    "fill_uninitialized_memory",
+    "cudnn_deterministic",
+    "cudnn_benchmark",
+)
+
+
 def kernel_facts(*, attention: str | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Everything that selects a kernel here, read back as in force.
 
@@ -230,10 +242,14 @@ def kernel_facts(*, attention: str | None = None, env: Mapping[str, str] | None 
         :data:`STEERING_ENV`, None when unset); ``attention`` (implementation and SDPA backends
         enabled); ``cuda`` (None on a machine without a CUDA device; else each GPU's name,
         compute capability and SM count, cuBLAS, cuDNN and NCCL versions and the math modes);
-        ``portable`` (``cpu_isa``: the ``determinism.cpu_isa`` mode in force, ``_determinism.isa``).
-        Never raises for a missing library or device.
+        ``portable`` (``cpu_isa``: the ``determinism.cpu_isa`` mode in force, ``_determinism.isa``);
+        ``algorithms`` (each of :data:`ALGORITHM_FLAGS` as in force: with
+        ``deterministic_algorithms`` an op may run another kernel, such as the efficient
+        attention's backward on a GPU; records from before it lack this section). Never raises
+        for a missing library or device.
     """
     environ = os.environ if env is None else env
+    flags = determinism_flags()
     return {
         "version": KERNELS_VERSION,
         "cpu": _cpu_section(),
@@ -242,6 +258,7 @@ def kernel_facts(*, attention: str | None = None, env: Mapping[str, str] | None 
         "attention": _attention_section(attention),
         "cuda": _cuda_section(),
         "portable": {"cpu_isa": isa_in_force(environ)["cpu_isa"]},
+        "algorithms": {name: flags[name] for name in ALGORITHM_FLAGS},
     }
 
 
@@ -258,6 +275,7 @@ KERNEL_LABELS: tuple[tuple[str, str], ...] = (
     ("cuda.cublas", "cuBLAS"),
     ("cuda.cudnn", "cuDNN"),
     ("cuda.nccl", "NCCL"),
+    ("algorithms", "torch's algorithm settings"),
     ("cuda.math", "CUDA math modes"),
     ("cuda.cuda_runtime", "CUDA runtime"),
     ("attention.implementation", "attention"),
@@ -270,6 +288,10 @@ KERNEL_LABELS: tuple[tuple[str, str], ...] = (
     ("steering_env", "kernel environment variables"),
     ("attention", "SDPA backends"),
 )
+
+
+#: Sections that records and traces from before them lack: a difference there is unknown, not named.
+_ADDED_LATER = frozenset({"algorithms"})
 
 
 def _lookup(facts: Mapping[str, Any], dotted: str) -> Any:
@@ -303,6 +325,8 @@ def kernel_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     for key, label in KERNEL_LABELS:
         va, vb = _lookup(a, key), _lookup(b, key)
         if va == vb or any(n.startswith(key + ".") for n in named):
+            continue
+        if key in _ADDED_LATER and (va is None or vb is None):  # one side recorded before it: unknown
             continue
         if key == "attention":  # the SDPA backend switches, beside the implementation named above
             va = {k: v for k, v in (va or {}).items() if k != "implementation"}

@@ -1,0 +1,64 @@
+"""What a trace writes of an op's tensors: the dropout RNG state of fused attention kernels is not
+hashed. On an H200 (2026-12-04) a strict run and a run with determinism off differed, at step 2, in
+the philox seed and offset of every ``_scaled_dot_product_efficient_attention`` (tensors the kernel
+never writes at dropout 0), so the trace comparison named that op as a kernel difference; the real
+first difference was the attention backward's gradient. No CPU runs those kernels, so the slots are
+shown here with a custom op of the same schema names, through the real dispatcher."""
+
+from __future__ import annotations
+
+import torch
+
+from reprotune._proof.op_tensors import RNG_STATE_HASH, rng_state_inputs, rng_state_outputs, tensor_hash
+from reprotune._proof.trace import ModulePaths, OpTracer
+
+_LIB = torch.library.Library("reprotune_test", "DEF")
+_LIB.define("attn(Tensor query, float dropout_p) -> (Tensor output, Tensor philox_seed, Tensor philox_offset)")
+_LIB.define("attn_backward(Tensor grad, Tensor philox_seed, Tensor philox_offset) -> Tensor")
+_calls = [0]
+
+
+def _attn(query: torch.Tensor, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # like the CUDA kernels at dropout 0: the RNG state is left as it was (here: other bytes per call)
+    _calls[0] += 1
+    return query * 2, torch.tensor(_calls[0]), torch.tensor(-_calls[0])
+
+
+def _attn_backward(grad: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    return grad * 2
+
+
+_LIB.impl("attn", _attn, "CPU")
+_LIB.impl("attn_backward", _attn_backward, "CPU")
+
+
+def _trace_once() -> list[tuple[tuple[str, ...], ...]]:
+    model = torch.nn.Linear(2, 2)
+    with ModulePaths(model) as modules, OpTracer(modules, {}) as tracer:
+        out, seed, offset = torch.ops.reprotune_test.attn(torch.ones(3), 0.0)
+        torch.ops.reprotune_test.attn_backward(out, seed, offset)
+    return [(*op.inputs, *op.outputs) for op in tracer.ops if op.op.startswith("reprotune_test::")]
+
+
+def test_the_slots_are_found_by_their_schema_names() -> None:
+    forward = torch.ops.aten._scaled_dot_product_efficient_attention.default
+    q, seed, offset = torch.ones(1), torch.tensor(1), torch.tensor(2)
+    assert rng_state_outputs(forward, (q, q, seed, offset)) == {id(seed), id(offset)}
+    assert rng_state_inputs(forward, (q, q, q, None, True), {}) == set()
+    backward = torch.ops.aten._scaled_dot_product_efficient_attention_backward.default
+    args = (q, q, q, q, q, q, q, seed, offset, 0.0, [True] * 4)
+    assert rng_state_inputs(backward, args, {}) == {id(seed), id(offset)}
+    assert rng_state_inputs(torch.ops.aten.mm.default, (q, q), {}) == set()
+    assert rng_state_outputs(torch.ops.aten.mm.default, q) == set()
+
+
+def test_rng_state_is_written_as_such_and_two_calls_agree() -> None:
+    first, second = _trace_once(), _trace_once()
+    forward, backward = first
+    assert forward[0][2] == tensor_hash(torch.ones(3))  # the query: hashed
+    assert forward[1][2] == tensor_hash(torch.ones(3) * 2)  # the output: hashed
+    assert forward[2] == ("", "int64", RNG_STATE_HASH) and forward[3] == ("", "int64", RNG_STATE_HASH)
+    assert backward[1][2] == RNG_STATE_HASH and backward[2][2] == RNG_STATE_HASH
+    assert backward[0][2] != RNG_STATE_HASH
+    # the seed tensors' bytes differed between the two calls; the trace lines do not
+    assert first == second
