@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from reprotune._config.secrets import mask_url_credentials
+from reprotune._config.secrets import mask_url_credentials, without_masked_credentials
 from reprotune._jsonio import canonical_dumps
 from reprotune._run import fingerprint as _fingerprint
 from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint, installed_distributions
@@ -65,6 +65,15 @@ def test_planted_secrets_never_reach_the_fingerprint(monkeypatch: pytest.MonkeyP
 def test_redact_value(value: str, expected: str) -> None:
     """Credentials inside URLs and secret query parameters are masked; other text is kept."""
     assert mask_url_credentials(value) == expected
+
+
+def test_a_masked_url_connects_without_the_mask() -> None:
+    """What a resumed run reads back from its record (user-info masked) connects without it, with
+    credentials from the environment; an unmasked URL or one without user-info is kept."""
+    assert without_masked_credentials(mask_url_credentials("http://u:p@host:5000")) == "http://host:5000"
+    assert without_masked_credentials(mask_url_credentials("https://tok@host/x")) == "https://host/x"
+    assert without_masked_credentials("sqlite:///mlflow.db") == "sqlite:///mlflow.db"
+    assert without_masked_credentials("http://u:p@host") == "http://u:p@host"
 
 
 def test_redact_env_keeps_only_relevant_names() -> None:

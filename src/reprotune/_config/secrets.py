@@ -72,6 +72,13 @@ def mask_url_credentials(value: str, *, loose: bool = False) -> str:
     return value
 
 
+def without_masked_credentials(url: str) -> str:
+    """``url`` with user-info that :func:`mask_url_credentials` masked taken out
+    (``https://***:***@h`` -> ``https://h``), so that a client connects with credentials from the
+    environment instead of the mask."""
+    return url.replace(f"://{MASK}:{MASK}@", "://").replace(f"://{MASK}@", "://")
+
+
 def mask_tokens(value: str) -> str:
     """``value`` with every token-shaped string (``hf_...``, ``ghp_...``, ``sk-...``, an AWS key
     id, ...) replaced by ``***``, whatever its context."""

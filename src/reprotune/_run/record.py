@@ -53,6 +53,12 @@ SCHEMA_VERSION: Final = 1
 Status = Literal["running", "completed", "failed", "stopped", "interrupted"]
 
 
+def ended_status(exc: BaseException) -> Status:
+    """The status of a run that ``exc`` ended: ``interrupted`` for Ctrl-C (and the signals reprotune
+    turns into it), ``failed`` for anything else."""
+    return "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+
+
 class RunRecord(RecordPart):
     """A whole ``record.json``. Field names and meanings: docs/run-directory.md."""
 

@@ -24,7 +24,7 @@ from reprotune._jsonio import write_bytes_atomic
 from reprotune._run.layout import LOCK
 from reprotune._run.lock import holding_run_dir
 from reprotune._run.outputs import refuse_inside_run, refuse_unwritable_parent
-from reprotune._run.record import Status
+from reprotune._run.record import ended_status
 from reprotune._studies import layout
 from reprotune._studies.execute import Action, RunOutcome, execute_runs
 from reprotune._studies.layout import StudyLayout
@@ -139,7 +139,7 @@ def _run_locked(
         if isinstance(exc, InputError) and before is not None:
             write_bytes_atomic(paths.study, before)  # a refused continuation leaves the study as it was
         if tracker is not None:  # the parent run says so; a study continued later reopens it
-            status: Status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            status = ended_status(exc)
             tracker.finish({}, [paths.study], status)
         raise
     runs = [entries[r.name] for r in plan.runs]

@@ -19,6 +19,7 @@ from typing import Any
 
 from reprotune._config.loading import config_from_dict, dump_config_yaml
 from reprotune._config.schema import ExperimentConfig
+from reprotune._config.secrets import without_masked_credentials
 from reprotune._determinism.seeds import derive_seeds
 from reprotune._errors import InputError
 from reprotune._jsonio import write_bytes_atomic
@@ -39,7 +40,7 @@ from reprotune._run.ledger import LedgerWriter, hexf
 from reprotune._run.live_record import LiveRecord
 from reprotune._run.lock import holding_run_dir
 from reprotune._run.nospace import no_space_in_run
-from reprotune._run.record import Status, attempt_timings
+from reprotune._run.record import Status, attempt_timings, ended_status
 from reprotune._run.rundir import check_is_run_dir
 from reprotune._run.signals import interrupt_on_signals, recording_the_end
 from reprotune._trackers.base import Tracker, TrackerSet
@@ -212,7 +213,7 @@ def _execute(
     except BaseException as exc:
         if progress is not None:
             progress.close()
-        status: Status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        status = ended_status(exc)
         error = no_space_in_run(exc, paths.root) if run.recorded else None
         if run.recorded:
             try:
@@ -327,6 +328,6 @@ def build_trackers(cfg: ExperimentConfig, options: RunOptions, report: Callable[
     if options.tracking and cfg.tracking.mlflow:
         # A record's config holds the URI with its user-info masked (a resumed run): connect
         # without it, with MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD from the environment.
-        uri = cfg.tracking.uri.replace("://***:***@", "://").replace("://***@", "://")
+        uri = without_masked_credentials(cfg.tracking.uri)
         trackers.append(MlflowTracker(uri, cfg.tracking.artifact_location, cfg.tracking.experiment))
     return TrackerSet(trackers, report=report)

@@ -30,7 +30,7 @@ from reprotune._run.ledger import Entry, LedgerWriter, read_ledger, truncate_led
 from reprotune._run.live_record import LiveRecord
 from reprotune._run.lock import RunDirLock, lock_run_dir
 from reprotune._run.outputs import refuse_inside_run
-from reprotune._run.record import Status, attempt_timings
+from reprotune._run.record import Status, attempt_timings, ended_status
 from reprotune._trackers.base import Tracker, TrackerSet
 from reprotune._trackers.mlflow import MlflowTracker
 from reprotune._trackers.mlflow_link import MlflowRunLink
@@ -206,7 +206,7 @@ class TrainerRun(RunWriter):
                 self.ledger.close()  # syncs: on a full disk this fails too, and the run with it
                 self.finish(status, timings=self._timings, save_outputs=save, error=error)
             except BaseException as exc:  # saving failed (a full disk): the run failed, and says so
-                ended: Status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+                ended = ended_status(exc)
                 with contextlib.suppress(Exception):
                     self.finish(ended, timings=self._timings, error=exc)
                 raise

@@ -36,7 +36,7 @@ from reprotune._run import layout
 from reprotune._run.claim import unused_path
 from reprotune._run.fingerprint import CodeInfo, attention_of, code_fingerprint, environment_fingerprint
 from reprotune._run.ledger import train_line, val_line
-from reprotune._run.record import Status, make_run_id, new_record, utc_now
+from reprotune._run.record import Status, ended_status, make_run_id, new_record, utc_now
 from reprotune._run.signals import interrupt_on_signals, raise_if_interrupted, recording_the_end
 from reprotune._trackers.mlflow_link import require_mlflow, run_to_link
 from reprotune._trackers.wandb import import_wandb
@@ -328,7 +328,7 @@ class ReprotuneCallback(TrainerCallback):
             return original(*args, **kwargs)
         except BaseException as exc:
             if self._run is not None and not self._run.finished:
-                status: Status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+                status = ended_status(exc)
                 try:
                     with recording_the_end():  # a launcher's stop now must not cut the record short
                         self._run.end(status, error=exc)
