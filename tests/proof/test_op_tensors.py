@@ -13,7 +13,9 @@ from reprotune._proof.op_tensors import RNG_STATE_HASH, rng_state_inputs, rng_st
 from reprotune._proof.trace import ModulePaths, OpTracer
 
 _LIB = torch.library.Library("reprotune_test", "DEF")
-_LIB.define("attn(Tensor query, float dropout_p) -> (Tensor output, Tensor philox_seed, Tensor philox_offset)")
+_LIB.define(
+    "attn(Tensor query, float dropout_p) -> (Tensor output, Tensor philox_seed, Tensor philox_offset)"
+)
 _LIB.define("attn_backward(Tensor grad, Tensor philox_seed, Tensor philox_offset) -> Tensor")
 _calls = [0]
 

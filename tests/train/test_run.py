@@ -23,7 +23,7 @@ from reprotune._data.order import DataOrder
 from reprotune._jsonio import sha256_file
 from reprotune._run.ledger import batch_sha256
 from reprotune._train.loss import logits_to_keep, supports_logits_to_keep, token_loss_sum
-from reprotune._train.run import RunOptions, RunResult, run_experiment
+from reprotune._train.run import RunOptions, RunResult, resume_run, run_experiment
 
 
 def _run(
@@ -303,8 +303,8 @@ def test_loss_from_kept_logits_matches_every_logit(tmp_path: Path, side: str) ->
 
 
 def test_a_plain_run_never_enters_the_distributed_modules(tiny_project: Any, tmp_path: Path) -> None:
-    """The seam (``_train.strategy``): a plain run, with validation and a checkpoint, calls no
-    function of the distributed modules; its setup's distribution is ``LOCAL``."""
+    """The seam (``_train.strategy``): a plain run, with validation and a checkpoint, and a plain
+    resume call no function of the distributed modules; its setup's distribution is ``LOCAL``."""
     from reprotune._train.strategy import LOCAL
 
     distributed = ("distributed.py", "dist_step.py", "dist_checkpoint.py", "dist_run.py", "dist_strategy.py")
@@ -328,9 +328,13 @@ def test_a_plain_run_never_enters_the_distributed_modules(tiny_project: Any, tmp
     sys.setprofile(profile)
     try:
         result = _run(tiny_project, tmp_path / "plain", "train.save_every=2", hooks=[Seen()])
+        _run(tiny_project, tmp_path / "stopped", "train.save_every=2", stop_after_step=2)
+        with torch.random.fork_rng():
+            resumed = resume_run(tmp_path / "stopped", RunOptions(progress=False, code_dir=tiny_project.root))
     finally:
         sys.setprofile(None)
     assert result.status == "completed" and (tmp_path / "plain" / "checkpoints").is_dir()
+    assert resumed.status == "completed"  # a plain resume too
     assert entered == set()
     assert seen and all(rows is None for rows in seen)
     from reprotune._train.setup import Setup

@@ -11,6 +11,7 @@ world size it is resumed at. Pure functions of JSON-safe data: never imports tor
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from reprotune._errors import InputError
@@ -180,3 +181,19 @@ def check_resume_world(
             "--allow-world-size-change to go on anyway (the change is recorded and compare names it)",
         )
     return {"from": before, "to": world_size}
+
+
+def resume_world_change(
+    record: Mapping[str, Any], world_size: int | None, *, allow_change: bool, run_dir: Path
+) -> dict[str, int] | None:
+    """:func:`check_resume_world` for a resume of the run ``record`` holds at ``world_size`` ranks
+    (None: a plain process). A run in the world-size invariant mode may change its world size
+    without being told: the result is bitwise what the uninterrupted run gives (the change is
+    recorded all the same)."""
+    train = (record.get("config") or {}).get("train") or {}
+    return check_resume_world(
+        record.get("distributed"),
+        world_size,
+        allow_change=allow_change or train.get("world_size_invariant") is True,
+        run_dir=str(run_dir),
+    )

@@ -9,16 +9,14 @@ FSDP, checkpoints, the adapter) the other ranks meet it, in the same order, thro
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from reprotune._config.loading import config_from_dict
 from reprotune._config.schema import ExperimentConfig
 from reprotune._run.drift import refuse_completed
 from reprotune._run.fingerprint import attention_of, environment_fingerprint
 from reprotune._run.layout import RunLayout
-from reprotune._run.ranks import check_resume_world
+from reprotune._run.ranks import resume_world_change
 from reprotune._run.record import Status, load_record
 from reprotune._train.dist_checkpoint import restore_distributed
 from reprotune._train.dist_record import distributed_section
@@ -38,21 +36,6 @@ from reprotune._train.loop import StepHook, train_loop
 from reprotune._train.options import RunOptions, RunResult
 from reprotune._train.setup import build_setup
 from reprotune._train.strategy import seed_generators, under_torchrun
-
-
-def resume_world_change(
-    record: Mapping[str, Any], ctx: DistContext | None, *, allow_change: bool, run_dir: Path
-) -> dict[str, int] | None:
-    """:func:`reprotune._run.ranks.check_resume_world` for a resume of the run ``record`` holds. A
-    run in the world-size invariant mode may change its world size without being told: the
-    result is bitwise what the uninterrupted run gives (the change is recorded all the same)."""
-    train = (record.get("config") or {}).get("train") or {}
-    return check_resume_world(
-        record.get("distributed"),
-        ctx.world_size if ctx is not None else None,
-        allow_change=allow_change or train.get("world_size_invariant") is True,
-        run_dir=str(run_dir),
-    )
 
 
 def torchrun_config(run_dir: Path) -> ExperimentConfig | None:
@@ -113,5 +96,5 @@ def follow_resume(run_dir: Path, cfg: ExperimentConfig, ctx: DistContext, option
     """
     record = load_record(RunLayout(run_dir).record)
     refuse_completed(record.get("status"), run_dir)
-    resume_world_change(record, ctx, allow_change=options.allow_world_size_change, run_dir=run_dir)
+    resume_world_change(record, ctx.world_size, allow_change=options.allow_world_size_change, run_dir=run_dir)
     return follow_run(cfg, ctx, options, resume=True)

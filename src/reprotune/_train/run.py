@@ -40,18 +40,14 @@ from reprotune._run.ledger import LedgerWriter, hexf
 from reprotune._run.live_record import LiveRecord
 from reprotune._run.lock import holding_run_dir
 from reprotune._run.nospace import no_space_in_run
+from reprotune._run.ranks import resume_world_change
 from reprotune._run.record import Status, attempt_timings, ended_status
 from reprotune._run.rundir import check_is_run_dir
 from reprotune._run.signals import interrupt_on_signals, recording_the_end
 from reprotune._trackers.base import Tracker, TrackerSet
 from reprotune._trackers.mlflow import MlflowTracker
 from reprotune._trackers.wandb import WandbTracker
-from reprotune._train.dist_run import (
-    follow_resume,
-    follow_run,
-    resume_world_change,
-    torchrun_config,
-)
+from reprotune._train.dist_run import follow_resume, follow_run, torchrun_config
 from reprotune._train.dist_strategy import distribute_setup
 from reprotune._train.distributed import DistContext, process_group
 from reprotune._train.hooks import (
@@ -143,7 +139,8 @@ def _resume(run_dir: Path, options: RunOptions, dist: DistContext | None) -> Run
         cfg = config_from_dict(record["config"], source=str(paths.record))
         allow = options.allow_world_size_change
         run = _Run(paths, record, TrackerSet([]), dist=dist)
-        run.world_change = resume_world_change(record, dist, allow_change=allow, run_dir=run_dir)
+        world_size = dist.world_size if dist is not None else None
+        run.world_change = resume_world_change(record, world_size, allow_change=allow, run_dir=run_dir)
         with run.closed_if_unrecorded():
             run.trackers = build_trackers(cfg, options, run.report)
             return _execute(cfg, run, options, resume=True)
