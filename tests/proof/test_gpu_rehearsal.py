@@ -78,3 +78,39 @@ def test_the_gpu_script_rehearsed_on_the_cpu(tmp_path: Path, monkeypatch: pytest
     assert parted["verdict"] == "DIVERGED" and parted["finding"] == "kernel", parted
     assert "same inputs, different outputs" in parted["explanation"][0]
     assert "determinism.cpu_isa native vs avx2-compatible" in parted["explanation"][0]
+
+
+def test_random_weights_keep_the_architecture_and_the_tokenizer(tmp_path: Path) -> None:
+    """``--random-weights-from`` (a device call cannot carry the SmolLM2 GGUF): the model folder made
+    has the source's config and tokenizer files, seeded weights (the same bytes when made twice)
+    of the source's shapes, and reprotune trains it."""
+    import hashlib
+
+    from safetensors import safe_open
+
+    tiny = TinyProject.create(tmp_path / "project")
+    source = tiny.root / "tiny-model"
+    script = _script()
+    made = [script.random_weights_model(source, tmp_path / name) for name in ("a", "b")]
+    weights = [next(m.glob("*.safetensors")) for m in made]
+    digests = {hashlib.sha256(w.read_bytes()).hexdigest() for w in weights}
+    assert len(digests) == 1
+    with (
+        safe_open(str(next(source.glob("*.safetensors"))), "pt") as real,
+        safe_open(str(weights[0]), "pt") as new,
+    ):
+        names, new_names = real.keys(), new.keys()  # safetensors' handles are not iterable
+        assert {k: real.get_slice(k).get_shape() for k in names} == {
+            k: new.get_slice(k).get_shape() for k in new_names
+        }
+        assert any(not (real.get_tensor(k) == new.get_tensor(k)).all() for k in names)
+    for name in script.TOKENIZER_FILES:
+        assert (made[0] / name).is_file() == (source / name).is_file()
+    assert (
+        json.loads((made[0] / "config.json").read_text())["model_type"]
+        == json.loads((source / "config.json").read_text())["model_type"]
+    )
+    config = tiny.config(model={"name": str(made[0]), "max_length": 64}, train={"max_steps": 2})
+    tiny.run_cli("run", str(config), "--run-dir", str(tmp_path / "run"), "--no-progress", "--no-tracking")
+    record = json.loads((tmp_path / "run" / "record.json").read_text(encoding="utf-8"))
+    assert record["status"] == "completed"
