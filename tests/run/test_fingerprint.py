@@ -1,4 +1,5 @@
-"""Tests for reprotune._run.fingerprint and _run.redact: planted secrets never recorded, git state."""
+"""Tests for reprotune._run.fingerprint and the environment redaction of _config.secrets: planted
+secrets never recorded, git state."""
 
 from __future__ import annotations
 
@@ -11,11 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from reprotune._config.secrets import mask_url_credentials, without_masked_credentials
+from reprotune._config.secrets import (
+    REDACTED,
+    is_secret_name,
+    mask_url_credentials,
+    redact_env,
+    token_problem,
+    without_masked_credentials,
+)
 from reprotune._jsonio import canonical_dumps
 from reprotune._run import fingerprint as _fingerprint
 from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint, installed_distributions
-from reprotune._run.redact import REDACTED, redact_env
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
@@ -74,6 +81,20 @@ def test_a_masked_url_connects_without_the_mask() -> None:
     assert without_masked_credentials(mask_url_credentials("https://tok@host/x")) == "https://host/x"
     assert without_masked_credentials("sqlite:///mlflow.db") == "sqlite:///mlflow.db"
     assert without_masked_credentials("http://u:p@host") == "http://u:p@host"
+
+
+def test_one_test_of_a_secret_name_for_variables_and_config_keys() -> None:
+    """A name is judged one way wherever it appears: an environment variable's value is redacted and
+    a random-looking config value under that key refused for the same names (there were two word
+    lists: ``session``, ``cookie``, ``private_key`` were secret in the environment only)."""
+    random_value = "Zq8xL2mVt7Rk4Nw9Yp3H"
+    for name in ("HF_TOKEN", "WANDB_API_KEY", "SESSION_ID", "GIT_COOKIE", "PRIVATE", "OAUTH", "APIKEY"):
+        assert is_secret_name(name) and is_secret_name(name.lower().replace("_", "-"))
+        assert redact_env({f"HF_{name}": "x"}) == {f"HF_{name}": REDACTED}
+        assert token_problem(["tracking", name.lower()], random_value) is not None
+    for name in ("TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "KEYBOARD", "learning_rate"):
+        assert not is_secret_name(name)
+        assert token_problem(["tracking", name.lower()], random_value) is None
 
 
 def test_redact_env_keeps_only_relevant_names() -> None:

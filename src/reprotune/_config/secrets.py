@@ -10,6 +10,12 @@ that look like tokens refused at the door.
   like ``*token*``, ``*key*``, ``*secret*``, ``*password*``). The YAML reader refuses such values
   unless tagged :data:`NOT_SECRET_TAG`; credentials belong in the environment (``HF_TOKEN``,
   ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``), which reprotune records redacted.
+- :func:`redact_env`: the environment a record keeps. A variable whose name looks secret
+  (:func:`is_secret_name`, the same test as a config key's), or whose value holds a token-shaped
+  string whatever its name (``WANDB_NOTES=ghp_...``), is :data:`REDACTED`; every other value has URL
+  credentials and secret-looking query parameters masked.
+
+This module is the one place that knows what a secret looks like.
 """
 
 from __future__ import annotations
@@ -17,12 +23,44 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 #: The YAML tag that marks a value as not secret: ``system_prompt: !not-secret "sk-..."``.
 NOT_SECRET_TAG = "!not-secret"
 MASK = "***"
+#: What a record keeps of a secret environment variable's value.
+REDACTED = "***REDACTED***"
+
+#: Environment variables whose name starts with one of these (or equals one) are recorded.
+ENV_PREFIXES: tuple[str, ...] = (
+    "CUDA_",
+    "CUBLAS_",
+    "CUBLASLT_",
+    "CUDNN_",
+    "NCCL_",
+    "NVIDIA_",
+    "PYTHONHASHSEED",
+    "PYTHONPATH",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "KMP_",
+    "GOTO_",
+    "TOKENIZERS_",
+    "HF_",
+    "HUGGINGFACE_",
+    "TRANSFORMERS_",
+    "ACCELERATE_",
+    "SAFETENSORS_",
+    "MLFLOW_",
+    "WANDB_",
+    "TORCH_",
+    "PYTORCH_",
+    "TORCHINDUCTOR_",
+    "REPROTUNE_",
+    "LD_PRELOAD",
+)
 
 # A URL's user-info: ``user@`` or ``user:password@``. A password may hold ``/`` or ``@`` (it then
 # runs to the last ``@`` before white space); ``host:8443/x@v1`` is a port and a path, not a
@@ -52,9 +90,15 @@ _TOKEN_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("a GitLab token (glpat-...)", r"glpat-[A-Za-z0-9_-]{20,}"),
     )
 )
-# Key names that hold secrets, word by word (as for environment variables in _run.redact).
-_SECRET_SUFFIXES = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS")
-_SECRET_WORDS = ("PASS", "PWD", "AUTH", "AUTHORIZATION", "APIKEY")
+# A name (an environment variable's, a config key's) is secret when one of its words (split on
+# _ . - and white space) ends with one of the suffixes or is one of the words. Word-wise, so
+# TOKENIZERS_PARALLELISM stays visible while HF_TOKEN, HFTOKEN and WANDB_API_KEY do not.
+# Over-redacting costs nothing; leaking costs a credential.
+_SECRET_SUFFIXES = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "AUTH")
+_SECRET_WORDS = (
+    "PASS", "PWD", "AUTHORIZATION", "COOKIE", "SESSION", "SIGNATURE", "SIG", "PRIVATE", "CREDS", "PAT",
+    "USERNAME", "APIKEY",
+)  # fmt: skip
 _RANDOM_MIN_LENGTH = 16
 _RANDOM_MIN_BITS_PER_CHAR = 3.0
 
@@ -146,8 +190,9 @@ def mask_config(value: Any) -> Any:
     return map_texts(value, mask_url_credentials)
 
 
-def is_secret_key(name: str) -> bool:
-    """Whether a key's name says it holds a secret (``api_key``, ``hf-token``, ``password``)."""
+def is_secret_name(name: str) -> bool:
+    """Whether a name says it holds a secret: an environment variable (``HF_TOKEN``) or a config
+    key (``api_key``, ``hf-token``, ``password``)."""
     words = [w for w in re.split(r"[_.\-\s]", name.upper()) if w]
     return any(w in _SECRET_WORDS or w.endswith(_SECRET_SUFFIXES) for w in words)
 
@@ -166,7 +211,7 @@ def token_problem(path: Sequence[str | int], value: str) -> str | None:
         if pattern.search(value):
             return f"holds what looks like {what}"
     key = next((str(p) for p in reversed(path) if isinstance(p, str)), "")
-    if key and is_secret_key(key) and _looks_random(value):
+    if key and is_secret_name(key) and _looks_random(value):
         return f"is named like a secret ({key!r}) and holds a long random-looking string"
     return None
 
@@ -177,3 +222,25 @@ TOKEN_FIX = (
     "environment (HF_TOKEN, MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, ...), which "
     f"reprotune records redacted; if the value is not a secret, mark it: `key: {NOT_SECRET_TAG} VALUE`"
 )
+
+
+def redact_env(env: Mapping[str, str], prefixes: Iterable[str] = ENV_PREFIXES) -> dict[str, str]:
+    """The relevant variables of ``env``, with secrets redacted.
+
+    Args:
+        env: e.g. ``os.environ``.
+        prefixes: a variable is kept when its name starts with one of these.
+
+    Returns:
+        name -> value, sorted by name; a secret-looking name's value, or a value holding a
+        token-shaped string, is :data:`REDACTED`, and every other value has URL credentials and
+        secret query parameters masked.
+    """
+    wanted = tuple(prefixes)
+    out = {}
+    for name in sorted(env):
+        if not name.startswith(wanted):
+            continue
+        secret = is_secret_name(name) or token_shape(env[name]) is not None
+        out[name] = REDACTED if secret else mask_url_credentials(env[name])
+    return out

@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import Any, cast
 
 from reprotune._config.schema import ExperimentConfig
-from reprotune._config.secrets import mask_secrets
+from reprotune._config.secrets import mask_secrets, redact_env
 from reprotune._determinism.flags import determinism_flags
 from reprotune._jsonio import sha256_bytes
 from reprotune._run import layout
 from reprotune._run.kernels import kernel_facts
-from reprotune._run.redact import redact_env
 from reprotune._run.stack import stack_facts
 
 # --- environment -------------------------------------------------------------------------------
