@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from html import escape
 from typing import Any
 
-__all__ = ["CSS", "GENERATOR", "cell", "escape", "figure_svg", "head", "table"]
+__all__ = ["CSS", "GENERATOR", "badge", "cell", "escape", "figure_svg", "head", "table"]
 
 #: In the head of every page: how ``report`` and ``significance --report`` know a page they may
 #: replace (``_run.outputs.reprotune_page``).
@@ -58,6 +58,12 @@ def cell(value: Any, *, absent: str = "(absent)") -> str:
         shown = str(value) if isinstance(value, int) else f"{value:.6g}"
         return f'<td class="num">{escape(shown)}</td>'
     return f"<td>{escape(str(value))}</td>"
+
+
+def badge(kind: str, label: str) -> str:
+    """A verdict's coloured label: ``kind`` picks the colour (a page's ``.verdict.KIND`` rule),
+    ``label`` is what it says."""
+    return f'<span class="verdict {escape(kind)}">{escape(label)}</span>'
 
 
 def figure_svg(svg: str, caption: str) -> str:

@@ -13,7 +13,7 @@ from reprotune._eval.compare import EvalComparison, compare_evals, latest_pairs
 from reprotune._eval.evalfile import open_eval_dir
 from reprotune._eval.layout import run_evals
 from reprotune._eval.metrics import CORPUS_METRICS
-from reprotune._html import escape, table
+from reprotune._html import badge, escape, table
 
 #: Rows shown side by side per comparison (the rest are counted).
 SHOWN_ROWS = 50
@@ -60,7 +60,7 @@ def comparison_html(ref: str, label: str, c: EvalComparison) -> Iterable[str]:
     """One eval comparison: verdict, causes, metric deltas and the differing rows side by side."""
     yield (
         f"<h3>Evals {escape(Path(c.a).name)} ({escape(ref)}) vs {escape(Path(c.b).name)} ({escape(label)}): "
-        f'<span class="verdict {escape(c.verdict)}">{escape(c.verdict)}</span></h3>'
+        f"{badge(c.verdict, c.verdict)}</h3>"
     )
     n = len(c.rows_differing)
     yield f"<p>{n} of {c.rows_compared} rows differ.</p>"

@@ -15,7 +15,7 @@ from typing import Any
 from reprotune._charts import Series, line_chart
 from reprotune._errors import InputError
 from reprotune._eval.html import evals_section
-from reprotune._html import escape, figure_svg, head, table
+from reprotune._html import badge, escape, figure_svg, head, table
 from reprotune._jsonio import write_bytes_atomic
 from reprotune._proof.compare import compare_opened
 from reprotune._proof.differences import Comparison, largest_differences, show_value
@@ -122,8 +122,7 @@ def _glance(labels: Sequence[str], comparisons: Sequence[Comparison]) -> Iterabl
         why = next(iter((*c.incomparable, *c.causes)), "")
         where = f" from step {at}" if at is not None else ""
         yield (
-            f"<li>{escape(labels[0])} vs {escape(label)}: "
-            f'<span class="verdict {escape(c.verdict.value)}">{escape(c.verdict.label)}</span>'
+            f"<li>{escape(labels[0])} vs {escape(label)}: {badge(c.verdict.value, c.verdict.label)}"
             f"{escape(where)}{': ' + escape(why) if why else ''}</li>"
         )
     yield "</ul>"
@@ -157,10 +156,7 @@ def _comparison_html(ref: str, label: str, c: Comparison) -> Iterable[str]:
     """One comparison's section: verdict, causes, where, adapter, differences, split, notes."""
     verdict = c.verdict.value
     tol = f" (tolerance {c.tolerance:g})" if c.tolerance is not None else ""
-    yield (
-        f"<h3>{escape(ref)} vs {escape(label)}: "
-        f'<span class="verdict {escape(verdict)}">{escape(c.verdict.label)}</span>{escape(tol)}</h3>'
-    )
+    yield (f"<h3>{escape(ref)} vs {escape(label)}: {badge(verdict, c.verdict.label)}{escape(tol)}</h3>")
     if c.prefix:
         yield (
             f"<p>Compared over the {c.where.steps_compared} steps both ran: this negative control "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reprotune._html import escape, table
+from reprotune._html import badge, escape, table
 from reprotune._run.layout import VERIFICATION
 
 RERUN_SUMMARY = "rerun.json"
@@ -89,8 +89,8 @@ def _verification(path: Path, data: dict[str, Any]) -> Proof:
     cost = data.get("cost")
     css = "IDENTICAL" if verdict == "PASS" else "DIVERGED"
     html = (
-        f"<h2>What was proven</h2><p><span class='verdict {css}'>"
-        f"verify {escape(verdict)}</span> ({escape(str(data.get('mode')))} mode, config sha256 "
+        f"<h2>What was proven</h2><p>{badge(css, f'verify {verdict}')} "
+        f"({escape(str(data.get('mode')))} mode, config sha256 "
         f"<code>{escape(str(data.get('config_sha256', ''))[:12])}</code>). {escape(proven)}</p>"
         f"<p>Machine: {escape(_machine(data.get('machine') or {}))}. Cost: "
         f"{float(data.get('wall_s') or data.get('legs_s') or 0):.0f} s of legs for a "
@@ -114,7 +114,7 @@ def _bundle_rerun(path: Path, data: dict[str, Any]) -> Proof:
     largest = data.get("largest_loss_difference")
     environment = [str(key) for key in data.get("environment_differences", [])]
     html = (
-        f"<h2>What was proven</h2><p><span class='verdict {escape(verdict)}'>{escape(verdict)}</span> "
+        f"<h2>What was proven</h2><p>{badge(verdict, verdict)} "
         f"rerun of bundle <code>{escape(str(data.get('bundle')))}</code> (sha256 "
         f"<code>{escape(str(data.get('bundle_sha256', ''))[:12])}</code>) on {escape(str(data.get('host')))}"
         f" in {float(data.get('seconds') or 0):.0f} s"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from reprotune._charts import Column, bar_chart, strip_plot
-from reprotune._html import escape, figure_svg, head, table
+from reprotune._html import badge, escape, figure_svg, head, table
 from reprotune._jsonio import write_bytes_atomic
 from reprotune._studies.significance import Significance
 from reprotune._studies.stats import shares_line, source_label
@@ -116,7 +116,7 @@ def render_significance(result: Significance, study_a: Mapping[str, Any], study_
     parts = head(f"reprotune significance: {result.study_id_a} vs {result.study_id_b}", _CSS)
     parts += [
         "<h1>Beyond seed noise?</h1>",
-        f'<p><span class="verdict {css}">{escape(result.verdict)}</span></p>',
+        f"<p>{badge(css, result.verdict)}</p>",
         f"<p>Metric <code>{escape(result.metric)}</code>; alpha {t.alpha:g}. Written by reprotune "
         f"{escape(__version__)}.</p>",
     ]
