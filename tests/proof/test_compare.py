@@ -517,3 +517,30 @@ def test_a_trace_command_unsets_before_it_sets() -> None:
     assert assignments == ["MKL_NUM_THREADS=4", "-u OMP_NUM_THREADS"]
     command = trace_command("runs/my run", 3, assignments)
     assert command == "env -u OMP_NUM_THREADS MKL_NUM_THREADS=4 reprotune trace 'runs/my run' --step 3"
+
+
+def test_torchs_algorithm_settings_alone_are_kernel_settings_not_two_machines(tmp_path: Path) -> None:
+    """On one H200 a strict run and an off run parted at the efficient attention's backward, which
+    deterministic algorithms switch: the kernel facts differ only in torch's settings, so the cause
+    says so (not "CPU kernels differ ... on these two machines") and still counts as a kernel cause
+    (the trace commands follow); against a record from before the section, nothing is claimed."""
+    from reprotune._proof.causes import is_kernel_cause
+
+    gpu = {"devices": [{"index": 0, "name": "NVIDIA H200", "capability": "9.0", "sm_count": 132}]}
+
+    def environment(deterministic: bool | None) -> dict[str, Any]:
+        kernels: dict[str, Any] = {"version": 1, "cpu": {"model": "Xeon"}, "cuda": gpu}
+        if deterministic is not None:
+            kernels["algorithms"] = {"deterministic_algorithms": deterministic, "cudnn_benchmark": False}
+        return {"kernels": kernels}
+
+    strict = write_run_dir(tmp_path / "strict", RunSpec(environment=environment(True)))
+    off = write_run_dir(tmp_path / "off", RunSpec(noise_from_step=2, environment=environment(False)))
+    causes = compare_runs(strict, off).causes
+    assert (
+        "kernel settings differ: torch's algorithm settings deterministic_algorithms=True vs "
+        "deterministic_algorithms=False" in causes[0]
+    ), causes
+    assert "two machines" not in causes[0] and is_kernel_cause(causes[0])
+    older = write_run_dir(tmp_path / "older", RunSpec(noise_from_step=2, environment=environment(None)))
+    assert not any("algorithm settings" in c for c in compare_runs(strict, older).causes)

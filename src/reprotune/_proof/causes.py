@@ -85,7 +85,7 @@ _MODEL_FILE_KEYS = ("model.config_sha256", "model.config_files")
 # Environment keys that most often change numbers, in that order; matched as substrings.
 _ENV_PRIORITY = ("torch", "cuda", "cudnn", "gpu", "driver", "thread", "determin", "python", "package")
 #: How each kernel cause, unknown kernel facts and nondeterminism begin: ``is_kernel_cause``.
-_KERNEL_CAUSE = ("CPU kernels differ", "GPU kernels differ")
+_KERNEL_CAUSE = ("CPU kernels differ", "GPU kernels differ", "kernel settings differ")
 _UNKNOWN = "kernel facts are unknown"
 _NONDETERMINISM = "yet nothing recorded differs"
 #: Config keys that only choose which kernels run: told as the kernel facts they change.
@@ -290,8 +290,15 @@ def _kernel_text(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
     found = kernel_differences(a, b)
     if not found:
         return None
-    where = _KERNEL_CAUSE[1] if is_gpu_difference(a, b) else _KERNEL_CAUSE[0]
     more = f" (and {len(found) - MAX_SHOWN} more)" if len(found) > MAX_SHOWN else ""
+    trace = "the trace commands below find the first op"
+    machine_a, machine_b = ({k: v for k, v in f.items() if k != "algorithms"} for f in (a, b))
+    if not kernel_differences(machine_a, machine_b):  # torch's settings alone: one machine runs both
+        return (
+            f"{_KERNEL_CAUSE[2]}: {'; '.join(found)}: with other algorithm settings torch runs other "
+            f"kernels for some ops (determinism.mode sets them; {trace})"
+        )
+    where = _KERNEL_CAUSE[1] if is_gpu_difference(a, b) else _KERNEL_CAUSE[0]
     fix = (
         "determinism.cpu_isa pins CPU kernels to one baseline on both"
         if where == _KERNEL_CAUSE[0]
@@ -299,7 +306,7 @@ def _kernel_text(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
     )
     return (
         f"{where}: {'; '.join(found[:MAX_SHOWN])}{more}: the same inputs give other bits on these two "
-        f"machines ({fix}; the trace commands below find the first op)"
+        f"machines ({fix}; {trace})"
     )
 
 
