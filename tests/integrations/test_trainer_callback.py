@@ -453,8 +453,7 @@ def test_a_data_seed_control_parted_before_its_batches_is_inconclusive(
     _, reference = _train(model_dir, tmp_path, "reference", max_steps=3, seed_first=seed_first)
     monkeypatch.setenv("REPROTUNE_PERTURB_DATA_SEED", "1")
     _, control = _train(model_dir, tmp_path, "control", max_steps=3, seed_first=seed_first)
-    leg = Leg("control-data-seed", str(control), "DIVERGED")
-    comparison = judge_data_order_control(leg, reference)
+    leg, comparison = judge_data_order_control(Leg("control-data-seed", str(control), "DIVERGED"), reference)
     assert leg.verdict == "DIVERGED"
     if seed_first:
         assert comparison.where.first_divergence_step == comparison.where.first_batch_step == 1

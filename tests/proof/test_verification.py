@@ -23,5 +23,17 @@ def test_an_rng_skip_control_that_could_not_part_is_inconclusive_only_without_dr
     """verify and verify --spot judge the RNG-skip control by this one rule: a control that did not
     part counts as inconclusive only when nothing draws from the RNG after the checkpoint."""
     leg = Leg("control-resume", "legs/control-resume", "DIVERGED", passed=passed, note=note)
-    assert inconclusive_without_dropout(leg, dropout) is judged
-    assert (leg.passed, leg.note) == after
+    inconclusive = inconclusive_without_dropout(leg, dropout)
+    assert (inconclusive is not None) is judged
+    judged_leg = inconclusive or leg
+    assert (judged_leg.passed, judged_leg.note) == after
+    assert (leg.passed, leg.note) == (passed, note)  # a leg is a value: the rule makes a new one
+
+
+def test_a_leg_is_a_value() -> None:
+    """A leg is never changed where it stands (verify, --command and --spot build new ones)."""
+    import dataclasses
+
+    leg = Leg("rerun", "legs/rerun", "IDENTICAL")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        leg.passed = True  # type: ignore[misc]

@@ -60,12 +60,16 @@ class Runner:
     timed_out: str | None = None
     """The leg that ran past its time: the legs after it are not run (each would wait as long)."""
 
-    def timed(self, legs: Sequence[Leg]) -> None:
-        """Set each leg's wall time (its processes') and training time (from its record)."""
-        for leg in legs:
-            leg.wall_s = round(self.walls.get(Path(leg.run_dir).resolve(), 0.0), 3)
-            if RunLayout(Path(leg.run_dir)).is_run_dir():  # an interval's replay trains from its start
-                leg.train_s = train_seconds(Path(leg.run_dir), since=int(leg.evidence.get("from", 0)))
+    def timed(self, legs: Sequence[Leg]) -> list[Leg]:
+        """The legs with their wall time (their processes') and training time (from the record)."""
+        return [self._timed(leg) for leg in legs]
+
+    def _timed(self, leg: Leg) -> Leg:
+        leg = replace(leg, wall_s=round(self.walls.get(Path(leg.run_dir).resolve(), 0.0), 3))
+        if RunLayout(Path(leg.run_dir)).is_run_dir():  # an interval's replay trains from its start
+            since = int(leg.evidence.get("from", 0))
+            leg = replace(leg, train_s=train_seconds(Path(leg.run_dir), since=since))
+        return leg
 
     def refuse_after_timeout(self) -> None:
         """Raise :class:`LegNotRun` once a leg ran past its time: each after it would wait as long."""

@@ -23,6 +23,7 @@ import json
 import shlex
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -249,7 +250,7 @@ def _judge_interval(reference: Path, interval: Interval, plan: SpotPlan, total: 
     end_state = _end_state(reference, run_dir, interval.end, total)
     leg, first = judge_interval(reference, run_dir, interval, origin=origin, end_state=end_state)
     if first is not None and first[0] > 0:
-        leg.note = f"{leg.note}; {_trace_hint(reference, first[0], plan)}"
+        leg = replace(leg, note=f"{leg.note}; {_trace_hint(reference, first[0], plan)}")
     return leg
 
 
@@ -291,15 +292,12 @@ def _state(checkpoint: Path) -> dict[str, Any]:
 
 
 def _judge_control(reference: Path, control: PlannedControl) -> Leg:
-    leg = Leg(control.name, control.run_dir, "DIVERGED")
-    judge_leg(leg, reference, prefix=True)
+    leg, _ = judge_leg(Leg(control.name, control.run_dir, "DIVERGED"), reference, prefix=True)
     if isinstance(control, SeedControl):
-        leg.note = f"seed.overrides.data_order={control.overrides['data_order']}"
-    else:
-        leg.note = f"resumed from checkpoint {control.start} without restoring the RNG states"
-        lora = (load_record(RunLayout(reference).record).get("config") or {}).get("lora") or {}
-        inconclusive_without_dropout(leg, lora.get("dropout"))
-    return leg
+        return replace(leg, note=f"seed.overrides.data_order={control.overrides['data_order']}")
+    leg = replace(leg, note=f"resumed from checkpoint {control.start} without restoring the RNG states")
+    lora = (load_record(RunLayout(reference).record).get("config") or {}).get("lora") or {}
+    return inconclusive_without_dropout(leg, lora.get("dropout")) or leg
 
 
 def _seconds(record: dict[str, Any]) -> float | None:

@@ -110,7 +110,7 @@ def spot_verify_command(
             lambda: _control_leg(run, reference, control_dir, total),
         )
     )
-    run.timed(legs)
+    legs = run.timed(legs)
     verdict = outcome(legs)
     result = CommandVerification(verdict, str(out_dir), command, None, legs)
     result.spot = coverage(intervals, list(checkpoints), total, budget, seed)
@@ -166,5 +166,4 @@ def _control_leg(run: Runner, reference: Path, control_dir: Path, total: int) ->
         Controls(run_dir=control_dir, perturb_data_seed=1, stop_after=bound if bound < total else None),
     )
     leg = Leg("control-data-seed", str(control_dir), "DIVERGED")
-    judge_data_order_control(leg, reference, prefix=True)  # the control stops once it parts
-    return leg
+    return judge_data_order_control(leg, reference, prefix=True)[0]  # the control stops once it parts

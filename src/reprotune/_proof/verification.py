@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,9 +21,10 @@ Outcome = Literal["PASS", "FAIL"]
 Expected = Literal["IDENTICAL", "DIVERGED"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Leg:
-    """One leg of the verification and what it had to show."""
+    """One leg of the verification and what it had to show: a value, judged and timed by making
+    a new one (:func:`judge_leg`, ``dataclasses.replace``), never changed where it stands."""
 
     name: str
     run_dir: str
@@ -100,41 +101,45 @@ def outcome(legs: list[Leg]) -> Outcome:
     return "PASS" if ok else "FAIL"
 
 
-def judge_leg(leg: Leg, reference: Path, *, prefix: bool = False) -> Comparison:
-    """Compare ``leg``'s run with the reference and record on it the verdict, whether that is what
-    it had to show, and the evidence (steps compared, first divergence, its own adapter's sha256);
+def judge_leg(leg: Leg, reference: Path, *, prefix: bool = False) -> tuple[Leg, Comparison]:
+    """Compare ``leg``'s run with the reference: the leg with the verdict, whether that is what it
+    had to show, and the evidence (steps compared, first divergence, its own adapter's sha256);
     ``prefix``: over the steps both ledgers hold (a control that stops once it parts)."""
     cmp = compare_runs(reference, Path(leg.run_dir), prefix=prefix)
-    leg.prefix = prefix
-    leg.verdict = str(cmp.verdict)
-    leg.passed = cmp.verdict == leg.expected
-    leg.evidence = {"steps": cmp.where.steps_compared}
+    evidence: dict[str, Any] = {"steps": cmp.where.steps_compared}
     if cmp.where.first_divergence_step is not None:
-        leg.evidence["first_divergence"] = cmp.where.first_divergence_step
+        evidence["first_divergence"] = cmp.where.first_divergence_step
     if cmp.adapter is not None and cmp.adapter.sha256_b:
-        leg.evidence["adapter_sha256"] = cmp.adapter.sha256_b
-    return cmp
+        evidence["adapter_sha256"] = cmp.adapter.sha256_b
+    judged = replace(
+        leg,
+        prefix=prefix,
+        verdict=str(cmp.verdict),
+        passed=cmp.verdict == leg.expected,
+        evidence=evidence,
+    )
+    return judged, cmp
 
 
-def judge_data_order_control(leg: Leg, reference: Path, *, prefix: bool = False) -> Comparison:
+def judge_data_order_control(leg: Leg, reference: Path, *, prefix: bool = False) -> tuple[Leg, Comparison]:
     """Judge a control that perturbs the data-order seed (``verify --command``'s): as
     :func:`judge_leg`, and when it parted before its batches did, it is inconclusive (``passed``
     None): the data order cannot part two runs before it changes a batch, so something else did
     (an unseeded LoRA init, nondeterminism), and its DIVERGED proves nothing about the check."""
-    cmp = judge_leg(leg, reference, prefix=prefix)
+    leg, cmp = judge_leg(leg, reference, prefix=prefix)
     where = cmp.where
     at, batch = where.first_divergence_step, where.first_batch_step
-    leg.note = f"why: {cmp.causes[0]}" if cmp.verdict != "IDENTICAL" and cmp.causes else None
+    note = f"why: {cmp.causes[0]}" if cmp.verdict != "IDENTICAL" and cmp.causes else None
     if leg.passed and at is not None and (batch is None or batch > at):
         parted = "step 0 (the initial weights)" if at == 0 else f"step {at}"
-        leg.passed = None
-        leg.note = (
+        inconclusive = (
             f"inconclusive, not counted: it parted at {parted}, before its batches differed "
             f"({'never' if batch is None else f'step {batch}'}), so the data order did not part it; "
             "something that differs from run to run did (`reprotune compare` of the reference and "
-            "this leg says what)" + (f"; {leg.note}" if leg.note else "")
+            "this leg says what)" + (f"; {note}" if note else "")
         )
-    return cmp
+        return replace(leg, passed=None, note=inconclusive), cmp
+    return replace(leg, note=note), cmp
 
 
 NO_DROPOUT_INCONCLUSIVE = (
@@ -143,16 +148,15 @@ NO_DROPOUT_INCONCLUSIVE = (
 )
 
 
-def inconclusive_without_dropout(leg: Leg, dropout: float | None) -> bool:
+def inconclusive_without_dropout(leg: Leg, dropout: float | None) -> Leg | None:
     """The one rule for an RNG-skip control (``verify``'s and ``verify --spot``'s): one that did
     not part, in a run whose LoRA dropout is 0 (or unrecorded), could not show a skipped restore
     (nothing draws from the RNG after the checkpoint): it is inconclusive (``passed`` None, the
-    reason added to its note), not failed. Returns whether it was judged so."""
+    reason added to its note), not failed. Returns that leg, or None when the rule does not apply."""
     if leg.passed or dropout:
-        return False
-    leg.passed = None
-    leg.note = f"{leg.note}; {NO_DROPOUT_INCONCLUSIVE}" if leg.note else NO_DROPOUT_INCONCLUSIVE
-    return True
+        return None
+    note = f"{leg.note}; {NO_DROPOUT_INCONCLUSIVE}" if leg.note else NO_DROPOUT_INCONCLUSIVE
+    return replace(leg, passed=None, note=note)
 
 
 def progress_line(leg: Leg) -> str:

@@ -35,7 +35,7 @@ import datetime as _dt
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from reprotune._config.loading import dump_config_yaml
@@ -79,16 +79,16 @@ class _Context:
         """Run ``python -m reprotune ARGS`` in a fresh process, logged; return its wall time."""
         return _reprotune(args, self.paths.log)
 
-    def judge(self, leg: Leg, *, prefix: bool = False, since: int = 0) -> Comparison:
-        """Compare the leg with the reference and record the verdict, evidence and cost (its
-        optimizer steps after step ``since``); the RNG-skip control of a run that cannot show a
-        skipped restore is inconclusive."""
-        cmp = judge_leg(leg, self.reference, prefix=prefix)
-        leg.train_s = train_seconds(Path(leg.run_dir), since=since)
+    def judge(self, leg: Leg, *, prefix: bool = False, since: int = 0) -> tuple[Leg, Comparison]:
+        """The leg compared with the reference: its verdict, evidence and cost (its optimizer steps
+        after step ``since``); the RNG-skip control of a run that cannot show a skipped restore is
+        inconclusive."""
+        leg, cmp = judge_leg(leg, self.reference, prefix=prefix)
+        leg = replace(leg, train_s=train_seconds(Path(leg.run_dir), since=since))
         if leg.name == "control-resume":
-            _inconclusive_control(self.cfg, leg)
+            leg = _inconclusive_control(self.cfg, leg)
         self.progress(progress_line(leg))
-        return cmp
+        return leg, cmp
 
 
 def verify_config(
@@ -206,25 +206,25 @@ def _fast_legs(ctx: _Context, control_seed: str, stop: int | None, total: int) -
         ctx.progress("verify: the controls run beside the rerun, training in turns")
     with LegProcesses(ctx.paths.log, together=together) as processes:
         rerun_process, seed_process = processes.start(first), processes.start(seed_command)
-        rerun.wall_s = processes.wait(rerun_process)
+        rerun_s = processes.wait(rerun_process)
         if stop is not None:
             # The RNG-skip control resumes this very checkpoint (a copy, taken before the resume).
             shutil.copytree(rerun.run_dir, ctx.paths.leg("control-resume"), symlinks=True)
             resume_process = processes.start(["resume", rerun.run_dir, *_QUIET])
             skip_leg, skip_command = _resume_control(ctx, stop, bound=min(total, stop + bound))
             skip_process = processes.start(skip_command)
-            rerun.wall_s += processes.wait(resume_process)
-            skip_leg.wall_s = processes.wait(skip_process)
-        seed_leg.wall_s = processes.wait(seed_process)
-    cmp = ctx.judge(rerun)
+            rerun_s += processes.wait(resume_process)
+            skip_leg = replace(skip_leg, wall_s=processes.wait(skip_process))
+        seed_leg = replace(seed_leg, wall_s=processes.wait(seed_process))
+    rerun, cmp = ctx.judge(replace(rerun, wall_s=rerun_s))
     at = cmp.where.first_divergence_step
     if stop is not None and at is not None:
         blamed = "rerun nondeterminism (at or before the resume point)" if at <= stop else "the resume"
-        rerun.note = f"first divergence at step {at}, resume point {stop}: blames {blamed}"
-    _judge_seed_control(ctx, seed_leg, bound)
+        rerun = replace(rerun, note=f"first divergence at step {at}, resume point {stop}: blames {blamed}")
+    seed_leg = _judge_seed_control(ctx, seed_leg, bound)
     if stop is None:
         return [rerun, seed_leg]
-    ctx.judge(skip_leg, prefix=True, since=stop)
+    skip_leg, _ = ctx.judge(skip_leg, prefix=True, since=stop)
     return [rerun, seed_leg, skip_leg]
 
 
@@ -234,17 +234,18 @@ def _seed_control(ctx: _Context, consumer: str, *, bound: int | None) -> tuple[L
     seeds = derive_seeds(ctx.cfg.seed.root, dict(ctx.cfg.seed.overrides))
     perturbed = seeds[consumer] + 1
     ctx.progress(f"verify: negative control, seed {consumer} {seeds[consumer]} -> {perturbed}")
-    leg = Leg("control-seed", str(ctx.paths.leg("control-seed")), "DIVERGED")
-    leg.note = f"seed.overrides.{consumer}={perturbed}"
     override = f"seed.overrides.{consumer}={perturbed}"
+    leg = Leg("control-seed", str(ctx.paths.leg("control-seed")), "DIVERGED", note=override)
     command = ["run", str(ctx.paths.config), "--run-dir", leg.run_dir, "--set", override]
     return leg, [*command, *(_watch(ctx, bound) if bound is not None else []), *_QUIET]
 
 
-def _judge_seed_control(ctx: _Context, leg: Leg, bound: int) -> None:
-    ctx.judge(leg, prefix=True)
+def _judge_seed_control(ctx: _Context, leg: Leg, bound: int) -> Leg:
+    leg, _ = ctx.judge(leg, prefix=True)
     if not leg.passed:
-        leg.note = f"{leg.note}; nothing differed within {bound} steps: the check is blind to this seed"
+        blind = f"nothing differed within {bound} steps: the check is blind to this seed"
+        return replace(leg, note=f"{leg.note}; {blind}")
+    return leg
 
 
 def _resume_control(ctx: _Context, stop: int, *, bound: int) -> tuple[Leg, list[str]]:
@@ -259,13 +260,10 @@ def _thorough_legs(ctx: _Context, control_seed: str, stop: int | None, total: in
     config, legs = str(ctx.paths.config), []
     ctx.progress("verify: rerun in a fresh process")
     rerun = Leg("rerun", str(ctx.paths.leg("rerun")), "IDENTICAL")
-    rerun.wall_s = ctx.reprotune("run", config, "--run-dir", rerun.run_dir, *_QUIET)
-    ctx.judge(rerun)
-    legs.append(rerun)
+    rerun = replace(rerun, wall_s=ctx.reprotune("run", config, "--run-dir", rerun.run_dir, *_QUIET))
+    legs.append(ctx.judge(rerun)[0])
     control, command = _seed_control(ctx, control_seed, bound=None)
-    control.wall_s = ctx.reprotune(*command)
-    ctx.judge(control)
-    legs.append(control)
+    legs.append(ctx.judge(replace(control, wall_s=ctx.reprotune(*command)))[0])
     if stop is None:
         return legs
     resumes: tuple[tuple[str, list[str], Expected], ...] = (
@@ -275,12 +273,10 @@ def _thorough_legs(ctx: _Context, control_seed: str, stop: int | None, total: in
     for name, extra, expected in resumes:
         ctx.progress(f"verify: {name}: stop after step {stop}, resume in a fresh process")
         leg = Leg(name, str(ctx.paths.leg(name)), expected)
-        leg.wall_s = ctx.reprotune(
-            "run", config, "--run-dir", leg.run_dir, "--stop-after-step", str(stop), *_QUIET
-        )
-        leg.wall_s += ctx.reprotune("resume", leg.run_dir, *_QUIET, *extra)
-        ctx.judge(leg)
-        legs.append(leg)
+        stopped = ("--stop-after-step", str(stop))
+        wall_s = ctx.reprotune("run", config, "--run-dir", leg.run_dir, *stopped, *_QUIET)
+        wall_s += ctx.reprotune("resume", leg.run_dir, *_QUIET, *extra)
+        legs.append(ctx.judge(replace(leg, wall_s=wall_s))[0])
     return legs
 
 
@@ -288,16 +284,19 @@ def _watch(ctx: _Context, bound: int) -> list[str]:
     return ["--watch-reference", str(ctx.reference), "--watch-bound", str(bound)]
 
 
-def _inconclusive_control(cfg: ExperimentConfig, leg: Leg) -> None:
-    if inconclusive_without_dropout(leg, cfg.lora.dropout):
-        return
+def _inconclusive_control(cfg: ExperimentConfig, leg: Leg) -> Leg:
+    inconclusive = inconclusive_without_dropout(leg, cfg.lora.dropout)
+    if inconclusive is not None:
+        return inconclusive
     if not leg.passed and launch_world_size() > 1:
-        leg.passed = None
-        leg.note = (
-            "inconclusive: a distributed run reseeds dropout for every micro-batch from (seed, step, "
-            "micro-batch), so no RNG state carries past a checkpoint for a skipped restore to change "
-            "(docs/distributed.md)"
+        return replace(
+            leg,
+            passed=None,
+            note="inconclusive: a distributed run reseeds dropout for every micro-batch from (seed, "
+            "step, micro-batch), so no RNG state carries past a checkpoint for a skipped restore to "
+            "change (docs/distributed.md)",
         )
+    return leg
 
 
 def _control_bound(cfg: ExperimentConfig, total: int) -> int:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +166,7 @@ def _verify(run: Runner, layout: VerifyLayout, command: str, resume_at: int | No
                 evidence={"resumed_at": resume_at},
             )
         )
-    run.timed(legs)
+    legs = run.timed(legs)
     verdict = outcome(legs)
     result = CommandVerification(verdict, str(layout.root), command, resume_at, legs)
     write_json_atomic(layout.verification, result.to_json())
@@ -184,12 +184,11 @@ def require_status(run_dir: Path, status: Status, leg: str) -> None:
 
 
 def _judge(name: str, reference: Path, leg_dir: Path, expected: Expected) -> Leg:
-    leg = Leg(name, str(leg_dir), expected)
-    comparison = judge_leg(leg, reference)
-    if leg.verdict != "IDENTICAL" and comparison.causes:
-        leg.note = f"why: {comparison.causes[0]}"
+    leg, comparison = judge_leg(Leg(name, str(leg_dir), expected), reference)
     if comparison.incomparable:
-        leg.note = f"incomparable: {comparison.incomparable[0]}"
+        return replace(leg, note=f"incomparable: {comparison.incomparable[0]}")
+    if leg.verdict != "IDENTICAL" and comparison.causes:
+        return replace(leg, note=f"why: {comparison.causes[0]}")
     return leg
 
 
@@ -197,10 +196,9 @@ def _data_seed_control(run: Runner, layout: VerifyLayout, reference: Path) -> Le
     control = run.leg(
         "control-data-seed", Controls(run_dir=layout.leg("control-data-seed"), perturb_data_seed=1)
     )
-    leg = Leg("control-data-seed", str(control), "DIVERGED")
-    comparison = judge_data_order_control(leg, reference)
+    leg, comparison = judge_data_order_control(Leg("control-data-seed", str(control), "DIVERGED"), reference)
     if comparison.incomparable:
-        leg.note = f"incomparable: {comparison.incomparable[0]}"
+        return replace(leg, note=f"incomparable: {comparison.incomparable[0]}")
     return leg
 
 
@@ -254,7 +252,7 @@ def _stop_and_resume(run: Runner, run_dir: Path, reference: Path, step: int) -> 
     )
     require_status(stopped, "completed", "resume")
     leg = _judge("resume", reference, stopped, "IDENTICAL")
-    leg.evidence["resumed_at"] = step
+    leg = replace(leg, evidence={**leg.evidence, "resumed_at": step})
     if leg.verdict == "IDENTICAL":
-        leg.note = f"the Trainer's own resume_from_checkpoint at step {step} is exact here"
+        leg = replace(leg, note=f"the Trainer's own resume_from_checkpoint at step {step} is exact here")
     return leg

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from reprotune._eval.compare import compare_evals, latest_pairs
 from reprotune._eval.layout import run_evals
@@ -22,28 +23,34 @@ EVAL_LEG = "eval"
 def eval_leg(reference: Path, rerun: Path, run: Callable[..., float], progress: Callable[[str], None]) -> Leg:
     """Judge the evals of ``reference`` and ``rerun`` (run directories); ``run(*args)`` runs
     ``reprotune ARGS`` in a fresh process and returns its wall time."""
-    leg = Leg(EVAL_LEG, "", "IDENTICAL")  # no run directory of its own: the evals are the runs'
+    wall_s = 0.0
     for run_dir in (reference, rerun):
         if not run_evals(run_dir):
             progress(f"verify: eval of {run_dir} in a fresh process")
-            leg.wall_s += run("eval", str(run_dir), "--no-progress")
+            wall_s += run("eval", str(run_dir), "--no-progress")
+    # no run directory of its own: the evals are the runs'
     pairs = latest_pairs(reference, rerun)
     if not pairs:
-        leg.passed = False
-        leg.note = "the two runs have no evals made with the same settings to compare"
-        return leg
-    verdicts = []
+        why = "the two runs have no evals made with the same settings to compare"
+        return Leg(EVAL_LEG, "", "IDENTICAL", passed=False, note=why, wall_s=wall_s)
+    verdicts: list[str] = []
+    evidence: dict[str, Any] = {}
+    note: str | None = None
     for a, b in pairs:
         cmp = compare_evals(a, b)
         verdicts.append(cmp.verdict)
-        leg.evidence[b.name] = {
-            "a": str(a),
-            "rows": cmp.rows_compared,
-            "rows_differing": len(cmp.rows_differing),
-        }
-        if cmp.verdict != "IDENTICAL" and leg.note is None:
-            leg.note = f"eval {b.name}: " + (cmp.causes[0] if cmp.causes else cmp.verdict)
-    leg.verdict = next((v for v in verdicts if v != "IDENTICAL"), "IDENTICAL")
-    leg.passed = leg.verdict == "IDENTICAL"
-    progress(f"  {EVAL_LEG}: {leg.verdict} (must be IDENTICAL)")
-    return leg
+        evidence[b.name] = {"a": str(a), "rows": cmp.rows_compared, "rows_differing": len(cmp.rows_differing)}
+        if cmp.verdict != "IDENTICAL" and note is None:
+            note = f"eval {b.name}: " + (cmp.causes[0] if cmp.causes else cmp.verdict)
+    verdict = next((v for v in verdicts if v != "IDENTICAL"), "IDENTICAL")
+    progress(f"  {EVAL_LEG}: {verdict} (must be IDENTICAL)")
+    return Leg(
+        EVAL_LEG,
+        "",
+        "IDENTICAL",
+        verdict=verdict,
+        passed=verdict == "IDENTICAL",
+        evidence=evidence,
+        note=note,
+        wall_s=wall_s,
+    )
