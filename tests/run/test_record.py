@@ -218,3 +218,16 @@ def test_recorded_config_reloads() -> None:
 
 def _stamped() -> dict[str, Any]:
     return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "reprotune_version": "0", **_record()}
+
+
+def test_a_records_status_is_read_as_its_type() -> None:
+    """``status_of``: a status reprotune writes comes back as itself; anything else (a damaged or
+    hand-edited record) is None, so no check mistakes it for a status."""
+    from reprotune._run.record import Status, ended_status, status_of
+
+    for status in ("running", "completed", "failed", "stopped", "interrupted"):
+        assert status_of({"status": status}) == status
+    assert status_of({"status": "complete"}) is None and status_of({}) is None
+    assert status_of({"status": ["completed"]}) is None
+    ended: tuple[Status, Status] = (ended_status(KeyboardInterrupt()), ended_status(ValueError()))
+    assert ended == ("interrupted", "failed")

@@ -25,7 +25,7 @@ from reprotune._jsonio import canonical_dumps, publishing_file, sha256_file
 from reprotune._run import layout
 from reprotune._run.checkpoint_files import list_checkpoints, verify_checkpoint
 from reprotune._run.outputs import refuse_overwrite, tar_archive
-from reprotune._run.record import load_record, record_config
+from reprotune._run.record import load_record, record_config, status_of
 from reprotune._run.rundir import check_is_run_dir
 
 SCHEMA = "reprotune/bundle"
@@ -56,7 +56,7 @@ def pack(
     check_is_run_dir(run_dir)
     paths = layout.RunLayout(run_dir)
     record = load_record(paths.record)
-    if record.get("status") != "completed":
+    if status_of(record) != "completed":
         raise InputError(
             f"the run in {run_dir} did not complete (status {record.get('status')!r})",
             source=str(paths.record),

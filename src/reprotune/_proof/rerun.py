@@ -39,7 +39,7 @@ from reprotune._run.drift import (
 from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint
 from reprotune._run.layout import RunLayout
 from reprotune._run.outputs import first_missing, refuse_nonempty_dir, refuse_overwrite
-from reprotune._run.record import record_config
+from reprotune._run.record import record_config, status_of
 from reprotune._run.rundir import open_run_dir
 from reprotune._train.options import RunOptions
 from reprotune._train.run import run_experiment
@@ -151,7 +151,7 @@ def rerun(
     # Everything the comparison will read is checked now, not after a whole training.
     check_tolerance(tolerance)
     record = dict(open_run_dir(run_dir).record)
-    if record.get("status") != "completed":
+    if status_of(record) != "completed":
         raise InputError(
             f"the run in {run_dir} did not complete (status {record.get('status')!r})",
             source=str(paths.record),

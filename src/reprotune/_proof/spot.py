@@ -55,7 +55,7 @@ from reprotune._run.checkpoint_files import STATE_FILE, checkpoint_dir, list_che
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
 from reprotune._run.outputs import refuse_nonempty_dir, refuse_overwrite
-from reprotune._run.record import load_record
+from reprotune._run.record import load_record, status_of
 from reprotune._run.rundir import check_is_run_dir
 
 
@@ -149,7 +149,7 @@ def _check_run(run_dir: Path, budget: float) -> dict[str, Any]:
     check_is_run_dir(run_dir, option="RUN_DIR")
     record = load_record(RunLayout(run_dir).record)
     read_ledger(RunLayout(run_dir).ledger)  # a malformed ledger is refused before any replay
-    if record.get("status") != "completed":
+    if status_of(record) != "completed":
         raise InputError(
             f"the run in {run_dir} did not complete (status {record.get('status')!r})",
             source=str(RunLayout(run_dir).record),

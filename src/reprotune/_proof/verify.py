@@ -59,7 +59,7 @@ from reprotune._proof.verification import (
 )
 from reprotune._proof.verify_eval import eval_leg
 from reprotune._run.layout import RunLayout, VerifyLayout
-from reprotune._run.record import load_record, record_config
+from reprotune._run.record import load_record, record_config, status_of
 from reprotune._run.rundir import check_is_run_dir
 from reprotune._train.turn import TURNS_POSSIBLE
 
@@ -310,7 +310,7 @@ def _check_reference(run_dir: Path, cfg: ExperimentConfig) -> None:
     """Refuse a reference run that is unfinished or of another config (tracking settings aside)."""
     check_is_run_dir(run_dir, option="--reference")
     record = load_record(RunLayout(run_dir).record)
-    if record.get("status") != "completed":
+    if status_of(record) != "completed":
         raise InputError(
             f"reference run {run_dir} is not complete (status {record.get('status')!r})",
             source="--reference",

@@ -23,7 +23,7 @@ from reprotune._run.layout import RunLayout
 from reprotune._run.lock import refuse_if_held
 from reprotune._run.outputs import refuse_inside_run, refuse_unwritable_parent
 from reprotune._run.ranks import current_world, resume_command
-from reprotune._run.record import load_record, make_run_id
+from reprotune._run.record import load_record, make_run_id, status_of
 
 #: What a run writes at its top level: a directory holding only these (and a failed run that
 #: never trained) may be cleared for a new run.
@@ -91,7 +91,7 @@ def _refusal(run_dir: Path) -> None:
     if paths.is_run_dir():
         record = load_record(paths.record)
         status = record.get("status")
-        if status == "completed":
+        if status_of(record) == "completed":
             raise InputError(
                 f"run directory {run_dir} already holds a completed run",
                 source=str(paths.record),
@@ -124,7 +124,7 @@ def failed_before_first_step(paths: RunLayout, record: dict[str, Any]) -> bool:
     Its status is ``failed``, no attempt reached a step, there is no checkpoint, no train line
     in the ledger, and nothing but a run's own files in the directory.
     """
-    if record.get("status") != "failed" or (record.get("timings") or {}).get("steps_done"):
+    if status_of(record) != "failed" or (record.get("timings") or {}).get("steps_done"):
         return False
     if any(paths.checkpoints.glob("step-*")) or paths.adapter_weights.exists():
         return False

@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast, get_args
 
 from pydantic import ConfigDict, Field, ValidationError
 
@@ -51,6 +51,13 @@ SCHEMA: Final = "reprotune/record"
 SCHEMA_VERSION: Final = 1
 
 Status = Literal["running", "completed", "failed", "stopped", "interrupted"]
+
+
+def status_of(record: Mapping[str, Any]) -> Status | None:
+    """A record's status as the type says it can be (None: missing, or no status reprotune
+    writes, as in a damaged record), so that every check of it is one the type checker sees."""
+    status = record.get("status")
+    return cast(Status, status) if status in get_args(Status) else None
 
 
 def ended_status(exc: BaseException) -> Status:

@@ -19,7 +19,7 @@ from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file
 from reprotune._run import layout
 from reprotune._run.ledger import Ledger, read_ledger
-from reprotune._run.record import Status, load_record
+from reprotune._run.record import Status, load_record, status_of
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def open_run_dir(path: str | Path) -> RunDir:
             "or rerun it with `reprotune rerun`",
         )
     ledger = read_ledger(paths.ledger)
-    if ledger.init is None and record.get("status") == "completed":
+    if ledger.init is None and status_of(record) == "completed":
         raise InputError(
             f"{paths.ledger} is empty, yet the run completed: its ledger was emptied or replaced",
             source=str(paths.ledger),

@@ -31,7 +31,7 @@ from reprotune._eval.layout import run_evals
 from reprotune._eval.settings import wants_eval_at_end
 from reprotune._jsonio import sha256_file
 from reprotune._run.layout import RunLayout
-from reprotune._run.record import load_record
+from reprotune._run.record import load_record, status_of
 from reprotune._studies.layout import StudyLayout
 from reprotune._studies.plan import PlannedRun
 from reprotune._train.options import RunOptions
@@ -89,7 +89,7 @@ def _state(planned: PlannedRun, run_dir: Path) -> Literal["new", "completed", "u
         return "new"
     record = load_record(paths.record)
     _check_config(planned, run_dir, record)
-    return "completed" if record.get("status") == "completed" else "unfinished"
+    return "completed" if status_of(record) == "completed" else "unfinished"
 
 
 def _check_config(planned: PlannedRun, run_dir: Path, record: dict[str, Any]) -> None:

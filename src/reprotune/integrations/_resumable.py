@@ -16,7 +16,7 @@ from reprotune._run import layout
 from reprotune._run.drift import refuse_code_drift, refuse_completed
 from reprotune._run.layout import RunLayout
 from reprotune._run.outputs import refuse_inside_run
-from reprotune._run.record import load_record, make_run_id
+from reprotune._run.record import load_record, make_run_id, status_of
 from reprotune._train.writer import report
 from reprotune.integrations._ranks import CHECKPOINT_MARKER
 
@@ -79,7 +79,7 @@ def branch_source(
             source=str(source),
             fix="resume into the run directory of the run that saved the checkpoint",
         )
-    if theirs.get("status") != "completed":  # it can resume in its own directory: no fork of it
+    if status_of(theirs) != "completed":  # it can resume in its own directory: no fork of it
         raise InputError(
             f"the Trainer resumes from step {from_step} of run {theirs.get('run_id')} "
             f"({theirs.get('status')}) but {paths.root} holds no run record",
