@@ -23,6 +23,13 @@ def cpu_pressure() -> str:
     return f"some task waiting {fields.get('avg10')}% (10 s avg), {fields.get('avg60')}% (60 s avg)"
 
 
+def require(ok: bool, what: str) -> None:
+    """Stop a benchmark whose measurement is void (exit 1, one line, no traceback): ``what`` says
+    what did not hold."""
+    if not ok:
+        raise SystemExit(f"benchmark void: {what}")
+
+
 def timed_reprotune(args: list[str], log: Path, cwd: Path | None = None) -> float:
     """Wall seconds of ``python -m reprotune ARGS`` in a fresh process, its output appended to
     ``log``; exit 0 and 1 (a verdict) count as ran, anything else stops the benchmark."""

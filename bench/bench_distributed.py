@@ -40,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _machine import require
+
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_SHARE = 0.05
 TARGET_INVARIANT = 1.15
@@ -106,7 +108,8 @@ def worker(config: Path, run_dir: Path, out: Path, reps: int) -> None:
 
     cfg = load_config(config)
     ctx = start_process_group(cfg)
-    assert ctx is not None, "run the worker under torchrun"
+    require(ctx is not None, "the worker runs under torchrun")
+    assert ctx is not None  # for the type checker
     import torch
 
     n = cfg.train.grad_accum_steps + 3  # what one step gathers
@@ -283,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     reps = args.reps or (100 if args.quick else 400)
     if args.worker is not None:
-        assert args.run_dir is not None and args.out is not None
+        require(args.run_dir is not None and args.out is not None, "a worker needs --run-dir and --out")
         worker(args.worker, args.run_dir, args.out, reps)
         return 0
     steps = args.steps or (12 if args.quick else 40)

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from _machine import require
 from reprotune._data.loaders import table_from_columns
 from reprotune._data.manifest import load_manifest, write_manifest
 from reprotune._data.split import split_table
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         manifest_mb = (out / "split.json").stat().st_size / 1e6
         sidecar_mb = sum(p.stat().st_size for p in out.glob("split.json.*.rowhashes")) / 1e6
         loaded = load_manifest(out / "split.json")  # not timed: checks what was written reads back
-        assert loaded.sizes == sizes and loaded.n_rows == args.rows
+        require(loaded.sizes == sizes and loaded.n_rows == args.rows, "the manifest did not read back")
     t_numpy, np_sizes = best_of(args.repeat, run_numpy, labels)
     print(f"reprotune split + hashes + manifest written: {t_ours:7.3f} s  sizes {sizes}")
     print(f"  manifest {manifest_mb:.1f} MB, row-hash sidecar {sidecar_mb:.1f} MB")

@@ -54,7 +54,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 import yaml
 
-from _machine import cpu_pressure
+from _machine import cpu_pressure, require
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -323,7 +323,8 @@ def worker_reprotune(total_steps: int, work: Path) -> list[float]:
     os.chdir(work)  # the quickstart's MLflow store (./mlflow.db) goes into the scratch folder
     options = RunOptions(run_dir=work / "run", progress=False, code_dir=ROOT, hooks=(Clock(),))
     result = run_experiment(cfg, options)
-    assert result.status == "completed" and len(stamps) == total_steps
+    require(result.status == "completed", f"the run ended {result.status}")
+    require(len(stamps) == total_steps, f"{len(stamps)} steps timed of {total_steps}")
     return stamps
 
 
@@ -377,7 +378,7 @@ def worker_trainer(total_steps: int, work: Path) -> list[float]:
         model=model, args=args, train_dataset=dataset, data_collator=collator, callbacks=[Clock()]
     )
     trainer.train()
-    assert len(stamps) == total_steps, len(stamps)
+    require(len(stamps) == total_steps, f"{len(stamps)} Trainer steps timed of {total_steps}")
     return stamps
 
 
@@ -402,7 +403,8 @@ def _spawn(side: str, total_steps: int, work: Path) -> list[float]:
     ]
     done = subprocess.run(args, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"{side} worker failed ({done.returncode}):\n{done.stdout}\n{done.stderr[-4000:]}")
+        print(done.stdout + done.stderr[-4000:], file=sys.stderr)
+        require(False, f"the {side} worker failed (exit {done.returncode}; its output above)")
     return list(json.loads(out.read_text(encoding="utf-8")))
 
 
