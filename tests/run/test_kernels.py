@@ -131,7 +131,9 @@ def test_the_algorithm_settings_are_kernel_facts_read_back() -> None:
     try:
         after = kernel_facts()
     finally:
-        torch.use_deterministic_algorithms(before["deterministic_algorithms"])
+        torch.use_deterministic_algorithms(
+            before["deterministic_algorithms"], warn_only=before["deterministic_warn_only"]
+        )
     assert after["algorithms"]["deterministic_algorithms"] is not before["deterministic_algorithms"]
     facts = kernel_facts()
     named = kernel_differences(facts, after)

@@ -22,13 +22,13 @@ EVAL_LEG = "eval"
 
 def eval_leg(reference: Path, rerun: Path, run: Callable[..., float], progress: Callable[[str], None]) -> Leg:
     """Judge the evals of ``reference`` and ``rerun`` (run directories); ``run(*args)`` runs
-    ``reprotune ARGS`` in a fresh process and returns its wall time."""
+    ``reprotune ARGS`` in a fresh process and returns its wall time. The leg has no run directory
+    of its own: the evals are the runs'."""
     wall_s = 0.0
     for run_dir in (reference, rerun):
         if not run_evals(run_dir):
             progress(f"verify: eval of {run_dir} in a fresh process")
             wall_s += run("eval", str(run_dir), "--no-progress")
-    # no run directory of its own: the evals are the runs'
     pairs = latest_pairs(reference, rerun)
     if not pairs:
         why = "the two runs have no evals made with the same settings to compare"
