@@ -15,8 +15,9 @@ import pytest
 from adv_support import file_tree
 
 from reprotune._cli import main
+from reprotune._formats import BUNDLE
 from reprotune._jsonio import sha256_bytes
-from reprotune._proof.bundle import MANIFEST, SCHEMA, SCHEMA_VERSION
+from reprotune._proof.bundle import MANIFEST
 from tinyrun import TinyProject
 
 
@@ -182,7 +183,7 @@ def test_bundle_json_must_come_first(
             tar.addfile(info, io.BytesIO(data))
     argv = ["rerun", str(tmp_path / "late.tar.gz"), "--out", str(tmp_path / "out"), "--no-progress"]
     _refused(argv, tmp_path, capsys, "does not start with bundle.json")
-    assert manifest["schema"] == SCHEMA and manifest["schema_version"] == SCHEMA_VERSION
+    assert manifest["schema"] == BUNDLE.schema and manifest["schema_version"] == BUNDLE.version
 
 
 def test_pack_refuses_a_symbolic_link_in_the_run(

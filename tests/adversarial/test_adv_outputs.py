@@ -21,6 +21,7 @@ from reprotune._data.loaders import table_from_columns
 from reprotune._data.manifest import load_manifest, write_manifest
 from reprotune._data.split import split_table
 from reprotune._errors import InputError
+from reprotune._formats import SPLIT_MANIFEST
 from reprotune._html import GENERATOR
 from reprotune._run import outputs
 from rundirs import RunSpec, write_run_dir
@@ -131,7 +132,7 @@ def test_a_data_file_at_out_is_told_from_a_manifest_without_reading_it_whole(
     pretty = tmp_path / "pretty.json"
     assert main(["split", str(data), "--out", str(pretty)]) == 0
     pretty.write_text(json.dumps(json.loads(pretty.read_text(encoding="utf-8")), indent=2), encoding="utf-8")
-    kind = outputs.json_document(manifest_module.SCHEMA, "a split manifest")
+    kind = outputs.json_document(SPLIT_MANIFEST)
     whole: list[Path] = []
     read_bytes = Path.read_bytes
 

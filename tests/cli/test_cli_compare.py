@@ -134,7 +134,8 @@ def test_report_cli_bad_input_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_compare_and_report_never_import_torch(ref: Path, tmp_path: Path) -> None:
     """compare (of runs and of traces) and report, run through the CLI in a fresh process, leave
     torch unimported."""
-    from reprotune._proof.tracefile import SCHEMA, SCHEMA_VERSION, TraceOp, write_trace
+    from reprotune._formats import TRACE
+    from reprotune._proof.tracefile import TraceOp, write_trace
 
     other = write_run_dir(tmp_path / "seed43", RunSpec(seed=43))
     op = TraceOp(
@@ -148,7 +149,7 @@ def test_compare_and_report_never_import_torch(ref: Path, tmp_path: Path) -> Non
         inputs=(("2x2", "float32", "a"),),
         outputs=(),
     )
-    header = _trace_header(SCHEMA, SCHEMA_VERSION)
+    header = _trace_header(TRACE.schema, TRACE.version)
     for name in ("a.jsonl", "b.jsonl"):
         write_trace(tmp_path / name, header, [op])
     script = (
@@ -186,12 +187,13 @@ def test_a_trace_against_a_run_a_missing_one_another_step_or_tolerance_are_refus
     """A trace compared with a run directory, an eval directory compared with one, a trace that
     does not exist, traces of two steps, and ``--tolerance``: exit 2, naming what is at fault and
     the fix."""
-    from reprotune._proof.tracefile import SCHEMA, SCHEMA_VERSION, TraceOp, write_trace
+    from reprotune._formats import TRACE
+    from reprotune._proof.tracefile import TraceOp, write_trace
 
     op = TraceOp(
         kind="op", i=0, phase="forward.0", module="m", op="aten::mm", n=0, args="", inputs=(), outputs=()
     )
-    header = _trace_header(SCHEMA, SCHEMA_VERSION)
+    header = _trace_header(TRACE.schema, TRACE.version)
     for name in ("a.jsonl", "b.jsonl"):
         write_trace(tmp_path / name, header, [op])
     (tmp_path / "eval").mkdir()

@@ -17,6 +17,7 @@ import reprotune._model.builtin as builtin_mod
 import reprotune._model.identity as identity_mod
 import reprotune._model.loading as model_mod
 from reprotune._errors import InputError
+from reprotune._formats import BUILTIN_MODEL
 from reprotune._model.identity import CONFIG_FILES, files_sha256
 from reprotune._model.loading import LoadedModel, load_base_model
 from reprotune.testing import build_tiny_model
@@ -205,7 +206,7 @@ def _converting(marker: str) -> Any:
     """A stand-in conversion: valid metadata and one file saying who wrote it."""
 
     def build(folder: Path) -> dict[str, Any]:
-        meta = {"schema": builtin_mod.BUILTIN_META_SCHEMA, "schema_version": builtin_mod.BUILTIN_META_VERSION}
+        meta = BUILTIN_MODEL.stamp({})
         (folder / builtin_mod.BUILTIN_META).write_text(json.dumps({**meta, "by": marker}))
         (folder / "model.safetensors").write_text(marker)
         return {**meta, "by": marker}

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from reprotune._errors import InputError
+from reprotune._formats import TRACE
 from reprotune._proof.trace_compare import compare_traces
-from reprotune._proof.tracefile import SCHEMA, SCHEMA_VERSION, TraceOp, read_trace, write_trace
+from reprotune._proof.tracefile import TraceOp, read_trace, write_trace
 
 KERNELS_A = {"cpu": {"aten_capability": "AVX512"}, "blas": {"mkl_code_path": "AVX512_E1"}, "attention": {}}
 KERNELS_B = {"cpu": {"aten_capability": "AVX2"}, "blas": {"mkl_code_path": "AVX2"}, "attention": {}}
@@ -35,8 +36,8 @@ def _op(
 
 def _trace(path: Path, ops: list[TraceOp], kernels: dict[str, Any], **header: Any) -> Any:
     body = {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
+        "schema": TRACE.schema,
+        "schema_version": TRACE.version,
         "run_id": "r",
         "config_sha256": "c" * 64,
         "step": 3,

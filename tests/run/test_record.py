@@ -12,10 +12,9 @@ from reprotune._config.loading import config_from_dict
 from reprotune._config.schema import ExperimentConfig, config_sha256
 from reprotune._determinism.seeds import derive_seeds
 from reprotune._errors import InputError, SchemaVersionError
+from reprotune._formats import RECORD
 from reprotune._jsonio import canonical_dumps, sha256_file
 from reprotune._run.record import (
-    SCHEMA,
-    SCHEMA_VERSION,
     load_record,
     make_run_id,
     parse_record,
@@ -50,7 +49,7 @@ def test_start_record_holds_config_identity_and_seeds() -> None:
     assert record["config"] == cfg.resolved() and record["config_sha256"] == config_sha256(cfg)
     assert record["seeds"] == derive_seeds(7, {"eval": 3}) and record["seeds"]["eval"] == 3
     assert record["attempts"] == [] and record["timings"]["started_at"].endswith("Z")
-    parsed = parse_record({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **record})
+    parsed = parse_record(RECORD.stamp(record))
     assert parsed.status == "running" and parsed.config_sha256 == config_sha256(cfg)
 
 
@@ -58,7 +57,7 @@ def test_round_trip_is_exact_and_canonical(tmp_path: Path) -> None:
     """write then load gives an equal record; the file is canonical JSON; the sha256 returned is its own."""
     record = _record()
     sha = write_record(tmp_path / "record.json", record)
-    stamped = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **record}
+    stamped = RECORD.stamp(record)
     assert load_record(tmp_path / "record.json") == stamped
     assert load_record(tmp_path) == stamped  # a run directory works too
     text = (tmp_path / "record.json").read_text(encoding="utf-8")
@@ -81,7 +80,7 @@ def test_dict_records_are_stamped_and_keep_extra_keys(tmp_path: Path) -> None:
     }
     write_record(tmp_path / "record.json", data)
     loaded = load_record(tmp_path / "record.json")
-    assert loaded["schema"] == SCHEMA and loaded["schema_version"] == SCHEMA_VERSION
+    assert loaded["schema"] == RECORD.schema and loaded["schema_version"] == RECORD.version
     assert loaded["attempts"] == [{"resumed": False}] and loaded["data"]["order"] == {"version": 1}
 
 
@@ -217,7 +216,7 @@ def test_recorded_config_reloads() -> None:
 
 
 def _stamped() -> dict[str, Any]:
-    return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "reprotune_version": "0", **_record()}
+    return RECORD.stamp({"reprotune_version": "0", **_record()})
 
 
 def test_a_records_status_is_read_as_its_type() -> None:

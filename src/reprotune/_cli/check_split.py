@@ -72,14 +72,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _manifest(args: argparse.Namespace) -> Manifest:
     """The manifest given; when it is none and DATA is one, the arguments were swapped: say so."""
-    from reprotune._data.manifest import SCHEMA, load_manifest
+    from reprotune._data.manifest import load_manifest
     from reprotune._errors import InputError
+    from reprotune._formats import SPLIT_MANIFEST
     from reprotune._run.outputs import json_document
 
     try:
         return load_manifest(args.manifest)
     except InputError:
-        if json_document(SCHEMA, "a split manifest").holds(Path(args.data)):
+        if json_document(SPLIT_MANIFEST).holds(Path(args.data)):
             raise InputError(
                 f"{args.data} is the split manifest and {args.manifest} is not: the arguments are the "
                 "other way round (check-split MANIFEST DATA)",

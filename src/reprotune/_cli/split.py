@@ -97,8 +97,9 @@ def parse_seed(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     """Split the data, write the manifest, print a summary. Returns 0."""
     from reprotune._data.loaders import load_table
-    from reprotune._data.manifest import SCHEMA, write_manifest
+    from reprotune._data.manifest import write_manifest
     from reprotune._data.split import RareClassWarning, split_table
+    from reprotune._formats import SPLIT_MANIFEST
 
     ratios = parse_ratios(args.ratios)
     seed = parse_seed(args.seed)
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(
             f"--out {args.out!r} is a directory", source="--out", fix="give a file path such as split.json"
         )
-    refuse_overwrite(out, reads=[args.data], option="--out", own=json_document(SCHEMA, "a split manifest"))
+    refuse_overwrite(out, reads=[args.data], option="--out", own=json_document(SPLIT_MANIFEST))
     table = load_table(args.data, args.format)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RareClassWarning)

@@ -26,12 +26,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reprotune._data.index_render import render_into, rendered_size
 from reprotune._data.row_hashes import RowHashes
-from reprotune._documents import check_document, read_json_file, validated
+from reprotune._documents import read_json_file, validated
 from reprotune._errors import InputError
+from reprotune._formats import SPLIT_MANIFEST
 from reprotune._jsonio import canonical_dumps, sha256_bytes, sha256_file, write_bytes_atomic
 
-SCHEMA = "reprotune/split-manifest"
-SCHEMA_VERSION = 1
 ALGORITHM = "reprotune-split"
 ALGORITHM_VERSION = 1
 SPLITS: tuple[str, str, str] = ("train", "validation", "test")
@@ -167,32 +166,32 @@ class Manifest:
         """Everything but the index lists."""
         if row_hashes is None:
             row_hashes = {"algorithm": "sha256", "inline": self.row_hashes.hex_list()}
-        return {
-            "schema": SCHEMA,
-            "schema_version": SCHEMA_VERSION,
-            "algorithm": {"name": ALGORITHM, "version": self.algorithm_version},
-            "dataset": {
-                "source": self.dataset_source,
-                "format": self.dataset_format,
-                "sha256": self.dataset_sha256,
-                "n_rows": self.n_rows,
-                "columns": list(self.columns),
-            },
-            "seed": self.seed,
-            "ratios": dict(zip(SPLITS, self.ratios, strict=True)),
-            "strategy": self.strategy,
-            "stratify_by": self.stratify_by,
-            "group_by": self.group_by,
-            "rare_class_policy": self.rare_class_policy,
-            "sizes": self.sizes,
-            "classes": [c.to_json_obj() for c in self.classes],
-            "rare_classes": [
-                {"value": c.value, "n_rows": c.n_rows, "decision": c.decision} for c in self.rare_classes
-            ],
-            "groups": dict(self.groups) if self.groups is not None else None,
-            "warnings": list(self.warnings),
-            "row_hashes": row_hashes,
-        }
+        return SPLIT_MANIFEST.stamp(
+            {
+                "algorithm": {"name": ALGORITHM, "version": self.algorithm_version},
+                "dataset": {
+                    "source": self.dataset_source,
+                    "format": self.dataset_format,
+                    "sha256": self.dataset_sha256,
+                    "n_rows": self.n_rows,
+                    "columns": list(self.columns),
+                },
+                "seed": self.seed,
+                "ratios": dict(zip(SPLITS, self.ratios, strict=True)),
+                "strategy": self.strategy,
+                "stratify_by": self.stratify_by,
+                "group_by": self.group_by,
+                "rare_class_policy": self.rare_class_policy,
+                "sizes": self.sizes,
+                "classes": [c.to_json_obj() for c in self.classes],
+                "rare_classes": [
+                    {"value": c.value, "n_rows": c.n_rows, "decision": c.decision} for c in self.rare_classes
+                ],
+                "groups": dict(self.groups) if self.groups is not None else None,
+                "warnings": list(self.warnings),
+                "row_hashes": row_hashes,
+            }
+        )
 
 
 def manifest_bytes(manifest: Manifest, *, row_hashes: Any = None) -> bytes:
@@ -459,11 +458,8 @@ def _check_consistent(
 
 def _manifest_object(path: Path) -> dict[str, Any]:
     """The manifest's JSON object, of this schema and version (refused otherwise)."""
-    return check_document(
+    return SPLIT_MANIFEST.check(
         _read_json(path),
-        schema=SCHEMA,
-        versions={SCHEMA_VERSION},
-        what="split manifest",
         source=str(path),
         fix="pass a manifest written by `reprotune split --out`",
         version_fix="use the reprotune version that wrote it, or make it again with `reprotune split`",

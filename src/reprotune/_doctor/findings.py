@@ -12,6 +12,7 @@ from typing import Any
 
 from reprotune._config.locate import key_location
 from reprotune._config.schema import ExperimentConfig
+from reprotune._formats import DOCTOR
 from reprotune._run.findings import SEVERITIES, Finding
 
 
@@ -38,18 +39,18 @@ class DoctorReport:
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form (``reprotune doctor --json``)."""
         counts = {s: sum(f.severity == s for f in self.findings) for s in SEVERITIES}
-        return {
-            "schema": "reprotune/doctor",
-            "schema_version": 1,
-            "config": self.config_source,
-            "mode": self.mode,
-            "device": self.device,
-            "exit_code": self.exit_code,
-            "counts": counts,
-            "findings": [f.to_dict() for f in self.findings],
-            "determinism_flags": self.flags,
-            "probe": self.probe,
-        }
+        return DOCTOR.stamp(
+            {
+                "config": self.config_source,
+                "mode": self.mode,
+                "device": self.device,
+                "exit_code": self.exit_code,
+                "counts": counts,
+                "findings": [f.to_dict() for f in self.findings],
+                "determinism_flags": self.flags,
+                "probe": self.probe,
+            }
+        )
 
 
 @dataclass

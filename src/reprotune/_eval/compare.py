@@ -20,6 +20,7 @@ from typing import Any, Literal
 from reprotune._eval.evalfile import EvalDir, Prediction, open_eval_dir
 from reprotune._eval.layout import run_evals
 from reprotune._eval.settings import GENERATION_IDENTITY
+from reprotune._formats import EVAL_COMPARISON
 from reprotune._run.drift import section_drift
 
 EvalVerdict = Literal["IDENTICAL", "DIVERGED", "INCOMPARABLE"]
@@ -67,7 +68,7 @@ class EvalComparison:
         return 0 if self.verdict == "IDENTICAL" else 1
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": "reprotune/eval-comparison", "schema_version": 1, **asdict(self)}
+        return EVAL_COMPARISON.stamp(asdict(self))
 
     def format(self) -> str:
         return "\n".join(_format_lines(self)) + "\n"

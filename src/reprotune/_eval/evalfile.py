@@ -20,9 +20,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from reprotune._documents import check_document, jsonl_lines, read_json_file, validated_line
+from reprotune._documents import jsonl_lines, read_json_file, validated_line
 from reprotune._errors import InputError
-from reprotune._eval.layout import PREDICTIONS, SCHEMA, SCHEMA_VERSION, EvalLayout
+from reprotune._eval.layout import PREDICTIONS, EvalLayout
+from reprotune._formats import EVAL
 from reprotune._jsonio import canonical_dumps, canonical_sha256
 
 
@@ -92,11 +93,8 @@ def open_eval_dir(path: str | Path) -> EvalDir:
     if not paths.root.is_dir():
         raise InputError(f"no such eval directory: {paths.root}", source=str(paths.root), fix=fix)
     record = read_json_file(paths.eval_file, what="eval record", fix=fix)
-    check_document(
+    EVAL.check(
         record,
-        schema=SCHEMA,
-        versions={SCHEMA_VERSION},
-        what="eval record",
         source=str(paths.eval_file),
         fix=fix,
         version_fix="read it with the reprotune version that wrote it (reprotune_version in the file)",

@@ -26,8 +26,6 @@ from reprotune._eval.evalfile import ids_sha256, predictions_bytes
 from reprotune._eval.inputs import EvalInputs, EvalRow, prepare_inputs
 from reprotune._eval.layout import (
     PREDICTIONS,
-    SCHEMA,
-    SCHEMA_VERSION,
     EvalLayout,
     evals_dir,
     new_eval_id,
@@ -39,6 +37,7 @@ from reprotune._eval.settings import (
     generation_identity,
     identity_sha256,
 )
+from reprotune._formats import EVAL
 from reprotune._jsonio import (
     canonical_sha256,
     publishing_dir,
@@ -319,42 +318,49 @@ def _record(
             "files": dict(inputs.adapter_files),
             "merged": False,
         }
-    return {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
-        "reprotune_version": __version__,
-        "status": "completed",
-        "run": {
-            "run_id": inputs.run_id,
-            "run_dir": str(inputs.run_dir.resolve()),
-            "config_sha256": inputs.record.get("config_sha256"),
-        },
-        "base_only": inputs.adapter_dir is None,
-        "adapter": adapter,
-        "model": {
-            key: info.get(key)
-            for key in ("source", "revision", "weights_sha256", "config_sha256", "tokenizer_sha256", "dtype")
-        },
-        "tokenizer": {**loaded.tokenizer_check, "files": info.get("tokenizer_files")},
-        "data": {**inputs.data, "manifest_sha256": inputs.manifest_sha256},
-        "split": {
-            "name": inputs.split,
-            "split_rows": inputs.split_size,
-            "n_rows": len(rows),
-            "rows_sha256": canonical_sha256(rows),
-            "rows": rows,
-        },
-        "generation": generation,
-        "metrics": dict(scores.metrics),
-        "metric_config": scores.config,
-        "predictions": {
-            "file": PREDICTIONS,
-            "sha256": sha256_bytes(predictions),
-            "n_rows": len(rows),
-        },
-        "determinism": flags,
-        "environment": environment_fingerprint(attention=loaded.attention),
-    }
+    return EVAL.stamp(
+        {
+            "reprotune_version": __version__,
+            "status": "completed",
+            "run": {
+                "run_id": inputs.run_id,
+                "run_dir": str(inputs.run_dir.resolve()),
+                "config_sha256": inputs.record.get("config_sha256"),
+            },
+            "base_only": inputs.adapter_dir is None,
+            "adapter": adapter,
+            "model": {
+                key: info.get(key)
+                for key in (
+                    "source",
+                    "revision",
+                    "weights_sha256",
+                    "config_sha256",
+                    "tokenizer_sha256",
+                    "dtype",
+                )
+            },
+            "tokenizer": {**loaded.tokenizer_check, "files": info.get("tokenizer_files")},
+            "data": {**inputs.data, "manifest_sha256": inputs.manifest_sha256},
+            "split": {
+                "name": inputs.split,
+                "split_rows": inputs.split_size,
+                "n_rows": len(rows),
+                "rows_sha256": canonical_sha256(rows),
+                "rows": rows,
+            },
+            "generation": generation,
+            "metrics": dict(scores.metrics),
+            "metric_config": scores.config,
+            "predictions": {
+                "file": PREDICTIONS,
+                "sha256": sha256_bytes(predictions),
+                "n_rows": len(rows),
+            },
+            "determinism": flags,
+            "environment": environment_fingerprint(attention=loaded.attention),
+        }
+    )
 
 
 def _identity(record: dict[str, Any]) -> dict[str, Any]:

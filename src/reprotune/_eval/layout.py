@@ -19,8 +19,6 @@ from typing import Final
 EVALS_DIR: Final = "evals"
 EVAL_FILE: Final = "eval.json"
 PREDICTIONS: Final = "predictions.jsonl"
-SCHEMA: Final = "reprotune/eval"
-SCHEMA_VERSION: Final = 1
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reprotune._errors import InputError
+from reprotune._formats import BUILTIN_MODEL
 from reprotune._jsonio import publishing_dir, read_json_object, sha256_file, write_json_atomic
 from reprotune._model.identity import files_sha256, tokenizer_file_names, weight_file_names
 
@@ -30,8 +31,6 @@ CACHE_ENV = "REPROTUNE_CACHE_DIR"
 BUILTIN_META = "reprotune-model.json"
 #: Hashes of the converted files, keyed by size, mtime and inode (``_model.identity.files_sha256``).
 HASH_CACHE = ".reprotune-hashes.json"
-BUILTIN_META_SCHEMA = "reprotune/builtin-model"
-BUILTIN_META_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -138,9 +137,7 @@ def ensure_builtin(name: str) -> Path:
 def read_meta(path: Path) -> dict[str, Any] | None:
     """The builtin metadata at ``path``, or None if missing, unreadable or of another schema."""
     meta = read_json_object(path)
-    if meta.get("schema") != BUILTIN_META_SCHEMA:
-        return None
-    if meta.get("schema_version") != BUILTIN_META_VERSION:
+    if not BUILTIN_MODEL.holds(meta) or meta.get("schema_version") != BUILTIN_MODEL.version:
         return None
     return meta
 
@@ -188,26 +185,26 @@ def convert_gguf(gguf: Path, target: Path, *, gguf_sha256: str, name: str) -> di
         weights_sha256, weights_files = files_sha256(tmp, weight_file_names(tmp))
         tokenizer_sha256, tokenizer_files = files_sha256(tmp, tokenizer_file_names(tmp))
         stat = gguf.stat()
-        meta: dict[str, Any] = {
-            "schema": BUILTIN_META_SCHEMA,
-            "schema_version": BUILTIN_META_VERSION,
-            "name": name,
-            "gguf": {
-                "file": gguf.name,
-                "path": str(gguf),
-                "size": stat.st_size,
-                "mtime_ns": stat.st_mtime_ns,
-                "sha256": gguf_sha256,
-            },
-            "weights_sha256": weights_sha256,
-            "weights_files": weights_files,
-            "tokenizer_sha256": tokenizer_sha256,
-            "tokenizer_files": tokenizer_files,
-            "chat_template": bool(getattr(tokenizer, "chat_template", None)),
-            "converted_with": {
-                dist: importlib.metadata.version(dist) for dist in ("torch", "transformers", "gguf")
-            },
-        }
+        meta = BUILTIN_MODEL.stamp(
+            {
+                "name": name,
+                "gguf": {
+                    "file": gguf.name,
+                    "path": str(gguf),
+                    "size": stat.st_size,
+                    "mtime_ns": stat.st_mtime_ns,
+                    "sha256": gguf_sha256,
+                },
+                "weights_sha256": weights_sha256,
+                "weights_files": weights_files,
+                "tokenizer_sha256": tokenizer_sha256,
+                "tokenizer_files": tokenizer_files,
+                "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+                "converted_with": {
+                    dist: importlib.metadata.version(dist) for dist in ("torch", "transformers", "gguf")
+                },
+            }
+        )
         write_json_atomic(tmp / BUILTIN_META, meta)
         return meta
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from reprotune._config.secrets import token_shape
 from reprotune._errors import InputError
+from reprotune._formats import BUNDLE
 from reprotune._jsonio import canonical_dumps, publishing_file, sha256_file
 from reprotune._run import layout
 from reprotune._run.checkpoint_files import list_checkpoints, verify_checkpoint
@@ -28,8 +29,6 @@ from reprotune._run.outputs import refuse_overwrite, tar_archive
 from reprotune._run.record import load_record, record_config, status_of
 from reprotune._run.rundir import check_is_run_dir
 
-SCHEMA = "reprotune/bundle"
-SCHEMA_VERSION = 1
 MANIFEST = "bundle.json"
 RUN = "run"  # members of the run directory live under run/
 DATA = "data"  # the data file, with --with-data, under data/
@@ -81,16 +80,16 @@ def pack(
     members = {
         name: {"sha256": sha256_file(path), "size": path.stat().st_size} for name, path in files.items()
     }
-    manifest = {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
-        "run_id": record.get("run_id"),
-        "config_sha256": record.get("config_sha256"),
-        "data": data_info,
-        "data_sha256": (record.get("data") or {}).get("file_sha256"),
-        "data_builtin": builtin_data(record, run_dir),
-        "members": members,
-    }
+    manifest = BUNDLE.stamp(
+        {
+            "run_id": record.get("run_id"),
+            "config_sha256": record.get("config_sha256"),
+            "data": data_info,
+            "data_sha256": (record.get("data") or {}).get("file_sha256"),
+            "data_builtin": builtin_data(record, run_dir),
+            "members": members,
+        }
+    )
     _write_archive(out, files, canonical_dumps(manifest).encode("utf-8"))
     return manifest
 

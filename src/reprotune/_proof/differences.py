@@ -11,10 +11,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from reprotune._formats import COMPARISON
 from reprotune._run.record import Status
-
-COMPARISON_SCHEMA = "reprotune/comparison"
-COMPARISON_SCHEMA_VERSION = 2  # 2: next_steps (the trace commands)
 
 
 class Verdict(str, enum.Enum):
@@ -285,7 +283,7 @@ class Comparison:
         body["verdict"] = self.verdict.value
         if self.split is not None:
             body["split"]["rows_differing"] = self.split.rows_differing
-        return {"schema": COMPARISON_SCHEMA, "schema_version": COMPARISON_SCHEMA_VERSION, **body}
+        return COMPARISON.stamp(body)
 
     def format(self) -> str:
         """The comparison for people: verdict, where, why, then what differs."""

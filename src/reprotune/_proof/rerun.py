@@ -23,6 +23,7 @@ from reprotune._data.manifest import load_manifest
 from reprotune._determinism.device import resolve_device
 from reprotune._determinism.flags import apply_determinism
 from reprotune._errors import InputError, RunFailedError
+from reprotune._formats import BUNDLE_RERUN
 from reprotune._jsonio import sha256_file, write_json_atomic
 from reprotune._proof.bundle import builtin_data
 from reprotune._proof.compare import check_tolerance, compare_runs
@@ -243,17 +244,17 @@ def rerun_bundle(
 def _rerun_summary(bundle: Path, comparison: Comparison, seconds: float) -> dict[str, Any]:
     """What a bundle rerun proved, on which machine, at what cost (read by the HTML report)."""
     largest = comparison.where.largest_loss_diff
-    return {
-        "schema": "reprotune/bundle-rerun",
-        "schema_version": 1,
-        "bundle": str(bundle),
-        "bundle_sha256": sha256_file(bundle),
-        "verdict": str(comparison.verdict),
-        "tolerance": comparison.tolerance,
-        "largest_loss_difference": None if largest is None else largest.abs_diff,
-        "causes": list(comparison.causes),
-        "environment_differences": [d.key for d in comparison.differences if d.category == "environment"],
-        "machine": environment_fingerprint().get("platform") or platform.platform(),
-        "host": platform.node(),
-        "seconds": round(seconds, 3),
-    }
+    return BUNDLE_RERUN.stamp(
+        {
+            "bundle": str(bundle),
+            "bundle_sha256": sha256_file(bundle),
+            "verdict": str(comparison.verdict),
+            "tolerance": comparison.tolerance,
+            "largest_loss_difference": None if largest is None else largest.abs_diff,
+            "causes": list(comparison.causes),
+            "environment_differences": [d.key for d in comparison.differences if d.category == "environment"],
+            "machine": environment_fingerprint().get("platform") or platform.platform(),
+            "host": platform.node(),
+            "seconds": round(seconds, 3),
+        }
+    )

@@ -41,9 +41,10 @@ from torch.utils._pytree import tree_flatten
 
 from reprotune._config.loading import config_from_dict
 from reprotune._errors import InputError
+from reprotune._formats import TRACE
 from reprotune._proof.microscope import kernels_against_run
 from reprotune._proof.op_tensors import RNG_STATE_HASH, rng_state_inputs, rng_state_outputs, tensor_hash
-from reprotune._proof.tracefile import SCHEMA, SCHEMA_VERSION, TraceOp, new_trace_path, write_trace
+from reprotune._proof.tracefile import TraceOp, new_trace_path, write_trace
 from reprotune._run.checkpoint import restore_checkpoint
 from reprotune._run.checkpoint_files import list_checkpoints, verify_checkpoint
 from reprotune._run.kernels import kernel_facts
@@ -361,30 +362,30 @@ def _header(
 ) -> dict[str, Any]:
     """The trace's first line: the run, the step, whether the replay reproduced it, the machine."""
     differs = _differing(run, step, line)
-    return {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
-        "run_id": run.run_id,
-        "run_dir": str(run.path.resolve()),
-        "config_sha256": run.record.get("config_sha256"),
-        "step": step,
-        "replayed_from": start,
-        "reproduced": {
-            "step": not differs,
-            "before": not before,
-            "differing_fields": differs,
-            "differing_steps_before": dict(before),
-            "ledger_line": dict(run.ledger.train[step - 1].fields),
-            "replayed_line": dict(line),
-        },
-        "weights_in_sha256": weights_in,
-        "kernels": (here := kernel_facts(attention=_attention(setup))),
-        "kernels_vs_run": kernels_against_run(run, here),
-        "environment": {
-            "host": socket.gethostname(),
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "threads": torch.get_num_threads(),
-        },
-        "hash": HASH,
-    }
+    return TRACE.stamp(
+        {
+            "run_id": run.run_id,
+            "run_dir": str(run.path.resolve()),
+            "config_sha256": run.record.get("config_sha256"),
+            "step": step,
+            "replayed_from": start,
+            "reproduced": {
+                "step": not differs,
+                "before": not before,
+                "differing_fields": differs,
+                "differing_steps_before": dict(before),
+                "ledger_line": dict(run.ledger.train[step - 1].fields),
+                "replayed_line": dict(line),
+            },
+            "weights_in_sha256": weights_in,
+            "kernels": (here := kernel_facts(attention=_attention(setup))),
+            "kernels_vs_run": kernels_against_run(run, here),
+            "environment": {
+                "host": socket.gethostname(),
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+                "threads": torch.get_num_threads(),
+            },
+            "hash": HASH,
+        }
+    )

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from reprotune._errors import InputError
+from reprotune._formats import TRACE_COMPARISON
 from reprotune._proof.microscope import trace_command
 from reprotune._proof.tracefile import Trace, TraceOp
 from reprotune._run.kernels import kernel_differences
@@ -67,18 +68,18 @@ class TraceComparison:
         return "\n".join(lines) + "\n"
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": "reprotune/trace-comparison",
-            "schema_version": 1,
-            "verdict": "IDENTICAL" if self.finding == "identical" else "DIVERGED",
-            "finding": self.finding,
-            "paths": list(self.paths),
-            "ops_compared": self.ops_compared,
-            "op_a": self.op_a.to_json() if self.op_a else None,
-            "op_b": self.op_b.to_json() if self.op_b else None,
-            "explanation": list(self.explanation),
-            "notes": list(self.notes),
-        }
+        return TRACE_COMPARISON.stamp(
+            {
+                "verdict": "IDENTICAL" if self.finding == "identical" else "DIVERGED",
+                "finding": self.finding,
+                "paths": list(self.paths),
+                "ops_compared": self.ops_compared,
+                "op_a": self.op_a.to_json() if self.op_a else None,
+                "op_b": self.op_b.to_json() if self.op_b else None,
+                "explanation": list(self.explanation),
+                "notes": list(self.notes),
+            }
+        )
 
 
 def _where(op: TraceOp) -> str:

@@ -35,13 +35,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reprotune._documents import check_document, jsonl_lines, validated_line
+from reprotune._documents import jsonl_lines, validated_line
 from reprotune._errors import InputError
+from reprotune._formats import TRACE
 from reprotune._jsonio import canonical_dumps, write_bytes_atomic
 from reprotune._run.outputs import refuse_unwritable_parent
-
-SCHEMA = "reprotune/trace"
-SCHEMA_VERSION = 1
 
 #: One tensor of an op: [shape, dtype, content hash] and an optional label.
 TensorEntry = Annotated[tuple[str, ...], Field(min_length=3, max_length=4)]
@@ -175,7 +173,7 @@ def is_trace_file(path: Path) -> bool:
             first = json.loads(handle.readline() or "null")
     except (OSError, ValueError, EOFError, UnicodeDecodeError):
         return False
-    return isinstance(first, dict) and first.get("schema") == SCHEMA
+    return TRACE.holds(first)
 
 
 _FIX = "use a file written by `reprotune trace`, whole (trace the step again if it was cut)"
@@ -205,13 +203,10 @@ def read_trace(path: str | Path) -> Trace:
         header = json.loads(lines[0]) if lines else None
     except ValueError as exc:
         raise _bad(file, 1, f"the first line is not JSON ({exc}): not a whole trace header") from None
-    if not isinstance(header, dict) or header.get("schema") != SCHEMA:
+    if not TRACE.holds(header):
         raise _bad(file, 1, "not a reprotune trace (no trace header)")
-    check_document(
+    TRACE.check(
         header,
-        schema=SCHEMA,
-        versions={SCHEMA_VERSION},
-        what="trace",
         source=f"{file}:1",
         fix="pass a trace written by `reprotune trace`",
         version_fix="trace the step again with this reprotune",

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from reprotune._documents import check_document
 from reprotune._errors import InputError
+from reprotune._formats import BUNDLE
 from reprotune._jsonio import publishing_dir
-from reprotune._proof.bundle import DATA, MANIFEST, RUN, SCHEMA, SCHEMA_VERSION
+from reprotune._proof.bundle import DATA, MANIFEST, RUN
 from reprotune._run import layout
 
 #: Refused above these sizes (a bundle holds a LoRA adapter and a ledger, not a base model).
@@ -307,10 +307,8 @@ def _parse_manifest(raw: bytes, bundle: Path) -> dict[str, Any]:
         raise _refused(bundle, f"{MANIFEST} is nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise _refused(bundle, f"{MANIFEST} is not JSON ({exc})") from None
-    manifest = check_document(
+    manifest = BUNDLE.check(
         manifest,
-        schema=SCHEMA,
-        versions={SCHEMA_VERSION},
         what=f"bundle manifest ({MANIFEST})",
         source=str(bundle),
         fix=_FIX,

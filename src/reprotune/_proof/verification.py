@@ -8,14 +8,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from reprotune._formats import VERIFICATION
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.differences import Comparison
 from reprotune._run.layout import RunLayout
 from reprotune._run.record import load_record
 
-SCHEMA = "reprotune/verification"
-SCHEMA_VERSION = 5  # 2: mode, per-leg cost, machine, blame; 3: wall_s (legs side by side); 4: legs'
-# prefix; 5: mode spot and its spot section
 Mode = Literal["fast", "thorough", "spot"]
 Outcome = Literal["PASS", "FAIL"]
 Expected = Literal["IDENTICAL", "DIVERGED"]
@@ -78,7 +76,7 @@ class Verification:
         # From the wall time as written, so that the file agrees with itself: cost is
         # wall_s / reference_s of the values a reader sees, rounded once.
         body["cost"] = round(wall_s / self.reference_s, 3) if self.reference_s else None
-        return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **body}
+        return VERIFICATION.stamp(body)
 
     def format(self) -> str:
         lines = [f"verify: {self.verdict}  ({self.mode}, {self.directory})", *leg_lines(self.legs, 15)]

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from reprotune._errors import InputError, RunFailedError
+from reprotune._formats import COMMAND_VERIFICATION
 from reprotune._jsonio import write_json_atomic
 from reprotune._proof.command_legs import TRAINER_OUTPUT, LegNotRun, Runner
 from reprotune._proof.verification import (
@@ -49,9 +50,6 @@ from reprotune._run.outputs import removed_if_refused
 from reprotune._run.record import Status, load_record
 from reprotune.integrations.controls import Controls
 
-SCHEMA = "reprotune/command-verification"
-SCHEMA_VERSION = 2  # 2: spot (verify --command --spot)
-
 
 @dataclass
 class CommandVerification:
@@ -66,7 +64,7 @@ class CommandVerification:
     """``--spot``: the intervals between the Trainer's checkpoints replayed, and what that proves."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **asdict(self)}
+        return COMMAND_VERIFICATION.stamp(asdict(self))
 
     def format(self) -> str:
         lines = [f"verify: {self.verdict}  ({self.directory})", f"  command: {self.command}"]

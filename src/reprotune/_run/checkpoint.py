@@ -35,6 +35,7 @@ from reprotune._determinism.rng import (
     rng_state_to_tensors,
 )
 from reprotune._errors import InputError
+from reprotune._formats import CHECKPOINT
 from reprotune._jsonio import (
     free_bytes,
     is_no_space,
@@ -50,7 +51,6 @@ from reprotune._run.checkpoint_files import (
     OPTIMIZER_FILE,
     RNG_META,
     RNG_TENSORS,
-    SCHEMA_VERSION,
     STATE_FILE,
     WEIGHTS_FILE,
     StateFile,
@@ -177,14 +177,9 @@ def _write_files(
     files = {}
     for path in sorted(tmp.iterdir()):
         files[path.name] = sha256_file(path)
-    manifest: dict[str, Any] = {
-        "schema": "reprotune/checkpoint",
-        "schema_version": SCHEMA_VERSION,
-        "step": state.step,
-        "epoch": state.epoch,
-        "position": list(state.position),
-        "files": files,
-    }
+    manifest = CHECKPOINT.stamp(
+        {"step": state.step, "epoch": state.epoch, "position": list(state.position), "files": files}
+    )
     if ranks is not None:  # absent from a single process's checkpoint, which stays as it was
         manifest["distributed"] = ranks.distributed
     manifest["state_sha256"] = _state_sha256(manifest)

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from reprotune._documents import validation_problems
+from reprotune._formats import CHECKPOINT
 from reprotune._jsonio import canonical_sha256, sha256_file
 
 STATE_FILE = "state.json"
@@ -19,7 +20,6 @@ WEIGHTS_FILE = "trainable.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"  # the optimizer's, the schedule's and the scaler's states
 RNG_META = "rng.json"
 RNG_TENSORS = "rng.safetensors"
-SCHEMA_VERSION = 2  # 2: state.json carries its own sha256 and must list exactly DATA_FILES
 _PREFIX = "step-"
 #: The files a checkpoint holds besides state.json; state.json must list exactly these.
 DATA_FILES = (OPTIMIZER_FILE, RNG_META, RNG_TENSORS, WEIGHTS_FILE)
@@ -86,7 +86,9 @@ def verify_checkpoint(path: Path) -> str | None:
         return f"{STATE_FILE} unreadable ({exc})"
     if not isinstance(state, dict):
         return f"{STATE_FILE} is not a JSON object"
-    if state.get("schema_version") != SCHEMA_VERSION:
+    if not CHECKPOINT.holds(state):
+        return f"{STATE_FILE} is not a checkpoint state: schema {state.get('schema')!r}"
+    if state.get("schema_version") != CHECKPOINT.version:
         return f"unknown checkpoint schema version {state.get('schema_version')!r}"
     if state.get("state_sha256") != _state_sha256(state):
         return f"{STATE_FILE} does not match its recorded sha256"

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reprotune._errors import InputError
+from reprotune._formats import DocumentFormat
 from reprotune._html import CSS, GENERATOR
 from reprotune._run.layout import RECORD, STUDY, STUDY_RUNS, VERIFICATION
 
@@ -62,8 +63,8 @@ def reprotune_page() -> OwnKind:
     return OwnKind("a page reprotune wrote", test)
 
 
-def json_document(schema: str, name: str) -> OwnKind:
-    """A JSON document whose ``schema`` is ``schema`` (a split manifest: ``reprotune/split-manifest``)."""
+def json_document(document_format: DocumentFormat) -> OwnKind:
+    """A JSON document of ``document_format`` (a split manifest)."""
 
     def test(path: Path) -> bool:
         # A data file is not read whole: not JSON at all, or JSON Lines (one whole object on its
@@ -86,9 +87,9 @@ def json_document(schema: str, name: str) -> OwnKind:
                 document = json.loads(path.read_bytes())
             except (ValueError, UnicodeDecodeError):
                 return False
-        return isinstance(document, dict) and document.get("schema") == schema
+        return document_format.holds(document)
 
-    return OwnKind(name, test)
+    return OwnKind(f"a {document_format.what}", test)
 
 
 def tar_archive(first_member: str, name: str) -> OwnKind:

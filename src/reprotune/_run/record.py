@@ -23,14 +23,15 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Final, Literal, cast, get_args
+from typing import Any, Literal, cast, get_args
 
 from pydantic import ConfigDict, Field, ValidationError
 
 from reprotune._config.loading import config_from_dict
 from reprotune._config.schema import ExperimentConfig, config_sha256
 from reprotune._config.secrets import mask_config, mask_data
-from reprotune._documents import check_document, read_json_file, validated, validation_problems
+from reprotune._documents import read_json_file, validated, validation_problems
+from reprotune._formats import RECORD
 from reprotune._jsonio import write_json_atomic
 from reprotune._run import layout
 from reprotune._run.record_sections import (
@@ -46,9 +47,6 @@ from reprotune._run.record_sections import (
     TrackerSummary,
 )
 from reprotune._version import __version__
-
-SCHEMA: Final = "reprotune/record"
-SCHEMA_VERSION: Final = 1
 
 Status = Literal["running", "completed", "failed", "stopped", "interrupted"]
 
@@ -69,8 +67,8 @@ def ended_status(exc: BaseException) -> Status:
 class RunRecord(RecordPart):
     """A whole ``record.json``. Field names and meanings: docs/run-directory.md."""
 
-    schema_: Literal["reprotune/record"] = Field(SCHEMA, alias="schema")
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_: Literal["reprotune/record"] = Field(alias="schema")
+    schema_version: Literal[1]
     reprotune_version: str
     run_id: str
     status: Status
@@ -163,7 +161,7 @@ def write_record(path: str | os.PathLike[str], record: RunRecord | Mapping[str, 
 
 def stamped_record(record: Mapping[str, Any]) -> dict[str, Any]:
     """``record`` with ``schema``, ``schema_version`` and ``reprotune_version`` added when absent."""
-    return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "reprotune_version": __version__, **record}
+    return RECORD.stamp({"reprotune_version": __version__, **record})
 
 
 def typed_record(record: Mapping[str, Any]) -> RunRecord:
@@ -195,11 +193,8 @@ def parse_record(data: Any, source: str = "<dict>") -> RunRecord:
         SchemaVersionError: ``schema`` is not ``reprotune/record`` or ``schema_version`` is unknown.
         InputError: the data is not a valid record (every problem listed).
     """
-    check_document(
+    RECORD.check(
         data,
-        schema=SCHEMA,
-        versions={SCHEMA_VERSION},
-        what="run record",
         source=source,
         fix="pass the record.json of a reprotune run directory",
         version_fix="use the reprotune version that wrote it (see its reprotune_version), or upgrade",

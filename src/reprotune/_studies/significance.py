@@ -14,14 +14,12 @@ from typing import Any, Final
 
 from reprotune._config.schema import did_you_mean
 from reprotune._errors import InputError
+from reprotune._formats import SIGNIFICANCE
 from reprotune._jsonio import empty_beside_keys, flattened
 from reprotune._proof.differences import is_inert
 from reprotune._studies.metrics import FINAL_VAL_LOSS
 from reprotune._studies.studyfile import load_study
 from reprotune._studies.twosample import TestResult, compare_samples, percent, verdict_line
-
-SCHEMA: Final = "reprotune/significance"
-SCHEMA_VERSION: Final = 1
 
 
 @dataclass(frozen=True)
@@ -41,7 +39,7 @@ class Significance:
     notes: list[str]
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **asdict(self)}
+        return SIGNIFICANCE.stamp(asdict(self))
 
     def format(self) -> str:
         """The verdict first, then the evidence and what differs, for people."""

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from reprotune._documents import check_document, read_json_file, validated
+from reprotune._documents import read_json_file, validated
+from reprotune._formats import STUDY
 from reprotune._jsonio import write_json_atomic
 from reprotune._studies import layout
-
-SCHEMA: Final = "reprotune/study"
-SCHEMA_VERSION: Final = 1
 
 
 class _Part(BaseModel):
@@ -48,8 +46,8 @@ class RunEntry(_Part):
 class StudyFile(_Part):
     """A whole ``study.json``."""
 
-    schema_: Literal["reprotune/study"] = Field(SCHEMA, alias="schema")
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_: Literal["reprotune/study"] = Field(alias="schema")
+    schema_version: Literal[1]
     study_id: str
     status: Literal["running", "completed"]
     config: dict[str, Any]
@@ -82,7 +80,7 @@ def write_study(path: str | os.PathLike[str], study: dict[str, Any]) -> str:
     Raises:
         ValueError: the study does not satisfy the schema (a bug in the caller, not bad input).
     """
-    data = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **study}
+    data = STUDY.stamp(study)
     try:
         StudyFile.model_validate(data)
     except ValidationError as exc:
@@ -114,11 +112,8 @@ def load_study(path: str | os.PathLike[str], *, option: str | None = None) -> di
         file = file / layout.STUDY
     data = read_json_file(file, what="study", fix=fix)
     where = f"{option} ({file})" if option else str(file)
-    data = check_document(
+    data = STUDY.check(
         data,
-        schema=SCHEMA,
-        versions={SCHEMA_VERSION},
-        what="study",
         source=where,
         fix=fix,
         version_fix="use the reprotune version that wrote the study, or upgrade",
