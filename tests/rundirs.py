@@ -224,9 +224,9 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
     )
     environment = _merge(
         {
-            "python": "3.11.9",
+            "python": {"version": "3.11.9"},
             "os": "Linux-6.1-x86_64",
-            "cpu": "x86_64",
+            "cpu": {"model": "x86_64"},
             "torch": {
                 "version": "2.13.0",
                 "cuda": None,

@@ -141,6 +141,38 @@ def test_a_distributed_section_is_typed_and_refused_with_the_key_that_is_wrong(t
     assert not (tmp_path / "other.json").exists()
 
 
+def test_the_determinism_lora_and_environment_sections_are_typed(tmp_path: Path) -> None:
+    """A real run's ``determinism``, ``lora`` and ``environment`` (this machine's, read back) pass
+    the record's types and read back as written, PEFT's and later keys kept; a value of the wrong
+    kind in any of them is refused, each problem named by its key, and nothing is written."""
+    from reprotune._determinism.flags import determinism_flags
+    from reprotune._run.fingerprint import environment_fingerprint
+
+    environment = environment_fingerprint()
+    lora = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"], "use_dora": False}
+    sections = {"determinism": determinism_flags(), "lora": lora, "environment": environment}
+    write_record(tmp_path / "record.json", {**_stamped(), **sections})
+    loaded = load_record(tmp_path)
+    assert {key: loaded[key] for key in sections} == json.loads(canonical_dumps(sections))
+    typed = parse_record(loaded)
+    assert typed.lora is not None and typed.lora.r == 8 and typed.lora.model_extra == {"use_dora": False}
+    assert typed.environment is not None and typed.environment.torch is not None
+    assert typed.environment.torch.version == environment["torch"]["version"]
+    assert typed.determinism is not None and typed.determinism.deterministic_algorithms is not None
+
+    bad = {
+        "determinism": {**sections["determinism"], "deterministic_algorithms": "sometimes"},
+        "lora": {**lora, "r": "eight"},
+        "environment": {**environment, "cpu": {"logical_cores": "two"}, "python": "3.11"},
+    }
+    with pytest.raises(ValueError) as refused:
+        write_record(tmp_path / "other.json", {**_stamped(), **bad})
+    for key in ("determinism.deterministic_algorithms:", "lora.r:", "environment.cpu.logical_cores:"):
+        assert key in str(refused.value)
+    assert "environment.python: input should be a valid dictionary" in str(refused.value)
+    assert not (tmp_path / "other.json").exists()
+
+
 def test_tracker_summaries_are_typed_by_ok_and_keep_their_own_keys(tmp_path: Path) -> None:
     """Each tracker's summary says ``ok`` (and its ``error`` when it failed) beside its own keys;
     one without ``ok`` is refused naming trackers.NAME.ok."""

@@ -38,8 +38,11 @@ from reprotune._run.record_sections import (
     Attempt,
     CodeRecord,
     DataRecord,
+    DeterminismRecord,
     DistributedRecord,
+    EnvironmentRecord,
     ErrorInfo,
+    LoraRecord,
     ModelRecord,
     Outputs,
     RecordPart,
@@ -79,9 +82,9 @@ class RunRecord(RecordPart):
     code: CodeRecord | None = None
     data: DataRecord | None = None
     model: ModelRecord | None = None
-    determinism: dict[str, Any] | None = None
-    lora: dict[str, Any] | None = None
-    environment: dict[str, Any] | None = None
+    determinism: DeterminismRecord | None = None
+    lora: LoraRecord | None = None
+    environment: EnvironmentRecord | None = None
     timings: Timings
     outputs: Outputs | None = None
     attempts: list[Attempt] = Field(default_factory=list)

@@ -10,6 +10,8 @@ Importing this module never imports torch.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -147,3 +149,102 @@ class DistributedRecord(RecordPart):
     world_size_invariant: bool | None = None
     ranks: list[RankEntry] = Field(default_factory=list)
     world_size_changes: list[WorldSizeChange] = Field(default_factory=list)
+
+
+class DeterminismRecord(RecordPart):
+    """The determinism settings in force, read back from torch and the environment
+    (``_determinism.flags.determinism_flags``); the run's and each environment's."""
+
+    deterministic_algorithms: bool | None = None
+    deterministic_warn_only: bool | None = None
+    fill_uninitialized_memory: bool | None = None
+    cudnn_available: bool | None = None
+    cudnn_deterministic: bool | None = None
+    cudnn_benchmark: bool | None = None
+    cudnn_allow_tf32: bool | None = None
+    matmul_allow_tf32: bool | None = None
+    float32_matmul_precision: str | None = None
+    cublas_workspace_config: str | None = None
+    cuda_available: bool | None = None
+    torch_num_threads: int | None = None
+    torch_num_interop_threads: int | None = None
+
+
+class LoraRecord(RecordPart):
+    """The LoRA adapter's configuration as PEFT holds it: typed for the keys reprotune reads, and
+    every other key PEFT writes kept (they change with PEFT's version)."""
+
+    peft_type: str | None = None
+    peft_version: str | None = None
+    task_type: str | None = None
+    base_model_name_or_path: str | None = None
+    r: int | None = None
+    lora_alpha: float | None = None
+    lora_dropout: float | None = None
+    target_modules: list[str] | str | None = None
+    bias: str | None = None
+
+
+class PythonInfo(RecordPart):
+    version: str | None = None
+    implementation: str | None = None
+    executable: str | None = None
+
+
+class PlatformInfo(RecordPart):
+    system: str | None = None
+    release: str | None = None
+    machine: str | None = None
+    platform: str | None = None
+    libc: str | None = None
+
+
+class CpuInfo(RecordPart):
+    model: str | None = None
+    logical_cores: int | None = None
+
+
+class StackInfo(RecordPart):
+    """Whether the installed library stack is one CI proves (``_run.stack.stack_facts``)."""
+
+    stack: str | None = None
+    differs: dict[str, Any] = Field(default_factory=dict)
+
+
+class TorchInfo(RecordPart):
+    version: str | None = None
+    git_version: str | None = None
+    cuda: str | None = None
+    hip: str | None = None
+    cudnn: int | None = None
+    cuda_available: bool | None = None
+    gpus: list[dict[str, Any]] = Field(default_factory=list)
+    parallel_info: list[str] = Field(default_factory=list)
+
+
+class ThreadsInfo(RecordPart):
+    torch_intra_op: int | None = None
+    torch_inter_op: int | None = None
+    omp_num_threads: str | None = None
+    mkl_num_threads: str | None = None
+    openblas_num_threads: str | None = None
+    tokenizers_parallelism: str | None = None
+
+
+class EnvironmentRecord(RecordPart):
+    """The machine and software a run's numbers can depend on (``_run.fingerprint.environment_fingerprint``).
+    ``kernels`` has a version of its own and is read by ``_run.kernels``, which says "unknown" of a
+    fact a record lacks."""
+
+    python: PythonInfo | None = None
+    platform: PlatformInfo | None = None
+    cpu: CpuInfo | None = None
+    distributions: dict[str, str] = Field(default_factory=dict)
+    stack: StackInfo | None = None
+    torch: TorchInfo | None = None
+    gpu_driver: str | None = None
+    nvidia_smi_gpus: list[dict[str, Any]] = Field(default_factory=list)
+    threads: ThreadsInfo | None = None
+    determinism: DeterminismRecord | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    kernels: dict[str, Any] | None = None
