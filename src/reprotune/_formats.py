@@ -27,6 +27,13 @@ class DocumentFormat:
     version: int
     what: str
     """What the document is, for messages (``"run record"``)."""
+    older: tuple[int, ...] = ()
+    """Earlier versions this reprotune still reads (their readers take what a version lacks)."""
+
+    @property
+    def versions(self) -> frozenset[int]:
+        """Every version this reprotune reads: the one it writes and the older ones."""
+        return frozenset((self.version, *self.older))
 
     def stamp(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """``body`` as a document of this format: ``schema`` and ``schema_version`` added (a body
@@ -56,7 +63,7 @@ class DocumentFormat:
         return check_document(
             data,
             schema=self.schema,
-            versions={self.version},
+            versions=self.versions,
             what=what or self.what,
             source=source,
             fix=fix,
@@ -78,10 +85,12 @@ COMPARISON: Final = DocumentFormat("reprotune/comparison", 2, "comparison")
 """2: next_steps (the trace commands)."""
 TRACE: Final = DocumentFormat("reprotune/trace", 1, "trace")
 TRACE_COMPARISON: Final = DocumentFormat("reprotune/trace-comparison", 1, "trace comparison")
-VERIFICATION: Final = DocumentFormat("reprotune/verification", 5, "verification")
+VERIFICATION: Final = DocumentFormat("reprotune/verification", 5, "verification", older=(1, 2, 3, 4))
 """2: mode, per-leg cost, machine, blame; 3: wall_s (legs side by side); 4: legs' prefix; 5: mode
 spot and its spot section."""
-COMMAND_VERIFICATION: Final = DocumentFormat("reprotune/command-verification", 2, "command verification")
+COMMAND_VERIFICATION: Final = DocumentFormat(
+    "reprotune/command-verification", 2, "command verification", older=(1,)
+)
 """2: spot (``verify --command --spot``)."""
 BUNDLE: Final = DocumentFormat("reprotune/bundle", 1, "bundle manifest")
 BUNDLE_RERUN: Final = DocumentFormat("reprotune/bundle-rerun", 1, "bundle rerun summary")

@@ -64,6 +64,25 @@ def test_verify_command_passes_and_reports_the_resume_leg(
     assert len(read_ledger(project.root / "ver" / "resume" / "ledger.jsonl").train) == 6
 
 
+def test_the_report_of_a_command_verification_says_what_the_command_proved(
+    verified: Verified, tmp_path: Path
+) -> None:
+    """``reprotune report`` of the verification directory opens with what the command proved: the
+    command, the rerun, the Trainer's own resume and the data-order control; not a config's
+    mode, config sha256, machine or cost, which a command verification does not hold."""
+    project, done = verified
+    assert done.returncode == 0, done.stderr[-3000:]
+    page = tmp_path / "report.html"
+    assert main(["report", str(project.root / "ver"), "-o", str(page)]) == 0
+    html = page.read_text(encoding="utf-8")
+    first = html[html.index("What was proven") : html.index("</table>")]
+    assert "verify PASS" in first and "The command reproduces" in first
+    assert "hf_trainer.py" in first and "stopped after step 3 and resumed" in first
+    assert "config sha256" not in first and "None mode" not in first and "Machine:" not in first
+    for leg in ("rerun", "control-data-seed", "resume"):
+        assert f"<td>{leg}</td>" in first
+
+
 def test_trainer_runs_in_two_processes_are_identical(
     verified: Verified,
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -158,3 +159,47 @@ def test_the_glance_of_an_incomparable_pair_says_why_first(tmp_path: Path) -> No
     assert '<span class="verdict INCOMPARABLE">INCOMPARABLE</span>' in glance
     assert ": different training length: run A has 12 steps" in glance
     assert "root seed" not in glance
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"verdict": "PASS",', "verification is not valid JSON: "),
+        ('{"schema": "reprotune/record", "schema_version": 1}', "schema is 'reprotune/record'"),
+        ('{"schema": "reprotune/verification", "schema_version": 9}', "schema_version 9 is not supported"),
+        ('{"schema": "reprotune/command-verification", "schema_version": 7}', "schema_version 7 is not"),
+    ],
+)
+def test_a_damaged_or_foreign_verification_is_refused_with_its_file(
+    runs: list[Path], tmp_path: Path, content: str, message: str
+) -> None:
+    """A verification directory whose verification.json is cut, of another schema or of a version
+    this reprotune does not read is refused naming the file (exit 2 from the CLI), not rendered
+    from whatever keys it happens to hold; no page is written."""
+    from reprotune._cli import main
+
+    directory = tmp_path / "ver"
+    directory.mkdir()
+    (directory / "verification.json").write_text(content, encoding="utf-8")
+    with pytest.raises(InputError, match=re.escape(message)) as refused:
+        write_report([directory], tmp_path / "page.html")
+    assert str(directory / "verification.json") in refused.value.source
+    assert main(["report", str(directory), "-o", str(tmp_path / "page.html")]) == 2
+    assert not (tmp_path / "page.html").exists()
+
+
+def test_an_older_verification_still_opens_its_report(runs: list[Path], tmp_path: Path) -> None:
+    """A verification.json of an earlier version (1: no mode, no prefix flags) still reads: the
+    report opens with its verdict and its legs."""
+    directory = tmp_path / "ver"
+    directory.mkdir()
+    legs = [{"name": "rerun", "run_dir": str(runs[1]), "expected": "IDENTICAL", "verdict": "DIVERGED"}]
+    old = {
+        "schema": "reprotune/verification",
+        "schema_version": 1,
+        "verdict": "FAIL",
+        "reference": str(runs[0]),
+    }
+    (directory / "verification.json").write_text(json.dumps({**old, "legs": legs}), encoding="utf-8")
+    html = write_report([directory], tmp_path / "page.html").read_text(encoding="utf-8")
+    assert "verify FAIL" in html and "The config did NOT verify" in html and "<td>rerun</td>" in html

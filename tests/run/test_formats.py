@@ -40,12 +40,23 @@ def test_a_stamped_document_passes_its_own_check_and_no_other(fmt: DocumentForma
 
 
 def test_a_version_this_reprotune_does_not_read_is_refused_with_the_key() -> None:
-    fmt = _formats.VERIFICATION
+    fmt = _formats.COMPARISON
     newer = {**fmt.stamp({}), "schema_version": fmt.version + 1}
     with pytest.raises(SchemaVersionError, match=f"reads schema_version {fmt.version}") as caught:
         fmt.check(newer, source="v.json", fix="f", version_fix="upgrade")
     assert caught.value.source == "v.json: key 'schema_version'"
     assert caught.value.fix == "upgrade"
+
+
+def test_an_older_version_a_format_still_reads_is_accepted_and_no_other() -> None:
+    fmt = _formats.VERIFICATION
+    assert fmt.versions == {1, 2, 3, 4, 5} and fmt.version == 5
+    for version in fmt.older:
+        old = {**fmt.stamp({}), "schema_version": version}
+        assert fmt.check(old, source="v.json", fix="f") is old
+    with pytest.raises(SchemaVersionError, match="reads schema_version 1 or 2 or 3 or 4 or 5"):
+        fmt.check({**fmt.stamp({}), "schema_version": 0}, source="v.json", fix="f")
+    assert _formats.RECORD.versions == {1}
 
 
 def test_a_body_stamped_already_keeps_its_own_keys() -> None:

@@ -14,10 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reprotune._documents import read_json_file
+from reprotune._formats import COMMAND_VERIFICATION
+from reprotune._formats import VERIFICATION as VERIFICATION_FORMAT
 from reprotune._html import badge, escape, table
 from reprotune._run.layout import VERIFICATION
 
 RERUN_SUMMARY = "rerun.json"
+TRAINER_CHECKPOINTS = "the Trainer's own checkpoints"
 
 
 @dataclass(frozen=True)
@@ -51,30 +55,29 @@ def expand(paths: Sequence[Path]) -> tuple[list[Path], list[bool], list[str]]:
 
 def _proof(path: Path) -> Proof | None:
     if (path / VERIFICATION).is_file():
-        return _verification(path, json.loads((path / VERIFICATION).read_text(encoding="utf-8")))
+        return _verification(path, _read_verification(path / VERIFICATION))
     if (path / RERUN_SUMMARY).is_file():
         return _bundle_rerun(path, json.loads((path / RERUN_SUMMARY).read_text(encoding="utf-8")))
     return None
+
+
+def _read_verification(file: Path) -> dict[str, Any]:
+    """``verification.json`` of ``verify`` or of ``verify --command``, of any version this reads.
+
+    Raises:
+        InputError: not JSON (with line and column).
+        SchemaVersionError: neither format, or a version this reprotune does not read.
+    """
+    fix = "pass a directory written by `reprotune verify --out`, whole"
+    data = read_json_file(file, what="verification", fix=fix)
+    form = COMMAND_VERIFICATION if COMMAND_VERIFICATION.holds(data) else VERIFICATION_FORMAT
+    return form.check(data, source=str(file), fix=fix)
 
 
 def _verification(path: Path, data: dict[str, Any]) -> Proof:
     legs = [leg for leg in data.get("legs", []) if leg.get("run_dir")]
     reference = Path(data.get("reference") or path / "reference")
     verdict = str(data.get("verdict"))
-    spot = data.get("spot") or {}
-    proven = (
-        "The config reproduces: a rerun (stopped at a checkpoint and resumed in a fresh process) gave "
-        "bit-identical losses and weights, and the negative controls show the check can fail."
-        if verdict == "PASS"
-        else "The config did NOT verify: see the legs below, and each leg's comparison further down."
-    )
-    if verdict == "PASS" and data.get("mode") == "spot":
-        proven = (
-            f"The recorded run reproduces where it was sampled: {spot.get('intervals_replayed')} of "
-            f"{spot.get('intervals_available')} intervals ({spot.get('steps_replayed')} of "
-            f"{spot.get('total_steps')} steps), replayed from its own checkpoints, gave bit-identical "
-            "ledger lines and end states, and the negative controls show the check can fail."
-        )
     rows = [
         (
             str(leg["name"]),
@@ -86,17 +89,10 @@ def _verification(path: Path, data: dict[str, Any]) -> Proof:
         )
         for leg in data.get("legs", [])
     ]
-    cost = data.get("cost")
     css = "IDENTICAL" if verdict == "PASS" else "DIVERGED"
-    html = (
-        f"<h2>What was proven</h2><p>{badge(css, f'verify {verdict}')} "
-        f"({escape(str(data.get('mode')))} mode, config sha256 "
-        f"<code>{escape(str(data.get('config_sha256', ''))[:12])}</code>). {escape(proven)}</p>"
-        f"<p>Machine: {escape(_machine(data.get('machine') or {}))}. Cost: "
-        f"{float(data.get('wall_s') or data.get('legs_s') or 0):.0f} s of legs for a "
-        f"{float(data.get('reference_s') or 0):.0f} s "
-        f"run{f' ({cost:.2f}x)' if isinstance(cost, (int, float)) else ''}.</p>"
-        + table(("leg", "verdict", "must be", "ok", "seconds", "note"), rows)
+    proven = _command_proven(data) if COMMAND_VERIFICATION.holds(data) else _config_proven(data)
+    html = f"<h2>What was proven</h2><p>{badge(css, f'verify {verdict}')} {proven}" + table(
+        ("leg", "verdict", "must be", "ok", "seconds", "note"), rows
     )
     # Before schema 4 the flag was not written: the fast mode's controls were compared so.
     fast = data.get("mode") == "fast"
@@ -107,6 +103,64 @@ def _verification(path: Path, data: dict[str, Any]) -> Proof:
         for leg in legs
     ]
     return Proof([reference, *(Path(leg["run_dir"]) for leg in legs)], [False, *prefix], html)
+
+
+def _sampled(spot: dict[str, Any], origin: str) -> str:
+    return (
+        f"{spot.get('intervals_replayed')} of {spot.get('intervals_available')} intervals "
+        f"({spot.get('steps_replayed')} of {spot.get('total_steps')} steps), replayed from {origin}, "
+        "gave bit-identical ledger lines and end states"
+    )
+
+
+def _config_proven(data: dict[str, Any]) -> str:
+    """What ``verify`` of a config proved, its machine and its cost, as HTML."""
+    verdict, spot = str(data.get("verdict")), data.get("spot") or {}
+    proven = (
+        "The config reproduces: a rerun (stopped at a checkpoint and resumed in a fresh process) gave "
+        "bit-identical losses and weights, and the negative controls show the check can fail."
+        if verdict == "PASS"
+        else "The config did NOT verify: see the legs below, and each leg's comparison further down."
+    )
+    if verdict == "PASS" and data.get("mode") == "spot":
+        proven = (
+            f"The recorded run reproduces where it was sampled: {_sampled(spot, 'its own checkpoints')}, "
+            "and the negative controls show the check can fail."
+        )
+    cost = data.get("cost")
+    return (
+        f"({escape(str(data.get('mode')))} mode, config sha256 "
+        f"<code>{escape(str(data.get('config_sha256', ''))[:12])}</code>). {escape(proven)}</p>"
+        f"<p>Machine: {escape(_machine(data.get('machine') or {}))}. Cost: "
+        f"{float(data.get('wall_s') or data.get('legs_s') or 0):.0f} s of legs for a "
+        f"{float(data.get('reference_s') or 0):.0f} s "
+        f"run{f' ({cost:.2f}x)' if isinstance(cost, (int, float)) else ''}.</p>"
+    )
+
+
+def _command_proven(data: dict[str, Any]) -> str:
+    """What ``verify --command`` proved of a user's Trainer script, as HTML."""
+    verdict, spot, resume_at = str(data.get("verdict")), data.get("spot"), data.get("resume_at")
+    if verdict != "PASS":
+        proven = "The command did NOT verify: see the legs below, and each leg's comparison further down."
+    elif spot:
+        proven = (
+            f"The command's run reproduces where it was sampled: "
+            f"{_sampled(spot, TRAINER_CHECKPOINTS)}, and the data-order "
+            "control shows the check can fail."
+        )
+    else:
+        resumed = (
+            f"; stopped after step {resume_at} and resumed with the Trainer's own "
+            "resume_from_checkpoint, it gave them too"
+            if resume_at is not None
+            else ""
+        )
+        proven = (
+            "The command reproduces: run again in a fresh process it gave bit-identical losses and "
+            f"weights{resumed}, and the data-order control shows the check can fail."
+        )
+    return f"(command <code>{escape(str(data.get('command')))}</code>). {escape(proven)}</p>"
 
 
 def _bundle_rerun(path: Path, data: dict[str, Any]) -> Proof:
