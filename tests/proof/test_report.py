@@ -188,6 +188,15 @@ def test_a_damaged_or_foreign_verification_is_refused_with_its_file(
     assert not (tmp_path / "page.html").exists()
 
 
+def test_a_cut_bundle_rerun_summary_is_refused_with_its_file(tmp_path: Path) -> None:
+    directory = tmp_path / "rerun"
+    directory.mkdir()
+    (directory / "rerun.json").write_text('{"schema": "reprotune/bundle-rerun", ', encoding="utf-8")
+    with pytest.raises(InputError, match="bundle rerun summary is not valid JSON") as refused:
+        write_report([directory], tmp_path / "page.html")
+    assert str(directory / "rerun.json") in refused.value.source and not (tmp_path / "page.html").exists()
+
+
 def test_an_older_verification_still_opens_its_report(runs: list[Path], tmp_path: Path) -> None:
     """A verification.json of an earlier version (1: no mode, no prefix flags) still reads: the
     report opens with its verdict and its legs."""

@@ -8,14 +8,13 @@ summary opens the report.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from reprotune._documents import read_json_file
-from reprotune._formats import COMMAND_VERIFICATION
+from reprotune._formats import BUNDLE_RERUN, COMMAND_VERIFICATION
 from reprotune._formats import VERIFICATION as VERIFICATION_FORMAT
 from reprotune._html import badge, escape, table
 from reprotune._run.layout import VERIFICATION
@@ -57,7 +56,9 @@ def _proof(path: Path) -> Proof | None:
     if (path / VERIFICATION).is_file():
         return _verification(path, _read_verification(path / VERIFICATION))
     if (path / RERUN_SUMMARY).is_file():
-        return _bundle_rerun(path, json.loads((path / RERUN_SUMMARY).read_text(encoding="utf-8")))
+        fix = "pass a directory written by `reprotune rerun BUNDLE --out`, whole"
+        data = read_json_file(path / RERUN_SUMMARY, what="bundle rerun summary", fix=fix)
+        return _bundle_rerun(path, BUNDLE_RERUN.check(data, source=str(path / RERUN_SUMMARY), fix=fix))
     return None
 
 
