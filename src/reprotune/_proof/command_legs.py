@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from reprotune._errors import InputError, RunFailedError
+from reprotune._proof.legs import LegNotRun
 from reprotune._proof.processes import ending_with_this_process
 from reprotune._proof.verification import Leg, train_seconds
 from reprotune._run.layout import RunLayout
@@ -29,10 +30,6 @@ _CONTROL_VARIABLES = (*control_vars.UNRECORDED_VARIABLES, control_vars.PERTURB_D
 
 class LegTimedOut(RunFailedError):
     """A leg ran past its time and was stopped."""
-
-
-class LegNotRun(RunFailedError):
-    """A leg not run, because an earlier one ran past its time."""
 
 
 #: A leg after the reference may take this many times the reference's wall time (at least

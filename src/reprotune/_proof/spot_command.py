@@ -15,7 +15,6 @@ Never imports torch.
 
 from __future__ import annotations
 
-import functools
 import re
 import shutil
 from collections.abc import Callable
@@ -25,8 +24,9 @@ from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file, write_json_atomic
 from reprotune._proof.command_legs import TRAINER_OUTPUT, Runner
 from reprotune._proof.intervals import Interval, adapter_state, coverage, judge_interval, plan_intervals
+from reprotune._proof.legs import LegPlan, Step, run_legs
 from reprotune._proof.verification import Leg, judge_data_order_control, outcome
-from reprotune._proof.verify_command import CommandVerification, failed_or, parse_command, require_status
+from reprotune._proof.verify_command import CommandVerification, parse_command, require_status
 from reprotune._run.layout import LOCK, RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
 from reprotune._run.record import load_record
@@ -91,25 +91,9 @@ def spot_verify_command(
         f"verify --command --spot: {len(intervals)} of {len(checkpoints) + 1} intervals between the "
         f"Trainer's checkpoints, {sum(i.steps for i in intervals)} of {total} steps"
     )
-    legs = [
-        failed_or(
-            i.name,
-            i.leg_dir(out_dir),
-            "IDENTICAL",
-            functools.partial(_interval_leg, run, out_dir, reference, checkpoints, i, total),
-            evidence={"from": i.start, "to": i.end, "steps": i.steps},
-        )
-        for i in intervals
-    ]
-    control_dir = layout.leg("control-data-seed")
-    legs.append(
-        failed_or(
-            "control-data-seed",
-            control_dir,
-            "DIVERGED",
-            lambda: _control_leg(run, reference, control_dir, total),
-        )
-    )
+    plans = [_interval_leg(run, out_dir, reference, checkpoints, i, total) for i in intervals]
+    plans.append(_control_leg(reference, layout.leg("control-data-seed").resolve(), total))
+    legs = run_legs(plans, run.leg)
     legs = run.timed(legs)
     verdict = outcome(legs)
     result = CommandVerification(verdict, str(out_dir), command, None, legs)
@@ -120,18 +104,30 @@ def spot_verify_command(
 
 def _interval_leg(
     run: Runner, out_dir: Path, reference: Path, checkpoints: dict[int, Path], interval: Interval, total: int
-) -> Leg:
-    name, leg_dir = interval.name, interval.leg_dir(out_dir)
+) -> LegPlan[Controls]:
+    """The command again over one interval: from the start, or resumed from a copy of the
+    reference's checkpoint at its start; stopped at its end (the callback saves a checkpoint)."""
+    name, leg_dir = interval.name, interval.leg_dir(out_dir).resolve()
     stop = interval.end if interval.end < total else None
     if interval.start == 0:
-        run.leg(name, Controls(run_dir=leg_dir, stop_after=stop))
+        step = Step(Controls(run_dir=leg_dir, stop_after=stop))
     else:
-        run.refuse_after_timeout()  # before copying the reference for a leg that will not run
-        checkpoint = _prepare_resume(reference, checkpoints[interval.start], leg_dir)
-        run.leg(name, Controls(run_dir=leg_dir, resume_from=checkpoint, stop_after=stop))
+        start = checkpoints[interval.start]
+
+        def prepare() -> None:
+            run.refuse_after_timeout()  # before copying the reference for a leg that will not run
+            _prepare_resume(reference, start, leg_dir)
+
+        resume_from = leg_dir / TRAINER_OUTPUT / start.name
+        step = Step(Controls(run_dir=leg_dir, resume_from=resume_from, stop_after=stop), before=prepare)
     origin = "the initial state" if interval.start == 0 else f"Trainer checkpoint-{interval.start}"
-    end_state = _end_state(reference, leg_dir, interval.end, total)
-    return judge_interval(reference, leg_dir, interval, origin=origin, end_state=end_state)[0]
+
+    def judge(_: Leg) -> Leg:
+        end_state = _end_state(reference, leg_dir, interval.end, total)
+        return judge_interval(reference, leg_dir, interval, origin=origin, end_state=end_state)[0]
+
+    evidence = {"from": interval.start, "to": interval.end, "steps": interval.steps}
+    return LegPlan(name, leg_dir, "IDENTICAL", (step,), judge, evidence=evidence)
 
 
 def _prepare_resume(reference: Path, checkpoint: Path, leg_dir: Path) -> Path:
@@ -159,11 +155,14 @@ def _end_state(reference: Path, leg_dir: Path, end: int, total: int) -> tuple[st
     return f"Trainer checkpoint-{end} differs: {', '.join(differing)}", False
 
 
-def _control_leg(run: Runner, reference: Path, control_dir: Path, total: int) -> Leg:
+def _control_leg(reference: Path, control_dir: Path, total: int) -> LegPlan[Controls]:
+    """The data-order seed perturbed, stopped after a few steps: it must part (the check can fail)."""
     bound = min(total, 3)
-    run.leg(
+    controls = Controls(run_dir=control_dir, perturb_data_seed=1, stop_after=bound if bound < total else None)
+    return LegPlan(
         "control-data-seed",
-        Controls(run_dir=control_dir, perturb_data_seed=1, stop_after=bound if bound < total else None),
+        control_dir,
+        "DIVERGED",
+        (Step(controls),),
+        lambda leg: judge_data_order_control(leg, reference, prefix=True)[0],  # it stops once it parts
     )
-    leg = Leg("control-data-seed", str(control_dir), "DIVERGED")
-    return judge_data_order_control(leg, reference, prefix=True)[0]  # the control stops once it parts

@@ -33,9 +33,9 @@ from typing import Any
 from reprotune._errors import InputError, RunFailedError
 from reprotune._formats import COMMAND_VERIFICATION
 from reprotune._jsonio import write_json_atomic
-from reprotune._proof.command_legs import TRAINER_OUTPUT, LegNotRun, Runner
+from reprotune._proof.command_legs import TRAINER_OUTPUT, Runner
+from reprotune._proof.legs import LegPlan, Step, run_legs
 from reprotune._proof.verification import (
-    Expected,
     Leg,
     Outcome,
     coverage_lines,
@@ -139,36 +139,31 @@ def _verify(run: Runner, layout: VerifyLayout, command: str, resume_at: int | No
     require_status(reference, "completed", "reference")
     if resume_at is not None:
         _check_resume_at(reference, resume_at)
-    rerun_dir = layout.leg("rerun")
+    legs = run.timed(run_legs(command_legs(layout, reference, resume_at), run.leg))
+    result = CommandVerification(outcome(legs), str(layout.root), command, resume_at, legs)
+    write_json_atomic(layout.verification, result.to_json())
+    return result
+
+
+def command_legs(layout: VerifyLayout, reference: Path, resume_at: int | None) -> list[LegPlan[Controls]]:
+    """The legs of a command's verification after its reference: ``rerun``, ``control-data-seed``
+    and, with ``resume_at``, ``resume`` (stopped after that step, then resumed by the Trainer)."""
+    rerun, control = layout.leg("rerun").resolve(), layout.leg("control-data-seed").resolve()
     legs = [
-        failed_or(
-            "rerun",
-            rerun_dir,
-            "IDENTICAL",
-            lambda: _judge("rerun", reference, run.leg("rerun", Controls(run_dir=rerun_dir)), "IDENTICAL"),
+        LegPlan(
+            "rerun", rerun, "IDENTICAL", (Step(Controls(run_dir=rerun)),), lambda leg: _judge(leg, reference)
         ),
-        failed_or(
+        LegPlan(
             "control-data-seed",
-            layout.leg("control-data-seed"),
+            control,
             "DIVERGED",
-            lambda: _data_seed_control(run, layout, reference),
+            (Step(Controls(run_dir=control, perturb_data_seed=1)),),
+            lambda leg: _judge_data_seed_control(leg, reference),
         ),
     ]
     if resume_at is not None:
-        legs.append(
-            failed_or(
-                "resume",
-                layout.leg("resume"),
-                "IDENTICAL",
-                lambda: _stop_and_resume(run, layout.leg("resume"), reference, resume_at),
-                evidence={"resumed_at": resume_at},
-            )
-        )
-    legs = run.timed(legs)
-    verdict = outcome(legs)
-    result = CommandVerification(verdict, str(layout.root), command, resume_at, legs)
-    write_json_atomic(layout.verification, result.to_json())
-    return result
+        legs.append(_resume_leg(layout.leg("resume").resolve(), reference, resume_at))
+    return legs
 
 
 def require_status(run_dir: Path, status: Status, leg: str) -> None:
@@ -181,8 +176,8 @@ def require_status(run_dir: Path, status: Status, leg: str) -> None:
         )
 
 
-def _judge(name: str, reference: Path, leg_dir: Path, expected: Expected) -> Leg:
-    leg, comparison = judge_leg(Leg(name, str(leg_dir), expected), reference)
+def _judge(leg: Leg, reference: Path) -> Leg:
+    leg, comparison = judge_leg(leg, reference)
     if comparison.incomparable:
         return replace(leg, note=f"incomparable: {comparison.incomparable[0]}")
     if leg.verdict != "IDENTICAL" and comparison.causes:
@@ -190,11 +185,8 @@ def _judge(name: str, reference: Path, leg_dir: Path, expected: Expected) -> Leg
     return leg
 
 
-def _data_seed_control(run: Runner, layout: VerifyLayout, reference: Path) -> Leg:
-    control = run.leg(
-        "control-data-seed", Controls(run_dir=layout.leg("control-data-seed"), perturb_data_seed=1)
-    )
-    leg, comparison = judge_data_order_control(Leg("control-data-seed", str(control), "DIVERGED"), reference)
+def _judge_data_seed_control(leg: Leg, reference: Path) -> Leg:
+    leg, comparison = judge_data_order_control(leg, reference)
     if comparison.incomparable:
         return replace(leg, note=f"incomparable: {comparison.incomparable[0]}")
     return leg
@@ -211,46 +203,37 @@ def _check_resume_at(reference: Path, step: int) -> None:
         )
 
 
-def failed_or(
-    name: str,
-    run_dir: Path,
-    expected: Expected,
-    leg: Callable[[], Leg],
-    *,
-    evidence: dict[str, Any] | None = None,
-) -> Leg:
-    """``leg()``, or, when its command failed or ran past its time after the reference's had
-    succeeded, a failed leg that says why (a leg after a timeout is not run: ``n/a``): the
-    verification still gets its verdict, and ``verification.json`` its evidence."""
-    where = str(run_dir.resolve())  # as a leg that ran names it
-    try:
-        return leg()
-    except LegNotRun as exc:
-        return Leg(name, where, expected, None, None, dict(evidence or {}), note=exc.message)
-    except RunFailedError as exc:
-        return Leg(name, where, expected, "FAILED", False, dict(evidence or {}), note=exc.message)
+def _resume_leg(run_dir: Path, reference: Path, step: int) -> LegPlan[Controls]:
+    """Stopped by the callback after ``step`` (a Trainer checkpoint saved), then the command
+    again, resuming with the Trainer's own ``resume_from_checkpoint``: IDENTICAL to the reference
+    when the Trainer's resume is exact here."""
+    checkpoint = run_dir / TRAINER_OUTPUT / f"checkpoint-{step}"
 
+    def stopped_with_a_checkpoint() -> None:
+        require_status(run_dir, "stopped", "resume")
+        if not checkpoint.is_dir():
+            raise RunFailedError(
+                f"the stopped run left no Trainer checkpoint at {checkpoint}",
+                source=str(run_dir),
+                fix="see verify.log in the verification directory",
+            )
 
-def _stop_and_resume(run: Runner, run_dir: Path, reference: Path, step: int) -> Leg:
-    stopped = run.leg(
-        "resume", Controls(run_dir=run_dir, stop_after=step), label=f"resume (stop after step {step})"
+    def judge(leg: Leg) -> Leg:
+        leg = _judge(leg, reference)
+        if leg.verdict == "IDENTICAL":
+            return replace(leg, note=f"the Trainer's own resume_from_checkpoint at step {step} is exact here")
+        return leg
+
+    steps = (
+        Step(
+            Controls(run_dir=run_dir, stop_after=step),
+            label=f"resume (stop after step {step})",
+            after=stopped_with_a_checkpoint,
+        ),
+        Step(
+            Controls(run_dir=run_dir, resume_from=checkpoint),
+            label=f"resume (Trainer resume_from_checkpoint at step {step})",
+            after=lambda: require_status(run_dir, "completed", "resume"),
+        ),
     )
-    require_status(stopped, "stopped", "resume")
-    checkpoint = stopped / TRAINER_OUTPUT / f"checkpoint-{step}"
-    if not checkpoint.is_dir():
-        raise RunFailedError(
-            f"the stopped run left no Trainer checkpoint at {checkpoint}",
-            source=str(stopped),
-            fix="see verify.log in the verification directory",
-        )
-    run.leg(
-        "resume",
-        Controls(run_dir=run_dir, resume_from=checkpoint),
-        label=f"resume (Trainer resume_from_checkpoint at step {step})",
-    )
-    require_status(stopped, "completed", "resume")
-    leg = _judge("resume", reference, stopped, "IDENTICAL")
-    leg = replace(leg, evidence={**leg.evidence, "resumed_at": step})
-    if leg.verdict == "IDENTICAL":
-        leg = replace(leg, note=f"the Trainer's own resume_from_checkpoint at step {step} is exact here")
-    return leg
+    return LegPlan("resume", run_dir, "IDENTICAL", steps, judge, evidence={"resumed_at": step})

@@ -1,0 +1,94 @@
+"""``_proof.legs``: the verification engine. A leg is a value (its steps, what each must leave, its
+judge); ``run_legs`` runs each leg's steps in order through a launcher and judges it, and turns a
+failed or not-run leg into one that says so, its evidence kept; bad input stops the verification."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from reprotune._errors import InputError, RunFailedError
+from reprotune._proof.legs import LegNotRun, LegPlan, Step, run_legs
+from reprotune._proof.verification import Leg
+
+
+class Launcher:
+    """Records every launch; fails the ones it is told to."""
+
+    def __init__(self, fail: dict[str, Exception] | None = None) -> None:
+        self.calls: list[tuple[str, str, str | None]] = []
+        self.fail = fail or {}
+
+    def __call__(self, leg: str, launch: str, /, *, label: str | None = None) -> None:
+        self.calls.append((leg, launch, label))
+        if launch in self.fail:
+            raise self.fail[launch]
+
+
+def _judged(leg: Leg) -> Leg:
+    return replace(leg, verdict="IDENTICAL", passed=leg.expected == "IDENTICAL", evidence={"steps": 6})
+
+
+def test_steps_run_in_order_with_what_comes_before_and_after_each(tmp_path: Path) -> None:
+    events: list[str] = []
+    steps = (
+        Step("stop", label="stop after 3", after=lambda: events.append("stopped?")),
+        Step("resume", before=lambda: events.append("copy"), after=lambda: events.append("done?")),
+    )
+    launcher = Launcher()
+    plan = LegPlan("resume", tmp_path / "r", "IDENTICAL", steps, _judged, evidence={"resumed_at": 3})
+    [leg] = run_legs([plan], launcher)
+    assert launcher.calls == [("resume", "stop", "stop after 3"), ("resume", "resume", None)]
+    assert events == ["stopped?", "copy", "done?"]
+    assert (leg.name, leg.run_dir, leg.verdict, leg.passed) == (
+        "resume",
+        str(tmp_path / "r"),
+        "IDENTICAL",
+        True,
+    )
+    assert leg.evidence == {"resumed_at": 3, "steps": 6}
+
+
+def test_a_failed_step_makes_a_failed_leg_and_the_legs_after_it_still_run(tmp_path: Path) -> None:
+    """A process that fails, or a step that finds its run did not leave what it must, fails its
+    leg (FAILED, not passed, the message as its note, its evidence kept) and skips its later steps
+    and judge; the next leg runs."""
+    launcher = Launcher(fail={"a1": RunFailedError("the a leg's command failed with exit code 3")})
+
+    def missing() -> None:
+        raise RunFailedError("the stopped run left no Trainer checkpoint")
+
+    def never(leg: Leg) -> Leg:
+        raise AssertionError("a failed leg is not judged")
+
+    plans = [
+        LegPlan("a", tmp_path / "a", "IDENTICAL", (Step("a1"), Step("a2")), never, evidence={"k": 1}),
+        LegPlan("b", tmp_path / "b", "DIVERGED", (Step("b1", after=missing), Step("b2")), never),
+        LegPlan("c", tmp_path / "c", "IDENTICAL", (Step("c1"),), _judged),
+    ]
+    a, b, c = run_legs(plans, launcher)
+    assert [call[1] for call in launcher.calls] == ["a1", "b1", "c1"]
+    assert (a.verdict, a.passed, a.note, a.evidence) == (
+        "FAILED",
+        False,
+        "the a leg's command failed with exit code 3",
+        {"k": 1},
+    )
+    assert (b.verdict, b.passed, b.note) == ("FAILED", False, "the stopped run left no Trainer checkpoint")
+    assert (c.verdict, c.passed) == ("IDENTICAL", True)
+
+
+def test_a_leg_not_run_is_neither_passed_nor_failed(tmp_path: Path) -> None:
+    launcher = Launcher(fail={"x": LegNotRun("not run: the rerun leg ran past its time")})
+    [leg] = run_legs([LegPlan("x", tmp_path / "x", "DIVERGED", (Step("x"),), _judged)], launcher)
+    assert (leg.verdict, leg.passed, leg.note) == (None, None, "not run: the rerun leg ran past its time")
+
+
+def test_bad_input_stops_the_verification(tmp_path: Path) -> None:
+    launcher = Launcher(fail={"x": InputError("the command wrote no run directory")})
+    plans = [LegPlan(n, tmp_path / n, "IDENTICAL", (Step("x"),), _judged) for n in ("x", "y")]
+    with pytest.raises(InputError, match="wrote no run directory"):
+        run_legs(plans, launcher)
+    assert len(launcher.calls) == 1
