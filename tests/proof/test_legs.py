@@ -92,3 +92,84 @@ def test_bad_input_stops_the_verification(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="wrote no run directory"):
         run_legs(plans, launcher)
     assert len(launcher.calls) == 1
+
+
+class Processes:
+    """A stand-in for ``processes.LegProcesses`` side by side: a process ends when the test says."""
+
+    together = True
+
+    def __init__(self, fail: set[str] | None = None) -> None:
+        self.started: list[str] = []
+        self.ended_ones: set[int] = set()
+        self.fail = fail or set()
+
+    def start(self, args: list[str]) -> int:
+        self.started.append(args[0])
+        return len(self.started) - 1
+
+    def ended(self, number: int) -> bool:
+        self.ended_ones.add(number)  # every process ends at its first poll
+        return True
+
+    def wait(self, number: int) -> float:
+        if self.started[number] in self.fail:
+            raise RunFailedError(f"`reprotune {self.started[number]}` failed with exit code 1")
+        return 0.5
+
+
+def test_side_by_side_a_step_starts_once_the_step_it_waits_for_has_ended(tmp_path: Path) -> None:
+    """Side by side (verify's fast mode): the legs' first steps start together in plan order; a
+    step that waits for another leg's first step starts only after that step ended and its
+    ``after`` ran (the copy it resumes), and each leg's time adds up its own processes."""
+    from reprotune._proof.legs import run_legs_side_by_side
+
+    events: list[str] = []
+    processes = Processes()
+    real_start = processes.start
+
+    def start(args: list[str]) -> int:
+        events.append(f"start {args[0]}")
+        return real_start(args)
+
+    processes.start = start  # type: ignore[method-assign]
+    plans = [
+        LegPlan(
+            "rerun",
+            tmp_path / "r",
+            "IDENTICAL",
+            (Step(["r1"], after=lambda: events.append("copy")), Step(["r2"])),
+            _judged,
+        ),
+        LegPlan("seed", tmp_path / "s", "DIVERGED", (Step(["s1"]),), _judged),
+        LegPlan("skip", tmp_path / "k", "DIVERGED", (Step(["k1"], waits_for=("rerun", 1)),), _judged),
+    ]
+    lines: list[str] = []
+    legs = run_legs_side_by_side(plans, processes, lines.append)  # type: ignore[arg-type]
+    assert events == ["start r1", "start s1", "copy", "start r2", "start k1"]
+    assert [leg.name for leg in legs] == ["rerun", "seed", "skip"]
+    assert [leg.wall_s for leg in legs] == [1.0, 0.5, 0.5]
+
+
+def test_side_by_side_a_leg_that_waits_for_a_failed_one_is_not_run(tmp_path: Path) -> None:
+    from reprotune._proof.legs import run_legs_side_by_side
+
+    processes = Processes(fail={"r1"})
+    plans = [
+        LegPlan("rerun", tmp_path / "r", "IDENTICAL", (Step(["r1"]), Step(["r2"])), _judged),
+        LegPlan("seed", tmp_path / "s", "DIVERGED", (Step(["s1"]),), _judged),
+        LegPlan("skip", tmp_path / "k", "DIVERGED", (Step(["k1"], waits_for=("rerun", 1)),), _judged),
+    ]
+    rerun, seed, skip = run_legs_side_by_side(plans, processes, lambda _: None)  # type: ignore[arg-type]
+    assert processes.started == ["r1", "s1"]
+    assert (rerun.verdict, rerun.passed, rerun.note) == (
+        "FAILED",
+        False,
+        "`reprotune r1` failed with exit code 1",
+    )
+    assert (seed.verdict, seed.passed) == ("IDENTICAL", False)  # judged: it had to diverge
+    assert (skip.verdict, skip.passed, skip.note) == (
+        None,
+        None,
+        "not run: the rerun leg it starts from failed",
+    )

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from reprotune._config.loading import config_from_dict
+from reprotune._config.schema import ExperimentConfig
 from reprotune._proof import verify as _verify
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.verification import NO_DROPOUT_INCONCLUSIVE
@@ -192,20 +193,22 @@ def test_verify_fails_when_the_control_changes_nothing(
     assert "nothing differed within 5 steps: the check is blind to this seed" in leg["note"]
 
 
+def _in_this_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[TinyProject, ExperimentConfig]:
+    """A tiny project and its config, for a verify run in this process (its legs forked from the
+    warm zygote, tests/warm.py)."""
+    assert fork_legs_here(monkeypatch) or os.environ.get("REPROTUNE_TESTS_COLD")
+    project = TinyProject.create(tmp_path / "project")
+    paths = {
+        "data": {"path": str(project.root / "data.jsonl")},
+        "model": {"name": str(project.root / "tiny-model")},
+    }
+    return project, config_from_dict(merge(BASE_CONFIG, paths))
+
+
 def test_verify_fails_when_runs_are_not_reproducible(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Data edited between the reference and the rerun: the rerun DIVERGES and verify FAILS (verify
     in this process, its legs forked from the warm zygote, tests/warm.py)."""
-    assert fork_legs_here(monkeypatch) or os.environ.get("REPROTUNE_TESTS_COLD")
-    project = TinyProject.create(tmp_path / "project")
-    config = config_from_dict(
-        merge(
-            BASE_CONFIG,
-            {
-                "data": {"path": str(project.root / "data.jsonl")},
-                "model": {"name": str(project.root / "tiny-model")},
-            },
-        )
-    )
+    project, config = _in_this_process(tmp_path, monkeypatch)
     real_leg = _verify._reprotune
     legs_run: list[list[str]] = []
 
@@ -304,3 +307,29 @@ def test_cost_is_computed_from_the_times_it_is_written_with(wall_s: float, refer
     body = Verification("PASS", "v", "0" * 64, [], reference_s=reference_s, wall_s=wall_s).to_json()
     assert body["wall_s"] == round(wall_s, 3) and body["reference_s"] == reference_s
     assert body["cost"] == round(body["wall_s"] / body["reference_s"], 3)
+
+
+def test_a_leg_whose_process_fails_is_a_failed_leg_of_a_verification_that_still_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--thorough, the seed control's process failing (exit code 1): verify still judges the other
+    legs, ends FAIL and writes verification.json, the control FAILED with the command's message
+    (the legs run one after the other through the one leg engine, ``_proof.legs``)."""
+    from reprotune._errors import RunFailedError
+
+    _, config = _in_this_process(tmp_path, monkeypatch)
+    real_leg = _verify._reprotune
+
+    def failing_control(args: list[str], log: Path) -> float:
+        if "--set" in args:
+            raise RunFailedError("`reprotune run ...` failed with exit code 1:\nsimulated", source=str(log))
+        return real_leg(args, log)
+
+    monkeypatch.setattr(_verify, "_reprotune", failing_control)
+    out = tmp_path / "verification"
+    result = _verify.verify_config(config, out, resume=False, thorough=True, progress=lambda _: None)
+    assert result.verdict == "FAIL"
+    assert _legs(out) == {"rerun": ("IDENTICAL", True), "control-seed": ("FAILED", False)}
+    control = next(leg for leg in result.legs if leg.name == "control-seed")
+    assert control.note is not None and control.note.endswith("failed with exit code 1:\nsimulated")
+    assert control.run_dir == str((out / "control-seed").resolve())

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from reprotune._errors import InputError, RunFailedError
@@ -52,21 +52,18 @@ class Runner:
     progress: Callable[[str], None]
     timeout_s: float | None = None
     timeout_why: str = ""
-    walls: dict[Path, float] = field(default_factory=dict)
-    """Each leg's processes' wall time by run directory (a stop and its resume add up)."""
     timed_out: str | None = None
     """The leg that ran past its time: the legs after it are not run (each would wait as long)."""
 
     def timed(self, legs: Sequence[Leg]) -> list[Leg]:
-        """The legs with their wall time (their processes') and training time (from the record)."""
-        return [self._timed(leg) for leg in legs]
-
-    def _timed(self, leg: Leg) -> Leg:
-        leg = replace(leg, wall_s=round(self.walls.get(Path(leg.run_dir).resolve(), 0.0), 3))
-        if RunLayout(Path(leg.run_dir)).is_run_dir():  # an interval's replay trains from its start
-            since = int(leg.evidence.get("from", 0))
-            leg = replace(leg, train_s=train_seconds(Path(leg.run_dir), since=since))
-        return leg
+        """The legs with their training time (from each leg's record; an interval's replay trains
+        from its start)."""
+        return [
+            replace(leg, train_s=train_seconds(Path(leg.run_dir), since=int(leg.evidence.get("from", 0))))
+            if RunLayout(Path(leg.run_dir)).is_run_dir()
+            else leg
+            for leg in legs
+        ]
 
     def refuse_after_timeout(self) -> None:
         """Raise :class:`LegNotRun` once a leg ran past its time: each after it would wait as long."""
@@ -123,9 +120,8 @@ class Runner:
             except LegTimedOut:
                 self.timed_out = name
                 raise
-            finally:  # a leg stopped past its time cost its time too
+            finally:
                 wall = time.perf_counter() - started
-                self.walls[run_dir] = self.walls.get(run_dir, 0.0) + wall
         if self.timeout_s is None and name == "reference":
             self.timeout_s = max(MIN_LEG_TIMEOUT_S, LEG_TIMEOUT_FACTOR * wall)
             times = f"{LEG_TIMEOUT_FACTOR:g}x the reference's {wall:.0f} s"

@@ -152,6 +152,11 @@ class LegProcesses:
         assert started.wall is not None
         return started.wall
 
+    def ended(self, number: int) -> bool:
+        """Whether process ``number`` has ended (:meth:`wait` then returns at once)."""
+        self._poll()
+        return self._started[number].code is not None
+
     def _poll(self) -> None:
         for started in self._started:
             if started.code is None and started.process is not None and started.process.poll() is not None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import datetime as _dt
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -44,6 +44,7 @@ from reprotune._determinism.seeds import CONSUMERS, derive_seeds
 from reprotune._errors import InputError
 from reprotune._jsonio import write_json_atomic
 from reprotune._proof.differences import Comparison
+from reprotune._proof.legs import LegPlan, Step, run_legs, run_legs_side_by_side
 from reprotune._proof.processes import LegProcesses, launch_world_size
 from reprotune._proof.processes import run_logged as _reprotune
 from reprotune._proof.verification import (
@@ -78,6 +79,12 @@ class _Context:
     def reprotune(self, *args: str) -> float:
         """Run ``python -m reprotune ARGS`` in a fresh process, logged; return its wall time."""
         return _reprotune(args, self.paths.log)
+
+    def launch(self, leg: str, args: Sequence[str], /, *, label: str | None = None) -> float:
+        """One step of a leg, one after the other (:func:`_proof.legs.run_legs`)."""
+        if label is not None:
+            self.progress(label)
+        return self.reprotune(*args)
 
     def judge(self, leg: Leg, *, prefix: bool = False, since: int = 0) -> tuple[Leg, Comparison]:
         """The leg compared with the reference: its verdict, evidence and cost (its optimizer steps
@@ -142,8 +149,11 @@ def verify_config(
             )
         )
     if cfg.eval.generate_at_end:
-        rerun = next(Path(leg.run_dir) for leg in legs if leg.name in ("rerun", "rerun-resume"))
-        legs.append(eval_leg(ctx.reference, rerun, ctx.reprotune, progress))
+        rerun = next(leg for leg in legs if leg.name in ("rerun", "rerun-resume"))
+        if rerun.verdict == "FAILED":
+            legs.append(Leg("eval", "", "IDENTICAL", note=f"not run: the {rerun.name} leg failed"))
+        else:
+            legs.append(eval_leg(ctx.reference, Path(rerun.run_dir), ctx.reprotune, progress))
     result = Verification(
         outcome(legs),
         str(out_dir),
@@ -190,94 +200,109 @@ def _fast_legs(ctx: _Context, control_seed: str, stop: int | None, total: int) -
     the first, the RNG-skip control with the resume, from a copy of its checkpoint): process
     starts and model loads overlap, and training takes turns, each at the config's thread count.
     """
-    config = str(ctx.paths.config)
     bound = _control_bound(ctx.cfg, total)
     together = launch_world_size() == 1 and TURNS_POSSIBLE
     name = "rerun" if stop is None else "rerun-resume"
-    rerun = Leg(name, str(ctx.paths.leg(name)), "IDENTICAL")
-    first = ["run", config, "--run-dir", rerun.run_dir, *_QUIET]
-    if stop is None:
-        ctx.progress("verify: rerun in a fresh process")
-    else:
-        ctx.progress(f"verify: rerun stopped after step {stop}, resumed in a fresh process")
-        first += ["--stop-after-step", str(stop)]
-    seed_leg, seed_command = _seed_control(ctx, control_seed, bound=bound)
+    rerun_dir = ctx.paths.leg(name)
+    first = ["run", str(ctx.paths.config), "--run-dir", str(rerun_dir), *_QUIET]
+    steps: list[Step[Sequence[str]]] = [Step(first, label="verify: rerun in a fresh process")]
+    if stop is not None:
+        control_dir = ctx.paths.leg("control-resume")
+
+        def copy_for_the_control() -> None:  # the RNG-skip control resumes this very checkpoint
+            shutil.copytree(rerun_dir, control_dir, symlinks=True)
+
+        label = f"verify: rerun stopped after step {stop}, resumed in a fresh process"
+        stopped: Step[Sequence[str]] = Step(
+            [*first, "--stop-after-step", str(stop)], label=label, after=copy_for_the_control
+        )
+        steps = [stopped, Step(["resume", str(rerun_dir), *_QUIET])]
+
+    def judge_rerun(leg: Leg) -> Leg:
+        leg, cmp = ctx.judge(leg)
+        at = cmp.where.first_divergence_step
+        if stop is None or at is None:
+            return leg
+        blamed = "rerun nondeterminism (at or before the resume point)" if at <= stop else "the resume"
+        return replace(leg, note=f"first divergence at step {at}, resume point {stop}: blames {blamed}")
+
+    plans: list[LegPlan[Sequence[str]]] = [
+        LegPlan(name, rerun_dir, "IDENTICAL", tuple(steps), judge_rerun),
+        _seed_control(ctx, control_seed, bound=bound),
+    ]
+    if stop is not None:
+        plans.append(_resume_control(ctx, stop, name, bound=min(total, stop + bound)))
     if together:
         ctx.progress("verify: the controls run beside the rerun, training in turns")
     with LegProcesses(ctx.paths.log, together=together) as processes:
-        rerun_process, seed_process = processes.start(first), processes.start(seed_command)
-        rerun_s = processes.wait(rerun_process)
-        if stop is not None:
-            # The RNG-skip control resumes this very checkpoint (a copy, taken before the resume).
-            shutil.copytree(rerun.run_dir, ctx.paths.leg("control-resume"), symlinks=True)
-            resume_process = processes.start(["resume", rerun.run_dir, *_QUIET])
-            skip_leg, skip_command = _resume_control(ctx, stop, bound=min(total, stop + bound))
-            skip_process = processes.start(skip_command)
-            rerun_s += processes.wait(resume_process)
-            skip_leg = replace(skip_leg, wall_s=processes.wait(skip_process))
-        seed_leg = replace(seed_leg, wall_s=processes.wait(seed_process))
-    rerun, cmp = ctx.judge(replace(rerun, wall_s=rerun_s))
-    at = cmp.where.first_divergence_step
-    if stop is not None and at is not None:
-        blamed = "rerun nondeterminism (at or before the resume point)" if at <= stop else "the resume"
-        rerun = replace(rerun, note=f"first divergence at step {at}, resume point {stop}: blames {blamed}")
-    seed_leg = _judge_seed_control(ctx, seed_leg, bound)
-    if stop is None:
-        return [rerun, seed_leg]
-    skip_leg, _ = ctx.judge(skip_leg, prefix=True, since=stop)
-    return [rerun, seed_leg, skip_leg]
+        return run_legs_side_by_side(plans, processes, ctx.progress)
 
 
-def _seed_control(ctx: _Context, consumer: str, *, bound: int | None) -> tuple[Leg, list[str]]:
-    """The seed control's leg and the command that runs it (streamed and stopped once it parts
-    within ``bound`` steps; to the end when ``bound`` is None)."""
+def _seed_control(ctx: _Context, consumer: str, *, bound: int | None) -> LegPlan[Sequence[str]]:
+    """The seed control: one derived seed perturbed; streamed and stopped once it parts within
+    ``bound`` steps (to the end when ``bound`` is None); blind when nothing parted."""
     seeds = derive_seeds(ctx.cfg.seed.root, dict(ctx.cfg.seed.overrides))
     perturbed = seeds[consumer] + 1
-    ctx.progress(f"verify: negative control, seed {consumer} {seeds[consumer]} -> {perturbed}")
     override = f"seed.overrides.{consumer}={perturbed}"
-    leg = Leg("control-seed", str(ctx.paths.leg("control-seed")), "DIVERGED", note=override)
-    command = ["run", str(ctx.paths.config), "--run-dir", leg.run_dir, "--set", override]
-    return leg, [*command, *(_watch(ctx, bound) if bound is not None else []), *_QUIET]
+    run_dir = ctx.paths.leg("control-seed")
+    command = ["run", str(ctx.paths.config), "--run-dir", str(run_dir), "--set", override]
+    watched = bound is not None
+
+    def judge(leg: Leg) -> Leg:
+        leg, _ = ctx.judge(leg, prefix=watched)
+        if watched and not leg.passed:
+            blind = f"nothing differed within {bound} steps: the check is blind to this seed"
+            return replace(leg, note=f"{leg.note}; {blind}")
+        return leg
+
+    step: Step[Sequence[str]] = Step(
+        [*command, *(_watch(ctx, bound) if bound is not None else []), *_QUIET],
+        label=f"verify: negative control, seed {consumer} {seeds[consumer]} -> {perturbed}",
+    )
+    return LegPlan("control-seed", run_dir, "DIVERGED", (step,), judge, note=override)
 
 
-def _judge_seed_control(ctx: _Context, leg: Leg, bound: int) -> Leg:
-    leg, _ = ctx.judge(leg, prefix=True)
-    if not leg.passed:
-        blind = f"nothing differed within {bound} steps: the check is blind to this seed"
-        return replace(leg, note=f"{leg.note}; {blind}")
-    return leg
-
-
-def _resume_control(ctx: _Context, stop: int, *, bound: int) -> tuple[Leg, list[str]]:
-    """The RNG-skip control's leg and the command that runs it (streamed, stopped once it parts)."""
-    ctx.progress(f"verify: negative control, resume from step {stop} without restoring the RNG states")
-    leg = Leg("control-resume", str(ctx.paths.leg("control-resume")), "DIVERGED")
-    return leg, ["resume", leg.run_dir, "--skip-rng-restore", *_watch(ctx, bound), *_QUIET]
+def _resume_control(ctx: _Context, stop: int, rerun: str, *, bound: int) -> LegPlan[Sequence[str]]:
+    """The RNG-skip control: the copy of the rerun's checkpoint at ``stop`` (taken as the rerun's
+    first process ends, before its resume starts) resumed without restoring the RNG states;
+    streamed, stopped once it parts."""
+    run_dir = ctx.paths.leg("control-resume")
+    step: Step[Sequence[str]] = Step(
+        ["resume", str(run_dir), "--skip-rng-restore", *_watch(ctx, bound), *_QUIET],
+        label=f"verify: negative control, resume from step {stop} without restoring the RNG states",
+        waits_for=(rerun, 1),
+    )
+    return LegPlan(
+        "control-resume", run_dir, "DIVERGED", (step,), lambda leg: ctx.judge(leg, prefix=True, since=stop)[0]
+    )
 
 
 def _thorough_legs(ctx: _Context, control_seed: str, stop: int | None, total: int) -> list[Leg]:
-    """Full-length legs: rerun, seed control, resume, RNG-skip control."""
-    config, legs = str(ctx.paths.config), []
-    ctx.progress("verify: rerun in a fresh process")
-    rerun = Leg("rerun", str(ctx.paths.leg("rerun")), "IDENTICAL")
-    rerun = replace(rerun, wall_s=ctx.reprotune("run", config, "--run-dir", rerun.run_dir, *_QUIET))
-    legs.append(ctx.judge(rerun)[0])
-    control, command = _seed_control(ctx, control_seed, bound=None)
-    legs.append(ctx.judge(replace(control, wall_s=ctx.reprotune(*command)))[0])
-    if stop is None:
-        return legs
+    """Full-length legs, one after the other: rerun, seed control, resume, RNG-skip control."""
+    config = str(ctx.paths.config)
+    rerun_dir = ctx.paths.leg("rerun")
+    rerun: Step[Sequence[str]] = Step(
+        ["run", config, "--run-dir", str(rerun_dir), *_QUIET], label="verify: rerun in a fresh process"
+    )
+    plans: list[LegPlan[Sequence[str]]] = [
+        LegPlan("rerun", rerun_dir, "IDENTICAL", (rerun,), lambda leg: ctx.judge(leg)[0]),
+        _seed_control(ctx, control_seed, bound=None),
+    ]
     resumes: tuple[tuple[str, list[str], Expected], ...] = (
         ("resume", [], "IDENTICAL"),
         ("control-resume", ["--skip-rng-restore"], "DIVERGED"),
     )
-    for name, extra, expected in resumes:
-        ctx.progress(f"verify: {name}: stop after step {stop}, resume in a fresh process")
-        leg = Leg(name, str(ctx.paths.leg(name)), expected)
-        stopped = ("--stop-after-step", str(stop))
-        wall_s = ctx.reprotune("run", config, "--run-dir", leg.run_dir, *stopped, *_QUIET)
-        wall_s += ctx.reprotune("resume", leg.run_dir, *_QUIET, *extra)
-        legs.append(ctx.judge(replace(leg, wall_s=wall_s))[0])
-    return legs
+    for name, extra, expected in resumes if stop is not None else ():
+        run_dir = str(ctx.paths.leg(name))
+        steps: tuple[Step[Sequence[str]], ...] = (
+            Step(
+                ["run", config, "--run-dir", run_dir, "--stop-after-step", str(stop), *_QUIET],
+                label=f"verify: {name}: stop after step {stop}, resume in a fresh process",
+            ),
+            Step(["resume", run_dir, *_QUIET, *extra]),
+        )
+        plans.append(LegPlan(name, Path(run_dir), expected, steps, lambda leg: ctx.judge(leg)[0]))
+    return run_legs(plans, ctx.launch)
 
 
 def _watch(ctx: _Context, bound: int) -> list[str]:
