@@ -173,3 +173,31 @@ def test_side_by_side_a_leg_that_waits_for_a_failed_one_is_not_run(tmp_path: Pat
         None,
         "not run: the rerun leg it starts from failed",
     )
+
+
+def test_side_by_side_a_step_that_did_not_leave_what_it_must_fails_its_leg_and_its_dependents(
+    tmp_path: Path,
+) -> None:
+    """The rerun's first process ended but left no checkpoint (its ``after`` raises): the rerun is
+    FAILED without starting its next step, and the control that starts from that checkpoint is
+    not run."""
+    from reprotune._proof.legs import run_legs_side_by_side
+
+    def no_checkpoint() -> None:
+        raise RunFailedError("the stopped run left no checkpoint")
+
+    processes = Processes()
+    plans = [
+        LegPlan(
+            "rerun", tmp_path / "r", "IDENTICAL", (Step(["r1"], after=no_checkpoint), Step(["r2"])), _judged
+        ),
+        LegPlan("skip", tmp_path / "k", "DIVERGED", (Step(["k1"], waits_for=("rerun", 1)),), _judged),
+    ]
+    rerun, skip = run_legs_side_by_side(plans, processes, lambda _: None)  # type: ignore[arg-type]
+    assert processes.started == ["r1"]
+    assert (rerun.verdict, rerun.note) == ("FAILED", "the stopped run left no checkpoint")
+    assert (skip.verdict, skip.passed, skip.note) == (
+        None,
+        None,
+        "not run: the rerun leg it starts from failed",
+    )

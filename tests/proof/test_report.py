@@ -212,3 +212,35 @@ def test_an_older_verification_still_opens_its_report(runs: list[Path], tmp_path
     (directory / "verification.json").write_text(json.dumps({**old, "legs": legs}), encoding="utf-8")
     html = write_report([directory], tmp_path / "page.html").read_text(encoding="utf-8")
     assert "verify FAIL" in html and "The config did NOT verify" in html and "<td>rerun</td>" in html
+
+
+def test_a_verification_with_failed_and_unrun_legs_still_opens_its_report(
+    runs: list[Path], tmp_path: Path
+) -> None:
+    """A FAIL verification whose control failed (its directory half a run) and whose RNG-skip
+    control was not run (no directory): the report lists every leg in its summary and compares
+    only the legs that ran and were judged."""
+    directory = tmp_path / "ver"
+    (directory / "control-seed").mkdir(parents=True)
+    legs = [
+        {"name": "rerun-resume", "run_dir": str(runs[1]), "expected": "IDENTICAL", "verdict": "DIVERGED"},
+        {
+            "name": "control-seed",
+            "run_dir": str(directory / "control-seed"),
+            "expected": "DIVERGED",
+            "verdict": "FAILED",
+        },
+        {
+            "name": "control-resume",
+            "run_dir": str(directory / "control-resume"),
+            "expected": "DIVERGED",
+            "verdict": None,
+        },
+    ]
+    data = {"schema": "reprotune/verification", "schema_version": 5, "verdict": "FAIL", "mode": "fast"}
+    (directory / "verification.json").write_text(
+        json.dumps({**data, "reference": str(runs[0]), "legs": legs})
+    )
+    html = write_report([directory], tmp_path / "page.html").read_text(encoding="utf-8")
+    assert all(f"<td>{leg['name']}</td>" in html for leg in legs)
+    assert str(directory / "control-resume") not in html.split("</table>", 1)[1]  # not compared

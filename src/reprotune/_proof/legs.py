@@ -174,9 +174,13 @@ def _start_if_ready(
     try:
         if step.before is not None:
             step.before()
-        if step.label is not None:
-            progress(step.label)
-        leg.started_at = time.perf_counter()
+    except RunFailedError as exc:
+        leg.failure = exc
+        return
+    if step.label is not None:
+        progress(step.label)
+    leg.started_at = time.perf_counter()
+    try:
         leg.number = processes.start(step.launch)
     except RunFailedError as exc:  # one at a time: the process ran, and failed
         leg.failure = exc
@@ -192,9 +196,10 @@ def _collect(leg: _Progress, processes: LegProcesses) -> None:
     except RunFailedError as exc:  # the process failed: its time counts too
         leg.failure, leg.wall = exc, leg.wall + time.perf_counter() - leg.started_at
         return
-    leg.next += 1
     try:
         if step.after is not None:
             step.after()
-    except RunFailedError as exc:
+    except RunFailedError as exc:  # it did not leave what comes next needs: not counted as ended
         leg.failure = exc
+        return
+    leg.next += 1

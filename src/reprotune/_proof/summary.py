@@ -17,7 +17,7 @@ from reprotune._documents import read_json_file
 from reprotune._formats import BUNDLE_RERUN, COMMAND_VERIFICATION
 from reprotune._formats import VERIFICATION as VERIFICATION_FORMAT
 from reprotune._html import badge, escape, table
-from reprotune._run.layout import VERIFICATION
+from reprotune._run.layout import VERIFICATION, RunLayout
 
 RERUN_SUMMARY = "rerun.json"
 TRAINER_CHECKPOINTS = "the Trainer's own checkpoints"
@@ -76,7 +76,7 @@ def _read_verification(file: Path) -> dict[str, Any]:
 
 
 def _verification(path: Path, data: dict[str, Any]) -> Proof:
-    legs = [leg for leg in data.get("legs", []) if leg.get("run_dir")]
+    legs = [leg for leg in data.get("legs", []) if _compared(leg)]
     reference = Path(data.get("reference") or path / "reference")
     verdict = str(data.get("verdict"))
     rows = [
@@ -104,6 +104,13 @@ def _verification(path: Path, data: dict[str, Any]) -> Proof:
         for leg in legs
     ]
     return Proof([reference, *(Path(leg["run_dir"]) for leg in legs)], [False, *prefix], html)
+
+
+def _compared(leg: dict[str, Any]) -> bool:
+    """Whether the report compares the leg's run with the reference: a leg that ran and was
+    judged; not one that failed or was not run (its directory may hold no run, or half of one)."""
+    run_dir, verdict = leg.get("run_dir"), leg.get("verdict")
+    return bool(run_dir) and verdict not in (None, "FAILED") and RunLayout(Path(str(run_dir))).is_run_dir()
 
 
 def _sampled(spot: dict[str, Any], origin: str) -> str:

@@ -239,7 +239,7 @@ class EnvironmentRecord(RecordPart):
     python: PythonInfo | None = None
     platform: PlatformInfo | None = None
     cpu: CpuInfo | None = None
-    distributions: dict[str, str] = Field(default_factory=dict)
+    distributions: dict[str, str | None] = Field(default_factory=dict)
     stack: StackInfo | None = None
     torch: TorchInfo | None = None
     gpu_driver: str | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
@@ -51,7 +52,7 @@ def runtime_requirements() -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def stack_facts(distributions: dict[str, str]) -> dict[str, Any]:
+def stack_facts(distributions: Mapping[str, str | None]) -> dict[str, Any]:
     """``{"stack": "tested (lock)" | "tested (floor)" | "untested", "differs": {...}}``.
 
     Args:
@@ -66,7 +67,8 @@ def stack_facts(distributions: dict[str, str]) -> dict[str, Any]:
     names = runtime_requirements()
     if not names:
         return {"stack": "untested", "closest": None, "differs": {"reprotune": {"installed": None}}}
-    installed = {name: _public(distributions[name]) if name in distributions else None for name in names}
+    versions = {name: distributions.get(name) for name in names}
+    installed = {name: _public(version) if version else None for name, version in versions.items()}
     files = {stack: pinned(stack) for stack in STACK_FILES}
     off = {
         stack: [name for name in names if installed[name] != pins.get(name)] for stack, pins in files.items()
