@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from reprotune._proof.verification import NO_DROPOUT_INCONCLUSIVE, Leg, inconclusive_without_dropout
+from reprotune._proof.verification import (
+    NO_CONTROL_PARTED,
+    NO_DROPOUT_INCONCLUSIVE,
+    Leg,
+    inconclusive_without_dropout,
+    outcome,
+    why_lines,
+)
 
 
 @pytest.mark.parametrize(
@@ -37,3 +44,33 @@ def test_a_leg_is_a_value() -> None:
     leg = Leg("rerun", "legs/rerun", "IDENTICAL")
     with pytest.raises(dataclasses.FrozenInstanceError):
         leg.passed = True  # type: ignore[misc]
+
+
+def _leg(name: str, expected: str, passed: bool | None) -> Leg:
+    verdict = None if passed is None else (expected if passed else "OTHER")
+    return Leg(name, f"/v/{name}", expected, verdict, passed)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("legs", "verdict", "why"),
+    [
+        ([("rerun", "IDENTICAL", True), ("control", "DIVERGED", True)], "PASS", None),
+        ([("rerun", "IDENTICAL", True), ("a", "DIVERGED", None), ("b", "DIVERGED", True)], "PASS", None),
+        ([("rerun", "IDENTICAL", True), ("control", "DIVERGED", None)], "FAIL", NO_CONTROL_PARTED),
+        ([("rerun", "IDENTICAL", True), ("control", "DIVERGED", False)], "FAIL", None),  # its mark says
+        ([("rerun", "IDENTICAL", None), ("control", "DIVERGED", None)], "FAIL", "no leg could show"),
+        ([("steps-0-4", "IDENTICAL", True)], "PASS", None),  # no control to require
+    ],
+)
+def test_a_pass_needs_a_leg_that_passed_none_that_failed_and_a_control_that_parted(
+    legs: list[tuple[str, str, bool | None]], verdict: str, why: str | None
+) -> None:
+    """A verification whose rerun was IDENTICAL but whose every negative control was inconclusive
+    or not run is a FAIL, and its summary says why: no control showed the check able to fail."""
+    made = [_leg(*leg) for leg in legs]
+    assert outcome(made) == verdict
+    lines = why_lines(made)
+    if why is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and lines[0].startswith("  why FAIL: ") and why in lines[0]

@@ -80,6 +80,7 @@ class Verification:
 
     def format(self) -> str:
         lines = [f"verify: {self.verdict}  ({self.mode}, {self.directory})", *leg_lines(self.legs, 15)]
+        lines += why_lines(self.legs)
         lines += coverage_lines(self.spot)
         if self.cost is not None:
             lines.append(
@@ -93,10 +94,28 @@ class Verification:
         return "\n".join(lines)
 
 
+NO_CONTROL_PARTED = (
+    "no negative control parted (each was inconclusive or not run), so the check was not shown able "
+    "to fail: a PASS would prove nothing"
+)
+
+
 def outcome(legs: list[Leg]) -> Outcome:
-    """PASS when no leg failed and at least one passed (an inconclusive leg counts neither way)."""
-    ok = all(leg.passed is not False for leg in legs) and any(leg.passed for leg in legs)
-    return "PASS" if ok else "FAIL"
+    """PASS when no leg failed, at least one passed and, where the verification has negative
+    controls (legs that must be DIVERGED), at least one of them parted: a check no control showed
+    able to fail proves nothing. An inconclusive leg counts neither way."""
+    return "PASS" if unproven(legs) is None and all(leg.passed is not False for leg in legs) else "FAIL"
+
+
+def unproven(legs: list[Leg]) -> str | None:
+    """Why legs of which none failed still make no PASS (every leg inconclusive, or no control
+    parted), for the summary; None when they do make one, or when a leg failed (its mark says)."""
+    if any(leg.passed is False for leg in legs):
+        return None
+    if not any(leg.passed for leg in legs):
+        return "no leg could show what it had to (each was inconclusive or not run)"
+    controls = [leg for leg in legs if leg.expected == "DIVERGED"]
+    return NO_CONTROL_PARTED if controls and not any(leg.passed for leg in controls) else None
 
 
 def judge_leg(leg: Leg, reference: Path, *, prefix: bool = False) -> tuple[Leg, Comparison]:
@@ -155,6 +174,12 @@ def inconclusive_without_dropout(leg: Leg, dropout: float | None) -> Leg | None:
         return None
     note = f"{leg.note}; {NO_DROPOUT_INCONCLUSIVE}" if leg.note else NO_DROPOUT_INCONCLUSIVE
     return replace(leg, passed=None, note=note)
+
+
+def why_lines(legs: list[Leg]) -> list[str]:
+    """The summary's line on why legs none of which failed make a FAIL (none otherwise)."""
+    why = unproven(legs)
+    return [] if why is None else [f"  why FAIL: {why}"]
 
 
 def progress_line(leg: Leg) -> str:

@@ -25,7 +25,9 @@ process at the config's thread count, so no leg's numbers depend on the others.
 With ``eval.generate_at_end``, an ``eval`` leg: the reference's and the rerun's evals, each made in
 a fresh process, must be IDENTICAL (``verify_eval``).
 
-The verdict is PASS only when every leg says what it must. ``verification.json`` keeps the
+The verdict is PASS only when every leg says what it must (an inconclusive leg counts neither
+way) and at least one negative control parted: one no control showed able to fail is a FAIL
+(``verification.outcome``). ``verification.json`` keeps the
 evidence, the mode, what each leg cost (wall time, training time) and the machine.
 """
 

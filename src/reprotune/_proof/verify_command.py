@@ -18,7 +18,8 @@ verification directory:
 
 Each leg writes the Trainer's own output directory inside its run directory
 (``<leg>/trainer-output``), so that the legs share nothing. The verdict is PASS only when every
-leg says what it must; ``verification.json`` keeps the evidence, ``verify.log`` the output.
+leg says what it must and the control parted (an inconclusive control makes no PASS);
+``verification.json`` keeps the evidence, ``verify.log`` the output.
 Never imports torch.
 """
 
@@ -43,6 +44,7 @@ from reprotune._proof.verification import (
     judge_leg,
     leg_lines,
     outcome,
+    why_lines,
 )
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
@@ -68,7 +70,7 @@ class CommandVerification:
 
     def format(self) -> str:
         lines = [f"verify: {self.verdict}  ({self.directory})", f"  command: {self.command}"]
-        lines += leg_lines(self.legs, 17)
+        lines += leg_lines(self.legs, 17) + why_lines(self.legs)
         lines += coverage_lines(self.spot)
         return "\n".join(lines)
 
