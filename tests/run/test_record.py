@@ -141,6 +141,15 @@ def test_a_distributed_section_is_typed_and_refused_with_the_key_that_is_wrong(t
     assert not (tmp_path / "other.json").exists()
 
 
+def test_a_typed_record_is_written_as_it_was_read(tmp_path: Path) -> None:
+    """A record read into its type and written again is byte for byte the file it came from: no
+    default is added for a section or key it lacks (an older record stays what it was)."""
+    write_record(tmp_path / "a.json", {**_stamped(), "environment": {"cpu": {"model": "x"}}, "later": 1})
+    typed = parse_record(load_record(tmp_path / "a.json"))
+    write_record(tmp_path / "b.json", typed)
+    assert (tmp_path / "b.json").read_bytes() == (tmp_path / "a.json").read_bytes()
+
+
 def test_the_determinism_lora_and_environment_sections_are_typed(tmp_path: Path) -> None:
     """A real run's ``determinism``, ``lora`` and ``environment`` (this machine's, read back) pass
     the record's types and read back as written, PEFT's and later keys kept; a value of the wrong

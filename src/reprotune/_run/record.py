@@ -94,8 +94,9 @@ class RunRecord(RecordPart):
     model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
 
     def to_dict(self) -> dict[str, Any]:
-        """The record as JSON-safe data, with the on-disk key names."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=False)
+        """The record as JSON-safe data, with the on-disk key names: the keys it was made with, no
+        default added for a key it lacks (a record read and written again is the same record)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
 def utc_now() -> str:

@@ -179,8 +179,8 @@ class LoraRecord(RecordPart):
     task_type: str | None = None
     base_model_name_or_path: str | None = None
     r: int | None = None
-    lora_alpha: float | None = None
-    lora_dropout: float | None = None
+    lora_alpha: int | float | None = None  # as PEFT wrote it: 16 stays 16
+    lora_dropout: int | float | None = None
     target_modules: list[str] | str | None = None
     bias: str | None = None
 
