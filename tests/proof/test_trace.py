@@ -95,6 +95,10 @@ def test_a_trace_made_under_other_kernels_than_its_run_says_so(project: TinyProj
     done = project.run_cli("trace", "lesser", "--step", str(step), "--out", str(mine), "--no-progress")
     assert "  kernels           NOT the run's (run vs here): CPU capability DEFAULT vs " in done.stdout
     assert (
+        "  device            cpu\n" in done.stdout
+        and read_trace(mine).header["environment"]["device"] == "cpu"
+    )
+    assert (
         "trace again as the run was made: ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 "
         f"ONEDNN_MAX_CPU_ISA=SSE41 reprotune trace lesser --step {step}\n"
     ) in done.stdout
@@ -225,3 +229,23 @@ def test_trace_refuses_bad_input_clearly(project: TinyProject) -> None:
     project.run_cli("trace", "native", "--step", "1", "--out", "one.jsonl", "--no-progress")
     done = project.run_cli("compare", "one.jsonl", "native", check=False)
     assert done.returncode == 2 and "is not a trace" in done.stderr
+
+
+def test_the_trace_command_names_the_gpu_a_step_was_replayed_on() -> None:
+    """On CUDA the trace's device line names the GPU and the libraries that choose its kernels,
+    from the trace's own kernel facts (a header as a trace on an H200 writes it); a trace from
+    before the device was recorded says so."""
+    from reprotune._cli.trace import device_line
+
+    cuda = {
+        "devices": [{"index": 0, "name": "NVIDIA H200", "capability": "9.0", "sm_count": 132}],
+        "cuda_runtime": "13.0",
+        "cublas": 130100,
+        "cudnn": 91900,
+    }
+    header = {"environment": {"device": "cuda:0"}, "kernels": {"cuda": cuda}}
+    assert device_line(header) == (
+        "cuda:0 (NVIDIA H200, compute capability 9.0, 132 SMs; CUDA 13.0, cuBLAS 130100, cuDNN 91900)"
+    )
+    assert device_line({"environment": {"device": "cpu"}, "kernels": {"cuda": cuda}}) == "cpu"
+    assert device_line({"environment": {}, "kernels": {}}) == "not recorded"

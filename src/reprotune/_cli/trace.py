@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 from reprotune._cli._options import path_value, pin_cpu_isa_of_run
 
@@ -54,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             "                    shows this machine's step (compare it with a trace made where the run was)"
         )
+    print(f"  device            {device_line(header)}")
     print(f"  CPU capability    {header['kernels']['cpu']['aten_capability']}")
     against = header.get("kernels_vs_run") or {}
     if against.get("differences"):
@@ -66,3 +69,20 @@ def run(args: argparse.Namespace) -> int:
         + (f" (a plain step: {result.step_s:.2f} s)" if result.step_s else "")
     )
     return 0
+
+
+def device_line(header: Mapping[str, Any]) -> str:
+    """Where the step was replayed: ``cpu``, or a CUDA device with the GPU and the libraries that
+    choose its kernels (from the trace's kernel facts); a trace from before says not recorded."""
+    device = str((header.get("environment") or {}).get("device") or "not recorded")
+    cuda = (header.get("kernels") or {}).get("cuda") or {}
+    gpus = cuda.get("devices") or []
+    if not device.startswith("cuda") or not gpus:
+        return device
+    index = int(device.partition(":")[2] or 0)
+    gpu = next((g for g in gpus if g.get("index") == index), gpus[0])
+    return (
+        f"{device} ({gpu.get('name')}, compute capability {gpu.get('capability')}, "
+        f"{gpu.get('sm_count')} SMs; CUDA {cuda.get('cuda_runtime')}, cuBLAS {cuda.get('cublas')}, "
+        f"cuDNN {cuda.get('cudnn')})"
+    )

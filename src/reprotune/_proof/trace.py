@@ -381,6 +381,7 @@ def _header(
             "kernels": (here := kernel_facts(attention=_attention(setup))),
             "kernels_vs_run": kernels_against_run(run, here),
             "environment": {
+                "device": str(setup.device),
                 "host": socket.gethostname(),
                 "torch": torch.__version__,
                 "python": platform.python_version(),
