@@ -117,6 +117,9 @@ class Processes:
             raise RunFailedError(f"`reprotune {self.started[number]}` failed with exit code 1")
         return 0.5
 
+    def wall(self, number: int) -> float:
+        return 0.25  # a failed process's own time, start to end
+
 
 def test_side_by_side_a_step_starts_once_the_step_it_waits_for_has_ended(tmp_path: Path) -> None:
     """Side by side (verify's fast mode): the legs' first steps start together in plan order; a
@@ -167,6 +170,7 @@ def test_side_by_side_a_leg_that_waits_for_a_failed_one_is_not_run(tmp_path: Pat
         False,
         "`reprotune r1` failed with exit code 1",
     )
+    assert rerun.wall_s == 0.25  # the failed process's own time, not until it was collected
     assert (seed.verdict, seed.passed) == ("IDENTICAL", False)  # judged: it had to diverge
     assert (skip.verdict, skip.passed, skip.note) == (
         None,
@@ -201,3 +205,23 @@ def test_side_by_side_a_step_that_did_not_leave_what_it_must_fails_its_leg_and_i
         None,
         "not run: the rerun leg it starts from failed",
     )
+
+
+def test_side_by_side_with_real_processes_a_failed_one_is_a_leg_not_an_exception(tmp_path: Path) -> None:
+    """Through the real ``LegProcesses``: one leg's ``reprotune`` process fails (exit 2), the
+    other's succeeds; the failure is a FAILED leg timed by its own process, the other is judged,
+    and leaving the processes raises nothing (every failure was reported as a leg)."""
+    from reprotune._proof.legs import run_legs_side_by_side
+    from reprotune._proof.processes import LegProcesses
+
+    log = tmp_path / "verify.log"
+    missing = tmp_path / "missing.yaml"
+    plans = [
+        LegPlan("bad", tmp_path / "b", "IDENTICAL", (Step(["run", str(missing)]),), _judged),
+        LegPlan("good", tmp_path / "g", "IDENTICAL", (Step(["--version"]),), _judged),
+    ]
+    with LegProcesses(log, together=True) as processes:
+        bad, good = run_legs_side_by_side(plans, processes, lambda _: None)
+    assert (bad.verdict, bad.passed) == ("FAILED", False) and "failed with exit code 2" in (bad.note or "")
+    assert bad.wall_s > 0 and (good.verdict, good.passed) == ("IDENTICAL", True) and good.wall_s > 0
+    assert "reprotune 0." in log.read_text()

@@ -193,8 +193,8 @@ def _collect(leg: _Progress, processes: LegProcesses) -> None:
     step = leg.plan.steps[leg.next]
     try:
         leg.wall += processes.wait(number)
-    except RunFailedError as exc:  # the process failed: its time counts too
-        leg.failure, leg.wall = exc, leg.wall + time.perf_counter() - leg.started_at
+    except RunFailedError as exc:  # the process failed: its time, start to end, counts too
+        leg.failure, leg.wall = exc, leg.wall + processes.wall(number)
         return
     try:
         if step.after is not None:

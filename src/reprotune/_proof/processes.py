@@ -157,6 +157,12 @@ class LegProcesses:
         self._poll()
         return self._started[number].code is not None
 
+    def wall(self, number: int) -> float:
+        """The wall time of process ``number``, which has ended (failed or not), start to end."""
+        wall = self._started[number].wall
+        assert wall is not None, "wall() of a process still running"
+        return wall
+
     def _poll(self) -> None:
         for started in self._started:
             if started.code is None and started.process is not None and started.process.poll() is not None:
