@@ -18,7 +18,6 @@ from pathlib import Path
 from reprotune._errors import InputError, RunFailedError
 from reprotune._proof.legs import LegNotRun
 from reprotune._proof.processes import ending_with_this_process
-from reprotune._proof.verification import Leg, train_seconds
 from reprotune._run.layout import RunLayout
 from reprotune.integrations import controls as control_vars
 from reprotune.integrations.controls import Controls
@@ -54,16 +53,6 @@ class Runner:
     timeout_why: str = ""
     timed_out: str | None = None
     """The leg that ran past its time: the legs after it are not run (each would wait as long)."""
-
-    def timed(self, legs: Sequence[Leg]) -> list[Leg]:
-        """The legs with their training time (from each leg's record; an interval's replay trains
-        from its start)."""
-        return [
-            replace(leg, train_s=train_seconds(Path(leg.run_dir), since=int(leg.evidence.get("from", 0))))
-            if RunLayout(Path(leg.run_dir)).is_run_dir()
-            else leg
-            for leg in legs
-        ]
 
     def refuse_after_timeout(self) -> None:
         """Raise :class:`LegNotRun` once a leg ran past its time: each after it would wait as long."""

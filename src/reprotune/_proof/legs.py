@@ -26,7 +26,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from reprotune._errors import RunFailedError
 from reprotune._proof.processes import LegProcesses
-from reprotune._proof.verification import Expected, Leg
+from reprotune._proof.verification import Expected, Leg, train_seconds
+from reprotune._run.layout import RunLayout
 from reprotune._run.signals import raise_if_interrupted
 
 Launch = TypeVar("Launch")
@@ -68,6 +69,9 @@ class LegPlan(Generic[Launch]):
     """Facts of the leg that are kept whether it ran or failed (the step a resume stops after)."""
     note: str | None = None
     """What the leg is, before it is judged (the seed a control perturbs)."""
+    trains_from: int = 0
+    """The step its training starts after (a resumed control's checkpoint, a replay's interval
+    start): its ``train_s`` counts the optimizer steps after it."""
 
     @property
     def leg(self) -> Leg:
@@ -84,7 +88,8 @@ class Launcher(Protocol[Launch_contra]):
 
 def run_legs(plans: Sequence[LegPlan[Launch]], launcher: Launcher[Launch]) -> list[Leg]:
     """Each leg's steps launched in order and the leg judged, one leg after the other; each leg's
-    ``wall_s`` is its steps' time (a failed step's included)."""
+    ``wall_s`` is its steps' time (a failed step's included), its ``train_s`` the part its record
+    says was optimizer steps."""
     return [_run_leg(plan, launcher) for plan in plans]
 
 
@@ -120,7 +125,9 @@ def _outcome(plan: LegPlan[Launch], failure: RunFailedError | None, wall: float)
         except RunFailedError as exc:
             return _outcome(plan, exc, wall)
         leg = replace(judged, evidence={**plan.evidence, **judged.evidence})
-    return replace(leg, wall_s=round(wall, 3))
+    trained = RunLayout(plan.run_dir).is_run_dir()  # a failed leg's run may hold steps too
+    train_s = train_seconds(plan.run_dir, since=plan.trains_from) if trained else None
+    return replace(leg, wall_s=round(wall, 3), train_s=train_s)
 
 
 @dataclass

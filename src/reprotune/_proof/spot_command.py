@@ -94,7 +94,6 @@ def spot_verify_command(
     plans = [_interval_leg(run, out_dir, reference, checkpoints, i, total) for i in intervals]
     plans.append(_control_leg(reference, layout.leg("control-data-seed").resolve(), total))
     legs = run_legs(plans, run.leg)
-    legs = run.timed(legs)
     verdict = outcome(legs)
     result = CommandVerification(verdict, str(out_dir), command, None, legs)
     result.spot = coverage(intervals, list(checkpoints), total, budget, seed)
@@ -127,7 +126,7 @@ def _interval_leg(
         return judge_interval(reference, leg_dir, interval, origin=origin, end_state=end_state)[0]
 
     evidence = {"from": interval.start, "to": interval.end, "steps": interval.steps}
-    return LegPlan(name, leg_dir, "IDENTICAL", (step,), judge, evidence=evidence)
+    return LegPlan(name, leg_dir, "IDENTICAL", (step,), judge, evidence=evidence, trains_from=interval.start)
 
 
 def _prepare_resume(reference: Path, checkpoint: Path, leg_dir: Path) -> Path:

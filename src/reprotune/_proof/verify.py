@@ -58,7 +58,6 @@ from reprotune._proof.verification import (
     machine_summary,
     outcome,
     progress_line,
-    train_seconds,
 )
 from reprotune._proof.verify_eval import eval_leg
 from reprotune._run.layout import RunLayout, VerifyLayout
@@ -82,18 +81,16 @@ class _Context:
         """Run ``python -m reprotune ARGS`` in a fresh process, logged; return its wall time."""
         return _reprotune(args, self.paths.log)
 
-    def launch(self, leg: str, args: Sequence[str], /, *, label: str | None = None) -> float:
-        """One step of a leg, one after the other (:func:`_proof.legs.run_legs`)."""
+    def launch(self, leg: str, args: Sequence[str], /, *, label: str | None = None) -> None:
+        """One step of a leg, one after the other (:func:`_proof.legs.run_legs`, which times it)."""
         if label is not None:
             self.progress(label)
-        return self.reprotune(*args)
+        self.reprotune(*args)
 
-    def judge(self, leg: Leg, *, prefix: bool = False, since: int = 0) -> tuple[Leg, Comparison]:
-        """The leg compared with the reference: its verdict, evidence and cost (its optimizer steps
-        after step ``since``); the RNG-skip control of a run that cannot show a skipped restore is
-        inconclusive."""
+    def judge(self, leg: Leg, *, prefix: bool = False) -> tuple[Leg, Comparison]:
+        """The leg compared with the reference: its verdict and evidence; the RNG-skip control of a
+        run that cannot show a skipped restore is inconclusive."""
         leg, cmp = judge_leg(leg, self.reference, prefix=prefix)
-        leg = replace(leg, train_s=train_seconds(Path(leg.run_dir), since=since))
         if leg.name == "control-resume":
             leg = _inconclusive_control(self.cfg, leg)
         self.progress(progress_line(leg))
@@ -275,7 +272,12 @@ def _resume_control(ctx: _Context, stop: int, rerun: str, *, bound: int) -> LegP
         waits_for=(rerun, 1),
     )
     return LegPlan(
-        "control-resume", run_dir, "DIVERGED", (step,), lambda leg: ctx.judge(leg, prefix=True, since=stop)[0]
+        "control-resume",
+        run_dir,
+        "DIVERGED",
+        (step,),
+        lambda leg: ctx.judge(leg, prefix=True)[0],
+        trains_from=stop,  # it resumed a copy of the checkpoint: the steps before are not its own
     )
 
 

@@ -141,7 +141,7 @@ def _verify(run: Runner, layout: VerifyLayout, command: str, resume_at: int | No
     require_status(reference, "completed", "reference")
     if resume_at is not None:
         _check_resume_at(reference, resume_at)
-    legs = run.timed(run_legs(command_legs(layout, reference, resume_at), run.leg))
+    legs = run_legs(command_legs(layout, reference, resume_at), run.leg)
     result = CommandVerification(outcome(legs), str(layout.root), command, resume_at, legs)
     write_json_atomic(layout.verification, result.to_json())
     return result
