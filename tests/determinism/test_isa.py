@@ -3,8 +3,8 @@ to a named baseline before torch loads, read back, refused where it cannot be in
 is IDENTICAL to one on a machine whose dispatch is capped to that baseline from the outside.
 
 The modes tried are those this CPU can hold: ``avx2-compatible`` (MKL's vendor-neutral branch) on
-every AVX2 CPU, and ``avx2`` (MKL's Intel-only AVX2 branch) on Intel CPUs; on another vendor ``avx2``
-is shown refused."""
+every AVX2 CPU, ``avx2`` (MKL's Intel-only AVX2 branch) on Intel CPUs and ``avx2-amd`` (MKL's own AMD
+path) on AMD CPUs; each vendor's mode is shown refused on the other."""
 
 from __future__ import annotations
 
@@ -22,9 +22,13 @@ from tinyrun import TinyProject
 
 #: A lesser machine, made from the outside: every dispatch knob capped to AVX2.
 CAPPED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-INTEL = cpu_vendor() == "GenuineIntel"
+INTEL, AMD = cpu_vendor() == isa.INTEL, cpu_vendor() == isa.AMD
 #: The portable modes this CPU can hold, each with the CNR mode MKL must report in it.
-MODES = {"avx2-compatible": "COMPATIBLE,STRICT", **({"avx2": "AVX2,STRICT"} if INTEL else {})}
+MODES = {
+    "avx2-compatible": "COMPATIBLE,STRICT",
+    **({"avx2": "AVX2,STRICT"} if INTEL else {}),
+    **({"avx2-amd": "AUTO,STRICT"} if AMD else {}),
+}
 
 
 def test_an_environment_that_contradicts_the_mode_is_refused() -> None:
@@ -52,13 +56,26 @@ def test_an_intel_only_branch_is_refused_on_another_vendor(monkeypatch: pytest.M
     for mode in ("avx2", "avx512"):
         with pytest.raises(InputError, match="cannot be put in force on this AuthenticAMD CPU") as info:
             isa.set_isa_environment(mode, {})
+        assert "avx2-amd (the same bits on AMD CPUs with AVX2)" in (info.value.fix or "")
         assert "avx2-compatible" in (info.value.fix or "")
-    environ: dict[str, str] = {}
     monkeypatch.delitem(
         sys.modules, "torch", raising=False
     )  # as if torch were not loaded yet (restored after)
-    assert isa.set_isa_environment("avx2-compatible", environ) is True
-    assert environ["MKL_CBWR"] == "COMPATIBLE,STRICT" and environ["ATEN_CPU_CAPABILITY"] == "avx2"
+    for mode, cbwr in (("avx2-compatible", "COMPATIBLE,STRICT"), ("avx2-amd", "AUTO,STRICT")):
+        environ: dict[str, str] = {}
+        assert isa.set_isa_environment(mode, environ) is True
+        assert environ["MKL_CBWR"] == cbwr and environ["ATEN_CPU_CAPABILITY"] == "avx2"
+
+
+def test_the_amd_baseline_is_refused_on_an_intel_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``avx2-amd`` pins MKL's own AMD code path (``AUTO``): on an Intel CPU MKL would pick an Intel
+    branch under the same settings, so the mode is refused there, pointing at ``avx2``."""
+    monkeypatch.setattr(isa, "cpu_vendor", lambda: "GenuineIntel")
+    monkeypatch.setattr(isa, "cpu_flags", lambda: frozenset({"avx", "avx2", "fma", "f16c"}))
+    with pytest.raises(InputError, match="cannot be put in force on this GenuineIntel CPU") as info:
+        isa.set_isa_environment("avx2-amd", {})
+    assert "MKL's own AMD code path" in info.value.message
+    assert "avx2 (the same bits on Intel CPUs with AVX2)" in (info.value.fix or "")
 
 
 def test_a_mode_not_in_force_in_this_process_is_refused() -> None:

@@ -365,8 +365,10 @@ class DeterminismConfig(_Section):
         description="CPU kernels: native = the best this CPU has; avx2 / avx512 = every kernel knob "
         "(ATen capability, MKL code path and CNR mode, oneDNN ISA) pinned to that baseline, so that "
         "runs reproduce bit for bit on any Intel x86-64 CPU that has it (MKL takes these branches on "
-        "Intel only); avx2-compatible = ATen and oneDNN on AVX2 with MKL's vendor-neutral COMPATIBLE "
-        "branch: the same bits on Intel and AMD CPUs with AVX2, slower (docs/microscope.md)",
+        "Intel only); avx2-amd = the same on AMD CPUs (MKL's own AMD code path, AUTO,STRICT), so "
+        "that runs reproduce on any AMD CPU with AVX2; avx2-compatible = ATen and oneDNN on AVX2 with "
+        "MKL's vendor-neutral COMPATIBLE branch: the same bits on Intel and AMD CPUs with AVX2, slower "
+        "(docs/microscope.md)",
     )
 
 

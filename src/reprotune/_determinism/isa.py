@@ -2,7 +2,8 @@
 
 On ``native`` (the default) each library picks the kernels of the CPU at hand, so a run made on
 a CPU with AVX-512 gives other bits than the same run on one with AVX2 only. A baseline
-(``avx2``, ``avx512``, ``avx2-compatible``) pins every knob that selects a CPU kernel to it:
+(``avx2``, ``avx512``, ``avx2-amd``, ``avx2-compatible``) pins every knob that selects a CPU kernel
+to it:
 
 - ATen's vectorised kernels: ``ATEN_CPU_CAPABILITY``;
 - MKL's code path: ``MKL_ENABLE_INSTRUCTIONS``, and its conditional numerical reproducibility
@@ -12,10 +13,13 @@ a CPU with AVX-512 gives other bits than the same run on one with AVX2 only. A b
 
 MKL takes its named branches (AVX2, AVX512) on Intel CPUs only: on an AMD CPU it reads
 ``MKL_CBWR=AVX2,STRICT`` as ``AUTO,STRICT`` and picks its own code path, so ``avx2`` and ``avx512``
-cannot be put in force there (and are refused). ``avx2-compatible`` takes MKL's vendor-neutral
-``COMPATIBLE`` branch (SSE2 code paths, the same results on Intel and AMD CPUs: MKL's promise), with
-ATen and oneDNN on AVX2: the mode for runs that must reproduce across CPU vendors, at the cost of
-MKL's slower products (measured in bench/README.md).
+cannot be put in force there (and are refused). ``avx2-amd`` is the AMD counterpart of ``avx2``:
+ATen and oneDNN on AVX2, MKL's instructions capped to AVX2 and its CNR mode ``AUTO,STRICT`` (what
+MKL puts in force on an AMD CPU: its own AMD code path), refused on Intel CPUs, where ``AUTO``
+would pick an Intel branch. ``avx2-compatible`` takes MKL's vendor-neutral ``COMPATIBLE`` branch
+(SSE2 code paths, the same results on Intel and AMD CPUs: MKL's promise), with ATen and oneDNN on
+AVX2: the mode for runs that must reproduce across CPU vendors, at the cost of MKL's slower
+products (measured in bench/README.md).
 
 These are read once, when each library starts, so they must be set before torch is imported:
 :func:`set_isa_environment` does that for the CLI (and so for every process it launches:
@@ -34,7 +38,9 @@ from typing import Any, Literal
 from reprotune._determinism.cpu import cpu_flags, cpu_vendor, mkl_cbwr
 from reprotune._errors import InputError
 
-CpuIsa = Literal["native", "avx2", "avx512", "avx2-compatible"]
+CpuIsa = Literal["native", "avx2", "avx512", "avx2-amd", "avx2-compatible"]
+
+INTEL, AMD = "GenuineIntel", "AuthenticAMD"
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,7 @@ class Baseline:
     Attributes:
         name: the ``determinism.cpu_isa`` value.
         needs: the CPU flags (/proc/cpuinfo names) a machine must have.
-        intel_only: whether MKL takes the baseline's CNR branch on Intel CPUs only.
+        vendor: the one CPU vendor whose MKL code path the baseline pins (None: any vendor).
         aten: ``torch.backends.cpu.get_cpu_capability()`` when the baseline is in force.
         mkl_cbwr: MKL's CNR mode when in force (as ``MKL_CBWR`` spells it).
         env: the variables that pin it.
@@ -55,7 +61,7 @@ class Baseline:
     aten: str
     mkl_cbwr: str
     env: Mapping[str, str]
-    intel_only: bool = True
+    vendor: str | None = INTEL
 
 
 BASELINES: dict[str, Baseline] = {
@@ -85,6 +91,20 @@ BASELINES: dict[str, Baseline] = {
             "DNNL_MAX_CPU_ISA": "AVX512_CORE",
         },
     ),
+    "avx2-amd": Baseline(
+        name="avx2-amd",
+        needs=("avx", "avx2", "fma", "f16c"),
+        aten="AVX2",
+        mkl_cbwr="AUTO,STRICT",
+        env={
+            "ATEN_CPU_CAPABILITY": "avx2",
+            "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+            "MKL_CBWR": "AUTO,STRICT",
+            "ONEDNN_MAX_CPU_ISA": "AVX2",
+            "DNNL_MAX_CPU_ISA": "AVX2",
+        },
+        vendor=AMD,
+    ),
     "avx2-compatible": Baseline(
         name="avx2-compatible",
         needs=("avx", "avx2", "fma", "f16c"),
@@ -97,7 +117,7 @@ BASELINES: dict[str, Baseline] = {
             "ONEDNN_MAX_CPU_ISA": "AVX2",
             "DNNL_MAX_CPU_ISA": "AVX2",
         },
-        intel_only=False,
+        vendor=None,
     ),
 }
 
@@ -145,16 +165,7 @@ def set_isa_environment(mode: str, environ: MutableMapping[str, str] | None = No
             source="determinism.cpu_isa",
             fix="choose a baseline this machine has (`reprotune doctor` lists its ISA), or native",
         )
-    vendor = cpu_vendor()
-    if baseline.intel_only and vendor not in (None, "GenuineIntel"):
-        raise InputError(
-            f"determinism.cpu_isa {mode!r} cannot be put in force on this {vendor} CPU: MKL takes its "
-            f"{baseline.mkl_cbwr.split(',')[0]} reproducibility branch on Intel CPUs only (elsewhere "
-            "it picks its own code path)",
-            source="determinism.cpu_isa",
-            fix="use determinism.cpu_isa: avx2-compatible (MKL's vendor-neutral branch: the same bits "
-            "on Intel and AMD CPUs with AVX2), or native",
-        )
+    _require_vendor(baseline)
     target = os.environ if environ is None else environ
     clashes = [f"{k}={target[k]}" for k, v in baseline.env.items() if target.get(k, v) != v]
     if clashes:
@@ -169,6 +180,26 @@ def set_isa_environment(mode: str, environ: MutableMapping[str, str] | None = No
     for key, value in baseline.env.items():
         target[key] = value
     return True
+
+
+def _require_vendor(baseline: Baseline) -> None:
+    """Refuse a baseline whose MKL code path this CPU's vendor does not get."""
+    vendor = cpu_vendor()
+    if baseline.vendor is None or vendor in (None, baseline.vendor):
+        return
+    if baseline.vendor == INTEL:
+        why = f"MKL takes its {baseline.mkl_cbwr.split(',')[0]} reproducibility branch on Intel CPUs only"
+        ours = "avx2-amd (the same bits on AMD CPUs with AVX2)" if vendor == AMD else None
+    else:
+        why = "it pins MKL's own AMD code path, which MKL takes on AMD CPUs only"
+        ours = "avx2 (the same bits on Intel CPUs with AVX2)" if vendor == INTEL else None
+    raise InputError(
+        f"determinism.cpu_isa {baseline.name!r} cannot be put in force on this {vendor} CPU: {why} "
+        "(elsewhere it picks its own code path)",
+        source="determinism.cpu_isa",
+        fix=f"use determinism.cpu_isa: {ours + ', or ' if ours else ''}avx2-compatible (MKL's "
+        "vendor-neutral branch: the same bits on Intel and AMD CPUs with AVX2, slower), or native",
+    )
 
 
 def _baseline(mode: str) -> Baseline:
@@ -193,10 +224,12 @@ def isa_in_force(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     env = os.environ if environ is None else environ
     aten = torch.backends.cpu.get_cpu_capability()
     cbwr = mkl_cbwr()
+    vendor = cpu_vendor()
     name = "native"
     for baseline in BASELINES.values():
         pinned = all(env.get(k) == v for k, v in baseline.env.items())
-        if pinned and aten == baseline.aten and cbwr in (baseline.mkl_cbwr, None):
+        ours = baseline.vendor is None or vendor in (None, baseline.vendor)
+        if pinned and ours and aten == baseline.aten and cbwr in (baseline.mkl_cbwr, None):
             name = baseline.name
     return {
         "cpu_isa": name,
@@ -217,6 +250,7 @@ def require_isa(mode: str) -> dict[str, Any]:
     if mode == "native" or found["cpu_isa"] == mode:
         return found
     baseline = _baseline(mode)
+    _require_vendor(baseline)
     wrong = []
     if found["aten_capability"] != baseline.aten:
         wrong.append(f"ATen capability {found['aten_capability']} (needs {baseline.aten})")

@@ -218,7 +218,7 @@ def check_cpu_kernels(ctx: Context) -> list[Finding]:
             f"CPU kernels are this CPU's own (determinism.cpu_isa: native): {path}",
             "a CPU with other vector instructions (AVX2 vs AVX-512) runs other kernels and gets other "
             "bits: runs reproduce bit for bit only on CPUs whose kernel facts match",
-            "to rerun on other CPUs pin one baseline: cpu_isa avx2 (Intel) or avx2-compatible (any vendor)",
+            "to rerun on other CPUs pin cpu_isa avx2 (Intel), avx2-amd (AMD) or avx2-compatible (any)",
         )
     ]
 
