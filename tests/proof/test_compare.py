@@ -544,3 +544,31 @@ def test_torchs_algorithm_settings_alone_are_kernel_settings_not_two_machines(tm
     assert "two machines" not in causes[0] and is_kernel_cause(causes[0])
     older = write_run_dir(tmp_path / "older", RunSpec(noise_from_step=2, environment=environment(None)))
     assert not any("algorithm settings" in c for c in compare_runs(strict, older).causes)
+
+
+def test_two_cpus_in_one_portable_mode_that_still_part_are_not_told_to_pin_the_mode(tmp_path: Path) -> None:
+    """Two AMD CPUs, both runs in determinism.cpu_isa avx2-amd, parted all the same: the cause names
+    the CPUs that differ and says both ran in the mode (its pins did not hold there), instead of
+    advising the mode they already ran in; in native, the advice stands."""
+
+    def environment(isa: list[str], model: str, mode: str) -> dict[str, Any]:
+        cpu = {"aten_capability": "AVX2", "model": model, "isa": isa, "vendor": "AuthenticAMD"}
+        return {"kernels": {"version": 1, "cpu": cpu, "portable": {"cpu_isa": mode}}}
+
+    narrow, wide = ["avx", "avx2", "fma"], ["avx", "avx2", "fma", "avx512f"]
+    for mode in ("avx2-amd", "native"):
+        one = write_run_dir(
+            tmp_path / f"{mode}-one", RunSpec(environment=environment(wide, "EPYC 9B14", mode))
+        )
+        two = write_run_dir(
+            tmp_path / f"{mode}-two",
+            RunSpec(noise_from_step=1, environment=environment(narrow, "EPYC 7B12", mode)),
+        )
+        cause = compare_runs(one, two).causes[0]
+        assert (
+            "from step 1 with identical data order: CPU kernels differ: CPU EPYC 9B14 vs EPYC 7B12; "
+            "CPU instruction sets only avx512f" in cause
+        )
+        pinned = "both ran in determinism.cpu_isa avx2-amd, which pins every kernel knob reprotune knows"
+        assert (pinned in cause) == (mode == "avx2-amd"), cause
+        assert ("determinism.cpu_isa pins CPU kernels to one baseline on both" in cause) == (mode == "native")

@@ -299,15 +299,27 @@ def _kernel_text(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
             f"kernels for some ops (determinism.mode sets them; {trace})"
         )
     where = _KERNEL_CAUSE[1] if is_gpu_difference(a, b) else _KERNEL_CAUSE[0]
-    fix = (
-        "determinism.cpu_isa pins CPU kernels to one baseline on both"
-        if where == _KERNEL_CAUSE[0]
-        else "the same GPU model and CUDA libraries give the same kernels"
-    )
+    shared = _shared_baseline(a, b)
+    if where == _KERNEL_CAUSE[1]:
+        fix = "the same GPU model and CUDA libraries give the same kernels"
+    elif shared:
+        fix = (
+            f"both ran in determinism.cpu_isa {shared}, which pins every kernel knob reprotune "
+            "knows: a kernel it does not pin differs, or the mode does not hold on these two CPUs"
+        )
+    else:
+        fix = "determinism.cpu_isa pins CPU kernels to one baseline on both"
     return (
         f"{where}: {'; '.join(found[:MAX_SHOWN])}{more}: the same inputs give other bits on these two "
         f"machines ({fix}; {trace})"
     )
+
+
+def _shared_baseline(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
+    """The portable CPU mode both machines ran in, when it is one and not ``native``."""
+    modes = {str((facts.get("portable") or {}).get("cpu_isa")) for facts in (a, b)}
+    mode = modes.pop() if len(modes) == 1 else "native"
+    return None if mode in ("native", "None") else mode
 
 
 def _summarize(kind: str, diffs: list[Difference]) -> str:
