@@ -571,4 +571,32 @@ def test_two_cpus_in_one_portable_mode_that_still_part_are_not_told_to_pin_the_m
         )
         pinned = "both ran in determinism.cpu_isa avx2-amd, which pins every kernel knob reprotune knows"
         assert (pinned in cause) == (mode == "avx2-amd"), cause
-        assert ("determinism.cpu_isa pins CPU kernels to one baseline on both" in cause) == (mode == "native")
+        advice = "determinism.cpu_isa: avx2-amd on both pins CPU kernels to one baseline AMD CPUs share"
+        assert (advice in cause) == (mode == "native")
+
+
+@pytest.mark.parametrize(
+    ("vendors", "advice"),
+    [
+        (("GenuineIntel", "GenuineIntel"), "determinism.cpu_isa: avx2 on both"),
+        (("GenuineIntel", "AuthenticAMD"), "determinism.cpu_isa: avx2-compatible on both"),
+        ((None, "AuthenticAMD"), "avx2 on Intel CPUs, avx2-amd on AMD, avx2-compatible across them"),
+    ],
+)
+def test_the_kernel_cause_advises_the_baseline_both_cpus_can_hold(
+    tmp_path: Path, vendors: tuple[str | None, str | None], advice: str
+) -> None:
+    """Native runs on two CPUs that part: the advice names the mode both machines' vendors can hold
+    (Intel and Intel: avx2; Intel and AMD: the vendor-neutral avx2-compatible); a vendor one record
+    lacks (written before the fact) gets every mode, each with the CPUs it is for."""
+
+    def environment(vendor: str | None, capability: str) -> dict[str, Any]:
+        cpu = {"aten_capability": capability, "model": "x", **({"vendor": vendor} if vendor else {})}
+        return {"kernels": {"version": 1, "cpu": cpu, "portable": {"cpu_isa": "native"}}}
+
+    one = write_run_dir(tmp_path / "one", RunSpec(environment=environment(vendors[0], "AVX512")))
+    two = write_run_dir(
+        tmp_path / "two", RunSpec(noise_from_step=1, environment=environment(vendors[1], "AVX2"))
+    )
+    cause = compare_runs(one, two).causes[0]
+    assert "CPU kernels differ: CPU capability AVX512 vs AVX2" in cause and advice in cause, cause

@@ -308,11 +308,34 @@ def _kernel_text(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
             "knows: a kernel it does not pin differs, or the mode does not hold on these two CPUs"
         )
     else:
-        fix = "determinism.cpu_isa pins CPU kernels to one baseline on both"
+        fix = _baseline_advice(a, b)
     return (
         f"{where}: {'; '.join(found[:MAX_SHOWN])}{more}: the same inputs give other bits on these two "
         f"machines ({fix}; {trace})"
     )
+
+
+def _baseline_advice(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    """Which ``determinism.cpu_isa`` baseline both machines can hold, by their CPUs' vendors."""
+    vendors = {_lookup_vendor(a), _lookup_vendor(b)}
+    if vendors == {"GenuineIntel"}:
+        return "determinism.cpu_isa: avx2 on both pins CPU kernels to one baseline Intel CPUs share"
+    if vendors == {"AuthenticAMD"}:
+        return "determinism.cpu_isa: avx2-amd on both pins CPU kernels to one baseline AMD CPUs share"
+    if vendors == {"GenuineIntel", "AuthenticAMD"}:
+        return (
+            "determinism.cpu_isa: avx2-compatible on both pins CPU kernels to the one baseline Intel "
+            "and AMD CPUs share, on MKL's slower vendor-neutral branch"
+        )
+    return (
+        "determinism.cpu_isa pins CPU kernels to one baseline on both: avx2 on Intel CPUs, avx2-amd on "
+        "AMD, avx2-compatible across them"
+    )
+
+
+def _lookup_vendor(facts: Mapping[str, Any]) -> str | None:
+    vendor = (facts.get("cpu") or {}).get("vendor")
+    return vendor if isinstance(vendor, str) else None
 
 
 def _shared_baseline(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
