@@ -18,6 +18,7 @@ from reprotune._run.record import (
     load_record,
     make_run_id,
     parse_record,
+    read_record,
     start_record,
     write_record,
 )
@@ -230,6 +231,27 @@ def test_non_json_file_is_an_input_error_with_position(tmp_path: Path) -> None:
     with pytest.raises(InputError) as info:
         load_record(tmp_path / "record.json")
     assert info.value.source == f"{tmp_path / 'record.json'}:3:12" and "not valid JSON" in info.value.message
+
+
+def test_a_record_read_typed_holds_what_the_file_holds(tmp_path: Path) -> None:
+    """read_record gives the file as a typed, frozen record: named fields of their types, extra
+    keys kept, and the same dict as load_record when written back out; the same refusals."""
+    record = {**_record(), "status": "completed", "findings": [{"code": "x"}]}
+    record["timings"].update(duration_s=12.5, steps_done=3, step_time_s_mean=0.25)
+    record["outputs"] = {"adapter_sha256": "d" * 64, "ledger_sha256": "e" * 64}
+    write_record(tmp_path / "record.json", record)
+    typed = read_record(tmp_path)
+    assert typed.status == "completed" and typed.timings.steps_done == 3
+    assert typed.timings.duration_s == 12.5 and typed.outputs is not None
+    assert typed.outputs.adapter_sha256 == "d" * 64 and typed.data is not None
+    assert typed.data.split_sizes == {"train": 1620, "validation": 203, "test": 203}
+    assert (typed.model_extra or {})["findings"] == [{"code": "x"}]
+    assert typed.to_dict() == load_record(tmp_path)
+    with pytest.raises(Exception, match="frozen"):
+        typed.status = "failed"  # type: ignore[misc]
+    (tmp_path / "record.json").write_text(json.dumps({**_stamped(), "seeds": {"root": "forty-two"}}))
+    with pytest.raises(InputError, match=r"seeds.root"):
+        read_record(tmp_path)
 
 
 def test_missing_and_invalid_records(tmp_path: Path) -> None:

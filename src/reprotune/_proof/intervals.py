@@ -15,7 +15,7 @@ from typing import Any
 from reprotune._proof.verification import Leg
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import read_ledger
-from reprotune._run.record import load_record
+from reprotune._run.record import read_record
 
 DEFAULT_BUDGET = 0.2
 
@@ -120,10 +120,14 @@ def judge_interval(
 
 def adapter_state(reference: Path, leg_dir: Path) -> tuple[str, bool]:
     """The end state of an interval that ends the run: the adapter's sha256 against the reference's."""
-    ours = (load_record(RunLayout(leg_dir).record).get("outputs") or {}).get("adapter_sha256")
-    theirs = (load_record(RunLayout(reference).record).get("outputs") or {}).get("adapter_sha256")
+    ours, theirs = (_adapter_sha256(run) for run in (leg_dir, reference))
     ok = ours is not None and ours == theirs
     return f"adapter sha256 {'identical' if ok else f'{ours} vs {theirs}'}", ok
+
+
+def _adapter_sha256(run_dir: Path) -> str | None:
+    outputs = read_record(RunLayout(run_dir).record).outputs
+    return None if outputs is None else outputs.adapter_sha256
 
 
 def coverage(

@@ -12,7 +12,7 @@ from reprotune._formats import VERIFICATION
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.differences import Comparison
 from reprotune._run.layout import RunLayout
-from reprotune._run.record import load_record
+from reprotune._run.record import read_record
 
 Mode = Literal["fast", "thorough", "spot"]
 Outcome = Literal["PASS", "FAIL"]
@@ -240,6 +240,6 @@ def coverage_lines(spot: dict[str, Any] | None) -> list[str]:
 def train_seconds(run_dir: Path, *, since: int = 0) -> float | None:
     """A leg's seconds in optimizer steps after step ``since`` (mean step time x steps, from its
     record): a leg that resumes a copied checkpoint did not run the steps before it."""
-    timings = load_record(RunLayout(run_dir).record).get("timings", {})
-    mean, steps = timings.get("step_time_s_mean"), timings.get("steps_done")
-    return round(float(mean) * max(0, int(steps) - since), 3) if mean is not None and steps else None
+    timings = read_record(RunLayout(run_dir).record).timings
+    mean, steps = timings.step_time_s_mean, timings.steps_done
+    return round(mean * max(0, steps - since), 3) if mean is not None and steps else None

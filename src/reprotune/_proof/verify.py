@@ -61,7 +61,7 @@ from reprotune._proof.verification import (
 )
 from reprotune._proof.verify_eval import eval_leg
 from reprotune._run.layout import RunLayout, VerifyLayout
-from reprotune._run.record import load_record, record_config, status_of
+from reprotune._run.record import read_record, record_config
 from reprotune._run.rundir import check_is_run_dir
 from reprotune._train.turn import TURNS_POSSIBLE
 
@@ -338,17 +338,15 @@ def _control_bound(cfg: ExperimentConfig, total: int) -> int:
 def _check_reference(run_dir: Path, cfg: ExperimentConfig) -> None:
     """Refuse a reference run that is unfinished or of another config (tracking settings aside)."""
     check_is_run_dir(run_dir, option="--reference")
-    record = load_record(RunLayout(run_dir).record)
-    if status_of(record) != "completed":
+    record = read_record(RunLayout(run_dir).record)
+    if record.status != "completed":
         raise InputError(
-            f"reference run {run_dir} is not complete (status {record.get('status')!r})",
+            f"reference run {run_dir} is not complete (status {record.status!r})",
             source="--reference",
             fix="resume it first, or leave --reference out",
         )
     recorded = record_config(record, run_dir=run_dir, source=str(RunLayout(run_dir).record))
-    if record.get("config_sha256") != config_sha256(cfg) and _numbers_config(recorded) != _numbers_config(
-        cfg
-    ):
+    if record.config_sha256 != config_sha256(cfg) and _numbers_config(recorded) != _numbers_config(cfg):
         raise InputError(
             f"reference run {run_dir} was made from another config",
             source="--reference",
@@ -363,13 +361,20 @@ def _numbers_config(cfg: ExperimentConfig) -> str:
 
 
 def _total_steps(run_dir: Path) -> int:
-    record = load_record(RunLayout(run_dir).record)
-    return int(record["data"]["order"]["total_steps"])
+    data = read_record(RunLayout(run_dir).record).data
+    order = (data.model_extra or {}).get("order") if data is not None else None
+    total = order.get("total_steps") if isinstance(order, dict) else None
+    if not isinstance(total, int):
+        raise InputError(
+            f"the record of {run_dir} holds no data.order.total_steps",
+            source=str(RunLayout(run_dir).record),
+            fix="the record was edited or written by another tool; rerun to regenerate it",
+        )
+    return total
 
 
 def _run_seconds(run_dir: Path) -> float | None:
-    value = load_record(RunLayout(run_dir).record).get("timings", {}).get("duration_s")
-    return float(value) if isinstance(value, (int, float)) else None
+    return read_record(RunLayout(run_dir).record).timings.duration_s
 
 
 def _resume_point(cfg: ExperimentConfig, total_steps: int) -> int | None:

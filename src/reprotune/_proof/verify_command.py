@@ -49,7 +49,7 @@ from reprotune._proof.verification import (
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
 from reprotune._run.outputs import removed_if_refused
-from reprotune._run.record import Status, load_record
+from reprotune._run.record import Status, read_record
 from reprotune.integrations.controls import Controls
 
 
@@ -169,7 +169,7 @@ def command_legs(layout: VerifyLayout, reference: Path, resume_at: int | None) -
 
 
 def require_status(run_dir: Path, status: Status, leg: str) -> None:
-    found = load_record(run_dir).get("status")
+    found = read_record(run_dir).status
     if found != status:
         raise RunFailedError(
             f"the {leg} leg's run ended with status {found!r}, not {status!r}",

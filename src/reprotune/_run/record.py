@@ -5,8 +5,9 @@ one: :func:`start_record` begins its data, which a run holds in a ``_run.live_re
 (changed only through its named operations while the run goes, each one checked by
 :func:`typed_record` against the typed, frozen :class:`RunRecord`), and :func:`write_record`
 stamps the schema, validates it again and writes canonical JSON atomically, on every write.
-:func:`load_record` reads a record back, validated; a schema or schema version it does not know
-is refused.
+:func:`read_record` reads a record back as a typed :class:`RunRecord` (a reader that asks for named
+fields), :func:`load_record` as the dict on disk (a reader that copies or rewrites it), both
+validated; a schema or schema version they do not know is refused.
 
 Sections (``_run.record_sections``) are typed for the keys the contract names and accept extra
 keys (a run may add ``data.order``, a Trainer's run its ``trainer`` and ``findings``...); a record
@@ -212,6 +213,18 @@ def parse_record(data: Any, source: str = "<dict>") -> RunRecord:
     )
 
 
+def read_record(path: str | os.PathLike[str]) -> RunRecord:
+    """Read and validate a ``record.json`` (or a run directory holding one) as a typed, frozen
+    :class:`RunRecord` (extra keys kept in its ``model_extra``).
+
+    Raises:
+        InputError: the file is missing, not JSON (with line and column), or not a valid record.
+        SchemaVersionError: the record's schema or schema version is not one this version reads.
+    """
+    data, source = _read_json(path)
+    return parse_record(data, source=source)
+
+
 def load_record(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate a ``record.json`` (or a run directory holding one); return it as a dict.
 
@@ -236,7 +249,7 @@ def _read_json(path: str | os.PathLike[str]) -> tuple[Any, str]:
 
 
 def record_config(
-    record: Mapping[str, Any], *, run_dir: Path, source: str, overrides: Sequence[str] = ()
+    record: RunRecord | Mapping[str, Any], *, run_dir: Path, source: str, overrides: Sequence[str] = ()
 ) -> ExperimentConfig:
     """The config a record holds, with a ``config_dir`` its relative paths resolve against here.
 
@@ -247,7 +260,7 @@ def record_config(
     Raises:
         ConfigError: the recorded config is not valid (a record edited by hand).
     """
-    data = dict(record.get("config") or {})
+    data = dict(record.config if isinstance(record, RunRecord) else record.get("config") or {})
     recorded = data.get("config_dir")
     if not (isinstance(recorded, str) and Path(recorded).is_dir()):
         data["config_dir"] = str(_find_config_dir(data, run_dir))
