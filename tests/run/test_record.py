@@ -21,6 +21,7 @@ from reprotune._run.record import (
     read_record,
     start_record,
     write_record,
+    write_stopped_copy,
 )
 
 
@@ -252,6 +253,21 @@ def test_a_record_read_typed_holds_what_the_file_holds(tmp_path: Path) -> None:
     (tmp_path / "record.json").write_text(json.dumps({**_stamped(), "seeds": {"root": "forty-two"}}))
     with pytest.raises(InputError, match=r"seeds.root"):
         read_record(tmp_path)
+
+
+def test_a_stopped_copy_changes_the_status_and_data_path_alone(tmp_path: Path) -> None:
+    """The record of a run directory copied to be resumed (a spot check's interval): status
+    ``stopped``, the data path given (a bundle's data), every other key as it was, validated."""
+    record = {**_record(), "status": "completed", "findings": [{"code": "x"}]}
+    write_record(tmp_path / "record.json", record)
+    before = load_record(tmp_path)
+    write_stopped_copy(tmp_path, tmp_path / "copy.json", data_path="/elsewhere/data.jsonl")
+    after = load_record(tmp_path / "copy.json")
+    assert after["status"] == "stopped" and after["config"]["data"]["path"] == "/elsewhere/data.jsonl"
+    after["status"], after["config"]["data"]["path"] = before["status"], before["config"]["data"]["path"]
+    assert after == before
+    write_stopped_copy(tmp_path, tmp_path / "plain.json")
+    assert load_record(tmp_path / "plain.json") == {**before, "status": "stopped"}
 
 
 def test_missing_and_invalid_records(tmp_path: Path) -> None:

@@ -23,11 +23,10 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from reprotune._jsonio import write_json_atomic
 from reprotune._proof.spot_plan import SeedControl, SpotPlan
 from reprotune._run.checkpoint_files import checkpoint_dir
 from reprotune._run.layout import RunLayout
-from reprotune._run.record import load_record, record_config
+from reprotune._run.record import load_record, record_config, write_stopped_copy
 from reprotune._train.options import RunOptions
 from reprotune._train.run import resume_run, run_experiment
 from reprotune._train.watch import DivergenceWatch
@@ -39,11 +38,7 @@ def prepare_from_checkpoint(reference: Path, start: int, target: Path, *, data: 
     config, split manifest, ledger and that one checkpoint."""
     ref, out = RunLayout(reference), RunLayout(target)
     out.checkpoints.mkdir(parents=True)
-    record = load_record(ref.record)
-    record["status"] = "stopped"
-    if data is not None:
-        record["config"]["data"]["path"] = data
-    write_json_atomic(out.record, record)
+    write_stopped_copy(ref.record, out.record, data_path=data)
     for name in ("config", "manifest", "ledger"):
         source = getattr(ref, name)
         if source.exists():

@@ -29,7 +29,7 @@ from reprotune._proof.verification import Leg, judge_data_order_control, outcome
 from reprotune._proof.verify_command import CommandVerification, parse_command, require_status
 from reprotune._run.layout import LOCK, RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
-from reprotune._run.record import load_record
+from reprotune._run.record import write_stopped_copy
 from reprotune.integrations.controls import Controls
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -133,9 +133,7 @@ def _prepare_resume(reference: Path, checkpoint: Path, leg_dir: Path) -> Path:
     """A copy of the reference's run directory (record ``stopped``) and of the one checkpoint the
     interval starts from, for the callback to resume into; the checkpoint's path in the copy."""
     shutil.copytree(reference, leg_dir, ignore=shutil.ignore_patterns(TRAINER_OUTPUT, LOCK))
-    record = load_record(RunLayout(leg_dir).record)
-    record["status"] = "stopped"
-    write_json_atomic(RunLayout(leg_dir).record, record)
+    write_stopped_copy(RunLayout(leg_dir).record, RunLayout(leg_dir).record)
     target = leg_dir / TRAINER_OUTPUT / checkpoint.name
     shutil.copytree(checkpoint, target)
     return target

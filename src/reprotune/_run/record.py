@@ -225,6 +225,25 @@ def read_record(path: str | os.PathLike[str]) -> RunRecord:
     return parse_record(data, source=source)
 
 
+def write_stopped_copy(
+    source: str | os.PathLike[str], target: str | os.PathLike[str], *, data_path: str | None = None
+) -> RunRecord:
+    """Write at ``target`` the record at ``source`` (a record or run directory) as that of a run
+    stopped at a checkpoint copied beside it, to be resumed there (status ``stopped``; its data
+    path ``data_path`` when given: a bundle's data here); validated like every record written.
+
+    Raises:
+        InputError: the source record is missing or not valid.
+    """
+    record = read_record(source)
+    config = dict(record.config)
+    if data_path is not None:
+        config["data"] = {**(config.get("data") or {}), "path": data_path}
+    stopped = record.model_copy(update={"status": "stopped", "config": config})
+    write_record(target, stopped)
+    return stopped
+
+
 def load_record(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate a ``record.json`` (or a run directory holding one); return it as a dict.
 
