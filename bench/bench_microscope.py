@@ -90,9 +90,10 @@ def bench_trace(work: Path, steps: int) -> bool:
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     start = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True, check=True
-    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True)
+    if done.returncode != 0:  # said as the CLI's failures are, without a traceback of this script
+        print(done.stdout[-3000:] + done.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"the trace of step 13 failed with exit {done.returncode}")
     wall = time.perf_counter() - start
     got = json.loads(done.stdout.strip().splitlines()[-1])
     ratio = got["traced"] / got["plain"]

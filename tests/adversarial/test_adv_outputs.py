@@ -189,6 +189,31 @@ def test_verify_out_onto_its_config_is_refused(
     assert config.read_bytes() == before
 
 
+def test_a_verification_or_bundle_out_holding_other_files_is_refused_alike(
+    project: TinyProject, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`verify CONFIG`, `verify --command` and a bundle's unpacking refuse an --out that holds
+    someone's files with one message, before anything runs, and leave it as it was; a file given
+    as --out is named as a file (verify --command called it "not empty")."""
+    from reprotune._proof.unpack import unpack
+
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "notes.txt").write_text("mine", encoding="utf-8")
+    config = project.config("verify-full.yaml")
+    for argv in (
+        ["verify", str(config), "--out", str(full)],
+        ["verify", "--command", "true", "--out", str(full)],
+    ):
+        assert main(argv) == 2
+        _assert_refused(capsys, f"--out {str(full)!r} exists and is not empty", "give --out a new (or empty)")
+    with pytest.raises(InputError, match=r"^--out '.*full' exists and is not empty"):
+        unpack(tmp_path / "no-such.tar.gz", full)
+    assert [p.name for p in full.iterdir()] == ["notes.txt"]
+    assert main(["verify", "--command", "true", "--out", str(full / "notes.txt")]) == 2
+    _assert_refused(capsys, "is a file, not a directory")
+
+
 # --- item 7 (split): bad outputs and seeds ---------------------------------------------------------
 
 

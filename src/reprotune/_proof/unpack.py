@@ -27,6 +27,7 @@ from reprotune._formats import BUNDLE
 from reprotune._jsonio import publishing_dir
 from reprotune._proof.bundle import DATA, MANIFEST, RUN
 from reprotune._run import layout
+from reprotune._run.outputs import refuse_nonempty_dir
 
 #: Refused above these sizes (a bundle holds a LoRA adapter and a ledger, not a base model).
 MAX_MEMBER_BYTES = 4 * 1024**3
@@ -71,8 +72,7 @@ def unpack(bundle: Path, target: Path) -> Unpacked:
             sha256, or cannot be written (a name too long, a path that is also a directory); or
             ``target`` is not empty.
     """
-    if target.exists() and any(target.iterdir()):
-        raise InputError(f"{target} exists and is not empty", fix="choose a new directory with --out")
+    refuse_nonempty_dir(target, option="--out")
     with publishing_dir(target, replace=False) as tmp:
         manifest = _extract_checked(bundle, tmp)
         with contextlib.suppress(FileNotFoundError):

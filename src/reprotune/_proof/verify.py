@@ -61,6 +61,7 @@ from reprotune._proof.verification import (
 )
 from reprotune._proof.verify_eval import eval_leg
 from reprotune._run.layout import RunLayout, VerifyLayout
+from reprotune._run.outputs import refuse_nonempty_dir
 from reprotune._run.record import read_record, record_config
 from reprotune._run.rundir import check_is_run_dir
 from reprotune._train.turn import TURNS_POSSIBLE
@@ -182,14 +183,15 @@ def _check_options(cfg: ExperimentConfig, out_dir: Path, control_seed: str, refe
         )
     if reference is not None:
         _check_reference(reference, cfg)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        if not VerifyLayout(out_dir).verification.exists():
-            raise InputError(
-                f"verification directory {out_dir} holds a verification that did not finish "
-                "(interrupted, or still running): its legs cannot be trusted to continue",
-                fix=f"remove {out_dir} and verify again, or choose a new --out directory",
-            )
-        raise InputError(f"verification directory {out_dir} is not empty", fix="choose a new --out directory")
+    begun = VerifyLayout(out_dir)  # a verification writes its log first and its verdict last
+    if out_dir.is_dir() and begun.log.is_file() and not begun.verification.exists():
+        raise InputError(
+            f"verification directory {out_dir} holds a verification that did not finish "
+            "(interrupted, or still running): its legs cannot be trusted to continue",
+            source="--out",
+            fix=f"remove {out_dir} and verify again, or choose a new --out directory",
+        )
+    refuse_nonempty_dir(out_dir, option="--out")
 
 
 def _fast_legs(ctx: _Context, control_seed: str, stop: int | None, total: int) -> list[Leg]:

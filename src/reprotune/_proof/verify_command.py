@@ -48,7 +48,7 @@ from reprotune._proof.verification import (
 )
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
-from reprotune._run.outputs import removed_if_refused
+from reprotune._run.outputs import refuse_nonempty_dir, removed_if_refused
 from reprotune._run.record import Status, read_record
 from reprotune.integrations.controls import Controls
 
@@ -123,12 +123,7 @@ def verify_command(
         raise InputError(
             f"--resume-at {resume_at!r} is not a step >= 1", source="--resume-at", fix="e.g. --resume-at 10"
         )
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise InputError(
-            f"verification directory {out_dir} exists and is not empty",
-            source="--out",
-            fix="choose a new --out directory, or leave it out for runs/verify-<id>",
-        )
+    refuse_nonempty_dir(out_dir, option="--out")
     layout = VerifyLayout(out_dir)
     with removed_if_refused(out_dir):  # a refusal after the reference leg leaves nothing behind
         out_dir.mkdir(parents=True, exist_ok=True)
