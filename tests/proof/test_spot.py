@@ -241,9 +241,12 @@ def test_a_bundle_with_checkpoints_is_spot_checked_elsewhere(
     a bundle. A bundle without checkpoints is refused, saying how to pack one."""
     bundle = tmp_path / "elsewhere" / "run.tar.gz"
     bundle.parent.mkdir()
-    tiny_project.run_cli("pack", str(reference), "-o", str(bundle), "--checkpoints", "--with-data")
+    packed = tiny_project.run_cli("pack", str(reference), "-o", str(bundle), "--checkpoints", "--with-data")
+    saved = sorted(path.name for path in (reference / "checkpoints").iterdir())
+    assert f"checkpoints     {len(saved)} ({', '.join(saved)})" in packed.stdout, packed.stdout
     bare = tmp_path / "elsewhere" / "bare.tar.gz"
-    tiny_project.run_cli("pack", str(reference), "-o", str(bare), "--with-data")
+    packed = tiny_project.run_cli("pack", str(reference), "-o", str(bare), "--with-data")
+    assert "  checkpoints  " not in packed.stdout and "spot-check it" not in packed.stdout
     hidden = [tiny_project.root / "data.jsonl", reference]
     for path in hidden:
         path.rename(path.with_name(path.name + ".away"))

@@ -125,10 +125,12 @@ def pin_cpu_isa_of_bundle(bundle: Path) -> None:
     import json
 
     from reprotune._errors import InputError
+    from reprotune._proof.bundle import run_member
     from reprotune._proof.unpack import read_member
+    from reprotune._run.layout import RECORD
 
     try:
-        raw = read_member(bundle, "run/record.json")
+        raw = read_member(bundle, run_member(RECORD))
         record = json.loads(raw) if raw is not None else {}
         cpu_isa = record["config"]["determinism"].get("cpu_isa", "native")
     except (InputError, OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):

@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reprotune._proof.bundle import pack
+    from reprotune._proof.bundle import pack, run_member
+    from reprotune._run.layout import CHECKPOINTS
 
     manifest = pack(
         args.run_dir,
@@ -53,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         data = "included" if manifest["data"] else "not included (rerun needs --data PATH)"
     print(f"  data            {data}")
-    checkpoints = sorted({name.split("/")[2] for name in members if name.startswith("run/checkpoints/")})
+    inside = run_member(CHECKPOINTS, "")
+    checkpoints = sorted({name[len(inside) :].split("/")[0] for name in members if name.startswith(inside)})
     if checkpoints:
         print(f"  checkpoints     {len(checkpoints)} ({', '.join(checkpoints)})")
         print(f"  spot-check it   reprotune verify {args.out} --spot")

@@ -31,6 +31,13 @@ from reprotune._run.rundir import check_is_run_dir
 
 MANIFEST = "bundle.json"
 RUN = "run"  # members of the run directory live under run/
+
+
+def run_member(*parts: str) -> str:
+    """The member name of a run directory's file in a bundle: ``run/record.json``."""
+    return "/".join((RUN, *parts))
+
+
 DATA = "data"  # the data file, with --with-data, under data/
 
 
@@ -72,7 +79,7 @@ def pack(
     )
     files: dict[str, Path] = {}
     for path in _run_files(paths) + (_checkpoint_files(paths) if with_checkpoints else []):
-        files[f"{RUN}/{path.relative_to(run_dir).as_posix()}"] = path
+        files[run_member(path.relative_to(run_dir).as_posix())] = path
     data_info: dict[str, Any] | None = None
     if data_file is not None:
         files[f"{DATA}/{data_file.name}"] = data_file

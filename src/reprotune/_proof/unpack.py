@@ -25,7 +25,7 @@ from typing import Any
 from reprotune._errors import InputError
 from reprotune._formats import BUNDLE
 from reprotune._jsonio import publishing_dir
-from reprotune._proof.bundle import DATA, MANIFEST, RUN
+from reprotune._proof.bundle import DATA, MANIFEST, RUN, run_member
 from reprotune._run import layout
 from reprotune._run.outputs import refuse_nonempty_dir
 
@@ -175,8 +175,8 @@ def _extract_checked(bundle: Path, root: Path) -> dict[str, Any]:
     missing = sorted(set(listed) - seen)
     if missing:
         raise _refused(bundle, f"bundle.json lists members the bundle lacks: {missing}")
-    if f"{RUN}/{layout.RECORD}" not in seen:
-        raise _refused(bundle, f"the bundle holds no {RUN}/{layout.RECORD}")
+    if run_member(layout.RECORD) not in seen:
+        raise _refused(bundle, f"the bundle holds no {run_member(layout.RECORD)}")
     return manifest
 
 
