@@ -23,7 +23,9 @@ th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertic
 th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 code, td.val { font-family: ui-monospace, monospace; word-break: break-all; }
 figure { margin: 0.6em 0; } img, svg { max-width: 100%; height: auto; }
-.verdict { padding: 0.1em 0.5em; border-radius: 0.3em; color: #fff; }
+.verdict { padding: 0.1em 0.5em; border-radius: 0.3em; color: #fff; font-weight: 600; }
+.verdict.IDENTICAL, .verdict.WITHIN_TOLERANCE, .verdict.within { background: #2e7d32; }
+.verdict.DIVERGED, .verdict.beyond { background: #c62828; } .verdict.INCOMPARABLE { background: #6a1b9a; }
 """
 
 
@@ -61,8 +63,9 @@ def cell(value: Any, *, absent: str = "(absent)") -> str:
 
 
 def badge(kind: str, label: str) -> str:
-    """A verdict's coloured label: ``kind`` picks the colour (a page's ``.verdict.KIND`` rule),
-    ``label`` is what it says."""
+    """A verdict's coloured label: ``kind`` picks the colour (:data:`CSS`: green for IDENTICAL,
+    WITHIN_TOLERANCE and a study's ``within``, red for DIVERGED and ``beyond``, purple for
+    INCOMPARABLE), ``label`` is what it says."""
     return f'<span class="verdict {escape(kind)}">{escape(label)}</span>'
 
 

@@ -26,8 +26,6 @@ from reprotune._version import __version__
 _CSS = """
 table.diffs td:nth-child(2) { white-space: nowrap; } table.runs td:nth-child(4) { white-space: nowrap; }
 .glance li { margin: 0.3em 0; }
-.IDENTICAL, .WITHIN_TOLERANCE { background: #2e7d32; } .DIVERGED { background: #c62828; }
-.INCOMPARABLE { background: #6a1b9a; }
 """
 
 

@@ -22,11 +22,6 @@ from reprotune._studies.stats import shares_line, source_label
 from reprotune._studies.twosample import percent
 from reprotune._version import __version__
 
-_CSS = """
-.verdict { padding: 0.2em 0.5em; font-weight: 600; }
-.beyond { background: #c62828; } .within { background: #2e7d32; }
-"""
-
 
 def write_study_report(study: Mapping[str, Any], out: str | Path) -> Path:
     """Write the HTML report of ``study`` (``study.json`` content) to ``out`` atomically."""
@@ -43,7 +38,7 @@ def write_significance_report(
 def render_study(study: Mapping[str, Any]) -> str:
     """The study report's HTML text."""
     sid = study["study_id"]
-    parts = head(f"reprotune seed study: {sid}", _CSS)
+    parts = head(f"reprotune seed study: {sid}")
     parts += [
         f"<h1>Seed study <code>{escape(sid)}</code></h1>",
         f"<p>Written by reprotune {escape(__version__)}. Status: {escape(study['status'])}. "
@@ -113,7 +108,7 @@ def render_significance(result: Significance, study_a: Mapping[str, Any], study_
     """The significance report's HTML text: verdict, both studies side by side, what differs."""
     t = result.test
     css = "beyond" if t.beyond_noise else "within"
-    parts = head(f"reprotune significance: {result.study_id_a} vs {result.study_id_b}", _CSS)
+    parts = head(f"reprotune significance: {result.study_id_a} vs {result.study_id_b}")
     parts += [
         "<h1>Beyond seed noise?</h1>",
         f"<p>{badge(css, result.verdict)}</p>",
