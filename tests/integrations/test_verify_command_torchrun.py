@@ -113,6 +113,24 @@ def test_a_leg_whose_child_ignores_sigterm_is_killed_after_the_grace(
     assert _still_running(script) == []
 
 
+def test_a_killed_member_of_a_legs_group_is_gone_before_it_is_reaped() -> None:
+    """The stop's "is any of the group still there" counts running processes: one killed and not
+    yet reaped (a zombie) has ended, so the stop does not wait out its grace for it."""
+    process = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        assert command_legs._group_alive(process.pid)
+        process.kill()
+        deadline = time.monotonic() + 10
+        while psutil.Process(process.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert psutil.Process(process.pid).status() == psutil.STATUS_ZOMBIE  # killed, not reaped
+        assert not command_legs._group_alive(process.pid)
+    finally:
+        process.kill()
+        process.wait()
+    assert not command_legs._group_alive(process.pid)
+
+
 def _still_running(script: Path) -> list[psutil.Process]:
     """The processes running ``script`` that have not ended. A zombie has ended: killed, it waits
     only for its parent to read its exit status, and a grandchild whose parent (``sh``) was killed

@@ -180,8 +180,21 @@ def _signal_group(group: int, sig: int, process: subprocess.Popen[bytes]) -> Non
 
 
 def _group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
+    """Whether a process of ``group`` is still running. A zombie is not: it has ended and waits
+    for its parent (a grandchild whose ``sh`` was killed waits for init, which in a container
+    may not reap it soon), so on Linux the group's members are read from /proc."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").is_file():
+        try:
+            os.killpg(group, 0)  # elsewhere: any member, zombies included
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)"
+        except (OSError, IndexError):
+            continue  # ended while read
+        if len(fields) > 2 and fields[2] == str(group) and fields[0] != "Z":
+            return True
+    return False
