@@ -1,0 +1,76 @@
+"""bench/portable_bytes.py, the cross-machine check of the quickstart's bytes: which modes this CPU
+can hold, and how one machine's bytes are judged against those recorded on others (the runs
+themselves are the script's, about a minute each, not the suite's)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from reprotune._determinism.cpu import cpu_vendor
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "portable_bytes.py"
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("portable_bytes", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(mode: str, machine: str, adapter: str, torch: str = "2.13.0") -> dict[str, Any]:
+    return {
+        "mode": mode,
+        "machine": machine,
+        "adapter_sha256": adapter,
+        "ledger_sha256": adapter * 2,
+        "torch": torch,
+    }
+
+
+def test_the_modes_tried_are_those_this_cpu_can_hold() -> None:
+    modes = _script().holdable_modes()
+    assert modes[0] == "native" and "avx2-compatible" in modes
+    assert ("avx2-amd" in modes) == (cpu_vendor() == "AuthenticAMD")
+    assert ("avx2" in modes) == (cpu_vendor() == "GenuineIntel")
+
+
+def test_a_portable_mode_is_judged_against_the_same_mode_elsewhere() -> None:
+    """Same mode, same torch: MATCH, or DIFFER (a broken promise, but for native, which differs
+    between CPUs by design); another mode's equal bytes are named (a portable mode giving another
+    machine's native bytes); another torch is not compared."""
+    judge = _script().judge
+    recorded = [
+        _row("avx2-amd", "EPYC 9", "a"),
+        _row("native", "EPYC 7", "a"),
+        _row("native", "Xeon", "x"),
+        _row("avx2-amd", "EPYC 9 old stack", "z", torch="2.12.0"),
+    ]
+    lines, broken = judge(_row("avx2-amd", "here", "a"), recorded)
+    assert lines == ["    MATCH  avx2-amd on EPYC 9", "    EQUALS native on EPYC 7"] and not broken
+    lines, broken = judge(_row("avx2-amd", "here", "b"), recorded)
+    assert lines == ["    DIFFER avx2-amd on EPYC 9"] and broken
+    lines, broken = judge(_row("native", "here", "n"), recorded)
+    assert lines == ["    DIFFER native on EPYC 7", "    DIFFER native on Xeon"] and not broken
+    lines, _ = judge(_row("native", "here", "n", torch="2.14.0"), recorded)
+    assert lines == ["    nothing recorded with torch 2.14.0: no comparison"]
+
+
+def test_recording_replaces_this_machines_rows_for_the_modes_run(tmp_path: Path) -> None:
+    script = _script()
+    script.RECORDED = tmp_path / "bytes.json"
+    old = [_row("native", "here", "o"), _row("avx2-amd", "here", "k"), _row("native", "there", "t")]
+    script.RECORDED.write_text(json.dumps({"recorded": old}))
+    script.record_rows("here", [{**_row("native", "x", "n"), "vendor": "AuthenticAMD"}], "today")
+    rows = json.loads(script.RECORDED.read_text())["recorded"]
+    assert [(r["machine"], r["mode"], r["adapter_sha256"]) for r in rows] == [
+        ("here", "avx2-amd", "k"),
+        ("here", "native", "n"),
+        ("there", "native", "t"),
+    ]
+    assert rows[1]["when"] == "today" and rows[1]["vendor"] == "AuthenticAMD"
