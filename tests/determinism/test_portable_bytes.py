@@ -4,23 +4,17 @@ themselves are the script's, about a minute each, not the suite's)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from benchscripts import load_bench_script
 from reprotune._determinism.cpu import cpu_vendor
-
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "portable_bytes.py"
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("portable_bytes", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("portable_bytes")
 
 
 def _row(mode: str, machine: str, adapter: str, torch: str = "2.13.0") -> dict[str, Any]:

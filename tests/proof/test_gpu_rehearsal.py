@@ -15,7 +15,6 @@ running the script as a whole in a new interpreter (70.7 s against 40.0 s, one r
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -24,20 +23,17 @@ from types import ModuleType
 
 import pytest
 
+from benchscripts import BENCH, load_bench_script
 from tinyrun import TinyProject
 from warm import needs_cold_start, run_reprotune
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_determinism.py"
+SCRIPT = BENCH / "gpu_determinism.py"
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_determinism", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("gpu_determinism")
 
 
 def test_the_gpu_script_rehearsed_on_the_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
