@@ -14,6 +14,7 @@ from typing import Any
 
 from reprotune._errors import InputError
 from reprotune._run import layout
+from reprotune._run.record import Status
 
 #: The keys of a record's ``code`` section that identify the code.
 CODE_IDENTITY: tuple[str, ...] = ("commit", "dirty", "diff_sha256")
@@ -58,7 +59,7 @@ def refuse_code_drift(
     return drift
 
 
-def refuse_completed(status: str | None, run_dir: Path, *, fix: str | None = None) -> None:
+def refuse_completed(status: Status | None, run_dir: Path, *, fix: str | None = None) -> None:
     """Raise when the run to resume has completed: there is nothing to resume.
 
     Args:

@@ -134,7 +134,7 @@ def check_resumable(
     with other settings or code than the run's."""
     if not branching:
         refuse_completed(
-            record.get("status"),
+            status_of(record),
             paths.root,
             fix="resume from its checkpoint into a new run_dir (a branch of this run, its history "
             "copied), or run the script again into a new run directory",

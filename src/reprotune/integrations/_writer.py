@@ -26,7 +26,7 @@ from reprotune._jsonio import publishing_dir, sha256_file, write_bytes_atomic, w
 from reprotune._model.lora import save_adapter, trainable_tensors
 from reprotune._run.drift import environment_drift
 from reprotune._run.layout import RunLayout
-from reprotune._run.ledger import Entry, LedgerWriter, read_ledger, truncate_ledger
+from reprotune._run.ledger import Entry, LedgerWriter, init_line, read_ledger, truncate_ledger
 from reprotune._run.live_record import LiveRecord
 from reprotune._run.lock import RunDirLock, lock_run_dir
 from reprotune._run.outputs import refuse_inside_run
@@ -97,7 +97,7 @@ class TrainerRun(RunWriter):
             raise
         writer = cls(paths, live, lock, trackers)
         writer.recorded = True
-        writer.ledger.write({"kind": "init", "step": 0, "weights_sha256": init_weights_sha256})
+        writer.ledger.write(init_line(init_weights_sha256))
         writer.start_trackers()
         return writer
 
