@@ -19,7 +19,6 @@ with probability (intervals replayed) / (intervals in the run) for an interval p
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from reprotune._errors import InputError
-from reprotune._jsonio import read_json_object, write_json_atomic
+from reprotune._jsonio import write_json_atomic
 from reprotune._proof.bundle import builtin_data
 from reprotune._proof.intervals import (
     DEFAULT_BUDGET,
@@ -51,7 +50,12 @@ from reprotune._proof.verification import (
     outcome,
     progress_line,
 )
-from reprotune._run.checkpoint_files import STATE_FILE, checkpoint_dir, list_checkpoints, verify_checkpoint
+from reprotune._run.checkpoint_files import (
+    checkpoint_dir,
+    list_checkpoints,
+    read_state_file,
+    verify_checkpoint,
+)
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
 from reprotune._run.outputs import refuse_nonempty_dir, refuse_overwrite
@@ -181,7 +185,7 @@ def _checkpoints(run_dir: Path, total: int, progress: Callable[[str], None]) -> 
     for path in list_checkpoints(RunLayout(run_dir).checkpoints):
         problem = verify_checkpoint(path)
         if problem is None:
-            step = int(json.loads((path / STATE_FILE).read_text(encoding="utf-8"))["step"])
+            step = read_state_file(path).step
             steps += [step] if step < total else []
             continue
         progress(f"warning: checkpoint {path} is refused: {problem}; its intervals cannot be checked")
@@ -270,25 +274,16 @@ def _end_state(reference: Path, replay: Path, end: int, total: int) -> tuple[str
     """What the interval's end state was checked against, and whether it matched."""
     if end == total:
         return adapter_state(reference, replay)
-    ours_state, theirs_state = (
-        _state(checkpoint_dir(RunLayout(replay).checkpoints, end)),
-        _state(checkpoint_dir(RunLayout(reference).checkpoints, end)),
+    ours, theirs = (
+        read_state_file(checkpoint_dir(RunLayout(run).checkpoints, end)) for run in (replay, reference)
     )
-    keys = ("step", "position", "files")
-    differing = [k for k in keys if ours_state.get(k) != theirs_state.get(k)]
+    differing = [k for k in ("step", "position", "files") if getattr(ours, k) != getattr(theirs, k)]
     if not differing:
         return f"checkpoint {end}: weights, optimizer, scheduler and RNG files identical", True
-    files = ours_state.get("files") or {}
     other = [
-        f
-        for f in sorted(set(files) | set(theirs_state.get("files") or {}))
-        if files.get(f) != (theirs_state.get("files") or {}).get(f)
+        f for f in sorted(set(ours.files) | set(theirs.files)) if ours.files.get(f) != theirs.files.get(f)
     ]
     return f"checkpoint {end} differs: {', '.join(other) or ', '.join(differing)}", False
-
-
-def _state(checkpoint: Path) -> dict[str, Any]:
-    return read_json_object(checkpoint / STATE_FILE)
 
 
 def _judge_control(reference: Path, control: PlannedControl) -> Leg:

@@ -57,6 +57,7 @@ from reprotune._run.checkpoint_files import (
     _state_sha256,
     checkpoint_dir,
     list_checkpoints,
+    read_state_file,
     verify_checkpoint,
 )
 from reprotune._run.checkpoint_shapes import check_state_shapes, optimizer_state_by_name, trainable_shapes
@@ -378,7 +379,7 @@ def read_rank_checkpoint(path: Path) -> RankCheckpoint:
 
 def _read_state(path: Path) -> tuple[StateFile, CheckpointState]:
     """A checkpoint's ``state.json`` (verified by ``verify_checkpoint``), and where the run stood."""
-    manifest = StateFile.model_validate_json((path / STATE_FILE).read_bytes())
+    manifest = read_state_file(path)
     return manifest, CheckpointState(step=manifest.step, epoch=manifest.epoch, position=manifest.position)
 
 

@@ -56,6 +56,11 @@ class StateFile(BaseModel):
     state_sha256: str
 
 
+def read_state_file(path: Path) -> StateFile:
+    """The ``state.json`` of the checkpoint at ``path``, which :func:`verify_checkpoint` passed."""
+    return StateFile.model_validate_json((path / STATE_FILE).read_bytes())
+
+
 def _state_sha256(state: dict[str, Any]) -> str:
     """sha256 of state.json's content without its own ``state_sha256`` key, as canonical JSON."""
     body = {k: v for k, v in state.items() if k != "state_sha256"}
