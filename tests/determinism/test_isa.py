@@ -194,3 +194,19 @@ def test_a_bundle_of_a_portable_run_reruns_in_its_mode(portable: TinyProject, tm
     assert "IDENTICAL" in done.stdout
     kernels = json.loads((tmp_path / "rerun" / "rerun" / "record.json").read_text())["environment"]["kernels"]
     assert kernels["portable"] == {"cpu_isa": mode}
+
+
+def test_a_run_made_in_the_amd_mode_is_refused_on_intel_saying_where_it_replays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`trace`/`rerun` of a run made in avx2-amd on an Intel CPU: refused (exit 2 from the CLI)
+    naming the recorded mode and the vendor, and saying which CPU can replay it."""
+    from reprotune._cli._options import _pin_recorded
+
+    monkeypatch.setattr(isa, "cpu_vendor", lambda: "GenuineIntel")
+    monkeypatch.setattr(isa, "cpu_flags", lambda: frozenset({"avx", "avx2", "fma", "f16c"}))
+    with pytest.raises(InputError) as info:
+        _pin_recorded("avx2-amd", "the run in runs/r")
+    assert info.value.message.startswith("the run in runs/r was made in determinism.cpu_isa 'avx2-amd'")
+    assert "cannot be put in force on this GenuineIntel CPU" in info.value.message
+    assert "avx2-amd an AMD one" in (info.value.fix or "")

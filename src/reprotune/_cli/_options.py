@@ -151,6 +151,6 @@ def _pin_recorded(cpu_isa: str, what: str) -> None:
             f"{what} was made in determinism.cpu_isa {cpu_isa!r}, which this command replays it in: "
             f"{exc.message}",
             source=f"{what} (determinism.cpu_isa)",
-            fix="unset the variables named (the mode sets them itself), or replay it on a CPU that has "
-            "the mode's instructions",
+            fix="unset the variables named (the mode sets them itself), or replay it on a CPU that can "
+            "hold the mode (its instructions; avx2 and avx512 need an Intel CPU, avx2-amd an AMD one)",
         ) from None
