@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reprotune._proof.verification import Leg
+from reprotune._proof.verification import Leg, LegVerdict
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import read_ledger
 from reprotune._run.record import read_record
@@ -110,7 +110,7 @@ def judge_interval(
     }
     if first is not None:
         evidence["first_divergence"], evidence["differing"] = first
-    verdict = "IDENTICAL" if first is None and end_state[1] else "DIVERGED"
+    verdict: LegVerdict = "IDENTICAL" if first is None and end_state[1] else "DIVERGED"
     note = f"{interval.why}; from {origin}"
     leg = Leg(
         interval.name, str(leg_dir), "IDENTICAL", verdict, verdict == "IDENTICAL", evidence, note, prefix=True

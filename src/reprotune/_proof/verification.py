@@ -10,13 +10,21 @@ from typing import Any, Literal
 
 from reprotune._formats import VERIFICATION
 from reprotune._proof.compare import compare_runs
-from reprotune._proof.differences import Comparison
+from reprotune._proof.differences import Comparison, Verdict
 from reprotune._run.layout import RunLayout
 from reprotune._run.record import read_record
 
 Mode = Literal["fast", "thorough", "spot"]
 Outcome = Literal["PASS", "FAIL"]
 Expected = Literal["IDENTICAL", "DIVERGED"]
+#: What a leg showed: a comparison's verdict with the reference, or FAILED (its process failed).
+LegVerdict = Literal["IDENTICAL", "WITHIN_TOLERANCE", "DIVERGED", "INCOMPARABLE", "FAILED"]
+_JUDGED: dict[Verdict, LegVerdict] = {
+    Verdict.IDENTICAL: "IDENTICAL",
+    Verdict.WITHIN_TOLERANCE: "WITHIN_TOLERANCE",
+    Verdict.DIVERGED: "DIVERGED",
+    Verdict.INCOMPARABLE: "INCOMPARABLE",
+}
 
 
 @dataclass(frozen=True)
@@ -27,7 +35,7 @@ class Leg:
     name: str
     run_dir: str
     expected: Expected
-    verdict: str | None = None
+    verdict: LegVerdict | None = None
     passed: bool | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
     note: str | None = None
@@ -131,7 +139,7 @@ def judge_leg(leg: Leg, reference: Path, *, prefix: bool = False) -> tuple[Leg, 
     judged = replace(
         leg,
         prefix=prefix,
-        verdict=str(cmp.verdict),
+        verdict=_JUDGED[cmp.verdict],
         passed=cmp.verdict == leg.expected,
         evidence=evidence,
     )

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from reprotune._eval.compare import compare_evals, latest_pairs
+from reprotune._eval.compare import EvalVerdict, compare_evals, latest_pairs
 from reprotune._eval.layout import run_evals
 from reprotune._proof.verification import Leg
 
@@ -33,7 +33,7 @@ def eval_leg(reference: Path, rerun: Path, run: Callable[..., float], progress: 
     if not pairs:
         why = "the two runs have no evals made with the same settings to compare"
         return Leg(EVAL_LEG, "", "IDENTICAL", passed=False, note=why, wall_s=wall_s)
-    verdicts: list[str] = []
+    verdicts: list[EvalVerdict] = []
     evidence: dict[str, Any] = {}
     note: str | None = None
     for a, b in pairs:
@@ -42,7 +42,7 @@ def eval_leg(reference: Path, rerun: Path, run: Callable[..., float], progress: 
         evidence[b.name] = {"a": str(a), "rows": cmp.rows_compared, "rows_differing": len(cmp.rows_differing)}
         if cmp.verdict != "IDENTICAL" and note is None:
             note = f"eval {b.name}: " + (cmp.causes[0] if cmp.causes else cmp.verdict)
-    verdict = next((v for v in verdicts if v != "IDENTICAL"), "IDENTICAL")
+    verdict: EvalVerdict = next((v for v in verdicts if v != "IDENTICAL"), "IDENTICAL")
     progress(f"  {EVAL_LEG}: {verdict} (must be IDENTICAL)")
     return Leg(
         EVAL_LEG,
