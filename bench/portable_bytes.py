@@ -7,7 +7,8 @@ For each mode (default: ``native`` and every portable mode this CPU can hold: ``
 ``avx512`` on Intel, ``avx2-amd`` on AMD, ``avx2-compatible`` on both) it runs
 ``reprotune run examples/quickstart.yaml --set tracking.mlflow=false --set determinism.cpu_isa=MODE``
 in a fresh process and hashes the adapter and ledger. Then, against every machine recorded in
-``bench/portable_bytes.json`` with the same torch version: for the same mode, MATCH or DIFFER; for
+``bench/portable_bytes.json`` with the same torch version (this machine's own earlier rows
+included, under its label: a rerun here checks them too): for the same mode, MATCH or DIFFER; for
 any mode, which recorded bytes it equals (a portable mode that gives another machine's ``native``
 bytes reproduces that machine's run). This is how a bitwise claim across machines is carried from
 one machine to the next: run it, read the verdicts, and ``--record LABEL`` to add this machine's
@@ -15,7 +16,8 @@ rows (replacing its own earlier ones) to the file, to commit.
 
 Exit 1 when a portable mode's bytes DIFFER from those recorded for the same mode on a machine with
 the same torch (the mode's promise broken there, or the quickstart computes something else now:
-``native`` on a machine recorded before tells which); 0 otherwise.
+``native`` on a machine recorded before tells which); 2 when a ``--mode`` asked for cannot be
+held by this CPU; 0 otherwise.
 """
 
 from __future__ import annotations

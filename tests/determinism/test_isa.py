@@ -210,3 +210,17 @@ def test_a_run_made_in_the_amd_mode_is_refused_on_intel_saying_where_it_replays(
     assert info.value.message.startswith("the run in runs/r was made in determinism.cpu_isa 'avx2-amd'")
     assert "cannot be put in force on this GenuineIntel CPU" in info.value.message
     assert "avx2-amd an AMD one" in (info.value.fix or "")
+
+
+def test_the_amd_modes_knobs_on_an_intel_cpu_are_read_back_as_native(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every knob of avx2-amd in force (ATen AVX2, MKL AUTO,STRICT) names the mode on an AMD CPU;
+    the same knobs on an Intel CPU are not the mode (MKL's AUTO picks an Intel branch there)."""
+    import torch
+
+    environ = dict(isa.BASELINES["avx2-amd"].env)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    monkeypatch.setattr(isa, "mkl_cbwr", lambda: "AUTO,STRICT")
+    monkeypatch.setattr(isa, "cpu_vendor", lambda: "AuthenticAMD")
+    assert isa.isa_in_force(environ)["cpu_isa"] == "avx2-amd"
+    monkeypatch.setattr(isa, "cpu_vendor", lambda: "GenuineIntel")
+    assert isa.isa_in_force(environ)["cpu_isa"] == "native"

@@ -341,3 +341,12 @@ def test_a_tracker_that_fails_never_changes_the_verdict(tiny_project: TinyProjec
     assert "verify: PASS  (spot" in done.stdout
     warnings = [line for line in done.stdout.splitlines() if "could not put the verdict on MLflow" in line]
     assert len(warnings) == 1 and str(broken) in warnings[0]
+
+
+def test_a_replay_that_left_no_checkpoint_at_its_end_is_a_differing_end_state(tmp_path: Path) -> None:
+    """An interval's replay whose end checkpoint is missing (or damaged) is judged, not a crash:
+    its end state differs, saying why."""
+    from reprotune._proof.spot import _end_state
+
+    said, matched = _end_state(tmp_path / "reference", tmp_path / "replay", 5, 10)
+    assert not matched and said.startswith("checkpoint 5 of the replay is refused: state.json unreadable")

@@ -188,14 +188,16 @@ def _require_vendor(baseline: Baseline) -> None:
     if baseline.vendor is None or vendor in (None, baseline.vendor):
         return
     if baseline.vendor == INTEL:
-        why = f"MKL takes its {baseline.mkl_cbwr.split(',')[0]} reproducibility branch on Intel CPUs only"
+        why = (
+            f"MKL takes its {baseline.mkl_cbwr.split(',')[0]} reproducibility branch on Intel CPUs only "
+            "(elsewhere it picks its own code path)"
+        )
         ours = "avx2-amd (the same bits on AMD CPUs with AVX2)" if vendor == AMD else None
     else:
-        why = "it pins MKL's own AMD code path, which MKL takes on AMD CPUs only"
+        why = "it pins MKL's own AMD code path (on other CPUs MKL picks another one under the same settings)"
         ours = "avx2 (the same bits on Intel CPUs with AVX2)" if vendor == INTEL else None
     raise InputError(
-        f"determinism.cpu_isa {baseline.name!r} cannot be put in force on this {vendor} CPU: {why} "
-        "(elsewhere it picks its own code path)",
+        f"determinism.cpu_isa {baseline.name!r} cannot be put in force on this {vendor} CPU: {why}",
         source="determinism.cpu_isa",
         fix=f"use determinism.cpu_isa: {ours + ', or ' if ours else ''}avx2-compatible (MKL's "
         "vendor-neutral branch: the same bits on Intel and AMD CPUs with AVX2, slower), or native",

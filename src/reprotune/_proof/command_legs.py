@@ -182,19 +182,24 @@ def _signal_group(group: int, sig: int, process: subprocess.Popen[bytes]) -> Non
 def _group_alive(group: int) -> bool:
     """Whether a process of ``group`` is still running. A zombie is not: it has ended and waits
     for its parent (a grandchild whose ``sh`` was killed waits for init, which in a container
-    may not reap it soon), so on Linux the group's members are read from /proc."""
-    proc = Path("/proc")
-    if not (proc / "self" / "stat").is_file():
+    may not reap it soon), so where /proc lists the group's members their states decide."""
+    try:
+        os.killpg(group, 0)  # any member, zombies included
+    except (ProcessLookupError, PermissionError):
+        return False
+    states = _member_states(group)
+    return not states or any(state != b"Z" for state in states)  # none seen: /proc cannot tell
+
+
+def _member_states(group: int) -> list[bytes]:
+    """The states (``R``, ``S``, ``Z``...) of the processes /proc lists in ``group``; empty where
+    /proc lists none (not Linux, or another pid namespace)."""
+    states = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            os.killpg(group, 0)  # elsewhere: any member, zombies included
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
-    for stat in proc.glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)"
+            fields = stat.read_bytes().rsplit(b")", 1)[1].split()  # after "pid (comm)": any bytes
         except (OSError, IndexError):
             continue  # ended while read
-        if len(fields) > 2 and fields[2] == str(group) and fields[0] != "Z":
-            return True
-    return False
+        if len(fields) > 2 and fields[2] == str(group).encode():
+            states.append(fields[0])
+    return states

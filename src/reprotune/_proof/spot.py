@@ -49,6 +49,7 @@ from reprotune._proof.verification import (
     machine_summary,
     outcome,
     progress_line,
+    recorded_total_steps,
 )
 from reprotune._run.checkpoint_files import (
     checkpoint_dir,
@@ -105,7 +106,7 @@ def spot_verify(
         what="spot-checking it",
         report=progress,
     )
-    total = int(record["data"]["order"]["total_steps"])
+    total = recorded_total_steps(reference)
     states, refused = _checkpoints(reference, total, progress)
     intervals = plan_intervals(states, total, budget=budget, seed=seed)
     if bundle is None:
@@ -274,9 +275,12 @@ def _end_state(reference: Path, replay: Path, end: int, total: int) -> tuple[str
     """What the interval's end state was checked against, and whether it matched."""
     if end == total:
         return adapter_state(reference, replay)
-    ours, theirs = (
-        read_state_file(checkpoint_dir(RunLayout(run).checkpoints, end)) for run in (replay, reference)
-    )
+    ours_dir = checkpoint_dir(RunLayout(replay).checkpoints, end)
+    problem = verify_checkpoint(ours_dir)  # the reference's were verified before any replay
+    if problem is not None:
+        return f"checkpoint {end} of the replay is refused: {problem}", False
+    ours = read_state_file(ours_dir)
+    theirs = read_state_file(checkpoint_dir(RunLayout(reference).checkpoints, end))
     differing = [k for k in ("step", "position", "files") if getattr(ours, k) != getattr(theirs, k)]
     if not differing:
         return f"checkpoint {end}: weights, optimizer, scheduler and RNG files identical", True

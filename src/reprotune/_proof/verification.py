@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from reprotune._errors import InputError
 from reprotune._formats import VERIFICATION
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.differences import Comparison, Verdict
@@ -243,6 +244,24 @@ def coverage_lines(spot: dict[str, Any] | None) -> list[str]:
         f"(budget {spot['budget']:g}, seed {spot['seed']})",
         f"  proves: {spot['proves']}",
     ]
+
+
+def recorded_total_steps(run_dir: Path) -> int:
+    """The run's optimizer steps, from its record's data order.
+
+    Raises:
+        InputError: the record holds no ``data.order.total_steps`` (a run made by another tool).
+    """
+    data = read_record(RunLayout(run_dir).record).data
+    order = (data.model_extra or {}).get("order") if data is not None else None
+    total = order.get("total_steps") if isinstance(order, dict) else None
+    if not isinstance(total, int):
+        raise InputError(
+            f"the record of {run_dir} holds no data.order.total_steps",
+            source=str(RunLayout(run_dir).record),
+            fix="the record was edited or written by another tool; rerun to regenerate it",
+        )
+    return total
 
 
 def train_seconds(run_dir: Path, *, since: int = 0) -> float | None:

@@ -58,6 +58,7 @@ from reprotune._proof.verification import (
     machine_summary,
     outcome,
     progress_line,
+    recorded_total_steps,
 )
 from reprotune._proof.verify_eval import eval_leg
 from reprotune._run.layout import RunLayout, VerifyLayout
@@ -134,7 +135,7 @@ def verify_config(
         ctx.reprotune("run", str(paths.config), "--run-dir", str(ctx.reference), *_QUIET)
     else:
         progress(f"verify: reference is the existing run {ctx.reference}")
-    total = _total_steps(ctx.reference)
+    total = recorded_total_steps(ctx.reference)
     stop = _resume_point(cfg, total) if resume else None
     started = time.perf_counter()
     legs = (_thorough_legs if thorough else _fast_legs)(ctx, control_seed, stop, total)
@@ -183,8 +184,9 @@ def _check_options(cfg: ExperimentConfig, out_dir: Path, control_seed: str, refe
         )
     if reference is not None:
         _check_reference(reference, cfg)
-    begun = VerifyLayout(out_dir)  # a verification writes its log first and its verdict last
-    if out_dir.is_dir() and begun.log.is_file() and not begun.verification.exists():
+    begun = VerifyLayout(out_dir)  # a verification writes its config and log first, its verdict last
+    started = begun.config.is_file() or begun.log.is_file()
+    if out_dir.is_dir() and started and not begun.verification.exists():
         raise InputError(
             f"verification directory {out_dir} holds a verification that did not finish "
             "(interrupted, or still running): its legs cannot be trusted to continue",
@@ -360,19 +362,6 @@ def _numbers_config(cfg: ExperimentConfig) -> str:
     """The config's identity without ``tracking``, which cannot change the numbers (compare treats
     it so): a reference mirrored elsewhere, or not at all, is still a reference of this config."""
     return config_sha256(cfg.model_copy(update={"tracking": type(cfg.tracking)()}))
-
-
-def _total_steps(run_dir: Path) -> int:
-    data = read_record(RunLayout(run_dir).record).data
-    order = (data.model_extra or {}).get("order") if data is not None else None
-    total = order.get("total_steps") if isinstance(order, dict) else None
-    if not isinstance(total, int):
-        raise InputError(
-            f"the record of {run_dir} holds no data.order.total_steps",
-            source=str(RunLayout(run_dir).record),
-            fix="the record was edited or written by another tool; rerun to regenerate it",
-        )
-    return total
 
 
 def _run_seconds(run_dir: Path) -> float | None:

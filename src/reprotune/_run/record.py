@@ -230,7 +230,8 @@ def write_stopped_copy(
 ) -> RunRecord:
     """Write at ``target`` the record at ``source`` (a record or run directory) as that of a run
     stopped at a checkpoint copied beside it, to be resumed there (status ``stopped``; its data
-    path ``data_path`` when given: a bundle's data here); validated like every record written.
+    path ``data_path`` when given: a bundle's data here). The source is validated when read; the
+    copy changes only those two typed fields (numbers typed float are written as floats).
 
     Raises:
         InputError: the source record is missing or not valid.
