@@ -50,74 +50,48 @@ class Baseline:
     Attributes:
         name: the ``determinism.cpu_isa`` value.
         needs: the CPU flags (/proc/cpuinfo names) a machine must have.
+        env: the variables that pin it (:func:`_pins`).
         vendor: the one CPU vendor whose MKL code path the baseline pins (None: any vendor).
-        aten: ``torch.backends.cpu.get_cpu_capability()`` when the baseline is in force.
-        mkl_cbwr: MKL's CNR mode when in force (as ``MKL_CBWR`` spells it).
-        env: the variables that pin it.
     """
 
     name: str
     needs: tuple[str, ...]
-    aten: str
-    mkl_cbwr: str
     env: Mapping[str, str]
     vendor: str | None = INTEL
 
+    @property
+    def aten(self) -> str:
+        """``torch.backends.cpu.get_cpu_capability()`` when the baseline is in force."""
+        return self.env["ATEN_CPU_CAPABILITY"].upper()
 
+    @property
+    def mkl_cbwr(self) -> str:
+        """MKL's CNR mode when in force (as ``MKL_CBWR`` spells it)."""
+        return self.env["MKL_CBWR"]
+
+
+def _pins(isa: str, onednn: str, cbwr: str) -> dict[str, str]:
+    """The variables that pin ATen, MKL and oneDNN (and its older name) to ``isa``."""
+    return {
+        "ATEN_CPU_CAPABILITY": isa.lower(),
+        "MKL_ENABLE_INSTRUCTIONS": isa,
+        "MKL_CBWR": cbwr,
+        "ONEDNN_MAX_CPU_ISA": onednn,
+        "DNNL_MAX_CPU_ISA": onednn,
+    }
+
+
+_AVX2 = ("avx", "avx2", "fma", "f16c")
 BASELINES: dict[str, Baseline] = {
-    "avx2": Baseline(
-        name="avx2",
-        needs=("avx", "avx2", "fma", "f16c"),
-        aten="AVX2",
-        mkl_cbwr="AVX2,STRICT",
-        env={
-            "ATEN_CPU_CAPABILITY": "avx2",
-            "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-            "MKL_CBWR": "AVX2,STRICT",
-            "ONEDNN_MAX_CPU_ISA": "AVX2",
-            "DNNL_MAX_CPU_ISA": "AVX2",
-        },
-    ),
+    "avx2": Baseline("avx2", _AVX2, _pins("AVX2", "AVX2", "AVX2,STRICT")),
     "avx512": Baseline(
-        name="avx512",
-        needs=("avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl"),
-        aten="AVX512",
-        mkl_cbwr="AVX512,STRICT",
-        env={
-            "ATEN_CPU_CAPABILITY": "avx512",
-            "MKL_ENABLE_INSTRUCTIONS": "AVX512",
-            "MKL_CBWR": "AVX512,STRICT",
-            "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
-            "DNNL_MAX_CPU_ISA": "AVX512_CORE",
-        },
+        "avx512",
+        (*_AVX2, "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl"),
+        _pins("AVX512", "AVX512_CORE", "AVX512,STRICT"),
     ),
-    "avx2-amd": Baseline(
-        name="avx2-amd",
-        needs=("avx", "avx2", "fma", "f16c"),
-        aten="AVX2",
-        mkl_cbwr="AUTO,STRICT",
-        env={
-            "ATEN_CPU_CAPABILITY": "avx2",
-            "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-            "MKL_CBWR": "AUTO,STRICT",
-            "ONEDNN_MAX_CPU_ISA": "AVX2",
-            "DNNL_MAX_CPU_ISA": "AVX2",
-        },
-        vendor=AMD,
-    ),
+    "avx2-amd": Baseline("avx2-amd", _AVX2, _pins("AVX2", "AVX2", "AUTO,STRICT"), vendor=AMD),
     "avx2-compatible": Baseline(
-        name="avx2-compatible",
-        needs=("avx", "avx2", "fma", "f16c"),
-        aten="AVX2",
-        mkl_cbwr="COMPATIBLE,STRICT",
-        env={
-            "ATEN_CPU_CAPABILITY": "avx2",
-            "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-            "MKL_CBWR": "COMPATIBLE,STRICT",
-            "ONEDNN_MAX_CPU_ISA": "AVX2",
-            "DNNL_MAX_CPU_ISA": "AVX2",
-        },
-        vendor=None,
+        "avx2-compatible", _AVX2, _pins("AVX2", "AVX2", "COMPATIBLE,STRICT"), vendor=None
     ),
 }
 

@@ -340,9 +340,9 @@ def _lookup_vendor(facts: Mapping[str, Any]) -> str | None:
 
 def _shared_baseline(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
     """The portable CPU mode both machines ran in, when it is one and not ``native``."""
-    modes = {str((facts.get("portable") or {}).get("cpu_isa")) for facts in (a, b)}
-    mode = modes.pop() if len(modes) == 1 else "native"
-    return None if mode in ("native", "None") else mode
+    modes = {(facts.get("portable") or {}).get("cpu_isa") for facts in (a, b)}
+    mode = modes.pop() if len(modes) == 1 else None
+    return mode if isinstance(mode, str) and mode != "native" else None
 
 
 def _summarize(kind: str, diffs: list[Difference]) -> str:
