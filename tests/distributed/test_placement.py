@@ -14,6 +14,7 @@ from reprotune._config.loading import config_from_dict
 from reprotune._determinism.rng import capture_rng_state, ranks_rng_from_tensors, ranks_rng_to_tensors
 from reprotune._errors import ConfigError, InputError
 from reprotune._run.ranks import check_ranks_agree, check_resume_world, ranks_section
+from reprotune._run.record_sections import DistributedRecord
 from reprotune._train.distributed import (
     check_placement,
     micro_batch_seed,
@@ -155,7 +156,7 @@ def test_ranks_that_loaded_other_inputs_are_refused() -> None:
         (None, None, False, None),
         ({"world_size": 2}, 2, False, None),
         ({"world_size": 2}, 1, True, {"from": 2, "to": 1}),
-        ({"world_size": 2, "world_size_changes": [{"from": 2, "to": 1}]}, 1, False, None),
+        ({"world_size": 2, "world_size_changes": [{"from": 2, "to": 1, "at_step": 3}]}, 1, False, None),
     ],
     ids=["plain", "same-world", "allowed-change", "after-a-recorded-change"],
 )
@@ -164,7 +165,13 @@ def test_resume_world_sizes_that_may_go_on(
 ) -> None:
     """The same world size goes on; an allowed change is returned to be recorded; the world size
     a run trains at after a recorded change is the changed one."""
-    assert check_resume_world(recorded, now, allow_change=allow, run_dir="runs/A") == expected
+    section = _section(recorded)
+    assert check_resume_world(section, now, allow_change=allow, run_dir="runs/A") == expected
+
+
+def _section(recorded: dict[str, Any] | None) -> DistributedRecord | None:
+    """A record's ``distributed`` section as a record read from disk holds it (typed)."""
+    return DistributedRecord.model_validate(recorded) if recorded is not None else None
 
 
 @pytest.mark.parametrize(
@@ -182,11 +189,11 @@ def test_resume_world_sizes_that_are_refused(
     """Another world size without the flag, and a change of launcher even with it: refused with
     the command that resumes the run as it ran."""
     with pytest.raises(InputError) as caught:
-        check_resume_world(recorded, now, allow_change=False, run_dir="runs/A")
+        check_resume_world(_section(recorded), now, allow_change=False, run_dir="runs/A")
     assert words in str(caught.value)
     if recorded is None or now is None:
         with pytest.raises(InputError):
-            check_resume_world(recorded, now, allow_change=True, run_dir="runs/A")
+            check_resume_world(_section(recorded), now, allow_change=True, run_dir="runs/A")
 
 
 def test_an_unfinished_torchrun_run_is_told_to_resume_under_torchrun(tmp_path: Path) -> None:

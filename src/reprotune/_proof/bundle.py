@@ -26,7 +26,7 @@ from reprotune._jsonio import canonical_dumps, publishing_file, sha256_file
 from reprotune._run import layout
 from reprotune._run.checkpoint_files import list_checkpoints, verify_checkpoint
 from reprotune._run.outputs import refuse_overwrite, tar_archive
-from reprotune._run.record import load_record, record_config, status_of
+from reprotune._run.record import RunRecord, read_record, record_config
 from reprotune._run.rundir import check_is_run_dir
 
 MANIFEST = "bundle.json"
@@ -61,10 +61,10 @@ def pack(
     """
     check_is_run_dir(run_dir)
     paths = layout.RunLayout(run_dir)
-    record = load_record(paths.record)
-    if status_of(record) != "completed":
+    record = read_record(paths.record)
+    if record.status != "completed":
         raise InputError(
-            f"the run in {run_dir} did not complete (status {record.get('status')!r})",
+            f"the run in {run_dir} did not complete (status {record.status!r})",
             source=str(paths.record),
             fix=f"resume it with `reprotune resume {run_dir}` first; a bundle is for reproducing a result",
         )
@@ -89,10 +89,10 @@ def pack(
     }
     manifest = BUNDLE.stamp(
         {
-            "run_id": record.get("run_id"),
-            "config_sha256": record.get("config_sha256"),
+            "run_id": record.run_id,
+            "config_sha256": record.config_sha256,
             "data": data_info,
-            "data_sha256": (record.get("data") or {}).get("file_sha256"),
+            "data_sha256": record.data.file_sha256 if record.data else None,
             "data_builtin": builtin_data(record, run_dir),
             "members": members,
         }
@@ -195,13 +195,13 @@ def first_token_in_patch(patch: str) -> tuple[str, int, str] | None:
     return None
 
 
-def builtin_data(record: dict[str, Any], run_dir: Path) -> str | None:
+def builtin_data(record: RunRecord, run_dir: Path) -> str | None:
     """The run's data when it ships with reprotune (``builtin:...``), else None."""
     path = str(record_config(record, run_dir=run_dir, source=str(layout.RunLayout(run_dir).record)).data.path)
     return path if path.startswith("builtin:") else None
 
 
-def _data_file(record: dict[str, Any], run_dir: Path) -> Path | None:
+def _data_file(record: RunRecord, run_dir: Path) -> Path | None:
     """The run's data file, checked against the record (None for builtin data: every reprotune
     has it, and a rerun checks it against the run's manifest like any data).
 
@@ -219,7 +219,7 @@ def _data_file(record: dict[str, Any], run_dir: Path) -> Path | None:
             fix="restore it (its sha256 is in record.json under data.file_sha256), or pack without "
             "--with-data",
         )
-    recorded = (record.get("data") or {}).get("file_sha256")
+    recorded = record.data.file_sha256 if record.data else None
     if recorded is not None and sha256_file(path) != recorded:
         raise InputError(
             f"the data file {path} has changed since the run (sha256 {sha256_file(path)[:12]}..., the "

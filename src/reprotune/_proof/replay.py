@@ -26,7 +26,7 @@ from pathlib import Path
 from reprotune._proof.spot_plan import SeedControl, SpotPlan
 from reprotune._run.checkpoint_files import checkpoint_dir
 from reprotune._run.layout import RunLayout
-from reprotune._run.record import load_record, record_config, write_stopped_copy
+from reprotune._run.record import read_record, record_config, write_stopped_copy
 from reprotune._train.options import RunOptions
 from reprotune._train.run import resume_run, run_experiment
 from reprotune._train.watch import DivergenceWatch
@@ -51,8 +51,7 @@ def replay(plan: SpotPlan) -> None:
     """Every interval of ``plan``, then the controls, each into its run directory."""
     reference = Path(plan.reference)
     paths = RunLayout(reference)
-    record = load_record(paths.record)
-    cfg = record_config(record, run_dir=reference, source=str(paths.record))
+    cfg = record_config(read_record(paths.record), run_dir=reference, source=str(paths.record))
     data = plan.data  # a bundle's data, or a builtin name, in place of the recorded path
     if data:
         cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": data})})

@@ -40,7 +40,7 @@ from reprotune._run.drift import (
 from reprotune._run.fingerprint import code_fingerprint, environment_fingerprint
 from reprotune._run.layout import RunLayout
 from reprotune._run.outputs import first_missing, refuse_nonempty_dir, refuse_overwrite
-from reprotune._run.record import record_config, status_of
+from reprotune._run.record import read_record, record_config, status_of
 from reprotune._run.rundir import open_run_dir
 from reprotune._train.options import RunOptions
 from reprotune._train.run import run_experiment
@@ -214,7 +214,7 @@ def rerun_bundle(
         unpacked = unpack(bundle, out / "recorded")
         use = data if data is not None else unpacked.data
         if use is None:  # builtin data ships with reprotune: checked against the manifest like any
-            use = builtin_data(dict(open_run_dir(unpacked.run_dir).record), unpacked.run_dir)
+            use = builtin_data(read_record(unpacked.run_dir), unpacked.run_dir)
         if use is None:
             raise InputError(
                 "the bundle was packed without its data, and no --data was given",

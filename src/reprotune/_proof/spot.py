@@ -60,7 +60,7 @@ from reprotune._run.checkpoint_files import (
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
 from reprotune._run.outputs import refuse_nonempty_dir, refuse_overwrite
-from reprotune._run.record import load_record, status_of
+from reprotune._run.record import load_record, read_record, status_of
 from reprotune._run.rundir import check_is_run_dir
 
 
@@ -295,7 +295,7 @@ def _judge_control(reference: Path, control: PlannedControl) -> Leg:
     if isinstance(control, SeedControl):
         return replace(leg, note=f"seed.overrides.data_order={control.overrides['data_order']}")
     leg = replace(leg, note=f"resumed from checkpoint {control.start} without restoring the RNG states")
-    lora = (load_record(RunLayout(reference).record).get("config") or {}).get("lora") or {}
+    lora = read_record(RunLayout(reference).record).config.get("lora") or {}
     return inconclusive_without_dropout(leg, lora.get("dropout")) or leg
 
 
@@ -330,7 +330,7 @@ def spot_verify_bundle(
             f"bundle in full: `reprotune rerun {bundle}`",
         )
     bundled = unpacked.data.resolve() if unpacked.data is not None else None
-    data = bundled or builtin_data(load_record(RunLayout(unpacked.run_dir).record), unpacked.run_dir)
+    data = bundled or builtin_data(read_record(RunLayout(unpacked.run_dir).record), unpacked.run_dir)
     if data is None:
         raise InputError(
             f"the bundle {bundle} was packed without its data",

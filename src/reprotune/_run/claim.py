@@ -13,7 +13,6 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from reprotune._config.schema import ExperimentConfig, config_sha256
 from reprotune._data.manifest import SIDECAR_SUFFIX
@@ -23,7 +22,7 @@ from reprotune._run.layout import RunLayout
 from reprotune._run.lock import refuse_if_held
 from reprotune._run.outputs import refuse_inside_run, refuse_unwritable_parent
 from reprotune._run.ranks import current_world, resume_command
-from reprotune._run.record import load_record, make_run_id, status_of
+from reprotune._run.record import RunRecord, make_run_id, read_record
 
 #: What a run writes at its top level: a directory holding only these (and a failed run that
 #: never trained) may be cleared for a new run.
@@ -75,10 +74,9 @@ def claim_run_dir(run_dir: Path, *, report: Callable[[str], None] | None = None)
     paths = RunLayout(run_dir)
     _refusal(run_dir)
     if paths.is_run_dir():  # _refusal let it through: a run that failed before its first step
-        record = load_record(paths.record)
-        error = (record.get("error") or {}).get("message", "")
+        error = read_record(paths.record).error
         if report is not None:
-            first = str(error).splitlines()[0] if error else "no error recorded"
+            first = error.message.splitlines()[0] if error and error.message else "no error recorded"
             report(f"note: reusing {run_dir}: its run failed before its first step ({first})")
         _clear_run_files(paths)
     for leftover in unlanded_first_record(run_dir):
@@ -89,9 +87,8 @@ def claim_run_dir(run_dir: Path, *, report: Callable[[str], None] | None = None)
 def _refusal(run_dir: Path) -> None:
     paths = RunLayout(run_dir)
     if paths.is_run_dir():
-        record = load_record(paths.record)
-        status = record.get("status")
-        if status_of(record) == "completed":
+        record = read_record(paths.record)
+        if record.status == "completed":
             raise InputError(
                 f"run directory {run_dir} already holds a completed run",
                 source=str(paths.record),
@@ -100,9 +97,9 @@ def _refusal(run_dir: Path) -> None:
         if failed_before_first_step(paths, record):
             return
         refuse_if_held(run_dir)  # being written now: say so, not "continue it with resume"
-        resume = resume_command(str(run_dir), current_world(record.get("distributed")))
+        resume = resume_command(str(run_dir), current_world(record.distributed))
         raise InputError(
-            f"run directory {run_dir} holds an unfinished run (status {status!r})",
+            f"run directory {run_dir} holds an unfinished run (status {record.status!r})",
             source=str(paths.record),
             fix=f"continue it with {resume}, or choose a new directory with --run-dir",
         )
@@ -118,13 +115,13 @@ def _refusal(run_dir: Path) -> None:
         )
 
 
-def failed_before_first_step(paths: RunLayout, record: dict[str, Any]) -> bool:
+def failed_before_first_step(paths: RunLayout, record: RunRecord) -> bool:
     """Whether the run in ``paths`` failed before it trained anything (so nothing is lost by reuse).
 
     Its status is ``failed``, no attempt reached a step, there is no checkpoint, no train line
     in the ledger, and nothing but a run's own files in the directory.
     """
-    if status_of(record) != "failed" or (record.get("timings") or {}).get("steps_done"):
+    if record.status != "failed" or record.timings.steps_done:
         return False
     if any(paths.checkpoints.glob("step-*")) or paths.adapter_weights.exists():
         return False

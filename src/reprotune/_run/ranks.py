@@ -5,18 +5,23 @@ and the hashes of what it loaded (base model, tokenizer, data, split, LoRA init)
 to train when two ranks have different package sets or loaded different inputs
 (:func:`check_ranks_agree`), and keeps one entry per rank in the record's ``distributed`` section
 (:func:`ranks_section`). :func:`check_resume_world` decides whether a run may be resumed at the
-world size it is resumed at. Pure functions of JSON-safe data: never imports torch.
+world size it is resumed at. Pure functions of the record's data (JSON, or its typed sections):
+never imports torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reprotune._errors import InputError
 from reprotune._jsonio import canonical_sha256
 from reprotune._run.drift import section_drift
+from reprotune._run.record_sections import DistributedRecord
+
+if TYPE_CHECKING:
+    from reprotune._run.record import RunRecord
 
 #: What each rank loaded, as it reports it: key -> what it is, for messages.
 INPUT_KEYS: dict[str, str] = {
@@ -124,17 +129,17 @@ def resume_command(run_dir: str, world_size: int | None) -> str:
     )
 
 
-def current_world(distributed: Mapping[str, Any] | None) -> int | None:
+def current_world(distributed: DistributedRecord | None) -> int | None:
     """The world size a run trains at now: its last recorded change, else where it started;
     None for a run made without torchrun."""
     if distributed is None:
         return None
-    changes = distributed.get("world_size_changes") or []
-    return int(changes[-1]["to"]) if changes else int(distributed["world_size"])
+    changes = distributed.world_size_changes
+    return changes[-1].to if changes else distributed.world_size
 
 
 def check_resume_world(
-    recorded: Mapping[str, Any] | None, world_size: int | None, *, allow_change: bool, run_dir: str
+    recorded: DistributedRecord | None, world_size: int | None, *, allow_change: bool, run_dir: str
 ) -> dict[str, int] | None:
     """Whether a run may resume at ``world_size``; the change to record when it is allowed.
 
@@ -184,15 +189,15 @@ def check_resume_world(
 
 
 def resume_world_change(
-    record: Mapping[str, Any], world_size: int | None, *, allow_change: bool, run_dir: Path
+    record: RunRecord, world_size: int | None, *, allow_change: bool, run_dir: Path
 ) -> dict[str, int] | None:
     """:func:`check_resume_world` for a resume of the run ``record`` holds at ``world_size`` ranks
     (None: a plain process). A run in the world-size invariant mode may change its world size
     without being told: the result is bitwise what the uninterrupted run gives (the change is
     recorded all the same)."""
-    train = (record.get("config") or {}).get("train") or {}
+    train = record.config.get("train") or {}
     return check_resume_world(
-        record.get("distributed"),
+        record.distributed,
         world_size,
         allow_change=allow_change or train.get("world_size_invariant") is True,
         run_dir=str(run_dir),

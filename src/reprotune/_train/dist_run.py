@@ -17,7 +17,7 @@ from reprotune._run.drift import refuse_completed
 from reprotune._run.fingerprint import attention_of, environment_fingerprint
 from reprotune._run.layout import RunLayout
 from reprotune._run.ranks import resume_world_change
-from reprotune._run.record import Status, load_record, status_of
+from reprotune._run.record import Status, read_record
 from reprotune._train.dist_checkpoint import restore_distributed
 from reprotune._train.dist_record import distributed_section
 from reprotune._train.dist_strategy import distribute_setup
@@ -44,7 +44,7 @@ def torchrun_config(run_dir: Path) -> ExperimentConfig | None:
     if not under_torchrun():
         return None
     record = RunLayout(run_dir).record
-    return config_from_dict(load_record(record)["config"], source=str(record))
+    return config_from_dict(read_record(record).config, source=str(record))
 
 
 def follow_run(cfg: ExperimentConfig, ctx: DistContext, options: RunOptions, *, resume: bool) -> RunResult:
@@ -94,7 +94,7 @@ def follow_resume(run_dir: Path, cfg: ExperimentConfig, ctx: DistContext, option
     Raises:
         InputError: the run is complete, or may not resume at this world size.
     """
-    record = load_record(RunLayout(run_dir).record)
-    refuse_completed(status_of(record), run_dir)
+    record = read_record(RunLayout(run_dir).record)
+    refuse_completed(record.status, run_dir)
     resume_world_change(record, ctx.world_size, allow_change=options.allow_world_size_change, run_dir=run_dir)
     return follow_run(cfg, ctx, options, resume=True)

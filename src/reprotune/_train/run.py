@@ -140,7 +140,7 @@ def _resume(run_dir: Path, options: RunOptions, dist: DistContext | None) -> Run
         allow = options.allow_world_size_change
         run = _Run(paths, record, TrackerSet([]), dist=dist)
         world_size = dist.world_size if dist is not None else None
-        run.world_change = resume_world_change(record, world_size, allow_change=allow, run_dir=run_dir)
+        run.world_change = resume_world_change(record.typed, world_size, allow_change=allow, run_dir=run_dir)
         with run.closed_if_unrecorded():
             run.trackers = build_trackers(cfg, options, run.report)
             return _execute(cfg, run, options, resume=True)
