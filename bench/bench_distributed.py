@@ -103,8 +103,9 @@ def worker(config: Path, run_dir: Path, out: Path, reps: int) -> None:
     import torch.distributed as dist
 
     from reprotune._config.loading import load_config
-    from reprotune._train.distributed import gather_f64, ordered_sum, start_process_group
+    from reprotune._train.distributed import gather_f64, start_process_group
     from reprotune._train.run import RunOptions, run_experiment
+    from reprotune._train.step import ordered_sum
 
     cfg = load_config(config)
     ctx = start_process_group(cfg)

@@ -328,7 +328,7 @@ def trace_step(
     for s in range(start + 1, step):
         say(f"trace: replaying step {s} of {step - 1}")
         t0 = time.perf_counter()
-        done = train_step(setup, setup.order.step_rows(s))
+        done = train_step(setup, setup.order.step_rows(s), s)
         step_s = time.perf_counter() - t0
         differs = _differing(run, s, _line(setup, s, done, hasher()))
         if differs:
@@ -338,7 +338,7 @@ def trace_step(
     labels = _labels(setup)
     with ModulePaths(setup.model) as modules, OpTracer(modules, labels) as tracer:
         t0 = time.perf_counter()
-        done = train_step(setup, setup.order.step_rows(step), mark=tracer.mark)
+        done = train_step(setup, setup.order.step_rows(step), step, mark=tracer.mark)
         seconds = time.perf_counter() - t0
     line = _line(setup, step, done, hasher())
     header = _header(run, setup, step, start, line, before, weights_in)

@@ -1,12 +1,12 @@
-"""One optimizer step and one validation pass of a distributed run, with fixed-order reductions.
+"""A torchrun rank's share of an optimizer step and of a validation pass, with fixed-order
+reductions: what ``_train.step`` asks a rank's ``_train.dist_strategy.Distributed`` for.
 
-The same arithmetic as the single-process step (``_train.loop.train_step``), spread over ranks:
-each micro-batch's loss is ``loss_sum / n_tokens`` of the whole global batch, so the gradients
-summed over ranks are the gradients of the step's mean token loss. Per step, one float64
-all-gather carries every rank's per-micro-batch losses, its gradient shards' sum of squares (FSDP),
-its token count and a 48-bit prefix of its rows' hash; every rank then adds them in the same
-order, so every rank (and every rerun) gets the same bits, and rank 0 checks that each rank
-trained the rows the ledger names.
+The same arithmetic as one process, spread over ranks: each micro-batch's loss is
+``loss_sum / n_tokens`` of the whole global batch, so the gradients summed over ranks are the
+gradients of the step's mean token loss. Per step, one float64 all-gather carries every rank's
+per-micro-batch losses, its gradient shards' sum of squares (FSDP), its token count and a 48-bit
+prefix of its rows' hash; every rank then adds them in the same order, so every rank (and every
+rerun) gets the same bits, and rank 0 checks that each rank trained the rows the ledger names.
 
 With ``train.world_size_invariant`` the backend's sum of the gradients (DDP's all-reduce, FSDP2's
 reduce-scatter: rank partial sums, added in an order that depends on the world size) is replaced:
@@ -18,21 +18,15 @@ computes it (same weights, rows, dropout seed), so every step is the same bits a
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator, Sequence
 
 import torch
 
 from reprotune._errors import RunFailedError
 from reprotune._run.ledger import batch_sha256
-from reprotune._train.batches import IGNORE_INDEX, micro_batches
-from reprotune._train.distributed import (
-    DistContext,
-    gather_f64,
-    micro_batch_seed,
-    ordered_sum,
-    rank_micro_batches,
-)
-from reprotune._train.loss import autocast, logits_to_keep, token_loss_sum
+from reprotune._train.distributed import DistContext, gather_f64, micro_batch_seed, rank_micro_batches
 from reprotune._train.setup import Setup
 from reprotune._train.sharding import (
     add_in_global_order,
@@ -41,27 +35,51 @@ from reprotune._train.sharding import (
     scale_grads,
     take_gradients,
 )
-from reprotune._train.step import apply_update, max_grad_norm
+from reprotune._train.step import StepTally, max_grad_norm, ordered_sum
 
 #: ``torch.nn.utils.clip_grad_norm_``'s epsilon, so clipping means the same as in a single process.
 _CLIP_EPS = 1e-6
 
 
-def _context(setup: Setup) -> DistContext:
-    if setup.dist is None:
-        raise ValueError("a distributed step needs a distributed setup")
-    return setup.dist
+class RankStep:
+    """A torchrun rank's share of optimizer step ``step`` (``_train.step.StepShare``)."""
 
+    def __init__(self, ctx: DistContext, setup: Setup, module: torch.nn.Module, step: int) -> None:
+        self.ctx, self.setup, self.module, self.step = ctx, setup, module, step
+        self.kept: list[torch.Tensor] = []  # invariant mode: this rank's micro-batches' gradients
 
-def _batch(setup: Setup, rows: list[int]) -> dict[str, torch.Tensor]:
-    return setup.examples.batch(
-        rows, pad_token_id=setup.pad_token_id, padding_side=setup.cfg.model.padding_side
-    )
+    def mine(self, n_micro: int) -> Sequence[int]:
+        return rank_micro_batches(n_micro, self.ctx.rank, self.ctx.world_size)
 
+    @contextlib.contextmanager
+    def micro_batch(self, index: int, *, last: bool) -> Iterator[None]:
+        ctx, trainable = self.ctx, self.setup.trainable
+        # Dropout masks belong to the micro-batch, whichever rank trains it.
+        torch.manual_seed(micro_batch_seed(self.setup.seeds["dropout"], self.step, index))
+        with gradient_sync(self.module, ctx, sync=last):
+            yield
+        if ctx.world_size_invariant:
+            self.kept.append(take_gradients(trainable))
+            if last:
+                add_in_global_order(ctx, trainable, self.kept)
 
-def _tokens(batch: dict[str, torch.Tensor]) -> int:
-    """Scored tokens of a padded batch, counted as the single-process step counts them."""
-    return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+    def finish(self, tally: StepTally) -> tuple[float, float]:
+        """Every rank's losses, gradient square sums, tokens and rows gathered in float64 and added
+        in the same order on every rank; the norm of the whole gradient, the gradients clipped."""
+        ctx, setup, n = self.ctx, self.setup, len(tally.chunks)
+        my_rows = [row for k in tally.mine for row in tally.chunks[k]]
+        local_tokens = sum(tally.counts[k] for k in tally.mine)
+        square = grad_square_sum(setup.trainable)
+        gathered = gather_f64(ctx, [*tally.losses, square, float(local_tokens), _hash48(my_rows)])
+        _check_ranks(ctx, gathered, tally.chunks, tally.n_tokens, tally.step)
+        step_loss = ordered_sum([gathered[_owner(k, n, ctx)][k] for k in range(n)])
+        # DDP and the invariant mode: every rank holds the whole summed gradient; FSDP: each a shard.
+        total = ordered_sum([part[n] for part in gathered]) if ctx.trainable_sharded else square
+        grad_norm = math.sqrt(total)
+        coef = max_grad_norm(setup.cfg) / (grad_norm + _CLIP_EPS)
+        if coef < 1.0:
+            scale_grads(setup.trainable, coef)
+        return step_loss, grad_norm
 
 
 def _hash48(rows: list[int]) -> float:
@@ -69,67 +87,12 @@ def _hash48(rows: list[int]) -> float:
     return float(int(batch_sha256(rows)[:12], 16))
 
 
-def distributed_train_step(setup: Setup, rows: list[int], step: int) -> tuple[float, int, float, float]:
-    """Optimizer step ``step`` over the global batch ``rows``; return (loss, tokens, lr, grad norm).
-
-    Every rank returns the same numbers. The loss is the sum, in micro-batch order, of each
-    micro-batch's ``loss_sum / n_tokens`` (as a single process adds them).
-    """
-    ctx, cfg, optimizer, scaler = _context(setup), setup.cfg, setup.optimizer, setup.scaler
-    module = setup.train_module if setup.train_module is not None else setup.model
-    chunks = list(micro_batches(rows, cfg.train.batch_size))
-    mine = rank_micro_batches(len(chunks), ctx.rank, ctx.world_size)
-    # Every rank pads every micro-batch and counts the whole global batch's tokens itself: no
-    # collective for the denominator.
-    padded = [_batch(setup, chunk) for chunk in chunks]
-    counts = [_tokens(b) for b in padded]
-    n_tokens = sum(counts)
-    lr = optimizer.param_groups[0]["lr"]
-    losses = [0.0] * len(chunks)
-    local_tokens = 0
-    invariant = ctx.world_size_invariant
-    kept: list[torch.Tensor] = []  # invariant: this rank's micro-batches' gradients, apart
-    for j, k in enumerate(mine):
-        on_cpu = padded[k]
-        keep = logits_to_keep(on_cpu["labels"]) if setup.keep_logits else None
-        local_tokens += counts[k]
-        batch = {key: value.to(setup.device) for key, value in on_cpu.items()}
-        # Dropout masks belong to the micro-batch, whichever rank trains it.
-        torch.manual_seed(micro_batch_seed(setup.seeds["dropout"], step, k))
-        with gradient_sync(module, ctx, sync=j == len(mine) - 1):
-            with autocast(cfg.train.precision, setup.device):
-                loss_sum = token_loss_sum(module, batch, keep=keep)
-            loss = loss_sum / max(n_tokens, 1)
-            (scaler.scale(loss) if scaler else loss).backward()
-        if invariant:
-            kept.append(take_gradients(setup.trainable))
-        losses[k] = float(loss.detach())
-    if invariant:
-        add_in_global_order(ctx, setup.trainable, kept)
-    if scaler:
-        scaler.unscale_(optimizer)
-    my_rows = [row for k in mine for row in chunks[k]]
-    square = grad_square_sum(setup.trainable)
-    gathered = gather_f64(ctx, [*losses, square, float(local_tokens), _hash48(my_rows)])
-    _check_ranks(ctx, gathered, chunks, n_tokens, step)
-    step_loss = ordered_sum([gathered[_owner(k, len(chunks), ctx)][k] for k in range(len(chunks))])
-    # DDP and the invariant mode: every rank holds the whole summed gradient; FSDP: each a shard.
-    sharded = ctx.trainable_sharded
-    total = ordered_sum([part[len(chunks)] for part in gathered]) if sharded else square
-    grad_norm = math.sqrt(total)
-    coef = max_grad_norm(cfg) / (grad_norm + _CLIP_EPS)
-    if coef < 1.0:
-        scale_grads(setup.trainable, coef)
-    apply_update(setup)
-    return step_loss, n_tokens, lr, grad_norm
-
-
 def _owner(k: int, n_micro: int, ctx: DistContext) -> int:
     return k // (n_micro // ctx.world_size)
 
 
 def _check_ranks(
-    ctx: DistContext, gathered: list[list[float]], chunks: list[list[int]], n_tokens: int, step: int
+    ctx: DistContext, gathered: list[list[float]], chunks: Sequence[list[int]], n_tokens: int, step: int
 ) -> None:
     """Each rank trained the rows the placement gives it and all the step's tokens were counted."""
     n = len(chunks)
@@ -147,33 +110,26 @@ def _check_ranks(
             )
 
 
-@torch.no_grad()
-def distributed_validate(setup: Setup) -> tuple[float, int]:
-    """The validation loss over ``setup.val_rows`` with the current weights; (mean loss, tokens).
-
-    Validation batch ``b`` runs on rank ``b % world_size``; each batch's float64 loss sum and its
-    token count are gathered, and added in batch order, as a single process adds them. Under FSDP
-    a forward is a collective, so a rank with no batch left repeats the first one and discards it.
-    """
-    ctx, cfg, model = _context(setup), setup.cfg, setup.model
-    chunks = list(micro_batches(setup.val_rows, cfg.eval.batch_size))
-    sums, counts = [0.0] * len(chunks), [0.0] * len(chunks)
-    was_training = model.training
-    model.eval()
-    for start in range(0, len(chunks), ctx.world_size):
+def rank_validation_batches(ctx: DistContext, n_batches: int) -> Iterator[tuple[int, bool]]:
+    """Validation batch ``b`` runs on rank ``b % world_size``: this rank's, each with whether it is
+    scored. Under FSDP a forward is a collective, so a rank with no batch left repeats the first
+    one, unscored."""
+    for start in range(0, n_batches, ctx.world_size):
         b = start + ctx.rank
-        if b >= len(chunks) and ctx.strategy == "ddp":
-            break
-        on_cpu = _batch(setup, chunks[b] if b < len(chunks) else chunks[0])
-        keep = logits_to_keep(on_cpu["labels"]) if setup.keep_logits else None
-        batch = {key: value.to(setup.device) for key, value in on_cpu.items()}
-        with autocast(cfg.train.precision, setup.device):
-            loss_sum = token_loss_sum(model, batch, keep=keep)
-        if b < len(chunks):
-            sums[b], counts[b] = float(loss_sum), float(_tokens(on_cpu))
-    model.train(was_training)
-    gathered = gather_f64(ctx, [*sums, *counts])
-    n = len(chunks)
-    total = ordered_sum([gathered[b % ctx.world_size][b] for b in range(n)])
-    tokens = sum(int(gathered[b % ctx.world_size][n + b]) for b in range(n))
-    return (total / tokens if tokens else math.nan), tokens
+        if b < n_batches:
+            yield b, True
+        elif ctx.strategy == "ddp":
+            return
+        else:
+            yield 0, False
+
+
+def gather_validation(
+    ctx: DistContext, sums: list[float], counts: list[int]
+) -> tuple[list[float], list[int]]:
+    """Every validation batch's float64 loss sum and token count, gathered from the rank that
+    scored it, in batch order."""
+    n = len(sums)
+    gathered = gather_f64(ctx, [*sums, *(float(c) for c in counts)])
+    owners = [gathered[b % ctx.world_size] for b in range(n)]
+    return [owner[b] for b, owner in enumerate(owners)], [int(owner[n + b]) for b, owner in enumerate(owners)]

@@ -1,5 +1,5 @@
 """A torchrun rank's side of the seam (``_train.strategy.Distribution``): :class:`Distributed`
-computes a step, validation and checkpoints with the other ranks (``_train.dist_step``,
+computes its share of a step and of validation, and checkpoints, with the other ranks (``_train.dist_step``,
 ``_train.dist_checkpoint``, ``_train.sharding``), and :func:`distribute_setup` makes a setup a
 rank's. A plain run never enters this module.
 """
@@ -7,7 +7,7 @@ rank's. A plain run never enters this module.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from reprotune._run.live_record import LiveRecord
 from reprotune._train import sharding
 from reprotune._train.dist_checkpoint import save_distributed_checkpoint
 from reprotune._train.dist_record import distributed_section, restore_on_main, store_distributed
-from reprotune._train.dist_step import distributed_train_step, distributed_validate
+from reprotune._train.dist_step import RankStep, gather_validation, rank_validation_batches
 from reprotune._train.distributed import (
     DistContext,
     broadcast_object,
@@ -33,6 +33,7 @@ from reprotune._train.distributed import (
 )
 from reprotune._train.optim import optimizer_and_scheduler
 from reprotune._train.setup import Setup
+from reprotune._train.step import StepShare
 from reprotune._train.strategy import Resume
 
 
@@ -42,11 +43,14 @@ class Distributed:
 
     ctx: DistContext
 
-    def train_step(self, setup: Setup, rows: list[int], step: int) -> tuple[float, int, float, float]:
-        return distributed_train_step(setup, rows, step)
+    def step_share(self, setup: Setup, module: torch.nn.Module, step: int) -> StepShare:
+        return RankStep(self.ctx, setup, module, step)
 
-    def validate(self, setup: Setup) -> tuple[float, int]:
-        return distributed_validate(setup)
+    def validation_batches(self, n_batches: int) -> Iterable[tuple[int, bool]]:
+        return rank_validation_batches(self.ctx, n_batches)
+
+    def gather_validation(self, sums: list[float], counts: list[int]) -> tuple[list[float], list[int]]:
+        return gather_validation(self.ctx, sums, counts)
 
     def rank_rows(self, setup: Setup, rows: list[int]) -> list[list[int]] | None:
         return shard_rows(rows, setup.cfg.train.batch_size, self.ctx.world_size)

@@ -239,14 +239,6 @@ def gather_f64(ctx: DistContext, values: Sequence[float]) -> list[list[float]]:
     return [part.tolist() for part in parts]
 
 
-def ordered_sum(parts: Sequence[float]) -> float:
-    """``parts`` added one after another from 0.0, in the order given (rank or micro-batch order)."""
-    total = 0.0
-    for part in parts:
-        total += part
-    return total
-
-
 def broadcast_object(ctx: DistContext, obj: T | None) -> T:
     """Rank 0's ``obj`` on every rank (pickled between reprotune's own processes)."""
     box = [obj if ctx.is_main else None]

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from reprotune._run.signals import raise_if_interrupted
 from reprotune._train.setup import Setup
+from reprotune._train.step import train_step, validation_loss
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def _loop(
         t0 = time.perf_counter()
         rows = setup.order.step_rows(step)
         epoch, _ = setup.order.position(step)
-        loss, n_tokens, lr, grad_norm = setup.distribution.train_step(setup, rows, step)
+        loss, n_tokens, lr, grad_norm = train_step(setup, rows, step)
         validation = validate(setup) if setup.validates_at(step) else None
         if validation is not None:
             final_val = validation.loss
@@ -140,5 +141,5 @@ def _loop(
 
 def validate(setup: Setup) -> Validation:
     """The validation loss of the current weights over ``setup.val_rows``."""
-    loss, tokens = setup.distribution.validate(setup)
+    loss, tokens = validation_loss(setup)
     return Validation(loss, len(setup.val_rows), tokens)

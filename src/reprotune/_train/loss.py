@@ -1,21 +1,18 @@
-"""The loss: next-token cross-entropy over the response tokens, summed; and the validation loss.
+"""The loss: next-token cross-entropy over the response tokens, summed.
 
 Logits are computed only where the loss reads them (``logits_to_keep``: from the first position
 any row scores), and the labels are shifted instead of the logits (no copy of the largest
-activation of a small model). Validation sums in float64, so the eval batch size barely matters.
+activation of a small model). The step and validation that use it: ``_train.step``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
-import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-
-from reprotune._train.batches import Examples, micro_batches
 
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -68,36 +65,3 @@ def token_loss_sum(
     return F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100, reduction="sum"
     )
-
-
-@torch.no_grad()
-def evaluate(
-    model: torch.nn.Module,
-    examples: Examples,
-    rows: list[int],
-    *,
-    batch_size: int,
-    pad_token_id: int,
-    padding_side: str,
-    device: torch.device,
-    precision: str,
-    keep_logits: bool = False,
-) -> tuple[float, int]:
-    """Mean token loss over ``rows`` (summed in float64, so the batch size barely matters).
-
-    ``keep_logits``: compute logits only from the first scored position (see ``token_loss_sum``).
-    """
-    was_training = model.training
-    model.eval()
-    total, tokens = 0.0, 0
-    for chunk in micro_batches(rows, batch_size):
-        on_cpu = examples.batch(chunk, pad_token_id=pad_token_id, padding_side=padding_side)
-        keep = logits_to_keep(on_cpu["labels"]) if keep_logits else None
-        n = int((on_cpu["labels"][:, 1:] != -100).sum())
-        batch = {k: v.to(device) for k, v in on_cpu.items()}
-        with autocast(precision, device):
-            loss_sum = token_loss_sum(model, batch, keep=keep)
-        total += float(loss_sum)
-        tokens += n
-    model.train(was_training)
-    return (total / tokens if tokens else math.nan), tokens

@@ -1,8 +1,9 @@
 """The seam between the training loop and the number of processes that train:
 :class:`Distribution`, which the loop, the step hooks and the run's end call for everything that
-differs when a run is spread over ranks (the step, validation, each rank's rows, agreeing to stop,
-a lost rank, the weights hash, checkpoints, the adapter's weights), and that the run's writer calls
-for the record's ``distributed`` section and a resume's restore.
+differs when a run is spread over ranks (its share of a step and of validation, each rank's rows,
+agreeing to stop, a lost rank, the weights hash, checkpoints, the adapter's weights), and that the
+run's writer calls for the record's ``distributed`` section and a resume's restore. The step and
+validation themselves are written once (``_train.step``) and ask it for their share.
 
 A plain run's setup holds :data:`LOCAL`, whose methods are this process's own work and never enter
 the distributed modules; ``_train.dist_strategy.distribute_setup`` gives a torchrun rank's setup a
@@ -11,8 +12,9 @@ the distributed modules; ``_train.dist_strategy.distribute_setup`` gives a torch
 
 from __future__ import annotations
 
+import contextlib
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -26,7 +28,7 @@ from reprotune._run.checkpoint import CheckpointState, restore_latest_checkpoint
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import truncate_ledger
 from reprotune._run.live_record import LiveRecord
-from reprotune._train.step import train_step, validation_loss
+from reprotune._train.step import StepShare, StepTally, max_grad_norm, ordered_sum
 
 if TYPE_CHECKING:
     from reprotune._train.setup import Setup
@@ -47,12 +49,17 @@ class Resume:
 class Distribution(Protocol):
     """How a setup's steps are computed and recorded across processes."""
 
-    def train_step(self, setup: Setup, rows: list[int], step: int) -> tuple[float, int, float, float]:
-        """Optimizer step ``step`` over ``rows``: (mean token loss, tokens, lr used, grad norm)."""
+    def step_share(self, setup: Setup, module: torch.nn.Module, step: int) -> StepShare:
+        """This process's share of optimizer step ``step``, trained through ``module``."""
         ...
 
-    def validate(self, setup: Setup) -> tuple[float, int]:
-        """The validation loss of the current weights and its token count."""
+    def validation_batches(self, n_batches: int) -> Iterable[tuple[int, bool]]:
+        """The validation batches this process runs, in order, each with whether it is scored."""
+        ...
+
+    def gather_validation(self, sums: list[float], counts: list[int]) -> tuple[list[float], list[int]]:
+        """Every validation batch's loss sum and token count, in batch order, from this process's
+        (its own scored, zeros elsewhere)."""
         ...
 
     def rank_rows(self, setup: Setup, rows: list[int]) -> list[list[int]] | None:
@@ -103,14 +110,35 @@ class Distribution(Protocol):
         ...
 
 
+class LocalStep:
+    """A plain run's step: every micro-batch, nothing around them, torch's norm and clip."""
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup = setup
+
+    def mine(self, n_micro: int) -> Sequence[int]:
+        return range(n_micro)
+
+    def micro_batch(self, index: int, *, last: bool) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def finish(self, tally: StepTally) -> tuple[float, float]:
+        setup = self.setup
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(setup.trainable, max_grad_norm(setup.cfg)))
+        return ordered_sum(tally.losses), grad_norm
+
+
 class Local:
     """A plain run: one process, no collective."""
 
-    def train_step(self, setup: Setup, rows: list[int], step: int) -> tuple[float, int, float, float]:
-        return train_step(setup, rows)
+    def step_share(self, setup: Setup, module: torch.nn.Module, step: int) -> StepShare:
+        return LocalStep(setup)
 
-    def validate(self, setup: Setup) -> tuple[float, int]:
-        return validation_loss(setup)
+    def validation_batches(self, n_batches: int) -> Iterable[tuple[int, bool]]:
+        return ((b, True) for b in range(n_batches))
+
+    def gather_validation(self, sums: list[float], counts: list[int]) -> tuple[list[float], list[int]]:
+        return sums, counts
 
     def rank_rows(self, setup: Setup, rows: list[int]) -> list[list[int]] | None:
         return None
