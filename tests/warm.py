@@ -521,14 +521,13 @@ def fork_legs_here(monkeypatch: Any) -> bool:
     the test (``monkeypatch``); False (legs stay real interpreters) where there is no zygote."""
     import warm_legs
 
-    from reprotune._proof import command_legs, processes
+    from reprotune._proof import processes
 
     warm = None if os.environ.get("REPROTUNE_TESTS_COLD") else launcher()
     if warm is None:
         return False
     monkeypatch.setenv(warm_legs.ENV, str(warm.socket))
-    monkeypatch.setattr(processes, "subprocess", warm_legs._Subprocess())
-    monkeypatch.setattr(command_legs, "subprocess", warm_legs._Subprocess())
+    monkeypatch.setattr(processes, "subprocess", warm_legs._Subprocess())  # every leg starts there
     return True
 
 

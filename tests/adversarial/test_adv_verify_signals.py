@@ -48,6 +48,13 @@ def _start_verify(project: TinyProject, out: str) -> tuple[subprocess.Popen[str]
     raise AssertionError("verify started no leg in 300 s")
 
 
+def _wait_for_a_record(out: Path) -> None:
+    """Until the first leg has made its run directory (it trains, its stop handlers in place)."""
+    deadline = time.monotonic() + 300
+    while not any(out.rglob("record.json")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def _gone(process: psutil.Process, within: float = 120) -> bool:
     try:
         process.wait(timeout=within)
@@ -61,9 +68,7 @@ def test_a_killed_verify_leaves_no_orphan_leg(project: TinyProject) -> None:
     """SIGKILL of verify (nothing of it runs after): its training leg ends too, on the kernel's
     word (it once trained on, an orphan, into the verification directory)."""
     verify, leg = _start_verify(project, "v-kill")
-    deadline = time.monotonic() + 300  # until the leg has made its run directory: it trains
-    while not any((project.root / "v-kill").rglob("record.json")) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _wait_for_a_record(project.root / "v-kill")
     os.kill(verify.pid, signal.SIGKILL)
     verify.communicate()
     assert _gone(leg), "the leg trained on after its verify was killed"
@@ -75,14 +80,18 @@ def test_a_killed_verify_leaves_no_orphan_leg(project: TinyProject) -> None:
 
 
 def test_a_stopped_verify_says_so_and_is_not_continued_blindly(project: TinyProject) -> None:
-    """SIGTERM of verify: exit 143 with a message, the leg stopped; a second verify into the same
-    directory is refused, saying the first did not finish."""
+    """SIGTERM of verify: exit 143 with a message, the leg stopped and recorded ``interrupted`` (it
+    gets SIGTERM and a grace: it was once SIGKILLed, its record left ``running``); a second verify
+    into the same directory is refused, saying the first did not finish."""
     verify, leg = _start_verify(project, "v-term")
+    _wait_for_a_record(project.root / "v-term")
     os.kill(verify.pid, signal.SIGTERM)
     _, err = verify.communicate(timeout=300)
     assert verify.returncode == 128 + signal.SIGTERM
     assert "reprotune verify: interrupted by SIGTERM" in err
     assert _gone(leg)
+    statuses = {json.loads(r.read_text())["status"] for r in (project.root / "v-term").rglob("record.json")}
+    assert statuses == {"interrupted"}
     again = project.run_cli("verify", "long.yaml", "--out", "v-term", "--no-resume", check=False)
     assert again.returncode == 2
     assert "holds a verification that did not finish" in again.stderr

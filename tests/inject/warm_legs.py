@@ -165,10 +165,9 @@ def install_from_env() -> None:
     if _installed or not os.environ.get(ENV):
         return
     _installed = True
-    from reprotune._proof import command_legs, processes
+    from reprotune._proof import processes
 
-    processes.subprocess = _Subprocess()  # type: ignore[assignment]
-    command_legs.subprocess = _Subprocess()  # type: ignore[assignment]
+    processes.subprocess = _Subprocess()  # type: ignore[assignment]  # every leg starts there
     if _HANDLER in sys.modules:  # a launcher zygote's child (tests/warm.py): torchrun is loaded
         _fork_torchrun_ranks()
 

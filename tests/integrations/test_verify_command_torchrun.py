@@ -20,7 +20,7 @@ import psutil
 import pytest
 from trainer_scripts import OFFLINE_ENV, ScriptProject
 
-from reprotune._proof import command_legs
+from reprotune._proof import command_legs, processes
 from warm import run_module, run_reprotune
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -99,7 +99,7 @@ def test_a_leg_whose_child_ignores_sigterm_is_killed_after_the_grace(
     fails saying it did not finish, and no process of it is left."""
     script = tmp_path / "stubborn.py"
     script.write_text("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)\n")
-    monkeypatch.setattr(command_legs, "STOP_GRACE_S", 1.0)
+    monkeypatch.setattr(processes, "STOP_GRACE_S", 1.0)
     command = ["sh", "-c", f"{sys.executable} {script}; true"]
     runner = command_legs.Runner(command, tmp_path / "log", tmp_path, print, 2.0)
     from reprotune._errors import RunFailedError
@@ -118,17 +118,17 @@ def test_a_killed_member_of_a_legs_group_is_gone_before_it_is_reaped() -> None:
     yet reaped (a zombie) has ended, so the stop does not wait out its grace for it."""
     process = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        assert command_legs._group_alive(process.pid)
+        assert processes.group_alive(process.pid)
         process.kill()
         deadline = time.monotonic() + 10
         while psutil.Process(process.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
             time.sleep(0.05)
         assert psutil.Process(process.pid).status() == psutil.STATUS_ZOMBIE  # killed, not reaped
-        assert not command_legs._group_alive(process.pid)
+        assert not processes.group_alive(process.pid)
     finally:
         process.kill()
         process.wait()
-    assert not command_legs._group_alive(process.pid)
+    assert not processes.group_alive(process.pid)
 
 
 def _still_running(script: Path) -> list[psutil.Process]:

@@ -1,14 +1,12 @@
 """Running a user's command as one leg of ``reprotune verify --command``: in a fresh process of
-its own group, its output appended to the verification log, bounded in time after the reference
-(a leg past its bound is stopped as a whole, and the legs after it are not run). Never imports
-torch."""
+its own group (started and stopped as every leg is: ``_proof.processes``), its output appended to
+the verification log, bounded in time after the reference (a leg past its bound is stopped as a
+whole, and the legs after it are not run). Never imports torch."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -17,7 +15,7 @@ from pathlib import Path
 
 from reprotune._errors import InputError, RunFailedError
 from reprotune._proof.legs import LegNotRun
-from reprotune._proof.processes import ending_with_this_process
+from reprotune._proof.processes import start_leg, wait_or_stop
 from reprotune._run.layout import RunLayout
 from reprotune.integrations import controls as control_vars
 from reprotune.integrations.controls import Controls
@@ -36,8 +34,6 @@ class LegTimedOut(RunFailedError):
 #: forever on another that stopped must not hold verify forever.
 LEG_TIMEOUT_FACTOR = 4.0
 MIN_LEG_TIMEOUT_S = 300.0
-#: Seconds a stopped leg's processes get to end after SIGTERM before they are killed (SIGKILL).
-STOP_GRACE_S = 30.0
 
 
 @dataclass
@@ -89,15 +85,7 @@ class Runner:
             out.flush()
             started = time.perf_counter()
             try:
-                process = subprocess.Popen(
-                    list(self.argv),
-                    stdout=out,
-                    stderr=out,
-                    env=env,
-                    cwd=self.cwd,
-                    start_new_session=True,  # its own group: a stop reaches what it started (sh -c ...)
-                    preexec_fn=ending_with_this_process(),  # never trains on after this verify
-                )
+                process = start_leg(self.argv, out, env, cwd=self.cwd)
             except OSError as exc:
                 raise InputError(
                     f"cannot run the command {self.argv[0]!r}: {exc.strerror or exc}",
@@ -135,71 +123,15 @@ class Runner:
 
 
 def _wait(process: subprocess.Popen[bytes], timeout_s: float | None, name: str, why: str) -> int:
-    """The leg's exit code; past ``timeout_s`` it is stopped (SIGTERM to its process group, which
-    torchrun passes on to its workers; SIGKILL :data:`STOP_GRACE_S` later) and the leg fails,
-    saying ``why``."""
-    try:
-        return process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _stop(process)
+    """The leg's exit code; past ``timeout_s`` it is stopped (``processes.stop_legs``: SIGTERM to its
+    process group, which torchrun passes on to its workers; SIGKILL a grace later) and the leg fails,
+    saying ``why``. Verify's own stop (Ctrl-C, SIGTERM) stops the leg the same way."""
+    code = wait_or_stop(process, timeout_s)
+    if code is None:
         raise LegTimedOut(
             f"the {name} leg did not finish within {timeout_s:.0f} s{why}",
             source="--command",
             fix="see verify.log; the callback applies verify's stop and controls on every rank, so check "
             "that every rank's Trainer has a ReprotuneCallback",
-        ) from None
-    except BaseException:
-        _stop(process)  # Ctrl-C or SIGTERM of verify: the leg stops with it, and all it started
-        raise
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """Stop the leg and everything in its process group (the command and what it started): SIGTERM,
-    then, when any of it is still there :data:`STOP_GRACE_S` later (or this wait is itself
-    interrupted), SIGKILL."""
-    group = process.pid  # the leg leads its own group (start_new_session)
-    try:
-        _signal_group(group, signal.SIGTERM, process)
-        deadline = time.monotonic() + STOP_GRACE_S
-        while time.monotonic() < deadline:
-            if process.poll() is not None and not _group_alive(group):
-                return
-            time.sleep(0.1)
-    finally:
-        if process.poll() is None or _group_alive(group):
-            _signal_group(group, signal.SIGKILL, process)
-        process.wait()
-
-
-def _signal_group(group: int, sig: int, process: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(group, sig)
-    except (ProcessLookupError, PermissionError):
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(sig)  # no group of its own (gone already): the process itself
-
-
-def _group_alive(group: int) -> bool:
-    """Whether a process of ``group`` is still running. A zombie is not: it has ended and waits
-    for its parent (a grandchild whose ``sh`` was killed waits for init, which in a container
-    may not reap it soon), so where /proc lists the group's members their states decide."""
-    try:
-        os.killpg(group, 0)  # any member, zombies included
-    except (ProcessLookupError, PermissionError):
-        return False
-    states = _member_states(group)
-    return not states or any(state != b"Z" for state in states)  # none seen: /proc cannot tell
-
-
-def _member_states(group: int) -> list[bytes]:
-    """The states (``R``, ``S``, ``Z``...) of the processes /proc lists in ``group``; empty where
-    /proc lists none (not Linux, or another pid namespace)."""
-    states = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_bytes().rsplit(b")", 1)[1].split()  # after "pid (comm)": any bytes
-        except (OSError, IndexError):
-            continue  # ended while read
-        if len(fields) > 2 and fields[2] == str(group).encode():
-            states.append(fields[0])
-    return states
+        )
+    return code

@@ -1,9 +1,14 @@
 """The processes of ``reprotune verify``'s legs: ``python -m reprotune ...`` in a fresh process (or
 a fresh torchrun launch when verify itself runs under torchrun), logged into the verification's
-log, one at a time or several side by side (:class:`LegProcesses`)."""
+log, one at a time or several side by side (:class:`LegProcesses`); and how every process verify
+starts, a user's ``--command`` included, is started and stopped (:func:`start_leg`,
+:func:`wait_or_stop`, :func:`stop_legs`): in a process group of its own that ends with verify, and
+stopped as a whole, SIGTERM first (a run records itself interrupted, torchrun passes it on to its
+ranks), SIGKILL :data:`STOP_GRACE_S` later."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,6 +21,9 @@ from typing import BinaryIO
 
 from reprotune._errors import RunFailedError
 from reprotune._run.signals import raise_if_interrupted
+
+#: Seconds a stopped leg's processes get to end after SIGTERM before they are killed (SIGKILL).
+STOP_GRACE_S = 30.0
 
 # Variables torchrun sets for its workers: a leg launched from a verify under torchrun is a new
 # torchrun launch of its own, which must not inherit them.
@@ -88,10 +96,100 @@ def _run_into(args: Sequence[str], log: Path, module: str = "reprotune") -> tupl
     with open(log, "ab") as out:
         _header(out, command)
         started = time.perf_counter()
-        code = subprocess.call(
-            command, stdout=out, stderr=out, env=env, preexec_fn=ending_with_this_process()
-        )
+        code = wait_or_stop(start_leg(command, out, env))
+    assert code is not None  # no time limit
     return time.perf_counter() - started, code
+
+
+def start_leg(
+    command: Sequence[str], out: BinaryIO, env: dict[str, str], *, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``command``, its output into ``out``: in a process group of its own (a stop reaches
+    whatever it started: a torchrun launch, ``sh -c ...``), ending with this process
+    (:func:`ending_with_this_process`).
+
+    Raises:
+        OSError: the command cannot be run (not found, not executable).
+    """
+    return subprocess.Popen(
+        list(command),
+        stdout=out,
+        stderr=out,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+        preexec_fn=ending_with_this_process(),
+    )
+
+
+def wait_or_stop(process: subprocess.Popen[bytes], timeout_s: float | None = None) -> int | None:
+    """The exit code of ``process``; None when it ran past ``timeout_s`` and was stopped
+    (:func:`stop_legs`). When this wait is itself interrupted (Ctrl-C, or SIGTERM of verify), the
+    process is stopped first, then the interruption goes on."""
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        stop_legs([process])
+        return None
+    except BaseException:
+        stop_legs([process])
+        raise
+
+
+def stop_legs(processes: Sequence[subprocess.Popen[bytes]]) -> None:
+    """Stop each process and everything in its process group (each leads its own): SIGTERM, then,
+    when any of it is still there :data:`STOP_GRACE_S` later (or this wait is itself interrupted),
+    SIGKILL. A reprotune run records itself interrupted on SIGTERM; torchrun passes it on to its
+    ranks (each in a session of its own, which only it can reach)."""
+    try:
+        for process in processes:
+            _signal_group(process, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and any(_running(process) for process in processes):
+            time.sleep(0.1)
+    finally:
+        for process in processes:
+            if _running(process):
+                _signal_group(process, signal.SIGKILL)
+            process.wait()
+
+
+def _running(process: subprocess.Popen[bytes]) -> bool:
+    return process.poll() is None or group_alive(process.pid)
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(sig)  # no group of its own (gone already): the process itself
+
+
+def group_alive(group: int) -> bool:
+    """Whether a process of ``group`` is still running. A zombie is not: it has ended and waits
+    for its parent (a grandchild whose ``sh`` was killed waits for init, which in a container
+    may not reap it soon), so where /proc lists the group's members their states decide."""
+    try:
+        os.killpg(group, 0)  # any member, zombies included
+    except (ProcessLookupError, PermissionError):
+        return False
+    states = _member_states(group)
+    return not states or any(state != b"Z" for state in states)  # none seen: /proc cannot tell
+
+
+def _member_states(group: int) -> list[bytes]:
+    """The states (``R``, ``S``, ``Z``...) of the processes /proc lists in ``group``; empty where
+    /proc lists none (not Linux, or another pid namespace)."""
+    states = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_bytes().rsplit(b")", 1)[1].split()  # after "pid (comm)": any bytes
+        except (OSError, IndexError):
+            continue  # ended while read
+        if len(fields) > 2 and fields[2] == str(group).encode():
+            states.append(fields[0])
+    return states
 
 
 class LegProcesses:
@@ -103,8 +201,8 @@ class LegProcesses:
     or where files cannot be locked): each runs to its end when started, straight into ``log``.
 
     A context manager: on leaving it every process has ended (after an error, those still running
-    are stopped as by Ctrl-C), their logs are in ``log`` in the order they started, the lock file
-    is gone, and a failure not yet reported by :meth:`wait` raises.
+    are stopped: :func:`stop_legs`), their logs are in ``log`` in the order they started, the lock
+    file is gone, and a failure not yet reported by :meth:`wait` raises.
     """
 
     def __init__(self, log: Path, *, together: bool) -> None:
@@ -129,9 +227,7 @@ class LegProcesses:
         part = self.log.with_name(f"{self.log.name}.{len(self._started)}")
         with open(part, "wb") as out:
             _header(out, command)
-            process = subprocess.Popen(
-                command, stdout=out, stderr=out, env=env, preexec_fn=ending_with_this_process()
-            )
+            process = start_leg(command, out, env)
         self._started.append(_Started(list(args), process, part, time.perf_counter()))
         return len(self._started) - 1
 
@@ -177,9 +273,7 @@ class LegProcesses:
 
     def __exit__(self, kind: object, error: object, traceback: object) -> None:
         if error is not None:
-            for started in self._started:
-                if started.code is None and started.process is not None:
-                    started.process.send_signal(signal.SIGINT)  # the run records itself interrupted
+            stop_legs([s.process for s in self._started if s.code is None and s.process is not None])
         while any(started.code is None for started in self._started):
             self._poll()
             time.sleep(0.05)
