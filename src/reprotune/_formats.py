@@ -89,9 +89,11 @@ VERIFICATION: Final = DocumentFormat("reprotune/verification", 5, "verification"
 """2: mode, per-leg cost, machine, blame; 3: wall_s (legs side by side); 4: legs' prefix; 5: mode
 spot and its spot section."""
 COMMAND_VERIFICATION: Final = DocumentFormat(
-    "reprotune/command-verification", 2, "command verification", older=(1,)
+    "reprotune/command-verification", 3, "command verification", older=(1, 2)
 )
-"""2: spot (``verify --command --spot``)."""
+"""2: spot (``verify --command --spot``); 3: what a config's verification holds besides (mode
+``command``, config_sha256 and reference of the reference leg's run, reference_s, machine, wall_s,
+legs_s, cost)."""
 BUNDLE: Final = DocumentFormat("reprotune/bundle", 1, "bundle manifest")
 BUNDLE_RERUN: Final = DocumentFormat("reprotune/bundle-rerun", 1, "bundle rerun summary")
 STUDY: Final = DocumentFormat("reprotune/study", 1, "study")

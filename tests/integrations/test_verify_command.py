@@ -47,6 +47,13 @@ def test_verify_command_passes_and_reports_the_resume_leg(
     assert "verify: PASS" in done.stdout
     report = json.loads((project.root / "ver" / "verification.json").read_text(encoding="utf-8"))
     assert report["schema"] == "reprotune/command-verification" and report["verdict"] == "PASS"
+    # What a config's verification holds too (schema 3): the reference, its duration, the machine, the cost.
+    command = shlex.join(project.argv("hf_trainer.py"))
+    assert (report["schema_version"], report["mode"], report["command"]) == (3, "command", command)
+    assert report["reference"] == str((project.root / "ver" / "reference").resolve())
+    assert report["config_sha256"] == load_record(project.root / "ver" / "reference")["config_sha256"]
+    assert report["reference_s"] > 0 and report["wall_s"] > 0 and report["machine"]["host"]
+    assert report["cost"] == round(report["wall_s"] / report["reference_s"], 3)
     legs = {leg["name"]: leg for leg in report["legs"]}
     assert legs["rerun"]["verdict"] == "IDENTICAL"
     assert legs["control-data-seed"]["verdict"] == "DIVERGED"
@@ -68,8 +75,8 @@ def test_the_report_of_a_command_verification_says_what_the_command_proved(
     verified: Verified, tmp_path: Path
 ) -> None:
     """``reprotune report`` of the verification directory opens with what the command proved: the
-    command, the rerun, the Trainer's own resume and the data-order control; not a config's
-    mode, config sha256, machine or cost, which a command verification does not hold."""
+    command, the rerun, the Trainer's own resume and the data-order control, the machine and the
+    cost; not a config's mode or config sha256."""
     project, done = verified
     assert done.returncode == 0, done.stderr[-3000:]
     page = tmp_path / "report.html"
@@ -78,7 +85,8 @@ def test_the_report_of_a_command_verification_says_what_the_command_proved(
     first = html[html.index("What was proven") : html.index("</table>")]
     assert "verify PASS" in first and "The command reproduces" in first
     assert "hf_trainer.py" in first and "stopped after step 3 and resumed" in first
-    assert "config sha256" not in first and "None mode" not in first and "Machine:" not in first
+    assert "config sha256" not in first and "None mode" not in first and "command mode" not in first
+    assert "Machine:" in first and " s of legs for a " in first
     for leg in ("rerun", "control-data-seed", "resume"):
         assert f"<td>{leg}</td>" in first
 
@@ -211,7 +219,7 @@ def test_verify_command_spot_replays_intervals_between_the_trainers_checkpoints(
     )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     report = json.loads((project.root / "ver" / "verification.json").read_text(encoding="utf-8"))
-    assert (report["schema_version"], report["verdict"]) == (2, "PASS")
+    assert (report["schema_version"], report["verdict"], report["mode"]) == (3, "PASS", "command")
     assert [(i["start"], i["end"]) for i in report["spot"]["intervals"]] == [(0, 2), (2, 4), (4, 6)]
     legs = {leg["name"]: leg for leg in report["legs"]}
     for name in ("steps 1-2", "steps 3-4", "steps 5-6"):
@@ -368,3 +376,37 @@ def test_a_leg_whose_command_fails_after_the_reference_is_a_failed_leg(
         assert "boom: out of memory" in leg["note"]
         assert leg["run_dir"] == str(tmp_path / "ver" / name)
     assert legs["resume"]["evidence"] == {"resumed_at": 3}
+
+
+def test_a_command_verification_puts_its_verdict_on_the_reference_runs_mlflow_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``verify --command`` ends as ``verify`` of a config does: the verdict, mode ``command`` and
+    ``verification.json`` land on the MLflow run the reference leg's record names (the Trainer's
+    own run, or the callback's), read back with MLflow's client. Here every leg copies one made run
+    whose record names a run in a SQLite store, so the control does not part: FAIL, exit 1."""
+    from mlflow.tracking import MlflowClient
+
+    from reprotune._run.record import write_record
+    from rundirs import RunSpec, write_run_dir
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=store)
+    mlflow_run = client.create_run(client.create_experiment("trainer")).info.run_id
+    made = write_run_dir(tmp_path / "made", RunSpec())
+    record = load_record(made)
+    write_record(made / "record.json", {**record, "trackers": {"mlflow": _linked(store, mlflow_run)}})
+    script = _reference_only_script(tmp_path, "    shutil.copytree(sys.argv[1], target)\n")
+    monkeypatch.chdir(tmp_path)
+    command = shlex.join([sys.executable, str(script), str(made)])
+    assert main(["verify", "--command", command, "--out", "ver"]) == 1
+    tags = client.get_run(mlflow_run).data.tags
+    assert (tags["reprotune.verify.verdict"], tags["reprotune.verify.mode"]) == ("FAIL", "command")
+    assert tags["reprotune.verify.directory"] == str((tmp_path / "ver").resolve())
+    listed = {a.path for a in client.list_artifacts(mlflow_run, "reprotune")}
+    assert listed == {"reprotune/verification.json"}
+
+
+def _linked(store: str, run_id: str) -> dict[str, Any]:
+    """A record's ``trackers.mlflow`` of a Trainer's run the callback linked."""
+    return {"ok": True, "tracking_uri": store, "mlflow_run_id": run_id, "linked": "the Trainer's run"}

@@ -157,10 +157,7 @@ def _run_command(args: argparse.Namespace) -> int:
         out = _default_out("verify", _command_digest(args.train_command))
     refuse_unwritable_parent(out, source="--out")
     refuse_inside_run(out, option="--out")
-    result = verify_command(args.train_command, out, resume_at=args.resume_at)
-    print(result.format())
-    print(f"verification record: {out / 'verification.json'}")
-    return 0 if result.verdict == "PASS" else 1
+    return _done(verify_command(args.train_command, out, resume_at=args.resume_at), out)
 
 
 def _run_spot(args: argparse.Namespace) -> int:
@@ -228,10 +225,7 @@ def _run_command_spot(args: argparse.Namespace) -> int:
     if out is None:
         out = _default_out("verify-spot", _command_digest(args.train_command))
     budget = DEFAULT_BUDGET if args.budget is None else args.budget
-    result = spot_verify_command(args.train_command, out, budget=budget, seed=args.seed or 0)
-    print(result.format())
-    print(f"verification record: {out / 'verification.json'}")
-    return 0 if result.verdict == "PASS" else 1
+    return _done(spot_verify_command(args.train_command, out, budget=budget, seed=args.seed or 0), out)
 
 
 def _default_out(prefix: str, key: str) -> Path:

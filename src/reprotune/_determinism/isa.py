@@ -41,6 +41,8 @@ from reprotune._errors import InputError
 CpuIsa = Literal["native", "avx2", "avx512", "avx2-amd", "avx2-compatible"]
 
 INTEL, AMD = "GenuineIntel", "AuthenticAMD"
+#: Each vendor's own AVX2 baseline (MKL's fast branch on its CPUs); ``avx2-compatible`` spans both.
+VENDOR_BASELINES: dict[str, CpuIsa] = {INTEL: "avx2", AMD: "avx2-amd"}
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,10 @@ from reprotune._determinism.flags import CUBLAS_DETERMINISTIC_VALUES, CUBLAS_ENV
 from reprotune._doctor.data_checks import check_columns, check_data
 from reprotune._doctor.dist_checks import check_nccl, check_ranks
 from reprotune._doctor.findings import Check, Context
+from reprotune._doctor.kernel_checks import check_cpu_kernels, check_stack
 from reprotune._model.loading import refuse_revision
 from reprotune._run.findings import Finding
-from reprotune._run.fingerprint import code_fingerprint, installed_distributions
-from reprotune._run.kernels import kernel_facts
-from reprotune._run.stack import stack_facts
+from reprotune._run.fingerprint import code_fingerprint
 
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 
@@ -185,71 +184,6 @@ def check_threads(ctx: Context) -> list[Finding]:
             "CPU reductions split work by thread count, so a machine with another core count sums in "
             "another order and gets other bits",
             "pin it, e.g. determinism.threads: 2, and use the same value everywhere",
-        )
-    ]
-
-
-def check_cpu_kernels(ctx: Context) -> list[Finding]:
-    """Which CPU kernels run (the ``determinism.cpu_isa`` mode in force, read back)."""
-    if ctx.device != "cpu":
-        return []
-    facts = kernel_facts(env=ctx.env)
-    cpu, blas = facts["cpu"], facts["blas"]
-    mode = facts["portable"]["cpu_isa"]
-    path = (
-        f"ATen capability {cpu['aten_capability']}, MKL code path {blas['mkl_code_path']} "
-        f"(CNR {blas['mkl_cbwr']})"
-    )
-    if mode != "native":
-        return [
-            Finding(
-                "cpu-kernels-portable",
-                "info",
-                f"determinism.cpu_isa {mode!r} is in force: {path}",
-                f"CPU kernel knobs pinned to {mode}, so that runs reproduce on x86-64 CPUs that have it "
-                "(shown against a CPU capped to it; across vendors not yet: docs/microscope.md)",
-                "nothing to do",
-            )
-        ]
-    return [
-        Finding(
-            "cpu-kernels-native",
-            "info",
-            f"CPU kernels are this CPU's own (determinism.cpu_isa: native): {path}",
-            "a CPU with other vector instructions (AVX2 vs AVX-512) runs other kernels and gets other "
-            "bits: runs reproduce bit for bit only on CPUs whose kernel facts match",
-            "to rerun on other CPUs pin cpu_isa avx2 (Intel), avx2-amd (AMD) or avx2-compatible (any)",
-        )
-    ]
-
-
-def check_stack(ctx: Context) -> list[Finding]:
-    """Whether CI proves the installed library stack (the record's ``environment.stack``)."""
-    del ctx
-    facts = stack_facts(installed_distributions())
-    if facts["stack"] != "untested":
-        return [
-            Finding(
-                "stack-tested",
-                "info",
-                f"the installed libraries are a stack CI proves: {facts['stack']}",
-                "reprotune's own tests passed on exactly these versions",
-                "nothing to do",
-            )
-        ]
-    closest = facts["closest"]
-    differs = ", ".join(
-        f"{name} {versions['installed']} ({closest}: {versions.get(closest)})"
-        for name, versions in facts["differs"].items()
-    )
-    return [
-        Finding(
-            "stack-untested",
-            "info",
-            f"the installed libraries are not a stack CI proves: {differs}",
-            "pyproject.toml's ranges allow them, but reprotune's tests ran on the lock and on the "
-            "floors only; twin runs still prove themselves (compare, verify)",
-            "to run on a proven stack: pip install -c <reprotune>/stacks/lock.txt (or floor.txt) reprotune",
         )
     ]
 

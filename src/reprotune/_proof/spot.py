@@ -50,6 +50,7 @@ from reprotune._proof.verification import (
     outcome,
     progress_line,
     recorded_total_steps,
+    run_seconds,
 )
 from reprotune._run.checkpoint_files import (
     checkpoint_dir,
@@ -135,7 +136,7 @@ def spot_verify(
         legs,
         mode="spot",
         reference=str(reference),
-        reference_s=_seconds(record),
+        reference_s=run_seconds(reference),
         machine=machine_summary(),
         wall_s=time.perf_counter() - started,
         spot=spot,
@@ -297,11 +298,6 @@ def _judge_control(reference: Path, control: PlannedControl) -> Leg:
     leg = replace(leg, note=f"resumed from checkpoint {control.start} without restoring the RNG states")
     lora = read_record(RunLayout(reference).record).config.get("lora") or {}
     return inconclusive_without_dropout(leg, lora.get("dropout")) or leg
-
-
-def _seconds(record: dict[str, Any]) -> float | None:
-    value = (record.get("timings") or {}).get("duration_s")
-    return float(value) if isinstance(value, (int, float)) else None
 
 
 def spot_verify_bundle(

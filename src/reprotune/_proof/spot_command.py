@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,10 +26,11 @@ from reprotune._jsonio import sha256_file, write_json_atomic
 from reprotune._proof.command_legs import TRAINER_OUTPUT, Runner
 from reprotune._proof.intervals import Interval, adapter_state, coverage, judge_interval, plan_intervals
 from reprotune._proof.legs import LegPlan, Step, run_legs
-from reprotune._proof.verification import Leg, judge_data_order_control, outcome
-from reprotune._proof.verify_command import CommandVerification, parse_command, require_status
+from reprotune._proof.verification import Leg, Verification, command_verification, judge_data_order_control
+from reprotune._proof.verify_command import parse_command, require_status
 from reprotune._run.layout import LOCK, RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
+from reprotune._run.outputs import refuse_nonempty_dir, removed_if_refused
 from reprotune._run.record import write_stopped_copy
 from reprotune.integrations.controls import Controls
 
@@ -65,7 +67,7 @@ def spot_verify_command(
     seed: int,
     cwd: Path | None = None,
     progress: Callable[[str], None] = lambda line: print(line, flush=True),
-) -> CommandVerification:
+) -> Verification:
     """Run the reference leg, then replay the chosen intervals and the control; judge them.
 
     Raises:
@@ -75,13 +77,18 @@ def spot_verify_command(
     argv = parse_command(command)
     if not (0 < budget <= 1):
         raise InputError(f"--budget {budget!r} is not in (0, 1]", source="--budget", fix="e.g. --budget 0.2")
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise InputError(
-            f"verification directory {out_dir} is not new and empty", source="--out", fix="choose a new --out"
-        )
+    refuse_nonempty_dir(out_dir, option="--out")
+    with removed_if_refused(out_dir):  # a refusal after the reference leg leaves nothing behind
+        out_dir.mkdir(parents=True, exist_ok=True)
+        run = Runner(argv, VerifyLayout(out_dir).log, cwd or Path.cwd(), progress)
+        return _spot(run, out_dir, command, budget, seed, progress)
+
+
+def _spot(
+    run: Runner, out_dir: Path, command: str, budget: float, seed: int, progress: Callable[[str], None]
+) -> Verification:
+    """The reference leg, the intervals and the control, judged (see :func:`spot_verify_command`)."""
     layout = VerifyLayout(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    run = Runner(argv, layout.log, cwd or Path.cwd(), progress)
     reference = run.leg("reference", Controls(run_dir=layout.leg("reference")))
     require_status(reference, "completed", "reference")
     total = len(read_ledger(RunLayout(reference).ledger).train)
@@ -91,12 +98,14 @@ def spot_verify_command(
         f"verify --command --spot: {len(intervals)} of {len(checkpoints) + 1} intervals between the "
         f"Trainer's checkpoints, {sum(i.steps for i in intervals)} of {total} steps"
     )
+    started = time.perf_counter()
     plans = [_interval_leg(run, out_dir, reference, checkpoints, i, total) for i in intervals]
     plans.append(_control_leg(reference, layout.leg("control-data-seed").resolve(), total))
     legs = run_legs(plans, run.leg)
-    verdict = outcome(legs)
-    result = CommandVerification(verdict, str(out_dir), command, None, legs)
-    result.spot = coverage(intervals, list(checkpoints), total, budget, seed)
+    spot = coverage(intervals, list(checkpoints), total, budget, seed)
+    result = command_verification(
+        legs, out_dir, command, reference, wall_s=time.perf_counter() - started, spot=spot
+    )
     write_json_atomic(layout.verification, result.to_json())
     return result
 

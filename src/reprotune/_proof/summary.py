@@ -135,10 +135,17 @@ def _config_proven(data: dict[str, Any]) -> str:
             f"The recorded run reproduces where it was sampled: {_sampled(spot, 'its own checkpoints')}, "
             "and the negative controls show the check can fail."
         )
-    cost = data.get("cost")
     return (
         f"({escape(str(data.get('mode')))} mode, config sha256 "
         f"<code>{escape(str(data.get('config_sha256', ''))[:12])}</code>). {escape(proven)}</p>"
+        + _machine_and_cost(data)
+    )
+
+
+def _machine_and_cost(data: dict[str, Any]) -> str:
+    """Where a verification ran and what it cost against its reference run, as HTML."""
+    cost = data.get("cost")
+    return (
         f"<p>Machine: {escape(_machine(data.get('machine') or {}))}. Cost: "
         f"{float(data.get('wall_s') or data.get('legs_s') or 0):.0f} s of legs for a "
         f"{float(data.get('reference_s') or 0):.0f} s "
@@ -168,7 +175,8 @@ def _command_proven(data: dict[str, Any]) -> str:
             "The command reproduces: run again in a fresh process it gave bit-identical losses and "
             f"weights{resumed}, and the data-order control shows the check can fail."
         )
-    return f"(command <code>{escape(str(data.get('command')))}</code>). {escape(proven)}</p>"
+    shown = f"(command <code>{escape(str(data.get('command')))}</code>). {escape(proven)}</p>"
+    return shown + (_machine_and_cost(data) if "machine" in data else "")  # schema 3 on
 
 
 def _bundle_rerun(path: Path, data: dict[str, Any]) -> Proof:

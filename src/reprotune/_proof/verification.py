@@ -1,4 +1,5 @@
-"""What ``reprotune verify`` found: its legs and its verdict, and ``verification.json``'s format."""
+"""What ``reprotune verify`` found: its legs and its verdict, and ``verification.json``'s format
+(one result for a config's verification and a command's: :class:`Verification`)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from reprotune._errors import InputError
-from reprotune._formats import VERIFICATION
+from reprotune._formats import COMMAND_VERIFICATION, VERIFICATION
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.differences import Comparison, Verdict
 from reprotune._run.layout import RunLayout
 from reprotune._run.record import read_record
 
-Mode = Literal["fast", "thorough", "spot"]
+Mode = Literal["fast", "thorough", "spot", "command"]
 Outcome = Literal["PASS", "FAIL"]
 Expected = Literal["IDENTICAL", "DIVERGED"]
 #: What a leg showed: a comparison's verdict with the reference, or FAILED (its process failed).
@@ -50,7 +51,8 @@ class Leg:
 
 @dataclass
 class Verification:
-    """The outcome of ``reprotune verify``."""
+    """The outcome of ``reprotune verify``: of a config (``fast``, ``thorough``), of a run's sampled
+    intervals (``spot``), or of a user's command (``command``, with or without ``spot``)."""
 
     verdict: Outcome
     directory: str
@@ -67,6 +69,10 @@ class Verification:
     count once. What the user waited for beyond the reference, and the cost's numerator."""
     spot: dict[str, Any] | None = None
     """``--spot``: the budget, the seed, the intervals chosen and what their replay proves."""
+    command: str | None = None
+    """``verify --command``: the user's command (its file is ``reprotune/command-verification``)."""
+    resume_at: int | None = None
+    """``verify --command --resume-at``: the step the resume leg stopped after."""
 
     @property
     def legs_s(self) -> float:
@@ -85,10 +91,17 @@ class Verification:
         # From the wall time as written, so that the file agrees with itself: cost is
         # wall_s / reference_s of the values a reader sees, rounded once.
         body["cost"] = round(wall_s / self.reference_s, 3) if self.reference_s else None
+        if self.command is not None:
+            return COMMAND_VERIFICATION.stamp(body)
+        del body["command"], body["resume_at"]
         return VERIFICATION.stamp(body)
 
     def format(self) -> str:
-        lines = [f"verify: {self.verdict}  ({self.mode}, {self.directory})", *leg_lines(self.legs, 15)]
+        if self.command is None:
+            lines = [f"verify: {self.verdict}  ({self.mode}, {self.directory})", *leg_lines(self.legs, 15)]
+        else:
+            lines = [f"verify: {self.verdict}  ({self.directory})", f"  command: {self.command}"]
+            lines += leg_lines(self.legs, 17)
         lines += why_lines(self.legs)
         lines += coverage_lines(self.spot)
         if self.cost is not None:
@@ -262,6 +275,40 @@ def recorded_total_steps(run_dir: Path) -> int:
             fix="the record was edited or written by another tool; rerun to regenerate it",
         )
     return total
+
+
+def run_seconds(run_dir: Path) -> float | None:
+    """A run's own duration (its record): the unit a verification's cost is measured in."""
+    return read_record(RunLayout(run_dir).record).timings.duration_s
+
+
+def command_verification(
+    legs: list[Leg],
+    directory: Path,
+    command: str,
+    reference: Path,
+    *,
+    wall_s: float,
+    resume_at: int | None = None,
+    spot: dict[str, Any] | None = None,
+) -> Verification:
+    """The outcome of ``verify --command`` (legs judged after its ``reference`` leg, in ``wall_s``):
+    its config sha256 and duration read from the reference leg's record."""
+    record = read_record(RunLayout(reference).record)
+    return Verification(
+        outcome(legs),
+        str(directory),
+        record.config_sha256,
+        legs,
+        mode="command",
+        reference=str(reference),
+        reference_s=record.timings.duration_s,
+        machine=machine_summary(),
+        wall_s=wall_s,
+        spot=spot,
+        command=command,
+        resume_at=resume_at,
+    )
 
 
 def train_seconds(run_dir: Path, *, since: int = 0) -> float | None:

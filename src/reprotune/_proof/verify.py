@@ -59,6 +59,7 @@ from reprotune._proof.verification import (
     outcome,
     progress_line,
     recorded_total_steps,
+    run_seconds,
 )
 from reprotune._proof.verify_eval import eval_leg
 from reprotune._run.layout import RunLayout, VerifyLayout
@@ -162,7 +163,7 @@ def verify_config(
         legs,
         mode="thorough" if thorough else "fast",
         reference=str(ctx.reference),
-        reference_s=_run_seconds(ctx.reference),
+        reference_s=run_seconds(ctx.reference),
         machine=machine_summary(),
         wall_s=time.perf_counter() - started,
     )
@@ -362,10 +363,6 @@ def _numbers_config(cfg: ExperimentConfig) -> str:
     """The config's identity without ``tracking``, which cannot change the numbers (compare treats
     it so): a reference mirrored elsewhere, or not at all, is still a reference of this config."""
     return config_sha256(cfg.model_copy(update={"tracking": type(cfg.tracking)()}))
-
-
-def _run_seconds(run_dir: Path) -> float | None:
-    return read_record(RunLayout(run_dir).record).timings.duration_s
 
 
 def _resume_point(cfg: ExperimentConfig, total_steps: int) -> int | None:

@@ -26,53 +26,27 @@ Never imports torch.
 from __future__ import annotations
 
 import shlex
+import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from reprotune._errors import InputError, RunFailedError
-from reprotune._formats import COMMAND_VERIFICATION
 from reprotune._jsonio import write_json_atomic
 from reprotune._proof.command_legs import TRAINER_OUTPUT, Runner
 from reprotune._proof.legs import LegPlan, Step, run_legs
 from reprotune._proof.verification import (
     Leg,
-    Outcome,
-    coverage_lines,
+    Verification,
+    command_verification,
     judge_data_order_control,
     judge_leg,
-    leg_lines,
-    outcome,
-    why_lines,
 )
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
 from reprotune._run.outputs import refuse_nonempty_dir, removed_if_refused
 from reprotune._run.record import Status, read_record
 from reprotune.integrations.controls import Controls
-
-
-@dataclass
-class CommandVerification:
-    """The outcome of ``reprotune verify --command``."""
-
-    verdict: Outcome
-    directory: str
-    command: str
-    resume_at: int | None
-    legs: list[Leg]
-    spot: dict[str, Any] | None = None
-    """``--spot``: the intervals between the Trainer's checkpoints replayed, and what that proves."""
-
-    def to_json(self) -> dict[str, Any]:
-        return COMMAND_VERIFICATION.stamp(asdict(self))
-
-    def format(self) -> str:
-        lines = [f"verify: {self.verdict}  ({self.directory})", f"  command: {self.command}"]
-        lines += leg_lines(self.legs, 17) + why_lines(self.legs)
-        lines += coverage_lines(self.spot)
-        return "\n".join(lines)
 
 
 def parse_command(command: str) -> list[str]:
@@ -101,7 +75,7 @@ def verify_command(
     resume_at: int | None = None,
     cwd: Path | None = None,
     progress: Callable[[str], None] = lambda line: print(line, flush=True),
-) -> CommandVerification:
+) -> Verification:
     """Run the legs of the module docstring into ``out_dir`` and judge them.
 
     Args:
@@ -130,14 +104,16 @@ def verify_command(
         return _verify(Runner(argv, layout.log, cwd or Path.cwd(), progress), layout, command, resume_at)
 
 
-def _verify(run: Runner, layout: VerifyLayout, command: str, resume_at: int | None) -> CommandVerification:
+def _verify(run: Runner, layout: VerifyLayout, command: str, resume_at: int | None) -> Verification:
     """The legs, judged, and the verification record (see :func:`verify_command`)."""
     reference = run.leg("reference", Controls(run_dir=layout.leg("reference")))
     require_status(reference, "completed", "reference")
     if resume_at is not None:
         _check_resume_at(reference, resume_at)
+    started = time.perf_counter()
     legs = run_legs(command_legs(layout, reference, resume_at), run.leg)
-    result = CommandVerification(outcome(legs), str(layout.root), command, resume_at, legs)
+    wall = time.perf_counter() - started
+    result = command_verification(legs, layout.root, command, reference, wall_s=wall, resume_at=resume_at)
     write_json_atomic(layout.verification, result.to_json())
     return result
 

@@ -1,0 +1,90 @@
+"""The doctor's checks of what computes the numbers besides the config: the CPU kernels in force
+(the ``determinism.cpu_isa`` mode, read back, and which mode to pin to rerun elsewhere) and whether
+CI proves the installed library stack.
+"""
+
+from __future__ import annotations
+
+from reprotune._determinism.isa import INTEL, VENDOR_BASELINES
+from reprotune._doctor.findings import Context
+from reprotune._run.findings import Finding
+from reprotune._run.fingerprint import installed_distributions
+from reprotune._run.kernels import kernel_facts
+from reprotune._run.stack import stack_facts
+
+
+def check_cpu_kernels(ctx: Context) -> list[Finding]:
+    """Which CPU kernels run (the ``determinism.cpu_isa`` mode in force, read back)."""
+    if ctx.device != "cpu":
+        return []
+    facts = kernel_facts(env=ctx.env)
+    cpu, blas = facts["cpu"], facts["blas"]
+    mode = facts["portable"]["cpu_isa"]
+    path = (
+        f"ATen capability {cpu['aten_capability']}, MKL code path {blas['mkl_code_path']} "
+        f"(CNR {blas['mkl_cbwr']})"
+    )
+    if mode != "native":
+        return [
+            Finding(
+                "cpu-kernels-portable",
+                "info",
+                f"determinism.cpu_isa {mode!r} is in force: {path}",
+                f"CPU kernel knobs pinned to {mode}, so that runs reproduce on x86-64 CPUs that have it "
+                "(shown against a CPU capped to it; across vendors not yet: docs/microscope.md)",
+                "nothing to do",
+            )
+        ]
+    return [
+        Finding(
+            "cpu-kernels-native",
+            "info",
+            f"CPU kernels are this CPU's own (determinism.cpu_isa: native): {path}",
+            "a CPU with other vector instructions (AVX2 vs AVX-512) runs other kernels and gets other "
+            "bits: runs reproduce bit for bit only on CPUs whose kernel facts match",
+            _portable_fix(cpu.get("vendor")),
+        )
+    ]
+
+
+def _portable_fix(vendor: str | None) -> str:
+    """Which ``determinism.cpu_isa`` to pin to rerun elsewhere: this CPU's vendor's own first."""
+    own = VENDOR_BASELINES.get(vendor or "")
+    if own is None:
+        return "to rerun on other CPUs pin cpu_isa avx2 (Intel), avx2-amd (AMD) or avx2-compatible (any)"
+    name = "Intel" if vendor == INTEL else "AMD"  # the vendors with a baseline of their own
+    return (
+        f"to rerun on other {name} CPUs with AVX2 pin determinism.cpu_isa: {own}; across vendors "
+        "too, avx2-compatible (MKL's vendor-neutral branch, slower)"
+    )
+
+
+def check_stack(ctx: Context) -> list[Finding]:
+    """Whether CI proves the installed library stack (the record's ``environment.stack``)."""
+    del ctx
+    facts = stack_facts(installed_distributions())
+    if facts["stack"] != "untested":
+        return [
+            Finding(
+                "stack-tested",
+                "info",
+                f"the installed libraries are a stack CI proves: {facts['stack']}",
+                "reprotune's own tests passed on exactly these versions",
+                "nothing to do",
+            )
+        ]
+    closest = facts["closest"]
+    differs = ", ".join(
+        f"{name} {versions['installed']} ({closest}: {versions.get(closest)})"
+        for name, versions in facts["differs"].items()
+    )
+    return [
+        Finding(
+            "stack-untested",
+            "info",
+            f"the installed libraries are not a stack CI proves: {differs}",
+            "pyproject.toml's ranges allow them, but reprotune's tests ran on the lock and on the "
+            "floors only; twin runs still prove themselves (compare, verify)",
+            "to run on a proven stack: pip install -c <reprotune>/stacks/lock.txt (or floor.txt) reprotune",
+        )
+    ]
