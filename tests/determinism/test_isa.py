@@ -16,7 +16,6 @@ import pytest
 
 from reprotune._determinism import isa
 from reprotune._determinism.cpu import cpu_vendor
-from reprotune._determinism.isa import VENDOR_BASELINES
 from reprotune._errors import InputError
 from reprotune._proof.compare import compare_runs
 from tinyrun import TinyProject
@@ -144,7 +143,7 @@ def test_doctor_says_which_mode_is_in_force(portable: TinyProject) -> None:
     assert f"cpu-kernels-portable: determinism.cpu_isa '{mode}' is in force" in done.stdout
     done = portable.run_cli("doctor", "cfg.yaml", "--no-probe", check=False)
     assert "cpu-kernels-native" in done.stdout
-    own = VENDOR_BASELINES.get(cpu_vendor() or "")  # this CPU's vendor's own mode is named first
+    own = isa.vendor_baseline(cpu_vendor())  # this CPU's vendor's own mode is named first
     if own is not None:
         assert f"with AVX2 pin determinism.cpu_isa: {own}; across vendors too, avx2-compatible" in done.stdout
 

@@ -5,8 +5,8 @@ interpreters, in the processes the zygote forked.
 and ``verify --command`` runs the user's command (``_proof.command_legs``); in a fresh interpreter
 that is some 4 s of imports per leg, most of a tiny verify's time. In a process forked from the
 zygote (``TESTS_WARM_ZYGOTE`` names the zygote's socket: a name no record keeps, unlike
-``REPROTUNE_*``), this module gives both a
-``subprocess`` whose ``Popen`` and ``call`` hand ``python -m reprotune...`` or ``python SCRIPT.py``
+``REPROTUNE_*``), this module gives ``reprotune._proof.processes`` (where every leg starts) a
+``subprocess`` whose ``Popen`` hands ``python -m reprotune...`` or ``python SCRIPT.py``
 (of this interpreter) to the zygote:
 it forks the leg (its own pid, process group, working directory, environment, and the output files
 verify passed), and tells its exit status back on the same connection. ``python -m
@@ -144,16 +144,6 @@ class _Subprocess:
             except (_Cold, OSError):  # the zygote says no, or cannot be reached: a real process
                 pass
         return subprocess.Popen(command, **kwargs)
-
-    @staticmethod
-    def call(command: Any, **kwargs: Any) -> int:
-        process = _Subprocess.Popen(command, **kwargs)
-        try:
-            return int(process.wait())
-        except BaseException:
-            process.kill()
-            process.wait()
-            raise
 
     def __getattr__(self, name: str) -> Any:
         return getattr(subprocess, name)

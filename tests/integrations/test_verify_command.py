@@ -378,6 +378,28 @@ def test_a_leg_whose_command_fails_after_the_reference_is_a_failed_leg(
     assert legs["resume"]["evidence"] == {"resumed_at": 3}
 
 
+def test_a_leg_that_writes_no_run_directory_after_the_reference_is_a_failed_leg(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reference writes its run; the later legs exit 0 without one: FAILED legs, FAIL (exit 1),
+    verification.json written and the reference kept. Such a leg was a refusal that removed the
+    whole verification directory, the finished reference with it."""
+    from rundirs import RunSpec, write_run_dir
+
+    made = write_run_dir(tmp_path / "made", RunSpec())
+    script = _reference_only_script(tmp_path, "    pass\n")
+    monkeypatch.chdir(tmp_path)
+    command = shlex.join([sys.executable, str(script), str(made)])
+    assert main(["verify", "--command", command, "--out", "ver"]) == 1
+    report = json.loads((tmp_path / "ver" / "verification.json").read_text(encoding="utf-8"))
+    legs = {leg["name"]: leg for leg in report["legs"]}
+    assert list(legs) == ["rerun", "control-data-seed"]
+    for name, leg in legs.items():
+        assert (leg["verdict"], leg["passed"]) == ("FAILED", False), leg
+        assert f"the {name} leg's command wrote no run directory" in leg["note"]
+    assert load_record(tmp_path / "ver" / "reference")["status"] == "completed"
+
+
 def test_a_command_verification_puts_its_verdict_on_the_reference_runs_mlflow_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -392,7 +414,8 @@ def test_a_command_verification_puts_its_verdict_on_the_reference_runs_mlflow_ru
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=store)
-    mlflow_run = client.create_run(client.create_experiment("trainer")).info.run_id
+    experiment = client.create_experiment("trainer", artifact_location=str(tmp_path / "artifacts"))
+    mlflow_run = client.create_run(experiment).info.run_id
     made = write_run_dir(tmp_path / "made", RunSpec())
     record = load_record(made)
     write_record(made / "record.json", {**record, "trackers": {"mlflow": _linked(store, mlflow_run)}})

@@ -1,14 +1,20 @@
 """The processes of verify's legs (reprotune._proof.processes): side by side, each logged whole
 in the order started, a failure named with its own output; one at a time, nothing runs after a
-failure."""
+failure; a stopped leg gets its grace to record its end, a second stop of verify notwithstanding."""
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from reprotune._errors import RunFailedError
+from reprotune._proof import processes as leg_processes
 from reprotune._proof.processes import LegProcesses
 
 
@@ -50,3 +56,34 @@ def test_one_at_a_time_runs_nothing_after_a_failure(tmp_path: Path) -> None:
     text = log.read_text()
     assert f"reprotune run {missing}" in text and "--version" not in text
     assert [p.name for p in tmp_path.iterdir()] == ["verify.log"]
+
+
+def test_a_second_stop_during_the_grace_does_not_kill_a_leg_mid_record(tmp_path: Path) -> None:
+    """A stopped leg that takes a while to record its end after SIGTERM (as a run writes its
+    record) ends on its own even when verify is told to stop again meanwhile (a second Ctrl-C): it
+    was SIGKILLed there, its record left ``running``."""
+    recorded = tmp_path / "recorded"
+    script = tmp_path / "leg.py"
+    script.write_text(
+        "import signal, sys, time\n"
+        "def end(*_):\n"
+        "    time.sleep(1.5)\n"
+        f"    open({str(recorded)!r}, 'w').write('interrupted')\n"
+        "    sys.exit(143)\n"
+        "signal.signal(signal.SIGTERM, end)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    log = tmp_path / "log"
+    with open(log, "wb") as out:
+        leg = leg_processes.start_leg([sys.executable, str(script)], out, dict(os.environ), own_group=False)
+    deadline = time.monotonic() + 60
+    while b"ready" not in log.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    second = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))  # during the grace
+    second.start()
+    started = time.monotonic()
+    leg_processes.stop_legs([leg])
+    second.join()
+    assert recorded.read_text() == "interrupted" and leg.returncode == 143
+    assert time.monotonic() - started < leg_processes.STOP_GRACE_S

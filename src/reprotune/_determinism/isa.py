@@ -41,8 +41,6 @@ from reprotune._errors import InputError
 CpuIsa = Literal["native", "avx2", "avx512", "avx2-amd", "avx2-compatible"]
 
 INTEL, AMD = "GenuineIntel", "AuthenticAMD"
-#: Each vendor's own AVX2 baseline (MKL's fast branch on its CPUs); ``avx2-compatible`` spans both.
-VENDOR_BASELINES: dict[str, CpuIsa] = {INTEL: "avx2", AMD: "avx2-amd"}
 
 
 @dataclass(frozen=True)
@@ -105,6 +103,19 @@ _FIX = (
 
 def _assignments(baseline: Baseline) -> str:
     return " ".join(f"{k}={v}" for k, v in baseline.env.items())
+
+
+def vendor_baseline(vendor: str | None) -> str | None:
+    """The AVX2 baseline of the CPUs of ``vendor`` alone (MKL's fast branch on them: ``avx2`` for
+    Intel, ``avx2-amd`` for AMD); None for another or an unknown vendor (``avx2-compatible`` spans
+    both)."""
+    own = (b.name for b in BASELINES.values() if b.vendor == vendor and b.needs == _AVX2)
+    return next(own, None) if vendor is not None else None
+
+
+def has_flags(mode: str) -> bool:
+    """Whether this CPU has every flag baseline ``mode`` needs."""
+    return not _missing_flags(_baseline(mode))
 
 
 def _missing_flags(baseline: Baseline) -> list[str]:

@@ -5,7 +5,7 @@ CI proves the installed library stack.
 
 from __future__ import annotations
 
-from reprotune._determinism.isa import INTEL, VENDOR_BASELINES
+from reprotune._determinism.isa import INTEL, has_flags, vendor_baseline
 from reprotune._doctor.findings import Context
 from reprotune._run.findings import Finding
 from reprotune._run.fingerprint import installed_distributions
@@ -49,9 +49,11 @@ def check_cpu_kernels(ctx: Context) -> list[Finding]:
 
 def _portable_fix(vendor: str | None) -> str:
     """Which ``determinism.cpu_isa`` to pin to rerun elsewhere: this CPU's vendor's own first."""
-    own = VENDOR_BASELINES.get(vendor or "")
+    own = vendor_baseline(vendor)
     if own is None:
         return "to rerun on other CPUs pin cpu_isa avx2 (Intel), avx2-amd (AMD) or avx2-compatible (any)"
+    if not has_flags(own):
+        return "this CPU lacks AVX2, which every portable mode needs: its runs reproduce on CPUs like it"
     name = "Intel" if vendor == INTEL else "AMD"  # the vendors with a baseline of their own
     return (
         f"to rerun on other {name} CPUs with AVX2 pin determinism.cpu_isa: {own}; across vendors "

@@ -114,10 +114,16 @@ class Runner:
                 "script that fails on its own must be fixed first",
             )
         if not RunLayout(run_dir).is_run_dir():
-            raise InputError(
-                f"the command wrote no run directory at {run_dir}: its Trainer has no ReprotuneCallback",
-                source="--command",
-                fix="give the script's Trainer a reprotune ReprotuneCallback (docs/integrations.md)",
+            if name == "reference":  # the command itself: bad input
+                raise InputError(
+                    f"the command wrote no run directory at {run_dir}: its Trainer has no ReprotuneCallback",
+                    source="--command",
+                    fix="give the script's Trainer a reprotune ReprotuneCallback (docs/integrations.md)",
+                )
+            raise RunFailedError(  # after a reference that wrote one: this leg's failure
+                f"the {name} leg's command wrote no run directory at {run_dir}, though the reference's did",
+                source=str(self.log),
+                fix="see verify.log: the script must give every run's Trainer the ReprotuneCallback",
             )
         return run_dir
 

@@ -2,9 +2,9 @@
 a fresh torchrun launch when verify itself runs under torchrun), logged into the verification's
 log, one at a time or several side by side (:class:`LegProcesses`); and how every process verify
 starts, a user's ``--command`` included, is started and stopped (:func:`start_leg`,
-:func:`wait_or_stop`, :func:`stop_legs`): in a process group of its own that ends with verify, and
-stopped as a whole, SIGTERM first (a run records itself interrupted, torchrun passes it on to its
-ranks), SIGKILL :data:`STOP_GRACE_S` later."""
+:func:`wait_or_stop`, :func:`stop_legs`): ending with verify, and stopped SIGTERM first (a run
+records itself interrupted, torchrun passes it on to its ranks), SIGKILL :data:`STOP_GRACE_S` later;
+a command in a process group of its own, stopped as a whole (what it started: ``sh -c ...``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from reprotune._errors import RunFailedError
-from reprotune._run.signals import raise_if_interrupted
+from reprotune._run.signals import raise_if_interrupted, waiting_out_a_stop
 
 #: Seconds a stopped leg's processes get to end after SIGTERM before they are killed (SIGKILL).
 STOP_GRACE_S = 30.0
@@ -96,17 +96,24 @@ def _run_into(args: Sequence[str], log: Path, module: str = "reprotune") -> tupl
     with open(log, "ab") as out:
         _header(out, command)
         started = time.perf_counter()
-        code = wait_or_stop(start_leg(command, out, env))
+        code = wait_or_stop(start_leg(command, out, env, own_group=False))
     assert code is not None  # no time limit
     return time.perf_counter() - started, code
 
 
 def start_leg(
-    command: Sequence[str], out: BinaryIO, env: dict[str, str], *, cwd: Path | None = None
+    command: Sequence[str],
+    out: BinaryIO,
+    env: dict[str, str],
+    *,
+    cwd: Path | None = None,
+    own_group: bool = True,
 ) -> subprocess.Popen[bytes]:
-    """Start ``command``, its output into ``out``: in a process group of its own (a stop reaches
-    whatever it started: a torchrun launch, ``sh -c ...``), ending with this process
-    (:func:`ending_with_this_process`).
+    """Start ``command``, its output into ``out``, ending with this process
+    (:func:`ending_with_this_process`). With ``own_group`` (a user's command) it leads a process
+    group of its own, which a stop reaches whole (``sh -c ...`` and what it started); without (a
+    ``reprotune`` leg, or a torchrun launch of one, which stops its own ranks) it stays in this
+    process's group, so a terminal's Ctrl-C and Ctrl-Z reach it as they reach verify.
 
     Raises:
         OSError: the command cannot be run (not found, not executable).
@@ -117,7 +124,7 @@ def start_leg(
         stderr=out,
         env=env,
         cwd=cwd,
-        start_new_session=True,
+        start_new_session=own_group,
         preexec_fn=ending_with_this_process(),
     )
 
@@ -137,21 +144,21 @@ def wait_or_stop(process: subprocess.Popen[bytes], timeout_s: float | None = Non
 
 
 def stop_legs(processes: Sequence[subprocess.Popen[bytes]]) -> None:
-    """Stop each process and everything in its process group (each leads its own): SIGTERM, then,
-    when any of it is still there :data:`STOP_GRACE_S` later (or this wait is itself interrupted),
-    SIGKILL. A reprotune run records itself interrupted on SIGTERM; torchrun passes it on to its
-    ranks (each in a session of its own, which only it can reach)."""
-    try:
+    """Stop each process (and its process group, where it leads one): SIGTERM, then, when any of
+    it is still there :data:`STOP_GRACE_S` later, SIGKILL. A reprotune run records itself
+    interrupted on SIGTERM; torchrun passes it on to its ranks (each in a session of its own, which
+    only it can reach). While the grace runs, a second Ctrl-C or SIGTERM of verify is ignored
+    (``waiting_out_a_stop``): it would SIGKILL legs in the middle of writing their records."""
+    with waiting_out_a_stop():
         for process in processes:
             _signal_group(process, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
         while time.monotonic() < deadline and any(_running(process) for process in processes):
             time.sleep(0.1)
-    finally:
-        for process in processes:
-            if _running(process):
-                _signal_group(process, signal.SIGKILL)
-            process.wait()
+    for process in processes:
+        if _running(process):
+            _signal_group(process, signal.SIGKILL)
+        process.wait()
 
 
 def _running(process: subprocess.Popen[bytes]) -> bool:
@@ -160,10 +167,10 @@ def _running(process: subprocess.Popen[bytes]) -> bool:
 
 def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
     try:
-        os.killpg(process.pid, sig)
+        os.killpg(process.pid, sig)  # the group it leads: a command's, and what it started
     except (ProcessLookupError, PermissionError):
         with contextlib.suppress(ProcessLookupError):
-            process.send_signal(sig)  # no group of its own (gone already): the process itself
+            process.send_signal(sig)  # no group of its own (a reprotune leg, or gone): the process
 
 
 def group_alive(group: int) -> bool:
@@ -227,7 +234,7 @@ class LegProcesses:
         part = self.log.with_name(f"{self.log.name}.{len(self._started)}")
         with open(part, "wb") as out:
             _header(out, command)
-            process = start_leg(command, out, env)
+            process = start_leg(command, out, env, own_group=False)
         self._started.append(_Started(list(args), process, part, time.perf_counter()))
         return len(self._started) - 1
 

@@ -78,19 +78,26 @@ def spot_verify_command(
     if not (0 < budget <= 1):
         raise InputError(f"--budget {budget!r} is not in (0, 1]", source="--budget", fix="e.g. --budget 0.2")
     refuse_nonempty_dir(out_dir, option="--out")
-    with removed_if_refused(out_dir):  # a refusal after the reference leg leaves nothing behind
+    layout = VerifyLayout(out_dir)
+    run = Runner(argv, layout.log, cwd or Path.cwd(), progress)
+    with removed_if_refused(out_dir):  # a refusal up to the reference's check leaves nothing behind
         out_dir.mkdir(parents=True, exist_ok=True)
-        run = Runner(argv, VerifyLayout(out_dir).log, cwd or Path.cwd(), progress)
-        return _spot(run, out_dir, command, budget, seed, progress)
+        reference = run.leg("reference", Controls(run_dir=layout.leg("reference")))
+        require_status(reference, "completed", "reference")
+    return _spot(run, layout, reference, command, budget, seed, progress)
 
 
 def _spot(
-    run: Runner, out_dir: Path, command: str, budget: float, seed: int, progress: Callable[[str], None]
+    run: Runner,
+    layout: VerifyLayout,
+    reference: Path,
+    command: str,
+    budget: float,
+    seed: int,
+    progress: Callable[[str], None],
 ) -> Verification:
-    """The reference leg, the intervals and the control, judged (see :func:`spot_verify_command`)."""
-    layout = VerifyLayout(out_dir)
-    reference = run.leg("reference", Controls(run_dir=layout.leg("reference")))
-    require_status(reference, "completed", "reference")
+    """The intervals after the reference and the control, judged (see :func:`spot_verify_command`)."""
+    out_dir = layout.root
     total = len(read_ledger(RunLayout(reference).ledger).train)
     checkpoints = {s: p for s, p in trainer_checkpoints(reference).items() if s < total}
     intervals = plan_intervals(list(checkpoints), total, budget=budget, seed=seed)

@@ -99,17 +99,22 @@ def verify_command(
         )
     refuse_nonempty_dir(out_dir, option="--out")
     layout = VerifyLayout(out_dir)
-    with removed_if_refused(out_dir):  # a refusal after the reference leg leaves nothing behind
+    run = Runner(argv, layout.log, cwd or Path.cwd(), progress)
+    # A refusal up to the reference's checks leaves nothing behind; after them the reference is
+    # evidence to keep (a later leg's failure is a FAILED leg).
+    with removed_if_refused(out_dir):
         out_dir.mkdir(parents=True, exist_ok=True)
-        return _verify(Runner(argv, layout.log, cwd or Path.cwd(), progress), layout, command, resume_at)
+        reference = run.leg("reference", Controls(run_dir=layout.leg("reference")))
+        require_status(reference, "completed", "reference")
+        if resume_at is not None:
+            _check_resume_at(reference, resume_at)
+    return _verify(run, layout, reference, command, resume_at)
 
 
-def _verify(run: Runner, layout: VerifyLayout, command: str, resume_at: int | None) -> Verification:
-    """The legs, judged, and the verification record (see :func:`verify_command`)."""
-    reference = run.leg("reference", Controls(run_dir=layout.leg("reference")))
-    require_status(reference, "completed", "reference")
-    if resume_at is not None:
-        _check_resume_at(reference, resume_at)
+def _verify(
+    run: Runner, layout: VerifyLayout, reference: Path, command: str, resume_at: int | None
+) -> Verification:
+    """The legs after the reference, judged, and the verification record (:func:`verify_command`)."""
     started = time.perf_counter()
     legs = run_legs(command_legs(layout, reference, resume_at), run.leg)
     wall = time.perf_counter() - started

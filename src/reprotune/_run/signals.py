@@ -82,10 +82,25 @@ def recording_the_end() -> Iterator[None]:
     a launcher's stop arriving then (torchrun stops every rank as soon as one fails) would cut the
     record's write short and leave it ``running``. The run exits right after; handlers restored.
     Outside the main thread this does nothing."""
+    with _ignored(SIGNALS):
+        yield
+
+
+@contextlib.contextmanager
+def waiting_out_a_stop() -> Iterator[None]:
+    """While verify gives the legs it stopped their (bounded) grace to record their end, Ctrl-C,
+    SIGTERM and SIGHUP are ignored: a second press would otherwise kill them mid-write, leaving
+    their records ``running``. Handlers restored after; outside the main thread this does nothing."""
+    with _ignored((signal.SIGINT, *SIGNALS)):
+        yield
+
+
+@contextlib.contextmanager
+def _ignored(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in SIGNALS}
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in signals}
     try:
         yield
     finally:

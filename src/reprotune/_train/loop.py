@@ -1,8 +1,8 @@
 """The training loop, on one screen: one optimizer step is ``grad_accum_steps`` micro-batches.
 
-How a step is spread over processes is the setup's :class:`~reprotune._train.strategy.Distribution`
-(a plain run: ``_train.step`` on this process; under torchrun: ``_train.dist_strategy``); the loop
-itself knows nothing of ranks.
+Each step and validation pass is ``_train.step``'s, which asks the setup's
+:class:`~reprotune._train.strategy.Distribution` for this process's share (a plain run's: all of it;
+under torchrun: ``_train.dist_strategy``'s); the loop itself knows nothing of ranks.
 
 The loop computes; everything that records or reacts (ledger, trackers, checkpoints, the progress
 bar, a benchmark's stopwatch) is a :class:`StepHook` called at the end of each step with a

@@ -84,7 +84,7 @@ def _no_mark(phase: str) -> None:
 
 
 def train_step(
-    setup: Setup, rows: list[int], step: int = 0, mark: Callable[[str], None] = _no_mark
+    setup: Setup, rows: list[int], step: int, mark: Callable[[str], None] = _no_mark
 ) -> tuple[float, int, float, float]:
     """Optimizer step ``step`` over the global batch ``rows``; return (mean token loss, tokens, lr
     used, grad norm): the sum, in micro-batch order, of each micro-batch's ``loss_sum / n_tokens``
