@@ -8,12 +8,17 @@ steps, and a study of 2 seeds x 2 steps with MLflow on.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from reprotune._cli import main
@@ -152,6 +157,48 @@ def test_jobs_give_the_same_study(
     assert "ran 3" in capsys.readouterr().out
     assert sorted(p.name for p in (out / "logs").iterdir()) == [f"all-{k:03d}.log" for k in range(N)]
     assert (out / "study.json").read_bytes() == (reference.directory / "study.json").read_bytes()
+
+
+def test_a_killed_study_leaves_no_run_training_as_an_orphan(project: TinyProject) -> None:
+    """--jobs 2, the study SIGKILLed while its runs train: each run's process ends too (SIGTERM from
+    the kernel) and records itself interrupted, for the same command to resume; before, the runs
+    trained on as orphans into the study directory."""
+    project.config("long.yaml", train={**TRAIN, "max_steps": 5000, "save_every": 0, "eval_every": 5000})
+    out = project.root / "orphans"
+    study = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "reprotune",
+            "seeds",
+            "long.yaml",
+            "--n",
+            "2",
+            "--jobs",
+            "2",
+            "--out",
+            str(out),
+        ],
+        cwd=project.root,
+        env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 300  # until both runs have made their run directories: they train
+    while len(list(out.rglob("record.json"))) < 2 and time.monotonic() < deadline:
+        assert study.poll() is None, "the study ended before its runs trained"
+        time.sleep(0.2)
+    runs = [p for p in psutil.Process(study.pid).children() if "reprotune" in " ".join(p.cmdline())]
+    assert len(runs) == 2, runs
+    os.kill(study.pid, signal.SIGKILL)
+    study.wait()
+    _, alive = psutil.wait_procs(runs, timeout=120)
+    for run in alive:
+        run.kill()
+    assert not alive, "a run trained on after its study was killed"
+    statuses = [json.loads(r.read_text())["status"] for r in out.rglob("record.json")]
+    assert statuses == ["interrupted", "interrupted"], statuses
 
 
 def test_learning_rate_ten_times_off_is_detected(project: TinyProject, reference: StudyResult) -> None:

@@ -10,12 +10,15 @@ A run's directory tells what to do with it:
 
 With ``jobs`` 1 every run goes in this process, one after another (no per-run start-up cost);
 with more, each run is ``python -m reprotune run|resume`` in its own process, ``jobs`` at a time,
-its output in ``logs/<name>.log``. The runs are the same either way.
+its output in ``logs/<name>.log``, started as verify starts its legs (``_proof.processes``): it ends
+with the study (SIGTERM from the kernel, even when the study is SIGKILLed: the run records itself
+interrupted, and the same command resumes it), never training on as an orphan. The runs are the
+same either way.
 """
 
 from __future__ import annotations
 
-import subprocess
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +33,7 @@ from reprotune._eval.at_end import evaluate_at_end
 from reprotune._eval.layout import run_evals
 from reprotune._eval.settings import wants_eval_at_end
 from reprotune._jsonio import sha256_file
+from reprotune._proof.processes import start_leg
 from reprotune._run.layout import RunLayout
 from reprotune._run.record import load_record, status_of
 from reprotune._studies.layout import StudyLayout
@@ -164,7 +168,9 @@ def _subprocess(planned: PlannedRun, paths: StudyLayout, tracking: bool) -> RunO
     with open(log, "ab") as out:
         out.write(f"$ reprotune {' '.join(args)}\n".encode())
         out.flush()
-        code = subprocess.call([sys.executable, "-m", "reprotune", *args], stdout=out, stderr=out)
+        code = start_leg(
+            [sys.executable, "-m", "reprotune", *args], out, dict(os.environ), own_group=False
+        ).wait()
     seconds = time.perf_counter() - started
     if code != 0:
         tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-12:]
