@@ -244,3 +244,23 @@ def test_a_verification_with_failed_and_unrun_legs_still_opens_its_report(
     html = write_report([directory], tmp_path / "page.html").read_text(encoding="utf-8")
     assert all(f"<td>{leg['name']}</td>" in html for leg in legs)
     assert str(directory / "control-resume") not in html.split("</table>", 1)[1]  # not compared
+
+
+def test_a_moved_verification_directory_still_compares_its_legs(tmp_path: Path) -> None:
+    """verification.json names its runs by absolute path, where they were made; moved (or copied to
+    another machine), the report finds the reference and the legs inside the directory now, and
+    compares them (it listed the legs and compared none)."""
+    made = tmp_path / "made"
+    write_run_dir(made / "reference")
+    write_run_dir(made / "rerun", RunSpec(seed=43))
+    legs = [{"name": "rerun", "run_dir": str(made / "rerun"), "expected": "IDENTICAL", "verdict": "DIVERGED"}]
+    data = {"schema": "reprotune/verification", "schema_version": 5, "verdict": "FAIL", "mode": "fast"}
+    (made / "verification.json").write_text(
+        json.dumps({**data, "reference": str(made / "reference"), "legs": legs})
+    )
+    moved = tmp_path / "elsewhere" / "ver"
+    moved.parent.mkdir()
+    made.rename(moved)
+    html = write_report([moved], tmp_path / "page.html").read_text(encoding="utf-8")
+    compared = html.split("</table>", 1)[1]
+    assert str(moved / "reference") in compared and str(moved / "rerun") in compared

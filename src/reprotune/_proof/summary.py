@@ -76,8 +76,12 @@ def _read_verification(file: Path) -> dict[str, Any]:
 
 
 def _verification(path: Path, data: dict[str, Any]) -> Proof:
-    legs = [leg for leg in data.get("legs", []) if _compared(leg)]
-    reference = Path(data.get("reference") or path / "reference")
+    data = {
+        **data,
+        "legs": [{**leg, "run_dir": _here(path, leg.get("run_dir"))} for leg in data.get("legs", [])],
+    }
+    legs = [leg for leg in data["legs"] if _compared(leg)]
+    reference = Path(_here(path, data.get("reference")) or path / "reference")
     verdict = str(data.get("verdict"))
     rows = [
         (
@@ -104,6 +108,21 @@ def _verification(path: Path, data: dict[str, Any]) -> Proof:
         for leg in legs
     ]
     return Proof([reference, *(Path(leg["run_dir"]) for leg in legs)], [False, *prefix], html)
+
+
+def _here(directory: Path, recorded: Any) -> Any:
+    """A run a verification names, where the verification directory now is: the recorded path
+    (absolute: where it was made) when it holds a run, else the same path's tail inside
+    ``directory`` when that does (a verification moved or copied to another machine), else as
+    recorded (a ``--reference`` run outside it, or a leg that left no run)."""
+    if not isinstance(recorded, str) or not recorded or RunLayout(Path(recorded)).is_run_dir():
+        return recorded
+    parts = Path(recorded).parts
+    for k in range(1, min(len(parts), 4)):
+        moved = directory / Path(*parts[-k:])
+        if RunLayout(moved).is_run_dir():
+            return str(moved)
+    return recorded
 
 
 def _compared(leg: dict[str, Any]) -> bool:
