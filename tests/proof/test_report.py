@@ -264,3 +264,19 @@ def test_a_moved_verification_directory_still_compares_its_legs(tmp_path: Path) 
     html = write_report([moved], tmp_path / "page.html").read_text(encoding="utf-8")
     compared = html.split("</table>", 1)[1]
     assert str(moved / "reference") in compared and str(moved / "rerun") in compared
+
+
+def test_an_outside_reference_gone_is_not_taken_for_a_leg_of_the_same_name(tmp_path: Path) -> None:
+    """A verification whose reference was an outside run (``--reference``) named like one of its
+    legs: that run gone, the report does not compare the leg with itself in its place."""
+    directory = tmp_path / "ver"
+    write_run_dir(directory / "rerun", RunSpec(seed=43))
+    legs = [
+        {"name": "rerun", "run_dir": str(directory / "rerun"), "expected": "IDENTICAL", "verdict": "DIVERGED"}
+    ]
+    data = {"schema": "reprotune/verification", "schema_version": 5, "verdict": "FAIL", "mode": "fast"}
+    gone = tmp_path / "elsewhere" / "rerun"
+    (directory / "verification.json").write_text(json.dumps({**data, "reference": str(gone), "legs": legs}))
+    with pytest.raises(InputError) as refused:
+        write_report([directory], tmp_path / "page.html")
+    assert str(gone) in str(refused.value) + str(refused.value.source)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from reprotune._errors import RunFailedError
-from reprotune._run.signals import raise_if_interrupted, waiting_out_a_stop
+from reprotune._run.signals import interruption, raise_if_interrupted, waiting_out_a_stop
 
 #: Seconds a stopped leg's processes get to end after SIGTERM before they are killed (SIGKILL).
 STOP_GRACE_S = 30.0
@@ -136,29 +136,35 @@ def wait_or_stop(process: subprocess.Popen[bytes], timeout_s: float | None = Non
     try:
         return process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        stop_legs([process])
+        taken = stop_legs([process])
+        if taken:  # verify was told to stop while the leg had its grace: it stops now
+            raise interruption(taken[0]) from None
         return None
     except BaseException:
         stop_legs([process])
         raise
 
 
-def stop_legs(processes: Sequence[subprocess.Popen[bytes]]) -> None:
+def stop_legs(processes: Sequence[subprocess.Popen[bytes]]) -> list[int]:
     """Stop each process (and its process group, where it leads one): SIGTERM, then, when any of
     it is still there :data:`STOP_GRACE_S` later, SIGKILL. A reprotune run records itself
     interrupted on SIGTERM; torchrun passes it on to its ranks (each in a session of its own, which
-    only it can reach). While the grace runs, a second Ctrl-C or SIGTERM of verify is ignored
-    (``waiting_out_a_stop``): it would SIGKILL legs in the middle of writing their records."""
-    with waiting_out_a_stop():
+    only it can reach). While the grace runs, Ctrl-C, SIGTERM and SIGHUP of verify do not
+    interrupt it (``waiting_out_a_stop``): they would SIGKILL legs in the middle of writing their
+    records. Returns the signals so held, for a caller whose stop came on its own."""
+    try:
+        with waiting_out_a_stop() as taken:
+            for process in processes:
+                _signal_group(process, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_S
+            while time.monotonic() < deadline and any(_running(process) for process in processes):
+                time.sleep(0.1)
+    finally:
         for process in processes:
-            _signal_group(process, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        while time.monotonic() < deadline and any(_running(process) for process in processes):
-            time.sleep(0.1)
-    for process in processes:
-        if _running(process):
-            _signal_group(process, signal.SIGKILL)
-        process.wait()
+            if _running(process):
+                _signal_group(process, signal.SIGKILL)
+            process.wait()
+    return taken
 
 
 def _running(process: subprocess.Popen[bytes]) -> bool:

@@ -76,12 +76,13 @@ def _read_verification(file: Path) -> dict[str, Any]:
 
 
 def _verification(path: Path, data: dict[str, Any]) -> Proof:
+    taken: set[Path] = set()
     data = {
         **data,
-        "legs": [{**leg, "run_dir": _here(path, leg.get("run_dir"))} for leg in data.get("legs", [])],
+        "legs": [{**leg, "run_dir": _here(path, leg.get("run_dir"), taken)} for leg in data.get("legs", [])],
     }
     legs = [leg for leg in data["legs"] if _compared(leg)]
-    reference = Path(_here(path, data.get("reference")) or path / "reference")
+    reference = Path(_here(path, data.get("reference"), taken) or path / "reference")
     verdict = str(data.get("verdict"))
     rows = [
         (
@@ -110,18 +111,19 @@ def _verification(path: Path, data: dict[str, Any]) -> Proof:
     return Proof([reference, *(Path(leg["run_dir"]) for leg in legs)], [False, *prefix], html)
 
 
-def _here(directory: Path, recorded: Any) -> Any:
-    """A run a verification names, where the verification directory now is: the recorded path
-    (absolute: where it was made) when it holds a run, else the same path's tail inside
-    ``directory`` when that does (a verification moved or copied to another machine), else as
+def _here(directory: Path, recorded: Any, taken: set[Path]) -> Any:
+    """A run a verification names, inside ``directory`` as it is now: the recorded path's tail
+    there when that holds a run no other leg took (the paths were recorded where the verification
+    was made, or relative to where it ran: it may since have been moved or copied), else as
     recorded (a ``--reference`` run outside it, or a leg that left no run)."""
-    if not isinstance(recorded, str) or not recorded or RunLayout(Path(recorded)).is_run_dir():
+    if not isinstance(recorded, str) or not recorded:
         return recorded
     parts = Path(recorded).parts
-    for k in range(1, min(len(parts), 4)):
-        moved = directory / Path(*parts[-k:])
-        if RunLayout(moved).is_run_dir():
-            return str(moved)
+    for k in range(1, min(len(parts), 3) + 1):  # the name; its parent and name (recorded/run)...
+        here = directory / Path(*parts[-k:])
+        if here not in taken and RunLayout(here).is_run_dir():
+            taken.add(here)
+            return str(here)
     return recorded
 
 

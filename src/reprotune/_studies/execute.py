@@ -194,14 +194,19 @@ def _run_in_processes(
     failures: list[BaseException] = []
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         pending: set[Future[RunOutcome]] = {pool.submit(_subprocess, p, paths, tracking) for p in todo}
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for future in done:
-                error = future.exception()
-                if error is not None:
-                    failures.append(error)
-                else:
-                    on_done(future.result())
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    error = future.exception()
+                    if error is not None:
+                        failures.append(error)
+                    else:
+                        on_done(future.result())
+        except BaseException:  # Ctrl-C: the runs not started yet are not started (leaving the
+            for future in pending:  # pool waits for those that run, which the Ctrl-C stops too)
+                future.cancel()
+            raise
     if failures:
         if len(failures) == 1:
             raise failures[0]
