@@ -421,6 +421,8 @@ def test_a_command_verification_puts_its_verdict_on_the_reference_runs_mlflow_ru
     write_record(made / "record.json", {**record, "trackers": {"mlflow": _linked(store, mlflow_run)}})
     script = _reference_only_script(tmp_path, "    shutil.copytree(sys.argv[1], target)\n")
     monkeypatch.chdir(tmp_path)
+    # Older MLflow (the floor stack) resolves a run's artifacts through the default tracking URI.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     command = shlex.join([sys.executable, str(script), str(made)])
     assert main(["verify", "--command", command, "--out", "ver"]) == 1
     tags = client.get_run(mlflow_run).data.tags
