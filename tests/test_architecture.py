@@ -86,6 +86,12 @@ def test_functions_fit_on_a_screen(path: Path) -> None:
             assert length <= MAX_FUNCTION_LINES, f"{where}: {length} lines"
 
 
+#: The one import of a reprotune module inside a function outside the CLI, with its reason: the
+#: entry of a run loads the distributed modules only under torchrun (no cycle: they do not import
+#: ``_train.run``), so that a plain run neither calls nor imports them (tests/train/test_run.py).
+_LOADED_WHEN_NEEDED = {("_train/run.py", "reprotune._train.dist_run")}
+
+
 def test_no_import_inside_a_function_dodges_a_cycle() -> None:
     """Imports inside functions are only of heavy third-party modules (torch, transformers, ...)
     or of the CLI's command modules, never of another reprotune module to dodge a cycle."""
@@ -99,6 +105,8 @@ def test_no_import_inside_a_function_dodges_a_cycle() -> None:
                 continue
             for node in ast.walk(func):
                 if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("reprotune"):
+                    if (path.relative_to(SRC).as_posix(), node.module) in _LOADED_WHEN_NEEDED:
+                        continue
                     offenders.append(f"{path.relative_to(SRC)}:{node.lineno} {node.module}")
     assert not offenders, offenders
 

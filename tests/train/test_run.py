@@ -342,6 +342,45 @@ def test_a_plain_run_never_enters_the_distributed_modules(tiny_project: Any, tmp
     assert Setup.__dataclass_fields__["distribution"].default is LOCAL
 
 
+_PLAIN_RUN_AND_RESUME = """
+import json, sys
+from pathlib import Path
+from reprotune._config.loading import load_config
+from reprotune._train.run import RunOptions, resume_run, run_experiment
+
+config, run_dir, root = sys.argv[1], Path(sys.argv[2]) / "run", Path(sys.argv[3])
+options = {"progress": False, "code_dir": root}
+cfg = load_config(config, ["train.save_every=2"])
+stopped = run_experiment(cfg, RunOptions(run_dir=run_dir, stop_after_step=2, **options))
+resumed = resume_run(run_dir, RunOptions(**options))
+loaded = sorted(name for name in sys.modules if name.startswith("reprotune._train."))
+print(json.dumps({"statuses": [stopped.status, resumed.status], "loaded": loaded}))
+"""
+
+
+def test_a_plain_run_never_loads_the_distributed_modules(tiny_project: Any, tmp_path: Path) -> None:
+    """In a fresh interpreter (this one loaded them for other tests), a plain run stopped at a
+    checkpoint and its resume load no distributed module: they are imported only under torchrun."""
+    import sys
+
+    config = tiny_project.config("train-base.yaml")
+    done = subprocess.run(
+        [sys.executable, "-c", _PLAIN_RUN_AND_RESUME, *map(str, (config, tmp_path, tiny_project.root))],
+        cwd=tiny_project.root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["statuses"] == ["stopped", "completed"]
+    modules = {name.rsplit(".", 1)[-1] for name in result["loaded"]}
+    assert {"run", "attempt", "loop", "step", "strategy"} <= modules  # the plain path, as a control
+    distributed = {"distributed", "dist_step", "dist_checkpoint", "dist_run", "dist_strategy", "dist_record"}
+    assert modules & (distributed | {"sharding"}) == set()
+
+
 def test_a_setup_cannot_say_two_things_about_its_ranks(tiny_project: Any, tmp_path: Path) -> None:
     """``Setup.dist`` (a rank's context) and ``Setup.distribution`` (the seam) go together: a setup
     built with one but not the other is refused, so no code path can read a plain run from one and a

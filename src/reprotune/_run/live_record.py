@@ -13,7 +13,7 @@ back). :meth:`LiveRecord.write` writes the record's data exactly as the operatio
 plain copy.
 
 Every path that writes a run directory uses it: ``reprotune run`` and ``resume`` (on one process
-or on rank 0 under torchrun, ``_train.run``, ``_train.dist_record``) and the Trainer callback
+or on rank 0 under torchrun, ``_train.attempt``, ``_train.dist_record``) and the Trainer callback
 (``integrations._writer``), through ``_train.writer.RunWriter``.
 """
 

@@ -2,7 +2,7 @@
 
 A tracker is anything with the :class:`Tracker` methods. :class:`TrackerSet` fans each event out;
 a tracker that raises is reported once, switched off, and the run goes on. A new tracker is a
-class with these methods in its own module here, chosen in ``_train.run.build_trackers``.
+class with these methods in its own module here, chosen in ``_train.attempt.build_trackers``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,16 @@
-"""A distributed run's life beyond the loop: what the ranks settle together before training, and
-everything a rank other than 0 does.
+"""A distributed run's life beyond the loop: joining the ranks, what they settle together before
+training, and everything a rank other than 0 does.
 
-Rank 0 runs ``_train.run`` as a single process does and writes the run directory; at the points
-where it needs the other ranks (the record's fingerprints, the restore, the weights hash under
-FSDP, checkpoints, the adapter) the other ranks meet it, in the same order, through
+``_train.run`` comes here only under torchrun (:func:`run_on_ranks`, :func:`resume_on_ranks`).
+Rank 0 lives the run as a single process does (``_train.attempt``) and writes the run directory;
+at the points where it needs the other ranks (the record's fingerprints, the restore, the weights
+hash under FSDP, checkpoints, the adapter) the other ranks meet it, in the same order, through
 :func:`follow_run`. They write nothing.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from reprotune._config.loading import config_from_dict
@@ -18,6 +20,7 @@ from reprotune._run.fingerprint import attention_of, environment_fingerprint
 from reprotune._run.layout import RunLayout
 from reprotune._run.ranks import resume_world_change
 from reprotune._run.record import Status, read_record
+from reprotune._train.attempt import RankZero, resume_attempt, start_run
 from reprotune._train.dist_checkpoint import restore_distributed
 from reprotune._train.dist_record import distributed_section
 from reprotune._train.dist_strategy import distribute_setup
@@ -25,6 +28,7 @@ from reprotune._train.distributed import (
     DistContext,
     is_transport_error,
     lost_rank_error,
+    process_group,
 )
 from reprotune._train.hooks import (
     CheckpointHook,
@@ -98,3 +102,25 @@ def follow_resume(run_dir: Path, cfg: ExperimentConfig, ctx: DistContext, option
     refuse_completed(record.status, run_dir)
     resume_world_change(record, ctx.world_size, allow_change=options.allow_world_size_change, run_dir=run_dir)
     return follow_run(cfg, ctx, options, resume=True)
+
+
+def run_on_ranks(cfg: ExperimentConfig, options: RunOptions) -> RunResult:
+    """``run_experiment`` under torchrun: join the ranks; rank 0 lives the run, the others follow."""
+    with process_group(cfg) as dist:
+        if dist is not None and not dist.is_main:
+            return follow_run(cfg, dist, options, resume=False)
+        return start_run(cfg, options, _rank_zero(dist))
+
+
+def resume_on_ranks(run_dir: Path, options: RunOptions) -> RunResult:
+    """``resume_run`` under torchrun, at the world size the run trained at unless allowed."""
+    with process_group(torchrun_config(run_dir)) as dist:
+        if dist is not None and not dist.is_main:
+            return follow_resume(run_dir, torchrun_config(run_dir) or ExperimentConfig(), dist, options)
+        return resume_attempt(run_dir, options, _rank_zero(dist))
+
+
+def _rank_zero(dist: DistContext | None) -> RankZero | None:
+    if dist is None:
+        return None
+    return RankZero(dist.world_size, functools.partial(distribute_setup, ctx=dist))

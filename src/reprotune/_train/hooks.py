@@ -1,6 +1,6 @@
 """The step hooks of ``reprotune run``: ledger, trackers, checkpoints, progress bar.
 
-Each is a small object with ``on_step_end(end)``; ``_train.run`` installs them in this order:
+Each is a small object with ``on_step_end(end)``; ``_train.attempt`` installs them in this order:
 ledger, trackers, checkpoints, progress. A benchmark adds its own (``RunOptions.hooks``) after
 them.
 """

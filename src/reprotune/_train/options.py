@@ -1,5 +1,6 @@
 """What ``reprotune run`` and ``resume`` are asked (:class:`RunOptions`) and give back
-(:class:`RunResult`); ``_train.run`` runs them, ``_train.dist_run`` for a distributed run's other ranks.
+(:class:`RunResult`); ``_train.attempt`` runs them, ``_train.dist_run`` for a distributed run's
+other ranks.
 """
 
 from __future__ import annotations

@@ -1,69 +1,23 @@
-"""``reprotune run`` and ``reprotune resume``: a run's life, from its directory to its record.
+"""``reprotune run`` and ``reprotune resume``: where a run starts.
 
-1. claim the run directory and write the first record (status ``running``) and ``config.yaml``;
-2. build the setup (``_train.setup.build_setup``) and fill in the record's sections, with the
-   code and environment fingerprints; on resume, restore the latest valid checkpoint;
-3. train (``_train.loop.train_loop``) with the step hooks (``_train.hooks``);
-4. finish: one function writes the record of a completed, stopped, failed or interrupted run.
+A plain run goes straight to its life (``_train.attempt``: claim the directory, build the setup,
+train, record the end). Under torchrun ``_train.dist_run`` joins the process group first: rank 0
+then goes the same way, every other rank follows it. The distributed modules are loaded only
+then, so a plain run neither calls nor imports them.
 
 The run directory layout is in docs/run-directory.md (file names: ``_run.layout``).
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from reprotune._config.loading import config_from_dict, dump_config_yaml
 from reprotune._config.schema import ExperimentConfig
-from reprotune._config.secrets import without_masked_credentials
-from reprotune._determinism.seeds import derive_seeds
-from reprotune._errors import InputError
-from reprotune._jsonio import write_bytes_atomic
-from reprotune._model.lora import save_adapter
-from reprotune._run.claim import check_run_dir_free, claim_run_dir, new_run_dir, unlanded_first_record
-from reprotune._run.drift import (
-    RUN_THE_SCRIPT_AGAIN,
-    code_drift,
-    environment_drift,
-    refuse_code_drift,
-    refuse_completed,
-    refuse_trainer_run,
-    section_drift,
-)
-from reprotune._run.fingerprint import attention_of, code_fingerprint, environment_fingerprint, own_outputs
-from reprotune._run.layout import RunLayout
-from reprotune._run.ledger import LedgerWriter, hexf
-from reprotune._run.live_record import LiveRecord
-from reprotune._run.lock import holding_run_dir
-from reprotune._run.nospace import no_space_in_run
-from reprotune._run.ranks import resume_world_change
-from reprotune._run.record import Status, attempt_timings, ended_status
-from reprotune._run.rundir import check_is_run_dir
-from reprotune._run.signals import interrupt_on_signals, recording_the_end
-from reprotune._trackers.base import Tracker, TrackerSet
-from reprotune._trackers.mlflow import MlflowTracker
-from reprotune._trackers.wandb import WandbTracker
-from reprotune._train.dist_run import follow_resume, follow_run, torchrun_config
-from reprotune._train.dist_strategy import distribute_setup
-from reprotune._train.distributed import DistContext, process_group
-from reprotune._train.hooks import (
-    CheckpointHook,
-    LedgerHook,
-    ProgressHook,
-    Stopwatch,
-    TrackerHook,
-    hf_progress_bars,
-)
-from reprotune._train.loop import LoopResult, StepHook, train_loop
+from reprotune._train.attempt import build_trackers, resume_attempt, start_run
 from reprotune._train.options import DEFAULT_OPTIONS, RunOptions, RunResult
-from reprotune._train.setup import Setup, build_setup, with_saved_manifest
-from reprotune._train.strategy import Resume, seed_generators, under_torchrun
-from reprotune._train.turn import training_turn
-from reprotune._train.writer import RunWriter, report
+from reprotune._train.strategy import under_torchrun
+
+__all__ = ["RunOptions", "RunResult", "build_trackers", "resume_run", "run_experiment"]
 
 
 def run_experiment(cfg: ExperimentConfig, options: RunOptions = DEFAULT_OPTIONS) -> RunResult:
@@ -80,251 +34,18 @@ def run_experiment(cfg: ExperimentConfig, options: RunOptions = DEFAULT_OPTIONS)
             be; later, the record says failed), or another process writes the directory.
     """
     if not under_torchrun():
-        return _run_new(cfg, options, None)  # a plain run never enters the distributed modules
-    with process_group(cfg) as dist:
-        if dist is not None and not dist.is_main:
-            return follow_run(cfg, dist, options, resume=False)
-        return _run_new(cfg, options, dist)
+        return start_run(cfg, options)
+    # Only under torchrun: a plain run never loads the distributed modules (tests/train/test_run.py).
+    from reprotune._train.dist_run import run_on_ranks
 
-
-def _run_new(cfg: ExperimentConfig, options: RunOptions, dist: DistContext | None) -> RunResult:
-    run_dir = options.run_dir or new_run_dir(cfg)
-    check_run_dir_free(run_dir)
-    record = LiveRecord.start(run_dir.name, cfg, derive_seeds(cfg.seed.root, dict(cfg.seed.overrides)))
-    run = _Run(RunLayout(run_dir), record, TrackerSet([]), dist=dist)
-    with hf_progress_bars(options.progress), interrupt_on_signals(), run.closed_if_unrecorded():
-        run.trackers = build_trackers(cfg, options, run.report)
-        setup = build_setup(cfg, manifest=options.manifest)
-        if dist is not None:
-            setup = distribute_setup(setup, dist)
-        with holding_run_dir(run_dir, report=run.report):
-            claim_run_dir(run_dir, report=run.report)
-            return _execute(cfg, run, options, resume=False, setup=setup)
+    return run_on_ranks(cfg, options)
 
 
 def resume_run(run_dir: Path, options: RunOptions = DEFAULT_OPTIONS) -> RunResult:
     """Continue the unfinished run in ``run_dir`` from its latest valid checkpoint (under torchrun,
     at the world size it trained at unless ``options.allow_world_size_change``)."""
     if not under_torchrun():
-        return _resume(run_dir, options, None)
-    with process_group(torchrun_config(run_dir)) as dist:
-        if dist is not None and not dist.is_main:
-            return follow_resume(run_dir, torchrun_config(run_dir) or ExperimentConfig(), dist, options)
-        return _resume(run_dir, options, dist)
+        return resume_attempt(run_dir, options)
+    from reprotune._train.dist_run import resume_on_ranks  # only under torchrun, as above
 
-
-def _resume(run_dir: Path, options: RunOptions, dist: DistContext | None) -> RunResult:
-    paths = RunLayout(run_dir)
-    if unlanded_first_record(run_dir):
-        raise InputError(
-            f"the run in {run_dir} was killed before its first record was written; nothing was trained",
-            source=str(run_dir),
-            fix=f"start it again with `reprotune run CONFIG --run-dir {run_dir}`",
-        )
-    check_is_run_dir(run_dir)
-    with holding_run_dir(run_dir, report=report), hf_progress_bars(options.progress), interrupt_on_signals():
-        record = LiveRecord.load(paths.record)  # read under the lock: no other writer now
-        if record.typed.status == "completed":  # rerun, which refuse_completed offers, cannot take one
-            refuse_trainer_run(
-                record, run_dir, why="it completed (a Trainer-made run)", fix=RUN_THE_SCRIPT_AGAIN
-            )
-        refuse_completed(record.typed.status, run_dir)
-        refuse_trainer_run(
-            record,
-            run_dir,
-            why="it has no reprotune config to resume",
-            fix="run the script again with `trainer.train(resume_from_checkpoint=...)`: the callback "
-            "resumes the run (docs/integrations.md)",
-        )
-        cfg = config_from_dict(record["config"], source=str(paths.record))
-        allow = options.allow_world_size_change
-        run = _Run(paths, record, TrackerSet([]), dist=dist)
-        world_size = dist.world_size if dist is not None else None
-        run.world_change = resume_world_change(record.typed, world_size, allow_change=allow, run_dir=run_dir)
-        with run.closed_if_unrecorded():
-            run.trackers = build_trackers(cfg, options, run.report)
-            return _execute(cfg, run, options, resume=True)
-
-
-@dataclass
-class _Run(RunWriter):
-    """One attempt of ``reprotune run`` or ``resume`` (on rank 0 of a distributed run)."""
-
-    dist: DistContext | None = None  # rank 0 of a distributed run
-    world_change: dict[str, int] | None = None  # an allowed change of world size on resume
-
-
-def _execute(
-    cfg: ExperimentConfig,
-    run: _Run,
-    options: RunOptions,
-    *,
-    resume: bool,
-    setup: Setup | None = None,
-) -> RunResult:
-    paths = run.paths
-    run.record.begin_attempt(resumed=resume)
-    progress: ProgressHook | None = None
-    ledger_hook: LedgerHook | None = None
-    loop: LoopResult | None = None
-    save_times: list[float] = []
-    stopwatch = Stopwatch()
-    try:
-        run.write_record()  # first: a directory with a record is a run, whatever happens next
-        if not resume:
-            dump_config_yaml(cfg, paths.config)
-        if setup is None:
-            setup = build_setup(cfg, manifest_out=paths.manifest, manifest=options.manifest, resumed=resume)
-            if run.dist is not None:
-                setup = distribute_setup(setup, run.dist)
-        else:
-            setup = with_saved_manifest(setup, paths.manifest)
-        _fill_record(run, setup, options, resume=resume)
-        start_step = _restore(run, setup, options) if resume else 0
-        if start_step == 0:
-            paths.ledger.unlink(missing_ok=True)  # a clean ledger for a run from the start
-            # Dropout (and anything else drawing from torch's global generator) gets its own seed.
-            seed_generators(setup)
-        run.start_trackers()
-        run.write_record()
-
-        progress = ProgressHook(setup.total_steps, start_step, options.progress)
-        with training_turn(options.train_lock), LedgerWriter(paths.ledger) as ledger:
-            ledger_hook = LedgerHook(setup, ledger, stopwatch)
-            if start_step == 0:
-                ledger_hook.write_init()
-            hooks: list[StepHook] = [ledger_hook, TrackerHook(run.trackers, stopwatch)]
-            hooks.append(CheckpointHook(setup, ledger, paths.checkpoints, save_times))
-            hooks += [progress, *options.hooks]
-            loop = train_loop(
-                setup,
-                hooks,
-                start_step=start_step,
-                stop_after_step=options.stop_after_step,
-                stop_by_main=bool(options.hooks),
-            )
-        progress.close()
-        if loop.stopped:
-            return _finish(run, "stopped", loop, stopwatch, save_times)
-        return _finish(run, "completed", loop, stopwatch, save_times, setup=setup)
-    except BaseException as exc:
-        if progress is not None:
-            progress.close()
-        status = ended_status(exc)
-        error = no_space_in_run(exc, paths.root) if run.recorded else None
-        if run.recorded:
-            try:
-                reached = max(progress.step if progress else 0, ledger_hook.last_step if ledger_hook else 0)
-                with recording_the_end():
-                    _finish(run, status, loop, stopwatch, save_times, error=error or exc, reached=reached)
-            except Exception as second:  # e.g. the disk is still full: the first error is the news
-                run.report(f"warning: could not record the run's end in {paths.record}: {second}")
-        if error is not None:
-            raise error from None
-        raise
-
-
-#: Keys of a section a resume cannot see again, since it reads the run's own split.json instead
-#: of splitting: where the manifest came from, and the warnings the split made.
-_NOT_SEEN_AGAIN: dict[str, frozenset[str]] = {"data": frozenset({"manifest_source", "split_warnings"})}
-
-
-def _fill_record(run: _Run, setup: Setup, options: RunOptions, *, resume: bool) -> None:
-    """The record's sections from the setup, and the code and environment it runs with."""
-    record = run.record
-    for key, section in setup.record_sections().items():
-        if not resume or key not in record:
-            record.set_section(key, section)
-        elif record[key] != section:
-            # A resume adds an attempt; it never rewrites what the first attempt recorded. What
-            # differs now is noted on this attempt (and said), for compare and for the reader.
-            skip = _NOT_SEEN_AGAIN.get(key, frozenset())
-            kept = [{k: v for k, v in part.items() if k not in skip} for part in (record[key], section)]
-            drift = section_drift(kept[0], kept[1], prefix=key)
-            record.note_drift(drift)
-            for line in drift:
-                run.report(f"warning: differs from the run's start: {line}")
-    for warning in setup.data.split_warnings:
-        run.report(f"warning: {warning}")
-    code = code_fingerprint(options.code_dir, outputs=own_outputs(setup.cfg, run.paths.root))
-    code_record = code.to_record(patch_file=run.paths.patch.name if code.diff else None)
-    environment = environment_fingerprint(attention=attention_of(setup.model))
-    # Every rank's fingerprint under torchrun (ranks that differ are refused here); nothing else.
-    setup.distribution.record_ranks(setup, record, environment, resume=resume, report=run.report)
-    if resume and "code" in record:
-        # A resumed run must be the run that started: same code. The record keeps the identity
-        # the run started with; an environment that moved is noted on this attempt.
-        if options.allow_code_drift:
-            record.note_attempt(code_drift=code_drift(record["code"], code_record))
-        else:
-            refuse_code_drift(record["code"], code_record, run.paths.root, what="resuming", override=None)
-        drift = environment_drift(record.get("environment", {}), environment, run.report)
-        record.note_attempt(environment_drift=drift)
-    else:
-        record.set_section("code", code_record)
-        if code.diff:  # untracked files alone make a tree dirty but no patch: none is written
-            write_bytes_atomic(run.paths.patch, code.diff)
-        record.set_section("environment", environment)
-
-
-def _restore(run: _Run, setup: Setup, options: RunOptions) -> int:
-    """Restore the latest valid checkpoint into the setup; return its step (0 when there is none)."""
-    resume = Resume(run.record, run.paths, options.restore_rng_on_resume, run.world_change, run.report)
-    return setup.distribution.restore(setup, resume)
-
-
-def _finish(
-    run: _Run,
-    status: Status,
-    loop: LoopResult | None,
-    stopwatch: Stopwatch,
-    save_times: list[float],
-    *,
-    setup: Setup | None = None,
-    error: BaseException | None = None,
-    reached: int = 0,
-) -> RunResult:
-    """Write the record of a run that ended: completed (with its outputs), stopped, failed or
-    interrupted (with the error); the trackers learn the status and log the artifacts."""
-    record, paths = run.record, run.paths
-    step_times = loop.step_times_s if loop is not None else ()
-    steps_done = loop.steps_done if loop is not None else reached
-    save_outputs = None if setup is None else functools.partial(_outputs, run, setup, loop)
-    timings = functools.partial(
-        attempt_timings, run.started, step_times, steps_done, stopwatch.seconds, save_times
-    )
-    run.finish(status, timings=timings, save_outputs=save_outputs, error=error)
-    final_val_loss = loop.final_val_loss if loop is not None else None
-    return RunResult(
-        paths.root,
-        record.document(),
-        status,
-        steps_done,
-        (record.get("outputs") or {}).get("adapter_sha256") if status == "completed" else None,
-        final_val_loss,
-        step_times_s=tuple(step_times),
-        checkpoint_times_s=tuple(save_times),
-    )
-
-
-def _outputs(run: _Run, setup: Setup, loop: LoopResult | None) -> dict[str, Any]:
-    """Save the adapter of a completed run; its files' hashes, the ledger's and the last val loss."""
-    files = save_adapter(
-        setup.model, run.paths.adapter_dir, state_dict=setup.distribution.adapter_state(setup)
-    )
-    final = loop.final_val_loss if loop is not None else None
-    return run.adapter_outputs(files, final_val_loss=hexf(final) if final is not None else None)
-
-
-def build_trackers(cfg: ExperimentConfig, options: RunOptions, report: Callable[[str], None]) -> TrackerSet:
-    """The trackers the config enables (none with ``options.tracking`` off). Add new ones here."""
-    trackers: list[Tracker] = []
-    if options.tracking and cfg.tracking.wandb:
-        # First: without wandb installed this raises (naming the extra) before any child starts.
-        trackers.append(WandbTracker(cfg.tracking.experiment))
-    if options.tracking and cfg.tracking.mlflow:
-        # A record's config holds the URI with its user-info masked (a resumed run): connect
-        # without it, with MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD from the environment.
-        uri = without_masked_credentials(cfg.tracking.uri)
-        trackers.append(MlflowTracker(uri, cfg.tracking.artifact_location, cfg.tracking.experiment))
-    return TrackerSet(trackers, report=report)
+    return resume_on_ranks(run_dir, options)
