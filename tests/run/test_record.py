@@ -195,10 +195,9 @@ def test_tracker_summaries_are_typed_by_ok_and_keep_their_own_keys(tmp_path: Pat
     write_record(tmp_path / "record.json", {**_stamped(), "trackers": trackers})
     typed = parse_record(load_record(tmp_path)).trackers
     assert typed is not None and typed["wandb"].error == "ConnectionError: offline"
-    assert typed["mlflow"].ok and typed["mlflow"].model_extra == {
-        "mlflow_run_id": "abc",
-        "metrics_logged": 12,
-    }
+    assert typed["mlflow"].ok and typed["mlflow"].mlflow_run_id == "abc"  # read back by reprotune
+    assert typed["mlflow"].model_extra == {"metrics_logged": 12}  # kept, as written
+    assert typed["mlflow"].tracking_uri is None and typed["wandb"].wandb_run_id is None
     with pytest.raises(ValueError) as refused:
         write_record(
             tmp_path / "other.json", {**_stamped(), "trackers": {"mlflow": {"mlflow_run_id": "abc"}}}

@@ -291,11 +291,15 @@ def test_eval_metrics_reach_the_study_in_this_process(tmp_path: Path) -> None:
 def test_runs_on_other_data_are_said_in_the_study() -> None:
     """A study continued after its data file was edited holds runs on two data files: study.json's
     data says they disagree, with a note (before, nothing was said)."""
+    from reprotune._run.record import RunRecord, new_record, typed_record
     from reprotune._studies.sources import data_identity as _data
 
-    same, notes = _data([{"data": {"file_sha256": "a" * 64}}] * 3)
+    def on(data_sha256: str) -> RunRecord:
+        return typed_record({**new_record("r", {}, "0" * 64, {}), "data": {"file_sha256": data_sha256}})
+
+    same, notes = _data([on("a" * 64)] * 3)
     assert same == {"file_sha256": "a" * 64, "runs_agree": True} and notes == []
-    mixed, notes = _data([{"data": {"file_sha256": "a" * 64}}, {"data": {"file_sha256": "b" * 64}}])
+    mixed, notes = _data([on("a" * 64), on("b" * 64)])
     assert mixed == {"file_sha256": "a" * 64, "runs_agree": False}
     assert (
         len(notes) == 1

@@ -8,7 +8,7 @@ from typing import Any
 
 from reprotune._studies.metrics import eval_setup, run_metrics
 
-RECORD: dict[str, Any] = {"outputs": {"final_val_loss": (5.4375).hex()}}
+FINAL = (5.4375).hex()  # the record's outputs.final_val_loss
 
 
 def _eval(run: Path, name: str, body: object) -> None:
@@ -19,7 +19,7 @@ def _eval(run: Path, name: str, body: object) -> None:
 
 def test_final_val_loss_exact_bits(tmp_path: Path) -> None:
     """The value is the record's float.hex, bit for bit."""
-    metrics, notes, setups = run_metrics(tmp_path, RECORD)
+    metrics, notes, setups = run_metrics(tmp_path, FINAL)
     assert metrics == {"final_val_loss": 5.4375} and notes == [] and setups == {}
 
 
@@ -33,7 +33,7 @@ def test_eval_metrics_read_defensively(tmp_path: Path) -> None:
     _eval(tmp_path, "e3", {"split": "test", "status": "running", "metrics": {"bleu": 1.0}})
     _eval(tmp_path, "e4", "{not json")
     _eval(tmp_path, "e5", {"metrics": {"note": "text only"}})
-    metrics, notes, _ = run_metrics(tmp_path, RECORD)
+    metrics, notes, _ = run_metrics(tmp_path, FINAL)
     assert metrics == {
         "final_val_loss": 5.4375,
         "test/bleu": 12.5,
@@ -49,7 +49,7 @@ def test_eval_metrics_read_defensively(tmp_path: Path) -> None:
 
 def test_no_validation_loss(tmp_path: Path) -> None:
     """A run without a final validation loss: no such metric, and a note."""
-    metrics, notes, _ = run_metrics(tmp_path, {"outputs": {"final_val_loss": None}})
+    metrics, notes, _ = run_metrics(tmp_path, None)
     assert metrics == {} and "no final validation loss" in notes[0]
 
 
@@ -73,7 +73,7 @@ def test_evals_that_do_not_measure_the_run_alike_are_told_apart(tmp_path: Path) 
     _eval(tmp_path, "e1-quick", body(3))
     _eval(tmp_path, "e2-full", body(7))
     _eval(tmp_path, "e3-base", {**body(7), "base_only": True})
-    metrics, notes, setups = run_metrics(tmp_path, RECORD)
+    metrics, notes, setups = run_metrics(tmp_path, FINAL)
     assert metrics == {"final_val_loss": 5.4375, "test/bleu": 7.0, "test/bleu@e1-quick": 3.0}
     assert notes == [
         f"{tmp_path.name}/evals/e3-base/eval.json: left out, an eval of the base model alone "

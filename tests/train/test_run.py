@@ -255,6 +255,16 @@ def test_mlflow_mirrors_params_tags_metrics_and_artifacts(
     assert [(m.step, m.value) for m in val] == [(e["step"], float.fromhex(e["loss"])) for e in val_lines]
     assert [m.step for m in val] == [4, 8]
     assert record["trackers"]["mlflow"]["metrics_logged"] == 8 * 3 + 2
+    # The typed record reads back what reprotune itself reads: the tracker's run, the last
+    # validation loss (the ledger's last val line, bit for bit) and the data order's length.
+    typed = result.typed
+    assert typed is not None and typed.trackers is not None and typed.outputs is not None
+    assert typed.trackers["mlflow"].mlflow_run_id == run.info.run_id
+    assert typed.trackers["mlflow"].tracking_uri == uri
+    assert typed.trackers["mlflow"].experiment == "reprotune-test"
+    assert typed.outputs.final_val_loss == val_lines[-1]["loss"]
+    assert typed.data is not None and typed.data.order is not None
+    assert typed.data.order.total_steps == 8 == typed.timings.steps_done
 
     top = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"record.json", "ledger", "adapter", "split", "config"} <= top

@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reprotune._cli._options import add_set_option, path_value, pin_cpu_isa_of_run
+
+if TYPE_CHECKING:
+    from reprotune._train.options import RunResult
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,23 +74,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def eval_at_end(result: Any, *, progress: bool) -> None:
+def eval_at_end(result: RunResult, *, progress: bool) -> None:
     """After ``reprotune run`` / ``resume``: the eval ``eval.generate_at_end`` asks for, if the run
     completed (rank 0 alone in a distributed run), and its summary."""
     from reprotune._eval.settings import wants_eval_at_end
 
-    if (
-        not getattr(result, "main", True)
-        or result.status != "completed"
-        or not wants_eval_at_end(result.record)
-    ):
+    record = result.typed  # None on a distributed run's ranks other than 0
+    if record is None or result.status != "completed" or not wants_eval_at_end(record):
         return
     from reprotune._eval.at_end import evaluate_at_end
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    done = evaluate_at_end(result.run_dir, result.record, report=say, progress=say if progress else None)
+    done = evaluate_at_end(result.run_dir, record, report=say, progress=say if progress else None)
     print(summary(done.eval_dir, done.record), end="")
 
 

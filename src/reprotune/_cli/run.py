@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from reprotune._cli._options import add_set_option, add_watch_options, path_value, pin_cpu_isa, watch_hooks
+
+if TYPE_CHECKING:
+    from reprotune._train.options import RunResult
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,29 +26,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_watch_options(parser)
 
 
-def print_summary(result: Any) -> None:
+def print_summary(result: RunResult) -> None:
     """The closing lines of a run: where it is, what it produced, how to look at it (said by rank 0
     alone in a distributed run)."""
-    if not result.main:
+    record = result.typed
+    if not result.main or record is None:
         return
-    record = result.record
-    print(f"run {record['run_id']}: {result.status} after {result.steps_done} steps")
+    print(f"run {record.run_id}: {result.status} after {result.steps_done} steps")
     print(f"  run directory   {result.run_dir}")
     if result.adapter_sha256:
         print(f"  adapter sha256  {result.adapter_sha256}")
     if result.final_val_loss is not None:
         print(f"  final val loss  {result.final_val_loss:.6f}")
-    timings = record.get("timings") or {}
-    if timings.get("step_time_s_median") is not None:
-        share = timings.get("recording_share")
+    median, share = record.timings.step_time_s_median, record.timings.recording_share
+    if median is not None:
         cost = f"; recording (ledger, weights hash, trackers) {share:.2%} of it" if share is not None else ""
-        print(f"  step time       {timings['step_time_s_median'] * 1e3:.1f} ms median{cost}")
-    mlflow = (record.get("trackers") or {}).get("mlflow")
-    if mlflow and mlflow.get("ok"):
-        print(f"  MLflow run      {mlflow['mlflow_run_id']} in experiment {mlflow['experiment']!r}")
-        print(f"  open MLflow     mlflow ui --backend-store-uri {mlflow['tracking_uri']}")
-    elif mlflow:
-        print(f"  MLflow          failed and was switched off: {mlflow.get('error')}")
+        print(f"  step time       {median * 1e3:.1f} ms median{cost}")
+    mlflow = (record.trackers or {}).get("mlflow")
+    if mlflow is not None and mlflow.ok:
+        print(f"  MLflow run      {mlflow.mlflow_run_id} in experiment {mlflow.experiment!r}")
+        print(f"  open MLflow     mlflow ui --backend-store-uri {mlflow.tracking_uri}")
+    elif mlflow is not None:
+        print(f"  MLflow          failed and was switched off: {mlflow.error}")
 
 
 def run(args: argparse.Namespace) -> int:

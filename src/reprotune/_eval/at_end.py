@@ -10,17 +10,17 @@ record names. A failure there is reported and the eval stands.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from reprotune._errors import InputError, ReprotuneError
 from reprotune._eval.evaluate import EvalResult, run_eval
+from reprotune._run.record import RunRecord
 
 
 def evaluate_at_end(
     run_dir: Path,
-    record: Mapping[str, Any],
+    record: RunRecord,
     *,
     report: Callable[[str], None],
     progress: Callable[[str], None] | None = None,
@@ -44,10 +44,10 @@ def evaluate_at_end(
             source=exc.source,
             fix=exc.fix,
         ) from exc
-    mlflow = (record.get("trackers") or {}).get("mlflow") or {}
-    if mlflow.get("ok") and mlflow.get("mlflow_run_id"):
+    mlflow = (record.trackers or {}).get("mlflow")
+    if mlflow is not None and mlflow.ok and mlflow.mlflow_run_id and mlflow.tracking_uri:
         try:
-            log_to_mlflow(mlflow["tracking_uri"], mlflow["mlflow_run_id"], result, step=_steps(record))
+            log_to_mlflow(mlflow.tracking_uri, mlflow.mlflow_run_id, result, step=_steps(record))
         except Exception as exc:  # an observer must not undo the eval
             report(f"warning: could not log the eval's metrics to MLflow ({type(exc).__name__}: {exc})")
     return result
@@ -68,8 +68,8 @@ def log_to_mlflow(tracking_uri: str, run_id: str, result: EvalResult, *, step: i
     client.log_artifacts(run_id, str(result.eval_dir), artifact_path=f"evals/{result.eval_dir.name}")
 
 
-def _steps(record: Mapping[str, Any]) -> int:
+def _steps(record: RunRecord) -> int:
     """The run's last optimizer step: the metrics sit at the end of its curves."""
-    total = (((record.get("data") or {}).get("order")) or {}).get("total_steps")
-    steps = total if isinstance(total, int) else (record.get("timings") or {}).get("steps_done")
-    return int(steps) if isinstance(steps, int) else 0
+    order = record.data.order if record.data is not None else None
+    total = order.total_steps if order is not None else None
+    return total if total is not None else record.timings.steps_done

@@ -16,6 +16,7 @@ from typing import Any
 
 from reprotune._config.schema import ExperimentConfig
 from reprotune._jsonio import canonical_sha256
+from reprotune._run.record import RunRecord
 
 #: The version of :func:`row_seed`: records depend on it, so it never changes meaning.
 ROW_SEED_RULE = "sha256('reprotune/eval-row/v1/<eval seed>/<row index>')[:8] big-endian & (2**63-1)"
@@ -119,7 +120,7 @@ def identity_sha256(parts: Mapping[str, Any]) -> str:
     return canonical_sha256(dict(parts))
 
 
-def wants_eval_at_end(record: Mapping[str, Any]) -> bool:
+def wants_eval_at_end(record: RunRecord) -> bool:
     """Whether a run's resolved config asks for ``eval.generate_at_end`` (light: no torch)."""
-    section = (record.get("config") or {}).get("eval") or {}
+    section = record.config.get("eval") or {}
     return bool(section.get("generate_at_end"))

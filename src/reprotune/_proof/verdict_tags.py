@@ -22,7 +22,8 @@ from typing import Any
 from reprotune._jsonio import sha256_file
 from reprotune._proof.verification import Verification
 from reprotune._run.layout import VERIFICATION, RunLayout
-from reprotune._run.record import load_record
+from reprotune._run.record import read_record
+from reprotune._run.record_sections import TrackerSummary
 from reprotune._trackers.wandb import import_wandb, init_run
 
 PREFIX = "reprotune.verify."
@@ -55,19 +56,19 @@ def tag_reference(result: Verification, verification: Path, report: Callable[[st
     if not result.reference or (result.spot or {}).get("bundle"):
         return False  # a bundle's run was mirrored on the machine that made it, not here
     try:
-        record = load_record(RunLayout(Path(result.reference)).record)
+        trackers = read_record(RunLayout(Path(result.reference)).record).trackers or {}
     except Exception:
         return False
-    trackers = record.get("trackers") or {}
-    tagged = _tag_mlflow(trackers.get("mlflow") or {}, result, verification, report)
-    return _tag_wandb(trackers.get("wandb") or {}, result, verification, report) or tagged
+    mlflow, wandb = trackers.get("mlflow"), trackers.get("wandb")
+    tagged = mlflow is not None and _tag_mlflow(mlflow, result, verification, report)
+    return (wandb is not None and _tag_wandb(wandb, result, verification, report)) or tagged
 
 
 def _tag_wandb(
-    mirrored: dict[str, Any], result: Verification, verification: Path, report: Callable[[str], None]
+    mirrored: TrackerSummary, result: Verification, verification: Path, report: Callable[[str], None]
 ) -> bool:
-    run_id, run_dir = mirrored.get("wandb_run_id"), mirrored.get("run_dir")
-    if not mirrored.get("ok") or not isinstance(run_id, str) or not isinstance(run_dir, str):
+    run_id, run_dir = mirrored.wandb_run_id, mirrored.run_dir
+    if not mirrored.ok or run_id is None or run_dir is None:
         return False
     directory = Path(run_dir).parent.parent  # <dir>/wandb/<offline-run-...>: wandb.init's dir
     if not directory.is_dir():
@@ -78,18 +79,16 @@ def _tag_wandb(
     except Exception as exc:  # an observer: never the verdict's business
         report(f"warning: could not put the verdict on W&B run {run_id}: {exc}")
         return False
-    report(f"verdict put on W&B run {run_id} ({mirrored.get('mode')}), verification.json attached")
+    report(f"verdict put on W&B run {run_id} ({mirrored.mode}), verification.json attached")
     return True
 
 
 def _resume_wandb(
-    mirrored: dict[str, Any], run_id: str, directory: Path, tags: dict[str, str], verification: Path
+    mirrored: TrackerSummary, run_id: str, directory: Path, tags: dict[str, str], verification: Path
 ) -> None:
     wandb = import_wandb("the verdict's W&B tags")
-    mode = str(mirrored.get("mode") or "offline")
-    run = init_run(
-        wandb, mode=mode, directory=directory, project=mirrored.get("project"), id=run_id, resume="allow"
-    )
+    mode = mirrored.mode or "offline"
+    run = init_run(wandb, mode=mode, directory=directory, project=mirrored.project, id=run_id, resume="allow")
     try:
         run.tags = (*(run.tags or ()), f"reprotune-verify-{tags[PREFIX + 'verdict']}")
         run.summary.update(tags)
@@ -101,10 +100,10 @@ def _resume_wandb(
 
 
 def _tag_mlflow(
-    mirrored: dict[str, Any], result: Verification, verification: Path, report: Callable[[str], None]
+    mirrored: TrackerSummary, result: Verification, verification: Path, report: Callable[[str], None]
 ) -> bool:
-    uri, run_id = mirrored.get("tracking_uri"), mirrored.get("mlflow_run_id")
-    if not mirrored.get("ok") or not isinstance(uri, str) or not isinstance(run_id, str):
+    uri, run_id = mirrored.tracking_uri, mirrored.mlflow_run_id
+    if not mirrored.ok or uri is None or run_id is None:
         return False
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
         report(f"warning: the verdict was not put on MLflow run {run_id}: its store {uri} is not here")

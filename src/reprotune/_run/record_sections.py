@@ -42,6 +42,15 @@ class CodeRecord(RecordPart):
     untracked: list[str] = Field(default_factory=list)
 
 
+class DataOrderRecord(RecordPart):
+    """How a ``reprotune run`` ordered its training rows (``_data.order``); a Trainer-made run has
+    none."""
+
+    version: int | None = None
+    rows_per_step: int | None = None
+    total_steps: int | None = None
+
+
 class DataRecord(RecordPart):
     """The data a run trained on."""
 
@@ -51,6 +60,7 @@ class DataRecord(RecordPart):
     manifest_sha256: str | None = None
     manifest_file: str | None = None
     split_sizes: dict[str, int] = Field(default_factory=dict)
+    order: DataOrderRecord | None = None
 
 
 class ModelRecord(RecordPart):
@@ -86,6 +96,7 @@ class Outputs(RecordPart):
     adapter_sha256: str | None = None
     adapter_files: dict[str, str] = Field(default_factory=dict)
     ledger_sha256: str | None = None
+    final_val_loss: str | None = None  # the last validation loss as exact float.hex, when measured
 
 
 class WorldSizeChange(RecordPart):
@@ -113,10 +124,18 @@ class Attempt(RecordPart):
 
 class TrackerSummary(RecordPart):
     """What one tracker reported at the end (``_trackers.base.TrackerSet.finish``): ``ok`` and the
-    tracker's own keys (MLflow's run id, W&B's...), or ``ok`` false and its ``error``."""
+    tracker's own keys, or ``ok`` false and its ``error``. Typed here: the keys reprotune reads
+    back (to tag a run with a verdict, log an eval to it, adopt it into a study)."""
 
     ok: bool
     error: str | None = None
+    tracking_uri: str | None = None  # MLflow
+    experiment: str | None = None  # MLflow
+    mlflow_run_id: str | None = None
+    wandb_run_id: str | None = None
+    run_dir: str | None = None  # W&B's run files
+    mode: str | None = None  # W&B's
+    project: str | None = None  # W&B's
 
 
 class RankEntry(RecordPart):

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from reprotune._config.schema import config_sha256
 from reprotune._errors import InputError, RunFailedError
@@ -35,7 +35,7 @@ from reprotune._eval.settings import wants_eval_at_end
 from reprotune._jsonio import sha256_file
 from reprotune._proof.processes import start_leg
 from reprotune._run.layout import RunLayout
-from reprotune._run.record import load_record, status_of
+from reprotune._run.record import RunRecord, read_record
 from reprotune._studies.layout import StudyLayout
 from reprotune._studies.plan import PlannedRun
 from reprotune._train.options import RunOptions
@@ -50,7 +50,7 @@ class RunOutcome:
 
     planned: PlannedRun
     run_dir: Path
-    record: dict[str, Any]
+    record: RunRecord
     action: Action
     seconds: float
 
@@ -91,31 +91,31 @@ def _state(planned: PlannedRun, run_dir: Path) -> Literal["new", "completed", "u
     paths = RunLayout(run_dir)
     if not paths.is_run_dir():
         return "new"
-    record = load_record(paths.record)
+    record = read_record(paths.record)
     _check_config(planned, run_dir, record)
-    return "completed" if status_of(record) == "completed" else "unfinished"
+    return "completed" if record.status == "completed" else "unfinished"
 
 
-def _check_config(planned: PlannedRun, run_dir: Path, record: dict[str, Any]) -> None:
+def _check_config(planned: PlannedRun, run_dir: Path, record: RunRecord) -> None:
     expected = config_sha256(planned.config)
-    if record.get("config_sha256") != expected:
+    if record.config_sha256 != expected:
         raise InputError(
             f"run directory {run_dir} holds a run of another config (config sha256 "
-            f"{str(record.get('config_sha256'))[:12]}, the study plans {expected[:12]} for {planned.name})",
+            f"{record.config_sha256[:12]}, the study plans {expected[:12]} for {planned.name})",
             source=str(RunLayout(run_dir).record),
             fix=f"remove {run_dir} to let the study redo it, or give the study another --out directory",
         )
 
 
-def _verify_completed(planned: PlannedRun, run_dir: Path) -> dict[str, Any]:
+def _verify_completed(planned: PlannedRun, run_dir: Path) -> RunRecord:
     """The record of a completed run whose ledger and adapter are still the bytes it recorded."""
     paths = RunLayout(run_dir)
-    record = load_record(paths.record)
+    record = read_record(paths.record)
     _check_config(planned, run_dir, record)
-    outputs = record.get("outputs") or {}
+    outputs = record.outputs
     for what, file, recorded in (
-        ("ledger", paths.ledger, outputs.get("ledger_sha256")),
-        ("adapter", paths.adapter_weights, outputs.get("adapter_sha256")),
+        ("ledger", paths.ledger, outputs.ledger_sha256 if outputs else None),
+        ("adapter", paths.adapter_weights, outputs.adapter_sha256 if outputs else None),
     ):
         actual = sha256_file(file) if file.is_file() else None
         if actual is None or actual != recorded:
@@ -131,7 +131,7 @@ def _verify_completed(planned: PlannedRun, run_dir: Path) -> dict[str, Any]:
     return record
 
 
-def _evaluate_if_asked(run_dir: Path, record: dict[str, Any]) -> None:
+def _evaluate_if_asked(run_dir: Path, record: RunRecord) -> None:
     """The eval ``eval.generate_at_end`` asks for, where the run has none yet: a run made in this
     process (``--jobs 1``) or one whose process was killed during its eval. ``reprotune run`` in its
     own process (``--jobs`` > 1) has made it already, so the study is the same either way."""

@@ -27,9 +27,10 @@ FINAL_VAL_LOSS: Final = "final_val_loss"
 
 
 def run_metrics(
-    run_dir: Path, record: Mapping[str, Any]
+    run_dir: Path, final_val_loss: str | None
 ) -> tuple[dict[str, float], list[str], dict[str, str]]:
-    """The metrics of the completed run in ``run_dir`` (its record already read).
+    """The metrics of the completed run in ``run_dir``: its record's ``outputs.final_val_loss``
+    (``float.hex``, or None where none was measured) and its evaluations.
 
     Returns:
         ``(metrics, notes, setups)``: name -> value, one line for each thing left out and why, and
@@ -38,13 +39,13 @@ def run_metrics(
     metrics: dict[str, float] = {}
     notes: list[str] = []
     setups: dict[str, str] = {}
-    outputs = record.get("outputs")
-    raw = outputs.get(FINAL_VAL_LOSS) if isinstance(outputs, Mapping) else None
-    if isinstance(raw, str):
+    if final_val_loss is not None:
         try:
-            metrics[FINAL_VAL_LOSS] = float.fromhex(raw)
+            metrics[FINAL_VAL_LOSS] = float.fromhex(final_val_loss)
         except ValueError:
-            notes.append(f"{run_dir.name}: outputs.final_val_loss {raw!r} is not a float.hex value")
+            notes.append(
+                f"{run_dir.name}: outputs.final_val_loss {final_val_loss!r} is not a float.hex value"
+            )
     else:
         notes.append(f"{run_dir.name}: no final validation loss in its record")
     evals = evals_dir(run_dir)

@@ -7,11 +7,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from reprotune._run.record import RunRecord
 
-def base_model(records: Sequence[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[str]]:
+
+def base_model(records: Sequence[RunRecord]) -> tuple[dict[str, Any] | None, list[str]]:
     """The base model every run started from (source and hashes), and a note if runs disagree."""
-    keys = ("source", "weights_sha256", "tokenizer_sha256")
-    seen = [{k: (r.get("model") or {}).get(k) for k in keys} for r in records]
+    seen = [
+        {
+            "source": r.model.source if r.model else None,
+            "weights_sha256": r.model.weights_sha256 if r.model else None,
+            "tokenizer_sha256": r.model.tokenizer_sha256 if r.model else None,
+        }
+        for r in records
+    ]
     if not seen:
         return None, []
     notes = []
@@ -22,10 +30,10 @@ def base_model(records: Sequence[dict[str, Any]]) -> tuple[dict[str, Any] | None
     return seen[0], notes
 
 
-def data_identity(records: Sequence[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[str]]:
+def data_identity(records: Sequence[RunRecord]) -> tuple[dict[str, Any] | None, list[str]]:
     """The data file every run trained on (its sha256), whether the runs agree, and a note when
     they do not (the data file changed while the study was made: kept runs trained on the old)."""
-    seen = [(r.get("data") or {}).get("file_sha256") for r in records]
+    seen = [r.data.file_sha256 if r.data else None for r in records]
     if not seen:
         return None, []
     agree = all(s == seen[0] for s in seen[1:])

@@ -24,7 +24,7 @@ from reprotune._jsonio import write_bytes_atomic
 from reprotune._run.layout import LOCK
 from reprotune._run.lock import holding_run_dir
 from reprotune._run.outputs import refuse_inside_run, refuse_unwritable_parent
-from reprotune._run.record import ended_status
+from reprotune._run.record import RunRecord, ended_status
 from reprotune._studies import layout
 from reprotune._studies.execute import Action, RunOutcome, execute_runs
 from reprotune._studies.layout import StudyLayout
@@ -116,7 +116,7 @@ def _run_locked(
     tracker = _tracker(cfg, plan, paths, options)
     actions: dict[str, Action] = {}
     notes: dict[str, list[str]] = {}
-    records: dict[str, dict[str, Any]] = {}
+    records: dict[str, RunRecord] = {}
     entries = {entry["name"]: entry for entry in study["runs"]}
     seconds = 0.0
 
@@ -256,14 +256,14 @@ def _planned_entry(planned: PlannedRun) -> dict[str, Any]:
 
 def _entry(outcome: RunOutcome) -> tuple[dict[str, Any], list[str]]:
     record = outcome.record
-    outputs = record.get("outputs") or {}
-    metrics, notes, setups = run_metrics(outcome.run_dir, record)
+    outputs = record.outputs
+    metrics, notes, setups = run_metrics(outcome.run_dir, outputs.final_val_loss if outputs else None)
     entry = {
         **_planned_entry(outcome.planned),
         "status": "completed",
-        "seeds": dict(record["seeds"]),
-        "adapter_sha256": outputs.get("adapter_sha256"),
-        "ledger_sha256": outputs.get("ledger_sha256"),
+        "seeds": dict(record.seeds),
+        "adapter_sha256": outputs.adapter_sha256 if outputs else None,
+        "ledger_sha256": outputs.ledger_sha256 if outputs else None,
         "metrics": metrics,
         "metric_setups": setups,
     }
@@ -330,10 +330,10 @@ def _tracker(
 
 
 def _adopt(tracker: StudyTracker, plan: StudyPlan, outcome: RunOutcome) -> None:
-    mlflow = (outcome.record.get("trackers") or {}).get("mlflow") or {}
-    if mlflow.get("ok") and mlflow.get("mlflow_run_id"):
+    mlflow = (outcome.record.trackers or {}).get("mlflow")
+    if mlflow is not None and mlflow.ok and mlflow.mlflow_run_id:
         tracker.adopt(
-            str(mlflow["mlflow_run_id"]),
+            mlflow.mlflow_run_id,
             {
                 "reprotune.study_id": plan.study_id,
                 "reprotune.study.varied": outcome.planned.varied,
@@ -361,8 +361,9 @@ def _parent_metrics(study: dict[str, Any]) -> dict[str, float]:
 
 def _progress_line(plan: StudyPlan, outcome: RunOutcome, done: int) -> str:
     p = outcome.planned
-    loss = (outcome.record.get("outputs") or {}).get("final_val_loss")
-    shown = f", final val loss {float.fromhex(loss):.6f}" if isinstance(loss, str) else ""
+    outputs = outcome.record.outputs
+    loss = outputs.final_val_loss if outputs is not None else None
+    shown = f", final val loss {float.fromhex(loss):.6f}" if loss is not None else ""
     verb = {"kept": "verified and kept", "ran": "ran", "resumed": "resumed"}[outcome.action]
     return (
         f"seeds: {done}/{len(plan.runs)} {p.name} ({p.varied} seed {p.seed}): {verb} "

@@ -285,6 +285,7 @@ def _finish(
         final_val_loss,
         step_times_s=tuple(step_times),
         checkpoint_times_s=tuple(save_times),
+        typed=record.typed,
     )
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reprotune._run.record import Status
+from reprotune._run.record import RunRecord, Status
 from reprotune._train.loop import StepHook
 
 
@@ -69,6 +69,8 @@ class RunResult:
     """This attempt's wall time per checkpoint saved (included in the step times)."""
     main: bool = True
     """False on a distributed run's ranks other than 0, which write nothing (``record`` is empty)."""
+    typed: RunRecord | None = None
+    """``record`` as typed, frozen data (None on a distributed run's ranks other than 0)."""
 
 
 #: The options of a plain ``reprotune run``.
