@@ -134,6 +134,24 @@ def test_callback_mirrors_to_wandb_offline(model_dir: Path, tmp_path: Path) -> N
     assert summary["status"] == "completed"
 
 
+def test_every_callback_finding_code_is_known_and_documented() -> None:
+    """The codes the callback's findings are made with (its rules' and ``_finding``'s) are exactly
+    FINDING_CODES, and docs/integrations.md explains each one."""
+    import ast
+
+    from reprotune.integrations import _findings
+
+    made = set()
+    for node in ast.walk(ast.parse(Path(_findings.__file__).read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            at = {"_finding": 0, "_Rule": 1}.get(node.func.id)
+            if at is not None and isinstance(node.args[at], ast.Constant):
+                made.add(node.args[at].value)
+    assert made == set(_findings.FINDING_CODES)
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text(encoding="utf-8")
+    assert [code for code in _findings.FINDING_CODES if f"`{code}`" not in doc] == []
+
+
 def test_findings_are_warned_once_and_recorded(model_dir: Path, tmp_path: Path) -> None:
     """full_determinism off, a length-grouped order and a PEFT model built before the seed are
     each warned about at train begin and recorded as findings, as doctor writes them."""

@@ -16,7 +16,6 @@ from reprotune._determinism.isa import require_isa
 from reprotune._errors import InputError
 
 Mode = Literal["strict", "warn", "off"]
-Device = Literal["cpu", "cuda", "auto"]
 
 #: cuBLAS needs a fixed workspace for reproducible results (CUDA >= 10.2); these two are documented.
 CUBLAS_DETERMINISTIC_VALUES = (":4096:8", ":16:8")

@@ -151,7 +151,6 @@ class OpTracer(TorchDispatchMode):
         self.ops: list[TraceOp] = []
         self._counts: Counter[tuple[str, str, str]] = Counter()
         self._param_hashes: dict[tuple[Any, ...], str] = {}
-        self.hash_s = 0.0
 
     def mark(self, phase: str) -> None:
         """Name the part of the step that begins (``train_step`` calls it)."""
@@ -160,7 +159,6 @@ class OpTracer(TorchDispatchMode):
     def _entry(self, t: torch.Tensor, rng_state: set[int]) -> tuple[str, ...]:
         if id(t) in rng_state:
             return ("x".join(str(d) for d in t.shape), str(t.dtype).removeprefix("torch."), RNG_STATE_HASH)
-        started = time.perf_counter()
         try:
             address = t.untyped_storage().data_ptr()
         except (RuntimeError, NotImplementedError):
@@ -173,7 +171,6 @@ class OpTracer(TorchDispatchMode):
                 digest = self._param_hashes[key] = tensor_hash(t)
         else:
             digest = tensor_hash(t)
-        self.hash_s += time.perf_counter() - started
         entry = ("x".join(str(d) for d in t.shape), str(t.dtype).removeprefix("torch."), digest)
         return (*entry, label) if label is not None else entry
 

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal
 
 from reprotune._data.manifest import Manifest, load_manifest
 from reprotune._errors import InputError
@@ -56,8 +56,7 @@ class RunDir:
     @property
     def status(self) -> Status | Literal["unknown"]:
         """The record's ``status`` (``running``, ``completed``, ``failed``...), or ``unknown``."""
-        value = self.record.get("status")
-        return cast(Status, value) if value in get_args(Status) else "unknown"
+        return status_of(self.record) or "unknown"
 
     def section(self, key: str) -> Mapping[str, Any]:
         """A top-level record section (``config``, ``seeds``, ...); empty when absent."""

@@ -75,7 +75,6 @@ class Restored:
 
     name: str
     state: CheckpointState
-    saved_world_size: int
     rng_restored: bool
 
 
@@ -94,7 +93,7 @@ def restore_distributed(
     ctx = _context(setup)
     read: RankCheckpoint | None = None
 
-    def pick() -> tuple[str, CheckpointState, dict[str, Any], dict[str, Any] | None, int] | None:
+    def pick() -> tuple[str, CheckpointState, dict[str, Any], dict[str, Any] | None] | None:
         nonlocal read
         assert directory is not None
         shapes = trainable_shapes(setup.model)
@@ -106,13 +105,13 @@ def restore_distributed(
                 read = None
                 report(unrestorable_warning(found, exc))
                 continue
-            return found.name, read.state, read.scheduler, read.scaler, len(read.ranks.rng)
+            return found.name, read.state, read.scheduler, read.scaler
         return None
 
     picked = decided_by_main(ctx, pick)
     if picked is None:
         return None
-    name, state, scheduler, scaler, saved_world = picked
+    name, state, scheduler, scaler = picked
     load_full_state(
         _train_module(setup),
         setup.optimizer,
@@ -128,4 +127,4 @@ def restore_distributed(
     own = scatter_objects(ctx, states)
     if restore_rng and own is not None:
         restore_rng_state(own)
-    return Restored(name, state, saved_world, restore_rng and own is not None)
+    return Restored(name, state, restore_rng and own is not None)
