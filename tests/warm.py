@@ -79,7 +79,7 @@ for module, _ in COMMANDS.values():
     importlib.import_module(module)
 import reprotune._train.run, reprotune._proof.verify, reprotune._proof.rerun, reprotune._eval.evaluate
 import reprotune._proof.trace, reprotune._doctor.doctor, reprotune._studies.study
-import reprotune._proof.replay, reprotune._proof.processes
+import reprotune._proof.replay, reprotune._proof.processes, reprotune._train.dist_run
 for module in json.loads(sys.argv[3]):  # a launcher zygote's: torchrun's own modules
     importlib.import_module(module)
 import injected_faults, warm_legs  # tests/inject, on PYTHONPATH (tests/conftest.py)

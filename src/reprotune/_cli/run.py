@@ -43,7 +43,7 @@ def print_summary(result: RunResult) -> None:
         cost = f"; recording (ledger, weights hash, trackers) {share:.2%} of it" if share is not None else ""
         print(f"  step time       {median * 1e3:.1f} ms median{cost}")
     mlflow = (record.trackers or {}).get("mlflow")
-    if mlflow is not None and mlflow.ok:
+    if mlflow is not None and mlflow.ok and mlflow.mlflow_run_id:
         print(f"  MLflow run      {mlflow.mlflow_run_id} in experiment {mlflow.experiment!r}")
         print(f"  open MLflow     mlflow ui --backend-store-uri {mlflow.tracking_uri}")
     elif mlflow is not None:

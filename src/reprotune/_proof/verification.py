@@ -266,9 +266,8 @@ def recorded_total_steps(run_dir: Path) -> int:
         InputError: the record holds no ``data.order.total_steps`` (a run made by another tool).
     """
     data = read_record(RunLayout(run_dir).record).data
-    order = (data.model_extra or {}).get("order") if data is not None else None
-    total = order.get("total_steps") if isinstance(order, dict) else None
-    if not isinstance(total, int):
+    total = data.order.total_steps if data is not None and data.order is not None else None
+    if total is None:
         raise InputError(
             f"the record of {run_dir} holds no data.order.total_steps",
             source=str(RunLayout(run_dir).record),

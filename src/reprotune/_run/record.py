@@ -10,7 +10,7 @@ fields), :func:`load_record` as the dict on disk (a reader that copies or rewrit
 validated; a schema or schema version they do not know is refused.
 
 Sections (``_run.record_sections``) are typed for the keys the contract names and accept extra
-keys (a run may add ``data.order``, a Trainer's run its ``trainer`` and ``findings``...); a record
+keys (a Trainer's run adds its ``trainer`` and ``findings``...); a record
 written before a section is known holds no such key, so every section is optional.
 
 Importing this module never imports torch: compare and report read records.

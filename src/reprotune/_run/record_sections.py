@@ -1,9 +1,9 @@
 """The typed sections of a run record (``record.json``; docs/run-directory.md), used by
 ``_run.record.RunRecord``.
 
-Each section is typed for the keys the contract names and accepts extra keys (a run may add
-``data.order``, a Trainer's resume its ``from_checkpoint``...); a key written only by a later
-version is optional, so a record written before it still reads.
+Each section is typed for the keys the contract names and for those reprotune reads back, and
+accepts extra keys (a Trainer's resume adds its ``from_checkpoint``...); a key written only by a
+later version is optional, so a record written before it still reads.
 
 Importing this module never imports torch.
 """
