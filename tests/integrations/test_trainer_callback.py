@@ -406,6 +406,16 @@ def test_a_tracker_switch_that_is_not_a_bool_is_refused(flag: str) -> None:
         ReprotuneCallback(**{flag: "yes"})
 
 
+@pytest.mark.parametrize("project", [7, ""])
+def test_a_wandb_project_that_is_not_a_name_is_refused(project: object) -> None:
+    """A non-string project would only fail when the run's record is written at its end."""
+    from reprotune._errors import InputError
+    from reprotune.integrations.transformers import ReprotuneCallback
+
+    with pytest.raises(InputError, match=f"wandb_project={project!r} is not a project name"):
+        ReprotuneCallback(wandb_project=project)  # type: ignore[arg-type]
+
+
 def test_a_second_callback_is_refused_before_any_run_directory_is_made(
     model_dir: Path, tmp_path: Path
 ) -> None:

@@ -260,6 +260,25 @@ def _save_trainable(model: Any, directory: Path) -> dict[str, str]:
     return hashes
 
 
+def check_tracker_settings(*, wandb: object, mlflow: object, wandb_project: object) -> None:
+    """Refuse a callback's tracker switch that is not a bool (``mlflow="yes"`` would switch it on by
+    truthiness) and a W&B project that is not a name (it would fail only at the run's end, when
+    the record holding it is written)."""
+    for name, value in (("wandb", wandb), ("mlflow", mlflow)):
+        if value is not None and not isinstance(value, bool):
+            raise InputError(
+                f"{name}={value!r} is not True or False",
+                source=f"ReprotuneCallback({name}=...)",
+                fix=f"pass {name}=True or {name}=False",
+            )
+    if not isinstance(wandb_project, str) or not wandb_project:
+        raise InputError(
+            f"wandb_project={wandb_project!r} is not a project name",
+            source="ReprotuneCallback(wandb_project=...)",
+            fix='pass the W&B project as a non-empty string, e.g. wandb_project="reprotune"',
+        )
+
+
 def make_trackers(
     wandb: bool,
     project: str,

@@ -30,7 +30,7 @@ import torch
 from transformers import TrainerCallback
 
 from reprotune._data.manifest import Manifest, load_manifest
-from reprotune._errors import InputError, Interrupted
+from reprotune._errors import Interrupted
 from reprotune._model.lora import WeightsHasher, trainable_tensors
 from reprotune._run import layout
 from reprotune._run.claim import unused_path
@@ -62,6 +62,7 @@ from reprotune.integrations._probes import (
 )
 from reprotune.integrations._writer import (
     TrainerRun,
+    check_tracker_settings,
     checkpoint_run_dir,
     make_trackers,
     mark_checkpoint,
@@ -108,13 +109,7 @@ class ReprotuneCallback(TrainerCallback):
         code_dir: str | os.PathLike[str] | None = None,
         mlflow: bool | None = None,
     ) -> None:
-        for name, value in (("wandb", wandb), ("mlflow", mlflow)):
-            if value is not None and not isinstance(value, bool):
-                raise InputError(
-                    f"{name}={value!r} is not True or False",
-                    source=f"ReprotuneCallback({name}=...)",
-                    fix=f"pass {name}=True or {name}=False",
-                )
+        check_tracker_settings(wandb=wandb, mlflow=mlflow, wandb_project=wandb_project)
         self._controls = Controls.from_env()
         self._mlflow = mlflow
         self._run_dir = Path(run_dir) if run_dir is not None else None
