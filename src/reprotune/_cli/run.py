@@ -29,8 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def print_summary(result: RunResult) -> None:
     """The closing lines of a run: where it is, what it produced, how to look at it (said by rank 0
     alone in a distributed run)."""
-    record = result.typed
-    if not result.main or record is None:
+    record = result.typed  # None on a distributed run's ranks other than 0
+    if record is None:
         return
     print(f"run {record.run_id}: {result.status} after {result.steps_done} steps")
     print(f"  run directory   {result.run_dir}")
@@ -42,7 +42,7 @@ def print_summary(result: RunResult) -> None:
     if median is not None:
         cost = f"; recording (ledger, weights hash, trackers) {share:.2%} of it" if share is not None else ""
         print(f"  step time       {median * 1e3:.1f} ms median{cost}")
-    mlflow = (record.trackers or {}).get("mlflow")
+    mlflow = record.tracker("mlflow")
     if mlflow is not None and mlflow.ok and mlflow.mlflow_run_id:
         print(f"  MLflow run      {mlflow.mlflow_run_id} in experiment {mlflow.experiment!r}")
         print(f"  open MLflow     mlflow ui --backend-store-uri {mlflow.tracking_uri}")

@@ -44,7 +44,7 @@ def evaluate_at_end(
             source=exc.source,
             fix=exc.fix,
         ) from exc
-    mlflow = (record.trackers or {}).get("mlflow")
+    mlflow = record.tracker("mlflow")
     if mlflow is not None and mlflow.ok and mlflow.mlflow_run_id and mlflow.tracking_uri:
         try:
             log_to_mlflow(mlflow.tracking_uri, mlflow.mlflow_run_id, result, step=_steps(record))
@@ -70,6 +70,5 @@ def log_to_mlflow(tracking_uri: str, run_id: str, result: EvalResult, *, step: i
 
 def _steps(record: RunRecord) -> int:
     """The run's last optimizer step: the metrics sit at the end of its curves."""
-    order = record.data.order if record.data is not None else None
-    total = order.total_steps if order is not None else None
+    total = record.total_steps
     return total if total is not None else record.timings.steps_done

@@ -56,10 +56,10 @@ def tag_reference(result: Verification, verification: Path, report: Callable[[st
     if not result.reference or (result.spot or {}).get("bundle"):
         return False  # a bundle's run was mirrored on the machine that made it, not here
     try:
-        trackers = read_record(RunLayout(Path(result.reference)).record).trackers or {}
+        record = read_record(RunLayout(Path(result.reference)).record)
     except Exception:
         return False
-    mlflow, wandb = trackers.get("mlflow"), trackers.get("wandb")
+    mlflow, wandb = record.tracker("mlflow"), record.tracker("wandb")
     tagged = mlflow is not None and _tag_mlflow(mlflow, result, verification, report)
     return (wandb is not None and _tag_wandb(wandb, result, verification, report)) or tagged
 

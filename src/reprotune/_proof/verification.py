@@ -265,8 +265,7 @@ def recorded_total_steps(run_dir: Path) -> int:
     Raises:
         InputError: the record holds no ``data.order.total_steps`` (a run made by another tool).
     """
-    data = read_record(RunLayout(run_dir).record).data
-    total = data.order.total_steps if data is not None and data.order is not None else None
+    total = read_record(RunLayout(run_dir).record).total_steps
     if total is None:
         raise InputError(
             f"the record of {run_dir} holds no data.order.total_steps",

@@ -94,6 +94,16 @@ class RunRecord(RecordPart):
 
     model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
 
+    def tracker(self, name: str) -> TrackerSummary | None:
+        """What tracker ``name`` (``mlflow``, ``wandb``) reported at the end; None: it had none."""
+        return (self.trackers or {}).get(name)
+
+    @property
+    def total_steps(self) -> int | None:
+        """The run's optimizer steps, from its data order (None: a Trainer-made run has none)."""
+        order = self.data.order if self.data is not None else None
+        return order.total_steps if order is not None else None
+
     def to_dict(self) -> dict[str, Any]:
         """The record as JSON-safe data, with the on-disk key names: the keys it was made with, no
         default added for a key it lacks (a record read and written again is the same record)."""

@@ -330,7 +330,7 @@ def _tracker(
 
 
 def _adopt(tracker: StudyTracker, plan: StudyPlan, outcome: RunOutcome) -> None:
-    mlflow = (outcome.record.trackers or {}).get("mlflow")
+    mlflow = outcome.record.tracker("mlflow")
     if mlflow is not None and mlflow.ok and mlflow.mlflow_run_id:
         tracker.adopt(
             mlflow.mlflow_run_id,
