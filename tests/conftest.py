@@ -95,7 +95,7 @@ SMOLLM2_OVERRIDES = (
 def smollm2_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The quickstart on the embedded SmolLM2-135M-Instruct, three steps, run by the CLI in its own
     process (MLflow store in a tmp dir). The session's first load of SmolLM2 converts the GGUF
-    model into the session's cache (:data:`CACHE`, about 20 s); later loads reuse it."""
+    model into the session's cache (:data:`CACHE`, about 10 s); later loads reuse it."""
     from warm import run_reprotune
 
     work = tmp_path_factory.mktemp("smollm2")

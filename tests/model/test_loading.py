@@ -245,8 +245,34 @@ def test_a_conversion_over_an_invalid_target_fails(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["x"]  # its copy removed
 
 
+def test_a_conversion_parses_each_gguf_once_and_leaves_gguf_as_it_was(tmp_path: Path) -> None:
+    """Within ``gguf_read_once`` a GGUF file opened again is the reader already parsed, and the
+    tensor-name table is built once per architecture and depth; after the block (also one left by
+    an error) ``gguf`` holds its own reader and table again."""
+    import gguf
+
+    path = tmp_path / "small.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(2)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader_type, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with pytest.raises(RuntimeError, match="inside"), builtin_mod.gguf_read_once():
+        first = gguf.GGUFReader(path)
+        assert isinstance(first, reader_type) and gguf.GGUFReader(str(path)) is first
+        assert first.fields["general.architecture"].contents() == "llama"
+        table = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is table
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 3) is not table
+        raise RuntimeError("inside")
+    assert gguf.GGUFReader is reader_type and gguf.get_tensor_name_map is name_map
+    assert gguf.GGUFReader(path) is not gguf.GGUFReader(path)
+
+
 # ---------------------------------------------------------------------------------------------
-# the embedded SmolLM2 (converted once per test session, about 25 s on 2 cores, into the session's
+# the embedded SmolLM2 (converted once per test session, about 10 s on 2 cores, into the session's
 # own cache: tests/conftest.py)
 
 

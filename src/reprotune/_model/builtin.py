@@ -7,22 +7,21 @@ without ``quantization_config`` and loads the de-quantized state dict; the conve
 published atomically and carries ``reprotune-model.json`` with the GGUF's sha256.
 """
 
+import contextlib
+import functools
 import importlib.metadata
 import importlib.util
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from reprotune._errors import InputError
 from reprotune._formats import BUILTIN_MODEL
 from reprotune._jsonio import publishing_dir, read_json_object, sha256_file, write_json_atomic
 from reprotune._model.identity import files_sha256, tokenizer_file_names, weight_file_names
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +128,7 @@ def ensure_builtin(name: str) -> Path:
         meta["gguf"].update(path=str(gguf), size=stat.st_size, mtime_ns=stat.st_mtime_ns)
         write_json_atomic(target / BUILTIN_META, meta)
         return target
-    log.warning("converting %s once into %s (about half a minute)", name, target)
+    log.warning("converting %s once into %s (about ten seconds)", name, target)
     convert_gguf(gguf, target, gguf_sha256=gguf_sha256, name=name)
     return target
 
@@ -208,7 +207,37 @@ def convert_gguf(gguf: Path, target: Path, *, gguf_sha256: str, name: str) -> di
         write_json_atomic(tmp / BUILTIN_META, meta)
         return meta
 
-    return publish_conversion(target, build)
+    with gguf_read_once():
+        return publish_conversion(target, build)
+
+
+@contextlib.contextmanager
+def gguf_read_once() -> Iterator[None]:
+    """Within the block, each GGUF file is parsed once and gguf's tensor-name table built once.
+
+    transformers opens the GGUF three times in a conversion (tokenizer, config, weights: each
+    ``gguf.GGUFReader`` parses the 49k-token vocabulary, about 4 s on 2 cores) and rebuilds
+    ``gguf.get_tensor_name_map`` for each of the model's ~400 modules (about 6 s in all). Both are
+    looked up on the ``gguf`` module when called (transformers 4.56 to 5.x), so for the block they
+    are replaced with memoizing versions (a reader per path, a table per architecture and depth;
+    both are only read), and restored after. The converted bytes do not change.
+    """
+    import gguf
+
+    reader_type, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, str], Any] = {}
+
+    def reader(path: str | os.PathLike[str], mode: str = "r") -> Any:
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = reader_type(path, mode)  # type: ignore[arg-type]
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(name_map)  # type: ignore[assignment, misc]
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader_type, name_map  # type: ignore[misc]
 
 
 def publish_conversion(target: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
