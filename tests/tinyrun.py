@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from reprotune.testing import build_tiny_model, write_tiny_dataset
-from warm import run_reprotune
+from warm import WarmProcess, run_reprotune, start_reprotune
 
 BASE_CONFIG: dict[str, Any] = {
     "seed": {"root": 1},
@@ -75,3 +75,9 @@ class TinyProject:
                 f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
             )
         return done
+
+    def start_cli(self, *args: str, env: dict[str, str] | None = None) -> WarmProcess:
+        """``python -m reprotune ARGS`` in the project directory, started as :meth:`run_cli` starts
+        it and not waited for: its pid, ``poll``, ``wait``, signals, and ``result()`` once ended."""
+        full_env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", **(env or {})}
+        return start_reprotune(list(args), cwd=self.root, env=full_env)

@@ -351,6 +351,32 @@ class WarmProcess:
         return subprocess.CompletedProcess(self.args, self.returncode or 0, stdout, stderr)
 
 
+@dataclass
+class ColdProcess(WarmProcess):
+    """A call that needed a real interpreter, seen as a forked one is (:func:`start_reprotune`)."""
+
+    popen: subprocess.Popen[bytes] | None = None
+
+    def wait(self, timeout: float | None = None) -> int:
+        assert self.popen is not None
+        self.returncode = self.popen.wait(timeout)
+        return self.returncode
+
+    def poll(self) -> int | None:
+        assert self.popen is not None
+        self.returncode = self.popen.poll()
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def result(self) -> subprocess.CompletedProcess[str]:
+        done = super().result()
+        self.stdout_path.parent.rmdir()
+        return done
+
+
 class WarmLauncher:
     """The zygote process and the bookkeeping of its children (one per test session)."""
 
@@ -537,6 +563,21 @@ def run_reprotune(
     """``python -m reprotune ARGS`` in ``cwd`` with ``env``: forked from the warm zygote, or a real
     interpreter when the call needs one (:func:`needs_cold_start`, ``cold``)."""
     return _call(["-m", "reprotune"], args, cwd=cwd, env=env, timeout=timeout, cold=cold)
+
+
+def start_reprotune(args: list[str], *, cwd: Path, env: dict[str, str]) -> WarmProcess:
+    """``python -m reprotune ARGS`` started and not waited for (a test that signals or races it):
+    forked from the warm zygote, or a real interpreter where the call needs one."""
+    warm = None if os.environ.get("REPROTUNE_TESTS_COLD") else launcher(env)
+    if warm is not None and not needs_cold_start(args, env, warm.env, cwd):
+        return warm.start(list(args), cwd=cwd, env=env)
+    outputs = Path(tempfile.mkdtemp(prefix="reprotune-cold-"))
+    out, err = outputs / "stdout", outputs / "stderr"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "reprotune", *args], cwd=cwd, env=env, stdout=stdout, stderr=stderr
+        )
+    return ColdProcess(popen.pid, out, err, ["-m", "reprotune", *args], popen=popen)
 
 
 def run_script(

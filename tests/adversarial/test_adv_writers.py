@@ -1,6 +1,7 @@
 """Issue 16, items 1 and 6: one writer per run directory, and SIGTERM/SIGHUP end a run as Ctrl-C does.
 
-Real processes, real ``flock``: a second ``resume`` or ``run`` on a directory another process
+Real processes (forked from the tests' warm zygote, tests/warm.py, each with its own pid), real
+``flock``: a second ``resume`` or ``run`` on a directory another process
 writes is refused (exit 2) naming that process; two runs started together leave one whole run; a
 lock left by a killed process is taken over with a note; a SIGTERM'd run is ``interrupted``, its
 ledger whole, and ``resume`` finishes it bitwise identical to an uninterrupted run.
@@ -36,6 +37,7 @@ from reprotune._run.record import load_record
 from reprotune._train.loop import StepEnd
 from reprotune._train.run import RunOptions, run_experiment
 from tinyrun import TinyProject
+from warm import WarmProcess
 
 QUIET = ("--no-progress", "--no-tracking")
 HOLD = (
@@ -159,21 +161,8 @@ def test_where_flock_does_not_work_it_says_so_and_checks_the_holder(
 def test_two_runs_started_together_leave_one_whole_run(project: TinyProject, tmp_path: Path) -> None:
     """Two `run --run-dir D` at once: one completes, the other exits 2; the ledger has each step once."""
     run_dir = tmp_path / "run"
-    args = [
-        sys.executable,
-        "-m",
-        "reprotune",
-        "run",
-        str(project.config()),
-        "--run-dir",
-        str(run_dir),
-        *QUIET,
-    ]
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    procs = [
-        subprocess.Popen(args, cwd=project.root, env=env, stderr=subprocess.PIPE, text=True) for _ in "ab"
-    ]
-    results = [(p.wait(timeout=600), p.stderr.read() if p.stderr else "") for p in procs]
+    procs = [project.start_cli("run", str(project.config()), "--run-dir", str(run_dir), *QUIET) for _ in "ab"]
+    results = [(p.wait(timeout=600), p.result().stderr) for p in procs]
     assert sorted(code for code, _ in results) == [0, 2], results
     loser = next(err for code, err in results if code == 2)
     assert "another process" in loser or "holds" in loser
@@ -186,7 +175,7 @@ def test_two_runs_started_together_leave_one_whole_run(project: TinyProject, tmp
     assert load_record(run_dir / "record.json")["status"] == "completed"
 
 
-def _wait_for_train_lines(ledger: Path, n: int, proc: subprocess.Popen[str]) -> None:
+def _wait_for_train_lines(ledger: Path, n: int, proc: WarmProcess) -> None:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         assert proc.poll() is None, "the run ended before the test could stop it"
@@ -205,9 +194,7 @@ def test_resume_while_training_is_refused_and_sigterm_leaves_a_resumable_run(
     config = project.config("long.yaml", train={"max_steps": 40, "save_every": 5, "eval_every": 20})
     reference, run_dir = tmp_path / "reference", tmp_path / "run"
     project.run_cli("run", str(config), "--run-dir", str(reference), *QUIET)
-    args = [sys.executable, "-m", "reprotune", "run", str(config), "--run-dir", str(run_dir), *QUIET]
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    proc = subprocess.Popen(args, cwd=project.root, env=env, stderr=subprocess.PIPE, text=True)
+    proc = project.start_cli("run", str(config), "--run-dir", str(run_dir), *QUIET)
     try:
         _wait_for_train_lines(run_dir / "ledger.jsonl", 1, proc)
         os.kill(proc.pid, signal.SIGSTOP)
@@ -220,7 +207,7 @@ def test_resume_while_training_is_refused_and_sigterm_leaves_a_resumable_run(
         assert proc.wait(timeout=120) == 128 + signal.SIGTERM
     finally:
         proc.kill()
-    assert "interrupted by SIGTERM" in (proc.stderr.read() if proc.stderr else "")
+    assert "interrupted by SIGTERM" in proc.result().stderr
     record = load_record(run_dir / "record.json")
     assert record["status"] == "interrupted"
     assert record["error"] == {"type": "Interrupted", "message": "stopped by SIGTERM"}

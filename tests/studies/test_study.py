@@ -30,6 +30,7 @@ from reprotune._studies.significance import significance
 from reprotune._studies.study import StudyOptions, StudyResult, run_study
 from reprotune._studies.studyfile import load_study
 from tinyrun import TinyProject
+from warm import fork_legs_here
 
 pytestmark = pytest.mark.slow
 
@@ -150,7 +151,9 @@ def test_sigkill_then_continue_gives_the_same_study(
 def test_jobs_give_the_same_study(
     project: TinyProject, reference: StudyResult, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
-    """--jobs 2 (each run in its own process) ends with the same study.json, byte for byte."""
+    """--jobs 2 (each run in its own process, forked from the tests' warm zygote) ends with the
+    same study.json, byte for byte."""
+    assert fork_legs_here(monkeypatch) or os.environ.get("REPROTUNE_TESTS_COLD")
     out = project.root / "jobs"
     monkeypatch.chdir(project.root)
     assert main(["seeds", "cfg.yaml", "--n", str(N), "--jobs", "2", "--out", str(out)]) == 0
