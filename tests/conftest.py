@@ -99,6 +99,9 @@ def smollm2_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from warm import run_reprotune
 
     work = tmp_path_factory.mktemp("smollm2")
+    from mlflowstore import seed_mlflow_store
+
+    seed_mlflow_store(work / "mlflow.db")  # the quickstart's store (tests/mlflowstore.py)
     quickstart = Path(__file__).resolve().parents[1] / "examples" / "quickstart.yaml"
     args = ["run", str(quickstart), "--run-dir", str(work / "run"), "--no-progress"]
     for item in SMOLLM2_OVERRIDES:

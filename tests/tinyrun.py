@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from mlflowstore import seed_mlflow_store
 from reprotune.testing import build_tiny_model, write_tiny_dataset
 from warm import WarmProcess, run_reprotune, start_reprotune
 
@@ -56,9 +57,14 @@ class TinyProject:
         return cls(root)
 
     def config(self, name: str = "cfg.yaml", **sections: dict[str, Any]) -> Path:
-        """Write ``BASE_CONFIG`` updated by ``sections`` to ``name``; return its path."""
+        """Write ``BASE_CONFIG`` updated by ``sections`` to ``name``; return its path. A config
+        that mirrors to the project's ``mlflow.db`` finds the session's empty store there
+        (tests/mlflowstore.py)."""
         path = self.root / name
-        path.write_text(yaml.safe_dump(merge(BASE_CONFIG, sections), sort_keys=True), encoding="utf-8")
+        config = merge(BASE_CONFIG, sections)
+        path.write_text(yaml.safe_dump(config, sort_keys=True), encoding="utf-8")
+        if config["tracking"].get("mlflow") and config["tracking"].get("uri") == "sqlite:///mlflow.db":
+            seed_mlflow_store(self.root / "mlflow.db")  # tests/mlflowstore.py: migrated once a session
         return path
 
     def run_cli(

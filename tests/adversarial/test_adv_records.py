@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from mlflowstore import seed_mlflow_store
 from reprotune._cli import main
 from reprotune._run.record import load_record
 from tinyrun import TinyProject
@@ -67,6 +68,7 @@ def test_tracker_params_hold_no_url_credentials(
     assert "data.system_prompt: holds a URL with credentials" in err and PASSWORD not in err
     assert not run_dir.exists()
     experiment = f"house style at https://bob:{PASSWORD}@example.org/style"
+    seed_mlflow_store(tmp_path / "mlflow.db")
     assert main([*args, "--set", "tracking.mlflow=true", "--set", f"tracking.experiment={experiment}"]) == 0
     with sqlite3.connect(tmp_path / "mlflow.db") as db:
         params = dict(db.execute("SELECT key, value FROM params").fetchall())
@@ -119,6 +121,7 @@ def test_a_run_from_a_clean_tree_records_a_clean_tree(repo: Path, monkeypatch: p
     """runs/, mlflow.db and mlartifacts/ are untracked files after the run, yet the record says
     dirty: false, lists no untracked file, and no code.patch is written."""
     monkeypatch.chdir(repo)
+    seed_mlflow_store(repo / "mlflow.db")
     assert main(["run", "cfg.yaml", "--no-progress", "--set", "tracking.mlflow=true"]) == 0
     status = _git(repo, "status", "--porcelain", "--untracked-files=normal")
     assert {"?? runs/", "?? mlflow.db", "?? mlartifacts/"} <= set(status.splitlines())

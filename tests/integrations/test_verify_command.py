@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from trainer_scripts import OFFLINE_ENV, ScriptProject
 
+from mlflowstore import seed_mlflow_store
 from reprotune._cli import main
 from reprotune._proof.compare import compare_runs
 from reprotune._run.ledger import read_ledger
@@ -412,7 +413,7 @@ def test_a_command_verification_puts_its_verdict_on_the_reference_runs_mlflow_ru
     from reprotune._run.record import write_record
     from rundirs import RunSpec, write_run_dir
 
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = seed_mlflow_store(tmp_path / "mlflow.db")
     client = MlflowClient(tracking_uri=store)
     experiment = client.create_experiment("trainer", artifact_location=str(tmp_path / "artifacts"))
     mlflow_run = client.create_run(experiment).info.run_id

@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
+from mlflowstore import seed_mlflow_store
 from reprotune._cli import main
 from reprotune._config.loading import load_config
 from reprotune._determinism.seeds import derive_seeds
@@ -246,6 +247,7 @@ def test_mlflow_parent_and_children(
     from mlflow.tracking import MlflowClient
 
     monkeypatch.chdir(tmp_path)
+    seed_mlflow_store(tmp_path / "mlflow.db")
     sets = ["train.max_steps=2", "train.eval_every=2", "train.save_every=0", "tracking.mlflow=true"]
     cfg = load_config(project.root / "cfg.yaml", sets)
     result = run_study(cfg, n=2, vary="lora_init", options=StudyOptions(out=tmp_path / "tracked", name="cfg"))

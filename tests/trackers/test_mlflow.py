@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from mlflowstore import seed_mlflow_store
 from reprotune._trackers.base import RunDescription, TrackerSet, flatten_params
 from reprotune._trackers.mlflow import MlflowTracker
 
@@ -75,7 +76,7 @@ def test_mlflow_sqlite_store_gets_everything(tmp_path: Path) -> None:
     """Params, tags, every metric of every step and an artifact reach a real SQLite store."""
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = seed_mlflow_store(tmp_path / "mlflow.db")
     artifact = tmp_path / "record.json"
     artifact.write_text("{}\n")
     tracker = MlflowTracker(uri, tmp_path / "artifacts", "unit")
@@ -101,7 +102,7 @@ def test_mlflow_sqlite_store_gets_everything(tmp_path: Path) -> None:
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
 def test_mlflow_child_yields_to_the_loop(tmp_path: Path) -> None:
     """While the run trains, the MLflow child runs at idle priority; it still stores everything."""
-    tracker = MlflowTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "artifacts", "unit")
+    tracker = MlflowTracker(seed_mlflow_store(tmp_path / "mlflow.db"), tmp_path / "artifacts", "unit")
     trackers = TrackerSet([tracker])
     trackers.start(_run(tmp_path))
     deadline = time.monotonic() + 60

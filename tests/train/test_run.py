@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from mlflowstore import seed_mlflow_store
 from recording import recorded_steps
 from reprotune._config.loading import load_config
 from reprotune._data.manifest import load_manifest
@@ -202,7 +203,7 @@ def test_mlflow_mirrors_params_tags_metrics_and_artifacts(
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = seed_mlflow_store(tmp_path / "mlflow.db")
     config = tiny_project.config(
         "train-mlflow.yaml",
         tracking={
