@@ -80,6 +80,7 @@ for module, _ in COMMANDS.values():
 import reprotune._train.run, reprotune._proof.verify, reprotune._proof.rerun, reprotune._eval.evaluate
 import reprotune._proof.trace, reprotune._doctor.doctor, reprotune._studies.study
 import reprotune._proof.replay, reprotune._proof.processes, reprotune._train.dist_run
+import reprotune._trackers.mlflow_worker, mlflow.tracking, mlflow.entities  # the MLflow child's
 for module in json.loads(sys.argv[3]):  # a launcher zygote's: torchrun's own modules
     importlib.import_module(module)
 import injected_faults, warm_legs  # tests/inject, on PYTHONPATH (tests/conftest.py)
@@ -134,15 +135,15 @@ def child(spec, fds=None):
     os.environ["TESTS_WARM_ZYGOTE"] = SOCKET  # the processes it starts fork from here too
     injected_faults.install_from_env()  # the faults a test asks for, as sitecustomize would
     warm_legs.install_from_env()
-    null = os.open(os.devnull, os.O_RDONLY)
     if fds is None:
         out = os.open(spec["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         err = os.open(spec["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    else:
-        out, err = fds
-    for fd, target in ((null, 0), (out, 1), (err, 2)):
+        fds = [out, err]
+    if len(fds) == 2:
+        fds = [os.open(os.devnull, os.O_RDONLY), *fds]
+    for fd, target in zip(fds, (0, 1, 2)):
         os.dup2(fd, target)
-    for fd in {null, out, err} - {0, 1, 2}:
+    for fd in set(fds) - {0, 1, 2}:
         os.close(fd)
     sys.stdin = open(0, "r", closefd=False)
     through = bool(spec.get("unbuffered"))  # `python -u`, as torchrun starts its ranks
@@ -210,7 +211,7 @@ def serve(connection):
             pass
         return
     try:
-        data, fds, _, _ = socket.recv_fds(connection, 1 << 20, 2)
+        data, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
     except OSError:
         data, fds = b"", []
     if not data:
