@@ -141,3 +141,30 @@ def test_a_command_that_pins_its_runs_mode_on_a_portable_run_starts_cold(tmp_pat
         assert not needs_cold_start([command, "native", "--step", "1"], env, env, tmp_path)
     assert not needs_cold_start(["compare", "portable", "native"], env, env, tmp_path)
     assert needs_cold_start(["run", "cfg.yaml", "--set", "determinism.cpu_isa=avx2-compatible"], env, env)
+
+
+def test_a_mirrored_runs_mlflow_child_is_forked_and_stores_everything(tmp_path: Path) -> None:
+    """A forked run with MLflow on: its MLflow child is forked from the zygote too (no interpreter
+    runs ``-m reprotune._trackers.mlflow_worker``), fed through the pipes handed over, and the
+    store holds the run with its metrics."""
+    import psutil
+    from mlflow.tracking import MlflowClient
+
+    from tinyrun import TinyProject
+
+    project = TinyProject.create(tmp_path)
+    project.config(tracking={"mlflow": True}, train={"max_steps": 4, "eval_every": 4, "save_every": 0})
+    run = project.start_cli("run", "cfg.yaml", "--run-dir", "run", "--no-progress")
+    real = set()
+    while run.poll() is None:
+        for process in psutil.process_iter(["cmdline"]):
+            if (process.info["cmdline"] or [])[1:3] == ["-m", "reprotune._trackers.mlflow_worker"]:
+                real.add(process.pid)
+        time.sleep(0.05)
+    assert run.returncode == 0, run.result().stderr[-3000:]
+    assert real == set()
+    mirrored = json.loads((tmp_path / "run" / "record.json").read_text())["trackers"]["mlflow"]
+    assert mirrored["ok"] is True
+    client = MlflowClient(tracking_uri=mirrored["tracking_uri"])
+    history = client.get_metric_history(mirrored["mlflow_run_id"], "train_loss")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4]

@@ -82,15 +82,17 @@ class WarmPopen:
             self._connection.connect(os.environ[ENV])
             socket.send_fds(self._connection, [json.dumps(spec).encode()], fds)
             answer = json.loads(self._connection.recv(1 << 16))
-        finally:
-            for fd in theirs:
-                os.close(fd)
-        if answer.get("cold"):
+            if answer.get("cold"):
+                raise _Cold
+        except BaseException:  # a real process is started instead: nothing of this one is kept
             self._connection.close()
             for pipe in (self.stdin, self.stdout):
                 if pipe is not None:
                     pipe.close()
-            raise _Cold
+            raise
+        finally:
+            for fd in theirs:
+                os.close(fd)
         self.pid: int = answer["started"]
 
     def _read_exit(self) -> None:
@@ -130,8 +132,8 @@ def _this_python(program: str) -> bool:
 
 def _fork_spec(command: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """What the zygote needs to fork ``command``: ``python -m reprotune[.module] ARGS`` or ``python
-    SCRIPT.py ARGS`` (a user's command) of this interpreter, with file (or inherited) output and
-    nothing else asked; None for anything else."""
+    SCRIPT.py ARGS`` (a user's command) of this interpreter, with file (or inherited) output, or
+    pipes to its stdin and from its stdout, and nothing else asked; None for anything else."""
     allowed = {
         "stdin",
         "stdout",
@@ -142,9 +144,10 @@ def _fork_spec(command: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
         "start_new_session",
     }  # a forked leg leads its group
     streams_ok = (
-        all(kwargs.get(k) is None or hasattr(kwargs[k], "fileno") for k in ("stdout", "stderr"))
-        or kwargs.get("stdout") == subprocess.PIPE  # the MLflow child's answers
-    ) and kwargs.get("stdin") in (None, subprocess.PIPE)
+        kwargs.get("stdin") in (None, subprocess.PIPE)  # pipes: the MLflow child's
+        and (kwargs.get("stdout") in (None, subprocess.PIPE) or hasattr(kwargs["stdout"], "fileno"))
+        and (kwargs.get("stderr") is None or hasattr(kwargs["stderr"], "fileno"))
+    )
     if not (isinstance(command, list) and len(command) >= 2 and set(kwargs) <= allowed and streams_ok):
         return None
     if not _this_python(command[0]):
