@@ -96,11 +96,10 @@ def smollm2_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The quickstart on the embedded SmolLM2-135M-Instruct, three steps, run by the CLI in its own
     process (MLflow store in a tmp dir). The session's first load of SmolLM2 converts the GGUF
     model into the session's cache (:data:`CACHE`, about 10 s); later loads reuse it."""
+    from mlflowstore import seed_mlflow_store
     from warm import run_reprotune
 
     work = tmp_path_factory.mktemp("smollm2")
-    from mlflowstore import seed_mlflow_store
-
     seed_mlflow_store(work / "mlflow.db")  # the quickstart's store (tests/mlflowstore.py)
     quickstart = Path(__file__).resolve().parents[1] / "examples" / "quickstart.yaml"
     args = ["run", str(quickstart), "--run-dir", str(work / "run"), "--no-progress"]

@@ -5,8 +5,8 @@ MLflow's first use of a new SQLite file creates its tables and runs every schema
 is what reprotune writes into a store, so the tests that are not about a new store start from a
 copy of one migrated once in this session, by the MLflow under test (a real store: the same file
 MLflow would have made, with its ``Default`` experiment). A store MLflow makes itself is still
-tested: the trainer's own store in tests/integrations/test_verify_command.py, a never-started
-tracker in tests/trackers/test_mlflow.py, the torchrun and Trainer-callback runs.
+tested in tests/integrations/test_verify_command.py: the Trainer's own MLflow run
+(``report_to="mlflow"``) and ``ReprotuneCallback(mlflow=True)`` each write to a new file.
 """
 
 from __future__ import annotations

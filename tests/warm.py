@@ -569,8 +569,8 @@ def run_reprotune(
 def start_reprotune(args: list[str], *, cwd: Path, env: dict[str, str]) -> WarmProcess:
     """``python -m reprotune ARGS`` started and not waited for (a test that signals or races it):
     forked from the warm zygote, or a real interpreter where the call needs one."""
-    warm = None if os.environ.get("REPROTUNE_TESTS_COLD") else launcher(env)
-    if warm is not None and not needs_cold_start(args, env, warm.env, cwd):
+    warm = _warm_for(args, env, cwd)
+    if warm is not None:
         return warm.start(list(args), cwd=cwd, env=env)
     outputs = Path(tempfile.mkdtemp(prefix="reprotune-cold-"))
     out, err = outputs / "stdout", outputs / "stderr"
@@ -598,6 +598,12 @@ def run_module(
     return _call(["-m", module], args, cwd=cwd, env=env, timeout=timeout)
 
 
+def _warm_for(args: list[str], env: dict[str, str], cwd: Path, *, cold: bool = False) -> WarmLauncher | None:
+    """The launcher to fork a call from, or None where it needs a real interpreter."""
+    warm = None if cold or os.environ.get("REPROTUNE_TESTS_COLD") else launcher(env)
+    return None if warm is None or needs_cold_start(args, env, warm.env, cwd) else warm
+
+
 def _call(
     program: list[str],
     args: list[str],
@@ -608,8 +614,8 @@ def _call(
     cold: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """``python PROGRAM ARGS`` (``PROGRAM``: ``-m MODULE`` or ``SCRIPT``), forked or started."""
-    warm = None if cold or os.environ.get("REPROTUNE_TESTS_COLD") else launcher(env)
-    if warm is None or needs_cold_start(args, env, warm.env, cwd):
+    warm = _warm_for(args, env, cwd, cold=cold)
+    if warm is None:
         command = [sys.executable, *program, *args]
         return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if program[0] == "-m":
