@@ -10,7 +10,9 @@ in a fresh process and hashes the adapter and ledger. Then, against every machin
 ``bench/portable_bytes.json`` with the same torch version (this machine's own earlier rows
 included, under its label: a rerun here checks them too): for the same mode, MATCH or DIFFER; for
 any mode, which recorded bytes it equals (a portable mode that gives another machine's ``native``
-bytes reproduces that machine's run). This is how a bitwise claim across machines is carried from
+bytes reproduces that machine's run). Rows are judged only against runs of the same AdamW form
+(``adamw``: ``fused`` in ``avx2-compatible`` since 2026-12-05, ``for-loop`` elsewhere and in rows
+without the field). This is how a bitwise claim across machines is carried from
 one machine to the next: run it, read the verdicts, and ``--record LABEL`` to add this machine's
 rows (replacing its own earlier ones) to the file, to commit.
 
@@ -72,17 +74,28 @@ def run_mode(mode: str, work: Path) -> dict[str, Any]:
         "adapter_sha256": _sha256(run_dir / "adapter" / "adapter_model.safetensors"),
         "ledger_sha256": _sha256(run_dir / "ledger.jsonl"),
         "torch": str(environment["torch"]["version"]).split("+")[0],
+        "adamw": _adamw_form(mode),
         "vendor": cpu.get("vendor"),
         "aten_capability": cpu.get("aten_capability"),
         "cpu": cpu.get("model"),
     }
 
 
+def _adamw_form(mode: str) -> str:
+    from reprotune._determinism.isa import fused_adamw
+
+    return "fused" if fused_adamw(mode) else "for-loop"
+
+
 def judge(ours: dict[str, Any], recorded: list[dict[str, Any]]) -> tuple[list[str], bool]:
     """Lines saying how ``ours`` stands against each recorded row of the same torch; and whether
     it broke a portable mode's promise (DIFFER from a row of the same portable mode)."""
     lines, broken = [], False
-    same_stack = [row for row in recorded if row["torch"] == ours["torch"]]
+    same_stack = [
+        row
+        for row in recorded
+        if row["torch"] == ours["torch"] and row.get("adamw", "for-loop") == ours["adamw"]
+    ]
     for row in same_stack:
         equal = all(row[key] == ours[key] for key in ("adapter_sha256", "ledger_sha256"))
         if row["mode"] == ours["mode"]:
@@ -92,7 +105,7 @@ def judge(ours: dict[str, Any], recorded: list[dict[str, Any]]) -> tuple[list[st
         elif equal:
             lines.append(f"    EQUALS {row['mode']} on {row['machine']}")
     if not same_stack:
-        lines.append(f"    nothing recorded with torch {ours['torch']}: no comparison")
+        lines.append(f"    nothing recorded with torch {ours['torch']}, AdamW {ours['adamw']}: no comparison")
     return lines, broken
 
 
@@ -102,7 +115,7 @@ def record_rows(label: str, results: list[dict[str, Any]], when: str) -> None:
     modes = {r["mode"] for r in results}
     kept = [row for row in data["recorded"] if not (row["machine"] == label and row["mode"] in modes)]
     for ours in results:
-        row = {k: ours[k] for k in ("mode", "adapter_sha256", "ledger_sha256", "torch", "vendor")}
+        row = {k: ours[k] for k in ("mode", "adapter_sha256", "ledger_sha256", "torch", "vendor", "adamw")}
         kept.append({**row, "machine": label, "when": when})
     data["recorded"] = sorted(kept, key=lambda row: (row["machine"], row["mode"]))
     RECORDED.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

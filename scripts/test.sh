@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Install what the tests need into .venv (and headless Chromium for the report test), then run
-# the linters and the whole test suite. Extra arguments go to pytest.
+# Install what the tests need into .venv (and, from Debian, headless Chromium for the report test
+# and QEMU's user mode for the emulated Intel CPU of tests/determinism/test_isa_emulated.py), then
+# run the linters and the whole test suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install.sh dev
-if [ ! -x /usr/bin/chromium ]; then
-    echo "installing Debian's chromium for the HTML report test..." >&2
+missing=()
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ "$(uname -m)" != x86_64 ] || [ -x /usr/bin/qemu-x86_64 ] || missing+=(qemu-user)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing Debian's ${missing[*]} for the tests..." >&2
     if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
     $sudo apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 export MLFLOW_DISABLE_TELEMETRY=true HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/ruff check src tests bench

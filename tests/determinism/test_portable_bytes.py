@@ -17,14 +17,11 @@ def _script() -> ModuleType:
     return load_bench_script("portable_bytes")
 
 
-def _row(mode: str, machine: str, adapter: str, torch: str = "2.13.0") -> dict[str, Any]:
-    return {
-        "mode": mode,
-        "machine": machine,
-        "adapter_sha256": adapter,
-        "ledger_sha256": adapter * 2,
-        "torch": torch,
-    }
+def _row(
+    mode: str, machine: str, adapter: str, torch: str = "2.13.0", adamw: str | None = "for-loop"
+) -> dict[str, Any]:
+    row = {"mode": mode, "machine": machine, "adapter_sha256": adapter, "ledger_sha256": adapter * 2}
+    return {**row, "torch": torch, **({"adamw": adamw} if adamw else {})}
 
 
 def test_the_modes_tried_are_those_this_cpu_can_hold() -> None:
@@ -52,7 +49,24 @@ def test_a_portable_mode_is_judged_against_the_same_mode_elsewhere() -> None:
     lines, broken = judge(_row("native", "here", "n"), recorded)
     assert lines == ["    DIFFER native on EPYC 7", "    DIFFER native on Xeon"] and not broken
     lines, _ = judge(_row("native", "here", "n", torch="2.14.0"), recorded)
-    assert lines == ["    nothing recorded with torch 2.14.0: no comparison"]
+    assert lines == ["    nothing recorded with torch 2.14.0, AdamW for-loop: no comparison"]
+
+
+def test_rows_are_judged_only_against_runs_of_the_same_adamw_form() -> None:
+    """avx2-compatible runs AdamW fused since 2026-12-05 (other bytes by design): rows made with
+    the for-loop form (rows without the field are those) are not judged against it, nor it against
+    them; fused rows are."""
+    judge = _script().judge
+    recorded = [
+        _row("avx2-compatible", "EPYC 7 (2026-12-03)", "old", adamw=None),
+        _row("avx2-compatible", "EPYC 9", "new", adamw="fused"),
+    ]
+    lines, broken = judge(_row("avx2-compatible", "here", "new", adamw="fused"), recorded)
+    assert lines == ["    MATCH  avx2-compatible on EPYC 9"] and not broken
+    lines, broken = judge(_row("avx2-compatible", "here", "old"), recorded)
+    assert lines == ["    MATCH  avx2-compatible on EPYC 7 (2026-12-03)"] and not broken
+    lines, broken = judge(_row("avx2-compatible", "here", "other", adamw="fused"), recorded[:1])
+    assert lines == ["    nothing recorded with torch 2.13.0, AdamW fused: no comparison"] and not broken
 
 
 def test_recording_replaces_this_machines_rows_for_the_modes_run(tmp_path: Path) -> None:
@@ -67,4 +81,6 @@ def test_recording_replaces_this_machines_rows_for_the_modes_run(tmp_path: Path)
         ("here", "native", "n"),
         ("there", "native", "t"),
     ]
-    assert rows[1]["when"] == "today" and rows[1]["vendor"] == "AuthenticAMD"
+    assert (
+        rows[1]["when"] == "today" and rows[1]["vendor"] == "AuthenticAMD" and rows[1]["adamw"] == "for-loop"
+    )

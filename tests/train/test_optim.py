@@ -1,10 +1,33 @@
-"""Learning-rate schedules."""
+"""The optimizer each mode builds, and learning-rate schedules."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
-from reprotune._train.optim import lr_factor
+from reprotune._config.schema import TrainConfig
+from reprotune._train.optim import lr_factor, optimizer_and_scheduler
+
+
+@pytest.mark.parametrize(
+    ("cpu_isa", "optimizer", "fused"),
+    [
+        ("native", "adamw", False),
+        ("avx2-amd", "adamw", False),
+        ("avx2-compatible", "adamw", True),
+        ("avx2-compatible", "sgd", False),
+    ],
+)
+def test_adamw_runs_fused_only_where_the_cpu_isa_mode_needs_it(
+    cpu_isa: str, optimizer: str, fused: bool
+) -> None:
+    """avx2-compatible: AdamW fused (ATen's own square root, not MKL's rsqrtps kernel); every other
+    mode: the for-loop form, one tensor at a time, as every run before; SGD takes no square root."""
+    params = [torch.nn.Parameter(torch.ones(3))]
+    train = TrainConfig(optimizer=optimizer)  # type: ignore[arg-type]
+    built, _ = optimizer_and_scheduler(params, train, 10, cpu_isa=cpu_isa)
+    assert bool(built.defaults["fused"]) is fused
+    assert built.defaults["foreach"] is (None if fused else False)  # the for-loop form: one tensor at a time
 
 
 @pytest.mark.parametrize(

@@ -367,8 +367,8 @@ class DeterminismConfig(_Section):
         "runs reproduce bit for bit on any Intel x86-64 CPU that has it (MKL takes these branches on "
         "Intel only); avx2-amd = the same on AMD CPUs (MKL's own AMD code path, AUTO,STRICT), so "
         "that runs reproduce on any AMD CPU with AVX2; avx2-compatible = ATen and oneDNN on AVX2 with "
-        "MKL's vendor-neutral COMPATIBLE branch: the same bits on Intel and AMD CPUs with AVX2, slower "
-        "(docs/microscope.md)",
+        "MKL's vendor-neutral COMPATIBLE branch and AdamW fused: the same bits on Intel and AMD CPUs with "
+        "AVX2, slower (docs/microscope.md)",
     )
 
 

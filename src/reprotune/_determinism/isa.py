@@ -21,6 +21,13 @@ would pick an Intel branch. ``avx2-compatible`` takes MKL's vendor-neutral ``COM
 AVX2: the mode for runs that must reproduce across CPU vendors, at the cost of MKL's slower
 products (measured in bench/README.md).
 
+MKL keeps one promise of ``COMPATIBLE`` short: its vector-math square root (``vsSqrt``, which ATen
+calls for ``torch.sqrt`` on float tensors) runs a kernel built on ``rsqrtps`` in every branch,
+``COMPATIBLE`` included, and that instruction's approximation is the CPU's own (Intel's and AMD's
+differ; an emulator's is exact). AdamW takes a square root of its second moment at every step, so
+``avx2-compatible`` runs AdamW fused (:attr:`Baseline.fused_adamw`): ATen's fused kernel takes its
+square root with ``sqrtps``, correctly rounded on every x86-64 CPU (docs/microscope.md, section 5).
+
 These are read once, when each library starts, so they must be set before torch is imported:
 :func:`set_isa_environment` does that for the CLI (and so for every process it launches:
 verify's legs, torchrun's ranks). :func:`require_isa` then reads back what is in force and
@@ -52,12 +59,15 @@ class Baseline:
         needs: the CPU flags (/proc/cpuinfo names) a machine must have.
         env: the variables that pin it (:func:`_pins`).
         vendor: the one CPU vendor whose MKL code path the baseline pins (None: any vendor).
+        fused_adamw: whether reprotune's AdamW runs fused (ATen's own square root), where the
+            for-loop form's (MKL's ``vsSqrt``) would give each vendor's bits.
     """
 
     name: str
     needs: tuple[str, ...]
     env: Mapping[str, str]
     vendor: str | None = INTEL
+    fused_adamw: bool = False
 
     @property
     def aten(self) -> str:
@@ -91,9 +101,21 @@ BASELINES: dict[str, Baseline] = {
     ),
     "avx2-amd": Baseline("avx2-amd", _AVX2, _pins("AVX2", "AVX2", "AUTO,STRICT"), vendor=AMD),
     "avx2-compatible": Baseline(
-        "avx2-compatible", _AVX2, _pins("AVX2", "AVX2", "COMPATIBLE,STRICT"), vendor=None
+        "avx2-compatible", _AVX2, _pins("AVX2", "AVX2", "COMPATIBLE,STRICT"), vendor=None, fused_adamw=True
     ),
 }
+
+
+def fused_adamw(mode: str) -> bool:
+    """Whether a run in ``determinism.cpu_isa`` ``mode`` runs AdamW fused (``avx2-compatible``).
+
+    Example:
+        >>> fused_adamw("avx2-compatible"), fused_adamw("native"), fused_adamw("avx2-amd")
+        (True, False, False)
+    """
+    baseline = BASELINES.get(mode)
+    return baseline is not None and baseline.fused_adamw
+
 
 _FIX = (
     "run it through the reprotune CLI (it sets these before torch loads), or set them yourself "

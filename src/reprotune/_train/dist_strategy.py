@@ -110,7 +110,9 @@ def distribute_setup(setup: Setup, ctx: DistContext) -> Setup:
     module = sharding.wrap_model(setup.model, ctx)
     # FSDP replaces the parameters with sharded ones: the optimizer must hold those.
     trainable = [p for p in setup.model.parameters() if p.requires_grad]
-    optimizer, scheduler = optimizer_and_scheduler(trainable, cfg.train, setup.total_steps)
+    optimizer, scheduler = optimizer_and_scheduler(
+        trainable, cfg.train, setup.total_steps, cpu_isa=cfg.determinism.cpu_isa
+    )
     return dataclasses.replace(
         setup,
         device=ctx.device,

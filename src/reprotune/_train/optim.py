@@ -8,13 +8,23 @@ from collections.abc import Iterable
 import torch
 
 from reprotune._config.schema import TrainConfig
+from reprotune._determinism.isa import fused_adamw
 
 
 def build_optimizer(
-    params: Iterable[torch.nn.Parameter], *, name: str, learning_rate: float, weight_decay: float
+    params: Iterable[torch.nn.Parameter],
+    *,
+    name: str,
+    learning_rate: float,
+    weight_decay: float,
+    fused: bool = False,
 ) -> torch.optim.Optimizer:
-    """AdamW or SGD over ``params``. ``foreach=False`` keeps the update order fixed across builds."""
+    """AdamW or SGD over ``params``. ``foreach=False`` keeps the update order fixed across builds;
+    ``fused`` runs AdamW as ATen's one fused kernel instead (other bits than the for-loop form: the
+    portable mode that needs it, ``_determinism.isa.fused_adamw``, says so in its name)."""
     params = list(params)
+    if name == "adamw" and fused:
+        return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay, fused=True)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay, foreach=False)
     if name == "sgd":
@@ -52,12 +62,16 @@ def build_scheduler(
 
 
 def optimizer_and_scheduler(
-    trainable: list[torch.nn.Parameter], train: TrainConfig, total_steps: int
+    trainable: list[torch.nn.Parameter], train: TrainConfig, total_steps: int, *, cpu_isa: str = "native"
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """The run's optimizer over ``trainable`` and its schedule over ``total_steps``, as the
-    ``train`` section says."""
+    ``train`` section says; AdamW fused where the ``determinism.cpu_isa`` mode needs it."""
     optimizer = build_optimizer(
-        trainable, name=train.optimizer, learning_rate=train.learning_rate, weight_decay=train.weight_decay
+        trainable,
+        name=train.optimizer,
+        learning_rate=train.learning_rate,
+        weight_decay=train.weight_decay,
+        fused=fused_adamw(cpu_isa),
     )
     scheduler = build_scheduler(
         optimizer, schedule=train.scheduler, warmup_steps=train.warmup_steps, total_steps=total_steps

@@ -169,7 +169,9 @@ def build_setup(
     total_steps = _total_steps(cfg, order)
 
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer, scheduler = optimizer_and_scheduler(trainable, cfg.train, total_steps)
+    optimizer, scheduler = optimizer_and_scheduler(
+        trainable, cfg.train, total_steps, cpu_isa=cfg.determinism.cpu_isa
+    )
     return Setup(
         cfg=cfg,
         seeds=seeds,
