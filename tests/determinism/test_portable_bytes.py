@@ -10,6 +10,7 @@ from types import ModuleType
 from typing import Any
 
 from benchscripts import load_bench_script
+from reprotune._config.loading import load_config
 from reprotune._determinism.cpu import cpu_vendor
 
 
@@ -84,3 +85,20 @@ def test_recording_replaces_this_machines_rows_for_the_modes_run(tmp_path: Path)
     assert (
         rows[1]["when"] == "today" and rows[1]["vendor"] == "AuthenticAMD" and rows[1]["adamw"] == "for-loop"
     )
+
+
+def test_the_emulated_intel_check_runs_a_valid_cut_of_the_quickstart(tmp_path: Path) -> None:
+    """bench/emulated_intel.py's quickstart command: the config it makes is valid at any step
+    count (the warmup is cut with it), in avx2-compatible, without MLflow."""
+    script = load_bench_script("emulated_intel")
+    for steps in (1, 4):
+        command = script.quickstart_command(steps, tmp_path / "run")
+        assert command[1:4] == ["-m", "reprotune", "run"] and command[-1] == "--no-progress"
+        overrides = [command[i + 1] for i, arg in enumerate(command) if arg == "--set"]
+        cfg = load_config(command[4], overrides)
+        assert (cfg.train.max_steps, cfg.train.eval_every, cfg.determinism.cpu_isa) == (
+            steps,
+            steps,
+            "avx2-compatible",
+        )
+        assert cfg.tracking.mlflow is False
