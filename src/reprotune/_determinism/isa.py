@@ -24,7 +24,7 @@ products (measured in bench/README.md).
 MKL keeps one promise of ``COMPATIBLE`` short: its vector-math square root (``vsSqrt``, which ATen
 calls for ``torch.sqrt`` on float tensors) runs a kernel built on ``rsqrtps`` in every branch,
 ``COMPATIBLE`` included, and that instruction's approximation is the CPU's own (Intel's and AMD's
-differ; an emulator's is exact). AdamW takes a square root of its second moment at every step, so
+may differ, in MKL's own words; QEMU's is exact). AdamW takes a square root of its second moment at every step, so
 ``avx2-compatible`` runs AdamW fused (:attr:`Baseline.fused_adamw`): ATen's fused kernel takes its
 square root with ``sqrtps``, correctly rounded on every x86-64 CPU (docs/microscope.md, section 5).
 

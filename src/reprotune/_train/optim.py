@@ -20,8 +20,8 @@ def build_optimizer(
     fused: bool = False,
 ) -> torch.optim.Optimizer:
     """AdamW or SGD over ``params``. ``foreach=False`` keeps the update order fixed across builds;
-    ``fused`` runs AdamW as ATen's one fused kernel instead (other bits than the for-loop form: the
-    portable mode that needs it, ``_determinism.isa.fused_adamw``, says so in its name)."""
+    ``fused`` runs AdamW as ATen's one fused kernel instead: other bits than the for-loop form, and
+    a square root that is the same on every x86-64 CPU (``_determinism.isa.fused_adamw``)."""
     params = list(params)
     if name == "adamw" and fused:
         return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay, fused=True)
