@@ -13,7 +13,7 @@ emulator's ``rsqrtps`` and ``rcpps`` are exact, where Intel's and AMD's silicon 
 own approximation, so an op whose bits hang on them differs here (docs/microscope.md, section 5):
 IDENTICAL says the mode's bits depend on neither the vendor's dispatch nor those instructions. It
 is not a real Intel machine (bench/portable_bytes.py carries that check between machines). About
-20 minutes for 4 steps on 2 cores.
+35 minutes for 4 steps on 2 cores (a step takes about 5 minutes emulated, 3 s here).
 
 Exit 0 when IDENTICAL, 1 when the runs differ, 2 when it cannot run here (no QEMU, not x86-64).
 """
