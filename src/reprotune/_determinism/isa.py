@@ -24,9 +24,10 @@ products (measured in bench/README.md).
 MKL keeps one promise of ``COMPATIBLE`` short: its vector-math square root (``vsSqrt``, which ATen
 calls for ``torch.sqrt`` on float tensors) runs a kernel built on ``rsqrtps`` in every branch,
 ``COMPATIBLE`` included, and that instruction's approximation is the CPU's own (Intel's and AMD's
-may differ, in MKL's own words; QEMU's is exact). AdamW takes a square root of its second moment at every step, so
-``avx2-compatible`` runs AdamW fused (:attr:`Baseline.fused_adamw`): ATen's fused kernel takes its
-square root with ``sqrtps``, correctly rounded on every x86-64 CPU (docs/microscope.md, section 5).
+may differ, in MKL's own words; QEMU's is exact). AdamW takes a square root of its second moment
+at every step, so ``avx2-compatible`` runs AdamW fused (:attr:`Baseline.fused_adamw`): ATen's
+fused kernel takes its square root with ``sqrtps``, correctly rounded on every x86-64 CPU
+(docs/microscope.md, section 5).
 
 These are read once, when each library starts, so they must be set before torch is imported:
 :func:`set_isa_environment` does that for the CLI (and so for every process it launches:
