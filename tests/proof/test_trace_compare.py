@@ -74,6 +74,30 @@ def test_same_inputs_other_outputs_is_the_kernel(tmp_path: Path) -> None:
     )
 
 
+def test_a_cpu_square_root_that_differs_is_explained_by_rsqrtps(tmp_path: Path) -> None:
+    """aten::sqrt of float32 on a CPU (MKL's rsqrtps kernel; AdamW's for-loop form): the kernel
+    finding says why no setting pins it; not on a GPU, nor for another op."""
+    ops = [_op(0, "-", "aten::sqrt", ["v"], ["r"], phase="optimizer")]
+    other = [_op(0, "-", "aten::sqrt", ["v"], ["r'"], phase="optimizer")]
+    cpu = {"environment": {"device": "cpu"}}
+    found = compare_traces(
+        _trace(tmp_path / "a", ops, KERNELS_A, **cpu), _trace(tmp_path / "b", other, KERNELS_B, **cpu)
+    )
+    assert found.finding == "kernel" and len(found.explanation) == 2
+    assert found.explanation[1].startswith("on a CPU ATen takes this square root from MKL's vector math")
+    gpu = {"environment": {"device": "cuda:0"}}
+    found = compare_traces(
+        _trace(tmp_path / "c", ops, KERNELS_A, **gpu), _trace(tmp_path / "d", other, KERNELS_B, **gpu)
+    )
+    assert found.finding == "kernel" and len(found.explanation) == 1
+    mm = [_op(0, "-", "aten::mm", ["v"], ["r"])]
+    found = compare_traces(
+        _trace(tmp_path / "e", mm, KERNELS_A, **cpu),
+        _trace(tmp_path / "f", [_op(0, "-", "aten::mm", ["v"], ["r'"])], KERNELS_B, **cpu),
+    )
+    assert len(found.explanation) == 1
+
+
 def test_same_kernels_and_other_outputs_is_nondeterminism(tmp_path: Path) -> None:
     """With equal kernel facts, other outputs from the same inputs are the op's own nondeterminism."""
     other = [

@@ -30,6 +30,10 @@ from reprotune._run.kernels import kernel_differences
 Finding = Literal["identical", "kernel", "inputs", "sequence", "length"]
 _SHOWN_OPS = 8
 
+#: Ops that ATen computes on a CPU, for float32 tensors, with MKL's vector math, in a kernel built on
+#: ``rsqrtps``: its bits follow each CPU's own approximation, whatever MKL's settings.
+_RSQRTPS_OPS = frozenset({"aten::sqrt", "aten::sqrt_", "aten::_foreach_sqrt", "aten::_foreach_sqrt_"})
+
 
 @dataclass(frozen=True)
 class TraceComparison:
@@ -199,7 +203,10 @@ def compare_traces(a: Trace, b: Trace) -> TraceComparison:
                 "kernel facts agree: nondeterminism in the op itself (run it twice on one machine: "
                 "`reprotune doctor`)"
             )
-            text: tuple[str, ...] = (f"{where}: same inputs, different outputs: {why}",)
+            text: tuple[str, ...] = (
+                f"{where}: same inputs, different outputs: {why}",
+                *(_approximation_note(a, op_a) if kernels else ()),
+            )
             return TraceComparison("kernel", op_a, op_b, text, compared, notes, paths)
         if op_a.args != op_b.args:
             text = (
@@ -230,6 +237,19 @@ def compare_traces(a: Trace, b: Trace) -> TraceComparison:
         return TraceComparison("length", None, None, text, compared, notes, paths)
     text = (f"every op of step {step} had the same inputs and outputs in both traces",)
     return TraceComparison("identical", None, None, text, compared, notes, paths)
+
+
+def _approximation_note(a: Trace, op: TraceOp) -> tuple[str, ...]:
+    """Why a CPU's float32 square root differs between machines whatever their kernel settings."""
+    on_cpu = (a.header.get("environment") or {}).get("device") == "cpu"
+    if not (on_cpu and op.op in _RSQRTPS_OPS and any(t[1] == "float32" for t in op.outputs)):
+        return ()
+    return (
+        "on a CPU ATen takes this square root from MKL's vector math (vsSqrt), whose kernel is built "
+        "on rsqrtps, an approximation each CPU makes its own way (Intel's and AMD's may differ): no "
+        "kernel setting pins it; reprotune's AdamW runs fused in determinism.cpu_isa avx2-compatible "
+        "for this reason (docs/microscope.md, section 5)",
+    )
 
 
 def _sequence(
