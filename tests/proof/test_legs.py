@@ -94,6 +94,24 @@ def test_bad_input_stops_the_verification(tmp_path: Path) -> None:
     assert len(launcher.calls) == 1
 
 
+def test_a_run_its_judge_cannot_read_fails_its_leg_and_the_next_leg_still_runs(tmp_path: Path) -> None:
+    """A leg whose processes ended well but left a run its judge cannot read (a ledger cut short,
+    a record of another schema): FAILED, with the reader's words, file and fix as its note; not bad
+    input, which would stop the verification and leave no verdict."""
+
+    def unreadable(leg: Leg) -> Leg:
+        if leg.name == "x":
+            raise InputError("ledger is empty", source="x/ledger.jsonl", fix="rerun it")
+        return _judged(leg)
+
+    launcher = Launcher()
+    plans = [LegPlan(n, tmp_path / n, "IDENTICAL", (Step(n),), unreadable, evidence={"e": 1}) for n in "xy"]
+    x, y = run_legs(plans, launcher)
+    assert (x.verdict, x.passed, x.evidence) == ("FAILED", False, {"e": 1})
+    assert x.note == "its run could not be judged: x/ledger.jsonl: ledger is empty; fix: rerun it"
+    assert (y.verdict, y.passed, len(launcher.calls)) == ("IDENTICAL", True, 2)
+
+
 class Processes:
     """A stand-in for ``processes.LegProcesses`` side by side: a process ends when the test says."""
 

@@ -12,7 +12,7 @@ import pytest
 
 from mlflowstore import seed_mlflow_store
 from reprotune._trackers.base import RunDescription, TrackerSet, flatten_params
-from reprotune._trackers.mlflow import MlflowTracker
+from reprotune._trackers.mlflow import MlflowTracker, worker_environment
 
 
 class _Broken:
@@ -125,6 +125,35 @@ def test_mlflow_failure_does_not_raise_into_the_run(tmp_path: Path) -> None:
         trackers.log_metrics(step, {"train_loss": 1.0})
     summary = trackers.finish("completed")
     assert summary["mlflow"]["ok"] is False
+    assert len(lines) == 1 and "mlflow" in lines[0]
+
+
+def test_the_mlflow_child_gives_up_an_unreachable_server_after_two_retries() -> None:
+    """Where the environment sets none, the child runs with 2 HTTP retries and 60 s a request
+    (MLflow's own 7 retries held a run's end about four minutes on a refused connection); a
+    user's own settings are kept, telemetry is off unless the user turned it on."""
+    assert worker_environment({"PATH": "/bin"}) == {
+        "PATH": "/bin",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": "60",
+    }
+    own = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_DISABLE_TELEMETRY": "false"}
+    assert worker_environment(own) == {**own, "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"}
+
+
+def test_an_unreachable_server_is_reported_and_the_trackers_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tracking server nobody listens on, with the child's own retry settings: the failure is
+    reported once and finish returns (seconds, where MLflow's defaults took about four minutes)."""
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
+    lines: list[str] = []
+    trackers = TrackerSet([MlflowTracker("http://127.0.0.1:9", tmp_path / "a", "unit")], report=lines.append)
+    trackers.start(_run(tmp_path))
+    trackers.log_metrics(1, {"train_loss": 1.0})
+    assert trackers.finish("completed")["mlflow"]["ok"] is False
     assert len(lines) == 1 and "mlflow" in lines[0]
 
 

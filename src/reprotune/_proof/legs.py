@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from reprotune._errors import RunFailedError
+from reprotune._errors import InputError, RunFailedError
 from reprotune._proof.processes import LegProcesses
 from reprotune._proof.verification import Expected, Leg, train_seconds
 from reprotune._run.layout import RunLayout
@@ -124,6 +124,9 @@ def _outcome(plan: LegPlan[Launch], failure: RunFailedError | None, wall: float)
             judged = plan.judge(plan.leg)
         except RunFailedError as exc:
             return _outcome(plan, exc, wall)
+        except InputError as exc:  # what the leg left cannot be read: the leg failed, not the input
+            words = "; ".join(str(exc).splitlines())
+            return _outcome(plan, RunFailedError(f"its run could not be judged: {words}"), wall)
         leg = replace(judged, evidence={**plan.evidence, **judged.evidence})
     trained = RunLayout(plan.run_dir).is_run_dir()  # a failed leg's run may hold steps too
     train_s = train_seconds(plan.run_dir, since=plan.trains_from) if trained else None

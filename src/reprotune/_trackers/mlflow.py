@@ -19,6 +19,24 @@ from typing import Any
 from reprotune._run.record import Status
 from reprotune._trackers.base import RunDescription
 
+#: MLflow's HTTP settings for the child, where the environment sets none: MLflow's own (7 retries
+#: with exponential backoff) hold the end of a run about four minutes when its server refuses
+#: connections; with 2 retries it gives up in seconds, and a request may still take a minute (an
+#: artifact upload on a slow link) before it counts as lost.
+HTTP_DEFAULTS: dict[str, str] = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"}
+
+
+def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The MLflow child's environment: ``environ``, with telemetry off and :data:`HTTP_DEFAULTS`
+    where it does not say otherwise (a user's own settings win).
+
+    Example:
+        >>> env = worker_environment({"MLFLOW_HTTP_REQUEST_TIMEOUT": "5"})
+        >>> env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"], env["MLFLOW_HTTP_REQUEST_TIMEOUT"]
+        ('2', '5')
+    """
+    return {"MLFLOW_DISABLE_TELEMETRY": "true", **HTTP_DEFAULTS, **environ}
+
 
 def resolve_tracking_uri(uri: str) -> str:
     """Make a relative ``sqlite:///file.db`` absolute against the current directory."""
@@ -59,7 +77,7 @@ class MlflowTracker:
         self._buffer: list[list[Any]] = []
         self._last_send = time.monotonic()
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 (the child's stderr; closed by finish())
-        env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": os.environ.get("MLFLOW_DISABLE_TELEMETRY", "true")}
+        env = worker_environment(os.environ)
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "reprotune._trackers.mlflow_worker", str(flush_interval_s)],
             stdin=subprocess.PIPE,
