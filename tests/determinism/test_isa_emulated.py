@@ -12,8 +12,8 @@ even in its ``COMPATIBLE`` branch, and AdamW's for-loop form calls it at every s
 runs AdamW fused (``_determinism.isa``). Both halves are checked: the emulator tells
 ``torch.sqrt``'s bits apart (so it would catch that dependence), and a whole run in the mode is
 IDENTICAL on this CPU and on the emulated Intel one. The emulation is not an Intel machine
-(/proc/cpuinfo still shows this CPU: QEMU's user mode passes it through), and is about 100x
-slower: the tiny run only.
+(/proc/cpuinfo still shows this CPU: QEMU's user mode passes it through), and is slow (a
+SmolLM2 step about 100x, importing torch about 10x): the tiny run only.
 """
 
 from __future__ import annotations
