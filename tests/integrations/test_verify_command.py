@@ -296,6 +296,7 @@ def test_mlflow_true_starts_the_run_when_the_trainer_reports_nowhere(tmp_path: P
         assert [r.info.run_id for r in runs] == [mirrored["mlflow_run_id"]]
         run = runs[0]
         assert run.info.status == "FINISHED" and run.data.tags["config.sha256"] == record["config_sha256"]
+        assert run.data.tags["reprotune.run_dir"] == str((project.root / "runs" / "own").resolve())
         history = client.get_metric_history(run.info.run_id, "train_loss")
         ledger = read_ledger(project.root / "runs" / "own" / "ledger.jsonl")
         assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == [

@@ -66,6 +66,7 @@ def test_run_mirrors_to_wandb_offline_without_network(tmp_path: Path) -> None:
     assert summary["summary"]["status"] == "completed"
     assert summary["config"]["train.max_steps"] == "4"
     assert summary["config"]["tags.config.sha256"] == record["config_sha256"]
+    assert summary["config"]["tags.reprotune.run_dir"] == str((tmp_path / "run").resolve())
     records = [json.loads(line) for line in _leet(run_dir, "--json").splitlines() if line.strip()]
     history = {r["history"]["step"]["num"]: r["history"]["item"] for r in records if r["type"] == "history"}
     assert sorted(history) == [1, 2, 3, 4]

@@ -243,6 +243,7 @@ def test_mlflow_mirrors_params_tags_metrics_and_artifacts(
     assert tags["model.source"] == record["model"]["source"]
     assert tags["model.weights_sha256"] == record["model"]["weights_sha256"]
     assert tags["reprotune.version"] == record["reprotune_version"]
+    assert tags["reprotune.run_dir"] == str((tmp_path / "run").resolve())
 
     client = MlflowClient(tracking_uri=uri)
     lines = _train_lines(result.run_dir)

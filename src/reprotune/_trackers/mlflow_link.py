@@ -39,7 +39,7 @@ class MlflowRunLink:
         self._client = MlflowClient(tracking_uri=tracking_uri)
 
     def start(self, run: RunDescription) -> None:
-        for key, value in {**run.tags, "reprotune.run_dir": str(Path(run.run_dir).resolve())}.items():
+        for key, value in run.tags.items():
             self._client.set_tag(self.run_id, key, value)
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:

@@ -51,14 +51,15 @@ class RunWriter:
         self.recorded = True
 
     def start_trackers(self) -> None:
-        """Tell the trackers what runs: its id, directory, flattened config and tags."""
+        """Tell the trackers what runs: its id, directory, flattened config and tags (among them
+        ``reprotune.run_dir``, the directory's absolute path: an MLflow run's way back to the files)."""
         self.trackers.report = report
         self.trackers.start(
             RunDescription(
                 run_id=self.record["run_id"],
                 run_dir=self.paths.root,
                 params=flatten_params(self.record["config"]),
-                tags=tracker_tags(self.record),
+                tags={**tracker_tags(self.record), "reprotune.run_dir": str(self.paths.root.resolve())},
             )
         )
 
