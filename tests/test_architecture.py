@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "reprotune"
 
 #: Lowest first. A module may import its own pillar and any pillar below it, never one above.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_errors", "_version", "_jsonio", "_documents", "_formats", "_compat", "_html", "_charts"),
+    ("_errors", "_version", "_jsonio", "_documents", "_formats", "_compat", "_html", "_charts", "_builtins"),
     ("_determinism",),
     ("_config",),
     ("_data",),

@@ -135,6 +135,13 @@ def test_unknown_builtin_lists_known() -> None:
     assert "builtin:smollm2-135m-instruct" in str(info.value)
 
 
+def test_every_builtin_name_a_config_may_give_has_a_source() -> None:
+    """The names the config accepts after ``builtin:`` are the ones the loader can find."""
+    from reprotune._builtins import BUILTIN_MODELS
+
+    assert sorted(builtin_mod.SOURCES) == sorted(BUILTIN_MODELS)
+
+
 def test_revision_only_for_hub_ids(tiny_dir: Path) -> None:
     """A revision given with a local directory is an InputError, not silently ignored."""
     with pytest.raises(InputError, match="revision") as info:

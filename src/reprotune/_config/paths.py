@@ -13,7 +13,8 @@ from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
-from reprotune._config.schema import BUILTIN_PREFIX, ExperimentConfig
+from reprotune._builtins import BUILTIN_PREFIX
+from reprotune._config.schema import ExperimentConfig
 from reprotune._config.yaml_io import Marks, mark_text
 from reprotune._jsonio import path_kind
 

@@ -25,15 +25,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from reprotune._builtins import BUILTIN_DATA, BUILTIN_MODELS, BUILTIN_PREFIX
 from reprotune._config.secrets import mask_config
 from reprotune._determinism.isa import CpuIsa
 from reprotune._determinism.seeds import CONSUMERS, SEED_LIMIT
 from reprotune._jsonio import canonical_sha256
-
-#: Names accepted after ``builtin:`` in ``data.path`` and ``model.name``.
-BUILTIN_DATA: tuple[str, ...] = ("chatterbot-en",)
-BUILTIN_MODELS: tuple[str, ...] = ("smollm2-135m-instruct",)
-BUILTIN_PREFIX = "builtin:"
 
 # Strict scalar types: YAML gives real types, so a quoted "8" or a bool where a number belongs is
 # a mistake to report, not to coerce. Floats accept ints (``alpha: 16``).

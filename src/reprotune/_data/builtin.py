@@ -27,11 +27,11 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from reprotune._builtins import BUILTIN_DATA, BUILTIN_PREFIX
 from reprotune._errors import InputError
 
-BUILTIN_PREFIX = "builtin:"
-CHATTERBOT_EN = "builtin:chatterbot-en"
-BUILTIN_NAMES = (CHATTERBOT_EN,)
+CHATTERBOT_EN = BUILTIN_PREFIX + "chatterbot-en"
+BUILTIN_NAMES = tuple(BUILTIN_PREFIX + name for name in BUILTIN_DATA)
 
 
 def chatterbot_dir() -> Path:

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from reprotune._data.builtin import BUILTIN_NAMES, BUILTIN_PREFIX, CHATTERBOT_EN, load_chatterbot_columns
+from reprotune._builtins import BUILTIN_PREFIX
+from reprotune._data.builtin import BUILTIN_NAMES, CHATTERBOT_EN, load_chatterbot_columns
 from reprotune._data.table import Column, Table
 from reprotune._errors import InputError
 from reprotune._jsonio import path_kind, sha256_bytes

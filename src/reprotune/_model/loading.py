@@ -21,13 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from reprotune._builtins import BUILTIN_MODELS, BUILTIN_PREFIX
 from reprotune._compat import load_tokenizer
 from reprotune._determinism.device import resolve_device
 from reprotune._errors import InputError
 from reprotune._model.builtin import (
     BUILTIN_META,
-    BUILTIN_MODELS,
-    BUILTIN_PREFIX,
     HASH_CACHE,
     ensure_builtin,
     read_meta,
