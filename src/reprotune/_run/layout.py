@@ -28,7 +28,6 @@ LEDGER: Final = "ledger.jsonl"
 PATCH: Final = "code.patch"
 ADAPTER_DIR: Final = "adapter"
 ADAPTER_WEIGHTS: Final = "adapter_model.safetensors"
-ADAPTER_CONFIG: Final = "adapter_config.json"
 CHECKPOINTS: Final = "checkpoints"
 LOCK: Final = ".writer.lock"
 
