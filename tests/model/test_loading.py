@@ -16,6 +16,7 @@ import torch
 import reprotune._model.builtin as builtin_mod
 import reprotune._model.identity as identity_mod
 import reprotune._model.loading as model_mod
+from reprotune._builtins import BUILTIN_MODELS
 from reprotune._errors import InputError
 from reprotune._formats import BUILTIN_MODEL
 from reprotune._model.identity import CONFIG_FILES, files_sha256
@@ -137,8 +138,6 @@ def test_unknown_builtin_lists_known() -> None:
 
 def test_every_builtin_name_a_config_may_give_has_a_source() -> None:
     """The names the config accepts after ``builtin:`` are the ones the loader can find."""
-    from reprotune._builtins import BUILTIN_MODELS
-
     assert sorted(builtin_mod.SOURCES) == sorted(BUILTIN_MODELS)
 
 
