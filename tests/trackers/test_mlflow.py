@@ -126,6 +126,22 @@ def test_mlflow_failure_does_not_raise_into_the_run(tmp_path: Path) -> None:
     summary = trackers.finish("completed")
     assert summary["mlflow"]["ok"] is False
     assert len(lines) == 1 and "mlflow" in lines[0]
+    # At once, on every MLflow the ranges allow (MLflow 3.1 alone would retry it for about 100 s).
+    assert f"its folder {bad} cannot be created" in lines[0] and "tracking.uri" in lines[0]
+
+
+def test_a_sqlite_store_in_a_folder_not_yet_made_gets_the_run(tmp_path: Path) -> None:
+    """The store's folder is made (MLflow 3.1 itself would fail on it, after retrying ten times)."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'new' / 'folder' / 'mlflow.db'}"
+    trackers = TrackerSet([MlflowTracker(uri, tmp_path / "artifacts", "unit")])
+    trackers.start(_run(tmp_path))
+    trackers.log_metrics(1, {"train_loss": 0.5})
+    summary = trackers.finish("completed")
+    assert summary["mlflow"]["ok"] is True, summary
+    run = MlflowClient(tracking_uri=uri).get_run(summary["mlflow"]["mlflow_run_id"])
+    assert run.data.metrics == {"train_loss": 0.5}
 
 
 def test_the_mlflow_child_gives_up_an_unreachable_server_after_two_retries() -> None:

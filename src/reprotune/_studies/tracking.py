@@ -23,7 +23,7 @@ from reprotune._documents import read_json_file
 from reprotune._jsonio import write_json_atomic
 from reprotune._run.record import Status
 from reprotune._trackers.mlflow import resolve_tracking_uri
-from reprotune._trackers.mlflow_worker import MAX_METRICS_PER_BATCH, MLFLOW_STATUS, open_run
+from reprotune._trackers.mlflow_worker import MAX_METRICS_PER_BATCH, MLFLOW_STATUS, open_client, open_run
 
 
 class StudyTracker:
@@ -75,9 +75,7 @@ class StudyTracker:
         self._guard("start", lambda: self._start(study_id, params, tags))
 
     def _start(self, study_id: str, params: Mapping[str, str], tags: Mapping[str, str]) -> None:
-        from mlflow.tracking import MlflowClient
-
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.client = open_client(self.uri)
         if self.state_file.is_file():
             state = read_json_file(self.state_file, what="study MLflow state", fix="remove it")
             if state.get("tracking_uri") == self.uri and state.get("parent_run_id"):

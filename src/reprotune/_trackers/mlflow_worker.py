@@ -31,10 +31,27 @@ def _read_stdin(lines: queue.Queue[dict[str, Any] | None]) -> None:
     lines.put(None)  # the parent closed the pipe
 
 
-def _start(message: dict[str, Any]) -> tuple[Any, str]:
+def open_client(uri: str) -> Any:
+    """An ``MlflowClient`` for ``uri``. A local SQLite store's folder is made first, as recent MLflow
+    does itself: MLflow 3.1 (the floor) instead retries a store it cannot open ten times over about
+    100 s. So a missing folder is made, and one that cannot be (a file in its path) fails at once,
+    on every MLflow version the ranges allow."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=message["uri"])
+    if uri.startswith("sqlite:///"):
+        folder = Path(uri[len("sqlite:///") :]).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OSError(
+                f"the SQLite store {uri} cannot be made: its folder {folder} cannot be created ({exc}); "
+                "give tracking.uri a path in a folder you can write"
+            ) from exc
+    return MlflowClient(tracking_uri=uri)
+
+
+def _start(message: dict[str, Any]) -> tuple[Any, str]:
+    client = open_client(message["uri"])
     where = Path(message["artifact_location"])
     run_name, tags, params = message["run_name"], message["tags"], message["params"]
     return client, open_run(client, message["experiment"], where, run_name, tags, params)
