@@ -17,8 +17,8 @@ fi
 export MLFLOW_DISABLE_TELEMETRY=true HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # The floors: the oldest versions pyproject.toml allows (src/reprotune/stacks/floor.txt), on which
 # a focused part of the suite runs. Only with no arguments (REPROTUNE_FLOOR=1: always, =0: never).
-# Their environment is installed in the background, beside mypy (one core each: 4 minutes, where
-# one after the other took 6.5 on a 2-core AMD EPYC), and its log shown only if it fails.
+# Their environment is installed in the background, beside mypy and the suite (one core each: 4.5
+# minutes, where one after the other took 6.6 on a 2-core AMD EPYC), its log shown only if it fails.
 floor="${REPROTUNE_FLOOR:-}"
 floor_pid=""
 if [ "$floor" = 1 ] || { [ $# -eq 0 ] && [ "$floor" != 0 ]; }; then
