@@ -15,22 +15,30 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 export MLFLOW_DISABLE_TELEMETRY=true HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# Two jobs run beside the suite, which keeps about 1.1 of 2 cores busy: mypy (one core, 2.5 minutes
+# on a 2-core AMD EPYC with AVX2 only) and installing the floors' environment (4.5 minutes). Each
+# has its own process group (a failed check ends it, children and all) and its output in a file:
+# mypy's is shown after the suite, the install's only if it fails.
 # The floors: the oldest versions pyproject.toml allows (src/reprotune/stacks/floor.txt), on which
 # a focused part of the suite runs. Only with no arguments (REPROTUNE_FLOOR=1: always, =0: never).
-# Their environment is installed in the background, beside mypy and the suite (one core each: 4.5
-# minutes, where one after the other took 6.6 on a 2-core AMD EPYC), its log shown only if it fails.
 floor="${REPROTUNE_FLOOR:-}"
-floor_pid=""
+mypy_log="$(mktemp)" floor_log="$(mktemp)" mypy_pid="" floor_pid=""
+trap 'for pid in $mypy_pid $floor_pid; do kill -- -"$pid" 2>/dev/null || true; done; rm -f "$mypy_log" "$floor_log"' EXIT
 if [ "$floor" = 1 ] || { [ $# -eq 0 ] && [ "$floor" != 0 ]; }; then
-    floor_log="$(mktemp)"
     setsid ./scripts/install.sh floor >"$floor_log" 2>&1 </dev/null &
-    floor_pid=$!  # its own process group: a failed check ends it, pip and all
-    trap 'kill -- -"$floor_pid" 2>/dev/null || true; rm -f "$floor_log"' EXIT
+    floor_pid=$!
 fi
 .venv/bin/ruff check src tests bench
 .venv/bin/ruff format --check src tests bench
-.venv/bin/mypy
-.venv/bin/pytest "$@"
+setsid .venv/bin/mypy >"$mypy_log" 2>&1 </dev/null &
+mypy_pid=$!
+echo "mypy runs beside the tests; its verdict follows them"
+pytest_rc=0 mypy_rc=0
+.venv/bin/pytest "$@" || pytest_rc=$?
+wait "$mypy_pid" || mypy_rc=$?
+cat "$mypy_log"
+[ "$pytest_rc" = 0 ] || exit "$pytest_rc"
+[ "$mypy_rc" = 0 ] || exit "$mypy_rc"
 if [ -n "$floor_pid" ]; then
     if ! wait "$floor_pid"; then
         cat "$floor_log" >&2
