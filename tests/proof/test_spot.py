@@ -343,6 +343,22 @@ def test_a_tracker_that_fails_never_changes_the_verdict(tiny_project: TinyProjec
     assert len(warnings) == 1 and str(broken) in warnings[0]
 
 
+def test_a_reference_whose_sqlite_store_is_not_here_is_not_tagged(tmp_path: Path) -> None:
+    """The reference's store is a SQLite file this machine lacks (the run was copied here): one
+    warning, and no empty store made where the record says it was."""
+    from reprotune._proof.verdict_tags import _tag_mlflow
+    from reprotune._run.record_sections import TrackerSummary
+
+    store = tmp_path / "elsewhere" / "mlflow.db"
+    mirrored = TrackerSummary(ok=True, tracking_uri=f"sqlite:///{store}", mlflow_run_id="abc")
+    lines: list[str] = []
+    result: Any = None  # not read: the store is looked for first
+    assert _tag_mlflow(mirrored, result, tmp_path / "verification.json", lines.append) is False
+    uri = f"sqlite:///{store}"
+    assert lines == [f"warning: the verdict was not put on MLflow run abc: its store {uri} is not here"]
+    assert not (tmp_path / "elsewhere").exists()
+
+
 def test_a_replay_that_left_no_checkpoint_at_its_end_is_a_differing_end_state(tmp_path: Path) -> None:
     """An interval's replay whose end checkpoint is missing (or damaged) is judged, not a crash:
     its end state differs, saying why."""

@@ -24,6 +24,7 @@ from reprotune._proof.verification import Verification
 from reprotune._run.layout import VERIFICATION, RunLayout
 from reprotune._run.record import read_record
 from reprotune._run.record_sections import TrackerSummary
+from reprotune._trackers.mlflow_worker import sqlite_file
 from reprotune._trackers.wandb import import_wandb, init_run
 
 PREFIX = "reprotune.verify."
@@ -105,7 +106,8 @@ def _tag_mlflow(
     uri, run_id = mirrored.tracking_uri, mirrored.mlflow_run_id
     if not mirrored.ok or uri is None or run_id is None:
         return False
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
+    store = sqlite_file(uri)
+    if store is not None and not store.is_file():
         report(f"warning: the verdict was not put on MLflow run {run_id}: its store {uri} is not here")
         return False
     if "***" in uri:

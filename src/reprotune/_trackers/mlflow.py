@@ -18,6 +18,7 @@ from typing import Any
 
 from reprotune._run.record import Status
 from reprotune._trackers.base import RunDescription
+from reprotune._trackers.mlflow_worker import sqlite_file
 
 #: MLflow's HTTP settings for the child, where the environment sets none: MLflow's own (7 retries
 #: with exponential backoff) hold the end of a run about four minutes when its server refuses
@@ -40,9 +41,9 @@ def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 def resolve_tracking_uri(uri: str) -> str:
     """Make a relative ``sqlite:///file.db`` absolute against the current directory."""
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        return prefix + str(Path(uri[len(prefix) :]).resolve())
+    store = sqlite_file(uri)
+    if store is not None and not store.is_absolute():
+        return f"sqlite:///{store.resolve()}"
     return uri
 
 

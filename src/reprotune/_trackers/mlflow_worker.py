@@ -31,6 +31,17 @@ def _read_stdin(lines: queue.Queue[dict[str, Any] | None]) -> None:
     lines.put(None)  # the parent closed the pipe
 
 
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a local ``sqlite:///PATH`` tracking URI; None for any other URI.
+
+    Example:
+        >>> sqlite_file("sqlite:///runs/mlflow.db"), sqlite_file("http://127.0.0.1:5000")
+        (PosixPath('runs/mlflow.db'), None)
+    """
+    prefix = "sqlite:///"
+    return Path(uri[len(prefix) :]) if uri.startswith(prefix) else None
+
+
 def open_client(uri: str) -> Any:
     """An ``MlflowClient`` for ``uri``. A local SQLite store's folder is made first, as recent MLflow
     does itself: MLflow 3.1 (the floor) instead retries a store it cannot open ten times over about
@@ -38,8 +49,9 @@ def open_client(uri: str) -> Any:
     on every MLflow version the ranges allow."""
     from mlflow.tracking import MlflowClient
 
-    if uri.startswith("sqlite:///"):
-        folder = Path(uri[len("sqlite:///") :]).parent
+    store = sqlite_file(uri)
+    if store is not None:
+        folder = store.parent
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
