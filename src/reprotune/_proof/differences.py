@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -352,6 +353,10 @@ def _format_lines(c: Comparison) -> Iterable[str]:
         yield f"note: {note}"
 
 
+MAX_TENSORS_SHOWN = 10
+"""Adapter tensors a comparison prints (those whose shapes differ, then the largest differences)."""
+
+
 def _format_adapter(adapter: AdapterDiff | None) -> Iterable[str]:
     if adapter is None:
         yield "adapter: none in either run"
@@ -361,11 +366,33 @@ def _format_adapter(adapter: AdapterDiff | None) -> Iterable[str]:
         return
     a, b = (short_value(sha) if sha else "(absent)" for sha in (adapter.sha256_a, adapter.sha256_b))
     yield f"adapter: differs (sha256 {a} vs {b})"
-    for t in adapter.tensors:
+    reshaped = [t for t in adapter.tensors if t.max_abs_diff is None]
+    changed = sorted((t for t in adapter.tensors if t.max_abs_diff), key=_largest_first)
+    if adapter.tensors and (reshaped or changed):
+        equal = len(adapter.tensors) - len(reshaped) - len(changed)
+        yield (
+            f"  {len(reshaped) + len(changed)} of {len(adapter.tensors)} tensors differ"
+            f"{f', {equal} equal' if equal else ''}; largest first:"
+        )
+    elif adapter.tensors:
+        yield (
+            "  every tensor is equal in value: the files differ in their metadata or in bits a value "
+            "hides (-0.0 and 0.0, NaN payloads)"
+        )
+    shown = (reshaped + changed)[:MAX_TENSORS_SHOWN]
+    for t in shown:
         if t.max_abs_diff is not None:
             yield f"  {t.name}  max |diff| {t.max_abs_diff:.6g}"
         else:
             yield f"  {t.name}  shape {t.shape_a} vs {t.shape_b}"
+    if len(reshaped) + len(changed) > len(shown):
+        yield f"  ... and {len(reshaped) + len(changed) - len(shown)} more (compare --json lists every tensor)"
+
+
+def _largest_first(t: TensorDiff) -> tuple[bool, float, str]:
+    """Sort key: NaN differences first, then by size, then by name."""
+    diff = t.max_abs_diff or 0.0
+    return (not math.isnan(diff), -diff if not math.isnan(diff) else 0.0, t.name)
 
 
 def _step(step: int | None) -> str:
