@@ -367,11 +367,11 @@ def _format_adapter(adapter: AdapterDiff | None) -> Iterable[str]:
     a, b = (short_value(sha) if sha else "(absent)" for sha in (adapter.sha256_a, adapter.sha256_b))
     yield f"adapter: differs (sha256 {a} vs {b})"
     reshaped = [t for t in adapter.tensors if t.max_abs_diff is None]
-    changed = sorted((t for t in adapter.tensors if t.max_abs_diff), key=_largest_first)
-    if adapter.tensors and (reshaped or changed):
-        equal = len(adapter.tensors) - len(reshaped) - len(changed)
+    differing = reshaped + sorted((t for t in adapter.tensors if t.max_abs_diff), key=_largest_first)
+    if differing:
+        equal = len(adapter.tensors) - len(differing)
         yield (
-            f"  {len(reshaped) + len(changed)} of {len(adapter.tensors)} tensors differ"
+            f"  {len(differing)} of {len(adapter.tensors)} tensors differ"
             f"{f', {equal} equal' if equal else ''}; largest first:"
         )
     elif adapter.tensors:
@@ -379,14 +379,13 @@ def _format_adapter(adapter: AdapterDiff | None) -> Iterable[str]:
             "  every tensor is equal in value: the files differ in their metadata or in bits a value "
             "hides (-0.0 and 0.0, NaN payloads)"
         )
-    shown = (reshaped + changed)[:MAX_TENSORS_SHOWN]
-    for t in shown:
+    for t in differing[:MAX_TENSORS_SHOWN]:
         if t.max_abs_diff is not None:
             yield f"  {t.name}  max |diff| {t.max_abs_diff:.6g}"
         else:
             yield f"  {t.name}  shape {t.shape_a} vs {t.shape_b}"
-    if len(reshaped) + len(changed) > len(shown):
-        yield f"  ... and {len(reshaped) + len(changed) - len(shown)} more (compare --json lists every tensor)"
+    if len(differing) > MAX_TENSORS_SHOWN:
+        yield f"  ... and {len(differing) - MAX_TENSORS_SHOWN} more (compare --json lists every tensor)"
 
 
 def _largest_first(t: TensorDiff) -> tuple[bool, float, str]:
