@@ -209,9 +209,9 @@ def test_a_trace_holds_hashes_only(project: TinyProject) -> None:
 def test_trace_refuses_bad_input_clearly(project: TinyProject) -> None:
     """A step outside the run, an existing output file or a directory as --out, a trace compared
     with a run: exit 2, the value named, nothing written."""
-    for step in ("0", "9"):
+    for step in ("-1", "9"):
         done = project.run_cli("trace", "native", "--step", step, "--out", "x.jsonl", check=False)
-        assert done.returncode == 2 and "steps 1 to 8" in done.stderr
+        assert done.returncode == 2 and "steps 1 to 8; step 0 is the LoRA init" in done.stderr
     assert not (project.root / "x.jsonl").exists()
     (project.root / "exists.jsonl").write_text("mine\n")
     done = project.run_cli("trace", "native", "--step", "1", "--out", "exists.jsonl", check=False)

@@ -16,7 +16,9 @@ from reprotune._cli._options import path_value, pin_cpu_isa_of_run
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=path_value, metavar="RUN_DIR", help="a run directory (reprotune run)")
-    parser.add_argument("--step", type=int, required=True, metavar="K", help="the optimizer step to trace")
+    parser.add_argument(
+        "--step", type=int, required=True, metavar="K", help="the optimizer step to trace (0: the LoRA init)"
+    )
     parser.add_argument(
         "--out",
         type=path_value,
@@ -43,13 +45,19 @@ def run(args: argparse.Namespace) -> int:
         )
     header = result.header
     reproduced = header["reproduced"]
-    print(f"trace of step {header['step']} of run {header['run_id']}")
+    init = header["step"] == 0
+    print(f"trace of step {header['step']}{' (the LoRA init)' if init else ''} of run {header['run_id']}")
     print(f"  trace file        {result.path}")
     print(f"  ops               {header['ops']}")
     start = header["replayed_from"]
     print(f"  replayed from     {'the start' if start == 0 else f'the checkpoint of step {start}'}")
     if reproduced["step"] and reproduced["before"]:
-        print("  reproduced        yes: the replayed step gave the run's own ledger line, bit for bit")
+        what = (
+            "the LoRA init gave the run's own init line"
+            if init
+            else "the replayed step gave the run's own ledger line"
+        )
+        print(f"  reproduced        yes: {what}, bit for bit")
     else:
         fields = ", ".join(reproduced["differing_fields"]) or "none"
         print(f"  reproduced        NO: this machine's step differs from the run's ({fields}); the trace")
@@ -65,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
             again = trace_command(str(args.run_dir), header["step"], against["assignments"])
             print(f"                    trace again as the run was made: {again}")
     print(
-        f"  traced step       {result.seconds:.2f} s"
+        f"  traced {'init' if init else 'step'}       {result.seconds:.2f} s"
         + (f" (a plain step: {result.step_s:.2f} s)" if result.step_s else "")
     )
     return 0

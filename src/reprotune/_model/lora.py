@@ -15,6 +15,7 @@ import json
 import os
 import warnings
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
@@ -116,6 +117,7 @@ def apply_lora(
     target_modules: Sequence[str],
     bias: str,
     seed: int,
+    observe: AbstractContextManager[Any] | None = None,
 ) -> PeftModel:
     """Wrap ``model`` with LoRA adapters whose init is drawn from ``seed`` alone.
 
@@ -128,6 +130,8 @@ def apply_lora(
         model: a transformers causal LM (not yet wrapped).
         r, alpha, dropout, target_modules, bias: as :func:`build_lora_config`.
         seed: the LoRA-init seed (0 <= seed < 2**63), derived by the caller from the root seed.
+        observe: entered around the adapter's creation alone, after the seed (``reprotune trace
+            --step 0`` traces the ops of the LoRA init in it).
 
     Returns:
         The ``PeftModel``; only LoRA (and, per ``bias``, bias) parameters require grad.
@@ -161,7 +165,8 @@ def apply_lora(
                 warnings.filterwarnings(
                     "ignore", message=".*is_gradient_checkpointing", category=FutureWarning
                 )
-                peft_model = get_peft_model(model, config)
+                with observe if observe is not None else nullcontext():
+                    peft_model = get_peft_model(model, config)
         except ValueError as exc:  # e.g. a name that matches a module of a type LoRA cannot wrap
             raise InputError(
                 f"PEFT cannot apply LoRA to target modules {list(target_modules)}: {exc}",

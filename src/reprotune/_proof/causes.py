@@ -23,7 +23,8 @@ from typing import Any, Literal
 
 from reprotune._proof.cause_texts import MAX_SHOWN, distributed_text, resume_text, split_text, value_text
 from reprotune._proof.differences import AdapterDiff, Difference, Resume, SplitDiff, Where
-from reprotune._run.kernels import STEERING_ENV, is_gpu_difference, kernel_differences
+from reprotune._proof.kernel_cause import KERNEL_CAUSE, KernelAdvice, kernel_text
+from reprotune._run.kernels import STEERING_ENV
 
 Stage = Literal["init", "order", "numbers"]
 # Seeds that act at each stage; the root seed acts on all of them.
@@ -85,7 +86,6 @@ _MODEL_FILE_KEYS = ("model.config_sha256", "model.config_files")
 # Environment keys that most often change numbers, in that order; matched as substrings.
 _ENV_PRIORITY = ("torch", "cuda", "cudnn", "gpu", "driver", "thread", "determin", "python", "package")
 #: How each kernel cause, unknown kernel facts and nondeterminism begin: ``is_kernel_cause``.
-_KERNEL_CAUSE = ("CPU kernels differ", "GPU kernels differ", "kernel settings differ")
 _UNKNOWN = "kernel facts are unknown"
 _NONDETERMINISM = "yet nothing recorded differs"
 #: Config keys that only choose which kernels run: told as the kernel facts they change.
@@ -101,7 +101,7 @@ def is_unexplained(cause: str) -> bool:
 def is_kernel_cause(cause: str) -> bool:
     """Whether a cause says the runs part at a kernel, at kernels nobody recorded, or at nothing
     recorded: the causes an op-level trace explains."""
-    return any(word in cause for word in (*_KERNEL_CAUSE, _UNKNOWN, _NONDETERMINISM))
+    return any(word in cause for word in (*KERNEL_CAUSE, _UNKNOWN, _NONDETERMINISM))
 
 
 def explain(
@@ -114,6 +114,8 @@ def explain(
     ledgers_equal: bool,
     kernels: Kernels = (None, None),
     edited: Sequence[str] = (),
+    trainer: bool = False,
+    traceable: bool = True,
 ) -> list[str]:
     """The ranked causes of the runs' divergence, in plain words (most likely first).
 
@@ -127,6 +129,9 @@ def explain(
         kernels: each record's kernel facts (``environment.kernels``), None where it has none.
         edited: the runs ("A", "B") whose ledger no longer matches the sha256 in their record:
             the first cause, and never nondeterminism then.
+        trainer: a run was made by a Trainer script (a portable mode is its environment's, not a
+            config key).
+        traceable: ``reprotune trace`` can replay both runs (its commands follow a kernel cause).
 
     Returns:
         Sentences such as "data order differs from step 1: the split manifests differ in 3 rows";
@@ -157,7 +162,8 @@ def explain(
             f"only the ledger line of step {at} differs ({_fields(where)}) and every later step agrees: "
             "the ledger looks edited or corrupted, not trained differently"
         )
-    evidence = _evidence(stage, differences, split, [r for r in resumes if r.from_step < at], kernels)
+    made = KernelAdvice(trainer, traceable)
+    evidence = _evidence(stage, differences, split, [r for r in resumes if r.from_step < at], kernels, made)
     causes.extend(f"{head}: {text}" for text in evidence)
     unknown = [label for label, facts in zip("AB", kernels, strict=True) if facts is None]
     if edited:
@@ -225,6 +231,7 @@ def _evidence(
     split: SplitDiff | None,
     resumes: Sequence[Resume],
     kernels: Kernels = (None, None),
+    made: KernelAdvice | None = None,
 ) -> list[str]:
     """One sentence per kind of difference found, in the stage's ranking.
 
@@ -249,7 +256,7 @@ def _evidence(
         if diffs:
             texts[kind] = _summarize(kind, diffs)
     if "kernels" in texts and kernels[0] is not None and kernels[1] is not None:
-        texts["kernels"] = _kernel_text(kernels[0], kernels[1]) or texts["kernels"]
+        texts["kernels"] = kernel_text(kernels[0], kernels[1], made or KernelAdvice()) or texts["kernels"]
     if split is not None:
         said = split_text(split)
         if said:
@@ -283,66 +290,6 @@ def _keep(by_category: dict[str, list[Difference]], kind: str, wanted: Callable[
         by_category[kind] = kept
     else:
         by_category.pop(kind, None)
-
-
-def _kernel_text(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
-    """'CPU kernels differ: CPU capability AVX512 vs AVX2; ...: the same inputs give other bits'."""
-    found = kernel_differences(a, b)
-    if not found:
-        return None
-    more = f" (and {len(found) - MAX_SHOWN} more)" if len(found) > MAX_SHOWN else ""
-    trace = "the trace commands below find the first op"
-    machine_a, machine_b = ({k: v for k, v in f.items() if k != "algorithms"} for f in (a, b))
-    if not kernel_differences(machine_a, machine_b):  # torch's settings alone: one machine runs both
-        return (
-            f"{_KERNEL_CAUSE[2]}: {'; '.join(found)}: with other algorithm settings torch runs other "
-            f"kernels for some ops (determinism.mode sets them; {trace})"
-        )
-    where = _KERNEL_CAUSE[1] if is_gpu_difference(a, b) else _KERNEL_CAUSE[0]
-    shared = _shared_baseline(a, b)
-    if where == _KERNEL_CAUSE[1]:
-        fix = "the same GPU model and CUDA libraries give the same kernels"
-    elif shared:
-        fix = (
-            f"both ran in determinism.cpu_isa {shared}, which pins every kernel knob reprotune "
-            "knows: a kernel it does not pin differs, or the mode does not hold on these two CPUs"
-        )
-    else:
-        fix = _baseline_advice(a, b)
-    return (
-        f"{where}: {'; '.join(found[:MAX_SHOWN])}{more}: the same inputs give other bits on these two "
-        f"machines ({fix}; {trace})"
-    )
-
-
-def _baseline_advice(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
-    """Which ``determinism.cpu_isa`` baseline both machines can hold, by their CPUs' vendors."""
-    vendors = {_lookup_vendor(a), _lookup_vendor(b)}
-    if vendors == {"GenuineIntel"}:
-        return "determinism.cpu_isa: avx2 on both pins CPU kernels to one baseline Intel CPUs share"
-    if vendors == {"AuthenticAMD"}:
-        return "determinism.cpu_isa: avx2-amd on both pins CPU kernels to one baseline AMD CPUs share"
-    if vendors == {"GenuineIntel", "AuthenticAMD"}:
-        return (
-            "determinism.cpu_isa: avx2-compatible on both pins CPU kernels to the one baseline Intel "
-            "and AMD CPUs share, on MKL's slower vendor-neutral branch"
-        )
-    return (
-        "determinism.cpu_isa pins CPU kernels to one baseline on both: avx2 on Intel CPUs, avx2-amd on "
-        "AMD, avx2-compatible across them"
-    )
-
-
-def _lookup_vendor(facts: Mapping[str, Any]) -> str | None:
-    vendor = (facts.get("cpu") or {}).get("vendor")
-    return vendor if isinstance(vendor, str) else None
-
-
-def _shared_baseline(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
-    """The portable CPU mode both machines ran in, when it is one and not ``native``."""
-    modes = {(facts.get("portable") or {}).get("cpu_isa") for facts in (a, b)}
-    mode = modes.pop() if len(modes) == 1 else None
-    return mode if isinstance(mode, str) and mode != "native" else None
 
 
 def _summarize(kind: str, diffs: list[Difference]) -> str:

@@ -76,12 +76,36 @@ def trace_command(run_dir: str, step: object, assignments: Sequence[str] = (), o
     return f"{env}reprotune trace {shlex.quote(run_dir)} --step {step}{tail}"
 
 
+def untraceable(run: RunDir) -> tuple[str, str] | None:
+    """Why ``reprotune trace`` cannot replay ``run``, and what to do instead; None when it can."""
+    if "trainer" in run.section("config"):
+        return (
+            "it was written by a Trainer callback, and reprotune cannot replay the user's own script",
+            "run both scripts with the same kernel settings (the cause above names them), or reproduce "
+            "the experiment with `reprotune run` and trace that",
+        )
+    world = run.section("distributed").get("world_size")
+    if isinstance(world, int) and world > 1:
+        return (
+            f"it trained on {world} processes; a trace replays a single-process run",
+            "rerun it at world size 1 (`reprotune rerun`) and trace that run's step",
+        )
+    return None
+
+
 def trace_commands(run_a: RunDir, run_b: RunDir, where: Where, causes: Sequence[str]) -> Iterable[str]:
     """The ``reprotune trace`` commands to run on each machine, when the runs part at a step whose
     cause is a kernel, a kernel fact nobody recorded, or nondeterminism (see ``_proof.causes``):
-    each under the kernel-steering variables its run was made with, paths quoted for a shell."""
+    each under the kernel-steering variables its run was made with, paths quoted for a shell (step
+    0, the LoRA init, included). For a run trace cannot replay, why and what to do instead."""
     step = where.first_divergence_step
-    if step is None or step < 1 or not causes or not any(is_kernel_cause(c) for c in causes[:1]):
+    if step is None or step < 0 or not causes or not any(is_kernel_cause(c) for c in causes[:1]):
+        return
+    refusals = [(label, untraceable(run)) for label, run in (("A", run_a), ("B", run_b))]
+    if any(reason is not None for _, reason in refusals):
+        for label, reason in refusals:
+            if reason is not None:
+                yield f"reprotune trace cannot replay run {label}: {reason[0]}; {reason[1]}"
         return
     for label, run in (("A", run_a), ("B", run_b)):
         yield f"on {label}'s machine ({_machine(run)}):"

@@ -64,3 +64,111 @@ def tensor_hash(t: torch.Tensor) -> str:
     except (RuntimeError, TypeError):  # a layout without a byte view (sparse, quantized)
         return xxhash.xxh3_128_hexdigest(repr(data.tolist()).encode("utf-8"))
     return xxhash.xxh3_128_hexdigest(raw.data)
+
+
+#: What a trace writes for the bytes of memory no op has written yet (``aten::empty`` and its
+#: siblings allocate without writing: their bytes are whatever the allocator's memory held).
+UNINITIALIZED = "uninitialized"
+_ALLOCATING = frozenset(
+    {
+        "aten::empty",
+        "aten::empty_like",
+        "aten::empty_strided",
+        "aten::empty_permuted",
+        "aten::new_empty",
+        "aten::new_empty_strided",
+    }
+)
+
+
+def allocates(func: Any) -> bool:
+    """Whether ``func`` returns memory it has not written (``aten::empty`` and its siblings)."""
+    return str(func._schema.name) in _ALLOCATING
+
+
+@cache
+def _written_slots(func: Any) -> tuple[tuple[int, str], ...]:
+    """(position, name) of each argument ``func``'s schema says it writes (``Tensor(a!)``)."""
+    arguments = func._schema.arguments
+    return tuple(
+        (i, a.name) for i, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write
+    )
+
+
+def written_tensors(func: Any, args: Any, kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
+    """The tensors ``func`` writes in place (``self`` of ``uniform_``, ``out=`` arguments)."""
+    found = []
+    for position, name in _written_slots(func):
+        value = args[position] if position < len(args) else kwargs.get(name)
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):  # the _foreach_ ops write lists of tensors
+            found.extend(v for v in value if isinstance(v, torch.Tensor))
+    return found
+
+
+#: Random ops (or overloads) whose schema has no ``Generator?`` argument: they draw from the default
+#: generator of their device.
+_DRAWS_DEFAULT = frozenset(
+    {
+        "aten::native_dropout",
+        "aten::dropout",
+        "aten::alpha_dropout",
+        "aten::feature_dropout",
+        "aten::feature_alpha_dropout",
+        "aten::rand",
+        "aten::rand_like",
+        "aten::randn",
+        "aten::randn_like",
+        "aten::randint",
+        "aten::randint_like",
+        "aten::randperm",
+    }
+)
+
+
+@cache
+def _generator_slot(func: Any) -> tuple[int, str] | None:
+    """(position, name) of ``func``'s ``Generator?`` argument, (-1, "") for an op that draws from its
+    device's default generator without one; None when it draws no random numbers."""
+    for i, a in enumerate(func._schema.arguments):
+        if "Generator" in str(a.type):
+            return (i, a.name)
+    return (-1, "") if str(func._schema.name) in _DRAWS_DEFAULT else None
+
+
+def generator_entry(func: Any, args: Any, kwargs: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """A random op's generator state going in, as one more input (``["", "generator", hash,
+    "rng:cpu"]``): the generator passed, else the default one of the op's device. None for an op
+    that draws nothing, or one whose generator cannot be read (another device type)."""
+    slot = _generator_slot(func)
+    if slot is None:
+        return None
+    position, name = slot
+    generator = None
+    if position >= 0:
+        generator = args[position] if position < len(args) else kwargs.get(name)
+    if generator is None:
+        generator = _default_generator(_op_device(args, kwargs))
+    if generator is None:
+        return None
+    device = generator.device
+    where = device.type if device.index is None else f"{device.type}:{device.index}"
+    return ("", "generator", tensor_hash(generator.get_state()), f"rng:{where}")
+
+
+def _op_device(args: Any, kwargs: Mapping[str, Any]) -> torch.device:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value.device
+    device = kwargs.get("device")
+    return torch.device(device) if device is not None else torch.device("cpu")
+
+
+def _default_generator(device: torch.device) -> torch.Generator | None:
+    if device.type == "cpu":
+        return torch.default_generator
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.cuda.default_generators[index]
+    return None

@@ -12,7 +12,13 @@ them) and output tensor its shape, dtype and a content hash of its bytes (xxh3-1
 so a permutation or a single flipped bit changes it). Ops the dispatcher marks as views
 (``aten::t``, ``aten::view``, ...) are left out: they move no bytes, and their consumers hash what
 they read (``aten::_unsafe_view``, which is not marked so, stays in). Fused attention's dropout RNG
-state is written as ``rng-state``, not hashed (``_proof.op_tensors``).
+state is written as ``rng-state``, not hashed (``_proof.op_tensors``); memory no op has written yet
+(``aten::empty``'s) as ``uninitialized``; a random op's generator state is one more input. The
+tracer is ``_proof.op_tracer``.
+
+Step 0 is the LoRA init: the setup is built as the run built it, and the ops that create the
+adapter (its layers' allocation and their init's draws, under the run's LoRA-init seed) are traced,
+each named by the module whose parameter it wrote; the line to reproduce is the ledger's ``init``.
 
 The traced step's ledger line is compared with the run's: the trace says at its top whether this
 machine reproduced the run (when it does not, the trace shows this machine's step, not the run's).
@@ -26,186 +32,32 @@ import socket
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-import xxhash
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from reprotune._config.loading import config_from_dict
+from reprotune._config.schema import ExperimentConfig
 from reprotune._errors import InputError
 from reprotune._formats import TRACE
-from reprotune._proof.microscope import kernels_against_run
-from reprotune._proof.op_tensors import RNG_STATE_HASH, rng_state_inputs, rng_state_outputs, tensor_hash
+from reprotune._proof.microscope import kernels_against_run, untraceable
+from reprotune._proof.op_tracer import ModulePaths, OpTracer, module_name
 from reprotune._proof.tracefile import TraceOp, new_trace_path, write_trace
 from reprotune._run.checkpoint import restore_checkpoint
 from reprotune._run.checkpoint_files import list_checkpoints, verify_checkpoint
 from reprotune._run.kernels import kernel_facts
-from reprotune._run.ledger import train_line
+from reprotune._run.ledger import init_line, train_line
 from reprotune._run.rundir import RunDir, open_run_dir
 from reprotune._train.setup import Setup, build_setup
 from reprotune._train.step import train_step
 from reprotune._train.strategy import seed_generators
 
 HASH = "xxh3-128"
-#: Ops that move no bytes beyond their inputs' (besides views, which the dispatcher marks).
-_SKIPPED = frozenset({"aten::detach", "aten::alias", "aten::lift_fresh", "prim::device"})
-_ARGS_SHOWN = 120  # longer argument lists are written as their hash
-
-
-def _op_name(func: Any) -> str:
-    overload = func._overloadname
-    name = str(func._schema.name)
-    return name if overload == "default" else f"{name}.{overload}"
-
-
-def _module_name(raw: str) -> str:
-    """A module's name as people write it: PEFT's ``base_model.model.`` wrappers left out
-    (``model.layers.0.self_attn.q_proj``); the model itself is ``(model)``."""
-    parts = raw.split(".") if raw else []
-    while parts[:2] == ["base_model", "model"]:
-        parts = parts[2:]
-    return ".".join(parts) or "(model)"
-
-
-_TAG = "reprotune_module"
-
-
-class ModulePaths(TorchFunctionMode):
-    """Which module runs, in the forward (a stack kept by global forward hooks) and in the backward
-    (each autograd node is tagged, right after the torch function that made it returns, with the
-    module that was running; the backward reads the tag of the node it executes).
-
-    Deterministic: a stack and tags, no sets, no timing of gradient hooks.
-    """
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self._names = {id(m): _module_name(name) for name, m in model.named_modules()}
-        self._stack: list[str] = []
-        self._handles: list[Any] = []
-
-    def current(self) -> str:
-        node: Any = torch._C._current_autograd_node()
-        if node is not None:  # in the backward: the module whose forward made this node
-            return str(node.metadata.get(_TAG, "-"))
-        return self._stack[-1] if self._stack else "-"
-
-    def _push(self, module: torch.nn.Module, *args: Any) -> None:
-        self._stack.append(self._names.get(id(module), type(module).__name__))
-
-    def _pop(self, module: torch.nn.Module, *args: Any) -> None:
-        if self._stack:
-            self._stack.pop()
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if self._stack and torch.is_grad_enabled():
-            produced, _ = tree_flatten(out)
-            nodes: list[Any] = [t.grad_fn for t in produced if isinstance(t, torch.Tensor)]
-            here = self._stack[-1]
-            while nodes:  # tag what this call made; what is tagged already was made before it
-                node = nodes.pop()
-                if node is None or _TAG in node.metadata:
-                    continue
-                node.metadata[_TAG] = here
-                nodes.extend(next_node for next_node, _ in node.next_functions)
-        return out
-
-    def __enter__(self) -> ModulePaths:
-        self._handles = [
-            register_module_forward_pre_hook(self._push),
-            register_module_forward_hook(self._pop, always_call=True),
-        ]
-        super().__enter__()  # type: ignore[no-untyped-call]  # torch's mode is untyped
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        super().__exit__(*exc)  # type: ignore[no-untyped-call]
-        for handle in self._handles:
-            handle.remove()
-        self._stack.clear()
-
-
-class OpTracer(TorchDispatchMode):
-    """Sees every ATen op while active; keeps a :class:`TraceOp` for each (see the module docstring).
-
-    Args:
-        modules: the :class:`ModulePaths` entered around the same code (which module runs).
-        labels: tensor storage address -> a name (``param:...``) for inputs the trace knows;
-            parameters' hashes are cached while their version counter holds.
-    """
-
-    def __init__(self, modules: ModulePaths, labels: Mapping[int, str]) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.modules = modules
-        self.labels = dict(labels)
-        self.phase = "setup"
-        self.ops: list[TraceOp] = []
-        self._counts: Counter[tuple[str, str, str]] = Counter()
-        self._param_hashes: dict[tuple[Any, ...], str] = {}
-
-    def mark(self, phase: str) -> None:
-        """Name the part of the step that begins (``train_step`` calls it)."""
-        self.phase = phase
-
-    def _entry(self, t: torch.Tensor, rng_state: set[int]) -> tuple[str, ...]:
-        if id(t) in rng_state:
-            return ("x".join(str(d) for d in t.shape), str(t.dtype).removeprefix("torch."), RNG_STATE_HASH)
-        try:
-            address = t.untyped_storage().data_ptr()
-        except (RuntimeError, NotImplementedError):
-            address = 0
-        label = self.labels.get(address)
-        if label is not None:
-            key = (address, t.storage_offset(), tuple(t.shape), t.stride(), t._version, t.dtype)
-            digest = self._param_hashes.get(key)
-            if digest is None:
-                digest = self._param_hashes[key] = tensor_hash(t)
-        else:
-            digest = tensor_hash(t)
-        entry = ("x".join(str(d) for d in t.shape), str(t.dtype).removeprefix("torch."), digest)
-        return (*entry, label) if label is not None else entry
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        name = _op_name(func)
-        if func.is_view or name in _SKIPPED or name.startswith("profiler::"):
-            return func(*args, **kwargs)
-        flat, _ = tree_flatten((args, kwargs))
-        rng_state = rng_state_inputs(func, args, kwargs)
-        inputs = tuple(self._entry(x, rng_state) for x in flat if isinstance(x, torch.Tensor))
-        out = func(*args, **kwargs)
-        produced, _ = tree_flatten(out)
-        rng_state = rng_state_outputs(func, out)
-        outputs = tuple(self._entry(x, rng_state) for x in produced if isinstance(x, torch.Tensor))
-        module = self.modules.current()
-        key = (self.phase, module, name)
-        n = self._counts[key]
-        self._counts[key] += 1
-        shown = repr([x if not isinstance(x, torch.Tensor) else "T" for x in flat])
-        if len(shown) > _ARGS_SHOWN:
-            shown = "xxh3:" + xxhash.xxh3_64_hexdigest(shown.encode("utf-8"))
-        op = TraceOp(
-            kind="op",
-            i=len(self.ops),
-            phase=self.phase,
-            module=module,
-            op=name,
-            n=n,
-            args=shown,
-            inputs=inputs,
-            outputs=outputs,
-        )
-        self.ops.append(op)
-        return out
 
 
 @dataclass(frozen=True)
@@ -226,27 +78,16 @@ class TraceResult:
 
 
 def _refuse_unsupported(run: RunDir, step: int) -> None:
-    config = run.section("config")
-    if "trainer" in config:
-        raise InputError(
-            f"{run.path} was written by a Trainer callback: reprotune cannot replay the user's own "
-            "script's step",
-            source=str(run.layout.record),
-            fix="trace runs made by `reprotune run`; compare a Trainer-made run with `reprotune compare`",
-        )
-    world = run.section("distributed").get("world_size")
-    if isinstance(world, int) and world > 1:
-        raise InputError(
-            f"{run.path} trained on {world} processes; a trace replays a single-process run",
-            source=str(run.layout.record),
-            fix="rerun it at world size 1 (`reprotune rerun`) and trace that run's step",
-        )
+    refused = untraceable(run)
+    if refused is not None:
+        raise InputError(f"{run.path}: {refused[0]}", source=str(run.layout.record), fix=refused[1])
     steps = len(run.ledger.train)
-    if not 1 <= step <= steps:
+    if not 0 <= step <= steps:
         raise InputError(
-            f"step {step} is not a step of this run (its ledger holds steps 1 to {steps})",
+            f"step {step} is not a step of this run (its ledger holds steps 1 to {steps}; step 0 is "
+            "the LoRA init)",
             source="--step",
-            fix=f"choose a step from 1 to {steps}; `reprotune compare` names the first one that differs",
+            fix=f"choose a step from 0 to {steps}; `reprotune compare` names the first one that differs",
         )
 
 
@@ -275,15 +116,21 @@ def _line(setup: Setup, step: int, done: tuple[float, int, float, float], digest
     return train_line(step, epoch, setup.order.step_rows(step), n_tokens, loss, lr, grad_norm, digest)
 
 
+def _recorded(run: RunDir, step: int) -> Mapping[str, Any]:
+    """The run's ledger line of ``step`` (its ``init`` line for step 0)."""
+    entry = run.ledger.init if step == 0 else run.ledger.train[step - 1]
+    return entry.fields if entry is not None else {}
+
+
 def _differing(run: RunDir, step: int, line: Mapping[str, Any]) -> list[str]:
-    recorded = run.ledger.train[step - 1].fields
+    recorded = _recorded(run, step)
     return sorted(k for k in line if recorded.get(k) != line[k])
 
 
 def _labels(setup: Setup) -> dict[int, str]:
     labels: dict[int, str] = {}
     for name, param in setup.model.named_parameters():
-        fqn = _module_name(name)
+        fqn = module_name(name)
         labels.setdefault(param.untyped_storage().data_ptr(), f"param:{fqn}")
     return labels
 
@@ -299,7 +146,7 @@ def trace_step(
 
     Args:
         run_dir: a single-process run made by ``reprotune run``.
-        step: the optimizer step to trace (1-based).
+        step: the optimizer step to trace (1-based), or 0: the LoRA init (:func:`_trace_init`).
         out: the trace file (must not exist; ``.gz`` compresses); default
             ``trace-<run_id>-step-<step>.jsonl`` in the current directory.
         report: called with progress lines and warnings (without it, warnings go to stderr).
@@ -316,6 +163,8 @@ def trace_step(
     _refuse_unsupported(run, step)
     target = new_trace_path(out, f"trace-{run.run_id}-step-{step}.jsonl")
     cfg = config_from_dict(dict(run.section("config")), source=str(run.layout.record))
+    if step == 0:
+        return _trace_init(run, cfg, target, say)
     setup = build_setup(cfg, manifest=run.layout.manifest)
     start = _restore(setup, run, step, report or partial(print, file=sys.stderr, flush=True))
     setup.model.train()
@@ -344,6 +193,46 @@ def trace_step(
     return TraceResult(target, header, seconds, step_s)
 
 
+def _trace_init(run: RunDir, cfg: ExperimentConfig, target: Path, say: Callable[[str], None]) -> TraceResult:
+    """Trace step 0: the ops that create the LoRA adapter (its layers' allocation and their init's
+    draws), with the run's LoRA-init seed, as ``build_setup`` makes them. Its line to reproduce is
+    the ledger's ``init`` line (the weights as created)."""
+    say("trace: tracing the LoRA init (step 0)")
+    tracer = OpTracer(None, {})
+    tracer.mark("lora-init")
+    timed: list[float] = []
+    setup = build_setup(cfg, manifest=run.layout.manifest, observe_lora=_timed(tracer, timed))
+    line = init_line(setup.distribution.weights_hasher(setup)())
+    ops = _attributed(tracer, _labels(setup))
+    header = _header(run, setup, 0, 0, line, {}, None)
+    header["ops"] = len(ops)
+    write_trace(target, header, ops)
+    return TraceResult(target, header, timed[0], None)
+
+
+@contextmanager
+def _timed(tracer: OpTracer, seconds: list[float]) -> Iterator[None]:
+    """``tracer`` entered, and the seconds it was active appended to ``seconds``."""
+    t0 = time.perf_counter()
+    with tracer:
+        yield
+    seconds.append(time.perf_counter() - t0)
+
+
+def _attributed(tracer: OpTracer, labels: Mapping[int, str]) -> list[TraceOp]:
+    """The LoRA init's ops, each given the module whose parameter it wrote (no forward runs there
+    to say which module is running), and counted again within it."""
+    counts: Counter[tuple[str, str, str]] = Counter()
+    ops = []
+    for op, written in zip(tracer.ops, tracer.written, strict=True):
+        params = [labels[a].removeprefix("param:") for a in written if a in labels]
+        module = params[0].rpartition(".")[0] if params else op.module
+        key = (op.phase, module, op.op)
+        ops.append(op.model_copy(update={"module": module, "n": counts[key]}))
+        counts[key] += 1
+    return ops
+
+
 def _attention(setup: Setup) -> str | None:
     return getattr(setup.model.config, "_attn_implementation", None)
 
@@ -355,7 +244,7 @@ def _header(
     start: int,
     line: Mapping[str, Any],
     before: Mapping[str, list[str]],
-    weights_in: str,
+    weights_in: str | None,
 ) -> dict[str, Any]:
     """The trace's first line: the run, the step, whether the replay reproduced it, the machine."""
     differs = _differing(run, step, line)
@@ -371,7 +260,7 @@ def _header(
                 "before": not before,
                 "differing_fields": differs,
                 "differing_steps_before": dict(before),
-                "ledger_line": dict(run.ledger.train[step - 1].fields),
+                "ledger_line": dict(_recorded(run, step)),
                 "replayed_line": dict(line),
             },
             "weights_in_sha256": weights_in,

@@ -101,6 +101,13 @@ def _origin(index: int, op: TraceOp, produced: set[str]) -> tuple[str, bool]:
     label = entry[3] if len(entry) > 3 else ""
     if label.startswith("param:"):
         return f"input {index} is the parameter {label.removeprefix('param:')}", False
+    if label.startswith("rng:"):
+        return (
+            f"input {index} is the state of the {label.removeprefix('rng:')} random generator the op "
+            "draws from: the runs drew other random numbers before it (another seed, or another "
+            "number of draws), or the state was set out of the trace's sight",
+            False,
+        )
     if label:
         return f"input {index} is {label}", False
     shape = f"{entry[0] or 'scalar'} {entry[1]}"

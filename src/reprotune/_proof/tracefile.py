@@ -1,13 +1,15 @@
 """The trace file (``reprotune trace``): its format, written and read in one place. No torch.
 
-A trace is JSON lines: the header first, then one line per ATen op of the traced optimizer step,
-in the order the ops ran. Hashes only: no tensor values, no data rows, no secrets.
+A trace is JSON lines: the header first, then one line per ATen op of the traced optimizer step
+(or, for step 0, of the LoRA init), in the order the ops ran. Hashes only: no tensor values, no
+data rows, no secrets.
 
 Header (``"kind": "header"``): ``schema`` (``reprotune/trace``), ``schema_version``, the run
 (``run_id``, ``config_sha256``, ``run_dir``), ``step``, ``replayed_from`` (the checkpoint step the
 replay started from, 0 for the start), ``reproduced`` (did the replay give the run's own ledger
-lines: each step before the traced one, and the traced step's line, field by field),
-``weights_in_sha256`` (the trainable weights going into the step, as the ledger hashes them),
+lines: each step before the traced one, and the traced step's line, field by field; for step 0 the
+``init`` line), ``weights_in_sha256`` (the trainable weights going into the step, as the ledger
+hashes them; null for step 0),
 ``kernels`` (the machine's kernel facts, ``_run.kernels``), ``kernels_vs_run`` (how they differ
 from the facts the run recorded, and the steering variables to set so they agree; null for a record
 without them; absent in traces written before it), ``environment`` (host, torch, Python,
@@ -15,12 +17,16 @@ threads), ``hash`` (the content hash used), ``ops`` (how many op lines follow). 
 on the time or the process: the same step traced twice on one machine gives the same bytes.
 
 Op line (``"kind": "op"``): ``i`` (position), ``phase`` (``data``, ``forward.J``, ``backward.J``,
-``optimizer``), ``module`` (the innermost module running, ``model.layers.0.self_attn.q_proj``; ``-``
-when none), ``op`` (``aten::mm``), ``n`` (its occurrence: how many ops of that name ran before it in
-that phase and module), ``args`` (the non-tensor arguments, written out, or their hash when long),
-``in`` and ``out``: one ``[shape, dtype, hash]`` per tensor (``shape`` like ``512x576``; a fourth
-element names a tensor the trace knows: a parameter, ``param:model.layers.0...``, or the batch,
-``batch:input_ids``).
+``optimizer``; ``lora-init`` for step 0), ``module`` (the innermost module running,
+``model.layers.0.self_attn.q_proj``; in the LoRA init, the module whose parameter the op wrote;
+``-`` when none), ``op`` (``aten::mm``), ``n`` (its occurrence: how many ops of that name ran
+before it in that phase and module), ``args`` (the non-tensor arguments, written out, or their hash
+when long), ``in`` and ``out``: one ``[shape, dtype, hash]`` per tensor (``shape`` like ``512x576``;
+a fourth element names a tensor the trace knows: a parameter, ``param:model.layers.0...``, or the
+batch, ``batch:input_ids``). ``hash`` is ``uninitialized`` for memory no op has written yet
+(``aten::empty``'s output) and ``rng-state`` for fused attention's dropout state. A random op has
+one more input, ``["", "generator", hash, "rng:cpu"]``: the state of the generator it draws from.
+Version 2 (the generator input, ``uninitialized``, step 0); version 1 traces are refused.
 """
 
 from __future__ import annotations
@@ -72,8 +78,9 @@ class TraceOp(BaseModel):
 
     def signature(self) -> str:
         """``aten::mm 512x576 @ 576x576 float32``: the op and its inputs' shapes, for people."""
-        shapes = " @ ".join(t[0] or "scalar" for t in self.inputs) or "no tensor inputs"
-        dtypes = sorted({t[1] for t in self.inputs})
+        tensors = [t for t in self.inputs if t[1] != "generator"]
+        shapes = " @ ".join(t[0] or "scalar" for t in tensors) or "no tensor inputs"
+        dtypes = sorted({t[1] for t in tensors})
         return f"{self.op} {shapes} {'/'.join(dtypes)}".strip()
 
 
@@ -114,10 +121,10 @@ class TraceHeader(BaseModel):
 
     run_id: str
     config_sha256: str | None = None
-    step: int = Field(ge=1)
+    step: int = Field(ge=0)
     replayed_from: int = Field(ge=0)
     reproduced: _Reproduced
-    weights_in_sha256: str
+    weights_in_sha256: str | None
     kernels: _Kernels
     kernels_vs_run: _KernelsVsRun | None = None
     ops: int = Field(ge=0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -127,6 +128,7 @@ def build_setup(
     manifest_out: Path | None = None,
     manifest: Path | None = None,
     resumed: bool = False,
+    observe_lora: AbstractContextManager[Any] | None = None,
 ) -> Setup:
     """Build everything the run of ``cfg`` needs before its first step.
 
@@ -135,6 +137,7 @@ def build_setup(
         manifest_out: where the split manifest is written; None: later (:func:`with_saved_manifest`).
         manifest: train on this manifest instead of the config's split (``rerun``).
         resumed: a resumed run: keep the manifest already at ``manifest_out``.
+        observe_lora: entered around the LoRA init alone (``_model.lora.apply_lora``'s ``observe``).
 
     Returns:
         The setup. Nothing has drawn from torch's global generator for dropout yet: the caller
@@ -161,7 +164,7 @@ def build_setup(
         padding_side=cfg.model.padding_side,
         device=str(device),
     )
-    model = _with_lora(loaded.model, cfg, seeds["lora_init"], base_model)
+    model = _with_lora(loaded.model, cfg, seeds["lora_init"], base_model, observe_lora)
     model.to(device)
 
     rows_per_step = cfg.train.batch_size * cfg.train.grad_accum_steps
@@ -199,10 +202,17 @@ def with_saved_manifest(setup: Setup, path: Path) -> Setup:
     return dataclasses.replace(setup, data=save_manifest(setup.data, path))
 
 
-def _with_lora(model: torch.nn.Module, cfg: ExperimentConfig, seed: int, base_model: str) -> PeftModel:
+def _with_lora(
+    model: torch.nn.Module,
+    cfg: ExperimentConfig,
+    seed: int,
+    base_model: str,
+    observe: AbstractContextManager[Any] | None,
+) -> PeftModel:
     peft_model = apply_lora(
         model,
         seed=seed,
+        observe=observe,
         r=cfg.lora.r,
         alpha=cfg.lora.alpha,
         dropout=cfg.lora.dropout,

@@ -1,0 +1,207 @@
+"""The op-level microscope's instruments: :class:`ModulePaths` (which module runs) and
+:class:`OpTracer` (every ATen op below autograd, with the content hash of each tensor it reads and
+writes). ``_proof.trace`` runs them around a replayed step or the LoRA init; the module docstring
+there says what a trace holds.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import xxhash
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from reprotune._proof.op_tensors import (
+    RNG_STATE_HASH,
+    UNINITIALIZED,
+    allocates,
+    generator_entry,
+    rng_state_inputs,
+    rng_state_outputs,
+    tensor_hash,
+    written_tensors,
+)
+from reprotune._proof.tracefile import TraceOp
+
+#: Ops that move no bytes beyond their inputs' (besides views, which the dispatcher marks).
+_SKIPPED = frozenset({"aten::detach", "aten::alias", "aten::lift_fresh", "prim::device"})
+_ARGS_SHOWN = 120  # longer argument lists are written as their hash
+
+
+def _op_name(func: Any) -> str:
+    overload = func._overloadname
+    name = str(func._schema.name)
+    return name if overload == "default" else f"{name}.{overload}"
+
+
+def module_name(raw: str) -> str:
+    """A module's name as people write it: PEFT's ``base_model.model.`` wrappers left out
+    (``model.layers.0.self_attn.q_proj``); the model itself is ``(model)``."""
+    parts = raw.split(".") if raw else []
+    while parts[:2] == ["base_model", "model"]:
+        parts = parts[2:]
+    return ".".join(parts) or "(model)"
+
+
+_TAG = "reprotune_module"
+
+
+class ModulePaths(TorchFunctionMode):
+    """Which module runs, in the forward (a stack kept by global forward hooks) and in the backward
+    (each autograd node is tagged, right after the torch function that made it returns, with the
+    module that was running; the backward reads the tag of the node it executes).
+
+    Deterministic: a stack and tags, no sets, no timing of gradient hooks.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self._names = {id(m): module_name(name) for name, m in model.named_modules()}
+        self._stack: list[str] = []
+        self._handles: list[Any] = []
+
+    def current(self) -> str:
+        node: Any = torch._C._current_autograd_node()
+        if node is not None:  # in the backward: the module whose forward made this node
+            return str(node.metadata.get(_TAG, "-"))
+        return self._stack[-1] if self._stack else "-"
+
+    def _push(self, module: torch.nn.Module, *args: Any) -> None:
+        self._stack.append(self._names.get(id(module), type(module).__name__))
+
+    def _pop(self, module: torch.nn.Module, *args: Any) -> None:
+        if self._stack:
+            self._stack.pop()
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if self._stack and torch.is_grad_enabled():
+            produced, _ = tree_flatten(out)
+            nodes: list[Any] = [t.grad_fn for t in produced if isinstance(t, torch.Tensor)]
+            here = self._stack[-1]
+            while nodes:  # tag what this call made; what is tagged already was made before it
+                node = nodes.pop()
+                if node is None or _TAG in node.metadata:
+                    continue
+                node.metadata[_TAG] = here
+                nodes.extend(next_node for next_node, _ in node.next_functions)
+        return out
+
+    def __enter__(self) -> ModulePaths:
+        self._handles = [
+            register_module_forward_pre_hook(self._push),
+            register_module_forward_hook(self._pop, always_call=True),
+        ]
+        super().__enter__()  # type: ignore[no-untyped-call]  # torch's mode is untyped
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)  # type: ignore[no-untyped-call]
+        for handle in self._handles:
+            handle.remove()
+        self._stack.clear()
+
+
+class OpTracer(TorchDispatchMode):
+    """Sees every ATen op while active; keeps a :class:`TraceOp` for each (see the module docstring).
+
+    Memory an allocating op (``aten::empty``) returned is written ``uninitialized`` until an op
+    writes it (its output, or an argument its schema marks written): its bytes are whatever the
+    allocator held. A random op's generator state goes in as one more input (``rng:cpu``), so that
+    "same inputs" covers the random numbers it draws.
+
+    Args:
+        modules: the :class:`ModulePaths` entered around the same code (which module runs); None
+            where no module runs (the LoRA init: ``-``).
+        labels: tensor storage address -> a name (``param:...``) for inputs the trace knows;
+            parameters' hashes are cached while their version counter holds.
+    """
+
+    def __init__(self, modules: ModulePaths | None, labels: Mapping[int, str]) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.modules = modules
+        self.labels = dict(labels)
+        self.phase = "setup"
+        self.ops: list[TraceOp] = []
+        self.written: list[tuple[int, ...]] = []
+        """Per op, the storage addresses it wrote (its outputs and written arguments)."""
+        self._counts: Counter[tuple[str, str, str]] = Counter()
+        self._param_hashes: dict[tuple[Any, ...], str] = {}
+        self._uninitialized: set[int] = set()
+
+    def mark(self, phase: str) -> None:
+        """Name the part of the step that begins (``train_step`` calls it)."""
+        self.phase = phase
+
+    def _entry(self, t: torch.Tensor, rng_state: set[int]) -> tuple[str, ...]:
+        if id(t) in rng_state:
+            return ("x".join(str(d) for d in t.shape), str(t.dtype).removeprefix("torch."), RNG_STATE_HASH)
+        address = _address(t)
+        label = self.labels.get(address)
+        if address and address in self._uninitialized:
+            digest = UNINITIALIZED
+        elif label is not None:
+            key = (address, t.storage_offset(), tuple(t.shape), t.stride(), t._version, t.dtype)
+            cached = self._param_hashes.get(key)
+            digest = cached if cached is not None else self._param_hashes.setdefault(key, tensor_hash(t))
+        else:
+            digest = tensor_hash(t)
+        entry = ("x".join(str(d) for d in t.shape), str(t.dtype).removeprefix("torch."), digest)
+        return (*entry, label) if label is not None else entry
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = _op_name(func)
+        if func.is_view or name in _SKIPPED or name.startswith("profiler::"):
+            return func(*args, **kwargs)
+        flat, _ = tree_flatten((args, kwargs))
+        rng_state = rng_state_inputs(func, args, kwargs)
+        inputs = tuple(self._entry(x, rng_state) for x in flat if isinstance(x, torch.Tensor))
+        generator = generator_entry(func, args, kwargs)
+        if generator is not None:
+            inputs += (generator,)
+        out = func(*args, **kwargs)
+        produced, _ = tree_flatten(out)
+        tensors = [x for x in produced if isinstance(x, torch.Tensor)]
+        written = tuple(_address(x) for x in (*tensors, *written_tensors(func, args, kwargs)))
+        if allocates(func):
+            self._uninitialized.update(a for a in written if a)
+        else:
+            self._uninitialized.difference_update(written)
+        rng_state = rng_state_outputs(func, out)
+        outputs = tuple(self._entry(x, rng_state) for x in tensors)
+        module = self.modules.current() if self.modules is not None else "-"
+        key = (self.phase, module, name)
+        n = self._counts[key]
+        self._counts[key] += 1
+        shown = repr([x if not isinstance(x, torch.Tensor) else "T" for x in flat])
+        if len(shown) > _ARGS_SHOWN:
+            shown = "xxh3:" + xxhash.xxh3_64_hexdigest(shown.encode("utf-8"))
+        op = TraceOp(
+            kind="op",
+            i=len(self.ops),
+            phase=self.phase,
+            module=module,
+            op=name,
+            n=n,
+            args=shown,
+            inputs=inputs,
+            outputs=outputs,
+        )
+        self.ops.append(op)
+        self.written.append(written)
+        return out
+
+
+def _address(t: torch.Tensor) -> int:
+    """The address of a tensor's storage (0 for one without: sparse, meta)."""
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):
+        return 0

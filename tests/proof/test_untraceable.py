@@ -1,0 +1,81 @@
+"""Runs ``reprotune trace`` cannot replay (made by a Trainer script, or on several processes) that
+part at a kernel: ``compare`` does not print trace commands that would be refused; it says why and
+what to do, and a Trainer script is told the variables that put the advised mode in force (it has
+no ``determinism.cpu_isa`` key of its own)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reprotune._errors import InputError
+from reprotune._jsonio import canonical_dumps
+from reprotune._proof.compare import compare_runs
+from reprotune._proof.trace import trace_step
+from rundirs import RunSpec, write_run_dir
+
+
+def _environment(vendor: str, capability: str) -> dict[str, Any]:
+    cpu = {"aten_capability": capability, "model": f"{vendor} CPU", "vendor": vendor}
+    return {"kernels": {"version": 1, "cpu": cpu, "portable": {"cpu_isa": "native"}}}
+
+
+def _pair(tmp_path: Path, config: dict[str, Any]) -> tuple[Path, Path]:
+    """Two runs on an Intel and an AMD CPU that part at step 1."""
+    intel = RunSpec(environment=_environment("GenuineIntel", "AVX512"), config=config)
+    amd = RunSpec(noise_from_step=1, environment=_environment("AuthenticAMD", "AVX2"), config=config)
+    return write_run_dir(tmp_path / "a", intel), write_run_dir(tmp_path / "b", amd)
+
+
+def test_trainer_made_runs_get_the_modes_variables_and_no_trace_commands(tmp_path: Path) -> None:
+    a, b = _pair(tmp_path, {"trainer": {"class": "transformers.trainer.Trainer", "args": {}}})
+    result = compare_runs(a, b)
+    cause = result.causes[0]
+    assert "CPU kernels differ: CPU capability AVX512 vs AVX2" in cause
+    assert (
+        "determinism.cpu_isa: avx2-compatible on both pins CPU kernels to the one baseline Intel and AMD "
+        "CPUs share, on MKL's slower vendor-neutral branch: for a Trainer script, start both with "
+        "ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 MKL_CBWR=COMPATIBLE,STRICT "
+        "ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 python ..., with the fused AdamW "
+        '(optim="adamw_torch_fused")'
+    ) in cause
+    assert cause.endswith("`reprotune trace` cannot replay these runs: below)")
+    assert not any("reprotune trace " in line and "--step" in line for line in result.next_steps)
+    assert result.next_steps == tuple(
+        f"reprotune trace cannot replay run {label}: it was written by a Trainer callback, and reprotune "
+        "cannot replay the user's own script; run both scripts with the same kernel settings (the cause "
+        "above names them), or reproduce the experiment with `reprotune run` and trace that"
+        for label in "AB"
+    )
+    with pytest.raises(InputError, match="written by a Trainer callback") as refused:
+        trace_step(a, 1, out=tmp_path / "t.jsonl")
+    assert "reproduce the experiment with `reprotune run`" in str(refused.value.fix)
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_runs_made_by_reprotune_run_keep_the_config_key_and_the_commands(tmp_path: Path) -> None:
+    a, b = _pair(tmp_path, {})
+    result = compare_runs(a, b)
+    assert "Trainer script" not in result.causes[0]
+    assert result.causes[0].endswith("the trace commands below find the first op)")
+    assert "reprotune trace " in result.next_steps[1] and "--step 1 " in result.next_steps[1]
+
+
+def test_a_run_made_on_several_processes_is_said_untraceable_with_the_way_round(tmp_path: Path) -> None:
+    """Both runs on two processes, on two machines that part at a kernel."""
+    a, b = _pair(tmp_path, {})
+    for run in (a, b):
+        record = json.loads((run / "record.json").read_text())
+        record["distributed"] = {**record.get("distributed", {}), "world_size": 2}
+        (run / "record.json").write_text(canonical_dumps(record))
+    result = compare_runs(a, b)
+    assert "CPU kernels differ" in result.causes[0]
+    assert result.causes[0].endswith("`reprotune trace` cannot replay these runs: below)")
+    assert result.next_steps == tuple(
+        f"reprotune trace cannot replay run {label}: it trained on 2 processes; a trace replays a "
+        "single-process run; rerun it at world size 1 (`reprotune rerun`) and trace that run's step"
+        for label in "AB"
+    )
