@@ -25,6 +25,7 @@ from reprotune.integrations._findings import (
     TrainerFacts,
     probe_seed,
     seeds_before_adapter,
+    sqrt_taking_optimizer,
     trainer_findings,
 )
 from reprotune.integrations.controls import STOP_AFTER, Controls
@@ -227,6 +228,7 @@ def _facts(**changes: Any) -> TrainerFacts:
         ({"data_hashed": False}, "data-unhashed"),
         ({"world_size": 2}, "distributed-rank0-only"),
         ({"args": {"torch_compile": True}}, "torch-compile"),
+        ({"cpu_isa": "avx2-compatible", "unfused_optimizer": "AdamW"}, "portable-mode-optimizer"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
@@ -248,6 +250,26 @@ def test_each_setting_gives_its_finding(changes: dict[str, Any], code: str) -> N
 def test_no_seed_finding_where_it_cannot_apply(changes: dict[str, Any]) -> None:
     """An adapter the trainer builds after seeding, a model without one, or no probe: no finding."""
     assert trainer_findings(_facts(**changes)) == []
+
+
+def test_only_an_unfused_optimizer_in_the_cross_vendor_mode_is_a_finding() -> None:
+    """The finding needs both: avx2-compatible in force and an optimizer that takes MKL's square
+    root. Which optimizers do is read from the real torch optimizers: AdamW and Adam unless fused,
+    Adagrad; not SGD, not the fused AdamW."""
+    assert trainer_findings(_facts(cpu_isa="avx2-compatible")) == []
+    assert trainer_findings(_facts(cpu_isa="avx2-amd", unfused_optimizer="AdamW")) == []
+    finding = trainer_findings(_facts(cpu_isa="avx2-compatible", unfused_optimizer="AdamW"))[0]
+    assert finding["title"] == (
+        "determinism.cpu_isa avx2-compatible is in force, but the optimizer (AdamW) is not the fused AdamW"
+    )
+    assert 'optim="adamw_torch_fused"' in finding["fix"]
+    params = [torch.nn.Parameter(torch.ones(2))]
+    assert sqrt_taking_optimizer(torch.optim.AdamW(params, fused=True)) is None
+    assert sqrt_taking_optimizer(torch.optim.SGD(params, lr=0.1)) is None
+    assert sqrt_taking_optimizer(None) is None
+    assert sqrt_taking_optimizer(torch.optim.AdamW(params)) == "AdamW"
+    assert sqrt_taking_optimizer(torch.optim.Adam(params, foreach=True)) == "Adam"
+    assert sqrt_taking_optimizer(torch.optim.Adagrad(params)) == "Adagrad"
 
 
 def test_an_adapter_the_trainer_builds_before_seeding_gives_the_seed_finding() -> None:

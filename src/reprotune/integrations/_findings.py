@@ -31,6 +31,7 @@ FINDING_CODES: tuple[str, ...] = (
     "rows-unrecorded",
     "distributed-rank0-only",
     "output-dir-shared",
+    "portable-mode-optimizer",
 )
 
 
@@ -82,6 +83,9 @@ class TrainerFacts:
         data_hashed: the train rows' content was hashed.
         foreign_checkpoints: checkpoints in ``args.output_dir`` that another run saved
             (:func:`~reprotune.integrations._ranks.foreign_checkpoints`).
+        cpu_isa: the ``determinism.cpu_isa`` mode in force (``_determinism.isa.isa_in_force``).
+        unfused_optimizer: the optimizer's class when, training on a CPU, its step may take a
+            float32 square root through MKL's vector math (:func:`sqrt_taking_optimizer`).
     """
 
     args: Any
@@ -98,6 +102,39 @@ class TrainerFacts:
     model_hashed: bool = True
     data_hashed: bool = True
     foreign_checkpoints: tuple[str, ...] = ()
+    cpu_isa: str = "native"
+    unfused_optimizer: str | None = None
+
+
+def sqrt_taking_optimizer(optimizer: Any) -> str | None:
+    """The optimizer's class name when its step may take a float32 square root with MKL's vector
+    math on a CPU (``vsSqrt``, built on ``rsqrtps``: other bits on Intel and AMD CPUs); None for
+    SGD, for Adam and AdamW with ``fused=True`` (ATen's own kernel) and for no optimizer."""
+    import torch
+
+    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the Trainer's optimizer
+    if inner is None or isinstance(inner, torch.optim.SGD):
+        return None
+    groups = getattr(inner, "param_groups", [])
+    if (
+        isinstance(inner, (torch.optim.Adam, torch.optim.AdamW))
+        and groups
+        and all(g.get("fused") for g in groups)
+    ):
+        return None
+    return type(inner).__name__
+
+
+def portable_facts(optimizer: Any, model: Any) -> dict[str, Any]:
+    """``cpu_isa`` and ``unfused_optimizer`` of :class:`TrainerFacts`: the mode in force, and the
+    optimizer that may take MKL's square root when the model trains on a CPU."""
+    from reprotune._determinism.isa import isa_in_force
+
+    on_cpu = next(iter(model.parameters())).device.type == "cpu"
+    return {
+        "cpu_isa": str(isa_in_force()["cpu_isa"]),
+        "unfused_optimizer": sqrt_taking_optimizer(optimizer) if on_cpu else None,
+    }
 
 
 def _finding(code: str, severity: Severity, title: str, why: str, fix: str) -> dict[str, str]:
@@ -239,6 +276,19 @@ _LATER_RULES: tuple[_Rule, ...] = (
         "the ledger holds rank 0's loss and rows; other ranks' rows are not recorded (their host, "
         "device, checkpoint RNG hashes and what each restores on resume are)",
         "use `reprotune run` under torchrun for a record of every rank",
+    ),
+    _Rule(
+        lambda f: f.cpu_isa == "avx2-compatible" and f.unfused_optimizer is not None,
+        "portable-mode-optimizer",
+        "warning",
+        lambda f: (
+            f"determinism.cpu_isa avx2-compatible is in force, but the optimizer ({f.unfused_optimizer}) "
+            "is not the fused AdamW"
+        ),
+        "on a CPU its square root is MKL's vsSqrt, a kernel built on rsqrtps, whose bits differ between "
+        "Intel and AMD CPUs whatever MKL's settings: the run does not reproduce across vendors though "
+        "the mode's variables are in force (reprotune run's AdamW runs fused in this mode)",
+        'pass optim="adamw_torch_fused" to TrainingArguments (or give an AdamW made with fused=True)',
     ),
     _Rule(
         lambda f: bool(f.foreign_checkpoints),

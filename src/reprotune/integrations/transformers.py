@@ -46,6 +46,7 @@ from reprotune.integrations import _sections as sections
 from reprotune.integrations._findings import (
     ReproducibilityWarning,
     TrainerFacts,
+    portable_facts,
     probe_seed,
     seeds_before_adapter,
     trainer_findings,
@@ -364,6 +365,7 @@ class ReprotuneCallback(TrainerCallback):
             foreign_checkpoints=ranks_of.foreign_checkpoints(
                 args.output_dir, self._checkpoint, self._controls.run_dir or self._run_dir
             ),
+            **portable_facts(getattr(self._trainer, "optimizer", None), model),
         )
         findings = trainer_findings(facts)
         if not self._warned:
