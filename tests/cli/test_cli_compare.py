@@ -135,7 +135,7 @@ def test_compare_and_report_never_import_torch(ref: Path, tmp_path: Path) -> Non
     """compare (of runs and of traces) and report, run through the CLI in a fresh process, leave
     torch unimported."""
     from reprotune._formats import TRACE
-    from reprotune._proof.tracefile import TraceOp, write_trace
+    from reprotune._run.tracefile import TraceOp, write_trace
 
     other = write_run_dir(tmp_path / "seed43", RunSpec(seed=43))
     op = TraceOp(
@@ -188,7 +188,7 @@ def test_a_trace_against_a_run_a_missing_one_another_step_or_tolerance_are_refus
     does not exist, traces of two steps, and ``--tolerance``: exit 2, naming what is at fault and
     the fix."""
     from reprotune._formats import TRACE
-    from reprotune._proof.tracefile import TraceOp, write_trace
+    from reprotune._run.tracefile import TraceOp, write_trace
 
     op = TraceOp(
         kind="op", i=0, phase="forward.0", module="m", op="aten::mm", n=0, args="", inputs=(), outputs=()

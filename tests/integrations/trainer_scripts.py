@@ -81,10 +81,13 @@ class ScriptProject:
             *extra,
         ]
 
-    def run(self, script: str, run_dir: str, *extra: str) -> subprocess.CompletedProcess[str]:
-        """Run an example script into ``run_dir`` in a fresh process; fail the test if it fails."""
+    def run(
+        self, script: str, run_dir: str, *extra: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run an example script into ``run_dir`` in a fresh process (``env``: variables added to
+        the offline ones); fail the test if it fails."""
         argv = self.argv(script, "--run-dir", run_dir, "--output-dir", f"out/{run_dir}", *extra)
-        env = {**os.environ, **OFFLINE_ENV}
+        env = {**os.environ, **OFFLINE_ENV, **(env or {})}
         # A fresh process for the script, forked from the session's warm zygote (tests/warm.py).
         done = run_script(str(self.root / script), argv[2:], cwd=self.root, env=env, timeout=900)
         if done.returncode != 0:

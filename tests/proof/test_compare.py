@@ -363,7 +363,7 @@ def test_bad_tolerance(ref: Path, tolerance: float) -> None:
         compare_runs(ref, ref, tolerance=tolerance)
 
 
-#: One row per kind of fact the inert table holds (differences.INERT_KEYS and its patterns), each
+#: One row per kind of fact the inert table holds (inert.INERT_KEYS and its patterns), each
 #: with a value pair: listed under "cannot change the numbers", never a cause.
 INERT_ROWS = [
     ("code.branch", "main", "feature"),
@@ -408,7 +408,7 @@ CAUSE_ROWS = [
 
 @pytest.mark.parametrize(("key", "a", "b"), INERT_ROWS, ids=[row[0] for row in INERT_ROWS])
 def test_each_row_of_the_inert_table_cannot_change_the_numbers(key: str, a: object, b: object) -> None:
-    from reprotune._proof.differences import INERT_KEYS, is_inert
+    from reprotune._proof.inert import INERT_KEYS, is_inert
 
     assert is_inert(key, a, b)
     assert {row[0] for row in INERT_ROWS} >= set(INERT_KEYS) - {"config.tracking"} | {"config.tracking.uri"}
@@ -416,7 +416,7 @@ def test_each_row_of_the_inert_table_cannot_change_the_numbers(key: str, a: obje
 
 @pytest.mark.parametrize(("key", "a", "b"), CAUSE_ROWS, ids=[f"{r[0]}={r[2]}" for r in CAUSE_ROWS])
 def test_what_can_change_the_numbers_is_not_inert(key: str, a: object, b: object) -> None:
-    from reprotune._proof.differences import is_inert
+    from reprotune._proof.inert import is_inert
 
     assert not is_inert(key, a, b)
 

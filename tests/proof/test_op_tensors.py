@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from reprotune._proof.op_tensors import RNG_STATE_HASH, rng_state_inputs, rng_state_outputs, tensor_hash
-from reprotune._proof.op_tracer import ModulePaths, OpTracer
+from reprotune._run.op_tensors import RNG_STATE_HASH, rng_state_inputs, rng_state_outputs, tensor_hash
+from reprotune._run.op_tracer import ModulePaths, OpTracer
 
 _LIB = torch.library.Library("reprotune_test", "DEF")
 _LIB.define(

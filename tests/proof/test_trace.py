@@ -15,8 +15,8 @@ from reprotune._jsonio import sha256_file, write_json_atomic
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.trace import trace_step
 from reprotune._proof.trace_compare import compare_traces
-from reprotune._proof.tracefile import read_trace
 from reprotune._run.checkpoint import STATE_FILE, _state_sha256
+from reprotune._run.tracefile import read_trace
 from tinyrun import TinyProject
 
 #: Kernels below any x86-64 CPU's own: ATen without vectors beyond its baseline, MKL on SSE4.2.

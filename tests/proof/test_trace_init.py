@@ -10,7 +10,7 @@ import pytest
 
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.trace_compare import compare_traces
-from reprotune._proof.tracefile import read_trace
+from reprotune._run.tracefile import read_trace
 from tinyrun import TinyProject
 
 LESSER = {"ATEN_CPU_CAPABILITY": "default"}

@@ -1,7 +1,8 @@
-"""Runs ``reprotune trace`` cannot replay (made by a Trainer script, or on several processes) that
-part at a kernel: ``compare`` does not print trace commands that would be refused; it says why and
-what to do, and a Trainer script is told the variables that put the advised mode in force (it has
-no ``determinism.cpu_isa`` key of its own)."""
+"""Runs ``reprotune trace`` cannot replay as it replays a ``reprotune run`` run, that part at a
+kernel: a Trainer-made run's trace commands run its script (``--command``), and its advice names
+the variables that put the advised mode in force (a script has no ``determinism.cpu_isa`` key); a
+Trainer script's LoRA init and a run on several processes are not traced, and ``compare`` says so
+instead of printing commands that would be refused."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from reprotune._errors import InputError
 from reprotune._jsonio import canonical_dumps
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.trace import trace_step
-from rundirs import RunSpec, write_run_dir
+from rundirs import RunSpec, edit_ledger, write_run_dir
 
 
 def _environment(vendor: str, capability: str) -> dict[str, Any]:
@@ -30,7 +31,10 @@ def _pair(tmp_path: Path, config: dict[str, Any]) -> tuple[Path, Path]:
     return write_run_dir(tmp_path / "a", intel), write_run_dir(tmp_path / "b", amd)
 
 
-def test_trainer_made_runs_get_the_modes_variables_and_no_trace_commands(tmp_path: Path) -> None:
+def test_trainer_made_runs_get_the_modes_variables_and_command_trace_commands(tmp_path: Path) -> None:
+    """Two Trainer-made runs that part at step 1: the advice names the mode's variables (a script has
+    no config key), and each trace command runs that run's script (``--command``), for the user to
+    fill in; ``trace`` without ``--command`` refuses such a run, naming it."""
     a, b = _pair(tmp_path, {"trainer": {"class": "transformers.trainer.Trainer", "args": {}}})
     result = compare_runs(a, b)
     cause = result.causes[0]
@@ -42,18 +46,33 @@ def test_trainer_made_runs_get_the_modes_variables_and_no_trace_commands(tmp_pat
         "ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 python ..., with the fused AdamW "
         '(optim="adamw_torch_fused")'
     ) in cause
-    assert cause.endswith("`reprotune trace` cannot replay these runs: below)")
-    assert not any("reprotune trace " in line and "--step" in line for line in result.next_steps)
-    assert result.next_steps == tuple(
-        f"reprotune trace cannot replay run {label}: it was written by a Trainer callback, and reprotune "
-        "cannot replay the user's own script; run both scripts with the same kernel settings (the cause "
-        "above names them), or reproduce the experiment with `reprotune run` and trace that"
-        for label in "AB"
+    assert cause.endswith("the trace commands below find the first op)")
+    assert result.next_steps[1] == (
+        f"  reprotune trace {a} --step 1 --command '<the command that made run A>' --out A-step-1.trace.jsonl"
     )
     with pytest.raises(InputError, match="written by a Trainer callback") as refused:
         trace_step(a, 1, out=tmp_path / "t.jsonl")
-    assert "reproduce the experiment with `reprotune run`" in str(refused.value.fix)
+    assert "--command" in str(refused.value.fix)
     assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_trainer_made_runs_that_part_at_the_lora_init_are_told_trace_cannot_see_it(tmp_path: Path) -> None:
+    """The LoRA init of a Trainer script is the script's own code: no step-0 command is offered."""
+    config = {"trainer": {"class": "transformers.trainer.Trainer", "args": {}}}
+    a = write_run_dir(
+        tmp_path / "a", RunSpec(environment=_environment("GenuineIntel", "AVX512"), config=config)
+    )
+    spec = RunSpec(noise_from_step=1, environment=_environment("GenuineIntel", "AVX2"), config=config)
+    b = write_run_dir(tmp_path / "b", spec)
+    edit_ledger(b, 0, "weights_sha256", "e" * 64, kind="init", as_written=True)
+    result = compare_runs(a, b)
+    assert result.where.first_divergence_step == 0
+    assert result.causes[0].endswith("`reprotune trace` cannot replay these runs: below)")
+    assert result.next_steps == (
+        "the runs part at their initial LoRA weights (step 0), which a Trainer script makes in its own "
+        "code before the Trainer: reprotune trace follows the Trainer's optimizer steps, not that code; "
+        "the kernel facts above are what differs",
+    )
 
 
 def test_runs_made_by_reprotune_run_keep_the_config_key_and_the_commands(tmp_path: Path) -> None:

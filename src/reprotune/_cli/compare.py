@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from reprotune._jsonio import canonical_dumps
     from reprotune._proof.compare import compare_runs
     from reprotune._proof.trace_compare import compare_traces
-    from reprotune._proof.tracefile import is_trace_file, read_trace
+    from reprotune._run.tracefile import is_trace_file, read_trace
 
     for path in (args.run_a, args.run_b):  # a trace's name, not there: no "no such directory"
         if not path.exists() and path.name.endswith((".jsonl", ".jsonl.gz")):

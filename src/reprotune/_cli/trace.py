@@ -27,6 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the trace file to write (must not exist; .gz compresses); "
         "default trace-<run-id>-step-<K>.jsonl here",
     )
+    parser.add_argument(
+        "--command",
+        default=None,
+        metavar="CMD",
+        help="for a run made by a Trainer script: the command that made it (run here up to step K, "
+        "its callback tracing that step)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress lines (warnings still show)")
 
 
@@ -39,10 +46,14 @@ def run(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    with hf_progress_bars(not args.no_progress):  # without a report, trace_step still warns on stderr
-        result = trace_step(
-            args.run_dir, args.step, out=args.out, report=None if args.no_progress else progress
-        )
+    report = None if args.no_progress else progress
+    if args.command is not None:
+        from reprotune._proof.trace_command import trace_script_step
+
+        result = trace_script_step(args.run_dir, args.step, args.command, out=args.out, report=report)
+    else:
+        with hf_progress_bars(not args.no_progress):  # without a report, trace_step still warns
+            result = trace_step(args.run_dir, args.step, out=args.out, report=report)
     header = result.header
     reproduced = header["reproduced"]
     init = header["step"] == 0
@@ -70,12 +81,17 @@ def run(args: argparse.Namespace) -> int:
     if against.get("differences"):
         print(f"  kernels           NOT the run's (run vs here): {'; '.join(against['differences'])}")
         if against.get("assignments"):
-            again = trace_command(str(args.run_dir), header["step"], against["assignments"])
+            again = trace_command(
+                str(args.run_dir), header["step"], against["assignments"], command=args.command
+            )
             print(f"                    trace again as the run was made: {again}")
-    print(
-        f"  traced {'init' if init else 'step'}       {result.seconds:.2f} s"
-        + (f" (a plain step: {result.step_s:.2f} s)" if result.step_s else "")
-    )
+    if args.command is not None:
+        print(f"  the command       {result.seconds:.2f} s (the script up to step {header['step']})")
+    else:
+        print(
+            f"  traced {'init' if init else 'step'}       {result.seconds:.2f} s"
+            + (f" (a plain step: {result.step_s:.2f} s)" if result.step_s else "")
+        )
     return 0
 
 

@@ -6,7 +6,7 @@ stage ranks the kinds of difference by how directly they can cause it: a differe
 the data order; a different torch changes numbers, not batches. Each kind that differs gives one
 cause line, most likely first. Two kinds come first at every stage: a file of the base model that
 defines its computation (``config.json``, custom code), and a resume that skipped the RNG restore
-before the divergence. Recorded values that cannot change the numbers (``differences.INERT_KEYS``:
+before the divergence. Recorded values that cannot change the numbers (``inert.INERT_KEYS``:
 where a manifest came from, a warning's text, a path) are never causes.
 
 Kernel facts (``environment.kernels``: CPU capability, MKL's code path, GPU and CUDA libraries,

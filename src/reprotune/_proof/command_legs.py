@@ -49,6 +49,8 @@ class Runner:
     timeout_why: str = ""
     timed_out: str | None = None
     """The leg that ran past its time: the legs after it are not run (each would wait as long)."""
+    tool: str = "verify"
+    """Who runs the command (``verify``, or ``trace`` for its one run): its progress lines' prefix."""
 
     def refuse_after_timeout(self) -> None:
         """Raise :class:`LegNotRun` once a leg ran past its time: each after it would wait as long."""
@@ -76,7 +78,7 @@ class Runner:
         self.refuse_after_timeout()
         run_dir = controls.run_dir.resolve()
         controls = replace(controls, run_dir=run_dir, output_dir=run_dir / TRAINER_OUTPUT)
-        self.progress(f"verify: {label or name} ...")
+        self.progress(f"{self.tool}: {label or name} ...")
         env = {k: v for k, v in os.environ.items() if k not in _CONTROL_VARIABLES}
         env.update(controls.to_env())
         shown = " ".join(f"{k}={v}" for k, v in sorted(controls.to_env().items()))
@@ -107,8 +109,9 @@ class Runner:
             )
         if code != 0:
             tail = self.log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
+            whose = f"the {name} leg's command" if self.tool == "verify" else "the command"
             raise RunFailedError(
-                f"the {name} leg's command failed with exit code {code}:\n" + "\n".join(tail),
+                f"{whose} failed with exit code {code}:\n" + "\n".join(tail),
                 source=str(self.log),
                 fix="read the script's last lines above (a reprotune refusal there gives its own fix); a "
                 "script that fails on its own must be fixed first",

@@ -35,7 +35,7 @@ from reprotune._proof.differences import (
     Where,
     short_value,
 )
-from reprotune._proof.microscope import kernels_of, trace_commands, untraceable
+from reprotune._proof.microscope import kernels_of, made_by_trainer, trace_commands, trace_refusals
 from reprotune._proof.record_diff import record_differences
 from reprotune._proof.split_diff import compare_manifests
 from reprotune._proof.world import same_world_throughout, without_rank_batches
@@ -124,8 +124,8 @@ def compare_opened(
         ledgers_equal=ledgers_equal,
         kernels=kernels,
         edited=edited,
-        trainer=any("trainer" in run.section("config") for run in (run_a, run_b)),
-        traceable=untraceable(run_a) is None and untraceable(run_b) is None,
+        trainer=any(made_by_trainer(run) for run in (run_a, run_b)),
+        traceable=not trace_refusals(run_a, run_b, where.first_divergence_step or 0),
     )
     seed_findings = (
         seed_finding_causes({"A": run_a.record, "B": run_b.record})

@@ -67,30 +67,67 @@ def kernels_against_run(run: RunDir, here: Mapping[str, Any]) -> dict[str, list[
     }
 
 
-def trace_command(run_dir: str, step: object, assignments: Sequence[str] = (), out: str | None = None) -> str:
-    """``[env -u X] VAR=value reprotune trace RUN_DIR --step K [--out FILE]``, quoted for a shell."""
+def trace_command(
+    run_dir: str,
+    step: object,
+    assignments: Sequence[str] = (),
+    out: str | None = None,
+    *,
+    command: str | None = None,
+) -> str:
+    """``[env -u X] VAR=value reprotune trace RUN_DIR --step K [--command CMD] [--out FILE]``,
+    quoted for a shell (``command``: the script that made a Trainer-made run)."""
     unset = [a for a in assignments if a.startswith("-u ")]  # env reads its options before any VAR=value
     ordered = [*unset, *(a for a in assignments if not a.startswith("-u "))]
     env = ("env " if unset else "") + "".join(f"{a} " for a in ordered)
-    tail = f" --out {shlex.quote(out)}" if out else ""
+    tail = (f" --command {shlex.quote(command)}" if command else "") + (
+        f" --out {shlex.quote(out)}" if out else ""
+    )
     return f"{env}reprotune trace {shlex.quote(run_dir)} --step {step}{tail}"
 
 
-def untraceable(run: RunDir) -> tuple[str, str] | None:
-    """Why ``reprotune trace`` cannot replay ``run``, and what to do instead; None when it can."""
-    if "trainer" in run.section("config"):
-        return (
-            "it was written by a Trainer callback, and reprotune cannot replay the user's own script",
-            "run both scripts with the same kernel settings (the cause above names them), or reproduce "
-            "the experiment with `reprotune run` and trace that",
-        )
+def made_by_trainer(run: RunDir) -> bool:
+    """Whether a Trainer callback wrote the run (``reprotune trace`` then runs its script)."""
+    return "trainer" in run.section("config")
+
+
+def world_size_of(run: RunDir) -> int:
+    """How many processes trained the run (a Trainer-made run: the ranks its callback saw)."""
     world = run.section("distributed").get("world_size")
-    if isinstance(world, int) and world > 1:
-        return (
-            f"it trained on {world} processes; a trace replays a single-process run",
-            "rerun it at world size 1 (`reprotune rerun`) and trace that run's step",
+    ranks = run.section("trainer").get("ranks")
+    if not isinstance(world, int) and isinstance(ranks, list):
+        world = len(ranks)
+    return world if isinstance(world, int) and world > 0 else 1
+
+
+def untraceable(run: RunDir) -> tuple[str, str] | None:
+    """Why ``reprotune trace`` cannot trace ``run``, and what to do instead; None when it can."""
+    world = world_size_of(run)
+    if world == 1:
+        return None
+    if made_by_trainer(run):
+        return (f"it trained on {world} processes; a trace follows one", "run the script on one process")
+    return (
+        f"it trained on {world} processes; a trace replays a single-process run",
+        "rerun it at world size 1 (`reprotune rerun`) and trace that run's step",
+    )
+
+
+def trace_refusals(run_a: RunDir, run_b: RunDir, step: int) -> list[str]:
+    """Why ``reprotune trace`` cannot show step ``step`` of these two runs (empty when it can): a
+    run on several processes, or a Trainer-made run's step 0 (its LoRA init is the script's code)."""
+    found = [
+        f"reprotune trace cannot replay run {label}: {reason[0]}; {reason[1]}"
+        for label, run in (("A", run_a), ("B", run_b))
+        if (reason := untraceable(run)) is not None
+    ]
+    if step == 0 and any(made_by_trainer(run) for run in (run_a, run_b)):
+        found.append(
+            "the runs part at their initial LoRA weights (step 0), which a Trainer script makes in its "
+            "own code before the Trainer: reprotune trace follows the Trainer's optimizer steps, not "
+            "that code; the kernel facts above are what differs"
         )
-    return None
+    return found
 
 
 def trace_commands(run_a: RunDir, run_b: RunDir, where: Where, causes: Sequence[str]) -> Iterable[str]:
@@ -101,15 +138,15 @@ def trace_commands(run_a: RunDir, run_b: RunDir, where: Where, causes: Sequence[
     step = where.first_divergence_step
     if step is None or step < 0 or not causes or not any(is_kernel_cause(c) for c in causes[:1]):
         return
-    refusals = [(label, untraceable(run)) for label, run in (("A", run_a), ("B", run_b))]
-    if any(reason is not None for _, reason in refusals):
-        for label, reason in refusals:
-            if reason is not None:
-                yield f"reprotune trace cannot replay run {label}: {reason[0]}; {reason[1]}"
+    refusals = trace_refusals(run_a, run_b, step)
+    if refusals:
+        yield from refusals
         return
     for label, run in (("A", run_a), ("B", run_b)):
         yield f"on {label}'s machine ({_machine(run)}):"
         assignments = steering_assignments(kernels_of(run))
-        yield f"  {trace_command(str(run.path), step, assignments, f'{label}-step-{step}.trace.jsonl')}"
+        script = f"<the command that made run {label}>" if made_by_trainer(run) else None
+        out = f"{label}-step-{step}.trace.jsonl"
+        yield f"  {trace_command(str(run.path), step, assignments, out, command=script)}"
     yield "then, with both files in one place:"
     yield f"  reprotune compare A-step-{step}.trace.jsonl B-step-{step}.trace.jsonl"

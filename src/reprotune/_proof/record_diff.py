@@ -6,7 +6,8 @@ from collections.abc import Iterable
 
 from reprotune._config.schema import NEUTRAL_DEFAULTS
 from reprotune._jsonio import empty_beside_keys, flattened
-from reprotune._proof.differences import Category, Difference, is_inert
+from reprotune._proof.differences import Category, Difference
+from reprotune._proof.inert import is_inert
 from reprotune._proof.microscope import kernels_of
 from reprotune._run.rundir import RunDir
 

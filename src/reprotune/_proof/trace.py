@@ -12,9 +12,9 @@ them) and output tensor its shape, dtype and a content hash of its bytes (xxh3-1
 so a permutation or a single flipped bit changes it). Ops the dispatcher marks as views
 (``aten::t``, ``aten::view``, ...) are left out: they move no bytes, and their consumers hash what
 they read (``aten::_unsafe_view``, which is not marked so, stays in). Fused attention's dropout RNG
-state is written as ``rng-state``, not hashed (``_proof.op_tensors``); memory no op has written yet
+state is written as ``rng-state``, not hashed (``_run.op_tensors``); memory no op has written yet
 (``aten::empty``'s) as ``uninitialized``; a random op's generator state is one more input. The
-tracer is ``_proof.op_tracer``.
+tracer is ``_run.op_tracer``.
 
 Step 0 is the LoRA init: the setup is built as the run built it, and the ops that create the
 adapter (its layers' allocation and their init's draws, under the run's LoRA-init seed) are traced,
@@ -22,62 +22,45 @@ each named by the module whose parameter it wrote; the line to reproduce is the 
 
 The traced step's ledger line is compared with the run's: the trace says at its top whether this
 machine reproduced the run (when it does not, the trace shows this machine's step, not the run's).
-The format is in ``_proof.tracefile``; two traces are compared by ``_proof.trace_compare``.
+The format is in ``_run.tracefile``; two traces are compared by ``_proof.trace_compare``.
 """
 
 from __future__ import annotations
 
-import platform
-import socket
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from reprotune._config.loading import config_from_dict
 from reprotune._config.schema import ExperimentConfig
 from reprotune._errors import InputError
 from reprotune._formats import TRACE
-from reprotune._proof.microscope import kernels_against_run, untraceable
-from reprotune._proof.op_tracer import ModulePaths, OpTracer, module_name
-from reprotune._proof.tracefile import TraceOp, new_trace_path, write_trace
+from reprotune._proof.microscope import kernels_against_run, made_by_trainer, untraceable
 from reprotune._run.checkpoint import restore_checkpoint
 from reprotune._run.checkpoint_files import list_checkpoints, verify_checkpoint
 from reprotune._run.kernels import kernel_facts
 from reprotune._run.ledger import init_line, train_line
+from reprotune._run.op_tracer import HASH, ModulePaths, OpTracer, param_labels, trace_environment
 from reprotune._run.rundir import RunDir, open_run_dir
+from reprotune._run.tracefile import TraceOp, TraceResult, new_trace_path, write_trace
 from reprotune._train.setup import Setup, build_setup
 from reprotune._train.step import train_step
 from reprotune._train.strategy import seed_generators
 
-HASH = "xxh3-128"
-
-
-@dataclass(frozen=True)
-class TraceResult:
-    """What ``reprotune trace`` wrote.
-
-    Attributes:
-        path: the trace file.
-        header: its header.
-        seconds: wall time of the traced step; ``step_s``: of one plain replayed step (None when
-            none was replayed before it).
-    """
-
-    path: Path
-    header: Mapping[str, Any]
-    seconds: float
-    step_s: float | None
-
 
 def _refuse_unsupported(run: RunDir, step: int) -> None:
+    if made_by_trainer(run):
+        raise InputError(
+            f"{run.path} was written by a Trainer callback: reprotune traces its step by running the "
+            "script that made it",
+            source=str(run.layout.record),
+            fix=f'reprotune trace {run.path} --step {step} --command "python train.py ..." (that command)',
+        )
     refused = untraceable(run)
     if refused is not None:
         raise InputError(f"{run.path}: {refused[0]}", source=str(run.layout.record), fix=refused[1])
@@ -128,11 +111,7 @@ def _differing(run: RunDir, step: int, line: Mapping[str, Any]) -> list[str]:
 
 
 def _labels(setup: Setup) -> dict[int, str]:
-    labels: dict[int, str] = {}
-    for name, param in setup.model.named_parameters():
-        fqn = module_name(name)
-        labels.setdefault(param.untyped_storage().data_ptr(), f"param:{fqn}")
-    return labels
+    return param_labels(setup.model)
 
 
 def trace_step(
@@ -266,13 +245,7 @@ def _header(
             "weights_in_sha256": weights_in,
             "kernels": (here := kernel_facts(attention=_attention(setup))),
             "kernels_vs_run": kernels_against_run(run, here),
-            "environment": {
-                "device": str(setup.device),
-                "host": socket.gethostname(),
-                "torch": torch.__version__,
-                "python": platform.python_version(),
-                "threads": torch.get_num_threads(),
-            },
+            "environment": trace_environment(setup.device),
             "hash": HASH,
         }
     )

@@ -24,8 +24,8 @@ from typing import Any, Literal
 from reprotune._errors import InputError
 from reprotune._formats import TRACE_COMPARISON
 from reprotune._proof.microscope import trace_command
-from reprotune._proof.tracefile import Trace, TraceOp
 from reprotune._run.kernels import kernel_differences
+from reprotune._run.tracefile import Trace, TraceOp
 
 Finding = Literal["identical", "kernel", "inputs", "sequence", "length"]
 _SHOWN_OPS = 8

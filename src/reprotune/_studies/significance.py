@@ -16,7 +16,7 @@ from reprotune._config.schema import did_you_mean
 from reprotune._errors import InputError
 from reprotune._formats import SIGNIFICANCE
 from reprotune._jsonio import empty_beside_keys, flattened
-from reprotune._proof.differences import is_inert
+from reprotune._proof.inert import is_inert
 from reprotune._studies.metrics import FINAL_VAL_LOSS
 from reprotune._studies.studyfile import load_study
 from reprotune._studies.twosample import TestResult, compare_samples, percent, verdict_line

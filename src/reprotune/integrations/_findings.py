@@ -8,11 +8,13 @@ per finding) and records them in the record's ``findings`` (the objects ``doctor
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from reprotune._compat import sampling_strategy
+from reprotune._determinism.isa import isa_in_force
 from reprotune._run.findings import Finding, Severity
 
 #: Every finding code the callback can record (docs/integrations.md explains each).
@@ -128,13 +130,19 @@ def sqrt_taking_optimizer(optimizer: Any) -> str | None:
 def portable_facts(optimizer: Any, model: Any) -> dict[str, Any]:
     """``cpu_isa`` and ``unfused_optimizer`` of :class:`TrainerFacts`: the mode in force, and the
     optimizer that may take MKL's square root when the model trains on a CPU."""
-    from reprotune._determinism.isa import isa_in_force
-
     on_cpu = next(iter(model.parameters())).device.type == "cpu"
     return {
         "cpu_isa": str(isa_in_force()["cpu_isa"]),
         "unfused_optimizer": sqrt_taking_optimizer(optimizer) if on_cpu else None,
     }
+
+
+def warn_findings(findings: list[dict[str, str]], *, stacklevel: int) -> None:
+    """One :class:`ReproducibilityWarning` per finding above ``info``, naming its fix."""
+    for finding in findings:
+        if finding["severity"] != "info":
+            message = f"reprotune: {finding['title']} ({finding['fix']})"
+            warnings.warn(message, ReproducibilityWarning, stacklevel=stacklevel + 1)
 
 
 def _finding(code: str, severity: Severity, title: str, why: str, fix: str) -> dict[str, str]:

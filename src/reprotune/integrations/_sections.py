@@ -18,6 +18,7 @@ Trainer holds, so that ``compare`` reads it unchanged:
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,8 @@ from reprotune._jsonio import canonical_sha256, json_safe
 from reprotune._model.identity import config_file_names, files_sha256, tokenizer_file_names, weight_file_names
 from reprotune._model.lora import lora_config_dict
 from reprotune._run import layout
-from reprotune.integrations.controls import Controls
+from reprotune._run.fingerprint import CodeInfo, attention_of, code_fingerprint, environment_fingerprint
+from reprotune.integrations.controls import UNRECORDED_VARIABLES, Controls
 
 #: TrainingArguments that name where things go or how they are shown, never what is computed:
 #: in the record's ``trainer.args``, left out of ``config`` (so two legs of a verification, which
@@ -257,3 +259,13 @@ def trainer_section(
         "rows_recorded": rows_recorded,
         "ranks": ranks,
     }
+
+
+def code_and_environment(
+    code_dir: Path, outputs: list[str | Path], model: Any
+) -> tuple[CodeInfo, dict[str, Any]]:
+    """The script's code (git state, the run's own ``outputs`` left out) and the environment (the
+    variables that only steer ``verify`` and ``trace`` left out)."""
+    code = code_fingerprint(code_dir, outputs=outputs)
+    variables = {k: v for k, v in os.environ.items() if k not in UNRECORDED_VARIABLES}
+    return code, environment_fingerprint(variables, attention=attention_of(model))

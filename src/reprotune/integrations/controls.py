@@ -12,6 +12,9 @@ is created; this module is their one owner (names, meanings, parsing), used on b
 ``REPROTUNE_RESUME_FROM``               resume from this Trainer checkpoint: passed to the
                                         Trainer's own ``train(resume_from_checkpoint=...)``
 ``REPROTUNE_PERTURB_DATA_SEED``         add this to the data-order seed (the negative control)
+``REPROTUNE_TRACE_STEP``                trace this optimizer step's ops (``reprotune trace
+                                        --command``: ``integrations._tracing``)
+``REPROTUNE_TRACE_OUT``                 the file the trace of that step is written to
 ======================================  =========================================================
 
 Importing this module imports nothing heavy: ``verify`` uses it without torch.
@@ -32,12 +35,14 @@ OUTPUT_DIR: Final = "REPROTUNE_OUTPUT_DIR"
 STOP_AFTER: Final = "REPROTUNE_STOP_AFTER"
 RESUME_FROM: Final = "REPROTUNE_RESUME_FROM"
 PERTURB_DATA_SEED: Final = "REPROTUNE_PERTURB_DATA_SEED"
+TRACE_STEP: Final = "REPROTUNE_TRACE_STEP"
+TRACE_OUT: Final = "REPROTUNE_TRACE_OUT"
 
 #: Variables that only say where to write and when to stop or resume: left out of the recorded
 #: environment (the record's ``trainer`` section and ``attempts`` say what they did), so that two
 #: legs of one verification, which differ in them by design, do not differ in their environment.
 #: The data-seed perturbation changes the numbers: it stays in the environment too.
-UNRECORDED_VARIABLES: Final = (RUN_DIR, OUTPUT_DIR, STOP_AFTER, RESUME_FROM)
+UNRECORDED_VARIABLES: Final = (RUN_DIR, OUTPUT_DIR, STOP_AFTER, RESUME_FROM, TRACE_STEP, TRACE_OUT)
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,8 @@ class Controls:
         stop_after: stop after this optimizer step (>= 1), saving a Trainer checkpoint, or None.
         resume_from: a Trainer checkpoint directory to resume from, or None.
         perturb_data_seed: added to the data-order seed (0: no change).
+        trace_step: trace this optimizer step (>= 1) into ``trace_out``, or None.
+        trace_out: where the trace of ``trace_step`` is written.
     """
 
     run_dir: Path | None = None
@@ -57,6 +64,8 @@ class Controls:
     stop_after: int | None = None
     resume_from: Path | None = None
     perturb_data_seed: int = 0
+    trace_step: int | None = None
+    trace_out: Path | None = None
 
     def to_env(self) -> dict[str, str]:
         """The variables that carry these controls (only those that are set)."""
@@ -71,6 +80,9 @@ class Controls:
             env[RESUME_FROM] = str(self.resume_from)
         if self.perturb_data_seed:
             env[PERTURB_DATA_SEED] = str(self.perturb_data_seed)
+        if self.trace_step is not None and self.trace_out is not None:
+            env[TRACE_STEP] = str(self.trace_step)
+            env[TRACE_OUT] = str(self.trace_out)
         return env
 
     def stop_here(self, state: Any, control: Any) -> bool:
@@ -110,12 +122,21 @@ class Controls:
             return Path(value) if value.strip() else None
 
         stop_after = _integer(environ, STOP_AFTER, minimum=1)
+        trace_step, trace_out = _integer(environ, TRACE_STEP, minimum=1), path(TRACE_OUT)
+        if (trace_step is None) != (trace_out is None):
+            raise InputError(
+                f"{TRACE_STEP} and {TRACE_OUT} go together; only one of them is set",
+                source=f"environment variable {TRACE_STEP if trace_step is not None else TRACE_OUT}",
+                fix="let `reprotune trace --command` set them, or unset both",
+            )
         return cls(
             run_dir=path(RUN_DIR),
             output_dir=path(OUTPUT_DIR),
             stop_after=stop_after,
             resume_from=path(RESUME_FROM),
             perturb_data_seed=_integer(environ, PERTURB_DATA_SEED, minimum=None) or 0,
+            trace_step=trace_step,
+            trace_out=trace_out,
         )
 
 

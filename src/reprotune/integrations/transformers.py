@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from collections.abc import Sized
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,6 @@ from reprotune._errors import Interrupted
 from reprotune._model.lora import WeightsHasher, trainable_tensors
 from reprotune._run import layout
 from reprotune._run.claim import unused_path
-from reprotune._run.fingerprint import CodeInfo, attention_of, code_fingerprint, environment_fingerprint
 from reprotune._run.ledger import train_line, val_line
 from reprotune._run.record import Status, ended_status, make_run_id, new_record, utc_now
 from reprotune._run.signals import interrupt_on_signals, raise_if_interrupted, recording_the_end
@@ -50,6 +48,7 @@ from reprotune.integrations._findings import (
     probe_seed,
     seeds_before_adapter,
     trainer_findings,
+    warn_findings,
 )
 from reprotune.integrations._probes import (
     StepProbe,
@@ -61,6 +60,7 @@ from reprotune.integrations._probes import (
     trainer_made_adapter,
     trainer_or_refuse,
 )
+from reprotune.integrations._tracing import StepTrace
 from reprotune.integrations._writer import (
     TrainerRun,
     check_tracker_settings,
@@ -68,7 +68,7 @@ from reprotune.integrations._writer import (
     make_trackers,
     mark_checkpoint,
 )
-from reprotune.integrations.controls import UNRECORDED_VARIABLES, Controls
+from reprotune.integrations.controls import Controls
 
 __all__ = ["ReproducibilityWarning", "ReprotuneCallback"]
 
@@ -112,6 +112,7 @@ class ReprotuneCallback(TrainerCallback):
     ) -> None:
         check_tracker_settings(wandb=wandb, mlflow=mlflow, wandb_project=wandb_project)
         self._controls = Controls.from_env()
+        self._tracing = StepTrace(self._controls.trace_step, self._controls.trace_out)
         self._mlflow = mlflow
         self._run_dir = Path(run_dir) if run_dir is not None else None
         self._manifest = (
@@ -185,7 +186,8 @@ class ReprotuneCallback(TrainerCallback):
             eval_dataset = getattr(trainer, "eval_dataset", None)
             data = sections.data_section(getattr(loader, "dataset", None), eval_dataset, self._manifest, None)
         findings = self._findings(args, model, loader, sampler, model_info, data)
-        code, environment = self._code_and_environment(args, model)
+        outputs = [p for p in (self._controls.run_dir or self._run_dir, args.output_dir) if p]
+        code, environment = sections.code_and_environment(self._code_dir, outputs, model)
         code_record = code.to_record(patch_file=layout.PATCH if code.diff else None)
         mlflow_run = run_to_link(self._mlflow, report)
         trackers = make_trackers(self._wandb, self._wandb_project, mlflow_run=mlflow_run)
@@ -241,14 +243,20 @@ class ReprotuneCallback(TrainerCallback):
         raise_if_interrupted()  # a signal whose exception something swallowed: stop now
         self._probe.begin_step()
         self._step_started = time.perf_counter()
+        self._tracing.begin(int(state.global_step), kwargs["model"], self._hasher)  # last: the step's ops
+
+    def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._tracing.next_micro_batch()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # The lr this optimizer.step() uses: the scheduler steps after it.
         optimizer = kwargs.get("optimizer")
         if optimizer is not None:
             self._probe.lr = float(optimizer.param_groups[0]["lr"])
+        self._tracing.optimizer()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._tracing.stop()  # first: this callback's own work is not the step's
         # On every rank: a stop on rank 0 alone left the others waiting for it forever.
         self._stopping |= self._controls.stop_here(state, control)
         if self._run is None or self._run.finished or self._hasher is None:
@@ -267,6 +275,7 @@ class ReprotuneCallback(TrainerCallback):
             line["batch_sha256"] = numbers.inputs_sha256  # no indices to hash: the rows' content
         metrics = {"train_loss": numbers.loss, "lr": numbers.lr, "grad_norm": numbers.grad_norm}
         self._run.step(step, line, metrics, began - self._step_started, began)
+        self._tracing.write(step, self._run, line)
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         metrics = kwargs.get("metrics") or {}
@@ -323,6 +332,7 @@ class ReprotuneCallback(TrainerCallback):
         try:
             return original(*args, **kwargs)
         except BaseException as exc:
+            self._tracing.stop()
             if self._run is not None and not self._run.finished:
                 status = ended_status(exc)
                 try:
@@ -370,18 +380,8 @@ class ReprotuneCallback(TrainerCallback):
         findings = trainer_findings(facts)
         if not self._warned:
             self._warned = True
-            for finding in findings:
-                if finding["severity"] != "info":
-                    message = f"reprotune: {finding['title']} ({finding['fix']})"
-                    warnings.warn(message, ReproducibilityWarning, stacklevel=3)
+            warn_findings(findings, stacklevel=3)
         return findings
-
-    def _code_and_environment(self, args: Any, model: Any) -> tuple[CodeInfo, dict[str, Any]]:
-        """The script's code (git state, the run's own outputs left out) and the environment."""
-        run_dir = self._controls.run_dir or self._run_dir
-        code = code_fingerprint(self._code_dir, outputs=[p for p in (run_dir, args.output_dir) if p])
-        variables = {k: v for k, v in os.environ.items() if k not in UNRECORDED_VARIABLES}
-        return code, environment_fingerprint(variables, attention=attention_of(model))
 
     def _resume_dir(self, args: Any, step: int) -> Path:
         chosen = self._controls.run_dir or self._run_dir

@@ -6,6 +6,8 @@ there says what a trace holds.
 
 from __future__ import annotations
 
+import platform
+import socket
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -17,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from reprotune._proof.op_tensors import (
+from reprotune._run.op_tensors import (
     RNG_STATE_HASH,
     UNINITIALIZED,
     allocates,
@@ -27,7 +29,30 @@ from reprotune._proof.op_tensors import (
     tensor_hash,
     written_tensors,
 )
-from reprotune._proof.tracefile import TraceOp
+from reprotune._run.tracefile import TraceOp
+
+HASH = "xxh3-128"
+"""The content hash of a trace's tensors (``_run.op_tensors.tensor_hash``)."""
+
+
+def trace_environment(device: torch.device | str) -> dict[str, Any]:
+    """A trace header's ``environment``: where the step ran, the host, torch, Python, threads."""
+    return {
+        "device": str(device),
+        "host": socket.gethostname(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def param_labels(model: torch.nn.Module) -> dict[int, str]:
+    """Storage address -> ``param:<module path>.<name>`` for every parameter of ``model``."""
+    labels: dict[int, str] = {}
+    for name, param in model.named_parameters():
+        labels.setdefault(param.untyped_storage().data_ptr(), f"param:{module_name(name)}")
+    return labels
+
 
 #: Ops that move no bytes beyond their inputs' (besides views, which the dispatcher marks).
 _SKIPPED = frozenset({"aten::detach", "aten::alias", "aten::lift_fresh", "prim::device"})

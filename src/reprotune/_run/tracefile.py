@@ -228,3 +228,20 @@ def read_trace(path: str | Path) -> Trace:
             file, len(lines), f"the header announces {header.get('ops')} ops, the file holds {len(ops)}"
         )
     return Trace(file, header, tuple(ops))
+
+
+@dataclass(frozen=True)
+class TraceResult:
+    """What ``reprotune trace`` wrote.
+
+    Attributes:
+        path: the trace file.
+        header: its header.
+        seconds: wall time of the traced step; ``step_s``: of one plain replayed step (None when
+            none was replayed before it).
+    """
+
+    path: Path
+    header: Mapping[str, Any]
+    seconds: float
+    step_s: float | None

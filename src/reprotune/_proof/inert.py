@@ -1,0 +1,78 @@
+"""Which recorded values cannot change a run's numbers: where an input came from and how it was
+described, tracker and logging variables, untracked logs. ``compare`` lists a difference in them
+and never gives it as a cause (docs/compare.md lists them). No torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Recorded values that cannot change the numbers: where an input came from and how it was
+#: described, never what it is (its content is covered by a hash that is compared in its own key).
+#: A key is inert when it equals one of these or lies under one of them. docs/compare.md lists them.
+INERT_KEYS: tuple[str, ...] = (
+    "code.branch",
+    "code.patch_file",
+    "config.config_dir",
+    "config.data.path",
+    "config.lora.base_model_name_or_path",
+    "config.model.name",
+    "config.split.manifest",
+    "config.tracking",
+    "data.manifest_file",
+    "data.manifest_source",
+    "data.source",
+    "data.split_warnings",
+    "distributed.ranks",
+    "distributed.timeout_s",
+    "environment.kernels.version",
+    "environment.stack",
+    "lora.base_model_name_or_path",
+    "model.kind",
+    "model.requested_revision",
+    "model.resolved_path",
+    "model.revision",
+    "model.source",
+)
+
+
+#: Environment variables of trackers and loggers (a Trainer's MLflow reporting sets
+#: ``MLFLOW_EXPERIMENT_ID`` and ``MLFLOW_TRACKING_URI`` itself): where a run is mirrored, never
+#: what it computes; and torchrun's own ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` (what a failed
+#: collective does). ``environment.env.<NAME>`` is inert when NAME starts with one of these.
+INERT_VARIABLE_PREFIXES: tuple[str, ...] = (
+    "MLFLOW_", "WANDB_", "TENSORBOARD_", "COMET_", "NEPTUNE_", "CLEARML_", "AIM_", "DVCLIVE_",
+    "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY",
+    "DISABLE_MLFLOW_INTEGRATION", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+)  # fmt: skip
+
+#: Untracked files that are neither code that runs nor an input: logs and tracker output. A
+#: difference in ``code.untracked`` is inert when every file it adds or removes is one of these.
+INERT_UNTRACKED_SUFFIXES: tuple[str, ...] = (".log", ".out", ".err", ".wandb", ".lock", ".pyc")
+INERT_UNTRACKED_DIRS: tuple[str, ...] = (
+    "runs/", "wandb/", "mlruns/", "mlartifacts/", "lightning_logs/", "logs/", "__pycache__/",
+    ".ipynb_checkpoints/",
+)  # fmt: skip
+
+
+def is_inert(key: str, a: Any = None, b: Any = None) -> bool:
+    """Whether the recorded value at ``key`` cannot change the numbers: one of
+    :data:`INERT_KEYS`, a tracker or logging variable (:data:`INERT_VARIABLE_PREFIXES`), or
+    untracked files of runs ``a`` and ``b`` that differ only in logs and tracker output."""
+    if any(key == inert or key.startswith(inert + ".") for inert in INERT_KEYS):
+        return True
+    if key.startswith("environment.env."):
+        return key[len("environment.env.") :].startswith(INERT_VARIABLE_PREFIXES)
+    if key == "code.untracked" and isinstance(a, list) and isinstance(b, list):
+        changed = set(map(str, a)) ^ set(map(str, b))
+        return all(_log_file(name) for name in changed)
+    return False
+
+
+def _log_file(name: str) -> bool:
+    path = name.replace("\\", "/")
+    tensorboard = ".tfevents." in path.rsplit("/", 1)[-1]  # events.out.tfevents.<time>.<host>
+    return (
+        tensorboard
+        or path.endswith(INERT_UNTRACKED_SUFFIXES)
+        or any(path.startswith(d) or f"/{d}" in path for d in INERT_UNTRACKED_DIRS)
+    )
