@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--command",
+        dest="script_command",  # `command` names the subcommand
         default=None,
         metavar="CMD",
         help="for a run made by a Trainer script: the command that made it (run here up to step K, "
@@ -47,10 +48,10 @@ def run(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr, flush=True)
 
     report = None if args.no_progress else progress
-    if args.command is not None:
+    if args.script_command is not None:
         from reprotune._proof.trace_command import trace_script_step
 
-        result = trace_script_step(args.run_dir, args.step, args.command, out=args.out, report=report)
+        result = trace_script_step(args.run_dir, args.step, args.script_command, out=args.out, report=report)
     else:
         with hf_progress_bars(not args.no_progress):  # without a report, trace_step still warns
             result = trace_step(args.run_dir, args.step, out=args.out, report=report)
@@ -82,10 +83,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"  kernels           NOT the run's (run vs here): {'; '.join(against['differences'])}")
         if against.get("assignments"):
             again = trace_command(
-                str(args.run_dir), header["step"], against["assignments"], command=args.command
+                str(args.run_dir), header["step"], against["assignments"], command=args.script_command
             )
             print(f"                    trace again as the run was made: {again}")
-    if args.command is not None:
+    if args.script_command is not None:
         print(f"  the command       {result.seconds:.2f} s (the script up to step {header['step']})")
     else:
         print(
