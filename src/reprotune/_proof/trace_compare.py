@@ -144,7 +144,13 @@ def _notes(a: Trace, b: Trace) -> Iterable[str]:
         against = trace.header.get("kernels_vs_run") or {}
         if against.get("differences"):
             assignments = against.get("assignments") or []
-            command = trace_command(str(trace.header.get("run_dir")), trace.header.get("step"), assignments)
+            script = trace.header.get("command")  # a Trainer script's trace: the command it ran
+            command = trace_command(
+                str(trace.header.get("run_dir")),
+                trace.header.get("step"),
+                assignments,
+                command=script if isinstance(script, str) else None,
+            )
             again = (
                 f"trace again as the run was made: {command}"
                 if assignments
