@@ -237,8 +237,10 @@ def test_a_trace_made_under_other_kernels_than_its_run_is_noted(tmp_path: Path) 
     )
     # a Trainer script's trace (made with --command): the command to trace again runs it again
     c = _trace(tmp_path / "c", BASE, KERNELS_A, kernels_vs_run=against, run_dir="/r", command="python t.py")
-    assert compare_traces(a, c).notes[0].endswith(
-        "ATEN_CPU_CAPABILITY=default reprotune trace /r --step 3 --command 'python t.py'"
+    assert (
+        compare_traces(a, c)
+        .notes[0]
+        .endswith("ATEN_CPU_CAPABILITY=default reprotune trace /r --step 3 --command 'python t.py'")
     )
 
 
