@@ -49,3 +49,22 @@ def test_files_that_differ_with_equal_values_say_so(tmp_path: Path) -> None:
     assert "adapter: differs" in text
     assert "  every tensor is equal in value: the files differ in their metadata or in bits" in text
     assert "max |diff|" not in text
+
+
+def test_a_nan_in_both_adapters_at_one_place_is_no_difference(tmp_path: Path) -> None:
+    """NaN in both files at the same element: that tensor is equal in value (the files differ in its
+    payload bits only); a NaN on one side alone is a difference, listed first."""
+    a, b = write_run_dir(tmp_path / "a"), write_run_dir(tmp_path / "b")
+    quiet, payload = np.array([np.nan, 1.0], np.float32), np.array([1, 1], np.float32)
+    payload.view(np.uint32)[0] = 0x7FC00001  # another NaN
+    payload[1] = 1.0
+    _adapters(a, b, {"w": quiet, "v": np.zeros(2, np.float32)}, {"w": payload, "v": np.zeros(2, np.float32)})
+    result = compare_runs(a, b)
+    assert result.adapter is not None and {t.name: t.max_abs_diff for t in result.adapter.tensors} == {
+        "v": 0.0,
+        "w": 0.0,
+    }
+    assert "every tensor is equal in value" in result.format()
+    _adapters(a, b, {"w": quiet}, {"w": np.ones(2, np.float32)})
+    listed = compare_runs(a, b).format()
+    assert "  w  max |diff| nan" in listed

@@ -54,17 +54,28 @@ def test_traces_of_the_lora_init_name_the_first_draw_that_differs(project: TinyP
     assert found.finding == "kernel", found.format()
     op = found.op_a
     assert op is not None and op.op == "aten::uniform_"
-    assert op.module.endswith("mlp.down_proj.lora_A.default")
+    assert op.module.endswith("mlp.down_proj")  # the layer PEFT was giving its adapter
     assert op.inputs[0][2] == "uninitialized"
     assert (op.inputs[1][1], op.inputs[1][3]) == ("generator", "rng:cpu")
     assert found.explanation[0].startswith(f"step 0, lora-init, {op.module}: aten::uniform_ ")
     assert "same inputs, different outputs: the kernel differs (CPU capability" in found.explanation[0]
 
 
-def test_the_lora_init_traced_twice_is_byte_identical(project: TinyProject) -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_lora_init_traced_twice_is_byte_identical(project: TinyProject, dtype: str) -> None:
     """Nothing of the allocator's memory or the process reaches the trace: two traces of step 0
-    are the same bytes."""
-    one, two = project.root / "init-1.jsonl", project.root / "init-2.jsonl"
+    are the same bytes, every op named by its layer. In bfloat16 PEFT casts each new adapter to the
+    base layer's dtype (new memory, the float32 freed and reused): ops named by the parameter they
+    wrote once moved to other layers from one process to the next."""
+    config = project.config(f"{dtype}.yaml", model={"dtype": dtype}, lora={"target_modules": ["down_proj"]})
+    project.run_cli("run", str(config), "--run-dir", dtype, "--no-progress", "--set", "train.max_steps=1")
+    one, two = project.root / f"{dtype}-1.jsonl", project.root / f"{dtype}-2.jsonl"
     for path in (one, two):
-        project.run_cli("trace", "native", "--step", "0", "--out", str(path), "--no-progress")
+        project.run_cli("trace", dtype, "--step", "0", "--out", str(path), "--no-progress")
     assert one.read_bytes() == two.read_bytes()
+    ops = read_trace(one).ops
+    named = {op.module for op in ops if op.module != "-"}
+    assert named == {f"model.layers.{i}.mlp.down_proj" for i in (0, 1)}
+    # outside the layers' creation only PEFT's cast of the adapters to float32 (in bfloat16)
+    assert {op.op for op in ops if op.module == "-"} == (set() if dtype == "float32" else {"aten::_to_copy"})
+    assert read_trace(one).header["reproduced"]["step"]

@@ -1,5 +1,6 @@
 """How the adapters of two runs differ: their files' sha256 and, when they differ, the largest
-absolute difference of each tensor (computed in float64, exact for float32, float16 and bfloat16)."""
+absolute difference of each tensor (computed in float64, exact for float32, float16 and bfloat16;
+NaN where one side holds a NaN the other does not, 0 where both hold one)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,10 @@ def compare_adapters(run_a: RunDir, run_b: RunDir) -> AdapterDiff | None:
         max_diff: float | None = None
         if xa is not None and xb is not None and shape_a == shape_b:
             # float64 holds every float32/float16/bfloat16 value and their differences exactly
-            delta = np.abs(xa.astype(np.float64) - xb.astype(np.float64))
-            max_diff = float(delta.max()) if delta.size else 0.0
+            wa, wb = xa.astype(np.float64), xb.astype(np.float64)
+            delta = np.abs(wa - wb)
+            delta[np.isnan(wa) & np.isnan(wb)] = 0.0  # NaN in both at one place: no difference in value
+            max_diff = float(delta.max()) if delta.size else 0.0  # NaN where only one side is NaN
         tensors.append(TensorDiff(name, shape_a, shape_b, max_diff))
     same_structure = all(t.shape_a is not None and t.shape_a == t.shape_b for t in tensors)
     return AdapterDiff(sha_a, sha_b, identical=False, same_structure=same_structure, tensors=tuple(tensors))

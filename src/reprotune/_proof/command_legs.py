@@ -25,6 +25,25 @@ TRAINER_OUTPUT = "trainer-output"
 _CONTROL_VARIABLES = (*control_vars.UNRECORDED_VARIABLES, control_vars.PERTURB_DATA_SEED)
 
 
+def parse_command(command: str) -> list[str]:
+    """Split ``--command`` as a POSIX shell would (no shell runs it).
+
+    Raises:
+        InputError: the command is empty or its quotes do not close.
+    """
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise InputError(
+            f"cannot split the command {command!r}: {exc}",
+            source="--command",
+            fix='quote the whole command once, e.g. --command "python train.py --epochs 1"',
+        ) from None
+    if not argv:
+        raise InputError("the command is empty", source="--command", fix='e.g. --command "python train.py"')
+    return argv
+
+
 class LegTimedOut(RunFailedError):
     """A leg ran past its time and was stopped."""
 

@@ -23,11 +23,11 @@ from pathlib import Path
 
 from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file, write_json_atomic
-from reprotune._proof.command_legs import TRAINER_OUTPUT, Runner
+from reprotune._proof.command_legs import TRAINER_OUTPUT, Runner, parse_command
 from reprotune._proof.intervals import Interval, adapter_state, coverage, judge_interval, plan_intervals
 from reprotune._proof.legs import LegPlan, Step, run_legs
 from reprotune._proof.verification import Leg, Verification, command_verification, judge_data_order_control
-from reprotune._proof.verify_command import parse_command, require_status
+from reprotune._proof.verify_command import require_status
 from reprotune._run.layout import LOCK, RunLayout, VerifyLayout
 from reprotune._run.ledger import read_ledger
 from reprotune._run.outputs import refuse_nonempty_dir, removed_if_refused

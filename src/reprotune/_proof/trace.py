@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
@@ -45,9 +44,9 @@ from reprotune._run.checkpoint import restore_checkpoint
 from reprotune._run.checkpoint_files import list_checkpoints, verify_checkpoint
 from reprotune._run.kernels import kernel_facts
 from reprotune._run.ledger import init_line, train_line
-from reprotune._run.op_tracer import HASH, ModulePaths, OpTracer, param_labels, trace_environment
+from reprotune._run.op_tracer import HASH, LoraLayers, ModulePaths, OpTracer, param_labels, trace_environment
 from reprotune._run.rundir import RunDir, open_run_dir
-from reprotune._run.tracefile import TraceOp, TraceResult, new_trace_path, write_trace
+from reprotune._run.tracefile import TraceResult, new_trace_path, write_trace
 from reprotune._train.setup import Setup, build_setup
 from reprotune._train.step import train_step
 from reprotune._train.strategy import seed_generators
@@ -174,42 +173,30 @@ def trace_step(
 
 def _trace_init(run: RunDir, cfg: ExperimentConfig, target: Path, say: Callable[[str], None]) -> TraceResult:
     """Trace step 0: the ops that create the LoRA adapter (its layers' allocation and their init's
-    draws), with the run's LoRA-init seed, as ``build_setup`` makes them. Its line to reproduce is
-    the ledger's ``init`` line (the weights as created)."""
+    draws), with the run's LoRA-init seed, as ``build_setup`` makes them, each named by the layer
+    PEFT was making (:class:`~reprotune._run.op_tracer.LoraLayers`). Its line to reproduce is the
+    ledger's ``init`` line (the weights as created)."""
     say("trace: tracing the LoRA init (step 0)")
-    tracer = OpTracer(None, {})
+    layers = LoraLayers()
+    tracer = OpTracer(layers, {})
     tracer.mark("lora-init")
     timed: list[float] = []
-    setup = build_setup(cfg, manifest=run.layout.manifest, observe_lora=_timed(tracer, timed))
+    setup = build_setup(cfg, manifest=run.layout.manifest, observe_lora=_timed(layers, tracer, timed))
     line = init_line(setup.distribution.weights_hasher(setup)())
-    ops = _attributed(tracer, _labels(setup))
     header = _header(run, setup, 0, 0, line, {}, None)
-    header["ops"] = len(ops)
-    write_trace(target, header, ops)
+    header["ops"] = len(tracer.ops)
+    write_trace(target, header, tracer.ops)
     return TraceResult(target, header, timed[0], None)
 
 
 @contextmanager
-def _timed(tracer: OpTracer, seconds: list[float]) -> Iterator[None]:
-    """``tracer`` entered, and the seconds it was active appended to ``seconds``."""
+def _timed(layers: LoraLayers, tracer: OpTracer, seconds: list[float]) -> Iterator[None]:
+    """``layers`` watching and ``tracer`` entered; the seconds they were active appended to
+    ``seconds``."""
     t0 = time.perf_counter()
-    with tracer:
+    with layers.watching(), tracer:
         yield
     seconds.append(time.perf_counter() - t0)
-
-
-def _attributed(tracer: OpTracer, labels: Mapping[int, str]) -> list[TraceOp]:
-    """The LoRA init's ops, each given the module whose parameter it wrote (no forward runs there
-    to say which module is running), and counted again within it."""
-    counts: Counter[tuple[str, str, str]] = Counter()
-    ops = []
-    for op, written in zip(tracer.ops, tracer.written, strict=True):
-        params = [labels[a].removeprefix("param:") for a in written if a in labels]
-        module = params[0].rpartition(".")[0] if params else op.module
-        key = (op.phase, module, op.op)
-        ops.append(op.model_copy(update={"module": module, "n": counts[key]}))
-        counts[key] += 1
-    return ops
 
 
 def _attention(setup: Setup) -> str | None:

@@ -18,8 +18,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from reprotune._config.secrets import mask_secrets
 from reprotune._errors import InputError, RunFailedError
-from reprotune._proof.command_legs import Runner
+from reprotune._proof.command_legs import Runner, parse_command
 from reprotune._proof.microscope import kernels_against_run, made_by_trainer, untraceable
 from reprotune._run.rundir import RunDir, open_run_dir
 from reprotune._run.tracefile import TraceResult, new_trace_path, read_trace, write_trace
@@ -50,7 +51,7 @@ def trace_script_step(
         work = Path(folder)
         raw = work / "step.trace.jsonl"
         say = report or (lambda line: None)
-        runner = Runner(shlex.split(command), log, Path.cwd(), say, tool="trace")
+        runner = Runner(parse_command(command), log, Path.cwd(), say, tool="trace")
         controls = Controls(run_dir=work / "run", stop_after=step, trace_step=step, trace_out=raw)
         started = time.perf_counter()
         made = open_run_dir(runner.leg("reference", controls, label=f"the command, up to step {step}"))
@@ -114,7 +115,7 @@ def _judged(header: dict[str, Any], run: RunDir, made: RunDir, step: int, comman
         run_id=run.run_id,
         run_dir=str(run.path.resolve()),
         config_sha256=made.record.get("config_sha256"),
-        command=command,
+        command=mask_secrets(command),  # a trace is fit to send: no token from the command line
         reproduced={
             "step": not differs,
             "before": not before,

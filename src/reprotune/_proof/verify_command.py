@@ -25,7 +25,6 @@ Never imports torch.
 
 from __future__ import annotations
 
-import shlex
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -33,7 +32,7 @@ from pathlib import Path
 
 from reprotune._errors import InputError, RunFailedError
 from reprotune._jsonio import write_json_atomic
-from reprotune._proof.command_legs import TRAINER_OUTPUT, Runner
+from reprotune._proof.command_legs import TRAINER_OUTPUT, Runner, parse_command
 from reprotune._proof.legs import LegPlan, Step, run_legs
 from reprotune._proof.verification import (
     Leg,
@@ -47,25 +46,6 @@ from reprotune._run.ledger import read_ledger
 from reprotune._run.outputs import refuse_nonempty_dir, removed_if_refused
 from reprotune._run.record import Status, read_record
 from reprotune.integrations.controls import Controls
-
-
-def parse_command(command: str) -> list[str]:
-    """Split ``--command`` as a POSIX shell would (no shell runs it).
-
-    Raises:
-        InputError: the command is empty or its quotes do not close.
-    """
-    try:
-        argv = shlex.split(command)
-    except ValueError as exc:
-        raise InputError(
-            f"cannot split the command {command!r}: {exc}",
-            source="--command",
-            fix='quote the whole command once, e.g. --command "python train.py --epochs 1"',
-        ) from None
-    if not argv:
-        raise InputError("the command is empty", source="--command", fix='e.g. --command "python train.py"')
-    return argv
 
 
 def verify_command(

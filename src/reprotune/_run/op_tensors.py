@@ -123,6 +123,14 @@ _DRAWS_DEFAULT = frozenset(
         "aten::randint",
         "aten::randint_like",
         "aten::randperm",
+        # fused attention draws its dropout from its device's generator
+        "aten::_scaled_dot_product_efficient_attention",
+        "aten::_scaled_dot_product_flash_attention",
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_cudnn_attention",
+        "aten::_scaled_dot_product_fused_attention_overrideable",
+        "aten::_flash_attention_forward",
+        "aten::_efficient_attention_forward",
     }
 )
 

@@ -6,14 +6,17 @@ there says what a trace holds.
 
 from __future__ import annotations
 
+import inspect
 import platform
 import socket
 from collections import Counter
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Protocol
 
 import torch
 import xxhash
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -133,43 +136,96 @@ class ModulePaths(TorchFunctionMode):
         self._stack.clear()
 
 
+class LoraLayers:
+    """Which layer PEFT is giving its LoRA adapter while :meth:`watching`: the module name PEFT
+    works on (``LoraModel._create_and_replace``'s ``current_key``), named as the forward names it
+    (``model.layers.0.self_attn.q_proj``), taken when the ops run, so that neither a copy to
+    another dtype or device nor the allocator's reuse of memory moves an op to another module."""
+
+    def __init__(self) -> None:
+        self._stack: list[str] = []
+
+    def current(self) -> str:
+        return self._stack[-1] if self._stack else "-"
+
+    @contextmanager
+    def watching(self) -> Iterator[LoraLayers]:
+        from peft.tuners.lora import LoraModel
+
+        original = LoraModel._create_and_replace
+        signature = inspect.signature(original)
+
+        def create_and_replace(model: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                key = signature.bind(model, *args, **kwargs).arguments.get("current_key")
+            except TypeError:  # a PEFT whose signature differs: the ops are named "-"
+                key = None
+            self._stack.append(module_name(str(key)) if key else "-")
+            try:
+                return original(model, *args, **kwargs)
+            finally:
+                self._stack.pop()
+
+        LoraModel._create_and_replace = create_and_replace  # type: ignore[method-assign,assignment]
+        try:
+            yield self
+        finally:
+            LoraModel._create_and_replace = original  # type: ignore[method-assign]
+
+
+class CurrentModule(Protocol):
+    """What tells a tracer which module is running."""
+
+    def current(self) -> str: ...
+
+
 class OpTracer(TorchDispatchMode):
     """Sees every ATen op while active; keeps a :class:`TraceOp` for each (see the module docstring).
 
-    Memory an allocating op (``aten::empty``) returned is written ``uninitialized`` until an op
-    writes it (its output, or an argument its schema marks written): its bytes are whatever the
-    allocator held. A random op's generator state goes in as one more input (``rng:cpu``), so that
-    "same inputs" covers the random numbers it draws.
+    An allocating op's output (``aten::empty``'s) is written ``uninitialized``: its bytes are
+    whatever the allocator held. So is an argument an op writes in place (its schema says
+    ``Tensor(a!)``: ``uniform_``'s ``self``, ``out=``) while its storage is still that allocation,
+    alive and written by no op since; every other input is hashed as it lies (a write the
+    dispatcher does not see, from NumPy or a custom kernel, then shows at its reader). A random op's
+    generator state goes in as one more input (``rng:cpu``), so that "same inputs" covers the
+    random numbers it draws.
 
     Args:
-        modules: the :class:`ModulePaths` entered around the same code (which module runs); None
-            where no module runs (the LoRA init: ``-``).
+        modules: what says which module runs (``current()``): the :class:`ModulePaths` entered
+            around the same code, or another such source (the LoRA init's).
         labels: tensor storage address -> a name (``param:...``) for inputs the trace knows;
             parameters' hashes are cached while their version counter holds.
     """
 
-    def __init__(self, modules: ModulePaths | None, labels: Mapping[int, str]) -> None:
+    def __init__(self, modules: CurrentModule, labels: Mapping[int, str]) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.modules = modules
         self.labels = dict(labels)
         self.phase = "setup"
         self.ops: list[TraceOp] = []
-        self.written: list[tuple[int, ...]] = []
-        """Per op, the storage addresses it wrote (its outputs and written arguments)."""
         self._counts: Counter[tuple[str, str, str]] = Counter()
         self._param_hashes: dict[tuple[Any, ...], str] = {}
-        self._uninitialized: set[int] = set()
+        self._uninitialized: dict[int, StorageWeakRef] = {}
+
+    def _still_uninitialized(self, address: int) -> bool:
+        """Whether the storage at ``address`` is an allocation no op has written, still alive (an
+        address freed and given to another tensor is not)."""
+        ref = self._uninitialized.get(address)
+        if ref is not None and ref.expired():
+            del self._uninitialized[address]
+            return False
+        return ref is not None
 
     def mark(self, phase: str) -> None:
         """Name the part of the step that begins (``train_step`` calls it)."""
         self.phase = phase
 
-    def _entry(self, t: torch.Tensor, rng_state: set[int]) -> tuple[str, ...]:
+    def _entry(self, t: torch.Tensor, rng_state: set[int], overwritten: bool = False) -> tuple[str, ...]:
         if id(t) in rng_state:
-            return ("x".join(str(d) for d in t.shape), str(t.dtype).removeprefix("torch."), RNG_STATE_HASH)
+            return (*_shape_dtype(t), RNG_STATE_HASH)
         address = _address(t)
         label = self.labels.get(address)
-        if address and address in self._uninitialized:
+        if overwritten and address and self._still_uninitialized(address):
             digest = UNINITIALIZED
         elif label is not None:
             key = (address, t.storage_offset(), tuple(t.shape), t.stride(), t._version, t.dtype)
@@ -177,7 +233,7 @@ class OpTracer(TorchDispatchMode):
             digest = cached if cached is not None else self._param_hashes.setdefault(key, tensor_hash(t))
         else:
             digest = tensor_hash(t)
-        entry = ("x".join(str(d) for d in t.shape), str(t.dtype).removeprefix("torch."), digest)
+        entry = (*_shape_dtype(t), digest)
         return (*entry, label) if label is not None else entry
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -187,21 +243,26 @@ class OpTracer(TorchDispatchMode):
             return func(*args, **kwargs)
         flat, _ = tree_flatten((args, kwargs))
         rng_state = rng_state_inputs(func, args, kwargs)
-        inputs = tuple(self._entry(x, rng_state) for x in flat if isinstance(x, torch.Tensor))
+        overwritten = {id(t) for t in written_tensors(func, args, kwargs)}
+        inputs = tuple(
+            self._entry(x, rng_state, id(x) in overwritten) for x in flat if isinstance(x, torch.Tensor)
+        )
         generator = generator_entry(func, args, kwargs)
         if generator is not None:
             inputs += (generator,)
         out = func(*args, **kwargs)
         produced, _ = tree_flatten(out)
         tensors = [x for x in produced if isinstance(x, torch.Tensor)]
-        written = tuple(_address(x) for x in (*tensors, *written_tensors(func, args, kwargs)))
+        outputs: tuple[tuple[str, ...], ...]
         if allocates(func):
-            self._uninitialized.update(a for a in written if a)
+            self._uninitialized.update({_address(t): StorageWeakRef(t.untyped_storage()) for t in tensors})
+            outputs = tuple((*_shape_dtype(x), UNINITIALIZED) for x in tensors)
         else:
-            self._uninitialized.difference_update(written)
-        rng_state = rng_state_outputs(func, out)
-        outputs = tuple(self._entry(x, rng_state) for x in tensors)
-        module = self.modules.current() if self.modules is not None else "-"
+            for t in (*tensors, *written_tensors(func, args, kwargs)):
+                self._uninitialized.pop(_address(t), None)
+            rng_state = rng_state_outputs(func, out)
+            outputs = tuple(self._entry(x, rng_state) for x in tensors)
+        module = self.modules.current()
         key = (self.phase, module, name)
         n = self._counts[key]
         self._counts[key] += 1
@@ -220,8 +281,12 @@ class OpTracer(TorchDispatchMode):
             outputs=outputs,
         )
         self.ops.append(op)
-        self.written.append(written)
         return out
+
+
+def _shape_dtype(t: torch.Tensor) -> tuple[str, str]:
+    """``("512x576", "float32")``: a tensor's shape and dtype as a trace writes them."""
+    return "x".join(str(d) for d in t.shape), str(t.dtype).removeprefix("torch.")
 
 
 def _address(t: torch.Tensor) -> int:
