@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from reprotune._determinism.isa import BASELINES
+from reprotune._errors import InputError
 from reprotune._proof.causes import is_kernel_cause
 from reprotune._proof.differences import Where
 from reprotune._run.kernels import kernel_differences
@@ -111,6 +112,46 @@ def untraceable(run: RunDir) -> tuple[str, str] | None:
         f"it trained on {world} processes; a trace replays a single-process run",
         "rerun it at world size 1 (`reprotune rerun`) and trace that run's step",
     )
+
+
+def refuse_untraceable(run: RunDir, step: int, *, command: bool) -> None:
+    """Refuse a trace of ``step`` of ``run`` that cannot be made: a Trainer-made run without
+    ``--command`` (its script must run) or another run with it, a run on several processes, a step
+    the run does not hold (step 0, the LoRA init, only for a run ``reprotune run`` made).
+
+    Raises:
+        InputError: naming the run or the step, and what to do instead.
+    """
+    trainer = made_by_trainer(run)
+    quoted = shlex.quote(str(run.path))
+    if trainer and not command:
+        raise InputError(
+            f"{run.path} was written by a Trainer callback: reprotune traces its step by running the "
+            "script that made it",
+            source=str(run.layout.record),
+            fix=f'reprotune trace {quoted} --step {step} --command "python train.py ..." (that command)',
+        )
+    if command and not trainer:
+        raise InputError(
+            f"{run.path} was made by `reprotune run`: trace replays it without --command",
+            source="--command",
+            fix=f"reprotune trace {quoted} --step {step}",
+        )
+    refused = untraceable(run)
+    if refused is not None:
+        raise InputError(f"{run.path}: {refused[0]}", source=str(run.layout.record), fix=refused[1])
+    steps, first = len(run.ledger.train), 1 if trainer else 0
+    if not first <= step <= steps:
+        init = (
+            "a Trainer script's LoRA init is its own code, before the Trainer, and is not traced"
+            if trainer
+            else "step 0 is the LoRA init"
+        )
+        raise InputError(
+            f"step {step} is not a step of this run (its ledger holds steps 1 to {steps}; {init})",
+            source="--step",
+            fix=f"choose a step from {first} to {steps}; `reprotune compare` names the first that differs",
+        )
 
 
 def trace_refusals(run_a: RunDir, run_b: RunDir, step: int) -> list[str]:

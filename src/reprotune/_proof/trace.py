@@ -37,9 +37,8 @@ from typing import Any
 
 from reprotune._config.loading import config_from_dict
 from reprotune._config.schema import ExperimentConfig
-from reprotune._errors import InputError
 from reprotune._formats import TRACE
-from reprotune._proof.microscope import kernels_against_run, made_by_trainer, untraceable
+from reprotune._proof.microscope import kernels_against_run, refuse_untraceable
 from reprotune._run.checkpoint import restore_checkpoint
 from reprotune._run.checkpoint_files import list_checkpoints, verify_checkpoint
 from reprotune._run.kernels import kernel_facts
@@ -50,27 +49,6 @@ from reprotune._run.tracefile import TraceResult, new_trace_path, write_trace
 from reprotune._train.setup import Setup, build_setup
 from reprotune._train.step import train_step
 from reprotune._train.strategy import seed_generators
-
-
-def _refuse_unsupported(run: RunDir, step: int) -> None:
-    if made_by_trainer(run):
-        raise InputError(
-            f"{run.path} was written by a Trainer callback: reprotune traces its step by running the "
-            "script that made it",
-            source=str(run.layout.record),
-            fix=f'reprotune trace {run.path} --step {step} --command "python train.py ..." (that command)',
-        )
-    refused = untraceable(run)
-    if refused is not None:
-        raise InputError(f"{run.path}: {refused[0]}", source=str(run.layout.record), fix=refused[1])
-    steps = len(run.ledger.train)
-    if not 0 <= step <= steps:
-        raise InputError(
-            f"step {step} is not a step of this run (its ledger holds steps 1 to {steps}; step 0 is "
-            "the LoRA init)",
-            source="--step",
-            fix=f"choose a step from 0 to {steps}; `reprotune compare` names the first one that differs",
-        )
 
 
 def _restore(setup: Setup, run: RunDir, step: int, report: Callable[[str], None]) -> int:
@@ -138,7 +116,7 @@ def trace_step(
     """
     say = report or (lambda line: None)
     run = open_run_dir(run_dir)
-    _refuse_unsupported(run, step)
+    refuse_untraceable(run, step, command=False)
     target = new_trace_path(out, f"trace-{run.run_id}-step-{step}.jsonl")
     cfg = config_from_dict(dict(run.section("config")), source=str(run.layout.record))
     if step == 0:

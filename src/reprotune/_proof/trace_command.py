@@ -11,7 +11,6 @@ environment's kernel facts match the run's. Never imports torch.
 
 from __future__ import annotations
 
-import shlex
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -19,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from reprotune._config.secrets import mask_secrets
-from reprotune._errors import InputError, RunFailedError
+from reprotune._errors import RunFailedError
 from reprotune._proof.command_legs import Runner, parse_command
-from reprotune._proof.microscope import kernels_against_run, made_by_trainer, untraceable
+from reprotune._proof.microscope import kernels_against_run, refuse_untraceable
 from reprotune._run.rundir import RunDir, open_run_dir
 from reprotune._run.tracefile import TraceResult, new_trace_path, read_trace, write_trace
 from reprotune.integrations.controls import Controls
@@ -44,7 +43,7 @@ def trace_script_step(
         RunFailedError: the command failed, or ran without tracing the step.
     """
     run = open_run_dir(run_dir)
-    _refuse(run, step, command)
+    refuse_untraceable(run, step, command=True)
     target = new_trace_path(out, f"trace-{run.run_id}-step-{step}.jsonl")
     log = target.with_name(f"{target.name}.log")  # the script's output: kept when it fails
     with tempfile.TemporaryDirectory(prefix="reprotune-trace-") as folder:
@@ -69,30 +68,6 @@ def trace_script_step(
         write_trace(target, header, trace.ops)
     log.unlink(missing_ok=True)
     return TraceResult(target, header, seconds, None)
-
-
-def _refuse(run: RunDir, step: int, command: str) -> None:
-    if not made_by_trainer(run):
-        raise InputError(
-            f"{run.path} was made by `reprotune run`: trace replays it without --command",
-            source="--command",
-            fix=f"reprotune trace {shlex.quote(str(run.path))} --step {step}",
-        )
-    refused = untraceable(run)
-    if refused is not None:
-        raise InputError(f"{run.path}: {refused[0]}", source=str(run.layout.record), fix=refused[1])
-    steps = len(run.ledger.train)
-    if not 1 <= step <= steps:
-        raise InputError(
-            f"step {step} is not a step of this run (its ledger holds steps 1 to {steps}; a Trainer "
-            "script's LoRA init is its own code, before the Trainer, and is not traced)",
-            source="--step",
-            fix=f"choose a step from 1 to {steps}; `reprotune compare` names the first one that differs",
-        )
-    if not command.strip():
-        raise InputError(
-            "--command is empty", source="--command", fix='give the script, e.g. "python train.py"'
-        )
 
 
 def _differing(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
