@@ -98,3 +98,27 @@ def test_a_run_made_on_several_processes_is_said_untraceable_with_the_way_round(
         "single-process run; rerun it at world size 1 (`reprotune rerun`) and trace that run's step"
         for label in "AB"
     )
+
+
+def test_a_trainer_trace_is_judged_against_its_run_and_keeps_no_token(tmp_path: Path) -> None:
+    """What ``trace --command`` writes over the script's own header: the run's identity, each step's
+    ledger fields that differ from the run's (here the script's run parts at step 3), the kernel
+    facts against the run's, and the command with a token masked (a trace is fit to send)."""
+    from reprotune._proof.trace_command import _judged
+    from reprotune._run.rundir import open_run_dir
+
+    config = {"trainer": {"class": "transformers.trainer.Trainer", "args": {}}}
+    run = write_run_dir(tmp_path / "run", RunSpec(config=config))
+    made = write_run_dir(tmp_path / "made", RunSpec(config=config, noise_from_step=3))
+    token = "hf_" + "Q" * 34
+    kernels = json.loads((run / "record.json").read_text())["environment"].get("kernels") or {"version": 1}
+    header = _judged(
+        {"kernels": kernels}, open_run_dir(run), open_run_dir(made), 4, f"python t.py --token {token}"
+    )
+    assert token not in header["command"] and header["command"].startswith("python t.py --token ")
+    assert header["run_id"] == open_run_dir(run).run_id
+    reproduced = header["reproduced"]
+    assert (reproduced["step"], reproduced["before"]) == (False, False)
+    assert set(reproduced["differing_steps_before"]) == {"3"} and "loss" in reproduced["differing_fields"]
+    same = _judged({"kernels": kernels}, open_run_dir(run), open_run_dir(run), 4, "python t.py")
+    assert (same["reproduced"]["step"], same["reproduced"]["before"]) == (True, True)
