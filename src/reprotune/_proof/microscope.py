@@ -11,6 +11,7 @@ from reprotune._determinism.isa import BASELINES
 from reprotune._errors import InputError
 from reprotune._proof.causes import is_kernel_cause
 from reprotune._proof.differences import Where
+from reprotune._proof.world import world_size
 from reprotune._run.kernels import kernel_differences
 from reprotune._run.rundir import RunDir
 
@@ -92,18 +93,9 @@ def made_by_trainer(run: RunDir) -> bool:
     return "trainer" in run.section("config")
 
 
-def world_size_of(run: RunDir) -> int:
-    """How many processes trained the run (a Trainer-made run: the ranks its callback saw)."""
-    world = run.section("distributed").get("world_size")
-    ranks = run.section("trainer").get("ranks")
-    if not isinstance(world, int) and isinstance(ranks, list):
-        world = len(ranks)
-    return world if isinstance(world, int) and world > 0 else 1
-
-
 def untraceable(run: RunDir) -> tuple[str, str] | None:
     """Why ``reprotune trace`` cannot trace ``run``, and what to do instead; None when it can."""
-    world = world_size_of(run)
+    world = world_size(run)
     if world == 1:
         return None
     if made_by_trainer(run):

@@ -18,7 +18,7 @@ tracer is ``_run.op_tracer``.
 
 Step 0 is the LoRA init: the setup is built as the run built it, and the ops that create the
 adapter (its layers' allocation and their init's draws, under the run's LoRA-init seed) are traced,
-each named by the module whose parameter it wrote; the line to reproduce is the ledger's ``init``.
+each named by the layer PEFT was making when it ran; the line to reproduce is the ledger's ``init``.
 
 The traced step's ledger line is compared with the run's: the trace says at its top whether this
 machine reproduced the run (when it does not, the trace shows this machine's step, not the run's).
@@ -41,6 +41,7 @@ from reprotune._formats import TRACE
 from reprotune._proof.microscope import kernels_against_run, refuse_untraceable
 from reprotune._run.checkpoint import restore_checkpoint
 from reprotune._run.checkpoint_files import list_checkpoints, verify_checkpoint
+from reprotune._run.fingerprint import attention_of
 from reprotune._run.kernels import kernel_facts
 from reprotune._run.ledger import init_line, train_line
 from reprotune._run.op_tracer import HASH, LoraLayers, ModulePaths, OpTracer, param_labels, trace_environment
@@ -85,10 +86,6 @@ def _recorded(run: RunDir, step: int) -> Mapping[str, Any]:
 def _differing(run: RunDir, step: int, line: Mapping[str, Any]) -> list[str]:
     recorded = _recorded(run, step)
     return sorted(k for k in line if recorded.get(k) != line[k])
-
-
-def _labels(setup: Setup) -> dict[int, str]:
-    return param_labels(setup.model)
 
 
 def trace_step(
@@ -137,7 +134,7 @@ def trace_step(
             before[str(s)] = differs
     say(f"trace: tracing step {step}")
     weights_in = hasher()  # the trainable weights going into the step (the ledger's previous line)
-    labels = _labels(setup)
+    labels = param_labels(setup.model)
     with ModulePaths(setup.model) as modules, OpTracer(modules, labels) as tracer:
         t0 = time.perf_counter()
         done = train_step(setup, setup.order.step_rows(step), step, mark=tracer.mark)
@@ -177,10 +174,6 @@ def _timed(layers: LoraLayers, tracer: OpTracer, seconds: list[float]) -> Iterat
     seconds.append(time.perf_counter() - t0)
 
 
-def _attention(setup: Setup) -> str | None:
-    return getattr(setup.model.config, "_attn_implementation", None)
-
-
 def _header(
     run: RunDir,
     setup: Setup,
@@ -208,7 +201,7 @@ def _header(
                 "replayed_line": dict(line),
             },
             "weights_in_sha256": weights_in,
-            "kernels": (here := kernel_facts(attention=_attention(setup))),
+            "kernels": (here := kernel_facts(attention=attention_of(setup.model))),
             "kernels_vs_run": kernels_against_run(run, here),
             "environment": trace_environment(setup.device),
             "hash": HASH,

@@ -10,9 +10,13 @@ from reprotune._run.rundir import RunDir
 
 
 def world_size(run: RunDir) -> int:
-    """How many processes trained the run (1 for a run without a ``distributed`` section)."""
-    size = run.section("distributed").get("world_size", 1)
-    return size if isinstance(size, int) else 1
+    """How many processes trained the run: its ``distributed`` section's, else the ranks a Trainer
+    callback saw (1 for a run with neither)."""
+    size = run.section("distributed").get("world_size")
+    ranks = run.section("trainer").get("ranks")
+    if not isinstance(size, int) and isinstance(ranks, list):
+        size = len(ranks)
+    return size if isinstance(size, int) and size > 0 else 1
 
 
 def world_sizes(run: RunDir) -> set[int]:

@@ -243,7 +243,8 @@ class OpTracer(TorchDispatchMode):
             return func(*args, **kwargs)
         flat, _ = tree_flatten((args, kwargs))
         rng_state = rng_state_inputs(func, args, kwargs)
-        overwritten = {id(t) for t in written_tensors(func, args, kwargs)}
+        written = written_tensors(func, args, kwargs)
+        overwritten = {id(t) for t in written}
         inputs = tuple(
             self._entry(x, rng_state, id(x) in overwritten) for x in flat if isinstance(x, torch.Tensor)
         )
@@ -258,7 +259,7 @@ class OpTracer(TorchDispatchMode):
             self._uninitialized.update({_address(t): StorageWeakRef(t.untyped_storage()) for t in tensors})
             outputs = tuple((*_shape_dtype(x), UNINITIALIZED) for x in tensors)
         else:
-            for t in (*tensors, *written_tensors(func, args, kwargs)):
+            for t in (*tensors, *written):
                 self._uninitialized.pop(_address(t), None)
             rng_state = rng_state_outputs(func, out)
             outputs = tuple(self._entry(x, rng_state) for x in tensors)
