@@ -32,6 +32,7 @@ from reprotune._model.builtin import (
     read_meta,
 )
 from reprotune._model.identity import config_file_names, files_sha256, tokenizer_file_names, weight_file_names
+from reprotune._model.lora import buffer_hashes
 
 if TYPE_CHECKING:
     import torch
@@ -53,7 +54,8 @@ class LoadedModel:
     ``info`` is JSON-safe, with keys ``source``, ``kind``, ``revision``, ``requested_revision``,
     ``resolved_path``, ``weights_sha256``, ``weights_files``, ``tokenizer_sha256``,
     ``tokenizer_files``, ``config_sha256``, ``config_files``, ``dtype``, ``pad_token_id``,
-    ``chat_template`` and, for a builtin,
+    ``chat_template``, ``buffers`` (``lora.buffer_hashes``: what the config made at load) and, for
+    a builtin,
     ``gguf_sha256``.
     """
 
@@ -268,6 +270,7 @@ def load_base_model(
         "dtype": dtype,
         "pad_token_id": pad,
         "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+        "buffers": buffer_hashes(model),
     }
     if kind == "builtin":
         info["gguf_sha256"] = (read_meta(directory / BUILTIN_META) or {})["gguf"]["sha256"]

@@ -237,6 +237,14 @@ def tensors_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
+def buffer_hashes(model: torch.nn.Module) -> dict[str, str]:
+    """Buffer name -> :func:`tensors_sha256` of that buffer alone, for every buffer of ``model`` as
+    it is in force after loading (``model.rotary_emb.inv_freq``). Buffers are not in the weight
+    files: the library computes them from the config at load, so the same files read by two
+    library versions can give other buffers (and other numbers)."""
+    return {name: tensors_sha256({name: buffer}) for name, buffer in model.named_buffers()}
+
+
 class WeightsHasher:
     """:func:`tensors_sha256` of one fixed set of tensors, again and again as they change in place.
 

@@ -81,10 +81,23 @@ _RANKING: dict[Stage, tuple[str, ...]] = {
         "other_seeds",
     ),
 }
-# Record keys of the model that define its computation besides weights and tokenizer.
-_MODEL_FILE_KEYS = ("model.config_sha256", "model.config_files")
-# Environment keys that most often change numbers, in that order; matched as substrings.
-_ENV_PRIORITY = ("torch", "cuda", "cudnn", "gpu", "driver", "thread", "determin", "python", "package")
+# Record keys of the model that define its computation besides weights and tokenizer: its
+# config files, and the buffers the library computed from them at load.
+_MODEL_FILE_KEYS = ("model.config_sha256", "model.config_files", "model.buffers")
+_BUFFERS = "model.buffers."
+# Environment keys that most often change numbers, in that order: torch itself, the GPU stack,
+# threads, determinism flags (matched as substrings), then the libraries whose code computes a
+# step (by exact distribution name), then Python.
+_ENV_PRIORITY = ("torch", "cuda", "cudnn", "gpu", "driver", "thread", "determin")
+#: Distributions whose code computes a training step: a version difference among them is a
+#: numbers cause ``reprotune trace`` can take apart (where the two code paths part, and where
+#: that changes the numbers).
+COMPUTING_LIBRARIES = (
+    "torch", "transformers", "peft", "accelerate", "trl", "bitsandbytes", "flash-attn", "flash_attn",
+    "xformers", "deepspeed", "triton", "liger-kernel", "numpy",
+)  # fmt: skip
+_DISTRIBUTIONS = "environment.distributions."
+_LIBRARIES = "the libraries that compute the step differ"
 #: How each kernel cause, unknown kernel facts and nondeterminism begin: ``is_kernel_cause``.
 _UNKNOWN = "kernel facts are unknown"
 _NONDETERMINISM = "yet nothing recorded differs"
@@ -99,9 +112,10 @@ def is_unexplained(cause: str) -> bool:
 
 
 def is_kernel_cause(cause: str) -> bool:
-    """Whether a cause says the runs part at a kernel, at kernels nobody recorded, or at nothing
-    recorded: the causes an op-level trace explains."""
-    return any(word in cause for word in (*KERNEL_CAUSE, _UNKNOWN, _NONDETERMINISM))
+    """Whether a cause says the runs part at a kernel, at kernels nobody recorded, at nothing
+    recorded, or at the versions of the libraries that compute the step: the causes an op-level
+    trace explains."""
+    return any(word in cause for word in (*KERNEL_CAUSE, _UNKNOWN, _NONDETERMINISM, _LIBRARIES))
 
 
 def explain(
@@ -255,6 +269,9 @@ def _evidence(
     for kind, diffs in by_category.items():
         if diffs:
             texts[kind] = _summarize(kind, diffs)
+    if by_category.get("model_files"):
+        readers = [d for d in by_category.get("environment", []) if d.key == f"{_DISTRIBUTIONS}transformers"]
+        texts["model_files"] = _model_files_text(by_category["model_files"], readers[0] if readers else None)
     if "kernels" in texts and kernels[0] is not None and kernels[1] is not None:
         texts["kernels"] = kernel_text(kernels[0], kernels[1], made or KernelAdvice()) or texts["kernels"]
     if split is not None:
@@ -298,15 +315,14 @@ def _summarize(kind: str, diffs: list[Difference]) -> str:
     if kind == "distributed" and (world := distributed_text(diffs)) is not None:
         return world
     if kind == "model_files":
-        files = [d for d in diffs if d.key.startswith("model.config_files.")] or diffs
-        shown = "; ".join(
-            f"{d.key.removeprefix('model.config_files.')} {value_text(d.a, d.change == 'added')} vs "
-            f"{value_text(d.b, d.change == 'removed')}"
-            for d in files[:MAX_SHOWN]
-        )
-        return f"a file that defines the base model's computation differs: {shown}"
+        return _model_files_text(diffs, None)
     if kind == "environment":
         diffs = sorted(diffs, key=_env_rank)
+        libraries = [d for d in diffs if d.key.removeprefix(_DISTRIBUTIONS) in COMPUTING_LIBRARIES]
+        if libraries:
+            shown = "; ".join(f"{_label(d)} {_pair(d)}" for d in libraries[:MAX_SHOWN])
+            rest = len(diffs) - min(len(libraries), MAX_SHOWN)
+            return f"{_LIBRARIES}: {shown}" + (f" (and {rest} more environment differences)" if rest else "")
     elif kind in ("seeds", "other_seeds"):
         label = _seed_label
     shown = "; ".join(
@@ -316,6 +332,28 @@ def _summarize(kind: str, diffs: list[Difference]) -> str:
     rest = len(diffs) - MAX_SHOWN
     noun = "seed" if "seeds" in kind else kind
     return shown + (f" (and {rest} more {noun} differences)" if rest > 0 else "")
+
+
+def _pair(diff: Difference) -> str:
+    return f"{value_text(diff.a, diff.change == 'added')} vs {value_text(diff.b, diff.change == 'removed')}"
+
+
+def _model_files_text(diffs: list[Difference], reader: Difference | None) -> str:
+    """A config file of the base model differs, or a buffer the library computed from it at load
+    (the same file read otherwise: ``reader``, the transformers versions, when they differ)."""
+    texts = []
+    files = [d for d in diffs if d.key.startswith("model.config_files.")]
+    files = files or [d for d in diffs if not d.key.startswith(_BUFFERS)]
+    if files:
+        shown = "; ".join(f"{d.key.removeprefix('model.config_files.')} {_pair(d)}" for d in files[:MAX_SHOWN])
+        texts.append(f"a file that defines the base model's computation differs: {shown}")
+    buffers = sorted((d for d in diffs if d.key.startswith(_BUFFERS)), key=lambda d: d.change != "changed")
+    if buffers:
+        shown = "; ".join(f"{d.key.removeprefix(_BUFFERS)} {_pair(d)}" for d in buffers[:MAX_SHOWN])
+        how = f"transformers {_pair(reader)} read them otherwise" if reader else "the library read them otherwise"
+        why = "" if files else f" (with equal config files: {how})"
+        texts.append(f"a buffer the base model computed from its config at load differs{why}: {shown}")
+    return "; ".join(texts)
 
 
 def _label(diff: Difference) -> str:
@@ -333,8 +371,16 @@ def _seed_label(diff: Difference) -> str:
 
 
 def _env_rank(diff: Difference) -> tuple[int, str]:
+    """Torch, the GPU stack, threads and determinism flags first, then the libraries that compute
+    a step (in :data:`COMPUTING_LIBRARIES`' order), Python, the other distributions, the rest."""
     key = diff.key.lower()
-    for rank, word in enumerate(_ENV_PRIORITY):
+    name = key.removeprefix(_DISTRIBUTIONS)
+    if name != key and name in COMPUTING_LIBRARIES:
+        return COMPUTING_LIBRARIES.index(name), key
+    for rank, word in enumerate(_ENV_PRIORITY, start=len(COMPUTING_LIBRARIES)):
         if word in key:
             return rank, key
-    return len(_ENV_PRIORITY), key
+    after = len(COMPUTING_LIBRARIES) + len(_ENV_PRIORITY)
+    if key.startswith("environment.python."):
+        return after, key
+    return (after + 1 if name != key else after + 2), key

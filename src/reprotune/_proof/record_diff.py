@@ -27,23 +27,31 @@ _SECTIONS: dict[str, Category] = {
 
 
 _KERNELS = "environment.kernels."
+_BUFFERS = "model.buffers."
 _NEUTRAL = {f"config.{key}": value for key, value in NEUTRAL_DEFAULTS.items()}
 
 
 def record_differences(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
     """Every recorded value that differs, by section, in key-path order. Kernel facts are their
-    own category, compared only when both records hold them (older records do not: unknown, said
-    by the causes); a key one record lacks because it predates it, at the value that meant the
-    same (``NEUTRAL_DEFAULTS``), is no difference."""
+    own category; they and the base model's buffers (``model.buffers``) are compared only when
+    both records hold them (older records do not: unknown). A key one record lacks because it
+    predates it, at the value that meant the same (``NEUTRAL_DEFAULTS``), is no difference; a
+    LoRA config field one PEFT version writes and the other's lacks, unset where it is written
+    (null, false, empty), is listed and inert."""
     both_kernels = kernels_of(run_a) is not None and kernels_of(run_b) is not None
+    both_buffers = all("buffers" in run.section("model") for run in (run_a, run_b))
     for section, section_category in _SECTIONS.items():
         flat_a = flattened(run_a.record[section], section) if section in run_a.record else {}
         flat_b = flattened(run_b.record[section], section) if section in run_b.record else {}
         for key in sorted(set(flat_a) | set(flat_b)):
-            inert = is_inert(key, flat_a.get(key), flat_b.get(key))
+            inert = is_inert(key, flat_a.get(key), flat_b.get(key)) or (
+                section == "lora" and _unset_beside_absent(key, flat_a, flat_b)
+            )
             category: Category = "kernels" if key.startswith(_KERNELS) else section_category
             if category == "kernels" and not both_kernels:
                 continue
+            if key.startswith(_BUFFERS) and not both_buffers:
+                continue  # a record made before reprotune hashed buffers: unknown, not different
             if key in _NEUTRAL and flat_a.get(key, _NEUTRAL[key]) == flat_b.get(key, _NEUTRAL[key]):
                 continue
             if empty_beside_keys(key, flat_a, flat_b):
@@ -54,3 +62,12 @@ def record_differences(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
                 yield Difference(category, key, None, flat_b[key], "added", inert)
             elif flat_a[key] != flat_b[key] or type(flat_a[key]) is not type(flat_b[key]):
                 yield Difference(category, key, flat_a[key], flat_b[key], "changed", inert)
+
+
+def _unset_beside_absent(key: str, flat_a: dict[str, object], flat_b: dict[str, object]) -> bool:
+    """A key one record lacks while the other holds it unset (null, false, empty): a field one
+    library version writes and the other's does not have, its feature off in both."""
+    if (key in flat_a) == (key in flat_b):
+        return False
+    value = flat_a.get(key, flat_b.get(key))
+    return value is None or value is False or value in ([], {}, "")

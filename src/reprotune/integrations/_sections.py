@@ -33,7 +33,7 @@ from reprotune._determinism.seeds import last_seeding
 from reprotune._errors import InputError
 from reprotune._jsonio import canonical_sha256, json_safe
 from reprotune._model.identity import config_file_names, files_sha256, tokenizer_file_names, weight_file_names
-from reprotune._model.lora import lora_config_dict
+from reprotune._model.lora import buffer_hashes, lora_config_dict
 from reprotune._run import layout
 from reprotune._run.fingerprint import CodeInfo, attention_of, code_fingerprint, environment_fingerprint
 from reprotune.integrations.controls import UNRECORDED_VARIABLES, Controls
@@ -159,6 +159,8 @@ def model_section(model: Any, processing_class: Any) -> dict[str, Any]:
     parameter = next(iter(base.parameters()), None) if hasattr(base, "parameters") else None
     section["dtype"] = str(parameter.dtype).removeprefix("torch.") if parameter is not None else None
     section["pad_token_id"] = getattr(config, "pad_token_id", None)
+    if isinstance(base, torch.nn.Module):
+        section["buffers"] = buffer_hashes(base)
     return section
 
 
