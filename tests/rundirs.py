@@ -45,6 +45,8 @@ class RunSpec:
     commit: str = "0123456789abcdef0123456789abcdef01234567"
     config: dict[str, Any] = field(default_factory=dict)  # merged into the resolved config
     environment: dict[str, Any] = field(default_factory=dict)  # merged into the environment
+    model: dict[str, Any] = field(default_factory=dict)  # merged into the record's model section
+    lora: dict[str, Any] = field(default_factory=dict)  # merged into the record's lora section
     seed_overrides: dict[str, int] = field(default_factory=dict)  # a derived seed set by hand
     noise_from_step: int | None = None  # numbers perturbed from this step on
     noise: float = 1e-6
@@ -276,8 +278,15 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
             "dtype": "float32",
             "pad_token_id": 0,
             "max_length": 64,
+            **spec.model,
         },
-        "lora": {"r": spec.lora_r, "lora_alpha": 8, "target_modules": ["q_proj"], "lora_dropout": 0.1},
+        "lora": {
+            "r": spec.lora_r,
+            "lora_alpha": 8,
+            "target_modules": ["q_proj"],
+            "lora_dropout": 0.1,
+            **spec.lora,
+        },
         "environment": environment,
         "timings": {"started_at": "2026-01-01T00:00:00Z", "duration_s": 1.5, "steps_done": spec.steps},
         "outputs": {

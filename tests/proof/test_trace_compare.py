@@ -282,3 +282,111 @@ def test_a_cut_header_or_gzip_is_called_cut(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="cannot read") as caught:
         read_trace(tmp_path / "cut.jsonl.gz")
     assert "trace the step again if it was cut" in str(caught.value)
+
+
+# Two code paths: B's rotary embedding runs other ops (another library version), and what it makes
+# feeds the attention, which both run alike.
+ROTARY_A = [
+    _op(0, "model.rotary_emb", "aten::mul.Tensor", ["pos", "inv"], ["ang"]),
+    _op(1, "model.rotary_emb", "aten::cos", ["ang"], ["cos"]),
+]
+ROTARY_B = [
+    _op(0, "model.rotary_emb", "aten::bmm", ["inv", "pos"], ["ang2"]),
+    _op(1, "model.rotary_emb", "aten::cos", ["ang2"], ["cos2"]),
+]
+
+
+def _attention(cos: str, out: str) -> list[TraceOp]:
+    return [
+        _op(2, "model.layers.0.self_attn.q_proj", "aten::mm", ["h0", "wq"], ["q"]),
+        _op(3, "model.layers.0.self_attn", "aten::mul.Tensor", ["q", cos], [out]),
+        _op(4, "model.layers.0.self_attn.o_proj", "aten::mm", [out, "wo"], ["y"]),
+    ]
+
+
+def test_after_the_code_paths_part_the_first_op_whose_numbers_differ_is_found(tmp_path: Path) -> None:
+    """Where the op sequences part, the modules both run alike are still compared op by op: the
+    first whose input differs names the parted module that made it, with both sides' ops there,
+    and the library versions the headers hold."""
+    libraries = {"torch": "2.13.0", "transformers": "5.24.0", "peft": "0.21.2"}
+    older = {"torch": "2.13.0", "transformers": "4.56.0", "peft": "0.17.0"}
+    a = _trace(
+        tmp_path / "a", [*ROTARY_A, *_attention("cos", "r")], KERNELS_A, environment={"libraries": libraries}
+    )
+    b = _trace(
+        tmp_path / "b", [*ROTARY_B, *_attention("cos2", "r2")], KERNELS_A, environment={"libraries": older}
+    )
+    found = compare_traces(a, b)
+    assert found.finding == "sequence" and found.op_a is not None and found.op_a.op == "aten::mul.Tensor"
+    text = "\n".join(found.explanation)
+    assert (
+        "recorded: the libraries that compute the step differ: transformers 5.24.0 vs 4.56.0; "
+        "peft 0.21.2 vs 0.17.0" in text
+    )
+    assert "the code paths differ in 1 module(s): forward.0 model.rotary_emb" in text
+    assert (
+        "where the numbers part: step 3, forward.0, model.layers.0.self_attn: aten::mul.Tensor 4x8 @ 4x8 "
+        "float32: its inputs differ" in text
+    )
+    assert (
+        "input 1 (4x8 float32) was made in model.rotary_emb (forward.0), where the code paths differ: "
+        "A runs aten::mul.Tensor, aten::cos; B runs aten::bmm, aten::cos" in text
+    )
+    numbers_a, numbers_b = found.numbers
+    assert numbers_a is not None and numbers_b is not None and numbers_a.module == "model.layers.0.self_attn"
+    assert found.to_json()["numbers_part"]["op_a"]["module"] == "model.layers.0.self_attn"
+
+
+def test_code_paths_that_part_without_changing_a_number_are_said_so(tmp_path: Path) -> None:
+    """Both code paths make the same values: every op after them agrees, and the comparison says
+    the parted modules change nothing the rest of the step sees."""
+    same_b = [ROTARY_B[0], _op(1, "model.rotary_emb", "aten::cos", ["ang2"], ["cos"])]
+    a = _trace(tmp_path / "a", [*ROTARY_A, *_attention("cos", "r")], KERNELS_A)
+    b = _trace(tmp_path / "b", [*same_b, *_attention("cos", "r")], KERNELS_A)
+    found = compare_traces(a, b)
+    assert found.finding == "sequence" and found.numbers == (None, None)
+    assert found.explanation[-1].startswith(
+        "every op both code paths run alike agrees in its inputs and outputs"
+    )
+
+
+def test_after_the_code_paths_part_an_op_computed_otherwise_names_the_torch_versions(tmp_path: Path) -> None:
+    """Past the parted module an op both run alike gets the same inputs and gives other outputs:
+    the op is computed otherwise, and with equal kernel facts the torch versions say why (also
+    outside a code-path part: then it is the kernel finding)."""
+    same_b = [ROTARY_B[0], _op(1, "model.rotary_emb", "aten::cos", ["ang2"], ["cos"])]
+    a = _trace(
+        tmp_path / "a", [*ROTARY_A, *_attention("cos", "r")], KERNELS_A, environment={"torch": "2.13.0"}
+    )
+    b = _trace(
+        tmp_path / "b", [*same_b, *_attention("cos", "r9")], KERNELS_A, environment={"torch": "2.14.1"}
+    )
+    text = "\n".join(compare_traces(a, b).explanation)
+    assert (
+        "where the numbers part: step 3, forward.0, model.layers.0.self_attn: aten::mul.Tensor 4x8 @ 4x8 "
+        "float32: same inputs, different outputs, outside the parted modules: the op is computed "
+        "otherwise (torch 2.13.0 vs 2.14.1)" in text
+    )
+    plain_a = _trace(tmp_path / "pa", BASE, KERNELS_A, environment={"torch": "2.13.0"})
+    changed = [*BASE[:2], _op(2, BASE[2].module, BASE[2].op, ["q"], ["o2"])]
+    plain_b = _trace(tmp_path / "pb", changed, KERNELS_A, environment={"torch": "2.14.1"})
+    kernel = compare_traces(plain_a, plain_b)
+    assert (
+        kernel.finding == "kernel" and "the kernel differs (torch 2.13.0 vs 2.14.1)" in kernel.explanation[0]
+    )
+
+
+def test_buffers_the_config_made_at_load_that_differ_are_noted(tmp_path: Path) -> None:
+    """A model buffer (the rotary frequencies) whose hash differs in the two headers is noted."""
+    a = _trace(
+        tmp_path / "a", BASE, KERNELS_A, environment={"buffers": {"model.rotary_emb.inv_freq": "1" * 64}}
+    )
+    b = _trace(
+        tmp_path / "b", BASE, KERNELS_A, environment={"buffers": {"model.rotary_emb.inv_freq": "2" * 64}}
+    )
+    notes = compare_traces(a, b).notes
+    assert any(
+        "the model's buffers differ, which the library computes from the config at load" in n
+        and "model.rotary_emb.inv_freq 111111111111 vs 222222222222" in n
+        for n in notes
+    )

@@ -241,8 +241,10 @@ def buffer_hashes(model: torch.nn.Module) -> dict[str, str]:
     """Buffer name -> :func:`tensors_sha256` of that buffer alone, for every buffer of ``model`` as
     it is in force after loading (``model.rotary_emb.inv_freq``). Buffers are not in the weight
     files: the library computes them from the config at load, so the same files read by two
-    library versions can give other buffers (and other numbers)."""
-    return {name: tensors_sha256({name: buffer}) for name, buffer in model.named_buffers()}
+    library versions can give other buffers (and other numbers). Each hash is of the buffer's
+    dtype, shape and bytes alone (hashed under the name ``buffer``), so a buffer hashes alike
+    under a PEFT wrapper's longer name."""
+    return {name: tensors_sha256({"buffer": buffer}) for name, buffer in model.named_buffers()}
 
 
 class WeightsHasher:

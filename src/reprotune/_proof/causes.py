@@ -25,6 +25,7 @@ from reprotune._proof.cause_texts import MAX_SHOWN, distributed_text, resume_tex
 from reprotune._proof.differences import AdapterDiff, Difference, Resume, SplitDiff, Where
 from reprotune._proof.kernel_cause import KERNEL_CAUSE, KernelAdvice, kernel_text
 from reprotune._run.kernels import STEERING_ENV
+from reprotune._run.stack import COMPUTING_LIBRARIES
 
 Stage = Literal["init", "order", "numbers"]
 # Seeds that act at each stage; the root seed acts on all of them.
@@ -89,13 +90,6 @@ _BUFFERS = "model.buffers."
 # threads, determinism flags (matched as substrings), then the libraries whose code computes a
 # step (by exact distribution name), then Python.
 _ENV_PRIORITY = ("torch", "cuda", "cudnn", "gpu", "driver", "thread", "determin")
-#: Distributions whose code computes a training step: a version difference among them is a
-#: numbers cause ``reprotune trace`` can take apart (where the two code paths part, and where
-#: that changes the numbers).
-COMPUTING_LIBRARIES = (
-    "torch", "transformers", "peft", "accelerate", "trl", "bitsandbytes", "flash-attn", "flash_attn",
-    "xformers", "deepspeed", "triton", "liger-kernel", "numpy",
-)  # fmt: skip
 _DISTRIBUTIONS = "environment.distributions."
 _LIBRARIES = "the libraries that compute the step differ"
 #: How each kernel cause, unknown kernel facts and nondeterminism begin: ``is_kernel_cause``.
@@ -345,12 +339,14 @@ def _model_files_text(diffs: list[Difference], reader: Difference | None) -> str
     files = [d for d in diffs if d.key.startswith("model.config_files.")]
     files = files or [d for d in diffs if not d.key.startswith(_BUFFERS)]
     if files:
-        shown = "; ".join(f"{d.key.removeprefix('model.config_files.')} {_pair(d)}" for d in files[:MAX_SHOWN])
+        named = [f"{d.key.removeprefix('model.config_files.')} {_pair(d)}" for d in files[:MAX_SHOWN]]
+        shown = "; ".join(named)
         texts.append(f"a file that defines the base model's computation differs: {shown}")
     buffers = sorted((d for d in diffs if d.key.startswith(_BUFFERS)), key=lambda d: d.change != "changed")
     if buffers:
         shown = "; ".join(f"{d.key.removeprefix(_BUFFERS)} {_pair(d)}" for d in buffers[:MAX_SHOWN])
-        how = f"transformers {_pair(reader)} read them otherwise" if reader else "the library read them otherwise"
+        how = f"transformers {_pair(reader)}" if reader else "the library"
+        how += " read them otherwise"
         why = "" if files else f" (with equal config files: {how})"
         texts.append(f"a buffer the base model computed from its config at load differs{why}: {shown}")
     return "; ".join(texts)

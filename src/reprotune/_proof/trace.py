@@ -203,7 +203,7 @@ def _header(
             "weights_in_sha256": weights_in,
             "kernels": (here := kernel_facts(attention=attention_of(setup.model))),
             "kernels_vs_run": kernels_against_run(run, here),
-            "environment": trace_environment(setup.device),
+            "environment": trace_environment(setup.device, setup.model),
             "hash": HASH,
         }
     )

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from reprotune._errors import InputError
 from reprotune._formats import TRACE_COMPARISON
 from reprotune._proof.microscope import trace_command
+from reprotune._proof.trace_paths import buffer_differences, library_differences, numbers_after_part
 from reprotune._run.kernels import kernel_differences
 from reprotune._run.tracefile import Trace, TraceOp
 
@@ -56,6 +57,8 @@ class TraceComparison:
     ops_compared: int
     notes: tuple[str, ...] = field(default=())
     paths: tuple[str, str] = ("", "")
+    numbers: tuple[TraceOp | None, TraceOp | None] = (None, None)
+    """For op sequences that part: the first op both sides run alike whose numbers differ."""
 
     @property
     def exit_code(self) -> int:
@@ -80,6 +83,10 @@ class TraceComparison:
                 "ops_compared": self.ops_compared,
                 "op_a": self.op_a.to_json() if self.op_a else None,
                 "op_b": self.op_b.to_json() if self.op_b else None,
+                "numbers_part": {
+                    "op_a": self.numbers[0].to_json() if self.numbers[0] else None,
+                    "op_b": self.numbers[1].to_json() if self.numbers[1] else None,
+                },
                 "explanation": list(self.explanation),
                 "notes": list(self.notes),
             }
@@ -170,6 +177,12 @@ def _notes(a: Trace, b: Trace) -> Iterable[str]:
         if reproduced.get("before") is False:
             steps = ", ".join(sorted(reproduced.get("differing_steps_before") or {}, key=int))
             yield f"trace {label}'s replay already differed from its run at step(s) {steps}"
+    buffers = buffer_differences(a, b)
+    if buffers:
+        yield (
+            "the model's buffers differ, which the library computes from the config at load (another "
+            f"library version can read the same config otherwise): {'; '.join(buffers)}"
+        )
     wa, wb = a.header.get("weights_in_sha256"), b.header.get("weights_in_sha256")
     if wa and wb and wa != wb:
         advice = (
@@ -195,6 +208,7 @@ def compare_traces(a: Trace, b: Trace) -> TraceComparison:
             "`reprotune compare` of the two runs names",
         )
     kernels = kernel_differences(a.header.get("kernels") or {}, b.header.get("kernels") or {})
+    kernels += [d for d in library_differences(a, b) if d.startswith("torch ")]  # torch computes ATen ops
     notes = tuple(_notes(a, b))
     paths = (str(a.path), str(b.path))
     produced: set[str] = set()
@@ -281,11 +295,16 @@ def _sequence(
         {"attention": (a.header.get("kernels") or {}).get("attention")},
         {"attention": (b.header.get("kernels") or {}).get("attention")},
     )
+    kernels = kernel_differences(a.header.get("kernels") or {}, b.header.get("kernels") or {})
+    libraries = library_differences(a, b)
+    numbers = numbers_after_part(a, b, [*kernels, *(d for d in libraries if d.startswith("torch "))])
     text = (
         f"step {step}, {op_a.phase}, {module}: the op sequences part after {compared} equal ops "
         "(another code path: another attention implementation or library version computes this part)",
         f"A runs: {', '.join(_module_ops(a.ops, compared, op_a.phase, op_a.module))}",
         f"B runs: {', '.join(_module_ops(b.ops, compared, op_b.phase, op_b.module))}",
         *(f"recorded: {d}" for d in attention),
+        *[f"recorded: the libraries that compute the step differ: {'; '.join(libraries)}"][: len(libraries)],
+        *numbers.explanation,
     )
-    return TraceComparison("sequence", op_a, op_b, text, compared, notes, paths)
+    return TraceComparison("sequence", op_a, op_b, text, compared, notes, paths, (numbers.op_a, numbers.op_b))

@@ -22,6 +22,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from reprotune._model.lora import buffer_hashes
 from reprotune._run.op_tensors import (
     RNG_STATE_HASH,
     UNINITIALIZED,
@@ -32,20 +33,26 @@ from reprotune._run.op_tensors import (
     tensor_hash,
     written_tensors,
 )
+from reprotune._run.stack import library_versions
 from reprotune._run.tracefile import TraceOp
 
 HASH = "xxh3-128"
 """The content hash of a trace's tensors (``_run.op_tensors.tensor_hash``)."""
 
 
-def trace_environment(device: torch.device | str) -> dict[str, Any]:
-    """A trace header's ``environment``: where the step ran, the host, torch, Python, threads."""
+def trace_environment(device: torch.device | str, model: torch.nn.Module) -> dict[str, Any]:
+    """A trace header's ``environment``: where the step ran, the host, torch, Python, threads, the
+    versions of the libraries that compute a step, and the model's buffers (``model.buffers`` of
+    the record: what the library computed from the config at load), named without PEFT's
+    wrappers."""
     return {
         "device": str(device),
         "host": socket.gethostname(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "threads": torch.get_num_threads(),
+        "libraries": library_versions(),
+        "buffers": {module_name(name): digest for name, digest in buffer_hashes(model).items()},
     }
 
 

@@ -19,6 +19,25 @@ from typing import Any
 #: The constraints files CI proves, in the order they are tried.
 STACK_FILES: tuple[str, ...] = ("lock", "floor")
 
+#: Distributions whose code computes a training step, as the record names them: a version
+#: difference among them is a numbers cause ``reprotune trace`` can take apart (where the two code
+#: paths part, and where that changes the numbers). Most direct first.
+COMPUTING_LIBRARIES: tuple[str, ...] = (
+    "torch", "transformers", "peft", "accelerate", "trl", "bitsandbytes", "flash-attn", "flash_attn",
+    "xformers", "deepspeed", "triton", "liger-kernel", "numpy",
+)  # fmt: skip
+
+
+def library_versions() -> dict[str, str]:
+    """The installed version of each of :data:`COMPUTING_LIBRARIES` that is installed."""
+    found = {}
+    for name in COMPUTING_LIBRARIES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
 
 def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()

@@ -13,8 +13,10 @@ hashes them; null for step 0),
 ``kernels`` (the machine's kernel facts, ``_run.kernels``), ``kernels_vs_run`` (how they differ
 from the facts the run recorded, and the steering variables to set so they agree; null for a record
 without them; absent in traces written before it), ``environment`` (host, torch, Python,
-threads), ``hash`` (the content hash used), ``ops`` (how many op lines follow). Nothing that depends
-on the time or the process: the same step traced twice on one machine gives the same bytes.
+threads, ``libraries``: the versions of the libraries that compute a step, ``buffers``: the
+model's buffers by name, as the record's ``model.buffers``), ``hash`` (the content hash used),
+``ops`` (how many op lines follow). Nothing that depends on the time or the process: the same
+step traced twice on one machine gives the same bytes.
 
 Op line (``"kind": "op"``): ``i`` (position), ``phase`` (``data``, ``forward.J``, ``backward.J``,
 ``optimizer``; ``lora-init`` for step 0), ``module`` (the innermost module running,

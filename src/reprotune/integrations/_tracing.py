@@ -113,7 +113,7 @@ class StepTrace:
                 "reproduced": {"step": True, "before": True, "replayed_line": dict(line)},
                 "weights_in_sha256": self._weights_in,
                 "kernels": kernel_facts(attention=attention_of(self._model)),
-                "environment": trace_environment(device),
+                "environment": trace_environment(device, self._model),
                 "hash": HASH,
                 "ops": len(ops),
             }

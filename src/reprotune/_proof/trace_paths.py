@@ -1,0 +1,161 @@
+"""Two traces whose op sequences part (another library version, another attention implementation):
+where the code paths differ, and whether and where that changes the numbers. No torch.
+
+Ops are counted per phase and module (``TraceOp.n``), so the streams realign by themselves after
+a module whose ops differ: every module that runs the same ops on both sides (the same keys, in
+the same order) is compared op by op, and the modules that do not are *parted*. The first op of a
+matched module whose numbers differ is the verdict: its input made inside a parted module (the
+other code path computed other values), or the same inputs giving other outputs (the kernel or
+the library version computes the op otherwise). When every matched op agrees, the code paths
+differ without changing a number the rest of the step sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from reprotune._run.stack import COMPUTING_LIBRARIES
+from reprotune._run.tracefile import Trace, TraceOp
+
+_SHOWN_OPS = 8
+_SHOWN_MODULES = 4
+
+Place = tuple[str, str]  # (phase, module)
+
+
+@dataclass(frozen=True)
+class NumbersPart:
+    """Where the numbers part after the code paths did: the first op both sides run (in a module
+    that runs the same ops on both) whose inputs or outputs differ, and why, in sentences."""
+
+    op_a: TraceOp | None
+    op_b: TraceOp | None
+    explanation: tuple[str, ...]
+
+
+def _by_place(ops: Sequence[TraceOp]) -> dict[Place, list[TraceOp]]:
+    places: dict[Place, list[TraceOp]] = {}
+    for op in ops:
+        places.setdefault((op.phase, op.module), []).append(op)
+    return places
+
+
+def parted_places(a: Sequence[TraceOp], b: Sequence[TraceOp]) -> list[Place]:
+    """The (phase, module) places whose op sequences differ, in the order they first run in A
+    (then B's own)."""
+    in_a, in_b = _by_place(a), _by_place(b)
+    order = list(dict.fromkeys([*in_a, *in_b]))
+    return [p for p in order if [o.key for o in in_a.get(p, [])] != [o.key for o in in_b.get(p, [])]]
+
+
+def module_ops(ops: Sequence[TraceOp], place: Place) -> str:
+    """The ops one side runs at ``place``, the first few named: ``aten::mul.Tensor, aten::cat,
+    ... (7 in all)``; ``none`` when it runs none there."""
+    found = [op.op for op in ops if (op.phase, op.module) == place]
+    if not found:
+        return "none"
+    more = f", ... ({len(found)} in all)" if len(found) > _SHOWN_OPS else ""
+    return ", ".join(found[:_SHOWN_OPS]) + more
+
+
+def _made_in(ops: Sequence[TraceOp], parted: set[Place]) -> dict[str, Place]:
+    """Content hash -> the parted place whose op first wrote it."""
+    made: dict[str, Place] = {}
+    for op in ops:
+        if (op.phase, op.module) in parted:
+            for entry in op.outputs:
+                made.setdefault(entry[2], (op.phase, op.module))
+    return made
+
+
+def _parted_lines(parted: Sequence[Place]) -> list[str]:
+    shown = ", ".join(f"{phase} {module}" for phase, module in parted[:_SHOWN_MODULES])
+    more = f" and {len(parted) - _SHOWN_MODULES} more" if len(parted) > _SHOWN_MODULES else ""
+    return [f"the code paths differ in {len(parted)} module(s): {shown}{more}"]
+
+
+def numbers_after_part(a: Trace, b: Trace, kernels: Sequence[str]) -> NumbersPart:
+    """Walk the modules both traces run alike and find the first op whose numbers differ."""
+    parted = parted_places(a.ops, b.ops)
+    lines = _parted_lines(parted)
+    parted_set = set(parted)
+    made_a, made_b = _made_in(a.ops, parted_set), _made_in(b.ops, parted_set)
+    in_b = {op.key: op for op in b.ops if (op.phase, op.module) not in parted_set}
+    step = a.header.get("step")
+    for op_a in a.ops:
+        op_b = in_b.get(op_a.key)
+        same_in = op_b is not None and op_a.inputs == op_b.inputs and op_a.args == op_b.args
+        if op_b is None or (same_in and op_a.outputs == op_b.outputs):
+            continue
+        where = f"step {step}, {op_a.phase}, {op_a.module}: {op_a.signature()}"
+        if same_in:
+            cause = "; ".join(kernels) or "nothing the two headers record"
+            lines.append(
+                f"where the numbers part: {where}: same inputs, different outputs, outside the parted "
+                f"modules: the op is computed otherwise ({cause})"
+            )
+            return NumbersPart(op_a, op_b, tuple(lines))
+        lines.append(f"where the numbers part: {where}: its inputs differ")
+        lines += _input_origins(op_a, op_b, made_a, made_b, a, b)
+        return NumbersPart(op_a, op_b, tuple(lines))
+    lines.append(
+        "every op both code paths run alike agrees in its inputs and outputs: the parted modules "
+        "compute nothing the rest of the step sees differently"
+    )
+    return NumbersPart(None, None, tuple(lines))
+
+
+def _input_origins(
+    op_a: TraceOp,
+    op_b: TraceOp,
+    made_a: Mapping[str, Place],
+    made_b: Mapping[str, Place],
+    a: Trace,
+    b: Trace,
+) -> list[str]:
+    """For each differing input: the parted module that made it (and both sides' ops there), or
+    where else it came from."""
+    lines = []
+    if op_a.args != op_b.args:
+        lines.append(f"other arguments: {op_a.args} vs {op_b.args}")
+    for index, (x, y) in enumerate(zip(op_a.inputs, op_b.inputs, strict=False)):
+        if x[:3] == y[:3]:
+            continue
+        place = made_a.get(x[2]) or made_b.get(y[2])
+        if place is None:
+            label = x[3] if len(x) > 3 else ""
+            what = f"the {label.replace(':', ' ', 1)}" if label else "a tensor no traced op made (step data)"
+            lines.append(f"input {index} ({x[0] or 'scalar'} {x[1]}) is {what}, and differs")
+            continue
+        lines.append(
+            f"input {index} ({x[0] or 'scalar'} {x[1]}) was made in {place[1]} ({place[0]}), where the "
+            f"code paths differ: A runs {module_ops(a.ops, place)}; B runs {module_ops(b.ops, place)}"
+        )
+    return lines
+
+
+def library_differences(a: Trace, b: Trace) -> list[str]:
+    """``transformers 5.24.0 vs 4.56.0`` for each library that computes a step whose version the
+    two headers hold and differs (torch from traces that hold no library versions)."""
+    env_a, env_b = (t.header.get("environment") or {} for t in (a, b))
+    libs_a = dict(env_a.get("libraries") or {"torch": env_a.get("torch")})
+    libs_b = dict(env_b.get("libraries") or {"torch": env_b.get("torch")})
+    named = sorted(set(libs_a) & set(libs_b), key=lambda n: (_rank(n), n))
+    differ = [n for n in named if libs_a[n] and libs_b[n] and libs_a[n] != libs_b[n]]
+    return [f"{n} {libs_a[n]} vs {libs_b[n]}" for n in differ]
+
+
+def _rank(name: str) -> int:
+    return COMPUTING_LIBRARIES.index(name) if name in COMPUTING_LIBRARIES else len(COMPUTING_LIBRARIES)
+
+
+def buffer_differences(a: Trace, b: Trace) -> list[str]:
+    """The model buffers (computed from the config at load) whose hash differs in the two headers:
+    ``model.rotary_emb.inv_freq 0e05ff5d02e2 vs 557938a13816``."""
+    buf_a, buf_b = ((t.header.get("environment") or {}).get("buffers") or {} for t in (a, b))
+    return [
+        f"{name} {str(buf_a.get(name, '(absent)'))[:12]} vs {str(buf_b.get(name, '(absent)'))[:12]}"
+        for name in sorted(set(buf_a) | set(buf_b))
+        if buf_a.get(name) != buf_b.get(name) and buf_a and buf_b
+    ]
