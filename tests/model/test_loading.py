@@ -305,8 +305,33 @@ def test_builtin_converts_with_chat_template(smollm2_cache: tuple[Path, LoadedMo
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config
     assert config["architectures"] == ["LlamaForCausalLM"]
+    assert config["rope_theta"] == 100000.0  # SmolLM2's rotary base, as every transformers reads it
     assert info["pad_token_id"] == loaded.tokenizer.eos_token_id
     assert [p.name for p in (cache / "models").iterdir()] == [folder.name]  # no temp folder left
+
+
+def test_a_config_transformers_5_wrote_gets_the_rotary_keys_transformers_4_reads(tmp_path: Path) -> None:
+    """``rope_parameters`` alone (transformers 5's form) gains ``rope_theta`` and ``rope_scaling``
+    beside it, once; a default rope's scaling is null, another type's is its parameters; a config
+    that has ``rope_theta``, or no rotary parameters, is left byte for byte."""
+    path = tmp_path / "config.json"
+    path.write_text(
+        json.dumps({"model_type": "llama", "rope_parameters": {"rope_theta": 1e5, "rope_type": "default"}})
+    )
+    assert builtin_mod.portable_rope_config(path)
+    config = json.loads(path.read_text())
+    assert (config["rope_theta"], config["rope_scaling"]) == (1e5, None)
+    assert config["rope_parameters"] == {"rope_theta": 1e5, "rope_type": "default"}
+    before = path.read_bytes()
+    assert not builtin_mod.portable_rope_config(path) and path.read_bytes() == before
+    llama3 = {"rope_theta": 5e5, "rope_type": "llama3", "factor": 8.0}
+    path.write_text(json.dumps({"rope_parameters": llama3}))
+    assert builtin_mod.portable_rope_config(path)
+    assert json.loads(path.read_text())["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0}
+    for untouched in ({"rope_theta": 1e4}, {"model_type": "gpt2"}):
+        path.write_text(json.dumps(untouched))
+        assert not builtin_mod.portable_rope_config(path)
+        assert json.loads(path.read_text()) == untouched
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@ compared and traced, each side in its own environment.
 The tiny model's ``config.json`` is written as transformers 5 writes it (the rotary base inside
 ``rope_parameters``; SmolLM2's 100000). transformers 4.x does not know that key: it reads the
 same file as its default base, 10000, so the two stacks train another model from equal files.
-That is what this repository's quickstart does on the two stacks (docs/microscope.md).
+That is what the quickstart did on the two stacks, until the builtin model's config got the keys
+both read (``_model.builtin.portable_rope_config``; docs/microscope.md).
 
 scripts/test.sh runs this file in the floors' part, once both environments are installed.
 """
@@ -17,6 +18,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from reprotune._model.builtin import portable_rope_config
 from reprotune._proof.trace_compare import compare_traces
 from reprotune._run.stack import pinned
 from reprotune._run.tracefile import read_trace
@@ -93,3 +95,23 @@ def test_two_library_stacks_are_compared_and_traced_to_the_module_that_changes_t
     assert "where the numbers part: step 1, forward.0, model.layers.0.self_attn: " in text, text
     assert "was made in model.rotary_emb (forward.0), where the code paths differ: A runs " in text, text
     assert any("model.rotary_emb.inv_freq" in note for note in found.notes), found.notes
+
+
+def test_with_the_rotary_keys_both_versions_read_the_two_stacks_train_identically(tmp_path: Path) -> None:
+    """The same config.json given ``rope_theta`` beside ``rope_parameters``, as the builtin model's
+    conversion now writes it: the two stacks compute the same rotary frequencies, and the runs
+    are IDENTICAL, every step's loss bits and weights hash and the adapter, across transformers,
+    PEFT and accelerate versions."""
+    project = TinyProject.create(tmp_path / "p")
+    _rope_as_transformers_5_writes_it(project.root / "tiny-model")
+    assert portable_rope_config(project.root / "tiny-model" / "config.json")
+    config = project.config()
+    for stack in STACKS:
+        done = _reprotune(stack, project.root, "run", str(config), "--run-dir", stack, "--no-progress")
+        assert done.returncode == 0, done.stderr[-3000:]
+    compared = _reprotune("lock", project.root, "compare", "lock", "floor", "--json")
+    result = json.loads(compared.stdout)
+    assert compared.returncode == 0 and result["verdict"] == "IDENTICAL", result["causes"]
+    assert not any(
+        d["key"].startswith("model.buffers.model.rotary_emb.inv_freq") for d in result["differences"]
+    )

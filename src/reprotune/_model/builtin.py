@@ -113,6 +113,7 @@ def ensure_builtin(name: str) -> Path:
             stat.st_size,
             stat.st_mtime_ns,
         ):
+            portable_rope_config(meta_path.parent / "config.json")  # a folder converted before it
             return meta_path.parent
     gguf_sha256 = sha256_file(gguf)
     target = models / f"{spec.cache_prefix}-{gguf_sha256[:12]}"
@@ -128,10 +129,36 @@ def ensure_builtin(name: str) -> Path:
         # skips the hash. Atomic, and losing a race here only costs one more hash later.
         meta["gguf"].update(path=str(gguf), size=stat.st_size, mtime_ns=stat.st_mtime_ns)
         write_json_atomic(target / BUILTIN_META, meta)
+        portable_rope_config(target / "config.json")
         return target
     log.warning("converting %s once into %s (about ten seconds)", name, target)
     convert_gguf(gguf, target, gguf_sha256=gguf_sha256, name=name)
     return target
+
+
+def portable_rope_config(path: Path) -> bool:
+    """Give a ``config.json`` that transformers 5 wrote the rotary keys transformers 4 reads.
+
+    transformers 5 writes the rotary base inside ``rope_parameters``; transformers 4 does not know
+    that key and reads the same file as its default base (10000 for Llama, where SmolLM2's is
+    100000): another model from the same files. With ``rope_theta`` (and ``rope_scaling``) beside
+    it, every supported version computes the same rotary frequencies (shown in
+    tests/proof/test_cross_stack.py). A file that has them, or no ``rope_parameters``, is left as
+    it is.
+
+    Returns:
+        Whether the file was rewritten.
+    """
+    config = read_json_object(path)
+    rope = config.get("rope_parameters")
+    if not isinstance(rope, dict) or "rope_theta" in config or "rope_theta" not in rope:
+        return False
+    config["rope_theta"] = rope["rope_theta"]
+    if "rope_scaling" not in config:
+        scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+        config["rope_scaling"] = None if scaling.get("rope_type", "default") == "default" else scaling
+    write_json_atomic(path, config, indent=2)
+    return True
 
 
 def read_meta(path: Path) -> dict[str, Any] | None:
@@ -181,6 +208,7 @@ def convert_gguf(gguf: Path, target: Path, *, gguf_sha256: str, name: str) -> di
         plain.to(torch.float32)
         del quantized
         plain.save_pretrained(tmp)
+        portable_rope_config(tmp / "config.json")
         tokenizer.save_pretrained(tmp)
         weights_sha256, weights_files = files_sha256(tmp, weight_file_names(tmp))
         tokenizer_sha256, tokenizer_files = files_sha256(tmp, tokenizer_file_names(tmp))
