@@ -526,7 +526,7 @@ def test_torchs_algorithm_settings_alone_are_kernel_settings_not_two_machines(tm
     deterministic algorithms switch: the kernel facts differ only in torch's settings, so the cause
     says so (not "CPU kernels differ ... on these two machines") and still counts as a kernel cause
     (the trace commands follow); against a record from before the section, nothing is claimed."""
-    from reprotune._proof.causes import is_kernel_cause
+    from reprotune._proof.causes import is_traceable_cause
 
     gpu = {"devices": [{"index": 0, "name": "NVIDIA H200", "capability": "9.0", "sm_count": 132}]}
 
@@ -543,7 +543,7 @@ def test_torchs_algorithm_settings_alone_are_kernel_settings_not_two_machines(tm
         "kernel settings differ: torch's algorithm settings deterministic_algorithms=True vs "
         "deterministic_algorithms=False" in causes[0]
     ), causes
-    assert "two machines" not in causes[0] and is_kernel_cause(causes[0])
+    assert "two machines" not in causes[0] and is_traceable_cause(causes[0])
     older = write_run_dir(tmp_path / "older", RunSpec(noise_from_step=2, environment=environment(None)))
     assert not any("algorithm settings" in c for c in compare_runs(strict, older).causes)
 

@@ -78,5 +78,19 @@ def test_buffers_the_config_made_at_load_are_a_model_cause(tmp_path: Path) -> No
         "model.rotary_emb.original_inv_freq 333333333333 vs (absent)"
     )
     assert causes[1].startswith("numbers differ from step 1 with identical data order: the libraries that")
+    assert any(line.startswith("  reprotune trace ") for line in compare_runs(a, b).next_steps)
     older = write_run_dir(tmp_path / "older", RunSpec(environment=_stack(LOCK, "/p")))
     assert compare_runs(a, older).differences == ()
+    none = write_run_dir(tmp_path / "none", RunSpec(model={"buffers": {}}, environment=_stack(LOCK, "/p")))
+    assert compare_runs(none, older).differences == ()  # a model without buffers, against an old record
+
+
+def test_torch_gpu_and_thread_facts_are_said_beside_the_libraries(tmp_path: Path) -> None:
+    """A library difference does not hide a thread count that differs too."""
+    a = write_run_dir(tmp_path / "a", RunSpec(environment=_stack(LOCK, "/p")))
+    threads = {**_stack({**LOCK, "numpy": "1.26.4"}, "/p"), "threads": {"torch_intra_op": 8}}
+    b = write_run_dir(tmp_path / "b", RunSpec(environment=threads, noise_from_step=2))
+    assert compare_runs(a, b).causes == (
+        "numbers differ from step 2 with identical data order: the libraries that compute the step "
+        "differ: numpy (absent) vs 1.26.4; and threads.torch_intra_op (absent) vs 8",
+    )

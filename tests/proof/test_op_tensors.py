@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from reprotune._run.op_tensors import RNG_STATE_HASH, rng_state_inputs, rng_state_outputs, tensor_hash
+from reprotune._run.op_tensors import rng_state_inputs, rng_state_outputs, tensor_hash
 from reprotune._run.op_tracer import ModulePaths, OpTracer
+from reprotune._run.tracefile import RNG_STATE_HASH
 
 _LIB = torch.library.Library("reprotune_test", "DEF")
 _LIB.define(

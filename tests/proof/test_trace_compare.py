@@ -252,6 +252,8 @@ def test_a_trace_made_under_other_kernels_than_its_run_is_noted(tmp_path: Path) 
         ({"step": -1}, "step: input should be greater than or equal to 0"),
         ({"kernels": "x"}, "kernels: input should be an object (got 'x')"),
         ({"kernels": {"version": 1, "cpu": "x"}}, "kernels.cpu: input should be an object (got 'x')"),
+        ({"environment": {"libraries": ["x"]}}, "environment.libraries: input should be an object"),
+        ({"environment": {"buffers": {"b": 1}}}, "environment.buffers.b: input should be a valid string"),
     ],
 )
 def test_a_hand_edited_header_is_refused_at_its_key(

@@ -157,7 +157,13 @@ def portable_rope_config(path: Path) -> bool:
     if "rope_scaling" not in config:
         scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
         config["rope_scaling"] = None if scaling.get("rope_type", "default") == "default" else scaling
-    write_json_atomic(path, config, indent=2)
+    try:
+        write_json_atomic(path, config, indent=2)
+    except OSError as exc:  # a read-only or shared cache: the load goes on with the file as it is
+        log.warning(
+            "could not add rope_theta to %s (%s): transformers 4 reads another rotary base", path, exc
+        )
+        return False
     return True
 
 

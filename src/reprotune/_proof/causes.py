@@ -24,8 +24,17 @@ from typing import Any, Literal
 from reprotune._proof.cause_texts import MAX_SHOWN, distributed_text, resume_text, split_text, value_text
 from reprotune._proof.differences import AdapterDiff, Difference, Resume, SplitDiff, Where
 from reprotune._proof.kernel_cause import KERNEL_CAUSE, KernelAdvice, kernel_text
+from reprotune._proof.stack_causes import (
+    BUFFER_CAUSE,
+    LIBRARIES_CAUSE,
+    TRANSFORMERS_KEY,
+    env_rank,
+    is_computing_library,
+    key_label,
+    libraries_text,
+    model_files_text,
+)
 from reprotune._run.kernels import STEERING_ENV
-from reprotune._run.stack import COMPUTING_LIBRARIES
 
 Stage = Literal["init", "order", "numbers"]
 # Seeds that act at each stage; the root seed acts on all of them.
@@ -85,14 +94,7 @@ _RANKING: dict[Stage, tuple[str, ...]] = {
 # Record keys of the model that define its computation besides weights and tokenizer: its
 # config files, and the buffers the library computed from them at load.
 _MODEL_FILE_KEYS = ("model.config_sha256", "model.config_files", "model.buffers")
-_BUFFERS = "model.buffers."
-# Environment keys that most often change numbers, in that order: torch itself, the GPU stack,
-# threads, determinism flags (matched as substrings), then the libraries whose code computes a
-# step (by exact distribution name), then Python.
-_ENV_PRIORITY = ("torch", "cuda", "cudnn", "gpu", "driver", "thread", "determin")
-_DISTRIBUTIONS = "environment.distributions."
-_LIBRARIES = "the libraries that compute the step differ"
-#: How each kernel cause, unknown kernel facts and nondeterminism begin: ``is_kernel_cause``.
+#: How each kernel cause, unknown kernel facts and nondeterminism begin: ``is_traceable_cause``.
 _UNKNOWN = "kernel facts are unknown"
 _NONDETERMINISM = "yet nothing recorded differs"
 #: Config keys that only choose which kernels run: told as the kernel facts they change.
@@ -105,11 +107,13 @@ def is_unexplained(cause: str) -> bool:
     return _NONDETERMINISM in cause
 
 
-def is_kernel_cause(cause: str) -> bool:
+def is_traceable_cause(cause: str) -> bool:
     """Whether a cause says the runs part at a kernel, at kernels nobody recorded, at nothing
-    recorded, or at the versions of the libraries that compute the step: the causes an op-level
-    trace explains."""
-    return any(word in cause for word in (*KERNEL_CAUSE, _UNKNOWN, _NONDETERMINISM, _LIBRARIES))
+    recorded, at the versions of the libraries that compute the step or at a buffer they computed
+    from the model's config: the causes an op-level trace takes apart."""
+    return any(
+        word in cause for word in (*KERNEL_CAUSE, _UNKNOWN, _NONDETERMINISM, LIBRARIES_CAUSE, BUFFER_CAUSE)
+    )
 
 
 def explain(
@@ -264,8 +268,8 @@ def _evidence(
         if diffs:
             texts[kind] = _summarize(kind, diffs)
     if by_category.get("model_files"):
-        readers = [d for d in by_category.get("environment", []) if d.key == f"{_DISTRIBUTIONS}transformers"]
-        texts["model_files"] = _model_files_text(by_category["model_files"], readers[0] if readers else None)
+        readers = [d for d in by_category.get("environment", []) if d.key == TRANSFORMERS_KEY]
+        texts["model_files"] = model_files_text(by_category["model_files"], readers[0] if readers else None)
     if "kernels" in texts and kernels[0] is not None and kernels[1] is not None:
         texts["kernels"] = kernel_text(kernels[0], kernels[1], made or KernelAdvice()) or texts["kernels"]
     if split is not None:
@@ -305,18 +309,15 @@ def _keep(by_category: dict[str, list[Difference]], kind: str, wanted: Callable[
 
 def _summarize(kind: str, diffs: list[Difference]) -> str:
     """'torch 2.13.0 vs 2.14.1; threads 4 vs 8 (and 2 more environment differences)'."""
-    label: Callable[[Difference], str] = _label
+    label: Callable[[Difference], str] = key_label
     if kind == "distributed" and (world := distributed_text(diffs)) is not None:
         return world
     if kind == "model_files":
-        return _model_files_text(diffs, None)
+        return model_files_text(diffs, None)
     if kind == "environment":
-        diffs = sorted(diffs, key=_env_rank)
-        libraries = [d for d in diffs if d.key.removeprefix(_DISTRIBUTIONS) in COMPUTING_LIBRARIES]
-        if libraries:
-            shown = "; ".join(f"{_label(d)} {_pair(d)}" for d in libraries[:MAX_SHOWN])
-            rest = len(diffs) - min(len(libraries), MAX_SHOWN)
-            return f"{_LIBRARIES}: {shown}" + (f" (and {rest} more environment differences)" if rest else "")
+        diffs = sorted(diffs, key=env_rank)
+        if any(is_computing_library(d) for d in diffs):
+            return libraries_text(diffs)
     elif kind in ("seeds", "other_seeds"):
         label = _seed_label
     shown = "; ".join(
@@ -328,55 +329,6 @@ def _summarize(kind: str, diffs: list[Difference]) -> str:
     return shown + (f" (and {rest} more {noun} differences)" if rest > 0 else "")
 
 
-def _pair(diff: Difference) -> str:
-    return f"{value_text(diff.a, diff.change == 'added')} vs {value_text(diff.b, diff.change == 'removed')}"
-
-
-def _model_files_text(diffs: list[Difference], reader: Difference | None) -> str:
-    """A config file of the base model differs, or a buffer the library computed from it at load
-    (the same file read otherwise: ``reader``, the transformers versions, when they differ)."""
-    texts = []
-    files = [d for d in diffs if d.key.startswith("model.config_files.")]
-    files = files or [d for d in diffs if not d.key.startswith(_BUFFERS)]
-    if files:
-        named = [f"{d.key.removeprefix('model.config_files.')} {_pair(d)}" for d in files[:MAX_SHOWN]]
-        shown = "; ".join(named)
-        texts.append(f"a file that defines the base model's computation differs: {shown}")
-    buffers = sorted((d for d in diffs if d.key.startswith(_BUFFERS)), key=lambda d: d.change != "changed")
-    if buffers:
-        shown = "; ".join(f"{d.key.removeprefix(_BUFFERS)} {_pair(d)}" for d in buffers[:MAX_SHOWN])
-        how = f"transformers {_pair(reader)}" if reader else "the library"
-        how += " read them otherwise"
-        why = "" if files else f" (with equal config files: {how})"
-        texts.append(f"a buffer the base model computed from its config at load differs{why}: {shown}")
-    return "; ".join(texts)
-
-
-def _label(diff: Difference) -> str:
-    """The key path, without the section name where it only repeats the category."""
-    key = diff.key
-    if diff.category == "environment":
-        key = key.removeprefix("environment.")
-        key = key.removeprefix("packages.").removeprefix("distributions.")
-    return key
-
-
 def _seed_label(diff: Difference) -> str:
     name = diff.key.split(".")[-1]
     return "root seed" if name == "root" else f"derived seed {name}"
-
-
-def _env_rank(diff: Difference) -> tuple[int, str]:
-    """Torch, the GPU stack, threads and determinism flags first, then the libraries that compute
-    a step (in :data:`COMPUTING_LIBRARIES`' order), Python, the other distributions, the rest."""
-    key = diff.key.lower()
-    name = key.removeprefix(_DISTRIBUTIONS)
-    if name != key and name in COMPUTING_LIBRARIES:
-        return COMPUTING_LIBRARIES.index(name), key
-    for rank, word in enumerate(_ENV_PRIORITY, start=len(COMPUTING_LIBRARIES)):
-        if word in key:
-            return rank, key
-    after = len(COMPUTING_LIBRARIES) + len(_ENV_PRIORITY)
-    if key.startswith("environment.python."):
-        return after, key
-    return (after + 1 if name != key else after + 2), key

@@ -9,7 +9,7 @@ from typing import Any
 
 from reprotune._determinism.isa import BASELINES
 from reprotune._errors import InputError
-from reprotune._proof.causes import is_kernel_cause
+from reprotune._proof.causes import is_traceable_cause
 from reprotune._proof.differences import Where
 from reprotune._proof.world import world_size
 from reprotune._run.kernels import kernel_differences
@@ -169,7 +169,7 @@ def trace_commands(run_a: RunDir, run_b: RunDir, where: Where, causes: Sequence[
     each under the kernel-steering variables its run was made with, paths quoted for a shell (step
     0, the LoRA init, included). For a run trace cannot replay, why and what to do instead."""
     step = where.first_divergence_step
-    if step is None or step < 0 or not causes or not any(is_kernel_cause(c) for c in causes[:1]):
+    if step is None or step < 0 or not causes or not any(is_traceable_cause(c) for c in causes[:1]):
         return
     refusals = trace_refusals(run_a, run_b, step)
     if refusals:

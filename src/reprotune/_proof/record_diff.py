@@ -50,7 +50,7 @@ def record_differences(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
             category: Category = "kernels" if key.startswith(_KERNELS) else section_category
             if category == "kernels" and not both_kernels:
                 continue
-            if key.startswith(_BUFFERS) and not both_buffers:
+            if (key == "model.buffers" or key.startswith(_BUFFERS)) and not both_buffers:
                 continue  # a record made before reprotune hashed buffers: unknown, not different
             if key in _NEUTRAL and flat_a.get(key, _NEUTRAL[key]) == flat_b.get(key, _NEUTRAL[key]):
                 continue

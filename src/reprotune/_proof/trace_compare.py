@@ -207,8 +207,8 @@ def compare_traces(a: Trace, b: Trace) -> TraceComparison:
             fix="trace the same step on both machines: the first step where the runs part, which "
             "`reprotune compare` of the two runs names",
         )
-    kernels = kernel_differences(a.header.get("kernels") or {}, b.header.get("kernels") or {})
-    kernels += [d for d in library_differences(a, b) if d.startswith("torch ")]  # torch computes ATen ops
+    facts = kernel_differences(a.header.get("kernels") or {}, b.header.get("kernels") or {})
+    kernels = facts + [d for d in library_differences(a, b) if d.startswith("torch ")]  # torch's ATen ops
     notes = tuple(_notes(a, b))
     paths = (str(a.path), str(b.path))
     produced: set[str] = set()
@@ -232,7 +232,7 @@ def compare_traces(a: Trace, b: Trace) -> TraceComparison:
             )
             text: tuple[str, ...] = (
                 f"{where}: same inputs, different outputs: {why}",
-                *(_approximation_note(a, op_a) if kernels else ()),
+                *(_approximation_note(a, op_a) if facts else ()),
             )
             return TraceComparison("kernel", op_a, op_b, text, compared, notes, paths)
         if op_a.args != op_b.args:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from reprotune._run.stack import COMPUTING_LIBRARIES
-from reprotune._run.tracefile import Trace, TraceOp
+from reprotune._run.tracefile import PLACEHOLDER_HASHES, Trace, TraceOp
 
 _SHOWN_OPS = 8
 _SHOWN_MODULES = 4
@@ -59,13 +59,17 @@ def module_ops(ops: Sequence[TraceOp], place: Place) -> str:
     return ", ".join(found[:_SHOWN_OPS]) + more
 
 
-def _made_in(ops: Sequence[TraceOp], parted: set[Place]) -> dict[str, Place]:
-    """Content hash -> the parted place whose op first wrote it."""
+def _made_in(ops: Sequence[TraceOp], parted: set[Place], before: int) -> dict[str, Place]:
+    """Content hash -> the parted place whose op last wrote it before position ``before`` (a
+    placeholder such as ``uninitialized`` stands for no content and is left out)."""
     made: dict[str, Place] = {}
     for op in ops:
+        if op.i >= before:
+            break
         if (op.phase, op.module) in parted:
             for entry in op.outputs:
-                made.setdefault(entry[2], (op.phase, op.module))
+                if entry[2] not in PLACEHOLDER_HASHES:
+                    made[entry[2]] = (op.phase, op.module)
     return made
 
 
@@ -80,7 +84,6 @@ def numbers_after_part(a: Trace, b: Trace, kernels: Sequence[str]) -> NumbersPar
     parted = parted_places(a.ops, b.ops)
     lines = _parted_lines(parted)
     parted_set = set(parted)
-    made_a, made_b = _made_in(a.ops, parted_set), _made_in(b.ops, parted_set)
     in_b = {op.key: op for op in b.ops if (op.phase, op.module) not in parted_set}
     step = a.header.get("step")
     for op_a in a.ops:
@@ -97,6 +100,7 @@ def numbers_after_part(a: Trace, b: Trace, kernels: Sequence[str]) -> NumbersPar
             )
             return NumbersPart(op_a, op_b, tuple(lines))
         lines.append(f"where the numbers part: {where}: its inputs differ")
+        made_a, made_b = _made_in(a.ops, parted_set, op_a.i), _made_in(b.ops, parted_set, op_b.i)
         lines += _input_origins(op_a, op_b, made_a, made_b, a, b)
         return NumbersPart(op_a, op_b, tuple(lines))
     lines.append(

@@ -20,7 +20,6 @@ import xxhash
 
 #: Schema names of the dropout RNG state fused attention kernels pass on (not hashed: see above).
 _RNG_STATE = frozenset({"philox_seed", "philox_offset", "rng_state", "unused"})
-RNG_STATE_HASH = "rng-state"
 
 
 @cache
@@ -66,9 +65,8 @@ def tensor_hash(t: torch.Tensor) -> str:
     return xxhash.xxh3_128_hexdigest(raw.data)
 
 
-#: What a trace writes for the bytes of memory no op has written yet (``aten::empty`` and its
-#: siblings allocate without writing: their bytes are whatever the allocator's memory held).
-UNINITIALIZED = "uninitialized"
+#: Ops that allocate without writing (their bytes are whatever the allocator's memory held): a
+#: trace writes ``tracefile.UNINITIALIZED`` for what they make.
 _ALLOCATING = frozenset(
     {
         "aten::empty",

@@ -24,8 +24,6 @@ from torch.utils._pytree import tree_flatten
 
 from reprotune._model.lora import buffer_hashes
 from reprotune._run.op_tensors import (
-    RNG_STATE_HASH,
-    UNINITIALIZED,
     allocates,
     generator_entry,
     rng_state_inputs,
@@ -34,7 +32,7 @@ from reprotune._run.op_tensors import (
     written_tensors,
 )
 from reprotune._run.stack import library_versions
-from reprotune._run.tracefile import TraceOp
+from reprotune._run.tracefile import RNG_STATE_HASH, UNINITIALIZED, TraceOp
 
 HASH = "xxh3-128"
 """The content hash of a trace's tensors (``_run.op_tensors.tensor_hash``)."""

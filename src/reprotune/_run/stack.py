@@ -23,8 +23,8 @@ STACK_FILES: tuple[str, ...] = ("lock", "floor")
 #: difference among them is a numbers cause ``reprotune trace`` can take apart (where the two code
 #: paths part, and where that changes the numbers). Most direct first.
 COMPUTING_LIBRARIES: tuple[str, ...] = (
-    "torch", "transformers", "peft", "accelerate", "trl", "bitsandbytes", "flash-attn", "flash_attn",
-    "xformers", "deepspeed", "triton", "liger-kernel", "numpy",
+    "torch", "transformers", "peft", "accelerate", "trl", "bitsandbytes", "flash-attn", "xformers",
+    "deepspeed", "triton", "liger-kernel", "numpy",
 )  # fmt: skip
 
 

@@ -49,6 +49,14 @@ from reprotune._formats import TRACE
 from reprotune._jsonio import canonical_dumps, write_bytes_atomic
 from reprotune._run.outputs import refuse_unwritable_parent
 
+#: What a trace writes for the bytes of memory no op has written yet (``aten::empty`` and its
+#: siblings allocate without writing: their bytes are whatever the allocator's memory held).
+UNINITIALIZED = "uninitialized"
+#: What a trace writes for the dropout RNG state fused attention kernels pass on.
+RNG_STATE_HASH = "rng-state"
+#: Entries that stand for no content: never evidence of where a value came from.
+PLACEHOLDER_HASHES = frozenset({UNINITIALIZED, RNG_STATE_HASH})
+
 #: One tensor of an op: [shape, dtype, content hash] and an optional label.
 TensorEntry = Annotated[tuple[str, ...], Field(min_length=3, max_length=4)]
 
@@ -115,6 +123,13 @@ class _KernelsVsRun(BaseModel):
     assignments: list[str] = Field(default_factory=list)
 
 
+class _Environment(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    libraries: dict[str, str] | None = None
+    buffers: dict[str, str] | None = None
+
+
 class TraceHeader(BaseModel):
     """The header's fields that ``compare`` reads, typed (see the module docstring); a header is
     checked against it when read, so a hand-edited one is refused at its key, not crashed on."""
@@ -129,6 +144,7 @@ class TraceHeader(BaseModel):
     weights_in_sha256: str | None
     kernels: _Kernels
     kernels_vs_run: _KernelsVsRun | None = None
+    environment: _Environment | None = None
     ops: int = Field(ge=0)
 
 
