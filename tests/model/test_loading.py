@@ -8,6 +8,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from reprotune._errors import InputError
 from reprotune._formats import BUILTIN_MODEL
 from reprotune._model.identity import CONFIG_FILES, files_sha256
 from reprotune._model.loading import LoadedModel, load_base_model
+from reprotune._model.rope_keys import portable_rope_config, rope_read_otherwise
 from reprotune.testing import build_tiny_model
 
 # The weights sha256 of the builtin conversion with the pinned stack (torch 2.13.0, transformers
@@ -318,20 +320,36 @@ def test_a_config_transformers_5_wrote_gets_the_rotary_keys_transformers_4_reads
     path.write_text(
         json.dumps({"model_type": "llama", "rope_parameters": {"rope_theta": 1e5, "rope_type": "default"}})
     )
-    assert builtin_mod.portable_rope_config(path)
+    assert portable_rope_config(path)
     config = json.loads(path.read_text())
     assert (config["rope_theta"], config["rope_scaling"]) == (1e5, None)
     assert config["rope_parameters"] == {"rope_theta": 1e5, "rope_type": "default"}
     before = path.read_bytes()
-    assert not builtin_mod.portable_rope_config(path) and path.read_bytes() == before
+    assert not portable_rope_config(path) and path.read_bytes() == before
     llama3 = {"rope_theta": 5e5, "rope_type": "llama3", "factor": 8.0}
     path.write_text(json.dumps({"rope_parameters": llama3}))
-    assert builtin_mod.portable_rope_config(path)
+    assert portable_rope_config(path)
     assert json.loads(path.read_text())["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0}
     for untouched in ({"rope_theta": 1e4}, {"model_type": "gpt2"}):
         path.write_text(json.dumps(untouched))
-        assert not builtin_mod.portable_rope_config(path)
+        assert not portable_rope_config(path)
         assert json.loads(path.read_text()) == untouched
+
+
+def test_a_rotary_base_the_loaded_config_reads_otherwise_is_named(tmp_path: Path) -> None:
+    """A config.json whose rotary base is only in ``rope_parameters``, loaded into a config whose
+    own ``rope_theta`` is another value (transformers 4's default): said, with the file, both
+    values and the fix; with the key beside it, or the same value in force, nothing is said."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}}))
+    said = rope_read_otherwise(path, SimpleNamespace(rope_theta=10000.0))
+    assert said is not None and str(path) in said
+    assert "rope_parameters.rope_theta = 100000.0" in said and "computes with rope_theta 10000.0" in said
+    assert '"rope_theta": 100000.0 beside rope_parameters' in said
+    assert rope_read_otherwise(path, SimpleNamespace(rope_theta=100000.0)) is None
+    assert rope_read_otherwise(path, SimpleNamespace()) is None  # transformers 5: no such attribute
+    assert portable_rope_config(path)
+    assert rope_read_otherwise(path, SimpleNamespace(rope_theta=10000.0)) is None
 
 
 @pytest.mark.slow

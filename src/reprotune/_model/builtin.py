@@ -23,6 +23,7 @@ from reprotune._errors import InputError
 from reprotune._formats import BUILTIN_MODEL
 from reprotune._jsonio import publishing_dir, read_json_object, sha256_file, write_json_atomic
 from reprotune._model.identity import files_sha256, tokenizer_file_names, weight_file_names
+from reprotune._model.rope_keys import portable_rope_config
 
 log = logging.getLogger(__name__)
 
@@ -134,37 +135,6 @@ def ensure_builtin(name: str) -> Path:
     log.warning("converting %s once into %s (about ten seconds)", name, target)
     convert_gguf(gguf, target, gguf_sha256=gguf_sha256, name=name)
     return target
-
-
-def portable_rope_config(path: Path) -> bool:
-    """Give a ``config.json`` that transformers 5 wrote the rotary keys transformers 4 reads.
-
-    transformers 5 writes the rotary base inside ``rope_parameters``; transformers 4 does not know
-    that key and reads the same file as its default base (10000 for Llama, where SmolLM2's is
-    100000): another model from the same files. With ``rope_theta`` (and ``rope_scaling``) beside
-    it, every supported version computes the same rotary frequencies (shown in
-    tests/proof/test_cross_stack.py). A file that has them, or no ``rope_parameters``, is left as
-    it is.
-
-    Returns:
-        Whether the file was rewritten.
-    """
-    config = read_json_object(path)
-    rope = config.get("rope_parameters")
-    if not isinstance(rope, dict) or "rope_theta" in config or "rope_theta" not in rope:
-        return False
-    config["rope_theta"] = rope["rope_theta"]
-    if "rope_scaling" not in config:
-        scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
-        config["rope_scaling"] = None if scaling.get("rope_type", "default") == "default" else scaling
-    try:
-        write_json_atomic(path, config, indent=2)
-    except OSError as exc:  # a read-only or shared cache: the load goes on with the file as it is
-        log.warning(
-            "could not add rope_theta to %s (%s): transformers 4 reads another rotary base", path, exc
-        )
-        return False
-    return True
 
 
 def read_meta(path: Path) -> dict[str, Any] | None:

@@ -33,6 +33,7 @@ from reprotune._model.builtin import (
 )
 from reprotune._model.identity import config_file_names, files_sha256, tokenizer_file_names, weight_file_names
 from reprotune._model.lora import buffer_hashes
+from reprotune._model.rope_keys import rope_read_otherwise
 
 if TYPE_CHECKING:
     import torch
@@ -254,6 +255,9 @@ def load_base_model(
     kind, directory, resolved_revision = resolve_source(name, revision)
     hashes = _hashed_files(kind, directory)
     tokenizer, model = _from_pretrained(directory, torch_dtype)
+    misread = rope_read_otherwise(directory / "config.json", model.config)
+    if misread:
+        log.warning("%s", misread)
     tokenizer.padding_side = padding_side
     embedding_rows = int(model.get_input_embeddings().num_embeddings)
     pad = resolve_pad_token(tokenizer, pad_token_id, embedding_rows)
