@@ -106,8 +106,33 @@ def test_a_trace_made_under_other_kernels_than_its_run_says_so(project: TinyProj
     assert against["assignments"] == [f"{k}={v}" for k, v in LESSER.items()]
     project.run_cli("trace", "native", "--step", str(step), "--out", str(a), "--no-progress")
     assert read_trace(a).header["kernels_vs_run"] == {"differences": [], "assignments": []}
+    assert read_trace(a).header["model_vs_run"] == []
     notes = compare_traces(read_trace(a), read_trace(mine)).notes
     assert any(n.startswith("trace B was made under other kernels than its run's") for n in notes)
+
+
+def test_a_trace_with_another_base_model_than_its_run_says_which_files_and_buffers(tmp_path: Path) -> None:
+    """The model's config.json changed after the run (another rotary base): the trace names the
+    file and the buffer it changes, run's first, its replay does not reproduce the run, and a
+    comparison of traces notes it."""
+    other = TinyProject.create(tmp_path / "p")
+    other.run_cli("run", str(other.config("cfg.yaml")), "--run-dir", "run", "--no-progress")
+    before = other.run_cli("trace", "run", "--step", "1", "--out", str(tmp_path / "a.jsonl"), "--no-progress")
+    assert "base model" not in before.stdout
+    path = other.root / "tiny-model" / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["rope_parameters"] = {"rope_theta": 100000.0, "rope_type": "default"}
+    path.write_text(json.dumps(config), encoding="utf-8")
+    done = other.run_cli("trace", "run", "--step", "1", "--out", str(tmp_path / "b.jsonl"), "--no-progress")
+    assert "  base model        NOT the run's (run vs here): config.json " in done.stdout, done.stdout
+    assert "reproduced        NO" in done.stdout
+    changed = read_trace(tmp_path / "b.jsonl").header["model_vs_run"]
+    names = [entry.split()[0] for entry in changed]
+    assert names[0] == "config.json" and "model.rotary_emb.inv_freq" in names, changed
+    notes = compare_traces(read_trace(tmp_path / "a.jsonl"), read_trace(tmp_path / "b.jsonl")).notes
+    assert any(
+        n.startswith("trace B was made with another base model than its run's (run vs here: ") for n in notes
+    )
 
 
 def test_a_step_traced_twice_is_byte_identical(project: TinyProject) -> None:

@@ -86,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
                 str(args.run_dir), header["step"], against["assignments"], command=args.script_command
             )
             print(f"                    trace again as the run was made: {again}")
+    model = header.get("model_vs_run") or []
+    if model:
+        print(f"  base model        NOT the run's (run vs here): {'; '.join(model)}")
     if args.script_command is not None:
         print(f"  the command       {result.seconds:.2f} s (the script up to step {header['step']})")
     else:

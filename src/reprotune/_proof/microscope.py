@@ -69,6 +69,28 @@ def kernels_against_run(run: RunDir, here: Mapping[str, Any]) -> dict[str, list[
     }
 
 
+#: What identifies a base model's files in a record's ``model`` section, each hashed.
+_MODEL_FILES = ("weights_files", "tokenizer_files", "config_files")
+
+
+def model_against_run(run: RunDir, here: Mapping[str, Any]) -> list[str]:
+    """How the base model loaded here (``here``: a ``model`` section, as a record holds it) differs
+    from the one the run recorded: each file (``config.json 8e7955e0774d vs f61ad784cafc``, run's
+    first) and each buffer (``model.rotary_emb.inv_freq ...``: the same files read otherwise),
+    compared where both hold them; empty when they agree."""
+    recorded = run.section("model")
+    found = []
+    for section in (*_MODEL_FILES, "buffers"):
+        theirs, ours = recorded.get(section), here.get(section)
+        if not isinstance(theirs, Mapping) or not isinstance(ours, Mapping):
+            continue
+        for name in sorted(set(theirs) | set(ours)):
+            run_has, here_has = (str(side.get(name, "(absent)"))[:12] for side in (theirs, ours))
+            if run_has != here_has:
+                found.append(f"{name} {run_has} vs {here_has}")
+    return found
+
+
 def trace_command(
     run_dir: str,
     step: object,

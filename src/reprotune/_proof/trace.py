@@ -1,9 +1,11 @@
 """``reprotune trace RUN_DIR --step K``: the op-level fingerprint of one replayed optimizer step.
 
 The run's step K is replayed in this environment: its setup is built from the record (config,
-split manifest, base model checked by hash), the nearest checkpoint at or before step K - 1 is
-restored (or the run starts from its beginning), the steps up to K - 1 are trained as the run
-trained them, each checked against the run's ledger line, and then step K runs under
+split manifest checked against the data; the base model loaded here is compared with the run's,
+file by file and buffer by buffer, and the header says where it differs), the nearest checkpoint
+at or before step K - 1 is restored (or the run starts from its beginning), the steps up to K - 1
+are trained as the run trained them, each checked against the run's ledger line, and then step K
+runs under
 :class:`OpTracer`, a ``TorchDispatchMode`` that sees every ATen op of the step below autograd: the
 data's, each micro-batch's forward and backward, and the optimizer's. For each op it keeps the op's
 name, the innermost module running (forward, and backward through the module's gradient hooks),
@@ -38,7 +40,7 @@ from typing import Any
 from reprotune._config.loading import config_from_dict
 from reprotune._config.schema import ExperimentConfig
 from reprotune._formats import TRACE
-from reprotune._proof.microscope import kernels_against_run, refuse_untraceable
+from reprotune._proof.microscope import kernels_against_run, model_against_run, refuse_untraceable
 from reprotune._run.checkpoint import restore_checkpoint
 from reprotune._run.checkpoint_files import list_checkpoints, verify_checkpoint
 from reprotune._run.fingerprint import attention_of
@@ -109,7 +111,7 @@ def trace_step(
 
     Raises:
         InputError: not a run directory, a step outside the run, a Trainer-made or distributed
-            run, data or model that do not match the record, an existing ``out``.
+            run, data that do not match the run's split manifest, an existing ``out``.
     """
     say = report or (lambda line: None)
     run = open_run_dir(run_dir)
@@ -203,6 +205,7 @@ def _header(
             "weights_in_sha256": weights_in,
             "kernels": (here := kernel_facts(attention=attention_of(setup.model))),
             "kernels_vs_run": kernels_against_run(run, here),
+            "model_vs_run": model_against_run(run, setup.model_info),
             "environment": trace_environment(setup.device, setup.model),
             "hash": HASH,
         }

@@ -20,7 +20,7 @@ from typing import Any
 from reprotune._config.secrets import mask_secrets
 from reprotune._errors import RunFailedError
 from reprotune._proof.command_legs import Runner, parse_command
-from reprotune._proof.microscope import kernels_against_run, refuse_untraceable
+from reprotune._proof.microscope import kernels_against_run, model_against_run, refuse_untraceable
 from reprotune._run.rundir import RunDir, open_run_dir
 from reprotune._run.tracefile import TraceResult, new_trace_path, read_trace, write_trace
 from reprotune.integrations.controls import Controls
@@ -100,5 +100,6 @@ def _judged(header: dict[str, Any], run: RunDir, made: RunDir, step: int, comman
             "replayed_line": line,
         },
         kernels_vs_run=kernels_against_run(run, header["kernels"]),
+        model_vs_run=model_against_run(run, made.section("model")),
     )
     return header

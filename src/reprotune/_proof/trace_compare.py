@@ -167,6 +167,12 @@ def _notes(a: Trace, b: Trace) -> Iterable[str]:
                 f"trace {label} was made under other kernels than its run's (run vs here: "
                 f"{'; '.join(against['differences'])}): it shows those kernels' step; {again}"
             )
+        model = trace.header.get("model_vs_run") or []
+        if model:
+            yield (
+                f"trace {label} was made with another base model than its run's (run vs here: "
+                f"{'; '.join(model)}): it shows that model's step"
+            )
         reproduced = trace.header.get("reproduced") or {}
         if reproduced.get("step") is False:
             fields = ", ".join(reproduced.get("differing_fields") or [])

@@ -12,7 +12,9 @@ lines: each step before the traced one, and the traced step's line, field by fie
 hashes them; null for step 0),
 ``kernels`` (the machine's kernel facts, ``_run.kernels``), ``kernels_vs_run`` (how they differ
 from the facts the run recorded, and the steering variables to set so they agree; null for a record
-without them; absent in traces written before it), ``environment`` (host, torch, Python,
+without them; absent in traces written before it), ``model_vs_run`` (how the base model loaded
+for the replay differs from the run's: each file and buffer, run's first; empty when it is the
+run's; absent in traces written before it), ``environment`` (host, torch, Python,
 threads, ``libraries``: the versions of the libraries that compute a step, ``buffers``: the
 model's buffers by name, as the record's ``model.buffers``), ``hash`` (the content hash used),
 ``ops`` (how many op lines follow). Nothing that depends on the time or the process: the same
@@ -144,6 +146,7 @@ class TraceHeader(BaseModel):
     weights_in_sha256: str | None
     kernels: _Kernels
     kernels_vs_run: _KernelsVsRun | None = None
+    model_vs_run: list[str] | None = None
     environment: _Environment | None = None
     ops: int = Field(ge=0)
 
