@@ -85,8 +85,8 @@ def model_against_run(run: RunDir, here: Mapping[str, Any]) -> list[str]:
         if not isinstance(theirs, Mapping) or not isinstance(ours, Mapping):
             continue
         for name in sorted(set(theirs) | set(ours)):
-            run_has, here_has = (str(side.get(name, "(absent)"))[:12] for side in (theirs, ours))
-            if run_has != here_has:
+            if theirs.get(name) != ours.get(name):
+                run_has, here_has = (str(side.get(name, "(absent)"))[:12] for side in (theirs, ours))
                 found.append(f"{name} {run_has} vs {here_has}")
     return found
 
