@@ -18,6 +18,14 @@ from reprotune._jsonio import read_json_object, write_json_atomic
 log = logging.getLogger(__name__)
 
 
+def _nested_only(config: dict[str, Any]) -> dict[str, Any] | None:
+    """``rope_parameters`` when it is the only place ``config`` gives the rotary base, else None."""
+    rope = config.get("rope_parameters")
+    if not isinstance(rope, dict) or "rope_theta" in config or "rope_theta" not in rope:
+        return None
+    return rope
+
+
 def portable_rope_config(path: Path) -> bool:
     """Give a ``config.json`` that transformers 5 wrote the rotary keys transformers 4 reads.
 
@@ -32,8 +40,8 @@ def portable_rope_config(path: Path) -> bool:
         Whether the file was rewritten.
     """
     config = read_json_object(path)
-    rope = config.get("rope_parameters")
-    if not isinstance(rope, dict) or "rope_theta" in config or "rope_theta" not in rope:
+    rope = _nested_only(config)
+    if rope is None:
         return False
     config["rope_theta"] = rope["rope_theta"]
     if "rope_scaling" not in config:
@@ -55,9 +63,8 @@ def rope_read_otherwise(config_path: Path, config: Any) -> str | None:
     The file gives it only as ``rope_parameters.rope_theta`` and the loaded config's own
     ``rope_theta`` (transformers 4's) is another value: the model is not the one saved.
     """
-    data = read_json_object(config_path)
-    rope = data.get("rope_parameters")
-    if not isinstance(rope, dict) or "rope_theta" in data or "rope_theta" not in rope:
+    rope = _nested_only(read_json_object(config_path))
+    if rope is None:
         return None
     in_force = getattr(config, "rope_theta", None)
     if in_force is None or in_force == rope["rope_theta"]:

@@ -112,6 +112,16 @@ def _rows(rows: Sequence[int]) -> str:
     return f"row{'s' if len(rows) > 1 else ''} {shown}{more}"
 
 
+def hash_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """``name 0e05ff5d02e2 vs 557938a13816`` for each name whose hash differs in two mappings of
+    name -> sha256 (``(absent)`` on the side that lacks it), in name order."""
+    return [
+        f"{name} {str(a.get(name, '(absent)'))[:12]} vs {str(b.get(name, '(absent)'))[:12]}"
+        for name in sorted(set(a) | set(b))
+        if a.get(name) != b.get(name)
+    ]
+
+
 def value_text(value: Any, absent: bool) -> str:
     if absent:
         return "(absent)"

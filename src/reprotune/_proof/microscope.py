@@ -9,6 +9,7 @@ from typing import Any
 
 from reprotune._determinism.isa import BASELINES
 from reprotune._errors import InputError
+from reprotune._proof.cause_texts import hash_differences
 from reprotune._proof.causes import is_traceable_cause
 from reprotune._proof.differences import Where
 from reprotune._proof.world import world_size
@@ -84,10 +85,7 @@ def model_against_run(run: RunDir, here: Mapping[str, Any]) -> list[str]:
         theirs, ours = recorded.get(section), here.get(section)
         if not isinstance(theirs, Mapping) or not isinstance(ours, Mapping):
             continue
-        for name in sorted(set(theirs) | set(ours)):
-            if theirs.get(name) != ours.get(name):
-                run_has, here_has = (str(side.get(name, "(absent)"))[:12] for side in (theirs, ours))
-                found.append(f"{name} {run_has} vs {here_has}")
+        found += hash_differences(theirs, ours)
     return found
 
 

@@ -9,6 +9,7 @@ from reprotune._jsonio import empty_beside_keys, flattened
 from reprotune._proof.differences import Category, Difference
 from reprotune._proof.inert import is_inert
 from reprotune._proof.microscope import kernels_of
+from reprotune._proof.stack_causes import BUFFERS_PREFIX
 from reprotune._run.rundir import RunDir
 
 # Record section -> the category its differences are listed under. Sections left out (run_id,
@@ -27,7 +28,6 @@ _SECTIONS: dict[str, Category] = {
 
 
 _KERNELS = "environment.kernels."
-_BUFFERS = "model.buffers."
 _NEUTRAL = {f"config.{key}": value for key, value in NEUTRAL_DEFAULTS.items()}
 
 
@@ -50,7 +50,7 @@ def record_differences(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
             category: Category = "kernels" if key.startswith(_KERNELS) else section_category
             if category == "kernels" and not both_kernels:
                 continue
-            if (key == "model.buffers" or key.startswith(_BUFFERS)) and not both_buffers:
+            if (key == "model.buffers" or key.startswith(BUFFERS_PREFIX)) and not both_buffers:
                 continue  # a record made before reprotune hashed buffers: unknown, not different
             if key in _NEUTRAL and flat_a.get(key, _NEUTRAL[key]) == flat_b.get(key, _NEUTRAL[key]):
                 continue

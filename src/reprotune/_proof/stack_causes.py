@@ -8,7 +8,7 @@ from reprotune._proof.cause_texts import MAX_SHOWN, value_text
 from reprotune._proof.differences import Difference
 from reprotune._run.stack import COMPUTING_LIBRARIES
 
-_BUFFERS = "model.buffers."
+BUFFERS_PREFIX = "model.buffers."  # the record keys of the model's buffers
 _DISTRIBUTIONS = "environment.distributions."
 TRANSFORMERS_KEY = f"{_DISTRIBUTIONS}transformers"
 # Environment keys that most often change numbers after the computing libraries, in that order:
@@ -59,14 +59,16 @@ def model_files_text(diffs: list[Difference], reader: Difference | None) -> str:
     (the same file read otherwise: ``reader``, the transformers versions, when they differ)."""
     texts = []
     files = [d for d in diffs if d.key.startswith("model.config_files.")]
-    files = files or [d for d in diffs if not d.key.startswith(_BUFFERS)]
+    files = files or [d for d in diffs if not d.key.startswith(BUFFERS_PREFIX)]
     if files:
         named = [f"{d.key.removeprefix('model.config_files.')} {pair_text(d)}" for d in files[:MAX_SHOWN]]
         shown = "; ".join(named)
         texts.append(f"a file that defines the base model's computation differs: {shown}")
-    buffers = sorted((d for d in diffs if d.key.startswith(_BUFFERS)), key=lambda d: d.change != "changed")
+    buffers = sorted(
+        (d for d in diffs if d.key.startswith(BUFFERS_PREFIX)), key=lambda d: d.change != "changed"
+    )
     if buffers:
-        shown = "; ".join(f"{d.key.removeprefix(_BUFFERS)} {pair_text(d)}" for d in buffers[:MAX_SHOWN])
+        shown = "; ".join(f"{d.key.removeprefix(BUFFERS_PREFIX)} {pair_text(d)}" for d in buffers[:MAX_SHOWN])
         how = f"transformers {pair_text(reader)}" if reader else "the library"
         how += " read them otherwise"
         why = "" if files else f" (with equal config files: {how})"

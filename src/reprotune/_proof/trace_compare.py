@@ -17,19 +17,23 @@ No torch.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from reprotune._errors import InputError
 from reprotune._formats import TRACE_COMPARISON
 from reprotune._proof.microscope import trace_command
-from reprotune._proof.trace_paths import buffer_differences, library_differences, numbers_after_part
+from reprotune._proof.trace_paths import (
+    buffer_differences,
+    library_differences,
+    module_ops,
+    numbers_after_part,
+)
 from reprotune._run.kernels import kernel_differences
 from reprotune._run.tracefile import Trace, TraceOp
 
 Finding = Literal["identical", "kernel", "inputs", "sequence", "length"]
-_SHOWN_OPS = 8
 
 #: Ops that ATen computes on a CPU, for float32 tensors, with MKL's vector math, in a kernel built on
 #: ``rsqrtps``: its bits follow each CPU's own approximation, whatever MKL's settings.
@@ -133,12 +137,6 @@ def _origin(index: int, op: TraceOp, produced: set[str]) -> tuple[str, bool]:
     )
 
 
-def _module_ops(ops: Sequence[TraceOp], start: int, phase: str, module: str) -> list[str]:
-    found = [op.op for op in ops[start:] if op.phase == phase and op.module == module]
-    more = f" ... ({len(found)} in all)" if len(found) > _SHOWN_OPS else ""
-    return found[:_SHOWN_OPS] + ([more] if more else [])
-
-
 def _notes(a: Trace, b: Trace) -> Iterable[str]:
     ca, cb = a.header.get("config_sha256"), b.header.get("config_sha256")
     configs_differ = bool(ca and cb and ca != cb)
@@ -214,14 +212,15 @@ def compare_traces(a: Trace, b: Trace) -> TraceComparison:
             "`reprotune compare` of the two runs names",
         )
     facts = kernel_differences(a.header.get("kernels") or {}, b.header.get("kernels") or {})
-    kernels = facts + [d for d in library_differences(a, b) if d.startswith("torch ")]  # torch's ATen ops
+    libraries = library_differences(a, b)
+    kernels = facts + [d for d in libraries if d.startswith("torch ")]  # torch computes the ATen ops
     notes = tuple(_notes(a, b))
     paths = (str(a.path), str(b.path))
     produced: set[str] = set()
     compared = 0
     for op_a, op_b in zip(a.ops, b.ops, strict=False):
         if op_a.key != op_b.key:
-            return _sequence(a, b, op_a, op_b, compared, notes, paths)
+            return _sequence(a, b, (op_a, op_b), compared, (kernels, libraries), notes, paths)
         compared += 1
         same_in = op_a.inputs == op_b.inputs and op_a.args == op_b.args
         if same_in and op_a.outputs == op_b.outputs:
@@ -288,27 +287,27 @@ def _approximation_note(a: Trace, op: TraceOp) -> tuple[str, ...]:
 def _sequence(
     a: Trace,
     b: Trace,
-    op_a: TraceOp,
-    op_b: TraceOp,
+    ops: tuple[TraceOp, TraceOp],
     compared: int,
+    differences: tuple[list[str], list[str]],
     notes: tuple[str, ...],
     paths: tuple[str, str],
 ) -> TraceComparison:
-    """The op streams part at position ``compared``: another code path."""
+    """The op streams part at position ``compared``: another code path (``differences``: the
+    kernel facts and torch version, and the library versions, that differ in the headers)."""
+    (op_a, op_b), (kernels, libraries) = ops, differences
     step = a.header.get("step")
     module = op_a.module if op_a.module == op_b.module else f"{op_a.module} / {op_b.module}"
     attention = kernel_differences(
         {"attention": (a.header.get("kernels") or {}).get("attention")},
         {"attention": (b.header.get("kernels") or {}).get("attention")},
     )
-    kernels = kernel_differences(a.header.get("kernels") or {}, b.header.get("kernels") or {})
-    libraries = library_differences(a, b)
-    numbers = numbers_after_part(a, b, [*kernels, *(d for d in libraries if d.startswith("torch "))])
+    numbers = numbers_after_part(a, b, kernels)
     text = (
         f"step {step}, {op_a.phase}, {module}: the op sequences part after {compared} equal ops "
         "(another code path: another attention implementation or library version computes this part)",
-        f"A runs: {', '.join(_module_ops(a.ops, compared, op_a.phase, op_a.module))}",
-        f"B runs: {', '.join(_module_ops(b.ops, compared, op_b.phase, op_b.module))}",
+        f"A runs: {module_ops(a.ops[compared:], (op_a.phase, op_a.module))}",
+        f"B runs: {module_ops(b.ops[compared:], (op_b.phase, op_b.module))}",
         *(f"recorded: {d}" for d in attention),
         *[f"recorded: the libraries that compute the step differ: {'; '.join(libraries)}"][: len(libraries)],
         *numbers.explanation,

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from reprotune._proof.cause_texts import hash_differences
 from reprotune._run.stack import COMPUTING_LIBRARIES
 from reprotune._run.tracefile import PLACEHOLDER_HASHES, Trace, TraceOp
 
@@ -158,8 +159,4 @@ def buffer_differences(a: Trace, b: Trace) -> list[str]:
     """The model buffers (computed from the config at load) whose hash differs in the two headers:
     ``model.rotary_emb.inv_freq 0e05ff5d02e2 vs 557938a13816``."""
     buf_a, buf_b = ((t.header.get("environment") or {}).get("buffers") or {} for t in (a, b))
-    return [
-        f"{name} {str(buf_a.get(name, '(absent)'))[:12]} vs {str(buf_b.get(name, '(absent)'))[:12]}"
-        for name in sorted(set(buf_a) | set(buf_b))
-        if buf_a.get(name) != buf_b.get(name) and buf_a and buf_b
-    ]
+    return hash_differences(buf_a, buf_b) if buf_a and buf_b else []
