@@ -229,6 +229,7 @@ def _facts(**changes: Any) -> TrainerFacts:
         ({"world_size": 2}, "distributed-rank0-only"),
         ({"args": {"torch_compile": True}}, "torch-compile"),
         ({"cpu_isa": "avx2-compatible", "unfused_optimizer": "AdamW"}, "portable-mode-optimizer"),
+        ({"config_misread": ("config.json gives ...", "add ...")}, "config-read-otherwise"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
@@ -556,3 +557,35 @@ def test_an_output_dir_holding_another_runs_checkpoints_is_a_finding(model_dir: 
     # A branch (a resume into a new run directory) is a new run: every checkpoint there is another's.
     assert len(foreign_checkpoints(str(out), str(out / "checkpoint-1"), tmp_path / "branch")) == 2
     assert foreign_checkpoints(str(out), str(out / "checkpoint-1"), tmp_path / "b") == ()
+
+
+def test_a_rotary_base_this_transformers_does_not_read_is_a_finding(model_dir: Path, tmp_path: Path) -> None:
+    """A base model whose config.json gives its rotary base only in ``rope_parameters`` (as
+    transformers 5 writes it), trained under the callback: transformers 4 (the floors' part of
+    scripts/test.sh) computes with its default base, which the callback warns and records, naming
+    the file, both bases and the key to add; transformers 5 reads it, and there is no finding."""
+    import shutil
+
+    import transformers
+
+    rope_only = tmp_path / "rope-only-model"
+    shutil.copytree(model_dir, rope_only)
+    config = json.loads((rope_only / "config.json").read_text(encoding="utf-8"))
+    for legacy in ("rope_theta", "rope_scaling"):
+        config.pop(legacy, None)
+    config["rope_parameters"] = {"rope_theta": 100000.0, "rope_type": "default"}
+    (rope_only / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    _, run_dir = _train(rope_only, tmp_path, "run", max_steps=1)
+    found = [f for f in load_record(run_dir)["findings"] if f["code"] == "config-read-otherwise"]
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        assert found == []
+        return
+    assert len(found) == 1 and found[0]["severity"] == "warning"
+    assert found[0]["title"] == (
+        f"{rope_only / 'config.json'} gives the rotary base as rope_parameters.rope_theta = 100000.0, a "
+        "key this transformers does not read: the model computes with rope_theta 10000.0 (its default), "
+        "not the model that was saved (by transformers 5)"
+    )
+    assert found[0]["fix"] == (
+        'add "rope_theta": 100000.0 beside rope_parameters in config.json, or use transformers 5'
+    )

@@ -37,7 +37,13 @@ def test_the_libraries_that_compute_the_step_are_the_cause_and_the_trace_follows
     )
     inert = {d.key for d in result.differences if d.inert}
     assert "environment.python.executable" in inert
-    assert f"  reprotune trace {a} --step 3 --out A-step-3.trace.jsonl" in result.next_steps
+    # Both may be on one machine: each command is headed by the libraries it must trace with.
+    assert result.next_steps[:4] == (
+        "in A's environment (x86_64; transformers 5.24.0, peft 0.21.2, accelerate 1.15.0):",
+        f"  reprotune trace {a} --step 3 --out A-step-3.trace.jsonl",
+        "in B's environment (x86_64; transformers 4.56.0, peft 0.17.0, accelerate 1.10.0):",
+        f"  reprotune trace {b} --step 3 --out B-step-3.trace.jsonl",
+    )
 
 
 def test_lora_fields_one_peft_version_lacks_are_listed_and_inert(tmp_path: Path) -> None:

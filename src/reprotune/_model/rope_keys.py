@@ -57,11 +57,11 @@ def portable_rope_config(path: Path) -> bool:
     return True
 
 
-def rope_read_otherwise(config_path: Path, config: Any) -> str | None:
-    """Why the loaded ``config`` computes another rotary base than ``config_path`` gives, or None.
+def rope_misread(config_path: Path, config: Any) -> tuple[str, str] | None:
+    """What the loaded ``config`` computes otherwise than ``config_path`` gives, and the fix; or None.
 
-    The file gives it only as ``rope_parameters.rope_theta`` and the loaded config's own
-    ``rope_theta`` (transformers 4's) is another value: the model is not the one saved.
+    The file gives the rotary base only as ``rope_parameters.rope_theta`` and the loaded config's
+    own ``rope_theta`` (transformers 4's) is another value: the model is not the one saved.
     """
     rope = _nested_only(read_json_object(config_path))
     if rope is None:
@@ -69,9 +69,18 @@ def rope_read_otherwise(config_path: Path, config: Any) -> str | None:
     in_force = getattr(config, "rope_theta", None)
     if in_force is None or in_force == rope["rope_theta"]:
         return None
-    return (
+    what = (
         f"{config_path} gives the rotary base as rope_parameters.rope_theta = {rope['rope_theta']}, a key "
         f"this transformers does not read: the model computes with rope_theta {in_force} (its default), "
-        "not the model that was saved (by transformers 5); add "
-        f'"rope_theta": {rope["rope_theta"]} beside rope_parameters in config.json, or use transformers 5'
+        "not the model that was saved (by transformers 5)"
     )
+    fix = (
+        f'add "rope_theta": {rope["rope_theta"]} beside rope_parameters in config.json, or use transformers 5'
+    )
+    return what, fix
+
+
+def rope_read_otherwise(config_path: Path, config: Any) -> str | None:
+    """:func:`rope_misread` in one sentence, as ``load_base_model`` warns it."""
+    misread = rope_misread(config_path, config)
+    return None if misread is None else "; ".join(misread)

@@ -15,6 +15,7 @@ from reprotune._proof.differences import Where
 from reprotune._proof.world import world_size
 from reprotune._run.kernels import kernel_differences
 from reprotune._run.rundir import RunDir
+from reprotune._run.stack import COMPUTING_LIBRARIES
 
 
 def kernels_of(run: RunDir) -> Mapping[str, Any] | None:
@@ -30,6 +31,19 @@ def _machine(run: RunDir) -> str:
         if isinstance(cpu, Mapping) and cpu.get("model"):
             return str(cpu["model"])
     return "its CPU is not recorded"
+
+
+def _differing_libraries(run_a: RunDir, run_b: RunDir) -> dict[str, list[tuple[str, str]]]:
+    """Label -> (name, version) of each of ``COMPUTING_LIBRARIES`` whose version the two records
+    give otherwise (empty when none does); a library one side lacks is "absent" there."""
+    installed = {
+        label: run.section("environment").get("distributions") or {}
+        for label, run in (("A", run_a), ("B", run_b))
+    }
+    names = [n for n in COMPUTING_LIBRARIES if installed["A"].get(n) != installed["B"].get(n)]
+    if not names:
+        return {}
+    return {label: [(n, str(found.get(n) or "absent")) for n in names] for label, found in installed.items()}
 
 
 def steering_assignments(
@@ -195,8 +209,13 @@ def trace_commands(run_a: RunDir, run_b: RunDir, where: Where, causes: Sequence[
     if refusals:
         yield from refusals
         return
+    stacks = _differing_libraries(run_a, run_b)
     for label, run in (("A", run_a), ("B", run_b)):
-        yield f"on {label}'s machine ({_machine(run)}):"
+        if stacks:  # two environments, perhaps on one machine: say which libraries trace there
+            versions = ", ".join(f"{name} {version}" for name, version in stacks[label])
+            yield f"in {label}'s environment ({_machine(run)}; {versions}):"
+        else:
+            yield f"on {label}'s machine ({_machine(run)}):"
         assignments = steering_assignments(kernels_of(run))
         script = f"<the command that made run {label}>" if made_by_trainer(run) else None
         out = f"{label}-step-{step}.trace.jsonl"

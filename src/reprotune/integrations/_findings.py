@@ -34,6 +34,7 @@ FINDING_CODES: tuple[str, ...] = (
     "distributed-rank0-only",
     "output-dir-shared",
     "portable-mode-optimizer",
+    "config-read-otherwise",
 )
 
 
@@ -88,6 +89,8 @@ class TrainerFacts:
         cpu_isa: the ``determinism.cpu_isa`` mode in force (``_determinism.isa.isa_in_force``).
         unfused_optimizer: the optimizer's class when, training on a CPU, its step may take a
             float32 square root through MKL's vector math (:func:`sqrt_taking_optimizer`).
+        config_misread: what the installed transformers computes otherwise than the base model's
+            ``config.json`` gives, and the fix (``_model.rope_keys.rope_misread``), or None.
     """
 
     args: Any
@@ -106,6 +109,7 @@ class TrainerFacts:
     foreign_checkpoints: tuple[str, ...] = ()
     cpu_isa: str = "native"
     unfused_optimizer: str | None = None
+    config_misread: tuple[str, str] | None = None
 
 
 def sqrt_taking_optimizer(optimizer: Any) -> str | None:
@@ -151,14 +155,14 @@ def _finding(code: str, severity: Severity, title: str, why: str, fix: str) -> d
 
 @dataclass(frozen=True)
 class _Rule:
-    """One finding and when it applies: ``title`` may name values of the facts."""
+    """One finding and when it applies: ``title`` (and ``fix``) may name values of the facts."""
 
     applies: Callable[[TrainerFacts], bool]
     code: str
     severity: Severity
     title: Callable[[TrainerFacts], str]
     why: str
-    fix: str
+    fix: str | Callable[[TrainerFacts], str]
 
 
 def _strategy(facts: TrainerFacts) -> str:
@@ -210,6 +214,15 @@ _RULES: tuple[_Rule, ...] = (
         lambda f: "TF32 matmuls are on",
         "TF32 rounds matmul inputs to 10 mantissa bits; results depend on the GPU model",
         "pass tf32=False to TrainingArguments",
+    ),
+    _Rule(
+        lambda f: f.config_misread is not None,
+        "config-read-otherwise",
+        "warning",
+        lambda f: f.config_misread[0] if f.config_misread else "",
+        "the base model's buffers (its rotary frequencies) and so every step differ from a run of the "
+        "same files on transformers 5; the record's model.buffers show it to compare",
+        lambda f: f.config_misread[1] if f.config_misread else "",
     ),
 )
 
@@ -315,7 +328,11 @@ _LATER_RULES: tuple[_Rule, ...] = (
 
 
 def _apply(rules: tuple[_Rule, ...], facts: TrainerFacts) -> list[dict[str, str]]:
-    return [_finding(r.code, r.severity, r.title(facts), r.why, r.fix) for r in rules if r.applies(facts)]
+    return [
+        _finding(r.code, r.severity, r.title(facts), r.why, r.fix(facts) if callable(r.fix) else r.fix)
+        for r in rules
+        if r.applies(facts)
+    ]
 
 
 def trainer_findings(facts: TrainerFacts) -> list[dict[str, str]]:

@@ -34,6 +34,7 @@ from reprotune._errors import InputError
 from reprotune._jsonio import canonical_sha256, json_safe
 from reprotune._model.identity import config_file_names, files_sha256, tokenizer_file_names, weight_file_names
 from reprotune._model.lora import buffer_hashes, lora_config_dict
+from reprotune._model.rope_keys import rope_misread
 from reprotune._run import layout
 from reprotune._run.fingerprint import CodeInfo, attention_of, code_fingerprint, environment_fingerprint
 from reprotune.integrations.controls import UNRECORDED_VARIABLES, Controls
@@ -162,6 +163,16 @@ def model_section(model: Any, processing_class: Any) -> dict[str, Any]:
     if isinstance(base, torch.nn.Module):
         section["buffers"] = buffer_hashes(base)
     return section
+
+
+def config_misread(model: Any, model_info: Mapping[str, Any]) -> tuple[str, str] | None:
+    """What the installed transformers computes otherwise than the base model's ``config.json``
+    (found by :func:`model_section`) gives, and the fix; None where it reads it as written."""
+    directory = model_info.get("resolved_path")
+    config = getattr(base_model_of(model), "config", None)
+    if directory is None or config is None or not (Path(directory) / "config.json").is_file():
+        return None
+    return rope_misread(Path(directory) / "config.json", config)
 
 
 def rows_sha256(dataset: Any) -> tuple[int | None, str | None]:

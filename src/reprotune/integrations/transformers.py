@@ -376,6 +376,7 @@ class ReprotuneCallback(TrainerCallback):
                 args.output_dir, self._checkpoint, self._controls.run_dir or self._run_dir
             ),
             **portable_facts(getattr(self._trainer, "optimizer", None), model),
+            config_misread=sections.config_misread(model, model_info),
         )
         findings = trainer_findings(facts)
         if not self._warned:
