@@ -13,6 +13,7 @@ every world size), LoRA dropout 0.1, a checkpoint every 4 steps, validation at 4
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from reprotune._run.ledger import RANK_BATCHES, read_ledger
 from reprotune._run.record import load_record
 from tinyrun import TinyProject
 from torchruns import QUIET, TRAIN, Launch, completed, launch
+from warm import run_module
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -303,3 +305,38 @@ def test_verify_under_torchrun(project: TinyProject, ddp_twins: tuple[Launch, La
     assert legs["control-resume"][1] is None
     for name in ("rerun-resume", "control-seed"):
         assert load_record(project.root / "verify-ddp" / name)["distributed"]["world_size"] == 2
+
+
+_THREADS_AFTER_THE_RUN = """
+import os, sys
+from reprotune._cli import main
+code = main(sys.argv[1:])
+names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print("rank", os.environ["RANK"], "gloo threads after the run:", sorted(n for n in names if "gloo" in n))
+sys.exit(code)
+"""
+
+
+def test_each_rank_destroys_its_process_group_when_the_run_returns(project: TinyProject) -> None:
+    """When a DDP run returns, each rank's gloo group is destroyed: its gloo threads are gone. Left
+    to the garbage collector, DDP's reducer would hold the group's last reference and destroy it
+    holding the GIL, which a gloo worker thread may be waiting for: a rank then hung at exit (1 in
+    14 launches here; ``_train.distributed.leave_process_group``)."""
+    script = project.root / "threads_after_the_run.py"
+    script.write_text(_THREADS_AFTER_THE_RUN, encoding="utf-8")
+    command = [
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(script),
+        "run",
+        "ddp.yaml",
+        "--run-dir",
+        "runs/ddp-threads",
+    ]
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "OMP_NUM_THREADS": "1"}
+    done = run_module("torch.distributed.run", [*command, *QUIET], cwd=project.root, env=env, timeout=600)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-6000:]
+    after = sorted(line for line in output.splitlines() if "gloo threads after the run" in line)
+    assert after == [f"rank {r} gloo threads after the run: []" for r in (0, 1)]

@@ -405,6 +405,42 @@ def test_builtin_cache_tampering_is_caught(
     assert f"delete {target}" in (info.value.fix or "")
 
 
+@pytest.mark.slow
+def test_a_folder_converted_before_the_rotary_keys_gets_them_on_its_next_load(
+    smollm2_cache: tuple[Path, LoadedModel], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cached conversion whose config.json gives the rotary base only in ``rope_parameters`` (as
+    conversions made before the mend did) gains ``rope_theta`` beside it on its next load, whether
+    its metadata names the GGUF as installed or the GGUF is found again by its hash (a reinstall);
+    nothing else in the file changes, and the weights are not converted again."""
+    _, first = smollm2_cache
+    folder = Path(first.info["resolved_path"])
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    old_form = {k: v for k, v in config.items() if k not in ("rope_theta", "rope_scaling")}
+    assert old_form["rope_parameters"]["rope_theta"] == 100000.0  # transformers 5 wrote it so
+
+    def no_conversion(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(builtin_mod, "convert_gguf", no_conversion)
+    for case in ("installed", "reinstalled"):
+        target = tmp_path / case / "models" / folder.name
+        target.mkdir(parents=True)
+        for path in folder.iterdir():
+            if path.name not in ("config.json", builtin_mod.BUILTIN_META):
+                os.symlink(path, target / path.name)
+        meta = json.loads((folder / builtin_mod.BUILTIN_META).read_text(encoding="utf-8"))
+        if case == "reinstalled":
+            meta["gguf"]["path"] = "/elsewhere/model.gguf"
+        (target / builtin_mod.BUILTIN_META).write_text(json.dumps(meta), encoding="utf-8")
+        (target / "config.json").write_text(json.dumps(old_form, indent=2), encoding="utf-8")
+        monkeypatch.setenv("REPROTUNE_CACHE_DIR", str(tmp_path / case))
+        assert builtin_mod.ensure_builtin("builtin:smollm2-135m-instruct") == target
+        mended = json.loads((target / "config.json").read_text(encoding="utf-8"))
+        assert (mended["rope_theta"], mended["rope_scaling"]) == (100000.0, None), case
+        assert {k: v for k, v in mended.items() if k not in ("rope_theta", "rope_scaling")} == old_form
+
+
 def test_custom_code_and_config_files_are_hashed(tmp_path: Path) -> None:
     """config.json, generation_config.json and custom *.py code each count in config_sha256."""
     directory = build_tiny_model(tmp_path / "m", seed=0)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import hashlib
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -154,7 +155,24 @@ def process_group(cfg: ExperimentConfig | None) -> Iterator[DistContext | None]:
         yield ctx
     finally:
         if ctx is not None and ours and dist.is_initialized():
-            dist.destroy_process_group()
+            leave_process_group()
+
+
+def leave_process_group() -> None:
+    """``destroy_process_group``, after the objects that hold the group from C++ are gone.
+
+    A gloo group's destructor takes its work queue's lock, which a worker thread holds while it
+    drops a finished collective's tensors, for which it needs the GIL. The group's Python object
+    releases the GIL before it destroys the group; DDP's reducer, which holds the group too, does
+    not. A DDP model left to the garbage collector can so hold the last reference, and a rank
+    whose collection comes within milliseconds of its last collective hangs for good (seen at
+    exit in 1 of 14 two-rank DDP launches here). So the unreachable DDP model is collected first,
+    while ``group`` keeps the group alive: the last reference is then this Python one.
+    """
+    group = dist.group.WORLD
+    gc.collect()
+    dist.destroy_process_group()
+    del group  # the last reference: the group is destroyed here, with the GIL released
 
 
 # --- where rows go, and the seeds of each micro-batch --------------------------------------------
