@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+import transformers
 from trainer_scripts import as_logged, length_grouped, tiny_trainer
 
 from reprotune._cli import main
@@ -25,9 +28,10 @@ from reprotune.integrations._findings import (
     TrainerFacts,
     probe_seed,
     seeds_before_adapter,
-    sqrt_taking_optimizer,
     trainer_findings,
 )
+from reprotune.integrations._portable import sqrt_taking_optimizer
+from reprotune.integrations._sections import config_misread
 from reprotune.integrations.controls import STOP_AFTER, Controls
 from reprotune.integrations.transformers import ReproducibilityWarning, ReprotuneCallback
 from reprotune.testing import tiny_rows
@@ -564,10 +568,6 @@ def test_a_rotary_base_this_transformers_does_not_read_is_a_finding(model_dir: P
     transformers 5 writes it), trained under the callback: transformers 4 (the floors' part of
     scripts/test.sh) computes with its default base, which the callback warns and records, naming
     the file, both bases and the key to add; transformers 5 reads it, and there is no finding."""
-    import shutil
-
-    import transformers
-
     rope_only = tmp_path / "rope-only-model"
     shutil.copytree(model_dir, rope_only)
     config = json.loads((rope_only / "config.json").read_text(encoding="utf-8"))
@@ -582,10 +582,33 @@ def test_a_rotary_base_this_transformers_does_not_read_is_a_finding(model_dir: P
         return
     assert len(found) == 1 and found[0]["severity"] == "warning"
     assert found[0]["title"] == (
-        f"{rope_only / 'config.json'} gives the rotary base as rope_parameters.rope_theta = 100000.0, a "
-        "key this transformers does not read: the model computes with rope_theta 10000.0 (its default), "
+        f"{rope_only.resolve() / 'config.json'} gives the rotary base as "
+        "rope_parameters.rope_theta = 100000.0, a key this transformers does not read: the model "
+        "computes with rope_theta 10000.0 (its default), "
         "not the model that was saved (by transformers 5)"
     )
     assert found[0]["fix"] == (
         'add "rope_theta": 100000.0 beside rope_parameters in config.json, or use transformers 5'
     )
+
+
+def test_config_misread_compares_the_loaded_config_with_its_file(tmp_path: Path) -> None:
+    """What the callback reads on either stack: the loaded config's rotary base against the
+    config.json of the folder the model section found (transformers 4's default 10000.0 against
+    the file's 100000.0 is a misreading, with the fix naming the value); an equal base, a file
+    with ``rope_theta`` at its top, or no folder found, is none."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}}))
+    found = {"resolved_path": str(tmp_path)}
+    read_as = lambda theta: SimpleNamespace(config=SimpleNamespace(rope_theta=theta))  # noqa: E731
+    misread = config_misread(read_as(10000.0), found)
+    assert misread is not None
+    assert misread[0].startswith(f"{path} gives the rotary base as rope_parameters.rope_theta = 100000.0")
+    assert (
+        misread[1]
+        == 'add "rope_theta": 100000.0 beside rope_parameters in config.json, or use transformers 5'
+    )
+    assert config_misread(read_as(100000.0), found) is None
+    assert config_misread(read_as(10000.0), {"resolved_path": None}) is None
+    path.write_text(json.dumps({"rope_theta": 100000.0, "rope_parameters": {"rope_theta": 100000.0}}))
+    assert config_misread(read_as(10000.0), found) is None

@@ -26,6 +26,7 @@ import datetime
 import gc
 import hashlib
 import os
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -153,9 +154,28 @@ def process_group(cfg: ExperimentConfig | None) -> Iterator[DistContext | None]:
     ctx = start_process_group(cfg) if cfg is not None else None
     try:
         yield ctx
+    except BaseException as exc:
+        if ctx is not None and ours:
+            _drop_locals(exc)  # the frames it passed through hold the DDP model: let it go
+        raise
     finally:
         if ctx is not None and ours and dist.is_initialized():
             leave_process_group()
+
+
+def _drop_locals(exc: BaseException) -> None:
+    """Clear the locals of the finished frames of ``exc``'s traceback and of the exceptions it was
+    raised from or during, so that what only they hold can be collected now (the messages and
+    line numbers stay)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)  # frames still running are left as they are
+        todo += [current.__cause__, current.__context__]
 
 
 def leave_process_group() -> None:
@@ -167,7 +187,9 @@ def leave_process_group() -> None:
     not. A DDP model left to the garbage collector can so hold the last reference, and a rank
     whose collection comes within milliseconds of its last collective hangs for good (seen at
     exit in 1 of 14 two-rank DDP launches here). So the unreachable DDP model is collected first,
-    while ``group`` keeps the group alive: the last reference is then this Python one.
+    while ``group`` keeps the group alive: the last reference is then this Python one. (A run makes
+    no other group: FSDP2's mesh is built on this one, ``sharding._fully_shard``; after an error,
+    ``process_group`` first clears the locals of the frames the exception passed through.)
     """
     group = dist.group.WORLD
     gc.collect()

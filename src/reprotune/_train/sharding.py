@@ -82,8 +82,15 @@ _sum_hook.__annotations__ = {
 }
 
 
+def _world_group() -> dist.ProcessGroup:
+    world = dist.group.WORLD
+    if world is None:
+        raise RuntimeError("FSDP2 needs the process group torchrun started; none is joined")
+    return world
+
+
 def _fully_shard(model: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
-    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     get_base = getattr(model, "get_base_model", None)
@@ -97,7 +104,9 @@ def _fully_shard(model: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
             source="distributed.strategy",
             fix="use distributed.strategy: ddp for this model",
         )
-    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    # The world's own group, never a second one (init_device_mesh makes one for CPU training on
+    # a host with CUDA): leave_process_group holds the world's group alone while it ends.
+    mesh = DeviceMesh.from_group(_world_group(), ctx.device.type)
     # Invariant mode: the trainable (LoRA) weights stay whole on every rank, out of FSDP2's hands,
     # so that reprotune sums their gradients in global micro-batch order; the frozen base is sharded.
     ignored = {p for p in model.parameters() if p.requires_grad} if ctx.world_size_invariant else None

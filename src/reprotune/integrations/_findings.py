@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from reprotune._compat import sampling_strategy
-from reprotune._determinism.isa import isa_in_force
 from reprotune._run.findings import Finding, Severity
 
 #: Every finding code the callback can record (docs/integrations.md explains each).
@@ -88,7 +87,7 @@ class TrainerFacts:
             (:func:`~reprotune.integrations._ranks.foreign_checkpoints`).
         cpu_isa: the ``determinism.cpu_isa`` mode in force (``_determinism.isa.isa_in_force``).
         unfused_optimizer: the optimizer's class when, training on a CPU, its step may take a
-            float32 square root through MKL's vector math (:func:`sqrt_taking_optimizer`).
+            float32 square root through MKL's vector math (``_portable.sqrt_taking_optimizer``).
         config_misread: what the installed transformers computes otherwise than the base model's
             ``config.json`` gives, and the fix (``_model.rope_keys.rope_misread``), or None.
     """
@@ -110,35 +109,6 @@ class TrainerFacts:
     cpu_isa: str = "native"
     unfused_optimizer: str | None = None
     config_misread: tuple[str, str] | None = None
-
-
-def sqrt_taking_optimizer(optimizer: Any) -> str | None:
-    """The optimizer's class name when its step may take a float32 square root with MKL's vector
-    math on a CPU (``vsSqrt``, built on ``rsqrtps``: other bits on Intel and AMD CPUs); None for
-    SGD, for Adam and AdamW with ``fused=True`` (ATen's own kernel) and for no optimizer."""
-    import torch
-
-    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the Trainer's optimizer
-    if inner is None or isinstance(inner, torch.optim.SGD):
-        return None
-    groups = getattr(inner, "param_groups", [])
-    if (
-        isinstance(inner, (torch.optim.Adam, torch.optim.AdamW))
-        and groups
-        and all(g.get("fused") for g in groups)
-    ):
-        return None
-    return type(inner).__name__
-
-
-def portable_facts(optimizer: Any, model: Any) -> dict[str, Any]:
-    """``cpu_isa`` and ``unfused_optimizer`` of :class:`TrainerFacts`: the mode in force, and the
-    optimizer that may take MKL's square root when the model trains on a CPU."""
-    on_cpu = next(iter(model.parameters())).device.type == "cpu"
-    return {
-        "cpu_isa": str(isa_in_force()["cpu_isa"]),
-        "unfused_optimizer": sqrt_taking_optimizer(optimizer) if on_cpu else None,
-    }
 
 
 def warn_findings(findings: list[dict[str, str]], *, stacklevel: int) -> None:

@@ -44,12 +44,12 @@ from reprotune.integrations import _sections as sections
 from reprotune.integrations._findings import (
     ReproducibilityWarning,
     TrainerFacts,
-    portable_facts,
     probe_seed,
     seeds_before_adapter,
     trainer_findings,
     warn_findings,
 )
+from reprotune.integrations._portable import portable_facts
 from reprotune.integrations._probes import (
     StepProbe,
     data_sampler,
