@@ -25,6 +25,7 @@ from reprotune._determinism.rng import (
 )
 from reprotune._determinism.seeds import (
     CONSUMERS,
+    check_seed,
     derive_seed,
     derive_seeds,
     seed_everything,
@@ -102,6 +103,24 @@ def test_bad_root_is_refused(root: object) -> None:
     """A root seed out of range or of the wrong type raises InputError naming it."""
     with pytest.raises(InputError, match="root seed"):
         derive_seeds(root)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", [0, np.int64(5), 2**63 - 1], ids=["zero", "numpy", "largest"])
+def test_check_seed_takes_an_integer_in_range_numpys_too(seed: object) -> None:
+    """Python's and NumPy's integers in [0, 2**63) are seeds, and come back as Python ints."""
+    checked = check_seed(seed)
+    assert type(checked) is int and checked == seed
+
+
+@pytest.mark.parametrize(
+    "seed", [-1, 2**63, True, 1.5, "42"], ids=["negative", "too-big", "bool", "float", "str"]
+)
+def test_check_seed_names_the_value_where_it_came_from_and_the_fix(seed: object) -> None:
+    """Anything else is refused with what it is, the value, its source and the given fix."""
+    with pytest.raises(InputError) as info:
+        check_seed(seed, "data.seed", source="exp.yaml", fix="e.g. 7")
+    assert f"data.seed must be an integer in [0, 2**63) (got {seed!r})" in str(info.value)
+    assert info.value.source == "exp.yaml" and info.value.fix == "e.g. 7"
 
 
 def test_unknown_override_is_refused() -> None:

@@ -65,6 +65,7 @@ def test_micro_batch_seeds_are_pinned_and_independent_of_the_rank() -> None:
     assert micro_batch_seed(7, 1, 0) == 8333060702230245445
     seeds = {micro_batch_seed(7, s, k) for s in range(1, 5) for k in range(4)}
     assert len(seeds) == 16
+    assert rank_seed(7, 0) == 2469786723908518921  # sha256("reprotune/dist-seed/v1/7/rank/0")
     assert rank_seed(7, 0) != rank_seed(7, 1)
     assert all(0 <= s < 2**63 for s in seeds)
 

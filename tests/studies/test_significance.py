@@ -273,7 +273,7 @@ def test_a_report_inside_another_study_is_refused(tmp_path: Path, capsys: pytest
         ("unfinished", "is not complete"),
         ("metric", "no metric 'val_loss'"),
         ("alpha", "alpha must be in (0, 0.5]"),
-        ("seed", "the permutation test's seed must be a whole number >= 0 (got -1)"),
+        ("seed", "the permutation test's seed must be an integer in [0, 2**63) (got -1)"),
         ("missing", "does not exist"),
         ("one-run", "has 1 run(s); a spread needs at least 2"),
     ],

@@ -34,8 +34,9 @@ import numpy as np
 
 from reprotune._data.loaders import load_table, table_from_dataset
 from reprotune._data.manifest import LISTS, SPLITS, ClassSummary, Manifest, Strategy
-from reprotune._data.split_options import check_options, check_ratios, check_seed
+from reprotune._data.split_options import check_options, check_ratios
 from reprotune._data.table import Table, canonical_value
+from reprotune._determinism.seeds import check_seed
 from reprotune._errors import InputError
 
 DEFAULT_RATIOS = (0.8, 0.1, 0.1)

@@ -7,8 +7,6 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal, get_args
 
-import numpy as np
-
 from reprotune._data.manifest import SPLITS
 from reprotune._data.table import Table
 from reprotune._errors import InputError
@@ -41,21 +39,6 @@ def check_ratios(ratios: Sequence[Any], *, source: str = "ratios") -> tuple[floa
     if abs(total - 1.0) > 1e-9:
         raise InputError(f"ratios {out} sum to {total!r}, not 1", source=source, fix=fix)
     return out[0], out[1], out[2]
-
-
-def check_seed(seed: Any, *, source: str = "seed") -> int:
-    """Validate a seed: a non-negative integer (not a bool, not a float).
-
-    Raises:
-        InputError: anything else.
-    """
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
-        raise InputError(
-            f"seed {seed!r} is not a non-negative integer below 2**63 (the range of seed.root)",
-            source=source,
-            fix="pass a whole number >= 0, e.g. --seed 42",
-        )
-    return int(seed)
 
 
 def check_options(

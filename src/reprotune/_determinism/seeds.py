@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import operator
 import random
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -34,14 +35,35 @@ _MASK_63 = SEED_LIMIT - 1
 _U32 = 0xFFFFFFFF
 
 
-def _check_seed(value: object, what: str) -> int:
-    """Return ``value`` if it is a valid seed, else raise :class:`InputError` naming ``what``."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_LIMIT:
-        raise InputError(
-            f"{what} must be an integer in [0, 2**63) (got {value!r})",
-            fix="use a non-negative integer below 9223372036854775808, e.g. 42",
-        )
-    return value
+def check_seed(
+    value: object,
+    what: str = "seed",
+    *,
+    source: str | None = None,
+    fix: str = "use a whole number below 9223372036854775808, e.g. 42",
+) -> int:
+    """``value`` as an ``int`` if it is a seed (an integer in ``[0, 2**63)``, NumPy's too, not a
+    bool), else raise :class:`InputError` naming ``what`` (and ``source``: where it came from)."""
+    try:
+        seed = -1 if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
+    except TypeError:  # not an integer; NumPy's integers are
+        seed = -1
+    if not 0 <= seed < SEED_LIMIT:
+        raise InputError(f"{what} must be an integer in [0, 2**63) (got {value!r})", source=source, fix=fix)
+    return seed
+
+
+def mixed_seed(prefix: str, *parts: object) -> int:
+    """``sha256("<prefix>/<part>/<part>...")``, its first 8 bytes big-endian, masked to 63 bits:
+    the one rule every seed reprotune derives follows (each use has its own versioned prefix, so
+    records that depend on it never change meaning).
+
+    Example:
+        >>> mixed_seed("reprotune/seed/v1", 42, "split") == derive_seed(42, "split")
+        True
+    """
+    digest = hashlib.sha256("/".join([prefix, *map(str, parts)]).encode()).digest()
+    return int.from_bytes(digest[:8], "big") & _MASK_63
 
 
 def derive_seed(root: int, name: str) -> int:
@@ -69,11 +91,10 @@ def derive_seed(root: int, name: str) -> int:
         >>> derive_seed(42, "split")
         7567179834970707508
     """
-    _check_seed(root, "root seed")
+    check_seed(root, "root seed")
     if not isinstance(name, str) or not name:
         raise InputError(f"seed consumer name must be a non-empty string (got {name!r})")
-    digest = hashlib.sha256(f"{_DERIVATION_PREFIX}/{root}/{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") & _MASK_63
+    return mixed_seed(_DERIVATION_PREFIX, root, name)
 
 
 def derive_seeds(root: int, overrides: Mapping[str, int] | None = None) -> dict[str, int]:
@@ -89,7 +110,7 @@ def derive_seeds(root: int, overrides: Mapping[str, int] | None = None) -> dict[
     Raises:
         InputError: an override names an unknown consumer, or a seed is out of range.
     """
-    _check_seed(root, "root seed")
+    check_seed(root, "root seed")
     overrides = dict(overrides or {})
     unknown = sorted(set(overrides) - set(CONSUMERS))
     if unknown:
@@ -101,7 +122,7 @@ def derive_seeds(root: int, overrides: Mapping[str, int] | None = None) -> dict[
     seeds = {"root": root}
     for consumer in CONSUMERS:
         if consumer in overrides:
-            seeds[consumer] = _check_seed(overrides[consumer], f"seed.overrides.{consumer}")
+            seeds[consumer] = check_seed(overrides[consumer], f"seed.overrides.{consumer}")
         else:
             seeds[consumer] = derive_seed(root, consumer)
     return seeds
@@ -134,7 +155,7 @@ def seed_everything(seed: int) -> int:
     import torch
 
     global _last_seeding
-    _check_seed(seed, "seed")
+    check_seed(seed, "seed")
     random.seed(seed)
     np.random.seed([seed & _U32, seed >> 32])
     torch.manual_seed(seed)  # also seeds every CUDA device
@@ -203,7 +224,7 @@ def torch_generator(seed: int, device: str = "cpu") -> torch.Generator:
     """
     import torch
 
-    _check_seed(seed, "seed")
+    check_seed(seed, "seed")
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
     return generator

@@ -9,12 +9,12 @@ rows that share its batch. Pure Python: nothing here imports torch.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from reprotune._config.schema import ExperimentConfig
+from reprotune._determinism.seeds import mixed_seed
 from reprotune._jsonio import canonical_sha256
 from reprotune._run.record import RunRecord
 
@@ -22,7 +22,6 @@ from reprotune._run.record import RunRecord
 ROW_SEED_RULE = "sha256('reprotune/eval-row/v1/<eval seed>/<row index>')[:8] big-endian & (2**63-1)"
 
 _ROW_SEED_PREFIX = "reprotune/eval-row/v1"
-_MASK_63 = 2**63 - 1
 
 
 def row_seed(eval_seed: int, row_index: int) -> int:
@@ -32,8 +31,7 @@ def row_seed(eval_seed: int, row_index: int) -> int:
         >>> row_seed(7, 12) == row_seed(7, 12) != row_seed(8, 12)
         True
     """
-    digest = hashlib.sha256(f"{_ROW_SEED_PREFIX}/{eval_seed}/{row_index}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") & _MASK_63
+    return mixed_seed(_ROW_SEED_PREFIX, eval_seed, row_index)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from reprotune._config.schema import did_you_mean
+from reprotune._determinism.seeds import check_seed
 from reprotune._errors import InputError
 from reprotune._formats import SIGNIFICANCE
 from reprotune._jsonio import empty_beside_keys, flattened
@@ -212,12 +213,7 @@ def _check_options(alpha: float, seed: int) -> None:
         raise InputError(
             f"alpha must be in (0, 0.5] (got {alpha!r})", source="--alpha", fix="e.g. --alpha 0.05"
         )
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise InputError(
-            f"the permutation test's seed must be a whole number >= 0 (got {seed!r})",
-            source="--seed",
-            fix="e.g. --seed 0",
-        )
+    check_seed(seed, "the permutation test's seed", source="--seed", fix="e.g. --seed 0")
 
 
 def _checked(study: dict[str, Any], option: str, path: str | Path) -> dict[str, Any]:

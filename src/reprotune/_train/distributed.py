@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import gc
-import hashlib
 import os
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -36,13 +35,13 @@ import torch.distributed as dist
 
 from reprotune._config.schema import ExperimentConfig
 from reprotune._determinism.device import resolve_device
+from reprotune._determinism.seeds import mixed_seed
 from reprotune._errors import InputError, RunFailedError
 from reprotune._train.strategy import under_torchrun
 
 Strategy = Literal["ddp", "fsdp"]
 T = TypeVar("T")
 
-_SEED_MASK = 2**63 - 1
 #: The derivation of per-micro-batch and per-rank seeds (version 1: records depend on it).
 SEED_PREFIX = "reprotune/dist-seed/v1"
 
@@ -245,23 +244,18 @@ def shard_rows(rows: Sequence[int], batch_size: int, world_size: int) -> list[li
     ]
 
 
-def _mix(*parts: object) -> int:
-    text = "/".join([SEED_PREFIX, *map(str, parts)])
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") & _SEED_MASK
-
-
 def micro_batch_seed(dropout_seed: int, step: int, micro_batch: int) -> int:
     """The seed torch's generator gets before global micro-batch ``micro_batch`` of ``step``.
 
     ``sha256("reprotune/dist-seed/v1/<dropout seed>/<step>/<micro-batch>")``, first 8 bytes,
     big-endian, masked to 63 bits: independent of the rank that trains it.
     """
-    return _mix(dropout_seed, step, micro_batch)
+    return mixed_seed(SEED_PREFIX, dropout_seed, step, micro_batch)
 
 
 def rank_seed(dropout_seed: int, rank: int) -> int:
     """The seed of rank ``rank``'s global generator at the start of a run (anything else it draws)."""
-    return _mix(dropout_seed, "rank", rank)
+    return mixed_seed(SEED_PREFIX, dropout_seed, "rank", rank)
 
 
 # --- collectives -----------------------------------------------------------------------------------
