@@ -14,6 +14,7 @@ import pytest
 
 from reprotune._cli import main
 from reprotune._eval.compare import compare_evals
+from reprotune._eval.evalfile import open_eval_dir
 from reprotune._eval.evaluate import EvalResult, run_eval
 from reprotune._proof.report import write_report
 
@@ -154,6 +155,8 @@ def test_compare_names_a_changed_adapter(project: Any, run_a: Path, tmp_path: Pa
     assert "evals of the two runs: DIVERGED" in done.stdout and "adapter differs" in done.stdout
     html = write_report([run_a, run_b], tmp_path / "report.html").read_text(encoding="utf-8")
     assert "<h2>Evaluations</h2>" in html and "Rows whose outputs differ" in html
+    for e in (ea, eb):  # each eval's row names the adapter it scored, as compare does
+        assert f"<td>{open_eval_dir(e).section('adapter')['sha256'][:12]}...</td>" in html
     for row in comparison.rows_differing:
         assert f"<td>{escape(row.text_a)}</td><td>{escape(row.text_b)}</td>" in html
 

@@ -149,7 +149,7 @@ def _causes(
         if _get(ea, "model", key) != _get(eb, "model", key):
             found = True
             yield f"{what} differ: {_short(_get(ea, 'model', key))} vs {_short(_get(eb, 'model', key))}"
-    adapter_a, adapter_b = _adapter(ea), _adapter(eb)
+    adapter_a, adapter_b = adapter_label(ea), adapter_label(eb)
     if adapter_a != adapter_b:
         found = True
         yield f"adapter differs: {adapter_a} vs {adapter_b}"
@@ -214,7 +214,8 @@ def _differences(ea: EvalDir, eb: EvalDir) -> Iterable[str]:
     yield from section_drift(ea.section("environment"), eb.section("environment"), prefix="environment")
 
 
-def _adapter(e: EvalDir) -> str:
+def adapter_label(e: EvalDir) -> str:
+    """The adapter an eval scored, as its sha256's first 12 characters, or the base model alone."""
     if e.record.get("base_only"):
         return "none (base model alone)"
     return _short(_get(e, "adapter", "sha256"))

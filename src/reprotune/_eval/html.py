@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from reprotune._eval.compare import EvalComparison, compare_evals, latest_pairs
+from reprotune._eval.compare import EvalComparison, adapter_label, compare_evals, latest_pairs
 from reprotune._eval.evalfile import open_eval_dir
 from reprotune._eval.layout import run_evals
 from reprotune._eval.metrics import CORPUS_METRICS
@@ -26,17 +26,12 @@ def evals_section(labels: Sequence[str], run_dirs: Sequence[Path]) -> list[str]:
         for path in run_evals(run_dir):
             e = open_eval_dir(path)
             g, split, metrics = e.section("generation"), e.section("split"), e.metrics
-            what = (
-                "base model alone"
-                if e.record.get("base_only")
-                else _short(e.section("adapter").get("sha256"))
-            )
             rows.append(
                 (
                     label,
                     e.eval_id,
                     f"{split.get('name')} ({split.get('n_rows')} rows)",
-                    what,
+                    adapter_label(e),
                     _decoding(g),
                     "yes" if g.get("batch_invariant") else f"no (batch {g.get('batch_size')})",
                     *(metrics.get(name) for name in CORPUS_METRICS),
@@ -90,7 +85,3 @@ def _decoding(g: Any) -> str:
             f"seed {g.get('eval_seed')}), max {g.get('max_new_tokens')}"
         )
     return f"greedy, max {g.get('max_new_tokens')}"
-
-
-def _short(value: Any) -> str:
-    return f"{value[:12]}..." if isinstance(value, str) and len(value) > 12 else str(value)
