@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -348,9 +349,12 @@ def test_a_run_dir_holding_files_is_refused(model_dir: Path, tmp_path: Path) -> 
     trainer = tiny_trainer(
         model_dir, tiny_rows(8, seed=1), tmp_path / "out", lambda: ReprotuneCallback(run_dir), max_steps=1
     )
-    with pytest.raises(InputError, match="is not empty") as info:
+    with pytest.raises(
+        InputError,
+        match=f"^ReprotuneCallback run_dir {re.escape(repr(str(run_dir)))} exists and is not empty",
+    ) as info:
         trainer.train()
-    assert info.value.source == str(run_dir)
+    assert info.value.source == "ReprotuneCallback run_dir" and "pass another run_dir" in str(info.value.fix)
     assert sorted(p.name for p in run_dir.iterdir()) == ["notes.txt"]
 
 

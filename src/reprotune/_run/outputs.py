@@ -157,18 +157,21 @@ def refuse_overwrite(
         )
 
 
-def refuse_nonempty_dir(out: Path, *, option: str) -> None:
+def refuse_nonempty_dir(out: Path, *, option: str, fix: str | None = None) -> None:
     """Refuse an output directory that exists with something in it, or that is a file: a command
-    that fills a directory takes a new or empty one, and so never mixes its files with others'."""
+    that fills a directory takes a new or empty one, and so never mixes its files with others'.
+    ``fix`` replaces the usual one (give ``option`` a new or empty directory)."""
     if out.is_file() or (out.exists() and not out.is_dir()):
         raise InputError(
-            f"{option} {str(out)!r} is a file, not a directory", source=option, fix="give a new directory"
+            f"{option} {str(out)!r} is a file, not a directory",
+            source=option,
+            fix=fix or "give a new directory",
         )
     if out.is_dir() and any(out.iterdir()):
         raise InputError(
             f"{option} {str(out)!r} exists and is not empty",
             source=option,
-            fix=f"give {option} a new (or empty) directory",
+            fix=fix or f"give {option} a new (or empty) directory",
         )
 
 

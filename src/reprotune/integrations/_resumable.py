@@ -15,7 +15,7 @@ from reprotune._jsonio import write_json_atomic
 from reprotune._run import layout
 from reprotune._run.drift import refuse_code_drift, refuse_completed
 from reprotune._run.layout import RunLayout
-from reprotune._run.outputs import refuse_inside_run
+from reprotune._run.outputs import refuse_inside_run, refuse_nonempty_dir
 from reprotune._run.record import load_record, make_run_id, status_of
 from reprotune._train.writer import report
 from reprotune.integrations._ranks import CHECKPOINT_MARKER
@@ -27,14 +27,12 @@ OPTION = "ReprotuneCallback run_dir"
 def refuse_unclaimable(run_dir: Path) -> None:
     """Refuse a run directory that is a file or holds files: a new run, or a branch, needs an
     empty one."""
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        what = "is not a directory" if not run_dir.is_dir() else "is not empty"
-        raise InputError(
-            f"the run directory {run_dir} {what}; a Trainer-made run needs a new one",
-            source=str(run_dir),
-            fix="pass another run_dir to ReprotuneCallback (or leave it out for a fresh runs/<id>); "
-            "to continue a stopped run, resume the Trainer from its checkpoint",
-        )
+    refuse_nonempty_dir(
+        run_dir,
+        option=OPTION,
+        fix="pass another run_dir to ReprotuneCallback (or leave it out for a fresh runs/<id>); "
+        "to continue a stopped run, resume the Trainer from its checkpoint",
+    )
 
 
 #: What a branch takes from the run it starts from besides its record and split manifest (the
