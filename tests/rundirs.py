@@ -47,6 +47,7 @@ class RunSpec:
     environment: dict[str, Any] = field(default_factory=dict)  # merged into the environment
     model: dict[str, Any] = field(default_factory=dict)  # merged into the record's model section
     lora: dict[str, Any] = field(default_factory=dict)  # merged into the record's lora section
+    lora_defaults: dict[str, Any] | None = None  # the record's lora_defaults (None: left out)
     seed_overrides: dict[str, int] = field(default_factory=dict)  # a derived seed set by hand
     noise_from_step: int | None = None  # numbers perturbed from this step on
     noise: float = 1e-6
@@ -294,6 +295,8 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
             "ledger_sha256": sha256_bytes(ledger),
         },
     }
+    if spec.lora_defaults is not None:
+        record["lora_defaults"] = spec.lora_defaults
     write_json_atomic(path / "record.json", record)
     return path
 

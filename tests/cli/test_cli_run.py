@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import peft
 import pytest
 import torch
 import yaml
@@ -19,6 +20,7 @@ import yaml
 from reprotune._cli import main
 from reprotune._data.manifest import load_manifest
 from reprotune._jsonio import sha256_file
+from reprotune._model.lora import lora_defaults
 
 SEED_CONSUMERS = ("split", "data_order", "lora_init", "dropout", "eval")
 
@@ -120,6 +122,9 @@ def test_record_is_complete(twin_runs: tuple[Path, Path]) -> None:
 
     assert record["lora"]["r"] == 4
     assert sorted(record["lora"]["target_modules"]) == ["q_proj", "v_proj"]
+    # PEFT's default of every LoRA field it wrote, from its own class (for compare across PEFTs)
+    assert set(record["lora"]) <= set(record["lora_defaults"])
+    assert record["lora_defaults"] == lora_defaults(peft.LoraConfig())
 
     env = record["environment"]
     assert env["determinism"]["deterministic_algorithms"] is True

@@ -48,6 +48,7 @@ def test_sft_record(project: ScriptProject) -> None:
     assert "output_dir" in record["trainer"]["args"]  # every field in the record ...
     assert "output_dir" not in record["config"]["trainer"]["args"]  # ... places not in the config
     assert record["lora"]["r"] == 8 == record["config"]["lora"]["r"]
+    assert record["lora_defaults"]["r"] == 8 and set(record["lora"]) <= set(record["lora_defaults"])
     assert "peft-before-seed" not in [f["code"] for f in record["findings"]]
     assert record["data"]["manifest_sha256"] is not None
     assert (project.root / "a" / "split.json").is_file()

@@ -8,6 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import peft
+
+from reprotune._model.lora import lora_defaults
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.differences import Verdict
 from rundirs import RunSpec, write_run_dir
@@ -63,6 +66,37 @@ def test_lora_fields_one_peft_version_lacks_are_listed_and_inert(tmp_path: Path)
     }
     on = write_run_dir(tmp_path / "on", RunSpec(lora={"use_dora": True}, noise_from_step=2))
     assert [(d.key, d.inert) for d in compare_runs(b, on).differences] == [("lora.use_dora", False)]
+
+
+def test_a_field_one_peft_lacks_is_inert_where_it_holds_its_peft_default(tmp_path: Path) -> None:
+    """A field an older PEFT lacks, written by the newer one with a default that is not null
+    (``qalora_group_size: 16``): the record's ``lora_defaults`` (this PEFT's own, from its
+    ``LoraConfig``) show it is the feature off, so it is listed and inert. Set to anything else,
+    it is a LoRA difference; in a record without the defaults, 16 is not known to be off."""
+    defaults = lora_defaults(peft.LoraConfig())
+    assert defaults["qalora_group_size"] == 16 and defaults["use_qalora"] is False
+    newer = {"qalora_group_size": 16, "use_qalora": False}
+    old = write_run_dir(tmp_path / "old", RunSpec())
+    at_default = write_run_dir(tmp_path / "default", RunSpec(lora=newer, lora_defaults=defaults))
+    result = compare_runs(old, at_default)
+    assert result.verdict is Verdict.IDENTICAL
+    assert {d.key: d.inert for d in result.differences} == {
+        "lora.qalora_group_size": True,
+        "lora.use_qalora": True,
+    }
+    changed = {**newer, "qalora_group_size": 32}
+    other = write_run_dir(
+        tmp_path / "other", RunSpec(lora=changed, lora_defaults=defaults, noise_from_step=2)
+    )
+    assert {d.key: d.inert for d in compare_runs(old, other).differences} == {
+        "lora.qalora_group_size": False,
+        "lora.use_qalora": True,
+    }
+    unknown = write_run_dir(tmp_path / "unknown", RunSpec(lora=newer, noise_from_step=2))
+    assert {d.key: d.inert for d in compare_runs(unknown, old).differences} == {
+        "lora.qalora_group_size": False,
+        "lora.use_qalora": True,
+    }
 
 
 def test_buffers_the_config_made_at_load_are_a_model_cause(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ of its seed alone and the caller's RNG stream goes on as if nothing had happened
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -350,7 +351,31 @@ def lora_config_dict(config: LoraConfig | PeftModel, adapter_name: str = "defaul
     Returns:
         ``LoraConfig.to_dict()`` with sets as sorted lists and enums as strings.
     """
+    return cast(dict[str, Any], json_safe(_adapter_config(config, adapter_name).to_dict()))
+
+
+def lora_defaults(config: LoraConfig | PeftModel, adapter_name: str = "default") -> dict[str, Any]:
+    """The default of each field of the LoRA config's class, in the PEFT at hand, as JSON-safe data
+    for the record (``lora_defaults``): a field an older PEFT lacks is its feature off there, so
+    where the run that has it holds its default, the two PEFTs train alike (``compare``).
+
+    Args:
+        config, adapter_name: as :func:`lora_config_dict`.
+
+    Returns:
+        Field name -> its default; a field with no default is left out.
+    """
+    defaults = {}
+    for field in dataclasses.fields(_adapter_config(config, adapter_name)):
+        if field.default is not dataclasses.MISSING:
+            defaults[field.name] = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            defaults[field.name] = field.default_factory()
+    return cast(dict[str, Any], json_safe(defaults))
+
+
+def _adapter_config(config: LoraConfig | PeftModel, adapter_name: str) -> Any:
+    """``config`` itself, or a ``PeftModel``'s config of ``adapter_name`` (PEFT's own types are
+    not annotated, so it is ``Any``)."""
     peft_config = getattr(config, "peft_config", None)
-    if peft_config is not None:
-        config = peft_config[adapter_name]
-    return cast(dict[str, Any], json_safe(config.to_dict()))
+    return peft_config[adapter_name] if peft_config is not None else config

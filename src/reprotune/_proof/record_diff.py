@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from reprotune._config.schema import NEUTRAL_DEFAULTS
 from reprotune._jsonio import empty_beside_keys, flattened
@@ -28,6 +28,7 @@ _SECTIONS: dict[str, Category] = {
 
 
 _KERNELS = "environment.kernels."
+_NO_DEFAULT = object()
 _NEUTRAL = {f"config.{key}": value for key, value in NEUTRAL_DEFAULTS.items()}
 
 
@@ -36,16 +37,17 @@ def record_differences(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
     own category; they and the base model's buffers (``model.buffers``) are compared only when
     both records hold them (older records do not: unknown). A key one record lacks because it
     predates it, at the value that meant the same (``NEUTRAL_DEFAULTS``), is no difference; a
-    LoRA config field one PEFT version writes and the other's lacks, unset where it is written
-    (null, false, empty), is listed and inert."""
+    LoRA config field one PEFT version writes and the other's lacks, its feature off where it is
+    written (:func:`_off_beside_absent`), is listed and inert."""
     both_kernels = kernels_of(run_a) is not None and kernels_of(run_b) is not None
     both_buffers = all("buffers" in run.section("model") for run in (run_a, run_b))
+    defaults = _lora_defaults(run_a), _lora_defaults(run_b)
     for section, section_category in _SECTIONS.items():
         flat_a = flattened(run_a.record[section], section) if section in run_a.record else {}
         flat_b = flattened(run_b.record[section], section) if section in run_b.record else {}
         for key in sorted(set(flat_a) | set(flat_b)):
             inert = is_inert(key, flat_a.get(key), flat_b.get(key)) or (
-                section == "lora" and _unset_beside_absent(key, flat_a, flat_b)
+                section == "lora" and _off_beside_absent(key, (flat_a, flat_b), defaults)
             )
             category: Category = "kernels" if key.startswith(_KERNELS) else section_category
             if category == "kernels" and not both_kernels:
@@ -64,10 +66,26 @@ def record_differences(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
                 yield Difference(category, key, flat_a[key], flat_b[key], "changed", inert)
 
 
-def _unset_beside_absent(key: str, flat_a: dict[str, object], flat_b: dict[str, object]) -> bool:
-    """A key one record lacks while the other holds it unset (null, false, empty): a field one
-    library version writes and the other's does not have, its feature off in both."""
+def _lora_defaults(run: RunDir) -> dict[str, object] | None:
+    """The defaults of the LoRA config's fields in the PEFT that made ``run``, flattened as its
+    ``lora`` section is; None for a record made before reprotune wrote them."""
+    defaults = run.record.get("lora_defaults")
+    return flattened(defaults, "lora") if isinstance(defaults, Mapping) else None
+
+
+def _off_beside_absent(
+    key: str,
+    flats: tuple[dict[str, object], dict[str, object]],
+    defaults: tuple[dict[str, object] | None, dict[str, object] | None],
+) -> bool:
+    """A key one record lacks (its PEFT has no such field, so no such feature) while the other
+    holds it with the feature off: at its PEFT's default (``lora_defaults``), or, in a record made
+    before reprotune wrote the defaults, unset (null, false, empty)."""
+    (flat_a, flat_b), (defaults_a, defaults_b) = flats, defaults
     if (key in flat_a) == (key in flat_b):
         return False
-    value = flat_a.get(key, flat_b.get(key))
+    value, holder_defaults = (flat_a[key], defaults_a) if key in flat_a else (flat_b[key], defaults_b)
+    if holder_defaults is not None:
+        default = holder_defaults.get(key, _NO_DEFAULT)
+        return default == value and type(default) is type(value)
     return value is None or value is False or value in ([], {}, "")

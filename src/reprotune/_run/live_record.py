@@ -38,7 +38,9 @@ from reprotune._run.record import (
 
 #: The sections a run fills in from what it computes (the rest, ``run_id``, ``config``, ``seeds``
 #: and the like, are set when the record starts and never change).
-Section = Literal["determinism", "data", "model", "lora", "code", "environment", "distributed"]
+Section = Literal[
+    "determinism", "data", "model", "lora", "lora_defaults", "code", "environment", "distributed"
+]
 SECTIONS: Final[frozenset[str]] = frozenset(get_args(Section))
 
 

@@ -85,6 +85,7 @@ class RunRecord(RecordPart):
     model: ModelRecord | None = None
     determinism: DeterminismRecord | None = None
     lora: LoraRecord | None = None
+    lora_defaults: dict[str, Any] | None = None
     environment: EnvironmentRecord | None = None
     timings: Timings
     outputs: Outputs | None = None

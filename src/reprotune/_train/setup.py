@@ -23,7 +23,7 @@ from reprotune._determinism.device import resolve_device
 from reprotune._determinism.flags import apply_determinism
 from reprotune._determinism.seeds import derive_seeds
 from reprotune._model.loading import load_base_model
-from reprotune._model.lora import apply_lora, lora_config_dict
+from reprotune._model.lora import apply_lora, lora_config_dict, lora_defaults
 from reprotune._run.live_record import Section
 from reprotune._train.batches import Examples
 from reprotune._train.data import RunData, check_rows_per_step, prepare_data, save_manifest
@@ -103,7 +103,8 @@ class Setup:
         )
 
     def record_sections(self) -> dict[Section, Any]:
-        """The record sections the setup fills in: determinism, data (with its order), model, lora."""
+        """The record sections the setup fills in: determinism, data (with its order), model, lora and
+        its class's defaults."""
         data = self.data.describe()
         data["order"] = {
             "version": ORDER_VERSION,
@@ -119,6 +120,7 @@ class Setup:
                 "padding_side": self.cfg.model.padding_side,
             },
             "lora": lora_config_dict(self.model),
+            "lora_defaults": lora_defaults(self.model),
         }
 
 

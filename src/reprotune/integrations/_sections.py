@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from reprotune._determinism.seeds import last_seeding
 from reprotune._errors import InputError
 from reprotune._jsonio import canonical_sha256, json_safe
 from reprotune._model.identity import config_file_names, files_sha256, tokenizer_file_names, weight_file_names
-from reprotune._model.lora import buffer_hashes, lora_config_dict
+from reprotune._model.lora import buffer_hashes, lora_config_dict, lora_defaults
 from reprotune._model.rope_keys import rope_misread
 from reprotune._run import layout
 from reprotune._run.fingerprint import CodeInfo, attention_of, code_fingerprint, environment_fingerprint
@@ -100,12 +100,22 @@ def base_model_of(model: Any) -> Any:
 
 def lora_section(model: Any) -> dict[str, Any] | None:
     """The PEFT config of a ``PeftModel`` as the record keeps it, else None."""
+    return _of_active_adapter(lora_config_dict, model)
+
+
+def lora_defaults_section(model: Any) -> dict[str, Any] | None:
+    """The defaults of a ``PeftModel``'s LoRA config class (``lora_defaults``), else None."""
+    return _of_active_adapter(lora_defaults, model)
+
+
+def _of_active_adapter(read: Callable[..., dict[str, Any]], model: Any) -> dict[str, Any] | None:
+    """``read(model, adapter_name=...)`` for the active adapter of a ``PeftModel``, else None."""
     if getattr(model, "peft_config", None) is None:
         return None
     try:
-        return lora_config_dict(model, adapter_name=getattr(model, "active_adapter", "default"))
+        return read(model, adapter_name=getattr(model, "active_adapter", "default"))
     except (KeyError, TypeError):
-        return lora_config_dict(model)
+        return read(model)
 
 
 def _model_directory(name: str | None, commit: str | None) -> Path | None:

@@ -214,6 +214,7 @@ class ReprotuneCallback(TrainerCallback):
             "environment": environment,
             "model": model_info,
             "lora": lora,
+            "lora_defaults": sections.lora_defaults_section(model),
             "data": data,
             "trainer": sections.trainer_section(
                 trainer,
