@@ -15,7 +15,7 @@ from trainer_scripts import OFFLINE_ENV, ScriptProject
 
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.trace_compare import compare_traces
-from reprotune._run.tracefile import read_trace
+from reprotune._run.tracefile import LOSS_LOG_HASH, Trace, read_trace
 from warm import run_reprotune
 
 LESSER = {"ATEN_CPU_CAPABILITY": "default"}
@@ -88,3 +88,36 @@ def test_a_run_made_by_reprotune_run_is_traced_without_command(tmp_path: Path) -
         done.returncode == 2
         and "was made by `reprotune run`: trace replays it without --command" in done.stderr
     )
+
+
+def test_a_step_is_traced_from_the_runs_trainer_checkpoint_as_from_the_scripts_start(tmp_path: Path) -> None:
+    """A run that saved a Trainer checkpoint every 2 steps: step 5 is traced with the script
+    resumed from the run's step-4 checkpoint (a branch of the run, the checkpoint only read), and
+    its ops are those of step 5 traced from the script's start (``--from-start``), bit for bit;
+    each reproduced the run's ledger line."""
+    project = ScriptProject.create(tmp_path)
+    project.run("hf_trainer.py", "saved", "--save-steps", "2")
+    checkpoints = project.root / "out" / "saved"
+    saved = {p.name: sorted(f.name for f in p.iterdir()) for p in checkpoints.iterdir()}
+    assert sorted(saved) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    command = shlex.join(project.argv("hf_trainer.py", "--save-steps", "2", "--output-dir", "out/saved"))
+
+    def trace(out: str, *extra: str) -> tuple[str, Trace]:
+        args = ["trace", "saved", "--step", "5", "--command", command, "--out", out, "--no-progress", *extra]
+        done = run_reprotune(args, cwd=project.root, env={**os.environ, **OFFLINE_ENV}, timeout=900)
+        assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+        return done.stdout, read_trace(project.root / out)
+
+    shown, resumed = trace("resumed.jsonl")
+    assert "replayed from     the checkpoint of step 4" in shown
+    shown, started = trace("started.jsonl", "--from-start")
+    assert "replayed from     the start" in shown
+    assert (resumed.header["replayed_from"], started.header["replayed_from"]) == (4, 0)
+    for trace_file in (resumed, started):
+        assert trace_file.header["reproduced"]["step"] and trace_file.header["reproduced"]["before"]
+    assert resumed.header["weights_in_sha256"] == started.header["weights_in_sha256"]
+    assert len(resumed.ops) > 100 and resumed.ops == started.ops
+    # the one op that differed: the Trainer's loss log, which the resume starts again at 0
+    logged = [op for op in resumed.ops if LOSS_LOG_HASH in {entry[2] for entry in op.inputs}]
+    assert [op.op for op in logged] in (["aten::add_.Tensor"], ["aten::add.Tensor"])  # 5.x, 4.x
+    assert {p.name: sorted(f.name for f in p.iterdir()) for p in checkpoints.iterdir()} == saved

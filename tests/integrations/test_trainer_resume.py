@@ -15,9 +15,9 @@ from trainer_scripts import ScriptProject
 
 from reprotune._jsonio import sha256_file
 from reprotune._proof.compare import compare_runs
+from reprotune._run.checkpoint_files import TRAINER_CHECKPOINT_MARKER as CHECKPOINT_MARKER
 from reprotune._run.record import load_record
 from reprotune.integrations import controls
-from reprotune.integrations._ranks import CHECKPOINT_MARKER
 
 pytestmark = pytest.mark.slow  # Trainer runs, four of them in fresh processes
 

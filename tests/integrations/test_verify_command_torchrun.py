@@ -150,9 +150,9 @@ def test_a_rank_resumed_without_its_rng_file_is_named_as_the_cause(tmp_path: Pat
     only logs it at INFO level)."""
     from reprotune._jsonio import sha256_file
     from reprotune._proof.compare import compare_runs
+    from reprotune._run.checkpoint_files import TRAINER_CHECKPOINT_MARKER as CHECKPOINT_MARKER
     from reprotune._run.record import load_record
     from reprotune.integrations import controls
-    from reprotune.integrations._ranks import CHECKPOINT_MARKER
 
     project = ScriptProject.create(tmp_path)
     command = shlex.split(_torchrun(project))

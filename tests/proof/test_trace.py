@@ -145,19 +145,19 @@ def test_a_step_traced_twice_is_byte_identical(project: TinyProject) -> None:
 
 
 def test_a_replay_from_a_checkpoint_equals_one_from_the_start(project: TinyProject, tmp_path: Path) -> None:
-    """Step 6 replayed from the step-4 checkpoint and from the run's start: the same ops, bit for
-    bit, and both reproduce the run's ledger line."""
+    """Step 6 replayed from the step-4 checkpoint and from the run's start (a copy without its
+    checkpoints, and the run itself with ``from_start``): the same ops, bit for bit, and each
+    reproduces the run's ledger line."""
     copy = tmp_path / "no-checkpoints"
     shutil.copytree(project.root / "native", copy)
     shutil.rmtree(copy / "checkpoints")
     from_checkpoint = trace_step(project.root / "native", 6, out=tmp_path / "ckpt.jsonl")
     from_start = trace_step(copy, 6, out=tmp_path / "start.jsonl")
-    assert (from_checkpoint.header["replayed_from"], from_start.header["replayed_from"]) == (4, 0)
-    assert from_checkpoint.header["reproduced"]["step"] and from_start.header["reproduced"]["step"]
-    ops = [
-        path.read_bytes().split(b"\n", 1)[1] for path in (tmp_path / "ckpt.jsonl", tmp_path / "start.jsonl")
-    ]
-    assert ops[0] == ops[1]
+    asked = trace_step(project.root / "native", 6, out=tmp_path / "asked.jsonl", from_start=True)
+    assert [t.header["replayed_from"] for t in (from_checkpoint, from_start, asked)] == [4, 0, 0]
+    assert all(t.header["reproduced"]["step"] for t in (from_checkpoint, from_start, asked))
+    ops = [path.read_bytes().split(b"\n", 1)[1] for path in sorted(tmp_path.glob("*.jsonl"))]
+    assert len(ops) == 3 and ops[0] == ops[1] == ops[2]
 
 
 def test_a_checkpoint_that_fails_its_check_is_said_even_without_progress(

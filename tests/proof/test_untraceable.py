@@ -113,12 +113,55 @@ def test_a_trainer_trace_is_judged_against_its_run_and_keeps_no_token(tmp_path: 
     token = "hf_" + "Q" * 34
     kernels = json.loads((run / "record.json").read_text())["environment"].get("kernels") or {"version": 1}
     header = _judged(
-        {"kernels": kernels}, open_run_dir(run), open_run_dir(made), 4, f"python t.py --token {token}"
+        {"kernels": kernels}, open_run_dir(run), open_run_dir(made), (0, 4), f"python t.py --token {token}"
     )
     assert token not in header["command"] and header["command"].startswith("python t.py --token ")
     assert header["run_id"] == open_run_dir(run).run_id
     reproduced = header["reproduced"]
     assert (reproduced["step"], reproduced["before"]) == (False, False)
     assert set(reproduced["differing_steps_before"]) == {"3"} and "loss" in reproduced["differing_fields"]
-    same = _judged({"kernels": kernels}, open_run_dir(run), open_run_dir(run), 4, "python t.py")
+    assert header["replayed_from"] == 0
+    same = _judged({"kernels": kernels}, open_run_dir(run), open_run_dir(run), (0, 4), "python t.py")
     assert (same["reproduced"]["step"], same["reproduced"]["before"]) == (True, True)
+    # Resumed from the run's checkpoint of step 3, the script made step 4 alone: the lines up to
+    # the checkpoint are the run's own (copied into the branch), and are not judged.
+    resumed = _judged({"kernels": kernels}, open_run_dir(run), open_run_dir(made), (3, 4), "python t.py")
+    assert resumed["replayed_from"] == 3 and resumed["reproduced"]["differing_steps_before"] == {}
+    assert resumed["reproduced"]["step"] is False
+
+
+def test_a_trainer_trace_resumes_from_the_runs_newest_marked_checkpoint_before_the_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Trainer checkpoint ``trace --command`` has the script resume from: the newest at or
+    before step K - 1 in the output directory the run recorded (relative to where the command
+    runs), that the callback marked as this run's, in this run directory; none (the script's
+    start) for a run that did not complete."""
+    from reprotune._proof.trace_command import trainer_checkpoint
+    from reprotune._run.checkpoint_files import TRAINER_CHECKPOINT_MARKER
+    from reprotune._run.rundir import open_run_dir
+
+    run_path = write_run_dir(tmp_path / "run", RunSpec())
+    record = json.loads((run_path / "record.json").read_text())
+    record["trainer"] = {"args": {"output_dir": "out"}}
+    (run_path / "record.json").write_text(canonical_dumps(record))
+    monkeypatch.chdir(tmp_path)
+
+    def checkpoint(step: int, **marker: Any) -> Path:
+        folder = tmp_path / "out" / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        mine = {"run_dir": str(run_path), "run_id": record["run_id"], "step": step}
+        (folder / TRAINER_CHECKPOINT_MARKER).write_text(json.dumps({**mine, **marker}))
+        return folder
+
+    two, four, six = (checkpoint(step).resolve() for step in (2, 4, 6))
+    checkpoint(5, run_id="20260101-000000-other000")  # another run's
+    checkpoint(3, run_dir=str(tmp_path / "elsewhere"))  # a run directory of that id, elsewhere
+    (tmp_path / "out" / "checkpoint-1").mkdir()  # saved before the callback saw it: no marker
+    (tmp_path / "out" / "checkpoint-last").mkdir()
+    run = open_run_dir(run_path)
+    assert trainer_checkpoint(run, 7) == (6, six) and trainer_checkpoint(run, 6) == (4, four)
+    assert trainer_checkpoint(run, 4) == (2, two) and trainer_checkpoint(run, 2) == (0, None)
+    record["status"] = "stopped"
+    (run_path / "record.json").write_text(canonical_dumps(record))
+    assert trainer_checkpoint(open_run_dir(run_path), 7) == (0, None)

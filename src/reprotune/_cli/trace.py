@@ -35,6 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="for a run made by a Trainer script: the command that made it (run here up to step K, "
         "its callback tracing that step)",
     )
+    parser.add_argument(
+        "--from-start",
+        action="store_true",
+        help="replay from the run's start, not from its newest checkpoint before step K (a Trainer "
+        "script's checkpoint is resumed by the script itself, which refuses it once its code or "
+        "settings are no longer the run's)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress lines (warnings still show)")
 
 
@@ -51,10 +58,19 @@ def run(args: argparse.Namespace) -> int:
     if args.script_command is not None:
         from reprotune._proof.trace_command import trace_script_step
 
-        result = trace_script_step(args.run_dir, args.step, args.script_command, out=args.out, report=report)
+        result = trace_script_step(
+            args.run_dir,
+            args.step,
+            args.script_command,
+            out=args.out,
+            report=report,
+            from_start=args.from_start,
+        )
     else:
         with hf_progress_bars(not args.no_progress):  # without a report, trace_step still warns
-            result = trace_step(args.run_dir, args.step, out=args.out, report=report)
+            result = trace_step(
+                args.run_dir, args.step, out=args.out, report=report, from_start=args.from_start
+            )
     header = result.header
     reproduced = header["reproduced"]
     init = header["step"] == 0

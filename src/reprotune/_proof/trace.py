@@ -96,6 +96,7 @@ def trace_step(
     *,
     out: str | Path | None = None,
     report: Callable[[str], None] | None = None,
+    from_start: bool = False,
 ) -> TraceResult:
     """Replay step ``step`` of the run in ``run_dir`` here and write its trace.
 
@@ -105,6 +106,7 @@ def trace_step(
         out: the trace file (must not exist; ``.gz`` compresses); default
             ``trace-<run_id>-step-<step>.jsonl`` in the current directory.
         report: called with progress lines and warnings (without it, warnings go to stderr).
+        from_start: replay from the run's start even where a checkpoint before ``step`` exists.
 
     Returns:
         Where the trace is, its header, and what the traced step cost.
@@ -121,7 +123,9 @@ def trace_step(
     if step == 0:
         return _trace_init(run, cfg, target, say)
     setup = build_setup(cfg, manifest=run.layout.manifest)
-    start = _restore(setup, run, step, report or partial(print, file=sys.stderr, flush=True))
+    start = _restore(
+        setup, run, 1 if from_start else step, report or partial(print, file=sys.stderr, flush=True)
+    )
     setup.model.train()
     hasher = setup.distribution.weights_hasher(setup)
     before: dict[str, list[str]] = {}

@@ -4,9 +4,12 @@ running the user's script.
 reprotune cannot rebuild a user's script, so the script itself runs, in a fresh process of its own
 group (``command_legs.Runner``, as ``verify --command``'s legs run), into a run directory of its own
 in a temporary folder, steered by the callback's variables: stop after step K, trace step K
-(``integrations._tracing``). The trace it wrote is then judged against the run in ``RUN_DIR``:
-did the script's lines up to step K reproduce the run's ledger, field by field, and do this
-environment's kernel facts match the run's. Never imports torch.
+(``integrations._tracing``). Where the run saved a Trainer checkpoint at or before step K - 1 (one
+its callback marked as the run's), the script resumes from the newest, with the Trainer's own
+``resume_from_checkpoint``, as a branch of the run, and trains from there; else (or with
+``from_start``) it trains from its start. The trace it wrote is then judged against the run in
+``RUN_DIR``: did the script's lines from where it started to step K reproduce the run's ledger,
+field by field, and do this environment's kernel facts match the run's. Never imports torch.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from typing import Any
 
 from reprotune._config.secrets import mask_secrets
 from reprotune._errors import RunFailedError
+from reprotune._jsonio import read_json_object
 from reprotune._proof.command_legs import Runner, parse_command
 from reprotune._proof.microscope import kernels_against_run, model_against_run, refuse_untraceable
+from reprotune._run.checkpoint_files import TRAINER_CHECKPOINT_MARKER
 from reprotune._run.rundir import RunDir, open_run_dir
 from reprotune._run.tracefile import TraceResult, new_trace_path, read_trace, write_trace
 from reprotune.integrations.controls import Controls
@@ -33,9 +38,11 @@ def trace_script_step(
     *,
     out: str | Path | None = None,
     report: Callable[[str], None] | None = None,
+    from_start: bool = False,
 ) -> TraceResult:
     """Run ``command`` (the script that made the Trainer-made run in ``run_dir``) up to step
-    ``step``, have its callback trace that step, and write the trace judged against the run.
+    ``step``, from the run's newest Trainer checkpoint before it (``from_start``: from the
+    script's start), have its callback trace that step, and write the trace judged against the run.
 
     Raises:
         InputError: not a Trainer-made run, a run on several processes, a step outside the run, an
@@ -46,14 +53,17 @@ def trace_script_step(
     refuse_untraceable(run, step, command=True)
     target = new_trace_path(out, f"trace-{run.run_id}-step-{step}.jsonl")
     log = target.with_name(f"{target.name}.log")  # the script's output: kept when it fails
+    start, checkpoint = (0, None) if from_start else trainer_checkpoint(run, step)
     with tempfile.TemporaryDirectory(prefix="reprotune-trace-") as folder:
         work = Path(folder)
         raw = work / "step.trace.jsonl"
         say = report or (lambda line: None)
         runner = Runner(parse_command(command), log, Path.cwd(), say, tool="trace")
-        controls = Controls(run_dir=work / "run", stop_after=step, trace_step=step, trace_out=raw)
+        controls = Controls(
+            run_dir=work / "run", stop_after=step, resume_from=checkpoint, trace_step=step, trace_out=raw
+        )
         started = time.perf_counter()
-        made = open_run_dir(runner.leg("reference", controls, label=f"the command, up to step {step}"))
+        made = open_run_dir(_leg(runner, controls, start, step))
         seconds = time.perf_counter() - started
         if not raw.is_file():
             raise RunFailedError(
@@ -64,24 +74,67 @@ def trace_script_step(
                 "ReprotuneCallback given when the Trainer is made",
             )
         trace = read_trace(raw)
-        header = _judged(dict(trace.header), run, made, step, command)
+        header = _judged(dict(trace.header), run, made, (start, step), command)
         write_trace(target, header, trace.ops)
     log.unlink(missing_ok=True)
     return TraceResult(target, header, seconds, None)
+
+
+def trainer_checkpoint(run: RunDir, step: int) -> tuple[int, Path | None]:
+    """The newest Trainer checkpoint of the completed ``run`` at or before step ``step`` - 1, in
+    the Trainer's output directory it recorded (relative to where the command runs, as when the
+    run was made), that its callback marked as this run's, in this run directory: its step and
+    path; ``(0, None)`` when there is none (the script then trains from its start)."""
+    args = run.section("trainer").get("args")
+    output_dir = args.get("output_dir") if isinstance(args, Mapping) else None
+    if run.record.get("status") != "completed" or not isinstance(output_dir, str):
+        return 0, None
+    found: list[tuple[int, Path]] = []
+    for path in Path(output_dir).glob("checkpoint-*"):
+        at = path.name.removeprefix("checkpoint-")
+        if not (at.isascii() and at.isdigit()) or not 1 <= int(at) < step:
+            continue
+        marker = read_json_object(path / TRAINER_CHECKPOINT_MARKER)
+        saved_in = marker.get("run_dir")
+        ours = marker.get("run_id") == run.run_id and marker.get("step") == int(at)
+        if ours and isinstance(saved_in, str) and Path(saved_in).resolve() == run.path.resolve():
+            found.append((int(at), path.resolve()))
+    return max(found) if found else (0, None)
+
+
+def _leg(runner: Runner, controls: Controls, start: int, step: int) -> Path:
+    """The script's run up to ``step``: from its start, or resumed from ``controls.resume_from``
+    (the run's checkpoint of step ``start``); a failure of the latter says how to do without it."""
+    if controls.resume_from is None:
+        return runner.leg("reference", controls, label=f"the command, up to step {step}")
+    label = f"the command, from the run's Trainer checkpoint of step {start} up to step {step}"
+    try:
+        return runner.leg("reference", controls, label=label)
+    except RunFailedError as exc:
+        raise RunFailedError(
+            exc.message,
+            source=exc.source,
+            fix=f"{exc.fix}; the script resumed from the run's checkpoint {controls.resume_from}: if it "
+            "refused it (the script's code or settings are no longer the run's), trace from the "
+            "script's start with --from-start",
+        ) from None
 
 
 def _differing(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
-def _judged(header: dict[str, Any], run: RunDir, made: RunDir, step: int, command: str) -> dict[str, Any]:
+def _judged(
+    header: dict[str, Any], run: RunDir, made: RunDir, steps: tuple[int, int], command: str
+) -> dict[str, Any]:
     """The header of the script's trace, judged against the run it traces: the run's identity,
-    whether the script's ledger lines up to ``step`` are the run's, the kernel facts here against
-    the run's; the command and the config its run recorded kept beside."""
-    ours, theirs = made.ledger.train, run.ledger.train
+    whether the script's ledger lines after the step it started from up to the traced step
+    (``steps``) are the run's, the kernel facts here against the run's; the command and the
+    config its run recorded kept beside."""
+    (start, step), ours, theirs = steps, made.ledger.train, run.ledger.train
     before = {
         str(s): diff
-        for s in range(1, step)
+        for s in range(start + 1, step)
         if (diff := _differing(theirs[s - 1].fields, ours[s - 1].fields if s <= len(ours) else {}))
     }
     line = dict(ours[step - 1].fields) if step <= len(ours) else {}
@@ -89,6 +142,7 @@ def _judged(header: dict[str, Any], run: RunDir, made: RunDir, step: int, comman
     header.update(
         run_id=run.run_id,
         run_dir=str(run.path.resolve()),
+        replayed_from=start,
         config_sha256=made.record.get("config_sha256"),
         command=mask_secrets(command),  # a trace is fit to send: no token from the command line
         reproduced={

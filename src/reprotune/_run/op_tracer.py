@@ -211,6 +211,21 @@ class OpTracer(TorchDispatchMode):
         self._counts: Counter[tuple[str, str, str]] = Counter()
         self._param_hashes: dict[tuple[Any, ...], str] = {}
         self._uninitialized: dict[int, StorageWeakRef] = {}
+        self._unhashed: dict[int, tuple[StorageWeakRef, str]] = {}
+
+    def unhashed(self, t: torch.Tensor, word: str) -> None:
+        """Write ``word`` for ``t``'s bytes instead of their hash, and for every tensor an op
+        computes from it while it lives: a value outside what a step computes (the Trainer's loss
+        log, :data:`~reprotune._run.tracefile.LOSS_LOG_HASH`)."""
+        self._unhashed[_address(t)] = (StorageWeakRef(t.untyped_storage()), word)
+
+    def _word(self, address: int) -> str | None:
+        """The word written for the storage at ``address`` instead of its hash, while it lives."""
+        held = self._unhashed.get(address)
+        if held is not None and held[0].expired():
+            del self._unhashed[address]
+            return None
+        return held[1] if held is not None else None
 
     def _still_uninitialized(self, address: int) -> bool:
         """Whether the storage at ``address`` is an allocation no op has written, still alive (an
@@ -229,6 +244,9 @@ class OpTracer(TorchDispatchMode):
         if id(t) in rng_state:
             return (*_shape_dtype(t), RNG_STATE_HASH)
         address = _address(t)
+        word = self._word(address) if self._unhashed and address else None
+        if word is not None:
+            return (*_shape_dtype(t), word)
         label = self.labels.get(address)
         if overwritten and address and self._still_uninitialized(address):
             digest = UNINITIALIZED
@@ -266,6 +284,7 @@ class OpTracer(TorchDispatchMode):
         else:
             for t in (*tensors, *written):
                 self._uninitialized.pop(_address(t), None)
+            self._carry_unhashed(inputs, (*tensors, *written))
             rng_state = rng_state_outputs(func, out)
             outputs = tuple(self._entry(x, rng_state) for x in tensors)
         module = self.modules.current()
@@ -288,6 +307,15 @@ class OpTracer(TorchDispatchMode):
         )
         self.ops.append(op)
         return out
+
+    def _carry_unhashed(self, inputs: tuple[tuple[str, ...], ...], made: tuple[torch.Tensor, ...]) -> None:
+        """What an op computes from an unhashed tensor is unhashed too, with its word."""
+        if not self._unhashed:
+            return
+        words = {entry[2] for entry in inputs} & {word for _, word in self._unhashed.values()}
+        if words:
+            for t in made:
+                self.unhashed(t, min(words))
 
 
 def _shape_dtype(t: torch.Tensor) -> tuple[str, str]:

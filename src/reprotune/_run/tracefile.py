@@ -28,7 +28,8 @@ before it in that phase and module), ``args`` (the non-tensor arguments, written
 when long), ``in`` and ``out``: one ``[shape, dtype, hash]`` per tensor (``shape`` like ``512x576``;
 a fourth element names a tensor the trace knows: a parameter, ``param:model.layers.0...``, or the
 batch, ``batch:input_ids``). ``hash`` is ``uninitialized`` for memory no op has written yet
-(``aten::empty``'s output) and ``rng-state`` for fused attention's dropout state. A random op has
+(``aten::empty``'s output), ``rng-state`` for fused attention's dropout state and
+``trainer-loss-log`` for the Trainer's loss log (:data:`LOSS_LOG_HASH`). A random op has
 one more input, ``["", "generator", hash, "rng:cpu"]``: the state of the generator it draws from.
 Version 2 (the generator input, ``uninitialized``, step 0); version 1 traces are refused.
 """
@@ -56,8 +57,12 @@ from reprotune._run.outputs import refuse_unwritable_parent
 UNINITIALIZED = "uninitialized"
 #: What a trace writes for the dropout RNG state fused attention kernels pass on.
 RNG_STATE_HASH = "rng-state"
+#: What a Trainer script's trace writes for the Trainer's running loss total since it last logged
+#: (and what is computed from it): bookkeeping for its log, never read by a step, and started
+#: again at 0 by a resume, so a step traced from a checkpoint would differ there alone.
+LOSS_LOG_HASH = "trainer-loss-log"
 #: Entries that stand for no content: never evidence of where a value came from.
-PLACEHOLDER_HASHES = frozenset({UNINITIALIZED, RNG_STATE_HASH})
+PLACEHOLDER_HASHES = frozenset({UNINITIALIZED, RNG_STATE_HASH, LOSS_LOG_HASH})
 
 #: One tensor of an op: [shape, dtype, content hash] and an optional label.
 TensorEntry = Annotated[tuple[str, ...], Field(min_length=3, max_length=4)]

@@ -19,16 +19,13 @@ from typing import Any, TypeVar
 
 from reprotune._documents import read_json_file
 from reprotune._jsonio import sha256_file
+from reprotune._run.checkpoint_files import TRAINER_CHECKPOINT_MARKER as CHECKPOINT_MARKER
 from reprotune._run.checkpoint_files import TRAINER_DATA_POSITION as DATA_POSITION
 from reprotune._run.checkpoint_files import TRAINER_PIECES as CONSEQUENCES
 from reprotune._run.layout import RunLayout
 from reprotune.integrations._probes import steps_per_epoch
 
 _T = TypeVar("_T")
-
-#: The file the callback writes into each Trainer checkpoint it sees saved: the run directory it
-#: belongs to, so that a resume from that checkpoint continues the same run, and every rank's facts.
-CHECKPOINT_MARKER = "reprotune-run.json"
 
 OPTIMIZER_FILES = ("optimizer.pt", "optimizer.bin")
 SCHEDULER_FILE = "scheduler.pt"

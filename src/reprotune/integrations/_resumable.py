@@ -13,12 +13,12 @@ from reprotune._data.manifest import copy_manifest
 from reprotune._errors import InputError
 from reprotune._jsonio import write_json_atomic
 from reprotune._run import layout
+from reprotune._run.checkpoint_files import TRAINER_CHECKPOINT_MARKER as CHECKPOINT_MARKER
 from reprotune._run.drift import refuse_code_drift, refuse_completed
 from reprotune._run.layout import RunLayout
 from reprotune._run.outputs import refuse_inside_run, refuse_nonempty_dir
 from reprotune._run.record import load_record, make_run_id, status_of
 from reprotune._train.writer import report
-from reprotune.integrations._ranks import CHECKPOINT_MARKER
 
 #: How the callback's run directory is named in messages (it is no command-line option).
 OPTION = "ReprotuneCallback run_dir"

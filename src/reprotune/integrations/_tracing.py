@@ -13,9 +13,11 @@ as inputs no traced op made. The trace file is written at step K's end with the 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -24,7 +26,7 @@ from reprotune._formats import TRACE
 from reprotune._run.fingerprint import attention_of
 from reprotune._run.kernels import kernel_facts
 from reprotune._run.op_tracer import HASH, ModulePaths, OpTracer, param_labels, trace_environment
-from reprotune._run.tracefile import write_trace
+from reprotune._run.tracefile import LOSS_LOG_HASH, write_trace
 from reprotune._train.writer import RunWriter
 
 
@@ -81,6 +83,9 @@ class StepTrace:
         self._stack = ExitStack()
         modules = self._stack.enter_context(ModulePaths(model))
         self._tracer = self._stack.enter_context(_TrainerOps(modules, param_labels(model)))
+        total = _loss_log()
+        if total is not None:
+            self._tracer.unhashed(total, LOSS_LOG_HASH)
 
     def next_micro_batch(self) -> None:
         if self._stack is not None and self._tracer is not None:
@@ -119,3 +124,19 @@ class StepTrace:
             }
         )
         write_trace(self.out, header, ops)
+
+
+def _loss_log() -> torch.Tensor | None:
+    """The Trainer's running loss total since it last logged: ``Trainer._tr_loss`` (transformers
+    5) or the ``tr_loss`` local of its training loop (4.x), read in the frame of the loop, which
+    calls the callback; None where neither is found. The step adds its loss to it, but nothing
+    the step computes reads it, and a resume starts it again at 0 (:data:`LOSS_LOG_HASH`)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code.co_name != "_inner_training_loop":
+        frame = frame.f_back
+    if frame is None:
+        return None
+    local = frame.f_locals
+    total = getattr(local.get("self"), "_tr_loss", None)
+    total = local.get("tr_loss") if total is None else total
+    return total if isinstance(total, torch.Tensor) else None

@@ -24,6 +24,7 @@ from reprotune._documents import read_json_file
 from reprotune._errors import InputError
 from reprotune._jsonio import publishing_dir, sha256_file, write_bytes_atomic, write_json_atomic
 from reprotune._model.lora import save_adapter, trainable_tensors
+from reprotune._run.checkpoint_files import TRAINER_CHECKPOINT_MARKER as CHECKPOINT_MARKER
 from reprotune._run.drift import environment_drift
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import Entry, LedgerWriter, init_line, read_ledger, truncate_ledger
@@ -36,7 +37,7 @@ from reprotune._trackers.mlflow import MlflowTracker
 from reprotune._trackers.mlflow_link import MlflowRunLink
 from reprotune._trackers.wandb import WandbTracker
 from reprotune._train.writer import RunWriter, report
-from reprotune.integrations._ranks import CHECKPOINT_MARKER, checkpoint_marker, resume_problems, rng_changed
+from reprotune.integrations._ranks import checkpoint_marker, resume_problems, rng_changed
 from reprotune.integrations._resumable import (
     OPTION,
     branch,
