@@ -110,6 +110,9 @@ def test_check_seed_takes_an_integer_in_range_numpys_too(seed: object) -> None:
     """Python's and NumPy's integers in [0, 2**63) are seeds, and come back as Python ints."""
     checked = check_seed(seed)
     assert type(checked) is int and checked == seed
+    # and what takes a seed keeps that int: a record's seeds are JSON, random.seed takes no NumPy
+    assert type(derive_seeds(seed)["root"]) is int  # type: ignore[arg-type]
+    assert seed_everything(seed) == seed and type(seed_everything(seed)) is int  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -209,7 +209,9 @@ def test_resume_of_a_non_run_dir_exits_2(
 
 def test_resume_keeps_what_the_first_attempt_recorded(tmp_path: Path) -> None:
     """A resume adds an attempt; the data section (manifest source, the rare-class warning) stays
-    as the first attempt wrote it, so compare finds no data difference with an uninterrupted run."""
+    as the first attempt wrote it, so compare finds no data difference with an uninterrupted run.
+    A record made before ``lora_defaults`` gets none from a resume (the PEFT at hand may not be
+    the one that wrote its ``lora``)."""
     project = TinyProject.create(tmp_path / "p")
     with open(project.root / "data.jsonl", "a", encoding="utf-8") as handle:
         handle.write(json.dumps({"prompt": "solo", "response": "one", "category": "solo"}) + "\n")
@@ -218,6 +220,10 @@ def test_resume_keeps_what_the_first_attempt_recorded(tmp_path: Path) -> None:
     project.run_cli(
         "run", "rare.yaml", "--run-dir", "runs/resumed", "--no-progress", "--stop-after-step", "3"
     )
+    stopped = project.root / "runs" / "resumed" / "record.json"
+    older = json.loads(stopped.read_text(encoding="utf-8"))
+    del older["lora_defaults"]
+    stopped.write_text(json.dumps(older, indent=2), encoding="utf-8")
     resumed_cli = project.run_cli("resume", "runs/resumed", "--no-progress")
     assert "differs from the run's start" not in resumed_cli.stderr  # the run's own split.json, read
     full = load_record(project.root / "runs" / "full" / "record.json")
@@ -230,6 +236,7 @@ def test_resume_keeps_what_the_first_attempt_recorded(tmp_path: Path) -> None:
     )
     assert [(a["resumed"], a.get("from_step")) for a in resumed["attempts"]] == [(False, None), (True, 3)]
     assert "drift" not in resumed["attempts"][1] or resumed["attempts"][1]["drift"] == []
+    assert "lora_defaults" not in resumed and "lora_defaults" in full
     result = compare_runs(project.root / "runs" / "full", project.root / "runs" / "resumed")
     assert str(result.verdict) == "IDENTICAL"
     assert not [d for d in result.differences if d.category == "data"]

@@ -170,7 +170,7 @@ def split_table(
         10
     """
     ratio_values = check_ratios(ratios)
-    seed = check_seed(seed)
+    seed = check_seed(seed, source="seed")
     check_options(table, stratify_by, group_by, rare_class_policy)
     # One key per row from the raw PCG64 stream; see the module docstring.
     keys = np.random.PCG64(seed).random_raw(table.n_rows)

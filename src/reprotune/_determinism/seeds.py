@@ -91,7 +91,7 @@ def derive_seed(root: int, name: str) -> int:
         >>> derive_seed(42, "split")
         7567179834970707508
     """
-    check_seed(root, "root seed")
+    root = check_seed(root, "root seed")
     if not isinstance(name, str) or not name:
         raise InputError(f"seed consumer name must be a non-empty string (got {name!r})")
     return mixed_seed(_DERIVATION_PREFIX, root, name)
@@ -110,7 +110,7 @@ def derive_seeds(root: int, overrides: Mapping[str, int] | None = None) -> dict[
     Raises:
         InputError: an override names an unknown consumer, or a seed is out of range.
     """
-    check_seed(root, "root seed")
+    root = check_seed(root, "root seed")
     overrides = dict(overrides or {})
     unknown = sorted(set(overrides) - set(CONSUMERS))
     if unknown:
@@ -155,7 +155,7 @@ def seed_everything(seed: int) -> int:
     import torch
 
     global _last_seeding
-    check_seed(seed, "seed")
+    seed = check_seed(seed, "seed")
     random.seed(seed)
     np.random.seed([seed & _U32, seed >> 32])
     torch.manual_seed(seed)  # also seeds every CUDA device
@@ -224,7 +224,7 @@ def torch_generator(seed: int, device: str = "cpu") -> torch.Generator:
     """
     import torch
 
-    check_seed(seed, "seed")
+    seed = check_seed(seed, "seed")
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
     return generator

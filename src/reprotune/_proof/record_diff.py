@@ -13,7 +13,8 @@ from reprotune._proof.stack_causes import BUFFERS_PREFIX
 from reprotune._run.rundir import RunDir
 
 # Record section -> the category its differences are listed under. Sections left out (run_id,
-# status, timings, outputs, config_sha256) are results or identities, not possible causes.
+# status, timings, outputs, config_sha256) are results or identities, not possible causes;
+# lora_defaults says what the lora section's values mean (_off_beside_absent).
 _SECTIONS: dict[str, Category] = {
     "config": "config",
     "seeds": "seeds",

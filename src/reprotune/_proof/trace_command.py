@@ -114,9 +114,17 @@ def _leg(runner: Runner, controls: Controls, start: int, step: int) -> Path:
         raise RunFailedError(
             exc.message,
             source=exc.source,
-            fix=f"{exc.fix}; the script resumed from the run's checkpoint {controls.resume_from}: if it "
-            "refused it (the script's code or settings are no longer the run's), trace from the "
-            "script's start with --from-start",
+            fix="; ".join(
+                filter(
+                    None,
+                    (
+                        exc.fix,
+                        f"the script resumed from the run's checkpoint {controls.resume_from}: if it "
+                        "refused it (the script's code or settings are no longer the run's), trace "
+                        "from the script's start with --from-start",
+                    ),
+                )
+            ),
         ) from None
 
 

@@ -24,15 +24,15 @@ _PREFIX = "step-"
 #: The files a checkpoint holds besides state.json; state.json must list exactly these.
 DATA_FILES = (OPTIMIZER_FILE, RNG_META, RNG_TENSORS, WEIGHTS_FILE)
 
-#: A Hugging Face Trainer checkpoint's state files: what a resume without each loses (the
-#: callback's warning and compare's cause say the same). The Trainer restores the optimizer and
-#: the schedule only when both files are there, and logs a missing one at INFO level at most.
-#: (Their names are the Trainer's: its optimizer.pt is not a reprotune checkpoint's OPTIMIZER_FILE.)
 #: The file the Trainer callback writes into each Trainer checkpoint it sees saved: the run
 #: directory it belongs to, so that a resume from that checkpoint continues the same run, and every
 #: rank's facts (``integrations._writer.mark_checkpoint``).
 TRAINER_CHECKPOINT_MARKER = "reprotune-run.json"
 
+#: A Hugging Face Trainer checkpoint's state files: what a resume without each loses (the
+#: callback's warning and compare's cause say the same). The Trainer restores the optimizer and
+#: the schedule only when both files are there, and logs a missing one at INFO level at most.
+#: (Their names are the Trainer's: its optimizer.pt is not a reprotune checkpoint's OPTIMIZER_FILE.)
 TRAINER_DATA_POSITION = "the data position"
 TRAINER_PIECES = {
     "rng": "its dropout and sampling draws differ from the uninterrupted run's",

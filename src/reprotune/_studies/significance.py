@@ -133,7 +133,7 @@ def significance(
         >>> print(result.verdict)  # doctest: +SKIP
         B is lower than A by 0.12 (95% CI 0.07..0.17), beyond seed noise (p = 0.002, 5 seeds each)
     """
-    _check_options(alpha, seed)
+    seed = _check_options(alpha, seed)
     a = _checked(load_study(study_a, option="STUDY_A"), "STUDY_A", study_a)
     b = _checked(load_study(study_b, option="STUDY_B"), "STUDY_B", study_b)
     common = [m for m in a["metrics"] if m in b["metrics"]]
@@ -208,12 +208,13 @@ def _one_study_note(
     ]
 
 
-def _check_options(alpha: float, seed: int) -> None:
+def _check_options(alpha: float, seed: int) -> int:
+    """Refuse an alpha outside (0, 0.5] or a seed that is no seed; return the seed as an int."""
     if not (isinstance(alpha, float | int) and 0 < alpha <= 0.5):
         raise InputError(
             f"alpha must be in (0, 0.5] (got {alpha!r})", source="--alpha", fix="e.g. --alpha 0.05"
         )
-    check_seed(seed, "the permutation test's seed", source="--seed", fix="e.g. --seed 0")
+    return check_seed(seed, "the permutation test's seed", source="--seed", fix="e.g. --seed 0")
 
 
 def _checked(study: dict[str, Any], option: str, path: str | Path) -> dict[str, Any]:

@@ -208,12 +208,17 @@ def _execute(
 #: Keys of a section a resume cannot see again, since it reads the run's own split.json instead
 #: of splitting: where the manifest came from, and the warnings the split made.
 _NOT_SEEN_AGAIN: dict[str, frozenset[str]] = {"data": frozenset({"manifest_source", "split_warnings"})}
+#: Sections the first attempt alone writes: the defaults of the PEFT that wrote the record's
+#: ``lora`` section describe that section (a resume on another PEFT notes the ``lora`` drift).
+_FIRST_ATTEMPT_ONLY = frozenset({"lora_defaults"})
 
 
 def _fill_record(run: _Run, setup: Setup, options: RunOptions, *, resume: bool) -> None:
     """The record's sections from the setup, and the code and environment it runs with."""
     record = run.record
     for key, section in setup.record_sections().items():
+        if resume and key in _FIRST_ATTEMPT_ONLY:
+            continue
         if not resume or key not in record:
             record.set_section(key, section)
         elif record[key] != section:
