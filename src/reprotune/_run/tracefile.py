@@ -26,11 +26,11 @@ Op line (``"kind": "op"``): ``i`` (position), ``phase`` (``data``, ``forward.J``
 ``-`` when none), ``op`` (``aten::mm``), ``n`` (its occurrence: how many ops of that name ran
 before it in that phase and module), ``args`` (the non-tensor arguments, written out, or their hash
 when long), ``in`` and ``out``: one ``[shape, dtype, hash]`` per tensor (``shape`` like ``512x576``;
-a fourth element names a tensor the trace knows: a parameter, ``param:model.layers.0...``, or the
-batch, ``batch:input_ids``). ``hash`` is ``uninitialized`` for memory no op has written yet
-(``aten::empty``'s output), ``rng-state`` for fused attention's dropout state and
-``trainer-loss-log`` for the Trainer's loss log (:data:`LOSS_LOG_HASH`). A random op has
-one more input, ``["", "generator", hash, "rng:cpu"]``: the state of the generator it draws from.
+a fourth element names a tensor the trace knows: a parameter, ``param:model.layers.0...``).
+``hash`` is ``uninitialized`` for memory no op has written yet (``aten::empty``'s output),
+``rng-state`` for fused attention's dropout state and ``trainer-loss-log`` for the Trainer's loss
+log (:data:`LOSS_LOG_HASH`). A random op has one more input, ``["", "generator", hash,
+"rng:cpu"]``: the state of the generator it draws from.
 Version 2 (the generator input, ``uninitialized``, step 0); version 1 traces are refused.
 """
 
