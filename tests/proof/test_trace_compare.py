@@ -12,7 +12,7 @@ import pytest
 from reprotune._errors import InputError
 from reprotune._formats import TRACE
 from reprotune._proof.trace_compare import compare_traces
-from reprotune._run.tracefile import TraceOp, read_trace, write_trace
+from reprotune._run.tracefile import LOSS_LOG_HASH, TraceOp, read_trace, write_trace
 
 KERNELS_A = {"cpu": {"aten_capability": "AVX512"}, "blas": {"mkl_code_path": "AVX512_E1"}, "attention": {}}
 KERNELS_B = {"cpu": {"aten_capability": "AVX2"}, "blas": {"mkl_code_path": "AVX2"}, "attention": {}}
@@ -392,3 +392,23 @@ def test_buffers_the_config_made_at_load_that_differ_are_noted(tmp_path: Path) -
         and "model.rotary_emb.inv_freq 111111111111 vs 222222222222" in n
         for n in notes
     )
+
+
+def test_the_trainers_loss_log_agrees_with_whatever_an_older_trace_hashed_there(tmp_path: Path) -> None:
+    """A Trainer trace writes its loss log ``trainer-loss-log``; one made before hashed it. Its
+    bytes are no computation's, so the two agree there, and an op that differs after it is found."""
+    log = _op(3, "-", "aten::add_.Tensor", [LOSS_LOG_HASH, "loss"], [LOSS_LOG_HASH], phase="backward.0")
+    older = _op(3, "-", "aten::add_.Tensor", ["total-so-far", "loss"], ["total"], phase="backward.0")
+    tail = _op(4, "-", "aten::mul", ["loss", "g"], ["x"], phase="backward.0")
+    other_tail = _op(4, "-", "aten::mul", ["loss", "g"], ["x'"], phase="backward.0")
+    a, b = (
+        _trace(tmp_path / "a", [*BASE, log, tail], KERNELS_A),
+        _trace(tmp_path / "b", [*BASE, older, tail], KERNELS_A),
+    )
+    assert compare_traces(a, b).finding == "identical"
+    c = _trace(tmp_path / "c", [*BASE, older, other_tail], KERNELS_B)
+    found = compare_traces(a, c)
+    assert (found.finding, found.ops_compared) == ("kernel", 5) and "aten::mul" in found.explanation[0]
+    shapes = _op(3, "-", "aten::add_.Tensor", ["total-so-far", "loss"], ["total"], phase="backward.0")
+    shapes = shapes.model_copy(update={"inputs": (("", "float32", "total-so-far"), shapes.inputs[1])})
+    assert compare_traces(a, _trace(tmp_path / "d", [*BASE, shapes, tail], KERNELS_A)).finding == "inputs"
