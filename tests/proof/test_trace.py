@@ -102,6 +102,11 @@ def test_a_trace_made_under_other_kernels_than_its_run_says_so(project: TinyProj
         "trace again as the run was made: ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 "
         f"ONEDNN_MAX_CPU_ISA=SSE41 reprotune trace lesser --step {step}\n"
     ) in done.stdout
+    start = tmp_path / "start.jsonl"
+    done = project.run_cli(
+        "trace", "lesser", "--step", str(step), "--from-start", "--out", str(start), "--no-progress"
+    )
+    assert f"SSE41 reprotune trace lesser --step {step} --from-start\n" in done.stdout  # as it was asked
     against = read_trace(mine).header["kernels_vs_run"]
     assert against["assignments"] == [f"{k}={v}" for k, v in LESSER.items()]
     project.run_cli("trace", "native", "--step", str(step), "--out", str(a), "--no-progress")

@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
             again = trace_command(
                 str(args.run_dir), header["step"], against["assignments"], command=args.script_command
             )
+            again += " --from-start" if args.from_start else ""
             print(f"                    trace again as the run was made: {again}")
     model = header.get("model_vs_run") or []
     if model:
