@@ -137,7 +137,7 @@ def test_a_trainer_trace_resumes_from_the_runs_newest_marked_checkpoint_before_t
     before step K - 1 in the output directory the run recorded (relative to where the command
     runs), that the callback marked as this run's, in this run directory; none (the script's
     start) for a run that did not complete."""
-    from reprotune._proof.trace_command import trainer_checkpoint
+    from reprotune._proof.trace_command import _start_label, trainer_checkpoint
     from reprotune._run.checkpoint_files import TRAINER_CHECKPOINT_MARKER
     from reprotune._run.rundir import open_run_dir
 
@@ -162,6 +162,14 @@ def test_a_trainer_trace_resumes_from_the_runs_newest_marked_checkpoint_before_t
     run = open_run_dir(run_path)
     assert trainer_checkpoint(run, 7) == (6, six) and trainer_checkpoint(run, 6) == (4, four)
     assert trainer_checkpoint(run, 4) == (2, two) and trainer_checkpoint(run, 2) == (0, None)
+    # where the script starts from its start, the progress line says why
+    assert _start_label(run, 1, False) == "the command, up to step 1"
+    assert _start_label(run, 2, True) == "the command, from its start (--from-start) up to step 2"
+    assert _start_label(run, 2, False) == (
+        "the command, from its start up to step 2 "
+        "(no checkpoint of this run before step 2 in 'out', seen from here)"
+    )
     record["status"] = "stopped"
     (run_path / "record.json").write_text(canonical_dumps(record))
     assert trainer_checkpoint(open_run_dir(run_path), 7) == (0, None)
+    assert _start_label(open_run_dir(run_path), 7, False).endswith("(the run is stopped, not completed)")

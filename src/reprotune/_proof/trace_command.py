@@ -63,7 +63,7 @@ def trace_script_step(
             run_dir=work / "run", stop_after=step, resume_from=checkpoint, trace_step=step, trace_out=raw
         )
         started = time.perf_counter()
-        made = open_run_dir(_leg(runner, controls, start, step))
+        made = open_run_dir(_leg(runner, controls, start, step, _start_label(run, step, from_start)))
         seconds = time.perf_counter() - started
         if not raw.is_file():
             raise RunFailedError(
@@ -85,9 +85,8 @@ def trainer_checkpoint(run: RunDir, step: int) -> tuple[int, Path | None]:
     the Trainer's output directory it recorded (relative to where the command runs, as when the
     run was made), that its callback marked as this run's, in this run directory: its step and
     path; ``(0, None)`` when there is none (the script then trains from its start)."""
-    args = run.section("trainer").get("args")
-    output_dir = args.get("output_dir") if isinstance(args, Mapping) else None
-    if run.record.get("status") != "completed" or not isinstance(output_dir, str):
+    output_dir = _output_dir(run)
+    if run.record.get("status") != "completed" or output_dir is None:
         return 0, None
     found: list[tuple[int, Path]] = []
     for path in Path(output_dir).glob("checkpoint-*"):
@@ -102,11 +101,35 @@ def trainer_checkpoint(run: RunDir, step: int) -> tuple[int, Path | None]:
     return max(found) if found else (0, None)
 
 
-def _leg(runner: Runner, controls: Controls, start: int, step: int) -> Path:
-    """The script's run up to ``step``: from its start, or resumed from ``controls.resume_from``
-    (the run's checkpoint of step ``start``); a failure of the latter says how to do without it."""
+def _output_dir(run: RunDir) -> str | None:
+    """The Trainer's output directory the run recorded (where its checkpoints went), or None."""
+    args = run.section("trainer").get("args")
+    output_dir = args.get("output_dir") if isinstance(args, Mapping) else None
+    return output_dir if isinstance(output_dir, str) else None
+
+
+def _start_label(run: RunDir, step: int, from_start: bool) -> str:
+    """The progress label of a run of the script from its start, saying why not from a checkpoint."""
+    if from_start:
+        return f"the command, from its start (--from-start) up to step {step}"
+    if step == 1:
+        return "the command, up to step 1"
+    status, where = run.record.get("status"), _output_dir(run)
+    if status != "completed":
+        why = f"the run is {status}, not completed"
+    elif where is None:
+        why = "the run recorded no Trainer output directory"
+    else:
+        why = f"no checkpoint of this run before step {step} in {where!r}, seen from here"
+    return f"the command, from its start up to step {step} ({why})"
+
+
+def _leg(runner: Runner, controls: Controls, start: int, step: int, start_label: str) -> Path:
+    """The script's run up to ``step``: from its start (``start_label`` says why), or resumed from
+    ``controls.resume_from`` (the run's checkpoint of step ``start``); a failure of the latter says
+    how to do without it."""
     if controls.resume_from is None:
-        return runner.leg("reference", controls, label=f"the command, up to step {step}")
+        return runner.leg("reference", controls, label=start_label)
     label = f"the command, from the run's Trainer checkpoint of step {start} up to step {step}"
     try:
         return runner.leg("reference", controls, label=label)
