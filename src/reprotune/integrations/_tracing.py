@@ -130,8 +130,8 @@ def _loss_log() -> torch.Tensor | None:
     """The Trainer's running loss total since it last logged: ``Trainer._tr_loss`` (transformers
     5) or the ``tr_loss`` local of its training loop (4.x), read in the frame of that loop
     (``_inner_training_loop``: the callback runs below it, through ``_run_epoch`` in 5.x); None
-    where neither is found. The step adds its loss to it, but nothing
-    the step computes reads it, and a resume starts it again at 0 (:data:`LOSS_LOG_HASH`)."""
+    where neither is found. The step adds its loss to it, but nothing the step computes reads it,
+    and a resume starts it again at 0 (:data:`LOSS_LOG_HASH`)."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_name != "_inner_training_loop":
         frame = frame.f_back
