@@ -135,8 +135,11 @@ def test_a_trainer_trace_resumes_from_the_runs_newest_marked_checkpoint_before_t
 ) -> None:
     """The Trainer checkpoint ``trace --command`` has the script resume from: the newest at or
     before step K - 1 in the output directory the run recorded (relative to where the command
-    runs), that the callback marked as this run's, in this run directory; none (the script's
-    start) for a run that did not complete."""
+    runs), that the callback marked as this run's, for this run directory or one that no longer
+    holds the run (moved), not for a copy of the run that still stands elsewhere; none (the
+    script's start) for a run that did not complete, and the progress line says why."""
+    import shutil
+
     from reprotune._proof.trace_command import _start_label, trainer_checkpoint
     from reprotune._run.checkpoint_files import TRAINER_CHECKPOINT_MARKER
     from reprotune._run.rundir import open_run_dir
@@ -154,22 +157,44 @@ def test_a_trainer_trace_resumes_from_the_runs_newest_marked_checkpoint_before_t
         (folder / TRAINER_CHECKPOINT_MARKER).write_text(json.dumps({**mine, **marker}))
         return folder
 
-    two, four, six = (checkpoint(step).resolve() for step in (2, 4, 6))
+    two, four = (checkpoint(step).resolve() for step in (2, 4))
     checkpoint(5, run_id="20260101-000000-other000")  # another run's
-    checkpoint(3, run_dir=str(tmp_path / "elsewhere"))  # a run directory of that id, elsewhere
+    copy = shutil.copytree(run_path, tmp_path / "copy")  # a copy of the run, still standing
+    checkpoint(3, run_dir=str(copy))
     (tmp_path / "out" / "checkpoint-1").mkdir()  # saved before the callback saw it: no marker
     (tmp_path / "out" / "checkpoint-last").mkdir()
     run = open_run_dir(run_path)
-    assert trainer_checkpoint(run, 7) == (6, six) and trainer_checkpoint(run, 6) == (4, four)
-    assert trainer_checkpoint(run, 4) == (2, two) and trainer_checkpoint(run, 2) == (0, None)
-    # where the script starts from its start, the progress line says why
-    assert _start_label(run, 1, False) == "the command, up to step 1"
-    assert _start_label(run, 2, True) == "the command, from its start (--from-start) up to step 2"
-    assert _start_label(run, 2, False) == (
-        "the command, from its start up to step 2 "
-        "(no checkpoint of this run before step 2 in 'out', seen from here)"
+    assert trainer_checkpoint(run, 7) == (4, four, "") and trainer_checkpoint(run, 4) == (2, two, "")
+    assert trainer_checkpoint(run, 2) == (
+        0,
+        None,
+        "no checkpoint of this run before step 2 in 'out', seen from here",
     )
+    shutil.rmtree(two)
+    assert trainer_checkpoint(run, 4) == (
+        0,
+        None,
+        f"the checkpoints of this run in 'out' are those of its copy in {str(copy)!r}",
+    )
+    # the run directory moved since it saved its checkpoints: they are still its own
+    six = checkpoint(6).resolve()
+    moved = open_run_dir(run_path.rename(tmp_path / "moved"))
+    assert trainer_checkpoint(moved, 7) == (6, six, "")
+    # where the script starts from its start, the progress line says why
+    assert _start_label(1, False, "") == "the command, up to step 1"
+    assert _start_label(2, True, "") == "the command, from its start (--from-start) up to step 2"
+    assert _start_label(2, False, "why") == "the command, from its start up to step 2 (why)"
     record["status"] = "stopped"
-    (run_path / "record.json").write_text(canonical_dumps(record))
-    assert trainer_checkpoint(open_run_dir(run_path), 7) == (0, None)
-    assert _start_label(open_run_dir(run_path), 7, False).endswith("(the run is stopped, not completed)")
+    (tmp_path / "moved" / "record.json").write_text(canonical_dumps(record))
+    assert trainer_checkpoint(open_run_dir(tmp_path / "moved"), 7) == (
+        0,
+        None,
+        "the run is stopped, not completed",
+    )
+    record["status"], record["trainer"] = "completed", {}
+    (tmp_path / "moved" / "record.json").write_text(canonical_dumps(record))
+    assert trainer_checkpoint(open_run_dir(tmp_path / "moved"), 7) == (
+        0,
+        None,
+        "the run recorded no Trainer output directory",
+    )

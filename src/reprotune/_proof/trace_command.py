@@ -26,6 +26,7 @@ from reprotune._jsonio import read_json_object
 from reprotune._proof.command_legs import Runner, parse_command
 from reprotune._proof.microscope import kernels_against_run, model_against_run, refuse_untraceable
 from reprotune._run.checkpoint_files import TRAINER_CHECKPOINT_MARKER
+from reprotune._run.layout import RECORD
 from reprotune._run.rundir import RunDir, open_run_dir
 from reprotune._run.tracefile import TraceResult, new_trace_path, read_trace, write_trace
 from reprotune.integrations.controls import Controls
@@ -53,7 +54,7 @@ def trace_script_step(
     refuse_untraceable(run, step, command=True)
     target = new_trace_path(out, f"trace-{run.run_id}-step-{step}.jsonl")
     log = target.with_name(f"{target.name}.log")  # the script's output: kept when it fails
-    start, checkpoint = (0, None) if from_start else trainer_checkpoint(run, step)
+    start, checkpoint, why = (0, None, "") if from_start else trainer_checkpoint(run, step)
     with tempfile.TemporaryDirectory(prefix="reprotune-trace-") as folder:
         work = Path(folder)
         raw = work / "step.trace.jsonl"
@@ -63,7 +64,7 @@ def trace_script_step(
             run_dir=work / "run", stop_after=step, resume_from=checkpoint, trace_step=step, trace_out=raw
         )
         started = time.perf_counter()
-        made = open_run_dir(_leg(runner, controls, start, step, _start_label(run, step, from_start)))
+        made = open_run_dir(_leg(runner, controls, start, step, _start_label(step, from_start, why)))
         seconds = time.perf_counter() - started
         if not raw.is_file():
             raise RunFailedError(
@@ -80,25 +81,52 @@ def trace_script_step(
     return TraceResult(target, header, seconds, None)
 
 
-def trainer_checkpoint(run: RunDir, step: int) -> tuple[int, Path | None]:
+def trainer_checkpoint(run: RunDir, step: int) -> tuple[int, Path | None, str]:
     """The newest Trainer checkpoint of the completed ``run`` at or before step ``step`` - 1, in
     the Trainer's output directory it recorded (relative to where the command runs, as when the
-    run was made), that its callback marked as this run's, in this run directory: its step and
-    path; ``(0, None)`` when there is none (the script then trains from its start)."""
-    output_dir = _output_dir(run)
-    if run.record.get("status") != "completed" or output_dir is None:
-        return 0, None
+    run was made), that its callback marked as this run's: its step, its path and ``""``; or
+    ``(0, None, why)`` when there is none (the script then trains from its start).
+
+    A marker names the run's id, the step and the run directory it was saved for. The latter is
+    this run directory, or one that no longer holds this run (the run directory was moved since):
+    a copy of the run that still stands elsewhere (resumed there, its checkpoints may be its own)
+    is not this run."""
+    status, output_dir = run.record.get("status"), _output_dir(run)
+    if status != "completed":
+        return 0, None, f"the run is {status}, not completed"
+    if output_dir is None:
+        return 0, None, "the run recorded no Trainer output directory"
     found: list[tuple[int, Path]] = []
+    copies: set[str] = set()
     for path in Path(output_dir).glob("checkpoint-*"):
         at = path.name.removeprefix("checkpoint-")
         if not (at.isascii() and at.isdigit()) or not 1 <= int(at) < step:
             continue
         marker = read_json_object(path / TRAINER_CHECKPOINT_MARKER)
-        saved_in = marker.get("run_dir")
-        ours = marker.get("run_id") == run.run_id and marker.get("step") == int(at)
-        if ours and isinstance(saved_in, str) and Path(saved_in).resolve() == run.path.resolve():
+        if marker.get("run_id") != run.run_id or marker.get("step") != int(at):
+            continue
+        saved_for = marker.get("run_dir")
+        if isinstance(saved_for, str) and _holds_another_copy(Path(saved_for), run):
+            copies.add(saved_for)
+        else:
             found.append((int(at), path.resolve()))
-    return max(found) if found else (0, None)
+    if found:
+        return *max(found), ""
+    if copies:
+        return (
+            0,
+            None,
+            f"the checkpoints of this run in {output_dir!r} are those of its copy in {min(copies)!r}",
+        )
+    return 0, None, f"no checkpoint of this run before step {step} in {output_dir!r}, seen from here"
+
+
+def _holds_another_copy(saved_for: Path, run: RunDir) -> bool:
+    """Whether ``saved_for``, a run directory a checkpoint marker names, is not ``run``'s own but
+    still holds a run of its id (a copy of the run)."""
+    if saved_for.resolve() == run.path.resolve():
+        return False
+    return read_json_object(saved_for / RECORD).get("run_id") == run.run_id
 
 
 def _output_dir(run: RunDir) -> str | None:
@@ -108,19 +136,13 @@ def _output_dir(run: RunDir) -> str | None:
     return output_dir if isinstance(output_dir, str) else None
 
 
-def _start_label(run: RunDir, step: int, from_start: bool) -> str:
-    """The progress label of a run of the script from its start, saying why not from a checkpoint."""
+def _start_label(step: int, from_start: bool, why: str) -> str:
+    """The progress label of a run of the script from its start, saying ``why`` not from a
+    checkpoint."""
     if from_start:
         return f"the command, from its start (--from-start) up to step {step}"
     if step == 1:
         return "the command, up to step 1"
-    status, where = run.record.get("status"), _output_dir(run)
-    if status != "completed":
-        why = f"the run is {status}, not completed"
-    elif where is None:
-        why = "the run recorded no Trainer output directory"
-    else:
-        why = f"no checkpoint of this run before step {step} in {where!r}, seen from here"
     return f"the command, from its start up to step {step} ({why})"
 
 
