@@ -39,7 +39,7 @@ from reprotune._proof.microscope import kernels_of, made_by_trainer, trace_comma
 from reprotune._proof.record_diff import record_differences
 from reprotune._proof.split_diff import compare_manifests
 from reprotune._proof.world import same_world_throughout, without_rank_batches
-from reprotune._run.ledger import LedgerEntry
+from reprotune._run.ledger import differing_fields
 from reprotune._run.rundir import RunDir, open_run_dir
 
 # Numeric ledger fields a tolerance applies to; every other field must match exactly.
@@ -213,7 +213,7 @@ def _compare_ledgers(run_a: RunDir, run_b: RunDir, *, prefix: bool = False) -> W
             note("weights", 0)
         else:
             note("other", 0)
-            other_fields = _differing_keys(la.init, lb.init)
+            other_fields = differing_fields(la.init.fields, lb.init.fields)
 
     largest: NumberDiff | None = None
     for ea, eb in zip(la.train, lb.train, strict=False):
@@ -232,7 +232,7 @@ def _compare_ledgers(run_a: RunDir, run_b: RunDir, *, prefix: bool = False) -> W
         if fa["weights_sha256"] != fb["weights_sha256"]:
             note("weights", step)
         others = tuple(
-            k for k in _differing_keys(ea, eb) if k not in {"batch_sha256", "loss", "weights_sha256"}
+            k for k in differing_fields(fa, fb) if k not in {"batch_sha256", "loss", "weights_sha256"}
         )
         if others and first["other"] is None:
             first["other"], other_fields = step, others
@@ -255,7 +255,7 @@ def _compare_ledgers(run_a: RunDir, run_b: RunDir, *, prefix: bool = False) -> W
             diff = _abs_diff(ea.number("loss"), eb.number("loss"))
             if largest_val is None or diff > largest_val.abs_diff:
                 largest_val = NumberDiff(ea.step, ea.number("loss"), eb.number("loss"), diff)
-        others = tuple(k for k in _differing_keys(ea, eb) if k not in {"loss", "step"})
+        others = tuple(k for k in differing_fields(ea.fields, eb.fields) if k not in {"loss", "step"})
         if others and (first["other"] is None or ea.step < first["other"]):
             first["other"], other_fields = ea.step, others
 
@@ -273,11 +273,6 @@ def _compare_ledgers(run_a: RunDir, run_b: RunDir, *, prefix: bool = False) -> W
         largest_loss_diff=largest,
         largest_val_loss_diff=largest_val,
     )
-
-
-def _differing_keys(ea: LedgerEntry, eb: LedgerEntry) -> tuple[str, ...]:
-    keys = set(ea.fields) | set(eb.fields)
-    return tuple(sorted(k for k in keys if ea.fields.get(k) != eb.fields.get(k)))
 
 
 def _abs_diff(x: float, y: float) -> float:
@@ -340,7 +335,7 @@ def _within_tolerance(
     for ea, eb in pairs:
         if ea.fields == eb.fields:
             continue
-        for key in _differing_keys(ea, eb):
+        for key in differing_fields(ea.fields, eb.fields):
             if key == "weights_sha256":
                 continue  # follows from the weights, which are checked through the adapter
             if key not in _TOLERANT_FIELDS or key not in ea.fields or key not in eb.fields:

@@ -27,6 +27,7 @@ from reprotune._proof.command_legs import Runner, parse_command
 from reprotune._proof.microscope import kernels_against_run, model_against_run, refuse_untraceable
 from reprotune._run.checkpoint_files import TRAINER_CHECKPOINT_MARKER
 from reprotune._run.layout import RECORD
+from reprotune._run.ledger import differing_fields
 from reprotune._run.rundir import RunDir, open_run_dir
 from reprotune._run.tracefile import TraceResult, new_trace_path, read_trace, write_trace
 from reprotune.integrations.controls import Controls
@@ -173,10 +174,6 @@ def _leg(runner: Runner, controls: Controls, start: int, step: int, start_label:
         ) from None
 
 
-def _differing(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-
-
 def _judged(
     header: dict[str, Any], run: RunDir, made: RunDir, steps: tuple[int, int], command: str
 ) -> dict[str, Any]:
@@ -186,12 +183,12 @@ def _judged(
     config its run recorded kept beside."""
     (start, step), ours, theirs = steps, made.ledger.train, run.ledger.train
     before = {
-        str(s): diff
+        str(s): list(diff)
         for s in range(start + 1, step)
-        if (diff := _differing(theirs[s - 1].fields, ours[s - 1].fields if s <= len(ours) else {}))
+        if (diff := differing_fields(theirs[s - 1].fields, ours[s - 1].fields if s <= len(ours) else {}))
     }
     line = dict(ours[step - 1].fields) if step <= len(ours) else {}
-    differs = _differing(theirs[step - 1].fields, line)
+    differs = differing_fields(theirs[step - 1].fields, line)
     header.update(
         run_id=run.run_id,
         run_dir=str(run.path.resolve()),
@@ -201,7 +198,7 @@ def _judged(
         reproduced={
             "step": not differs,
             "before": not before,
-            "differing_fields": differs,
+            "differing_fields": list(differs),
             "differing_steps_before": before,
             "ledger_line": dict(theirs[step - 1].fields),
             "replayed_line": line,

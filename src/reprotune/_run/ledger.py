@@ -207,6 +207,12 @@ class LedgerEntry:
         return float.fromhex(self.fields[key])
 
 
+def differing_fields(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[str, ...]:
+    """The keys, sorted, whose values differ between two ledger lines' fields (a key one line
+    lacks differs from any value the other holds)."""
+    return tuple(sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)))
+
+
 @dataclass(frozen=True)
 class Ledger:
     """A run's ledger, split by kind; ``train[i]`` is optimizer step ``i + 1``.
