@@ -102,8 +102,8 @@ def test_a_step_is_traced_from_the_runs_trainer_checkpoint_as_from_the_scripts_s
     assert sorted(saved) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
     command = shlex.join(project.argv("hf_trainer.py", "--save-steps", "2", "--output-dir", "out/saved"))
 
-    def trace(out: str, *extra: str) -> tuple[str, Trace]:
-        args = ["trace", "saved", "--step", "5", "--command", command, "--out", out, "--no-progress", *extra]
+    def trace(out: str, *extra: str, run: str = "saved") -> tuple[str, Trace]:
+        args = ["trace", run, "--step", "5", "--command", command, "--out", out, "--no-progress", *extra]
         done = run_reprotune(args, cwd=project.root, env={**os.environ, **OFFLINE_ENV}, timeout=900)
         assert done.returncode == 0, done.stdout + done.stderr[-3000:]
         return done.stdout, read_trace(project.root / out)
@@ -121,3 +121,11 @@ def test_a_step_is_traced_from_the_runs_trainer_checkpoint_as_from_the_scripts_s
     logged = [op for op in resumed.ops if LOSS_LOG_HASH in {entry[2] for entry in op.inputs}]
     assert [op.op for op in logged] in (["aten::add_.Tensor"], ["aten::add.Tensor"])  # 5.x, 4.x
     assert {p.name: sorted(f.name for f in p.iterdir()) for p in checkpoints.iterdir()} == saved
+    # the run directory moved since: its checkpoints (whose markers name where it was) are still its
+    # own, and the script branches from the run where it lies now
+    (project.root / "archive").mkdir()
+    (project.root / "saved").rename(project.root / "archive" / "saved")
+    shown, moved = trace("moved.jsonl", run="archive/saved")
+    assert "replayed from     the checkpoint of step 4" in shown
+    assert moved.header["reproduced"]["step"] and moved.header["reproduced"]["before"]
+    assert moved.ops == started.ops

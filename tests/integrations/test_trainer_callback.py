@@ -325,7 +325,9 @@ def test_seed_probe_reads_the_rng_without_drawing() -> None:
 
 def test_controls_round_trip_and_refuse_bad_values() -> None:
     """What verify sets is what the callback reads; a bad value names its variable."""
-    controls = Controls(run_dir=Path("r"), output_dir=Path("o"), stop_after=3, resume_from=Path("c"))
+    controls = Controls(
+        run_dir=Path("r"), output_dir=Path("o"), stop_after=3, resume_from=Path("c"), branch_from=Path("b")
+    )
     assert Controls.from_env(controls.to_env()) == controls
     assert Controls.from_env({}) == Controls()
     with pytest.raises(InputError, match=STOP_AFTER) as info:

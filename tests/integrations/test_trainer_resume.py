@@ -221,6 +221,18 @@ def test_resuming_from_another_runs_checkpoint_is_refused_and_into_a_new_directo
         refused.value
     )
     assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir())
+    assert f"or set {controls.BRANCH_FROM} to where it lies now" in str(refused.value)
+    # told where A lies now (as `reprotune trace --command` tells it), the branch is made from there
+    monkeypatch.setenv(controls.BRANCH_FROM, str(tmp_path / "a-moved"))
+    trainer("d", seed=2).train(resume_from_checkpoint=str(foreign))
+    monkeypatch.delenv(controls.BRANCH_FROM)
+    branched = load_record(tmp_path / "d")["attempts"][-1]["branched_from"]
+    assert branched == {
+        "run_id": run_a,
+        "run_dir": str((tmp_path / "a-moved").resolve()),
+        "status": "completed",
+    }
+    assert compare_runs(tmp_path / "a-moved", tmp_path / "d").verdict.value == "IDENTICAL"
     run_c = record["run_id"]
     (tmp_path / "c").rename(tmp_path / "a")  # another run where A was: no history of A to copy
     with pytest.raises(InputError) as refused:

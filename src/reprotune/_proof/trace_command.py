@@ -62,7 +62,12 @@ def trace_script_step(
         say = report or (lambda line: None)
         runner = Runner(parse_command(command), log, Path.cwd(), say, tool="trace")
         controls = Controls(
-            run_dir=work / "run", stop_after=step, resume_from=checkpoint, trace_step=step, trace_out=raw
+            run_dir=work / "run",
+            stop_after=step,
+            resume_from=checkpoint,
+            branch_from=run.path.resolve() if checkpoint else None,  # where the run lies now
+            trace_step=step,
+            trace_out=raw,
         )
         started = time.perf_counter()
         made = open_run_dir(_leg(runner, controls, start, step, _start_label(step, from_start, why)))

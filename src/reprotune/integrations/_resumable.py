@@ -19,6 +19,7 @@ from reprotune._run.layout import RunLayout
 from reprotune._run.outputs import refuse_inside_run, refuse_nonempty_dir
 from reprotune._run.record import load_record, make_run_id, status_of
 from reprotune._train.writer import report
+from reprotune.integrations.controls import BRANCH_FROM
 
 #: How the callback's run directory is named in messages (it is no command-line option).
 OPTION = "ReprotuneCallback run_dir"
@@ -41,10 +42,18 @@ _BRANCHED_FILES = (layout.CONFIG, layout.LEDGER, layout.PATCH)
 
 
 def branch_source(
-    paths: RunLayout, marker: Mapping[str, Any], from_step: int, config_sha256: str, code: Mapping[str, Any]
+    paths: RunLayout,
+    marker: Mapping[str, Any],
+    from_step: int,
+    config_sha256: str,
+    code: Mapping[str, Any],
+    *,
+    branch_from: Path | None = None,
 ) -> Path | None:
     """The run a resume into ``paths`` branches from: None when ``paths`` holds the run (a plain
-    resume), else the completed run that saved the checkpoint, checked before anything is copied.
+    resume), else the completed run that saved the checkpoint, checked before anything is copied:
+    in ``branch_from`` when given (the run where it lies now), else where the checkpoint's marker
+    says it was saved.
 
     Raises:
         InputError: ``paths`` holds no run, and the run that saved the checkpoint is not found,
@@ -53,7 +62,7 @@ def branch_source(
     """
     if paths.is_run_dir():
         return None
-    saved_in = marker.get("run_dir")
+    saved_in = str(branch_from) if branch_from is not None else marker.get("run_dir")
     if not isinstance(saved_in, str):
         raise InputError(
             f"the Trainer resumes from step {from_step} but {paths.root} holds no run record, and the "
@@ -67,7 +76,8 @@ def branch_source(
             f"the Trainer resumes from step {from_step} but {paths.root} holds no run record, and "
             f"the run that saved the checkpoint is not found at {saved_in}",
             source=str(paths.root),
-            fix=f"{fix}, or put that run directory back where it was",
+            fix=f"{fix}, or put that run directory back where it was, or set {BRANCH_FROM} to where it "
+            "lies now",
         )
     theirs = load_record(source)
     if marker.get("run_id") not in (None, theirs.get("run_id")):

@@ -116,6 +116,7 @@ class TrainerRun(RunWriter):
         trackers: TrackerSet,
         ranks: Sequence[Mapping[str, Any]],
         findings: Sequence[Mapping[str, str]] = (),
+        branch_from: Path | None = None,
     ) -> TrainerRun:
         """Continue the run in ``run_dir`` from step ``from_step`` (the Trainer's checkpoint):
         the ledger is cut back to that step and a new attempt is recorded, with what each rank
@@ -129,7 +130,7 @@ class TrainerRun(RunWriter):
         """
         paths = RunLayout(run_dir)
         marker = checkpoint_marker(checkpoint)
-        source = branch_source(paths, marker, from_step, config_sha256, code)
+        source = branch_source(paths, marker, from_step, config_sha256, code, branch_from=branch_from)
         attempt: dict[str, Any] = {"from_step": from_step, "from_checkpoint": checkpoint}
         writer: TrainerRun | None = None
         lock = lock_run_dir(run_dir, report=report, option=OPTION)

@@ -11,6 +11,10 @@ is created; this module is their one owner (names, meanings, parsing), used on b
 ``REPROTUNE_STOP_AFTER``                stop after this optimizer step, saving a Trainer checkpoint
 ``REPROTUNE_RESUME_FROM``               resume from this Trainer checkpoint: passed to the
                                         Trainer's own ``train(resume_from_checkpoint=...)``
+``REPROTUNE_BRANCH_FROM``               a resume into a new run directory branches from this run
+                                        directory, not the one the checkpoint's marker names
+                                        (``reprotune trace --command``: the run where it lies
+                                        now, moved since or not)
 ``REPROTUNE_PERTURB_DATA_SEED``         add this to the data-order seed (the negative control)
 ``REPROTUNE_TRACE_STEP``                trace this optimizer step's ops (``reprotune trace
                                         --command``: ``integrations._tracing``)
@@ -34,6 +38,7 @@ RUN_DIR: Final = "REPROTUNE_RUN_DIR"
 OUTPUT_DIR: Final = "REPROTUNE_OUTPUT_DIR"
 STOP_AFTER: Final = "REPROTUNE_STOP_AFTER"
 RESUME_FROM: Final = "REPROTUNE_RESUME_FROM"
+BRANCH_FROM: Final = "REPROTUNE_BRANCH_FROM"
 PERTURB_DATA_SEED: Final = "REPROTUNE_PERTURB_DATA_SEED"
 TRACE_STEP: Final = "REPROTUNE_TRACE_STEP"
 TRACE_OUT: Final = "REPROTUNE_TRACE_OUT"
@@ -42,7 +47,15 @@ TRACE_OUT: Final = "REPROTUNE_TRACE_OUT"
 #: environment (the record's ``trainer`` section and ``attempts`` say what they did), so that two
 #: legs of one verification, which differ in them by design, do not differ in their environment.
 #: The data-seed perturbation changes the numbers: it stays in the environment too.
-UNRECORDED_VARIABLES: Final = (RUN_DIR, OUTPUT_DIR, STOP_AFTER, RESUME_FROM, TRACE_STEP, TRACE_OUT)
+UNRECORDED_VARIABLES: Final = (
+    RUN_DIR,
+    OUTPUT_DIR,
+    STOP_AFTER,
+    RESUME_FROM,
+    BRANCH_FROM,
+    TRACE_STEP,
+    TRACE_OUT,
+)
 
 
 @dataclass(frozen=True)
@@ -54,6 +67,8 @@ class Controls:
         output_dir: the Trainer's output directory to use instead of the script's, or None.
         stop_after: stop after this optimizer step (>= 1), saving a Trainer checkpoint, or None.
         resume_from: a Trainer checkpoint directory to resume from, or None.
+        branch_from: the run directory a resume into a new run directory branches from, instead
+            of the one the checkpoint's marker names, or None.
         perturb_data_seed: added to the data-order seed (0: no change).
         trace_step: trace this optimizer step (>= 1) into ``trace_out``, or None.
         trace_out: where the trace of ``trace_step`` is written.
@@ -63,6 +78,7 @@ class Controls:
     output_dir: Path | None = None
     stop_after: int | None = None
     resume_from: Path | None = None
+    branch_from: Path | None = None
     perturb_data_seed: int = 0
     trace_step: int | None = None
     trace_out: Path | None = None
@@ -78,6 +94,8 @@ class Controls:
             env[STOP_AFTER] = str(self.stop_after)
         if self.resume_from is not None:
             env[RESUME_FROM] = str(self.resume_from)
+        if self.branch_from is not None:
+            env[BRANCH_FROM] = str(self.branch_from)
         if self.perturb_data_seed:
             env[PERTURB_DATA_SEED] = str(self.perturb_data_seed)
         if self.trace_step is not None and self.trace_out is not None:
@@ -134,6 +152,7 @@ class Controls:
             output_dir=path(OUTPUT_DIR),
             stop_after=stop_after,
             resume_from=path(RESUME_FROM),
+            branch_from=path(BRANCH_FROM),
             perturb_data_seed=_integer(environ, PERTURB_DATA_SEED, minimum=None) or 0,
             trace_step=trace_step,
             trace_out=trace_out,

@@ -203,6 +203,7 @@ class ReprotuneCallback(TrainerCallback):
                 trackers=trackers,
                 ranks=[r["restore"] for r in ranks if r["restore"] is not None],
                 findings=findings,
+                branch_from=self._controls.branch_from,
             )
             return
         run_id = make_run_id(config_sha)
