@@ -227,3 +227,28 @@ def test_the_amd_modes_knobs_on_an_intel_cpu_are_read_back_as_native(monkeypatch
     assert isa.isa_in_force(environ)["cpu_isa"] == "avx2-amd"
     monkeypatch.setattr(isa, "cpu_vendor", lambda: "GenuineIntel")
     assert isa.isa_in_force(environ)["cpu_isa"] == "native"
+
+
+def test_the_mode_a_run_is_replayed_in_is_the_one_its_record_says_was_in_force(tmp_path: Path) -> None:
+    """``trace``, ``eval``, ``rerun`` and ``resume`` pin the mode the record's kernel facts say was
+    in force (read back when the run started): a Trainer script's run, put in a mode by its
+    variables, has no config key; a config's own key is the fallback for records before the
+    kernel facts, and a Trainer run recorded before them pins nothing."""
+    from reprotune._cli._options import recorded_cpu_isa
+
+    def run(name: str, record: dict[str, object]) -> Path:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "record.json").write_text(json.dumps(record))
+        return tmp_path / name
+
+    kernels = {"kernels": {"portable": {"cpu_isa": "avx2-compatible"}}}
+    assert (
+        recorded_cpu_isa(run("trainer", {"config": {"trainer": {}}, "environment": kernels}))
+        == "avx2-compatible"
+    )
+    by_hand = {"config": {"determinism": {"cpu_isa": "native"}}, "environment": kernels}
+    assert recorded_cpu_isa(run("by-hand", by_hand)) == "avx2-compatible"
+    assert recorded_cpu_isa(run("old", {"config": {"determinism": {"cpu_isa": "avx2-amd"}}})) == "avx2-amd"
+    assert recorded_cpu_isa(run("older", {"config": {"determinism": {}}, "environment": None})) == "native"
+    assert recorded_cpu_isa(run("old-trainer", {"config": {"trainer": {}}, "environment": {}})) is None
+    assert recorded_cpu_isa(tmp_path / "no-run") is None

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from trainer_scripts import OFFLINE_ENV, ScriptProject
 
+from reprotune._determinism.isa import BASELINES
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.trace_compare import compare_traces
 from reprotune._run.tracefile import LOSS_LOG_HASH, Trace, read_trace
@@ -62,6 +63,19 @@ def test_a_trainer_scripts_step_traced_on_each_side_names_the_first_op(project: 
     assert found.explanation[0].startswith(f"step {step}, ")
     assert "same inputs, different outputs: the kernel differs (CPU capability" in found.explanation[0]
     assert not list(project.root.glob("*.jsonl.log"))  # the script's log is removed when it succeeds
+
+
+def test_a_trainer_run_made_in_a_portable_mode_is_traced_in_it(project: ScriptProject) -> None:
+    """A Trainer script run with ``avx2-compatible``'s variables (a script has no config key: its
+    record's kernel facts say the mode was in force): ``trace --command``, given none of them, puts
+    the mode in force itself before the script starts, so the step is traced under the run's
+    kernels and reproduces the run's line."""
+    project.run("hf_trainer.py", "portable", env=dict(BASELINES["avx2-compatible"].env))
+    shown = _trace(project, "portable", 2, "portable.jsonl", {})
+    header = read_trace(project.root / "portable.jsonl").header
+    assert header["kernels_vs_run"]["differences"] == [], shown
+    assert header["reproduced"]["step"] and header["reproduced"]["before"]
+    assert "kernels NOT" not in shown
 
 
 def test_a_command_that_fails_keeps_its_log_and_writes_no_trace(project: ScriptProject) -> None:

@@ -96,15 +96,20 @@ def pin_cpu_isa(cpu_isa: str) -> None:
 
 
 def recorded_cpu_isa(run_dir: Path) -> str | None:
-    """The ``determinism.cpu_isa`` a run directory's record holds (``native`` where a record from
-    before the mode lacks it), read without torch; None for a directory that is not a run."""
+    """The ``determinism.cpu_isa`` mode a run directory's record says was in force, read without
+    torch: its kernel facts' ``portable.cpu_isa`` (read back when the run started; a Trainer
+    script's run was put in a mode by its variables, with no config key), else its config's
+    ``determinism.cpu_isa`` (``native`` where a record from before the mode lacks it); None for a
+    directory that is not a run, or a Trainer-made run recorded before the kernel facts."""
     import json
 
     from reprotune._run.layout import RunLayout
 
     try:
         record = json.loads(RunLayout(run_dir).record.read_text(encoding="utf-8"))
-        cpu_isa = record["config"]["determinism"].get("cpu_isa", "native")
+        kernels = (record.get("environment") or {}).get("kernels") or {}
+        in_force = (kernels.get("portable") or {}).get("cpu_isa")
+        cpu_isa = in_force or record["config"]["determinism"].get("cpu_isa", "native")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return cpu_isa if isinstance(cpu_isa, str) else None
@@ -148,7 +153,8 @@ def _pin_recorded(cpu_isa: str, what: str) -> None:
         pin_cpu_isa(cpu_isa)
     except InputError as exc:
         raise InputError(
-            f"{what} was made in determinism.cpu_isa {cpu_isa!r}, which this command replays it in: "
+            f"{what} was made in determinism.cpu_isa {cpu_isa!r} (its record says), which this command "
+            f"replays it in: "
             f"{exc.message}",
             source=f"{what} (determinism.cpu_isa)",
             fix="unset the variables named (the mode sets them itself), or replay it on a CPU that can "
