@@ -79,11 +79,12 @@ def test_a_trainer_run_made_in_a_portable_mode_is_traced_in_it(project: ScriptPr
 
 
 def test_a_command_that_fails_keeps_its_log_and_writes_no_trace(project: ScriptProject) -> None:
-    args = ["trace", "native", "--step", "1", "--command", "python no-such-script.py", "--out", "x.jsonl"]
+    out = "logs/x.jsonl"  # in a directory that is not there yet: made, as for any trace
+    args = ["trace", "native", "--step", "1", "--command", "python no-such-script.py", "--out", out]
     done = run_reprotune(args, cwd=project.root, env={**os.environ, **OFFLINE_ENV}, timeout=300)
     assert done.returncode != 0 and "the command failed with exit code" in done.stderr
-    assert not (project.root / "x.jsonl").exists()
-    assert "can't open file" in (project.root / "x.jsonl.log").read_text()  # the script's own output
+    assert not (project.root / out).exists()
+    assert "can't open file" in (project.root / "logs" / "x.jsonl.log").read_text()  # the script's own output
     args = ["trace", "native", "--step", "1", "--out", "y.jsonl"]
     done = run_reprotune(args, cwd=project.root, env={**os.environ, **OFFLINE_ENV}, timeout=300)
     assert done.returncode == 2 and "was written by a Trainer callback" in done.stderr

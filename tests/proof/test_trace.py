@@ -100,13 +100,17 @@ def test_a_trace_made_under_other_kernels_than_its_run_says_so(project: TinyProj
     )
     assert (
         "trace again as the run was made: ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 "
-        f"ONEDNN_MAX_CPU_ISA=SSE41 reprotune trace lesser --step {step}\n"
+        f"ONEDNN_MAX_CPU_ISA=SSE41 reprotune trace lesser --step {step} "
+        f"--out {tmp_path / 'as-made-here.jsonl'}\n"
     ) in done.stdout
     start = tmp_path / "start.jsonl"
     done = project.run_cli(
         "trace", "lesser", "--step", str(step), "--from-start", "--out", str(start), "--no-progress"
     )
-    assert f"SSE41 reprotune trace lesser --step {step} --from-start\n" in done.stdout  # as it was asked
+    again = (
+        f"SSE41 reprotune trace lesser --step {step} --out {tmp_path / 'as-made-start.jsonl'} --from-start\n"
+    )
+    assert again in done.stdout  # as it was asked, into a new file
     against = read_trace(mine).header["kernels_vs_run"]
     assert against["assignments"] == [f"{k}={v}" for k, v in LESSER.items()]
     project.run_cli("trace", "native", "--step", str(step), "--out", str(a), "--no-progress")

@@ -233,14 +233,32 @@ def test_a_trace_made_under_other_kernels_than_its_run_is_noted(tmp_path: Path) 
     assert notes == (
         "trace B was made under other kernels than its run's (run vs here: CPU capability DEFAULT vs "
         "AVX2): it shows those kernels' step; trace again as the run was made: "
-        "ATEN_CPU_CAPABILITY=default reprotune trace '/runs/my run' --step 3",
+        "ATEN_CPU_CAPABILITY=default reprotune trace '/runs/my run' --step 3 "
+        "--out B-step-3.as-made.trace.jsonl",
     )
     # a Trainer script's trace (made with --command): the command to trace again runs it again
     c = _trace(tmp_path / "c", BASE, KERNELS_A, kernels_vs_run=against, run_dir="/r", command="python t.py")
     assert (
         compare_traces(a, c)
         .notes[0]
-        .endswith("ATEN_CPU_CAPABILITY=default reprotune trace /r --step 3 --command 'python t.py'")
+        .endswith("reprotune trace /r --step 3 --command 'python t.py' --out B-step-3.as-made.trace.jsonl")
+    )
+    # its command with a secret masked (a trace is fit to send) would run without it: a placeholder
+    d = _trace(
+        tmp_path / "d",
+        BASE,
+        KERNELS_A,
+        kernels_vs_run=against,
+        run_dir="/r",
+        command="python t.py --token ***",
+    )
+    assert (
+        compare_traces(a, d)
+        .notes[0]
+        .endswith(
+            "--step 3 --command '<the command that made the run, its secrets masked in the trace>' "
+            "--out B-step-3.as-made.trace.jsonl"
+        )
     )
 
 

@@ -99,7 +99,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"  kernels           NOT the run's (run vs here): {'; '.join(against['differences'])}")
         if against.get("assignments"):
             again = trace_command(
-                str(args.run_dir), header["step"], against["assignments"], command=args.script_command
+                str(args.run_dir),
+                header["step"],
+                against["assignments"],
+                str(result.path.with_name(f"as-made-{result.path.name}")),  # this one stays
+                command=args.script_command,
             )
             again += " --from-start" if args.from_start else ""
             print(f"                    trace again as the run was made: {again}")

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from reprotune._config.secrets import MASK
 from reprotune._errors import InputError
 from reprotune._formats import TRACE_COMPARISON
 from reprotune._proof.microscope import trace_command
@@ -160,10 +161,13 @@ def _notes(a: Trace, b: Trace) -> Iterable[str]:
         if against.get("differences"):
             assignments = against.get("assignments") or []
             script = trace.header.get("command")  # a Trainer script's trace: the command it ran
+            if isinstance(script, str) and MASK in script:  # as written, it would run without them
+                script = "<the command that made the run, its secrets masked in the trace>"
             command = trace_command(
                 str(trace.header.get("run_dir")),
                 trace.header.get("step"),
                 assignments,
+                f"{label}-step-{trace.header.get('step')}.as-made.trace.jsonl",
                 command=script if isinstance(script, str) else None,
             )
             again = (
