@@ -86,6 +86,9 @@ def _recorded(run: RunDir, step: int) -> Mapping[str, Any]:
 
 
 def _differing(run: RunDir, step: int, line: Mapping[str, Any]) -> list[str]:
+    """The fields of the replayed ``line`` whose values differ from the run's line of ``step``:
+    only those the replay computes are judged (not ``ledger.differing_fields``, both ways), so a
+    field an older or newer reprotune wrote beside them in the run's line is no difference."""
     recorded = _recorded(run, step)
     return sorted(k for k in line if recorded.get(k) != line[k])
 

@@ -209,7 +209,7 @@ class LedgerEntry:
 
 def differing_fields(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[str, ...]:
     """The keys, sorted, whose values differ between two ledger lines' fields (a key one line
-    lacks differs from any value the other holds)."""
+    lacks counts as null there)."""
     return tuple(sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)))
 
 
