@@ -12,7 +12,7 @@ import pytest
 from reprotune._errors import InputError
 from reprotune._formats import TRACE
 from reprotune._proof.trace_compare import compare_traces
-from reprotune._run.tracefile import LOSS_LOG_HASH, TraceOp, read_trace, write_trace
+from reprotune._run.tracefile import LOSS_LOG_HASH, UNINITIALIZED, TraceOp, read_trace, write_trace
 
 KERNELS_A = {"cpu": {"aten_capability": "AVX512"}, "blas": {"mkl_code_path": "AVX512_E1"}, "attention": {}}
 KERNELS_B = {"cpu": {"aten_capability": "AVX2"}, "blas": {"mkl_code_path": "AVX2"}, "attention": {}}
@@ -430,3 +430,28 @@ def test_the_trainers_loss_log_agrees_with_whatever_an_older_trace_hashed_there(
     shapes = _op(3, "-", "aten::add_.Tensor", ["total-so-far", "loss"], ["total"], phase="backward.0")
     shapes = shapes.model_copy(update={"inputs": (("", "float32", "total-so-far"), shapes.inputs[1])})
     assert compare_traces(a, _trace(tmp_path / "d", [*BASE, shapes, tail], KERNELS_A)).finding == "inputs"
+
+
+def test_the_trainers_loss_log_agrees_also_where_the_code_paths_part(tmp_path: Path) -> None:
+    """Past a parted module the ops both run alike are compared by the same rule: the loss log
+    against an older trace's hash is no difference there either."""
+    same_b = [ROTARY_B[0], _op(1, "model.rotary_emb", "aten::cos", ["ang2"], ["cos"])]
+    log = _op(5, "-", "aten::add_.Tensor", [LOSS_LOG_HASH, "y"], [LOSS_LOG_HASH], phase="backward.0")
+    older = _op(5, "-", "aten::add_.Tensor", ["total-so-far", "y"], ["total"], phase="backward.0")
+    a = _trace(tmp_path / "a", [*ROTARY_A, *_attention("cos", "r"), log], KERNELS_A)
+    b = _trace(tmp_path / "b", [*same_b, *_attention("cos", "r"), older], KERNELS_A)
+    found = compare_traces(a, b)
+    assert found.finding == "sequence" and found.numbers == (None, None), found.format()
+
+
+def test_an_input_an_agreeing_op_left_unhashed_is_not_said_changed_after_it(tmp_path: Path) -> None:
+    """A placeholder an agreeing op wrote (memory no op had written yet) stands for no content: an
+    input that differs from it is not taken for one changed after that op, nor for an edited file."""
+    empty = _op(3, "model.layers.0.mlp", "aten::empty.memory_format", [], [UNINITIALIZED])
+    reads_a = _op(4, "model.layers.0.mlp", "aten::mul.Tensor", [UNINITIALIZED, "g"], ["m"])
+    reads_b = _op(4, "model.layers.0.mlp", "aten::mul.Tensor", ["filled", "g"], ["m2"])
+    a = _trace(tmp_path / "a", [*BASE, empty, reads_a], KERNELS_A)
+    b = _trace(tmp_path / "b", [*BASE, empty, reads_b], KERNELS_A)
+    text = "\n".join(compare_traces(a, b).explanation)
+    assert "inputs differ at the first op that reads them" in text
+    assert "was changed after it" not in text and "a trace file was edited" not in text

@@ -32,7 +32,7 @@ from reprotune._proof.trace_paths import (
     numbers_after_part,
 )
 from reprotune._run.kernels import kernel_differences
-from reprotune._run.tracefile import LOSS_LOG_HASH, Trace, TraceOp
+from reprotune._run.tracefile import PLACEHOLDER_HASHES, Trace, TraceOp, all_entries_agree, entries_agree
 
 Finding = Literal["identical", "kernel", "inputs", "sequence", "length"]
 
@@ -98,22 +98,12 @@ class TraceComparison:
         )
 
 
-def _where(op: TraceOp) -> str:
-    return f"step {{step}}, {op.phase}, {op.module}: {op.signature()}"
-
-
-def _agree(x: tuple[str, ...], y: tuple[str, ...]) -> bool:
-    """Two tensor entries that agree: equal, or of one shape and dtype where either is the
-    Trainer's loss log (a trace made before reprotune wrote it so hashed it)."""
-    return x == y or (LOSS_LOG_HASH in (x[2], y[2]) and x[:2] == y[:2])
-
-
-def _all_agree(xs: tuple[tuple[str, ...], ...], ys: tuple[tuple[str, ...], ...]) -> bool:
-    return len(xs) == len(ys) and all(_agree(x, y) for x, y in zip(xs, ys, strict=True))
+def _where(op: TraceOp, step: object) -> str:
+    return f"step {step}, {op.phase}, {op.module}: {op.signature()}"
 
 
 def _differing_inputs(a: TraceOp, b: TraceOp) -> list[int]:
-    return [k for k, (x, y) in enumerate(zip(a.inputs, b.inputs, strict=False)) if not _agree(x[:3], y[:3])]
+    return [k for k, (x, y) in enumerate(zip(a.inputs, b.inputs, strict=False)) if not entries_agree(x, y)]
 
 
 def _origin(index: int, op: TraceOp, produced: set[str]) -> tuple[str, bool]:
@@ -236,11 +226,11 @@ def compare_traces(a: Trace, b: Trace) -> TraceComparison:
         if op_a.key != op_b.key:
             return _sequence(a, b, (op_a, op_b), compared, (kernels, libraries), notes, paths)
         compared += 1
-        same_in = _all_agree(op_a.inputs, op_b.inputs) and op_a.args == op_b.args
-        if same_in and _all_agree(op_a.outputs, op_b.outputs):
-            produced.update(t[2] for t in op_a.outputs)
+        same_in = all_entries_agree(op_a.inputs, op_b.inputs) and op_a.args == op_b.args
+        if same_in and all_entries_agree(op_a.outputs, op_b.outputs):
+            produced.update(t[2] for t in op_a.outputs if t[2] not in PLACEHOLDER_HASHES)
             continue
-        where = _where(op_a).format(step=step)
+        where = _where(op_a, step)
         if same_in:
             why = (
                 f"the kernel differs ({'; '.join(kernels)})"

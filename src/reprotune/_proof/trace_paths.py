@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from reprotune._proof.cause_texts import hash_differences
 from reprotune._run.stack import COMPUTING_LIBRARIES
-from reprotune._run.tracefile import PLACEHOLDER_HASHES, Trace, TraceOp
+from reprotune._run.tracefile import PLACEHOLDER_HASHES, Trace, TraceOp, all_entries_agree, entries_agree
 
 _SHOWN_OPS = 8
 _SHOWN_MODULES = 4
@@ -89,8 +89,8 @@ def numbers_after_part(a: Trace, b: Trace, kernels: Sequence[str]) -> NumbersPar
     step = a.header.get("step")
     for op_a in a.ops:
         op_b = in_b.get(op_a.key)
-        same_in = op_b is not None and op_a.inputs == op_b.inputs and op_a.args == op_b.args
-        if op_b is None or (same_in and op_a.outputs == op_b.outputs):
+        same_in = op_b is not None and all_entries_agree(op_a.inputs, op_b.inputs) and op_a.args == op_b.args
+        if op_b is None or (same_in and all_entries_agree(op_a.outputs, op_b.outputs)):
             continue
         where = f"step {step}, {op_a.phase}, {op_a.module}: {op_a.signature()}"
         if same_in:
@@ -125,7 +125,7 @@ def _input_origins(
     if op_a.args != op_b.args:
         lines.append(f"other arguments: {op_a.args} vs {op_b.args}")
     for index, (x, y) in enumerate(zip(op_a.inputs, op_b.inputs, strict=False)):
-        if x[:3] == y[:3]:
+        if entries_agree(x, y):
             continue
         place = made_a.get(x[2]) or made_b.get(y[2])
         if place is None:

@@ -68,6 +68,18 @@ PLACEHOLDER_HASHES = frozenset({UNINITIALIZED, RNG_STATE_HASH, LOSS_LOG_HASH})
 TensorEntry = Annotated[tuple[str, ...], Field(min_length=3, max_length=4)]
 
 
+def entries_agree(x: tuple[str, ...], y: tuple[str, ...]) -> bool:
+    """Two tensor entries (shape, dtype, hash; labels ignored) that agree: equal, or of one shape
+    and dtype where either is the Trainer's loss log (a trace made before reprotune wrote it so
+    hashed it)."""
+    return x[:3] == y[:3] or (LOSS_LOG_HASH in (x[2], y[2]) and x[:2] == y[:2])
+
+
+def all_entries_agree(xs: Sequence[tuple[str, ...]], ys: Sequence[tuple[str, ...]]) -> bool:
+    """Whether two ops' tensors agree one by one (:func:`entries_agree`), as many on each side."""
+    return len(xs) == len(ys) and all(entries_agree(x, y) for x, y in zip(xs, ys, strict=True))
+
+
 class TraceOp(BaseModel):
     """One op of a traced step (see the module docstring); ``inputs`` and ``outputs`` are written
     as ``in`` and ``out``."""
