@@ -283,3 +283,24 @@ def test_the_trace_command_names_the_gpu_a_step_was_replayed_on() -> None:
     )
     assert device_line({"environment": {"device": "cpu"}, "kernels": {"cuda": cuda}}) == "cpu"
     assert device_line({"environment": {}, "kernels": {}}) == "not recorded"
+
+
+def test_the_reproduced_line_names_the_fields_or_the_steps_before_that_differ() -> None:
+    """The CLI's ``reproduced`` line: yes; the traced step's differing fields; or, where the traced
+    step agreed but a step replayed before it did not, those steps (never "NO ... (none)")."""
+    from reprotune._cli.trace import reproduced_words
+
+    same = {"step": True, "before": True, "differing_fields": [], "differing_steps_before": {}}
+    assert (
+        reproduced_words(same, init=False)
+        == "yes: the replayed step gave the run's own ledger line, bit for bit"
+    )
+    assert reproduced_words(same, init=True).startswith("yes: the LoRA init gave the run's own init line")
+    step = {**same, "step": False, "differing_fields": ["loss", "weights_sha256"]}
+    assert reproduced_words(step, init=False).startswith(
+        "NO: this machine's step differs from the run's (loss, weights_sha256); the trace\n"
+    )
+    earlier = {**same, "before": False, "differing_steps_before": {"2": ["loss"], "3": ["loss"]}}
+    assert reproduced_words(earlier, init=False).startswith(
+        "NO: this machine's steps before it (2, 3) differ from the run's; the trace\n"
+    )

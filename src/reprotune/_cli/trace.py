@@ -79,19 +79,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  ops               {header['ops']}")
     start = header["replayed_from"]
     print(f"  replayed from     {'the start' if start == 0 else f'the checkpoint of step {start}'}")
-    if reproduced["step"] and reproduced["before"]:
-        what = (
-            "the LoRA init gave the run's own init line"
-            if init
-            else "the replayed step gave the run's own ledger line"
-        )
-        print(f"  reproduced        yes: {what}, bit for bit")
-    else:
-        fields = ", ".join(reproduced["differing_fields"]) or "none"
-        print(f"  reproduced        NO: this machine's step differs from the run's ({fields}); the trace")
-        print(
-            "                    shows this machine's step (compare it with a trace made where the run was)"
-        )
+    print(f"  reproduced        {reproduced_words(reproduced, init)}")
     print(f"  device            {device_line(header)}")
     print(f"  CPU capability    {header['kernels']['cpu']['aten_capability']}")
     against = header.get("kernels_vs_run") or {}
@@ -118,6 +106,29 @@ def run(args: argparse.Namespace) -> int:
             + (f" (a plain step: {result.step_s:.2f} s)" if result.step_s else "")
         )
     return 0
+
+
+def reproduced_words(reproduced: Mapping[str, Any], init: bool) -> str:
+    """Whether the replay gave the run's own ledger line(s), in words: which fields of the traced
+    step differ, or which steps before it (the traced step may agree when an earlier one did not)."""
+    if reproduced["step"] and reproduced["before"]:
+        what = (
+            "the LoRA init gave the run's own init line"
+            if init
+            else "the replayed step gave the run's own ledger line"
+        )
+        return f"yes: {what}, bit for bit"
+    fields = ", ".join(reproduced["differing_fields"])
+    before = ", ".join(reproduced.get("differing_steps_before") or {})
+    what = (
+        f"step differs from the run's ({fields})"
+        if fields
+        else f"steps before it ({before}) differ from the run's"
+    )
+    return (
+        f"NO: this machine's {what}; the trace\n"
+        "                    shows this machine's step (compare it with a trace made where the run was)"
+    )
 
 
 def device_line(header: Mapping[str, Any]) -> str:
