@@ -22,7 +22,7 @@ step traced twice on one machine gives the same bytes.
 
 Op line (``"kind": "op"``): ``i`` (position), ``phase`` (``data``, ``forward.J``, ``backward.J``,
 ``optimizer``; ``lora-init`` for step 0), ``module`` (the innermost module running,
-``model.layers.0.self_attn.q_proj``; in the LoRA init, the module whose parameter the op wrote;
+``model.layers.0.self_attn.q_proj``; in the LoRA init, the layer PEFT was giving its adapter;
 ``-`` when none), ``op`` (``aten::mm``), ``n`` (its occurrence: how many ops of that name ran
 before it in that phase and module), ``args`` (the non-tensor arguments, written out, or their hash
 when long), ``in`` and ``out``: one ``[shape, dtype, hash]`` per tensor (``shape`` like ``512x576``;
