@@ -65,3 +65,21 @@ def test_rng_state_is_written_as_such_and_two_calls_agree() -> None:
     assert backward[0][2] != RNG_STATE_HASH
     # the seed tensors' bytes differed between the two calls; the trace lines do not
     assert first == second
+
+
+def test_an_explicit_generator_is_written_without_its_address() -> None:
+    """A random op given its own generator (a user's script may): its arguments are written as
+    ``G``, not the generator object's repr with its address, so two traces of one step agree; the
+    generator's state is an input of its own."""
+
+    def traced() -> tuple[str, tuple[tuple[str, ...], ...]]:
+        generator = torch.Generator().manual_seed(3)
+        model = torch.nn.Linear(2, 2)
+        with ModulePaths(model) as modules, OpTracer(modules, {}) as tracer:
+            torch.rand(4, generator=generator)
+        (op,) = [op for op in tracer.ops if op.op.startswith("aten::rand")]
+        return op.args, op.inputs
+
+    (args, inputs), again = traced(), traced()
+    assert "'G'" in args and "0x" not in args and (args, inputs) == again
+    assert any(entry[3:] == ("rng:cpu",) for entry in inputs)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import platform
+import re
 import socket
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -184,6 +185,19 @@ class CurrentModule(Protocol):
     def current(self) -> str: ...
 
 
+#: An object's address in its repr (``<... object at 0x7f...>``): another in every process.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _written(arg: Any) -> Any:
+    """A non-tensor argument as a trace writes it: a tensor as ``T``, a generator as ``G`` (its
+    state is an input of its own), anything else as it is (its address, if its repr shows one,
+    is dropped), so the same step traced twice writes the same bytes."""
+    if isinstance(arg, torch.Tensor):
+        return "T"
+    return "G" if isinstance(arg, torch.Generator) else arg
+
+
 class OpTracer(TorchDispatchMode):
     """Sees every ATen op while active; keeps a :class:`TraceOp` for each (see the module docstring).
 
@@ -291,7 +305,7 @@ class OpTracer(TorchDispatchMode):
         key = (self.phase, module, name)
         n = self._counts[key]
         self._counts[key] += 1
-        shown = repr([x if not isinstance(x, torch.Tensor) else "T" for x in flat])
+        shown = _ADDRESS.sub("", repr([_written(x) for x in flat]))
         if len(shown) > _ARGS_SHOWN:
             shown = "xxh3:" + xxhash.xxh3_64_hexdigest(shown.encode("utf-8"))
         op = TraceOp(
