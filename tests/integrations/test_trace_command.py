@@ -85,6 +85,11 @@ def test_a_command_that_fails_keeps_its_log_and_writes_no_trace(project: ScriptP
     assert done.returncode != 0 and "the command failed with exit code" in done.stderr
     assert not (project.root / out).exists()
     assert "can't open file" in (project.root / "logs" / "x.jsonl.log").read_text()  # the script's own output
+    # again, with the script's command: the trace is written, and the log that was there before
+    # (an earlier failure's, or a file of the user's) is appended to and kept, not removed
+    _trace(project, "native", 1, out, {})
+    assert read_trace(project.root / out).header["reproduced"]["step"]
+    assert "can't open file" in (project.root / "logs" / "x.jsonl.log").read_text()
     args = ["trace", "native", "--step", "1", "--out", "y.jsonl"]
     done = run_reprotune(args, cwd=project.root, env={**os.environ, **OFFLINE_ENV}, timeout=300)
     assert done.returncode == 2 and "was written by a Trainer callback" in done.stderr

@@ -55,6 +55,7 @@ def trace_script_step(
     refuse_untraceable(run, step, command=True)
     target = new_trace_path(out, f"trace-{run.run_id}-step-{step}.jsonl")
     log = target.with_name(f"{target.name}.log")  # the script's output: kept when it fails
+    kept = log.exists()  # an earlier failure's log (or a file of the user's): appended to, kept
     target.parent.mkdir(parents=True, exist_ok=True)  # as a trace's missing directory is made
     start, checkpoint, why = (0, None, "") if from_start else trainer_checkpoint(run, step)
     with tempfile.TemporaryDirectory(prefix="reprotune-trace-") as folder:
@@ -84,7 +85,8 @@ def trace_script_step(
         trace = read_trace(raw)
         header = _judged(dict(trace.header), run, made, (start, step), command)
         write_trace(target, header, trace.ops)
-    log.unlink(missing_ok=True)
+    if not kept:
+        log.unlink(missing_ok=True)
     return TraceResult(target, header, seconds, None)
 
 
