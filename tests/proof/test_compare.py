@@ -602,3 +602,29 @@ def test_the_kernel_cause_advises_the_baseline_both_cpus_can_hold(
     )
     cause = compare_runs(one, two).causes[0]
     assert "CPU kernels differ: CPU capability AVX512 vs AVX2" in cause and advice in cause, cause
+
+
+def test_runs_that_part_first_in_a_validation_pass_trace_their_first_differing_training_step(
+    tmp_path: Path,
+) -> None:
+    """A trace replays an optimizer step, not a validation pass: where the runs part first in a
+    validation loss, compare says so and its commands trace the first training step where they
+    part; with none, it prints no command (traces of agreeing steps would show nothing)."""
+    kernels = {"kernels": {"version": 1, "cpu": {"aten_capability": "AVX2", "model": "EPYC"}}}
+    ref = write_run_dir(tmp_path / "ref", RunSpec(environment=kernels))
+    later = write_run_dir(tmp_path / "later", RunSpec(noise_from_step=6, environment=kernels))
+    edit_ledger(later, 4, "loss", (0.5).hex(), kind="val", as_written=True)
+    result = compare_runs(ref, later)
+    assert result.where.first_divergence_step == 4 and result.where.first_val_step == 4
+    assert result.next_steps[0] == (
+        "the runs part first in the validation after step 4, their training steps agreeing through "
+        "it: `reprotune trace` replays an optimizer step, not a validation pass; their training "
+        "parts at step 6, traced here:"
+    )
+    assert result.next_steps[2] == f"  reprotune trace {ref} --step 6 --out A-step-6.trace.jsonl"
+    assert result.next_steps[-1] == "  reprotune compare A-step-6.trace.jsonl B-step-6.trace.jsonl"
+    only = write_run_dir(tmp_path / "only", RunSpec(environment=kernels))
+    for step, loss in ((4, 0.5), (8, 0.25)):  # two passes (one line alone reads as an edit)
+        edit_ledger(only, step, "loss", loss.hex(), kind="val", as_written=True)
+    steps = compare_runs(ref, only).next_steps
+    assert len(steps) == 1 and steps[0].endswith("not a validation pass")

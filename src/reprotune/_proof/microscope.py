@@ -197,14 +197,38 @@ def trace_refusals(run_a: RunDir, run_b: RunDir, step: int) -> list[str]:
     return found
 
 
+def _first_training_part(run_a: RunDir, run_b: RunDir) -> int | None:
+    """The first step whose training line differs between the runs (0: their init lines), or None
+    when every line both hold agrees."""
+    init_a, init_b = run_a.ledger.init, run_b.ledger.init
+    if init_a is not None and init_b is not None and init_a.fields != init_b.fields:
+        return 0
+    for ea, eb in zip(run_a.ledger.train, run_b.ledger.train, strict=False):
+        if ea.fields != eb.fields:
+            return ea.step
+    return None
+
+
 def trace_commands(run_a: RunDir, run_b: RunDir, where: Where, causes: Sequence[str]) -> Iterable[str]:
     """The ``reprotune trace`` commands to run on each machine, when the runs part at a step whose
     cause is a kernel, a kernel fact nobody recorded, or nondeterminism (see ``_proof.causes``):
     each under the kernel-steering variables its run was made with, paths quoted for a shell (step
-    0, the LoRA init, included). For a run trace cannot replay, why and what to do instead."""
+    0, the LoRA init, included). For a run trace cannot replay, why and what to do instead. Where
+    the runs part first in a validation pass, which a trace does not replay, it says so, and the
+    commands trace the first training step where they part, if any."""
     step = where.first_divergence_step
     if step is None or step < 0 or not causes or not any(is_traceable_cause(c) for c in causes[:1]):
         return
+    training = _first_training_part(run_a, run_b)
+    if training is None or training > step:
+        yield (
+            f"the runs part first in the validation after step {step}, their training steps agreeing "
+            "through it: `reprotune trace` replays an optimizer step, not a validation pass"
+            + (f"; their training parts at step {training}, traced here:" if training is not None else "")
+        )
+        if training is None:
+            return
+        step = training
     refusals = trace_refusals(run_a, run_b, step)
     if refusals:
         yield from refusals
