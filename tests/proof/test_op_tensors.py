@@ -83,3 +83,22 @@ def test_an_explicit_generator_is_written_without_its_address() -> None:
     (args, inputs), again = traced(), traced()
     assert "'G'" in args and "0x" not in args and (args, inputs) == again
     assert any(entry[3:] == ("rng:cpu",) for entry in inputs)
+
+
+def test_a_write_into_a_parameter_through_data_is_seen_by_its_later_readers() -> None:
+    """A parameter's hash is kept while its version does not move; a write through ``.data`` (an
+    alias with a version counter of its own) is an op the trace sees, so the parameter's next
+    reader gets the hash of what it holds now, and the write's output is hashed afresh."""
+    model = torch.nn.Linear(2, 2)
+    weight = model.weight
+    labels = {int(weight.untyped_storage().data_ptr()): "param:weight"}
+    with ModulePaths(model) as modules, OpTracer(modules, labels) as tracer, torch.no_grad():
+        torch.mul(weight, 2)
+        weight.data.add_(1.0)
+        torch.mul(weight, 2)
+    first, write, second = (op for op in tracer.ops if op.op in {"aten::mul.Tensor", "aten::add_.Tensor"})
+    assert write.op == "aten::add_.Tensor"
+    now = tensor_hash(weight.detach())
+    assert first.inputs[0][2] != now  # the weight before the write
+    assert write.outputs[0][2] == now and second.inputs[0][2] == now
+    assert second.inputs[0][3] == "param:weight"

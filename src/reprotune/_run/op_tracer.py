@@ -223,7 +223,9 @@ class OpTracer(TorchDispatchMode):
         self.phase = "setup"
         self.ops: list[TraceOp] = []
         self._counts: Counter[tuple[str, str, str]] = Counter()
-        self._param_hashes: dict[tuple[Any, ...], str] = {}
+        # a parameter's hashes by its storage's address, then by view and version: read by many
+        # ops, hashed once while its version does not move and no op writes its storage
+        self._param_hashes: dict[int, dict[tuple[Any, ...], str]] = {}
         self._uninitialized: dict[int, StorageWeakRef] = {}
         self._unhashed: dict[int, tuple[StorageWeakRef, str]] = {}
 
@@ -265,9 +267,9 @@ class OpTracer(TorchDispatchMode):
         if overwritten and address and self._still_uninitialized(address):
             digest = UNINITIALIZED
         elif label is not None:
-            key = (address, t.storage_offset(), tuple(t.shape), t.stride(), t._version, t.dtype)
-            cached = self._param_hashes.get(key)
-            digest = cached if cached is not None else self._param_hashes.setdefault(key, tensor_hash(t))
+            known = self._param_hashes.setdefault(address, {})
+            key = (t.storage_offset(), tuple(t.shape), t.stride(), t._version, t.dtype)
+            digest = known[key] if key in known else known.setdefault(key, tensor_hash(t))
         else:
             digest = tensor_hash(t)
         entry = (*_shape_dtype(t), digest)
@@ -289,6 +291,8 @@ class OpTracer(TorchDispatchMode):
         if generator is not None:
             inputs += (generator,)
         out = func(*args, **kwargs)
+        for t in written:  # also through an alias with a version of its own (``.data``)
+            self._param_hashes.pop(_address(t), None)
         produced, _ = tree_flatten(out)
         tensors = [x for x in produced if isinstance(x, torch.Tensor)]
         outputs: tuple[tuple[str, ...], ...]
