@@ -242,6 +242,18 @@ def test_resuming_from_another_runs_checkpoint_is_refused_and_into_a_new_directo
         in str(refused.value)
     )
     assert not (tmp_path / "e").exists() or not any((tmp_path / "e").iterdir())
+    # REPROTUNE_BRANCH_FROM naming that other run: refused, naming the variable
+    monkeypatch.setenv(controls.BRANCH_FROM, str(tmp_path / "a"))
+    with pytest.raises(InputError) as refused:
+        trainer("e", seed=2).train(resume_from_checkpoint=str(foreign))
+    monkeypatch.delenv(controls.BRANCH_FROM)
+    assert f"{(tmp_path / 'a').resolve()} (named by {controls.BRANCH_FROM}) now holds run {run_c}" in str(
+        refused.value
+    )
+    assert (
+        refused.value.fix
+        == f"set {controls.BRANCH_FROM} to the run directory of the run that saved the checkpoint"
+    )
 
     # A back where it was, its ledger cut back to step 3 (as when A was resumed from step 3 and its
     # old checkpoint-4 stayed on disk): the branch is refused after its copy, and its directory is

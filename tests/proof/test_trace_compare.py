@@ -455,3 +455,14 @@ def test_an_input_an_agreeing_op_left_unhashed_is_not_said_changed_after_it(tmp_
     text = "\n".join(compare_traces(a, b).explanation)
     assert "inputs differ at the first op that reads them" in text
     assert "was changed after it" not in text and "a trace file was edited" not in text
+
+
+def test_a_module_name_with_braces_is_written_as_it_is(tmp_path: Path) -> None:
+    """A module name is the user's (a ModuleDict key may hold braces): the first op that differs is
+    named with it, not taken for a format string."""
+    ops = [_op(0, "model.blocks.{a}", "aten::mm", ["h0", "wq"], ["q"])]
+    other = [_op(0, "model.blocks.{a}", "aten::mm", ["h0", "wq"], ["q2"])]
+    found = compare_traces(_trace(tmp_path / "a", ops, KERNELS_A), _trace(tmp_path / "b", other, KERNELS_B))
+    assert found.finding == "kernel" and found.explanation[0].startswith(
+        "step 3, forward.0, model.blocks.{a}: "
+    )

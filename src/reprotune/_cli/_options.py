@@ -96,27 +96,34 @@ def pin_cpu_isa(cpu_isa: str) -> None:
 
 
 def recorded_cpu_isa(run_dir: Path) -> str | None:
-    """The ``determinism.cpu_isa`` mode a run directory's record says was in force, read without
-    torch: its kernel facts' ``portable.cpu_isa`` (read back when the run started; a Trainer
-    script's run was put in a mode by its variables, with no config key), else its config's
-    ``determinism.cpu_isa`` (``native`` where a record from before the mode lacks it); None for a
-    directory that is not a run, or a Trainer-made run recorded before the kernel facts."""
+    """The ``determinism.cpu_isa`` mode a run directory's record says was in force
+    (:func:`_mode_in_record`), read without torch; None for a directory that is not a run."""
     import json
 
     from reprotune._run.layout import RunLayout
 
     try:
-        record = json.loads(RunLayout(run_dir).record.read_text(encoding="utf-8"))
+        return _mode_in_record(json.loads(RunLayout(run_dir).record.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return None
+
+
+def _mode_in_record(record: Any) -> str | None:
+    """The mode a record says was in force: its kernel facts' ``portable.cpu_isa`` (read back when
+    the run started; a Trainer script's run was put in a mode by its variables, with no config
+    key), else its config's ``determinism.cpu_isa`` (``native`` where a record from before the mode
+    lacks it); None for a Trainer-made run recorded before the kernel facts, or no record."""
+    try:
         kernels = (record.get("environment") or {}).get("kernels") or {}
         in_force = (kernels.get("portable") or {}).get("cpu_isa")
         cpu_isa = in_force or record["config"]["determinism"].get("cpu_isa", "native")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError, AttributeError):
         return None
     return cpu_isa if isinstance(cpu_isa, str) else None
 
 
 def pin_cpu_isa_of_run(run_dir: Path) -> None:
-    """:func:`pin_cpu_isa` for the config a run directory recorded; a directory that is not a run
+    """:func:`pin_cpu_isa` for the mode a run directory's record says was in force; one that is not a run
     is left for the command to refuse."""
     cpu_isa = recorded_cpu_isa(run_dir)
     if cpu_isa is not None:
@@ -124,7 +131,7 @@ def pin_cpu_isa_of_run(run_dir: Path) -> None:
 
 
 def pin_cpu_isa_of_bundle(bundle: Path) -> None:
-    """:func:`pin_cpu_isa` for the config a bundle's record holds (its ``run/record.json``, read
+    """:func:`pin_cpu_isa` for the mode a bundle's record says was in force (its ``run/record.json``, read
     from the archive with the checks ``rerun`` makes, stopping there; a record over 16 MB or any
     bundle that does not pass is left for ``rerun`` to refuse)."""
     import json
@@ -136,9 +143,8 @@ def pin_cpu_isa_of_bundle(bundle: Path) -> None:
 
     try:
         raw = read_member(bundle, run_member(RECORD))
-        record = json.loads(raw) if raw is not None else {}
-        cpu_isa = record["config"]["determinism"].get("cpu_isa", "native")
-    except (InputError, OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        cpu_isa = _mode_in_record(json.loads(raw) if raw is not None else {})
+    except (InputError, OSError, ValueError, RecursionError):
         return
     if isinstance(cpu_isa, str):
         _pin_recorded(cpu_isa, f"the run in {bundle}")

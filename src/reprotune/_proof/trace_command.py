@@ -97,7 +97,8 @@ def trainer_checkpoint(run: RunDir, step: int) -> tuple[int, Path | None, str]:
     ``(0, None, why)`` when there is none (the script then trains from its start).
 
     A marker names the run's id, the step and the run directory it was saved for. The latter is
-    this run directory, or one that no longer holds this run (the run directory was moved since):
+    this run directory, one that no longer holds this run (the run directory was moved since), or
+    none (the id and the step are the run's; the script branches from where the run lies now):
     a copy of the run that still stands elsewhere (resumed there, its checkpoints may be its own)
     is not this run."""
     status, output_dir = run.record.get("status"), _output_dir(run)

@@ -62,7 +62,8 @@ def branch_source(
     """
     if paths.is_run_dir():
         return None
-    saved_in = str(branch_from) if branch_from is not None else marker.get("run_dir")
+    saved_in = str(branch_from.resolve()) if branch_from is not None else marker.get("run_dir")
+    named = f" (named by {BRANCH_FROM})" if branch_from is not None else ""
     if not isinstance(saved_in, str):
         raise InputError(
             f"the Trainer resumes from step {from_step} but {paths.root} holds no run record, and the "
@@ -74,18 +75,22 @@ def branch_source(
     if not RunLayout(source).is_run_dir():
         raise InputError(
             f"the Trainer resumes from step {from_step} but {paths.root} holds no run record, and "
-            f"the run that saved the checkpoint is not found at {saved_in}",
+            f"the run that saved the checkpoint is not found at {saved_in}{named}",
             source=str(paths.root),
-            fix=f"{fix}, or put that run directory back where it was, or set {BRANCH_FROM} to where it "
+            fix=f"set {BRANCH_FROM} to where that run lies now"
+            if named
+            else f"{fix}, or put that run directory back where it was, or set {BRANCH_FROM} to where it "
             "lies now",
         )
     theirs = load_record(source)
     if marker.get("run_id") not in (None, theirs.get("run_id")):
         raise InputError(
-            f"the checkpoint was saved by run {marker['run_id']}, but {source} now holds run "
+            f"the checkpoint was saved by run {marker['run_id']}, but {source}{named} now holds run "
             f"{theirs.get('run_id')}: there is no history of the checkpoint's run to branch from",
             source=str(source),
-            fix="resume into the run directory of the run that saved the checkpoint",
+            fix=f"set {BRANCH_FROM} to the run directory of the run that saved the checkpoint"
+            if named
+            else "resume into the run directory of the run that saved the checkpoint",
         )
     if status_of(theirs) != "completed":  # it can resume in its own directory: no fork of it
         raise InputError(
