@@ -304,3 +304,43 @@ def test_reprotune_resume_of_a_trainer_made_run_says_to_resume_the_script(
     assert f"the run in {run_dir} was written by ReprotuneCallback inside a Trainer script" in err
     assert "run the script again with `trainer.train(resume_from_checkpoint=...)`" in err
     assert "invalid config" not in err
+
+
+def test_a_stop_inside_an_epoch_and_an_eval_on_start_add_no_validation_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``eval_strategy="epoch"`` with ``eval_on_start``: a run stopped inside an epoch (step 5 of
+    10) and resumed is IDENTICAL to the uninterrupted run. The Trainer evaluates where the stop
+    ends the loop, as at an epoch's end, and again where the resume starts (``eval_on_start``);
+    neither is the run's, and neither writes a line."""
+    from trainer_scripts import tiny_trainer
+
+    from reprotune.integrations.transformers import ReprotuneCallback
+    from reprotune.testing import tiny_rows
+    from tinyrun import TinyProject
+
+    model_dir = TinyProject.create(tmp_path / "project").root / "tiny-model"
+
+    def trainer(name: str) -> Any:
+        return tiny_trainer(
+            model_dir,
+            tiny_rows(40, seed=1),  # 10 steps an epoch at 4 rows a step
+            tmp_path / f"out-{name}",
+            lambda: ReprotuneCallback(tmp_path / name, code_dir=tmp_path),
+            seed=1,
+            eval_rows=tiny_rows(8, seed=2),
+            max_steps=14,
+            eval_strategy="epoch",
+            eval_on_start=True,
+        )
+
+    trainer("whole").train()
+    monkeypatch.setenv(controls.STOP_AFTER, "5")
+    trainer("cut").train()
+    monkeypatch.delenv(controls.STOP_AFTER)
+    lines = [json.loads(line) for line in (tmp_path / "cut" / "ledger.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in lines if e["kind"] == "val"] == [0]  # eval_on_start; none at the stop
+    trainer("cut").train(resume_from_checkpoint=str(tmp_path / "out-cut" / "checkpoint-5"))
+    whole = [json.loads(line) for line in (tmp_path / "whole" / "ledger.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in whole if e["kind"] == "val"] == [0, 10, 14]  # the start, an epoch, the end
+    assert compare_runs(tmp_path / "whole", tmp_path / "cut").verdict.value == "IDENTICAL"

@@ -191,6 +191,11 @@ class TrainerRun(RunWriter):
         self._recording_s += time.perf_counter() - since
 
     def validation(self, line: Entry, step: int, loss: float) -> None:
+        """Queue one validation line and send its loss; none for an evaluation at the step a
+        resume starts from, before it trains one (``eval_on_start``): the run it continues
+        evaluated there or not, and the ledger kept through that step already says which."""
+        if step and step == self._last_step and not self._step_times:
+            return
         self.ledger.write(line)
         self.trackers.log_metrics(step, {"val_loss": loss})
 

@@ -114,6 +114,14 @@ class Controls:
         control.should_training_stop = True
         return True
 
+    def no_evaluation_inside_the_epoch(self, stopped: bool, state: Any, control: Any) -> None:
+        """At an epoch's end after the stop: where the stop fell inside the epoch, the loop ended
+        as an epoch's end would, and the evaluation the Trainer then asks for (``eval_strategy``
+        ``"epoch"``) is not the run's, so it is dropped. The callback calls it on every rank (an
+        evaluation is collective); ``state.epoch`` is a whole number at an epoch's end."""
+        if stopped and state.epoch is not None and float(state.epoch) != int(state.epoch):
+            control.should_evaluate = False
+
     def perturb(self, sampler: Any, report: Callable[[str], None]) -> int | None:
         """Apply the data-seed perturbation to the train sampler (on every rank: each orders its
         rows with its own); return the sampler's seed, or None without one."""

@@ -279,6 +279,9 @@ class ReprotuneCallback(TrainerCallback):
         self._run.step(step, line, metrics, began - self._step_started, began)
         self._tracing.write(step, self._run, line)
 
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._controls.no_evaluation_inside_the_epoch(self._stopping, state, control)  # every rank
+
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         metrics = kwargs.get("metrics") or {}
         loss = metrics.get("eval_loss")
@@ -388,9 +391,7 @@ class ReprotuneCallback(TrainerCallback):
 
     def _resume_dir(self, args: Any, step: int) -> Path:
         chosen = self._controls.run_dir or self._run_dir
-        if chosen is not None:
-            return chosen
-        return checkpoint_run_dir(self._checkpoint_path(args, step), step)
+        return chosen if chosen is not None else checkpoint_run_dir(self._checkpoint_path(args, step), step)
 
     def _checkpoint_path(self, args: Any, step: int) -> str | None:
         """The checkpoint the Trainer resumes from (``resume_from_checkpoint=True``: its last)."""
