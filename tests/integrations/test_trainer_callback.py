@@ -86,6 +86,37 @@ def test_every_step_has_its_exact_loss_whatever_logging_steps(model_dir: Path, t
     assert main(["rerun", str(sparse)]) == 2
 
 
+def test_an_iterable_dataset_trains_and_its_batches_are_its_rows_content(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """A train set the Trainer iterates (a torch ``IterableDataset``, as a streamed dataset is):
+    its batch sampler yields no row indices, so the run records the rows' content as each batch's
+    hash and says so (``rows-unrecorded``); training goes on (it stopped at the first batch)."""
+
+    class Streamed(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+        def __init__(self, rows: list[dict[str, Any]]) -> None:
+            self.rows = rows
+
+        def __iter__(self) -> Any:
+            return iter(self.rows)
+
+    run_dir = tmp_path / "streamed"
+    trainer = tiny_trainer(
+        model_dir,
+        tiny_rows(40, seed=1),
+        tmp_path / "out-streamed",
+        lambda: ReprotuneCallback(run_dir, code_dir=tmp_path),
+    )
+    trainer.train_dataset = Streamed(list(trainer.train_dataset))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ReproducibilityWarning)
+        trainer.train()
+    record = load_record(run_dir)
+    assert record["status"] == "completed" and "rows-unrecorded" in {f["code"] for f in record["findings"]}
+    train = read_ledger(run_dir / "ledger.jsonl").train
+    assert len(train) == 8 and all(e.fields["batch_sha256"] == e.fields["inputs_sha256"] for e in train)
+
+
 def test_the_callback_changes_nothing_the_trainer_computes(model_dir: Path, tmp_path: Path) -> None:
     """The same Trainer with a plain callback and with ReprotuneCallback: every step's loss and
     grad norm bit for bit equal, and the same trained LoRA weights (the callback observes: it draws

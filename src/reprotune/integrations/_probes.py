@@ -214,12 +214,19 @@ def install_probe(trainer: Any, train_dataloader: Any, probe: StepProbe) -> None
         def clip_grad_norm_(parameters: Any, max_norm: Any, norm_type: Any = 2) -> Any:
             norm = original_clip(parameters, max_norm, norm_type)
             current: StepProbe = getattr(trainer, _PROBE_ATTR)
-            current.grad_norm = float(norm.item() if isinstance(norm, torch.Tensor) else norm)
+            # None where the engine keeps the norm to itself (DeepSpeed before its first step)
+            current.grad_norm = (
+                float("nan")
+                if norm is None
+                else float(norm.item() if isinstance(norm, torch.Tensor) else norm)
+            )
             return norm
 
         accelerator.clip_grad_norm_ = clip_grad_norm_
     batch_sampler = getattr(train_dataloader, "batch_sampler", None)
-    if batch_sampler is not None and hasattr(batch_sampler, "__iter__"):
+    iterable = isinstance(getattr(train_dataloader, "dataset", None), torch.utils.data.IterableDataset)
+    if batch_sampler is not None and hasattr(batch_sampler, "__iter__") and not iterable:
+        # (an iterable dataset's batch sampler yields no indices, only None per row)
         cls = type(batch_sampler)
         if cls not in _RECORDING_CLASSES.values():
             batch_sampler.__class__ = _recording_class(cls)
