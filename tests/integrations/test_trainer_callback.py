@@ -649,3 +649,46 @@ def test_config_misread_compares_the_loaded_config_with_its_file(tmp_path: Path)
     assert config_misread(read_as(10000.0), {"resolved_path": None}) is None
     path.write_text(json.dumps({"rope_theta": 100000.0, "rope_parameters": {"rope_theta": 100000.0}}))
     assert config_misread(read_as(10000.0), found) is None
+
+
+def test_what_the_trainers_own_callbacks_write_in_an_output_dir_inside_the_run_dir_is_no_other_run(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """verify's legs put the Trainer's output directory inside the run directory; a callback the
+    Trainer calls first (TensorBoard's, in transformers 5) writes there at train begin. The run
+    directory is still claimed, also by a branch (a resume from another run's checkpoint, as
+    `trace --command` makes); a file of anyone else's there is still refused."""
+    from transformers import TrainerCallback
+
+    class EventWriter(TrainerCallback):  # as TensorBoard's: its log directory under output_dir
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            (Path(args.output_dir) / "runs").mkdir(parents=True, exist_ok=True)
+            (Path(args.output_dir) / "runs" / "events.out").write_bytes(b"event")
+
+    def trainer(run_dir: Path) -> Any:
+        make = lambda: [EventWriter(), ReprotuneCallback(run_dir, code_dir=tmp_path)]  # noqa: E731
+        rows = tiny_rows(40, seed=1)
+        return tiny_trainer(
+            model_dir,
+            rows,
+            run_dir / "trainer-output",
+            make,
+            max_steps=2,
+            save_strategy="steps",
+            save_steps=1,
+        )
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ReproducibilityWarning)
+        trainer(tmp_path / "leg").train()
+        assert load_record(tmp_path / "leg")["status"] == "completed"
+        trainer(tmp_path / "branch").train(
+            resume_from_checkpoint=str(tmp_path / "leg" / "trainer-output" / "checkpoint-1")
+        )
+        assert load_record(tmp_path / "branch")["attempts"][-1]["branched_from"]["run_dir"] == str(
+            (tmp_path / "leg").resolve()
+        )
+        (tmp_path / "taken").mkdir()
+        (tmp_path / "taken" / "notes.txt").write_text("mine")
+        with pytest.raises(InputError, match="exists and is not empty"):
+            trainer(tmp_path / "taken").train()

@@ -25,9 +25,15 @@ from reprotune.integrations.controls import BRANCH_FROM
 OPTION = "ReprotuneCallback run_dir"
 
 
-def refuse_unclaimable(run_dir: Path) -> None:
+def refuse_unclaimable(run_dir: Path, trainer_output: object = None) -> None:
     """Refuse a run directory that is a file or holds files: a new run, or a branch, needs an
-    empty one."""
+    empty one. ``trainer_output``: the Trainer's output directory; where it lies in ``run_dir`` (as
+    in verify's legs), what the Trainer's own callbacks wrote there before this one began
+    (TensorBoard's event files, in transformers 5) is no other run's."""
+    if isinstance(trainer_output, str) and run_dir.is_dir():
+        inside = Path(trainer_output).resolve()
+        if inside.parent == run_dir.resolve() and all(p.name == inside.name for p in run_dir.iterdir()):
+            return
     refuse_nonempty_dir(
         run_dir,
         option=OPTION,
@@ -47,13 +53,13 @@ def branch_source(
     from_step: int,
     config_sha256: str,
     code: Mapping[str, Any],
-    *,
     branch_from: Path | None = None,
+    trainer_output: str | None = None,
 ) -> Path | None:
     """The run a resume into ``paths`` branches from: None when ``paths`` holds the run (a plain
     resume), else the completed run that saved the checkpoint, checked before anything is copied:
     in ``branch_from`` when given (the run where it lies now), else where the checkpoint's marker
-    says it was saved.
+    says it was saved. ``trainer_output``: the Trainer's output directory (:func:`refuse_unclaimable`).
 
     Raises:
         InputError: ``paths`` holds no run, and the run that saved the checkpoint is not found,
@@ -100,7 +106,7 @@ def branch_source(
             fix=fix,
         )
     refuse_inside_run(paths.root, option=OPTION)
-    refuse_unclaimable(paths.root)
+    refuse_unclaimable(paths.root, trainer_output)
     check_resumable(RunLayout(source), theirs, config_sha256, code, branching=True)
     return source
 

@@ -83,7 +83,8 @@ class TrainerRun(RunWriter):
             InputError: ``run_dir`` is a file, holds files, or another process writes it.
         """
         refuse_inside_run(run_dir, option=OPTION)
-        refuse_unclaimable(run_dir)
+        args = (record.get("trainer") or {}).get("args") or {}
+        refuse_unclaimable(run_dir, args.get("output_dir") if isinstance(args, Mapping) else None)
         live = LiveRecord(record)  # checked before the directory is claimed
         lock = lock_run_dir(run_dir, report=report, option=OPTION)
         paths = RunLayout(run_dir)
@@ -117,6 +118,7 @@ class TrainerRun(RunWriter):
         ranks: Sequence[Mapping[str, Any]],
         findings: Sequence[Mapping[str, str]] = (),
         branch_from: Path | None = None,
+        trainer_output: str | None = None,
     ) -> TrainerRun:
         """Continue the run in ``run_dir`` from step ``from_step`` (the Trainer's checkpoint):
         the ledger is cut back to that step and a new attempt is recorded, with what each rank
@@ -130,7 +132,7 @@ class TrainerRun(RunWriter):
         """
         paths = RunLayout(run_dir)
         marker = checkpoint_marker(checkpoint)
-        source = branch_source(paths, marker, from_step, config_sha256, code, branch_from=branch_from)
+        source = branch_source(paths, marker, from_step, config_sha256, code, branch_from, trainer_output)
         attempt: dict[str, Any] = {"from_step": from_step, "from_checkpoint": checkpoint}
         writer: TrainerRun | None = None
         lock = lock_run_dir(run_dir, report=report, option=OPTION)

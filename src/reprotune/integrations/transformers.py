@@ -204,6 +204,7 @@ class ReprotuneCallback(TrainerCallback):
                 ranks=[r["restore"] for r in ranks if r["restore"] is not None],
                 findings=findings,
                 branch_from=self._controls.branch_from,
+                trainer_output=args.output_dir,
             )
             return
         run_id = make_run_id(config_sha)
@@ -395,6 +396,5 @@ class ReprotuneCallback(TrainerCallback):
 
     def _checkpoint_path(self, args: Any, step: int) -> str | None:
         """The checkpoint the Trainer resumes from (``resume_from_checkpoint=True``: its last)."""
-        if self._checkpoint == "True":
-            return str(Path(args.output_dir) / f"checkpoint-{step}")
-        return self._checkpoint
+        last = str(Path(args.output_dir) / f"checkpoint-{step}")
+        return last if self._checkpoint == "True" else self._checkpoint
