@@ -178,8 +178,8 @@ def test_a_mode_that_cannot_be_put_in_force_is_refused_before_anything_is_writte
     )
     assert done.returncode == 2 and not (tmp_path / "t.jsonl").exists()
     assert (
-        f"the run in {mode} was made in determinism.cpu_isa {mode!r}, which this command replays"
-        in done.stderr
+        f"the run in {mode} was made in determinism.cpu_isa {mode!r} (its record says), which this command "
+        "replays" in done.stderr
     )
     assert "fix: unset the variables named (the mode sets them itself)" in done.stderr
     assert "use determinism.cpu_isa: native" not in done.stderr
