@@ -161,6 +161,20 @@ def test_bad_usage_exits_2_before_running(
     assert not (tmp_path / "ver").exists()
 
 
+@pytest.mark.parametrize("spot", [[], ["--spot"]], ids=["command", "command-spot"])
+def test_an_out_inside_a_run_directory_is_refused_before_running(
+    spot: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    """``--out`` inside a run directory (a verification would write into a run): exit 2 before the
+    command runs, with and without ``--spot``."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "record.json").write_text("{}")
+    assert main(["verify", "--command", "python train.py", *spot, "--out", "run/ver"]) == 2
+    assert "is inside" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "ver").exists()
+
+
 def test_a_command_without_the_callback_is_bad_input(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
 ) -> None:

@@ -224,6 +224,8 @@ def _run_command_spot(args: argparse.Namespace) -> int:
     out = args.out
     if out is None:
         out = _default_out("verify-spot", _command_digest(args.train_command))
+    refuse_unwritable_parent(out, source="--out")  # as verify --command's own checks
+    refuse_inside_run(out, option="--out")
     budget = DEFAULT_BUDGET if args.budget is None else args.budget
     return _done(spot_verify_command(args.train_command, out, budget=budget, seed=args.seed or 0), out)
 
