@@ -86,12 +86,14 @@ def test_every_step_has_its_exact_loss_whatever_logging_steps(model_dir: Path, t
     assert main(["rerun", str(sparse)]) == 2
 
 
+@pytest.mark.parametrize("sized", [False, True], ids=["streamed", "sized"])
 def test_an_iterable_dataset_trains_and_its_batches_are_its_rows_content(
-    model_dir: Path, tmp_path: Path
+    sized: bool, model_dir: Path, tmp_path: Path
 ) -> None:
-    """A train set the Trainer iterates (a torch ``IterableDataset``, as a streamed dataset is):
-    its batch sampler yields no row indices, so the run records the rows' content as each batch's
-    hash and says so (``rows-unrecorded``); training goes on (it stopped at the first batch)."""
+    """A train set the Trainer iterates (a torch ``IterableDataset``, as a streamed dataset is,
+    with a length or without): its batch sampler yields no row indices, so the run records the
+    rows' content as each batch's hash and says so (``rows-unrecorded``); training goes on (it
+    stopped at the first batch; with a length, at train begin, hashing rows by index)."""
 
     class Streamed(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         def __init__(self, rows: list[dict[str, Any]]) -> None:
@@ -100,6 +102,10 @@ def test_an_iterable_dataset_trains_and_its_batches_are_its_rows_content(
         def __iter__(self) -> Any:
             return iter(self.rows)
 
+    class Sized(Streamed):
+        def __len__(self) -> int:
+            return len(self.rows)
+
     run_dir = tmp_path / "streamed"
     trainer = tiny_trainer(
         model_dir,
@@ -107,7 +113,7 @@ def test_an_iterable_dataset_trains_and_its_batches_are_its_rows_content(
         tmp_path / "out-streamed",
         lambda: ReprotuneCallback(run_dir, code_dir=tmp_path),
     )
-    trainer.train_dataset = Streamed(list(trainer.train_dataset))
+    trainer.train_dataset = (Sized if sized else Streamed)(list(trainer.train_dataset))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ReproducibilityWarning)
         trainer.train()
@@ -115,6 +121,7 @@ def test_an_iterable_dataset_trains_and_its_batches_are_its_rows_content(
     assert record["status"] == "completed" and "rows-unrecorded" in {f["code"] for f in record["findings"]}
     train = read_ledger(run_dir / "ledger.jsonl").train
     assert len(train) == 8 and all(e.fields["batch_sha256"] == e.fields["inputs_sha256"] for e in train)
+    assert record["data"]["train_rows_sha256"] is None  # no rows by index to hash
 
 
 def test_the_callback_changes_nothing_the_trainer_computes(model_dir: Path, tmp_path: Path) -> None:
@@ -692,3 +699,23 @@ def test_what_the_trainers_own_callbacks_write_in_an_output_dir_inside_the_run_d
         (tmp_path / "taken" / "notes.txt").write_text("mine")
         with pytest.raises(InputError, match="exists and is not empty"):
             trainer(tmp_path / "taken").train()
+
+
+def test_a_failed_branch_removes_what_it_wrote_and_leaves_the_trainers_output_dir(tmp_path: Path) -> None:
+    """A branch refused after its copy removes its own files so that a retry starts afresh; the
+    Trainer's output directory inside the run directory (verify's legs put it there), which it may
+    hold from before (TensorBoard's event files), is left."""
+    from reprotune._run.layout import RunLayout
+    from reprotune.integrations._resumable import remove_branch
+
+    root = tmp_path / "leg"
+    (root / "trainer-output" / "runs").mkdir(parents=True)
+    (root / "trainer-output" / "runs" / "events.out").write_bytes(b"event")
+    for name in ("record.json", "ledger.jsonl"):
+        (root / name).write_text("{}")
+    (root / "split.rows").mkdir()
+    remove_branch(RunLayout(root), str(root / "trainer-output"))
+    assert [p.name for p in root.iterdir()] == ["trainer-output"]
+    assert (root / "trainer-output" / "runs" / "events.out").read_bytes() == b"event"
+    remove_branch(RunLayout(root))
+    assert list(root.iterdir()) == []

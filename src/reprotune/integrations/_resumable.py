@@ -130,11 +130,15 @@ def branch(source: Path, paths: RunLayout, config_sha256: str) -> dict[str, Any]
     return {"run_id": theirs["run_id"], "run_dir": str(source), "status": theirs.get("status")}
 
 
-def remove_branch(paths: RunLayout) -> None:
-    """Remove what a branch wrote into its run directory (new and empty before it), once a resume
-    into it failed: a retry then starts from a new directory again."""
+def remove_branch(paths: RunLayout, trainer_output: str | None = None) -> None:
+    """Remove what a branch wrote into its run directory (new and empty before it, but for the
+    Trainer's output directory, ``trainer_output``, which is left: :func:`refuse_unclaimable`),
+    once a resume into it failed: a retry then starts from a new directory again."""
+    kept = Path(trainer_output).resolve() if trainer_output else None
     if paths.root.is_dir():
         for entry in paths.root.iterdir():
+            if kept is not None and entry.resolve() == kept:
+                continue
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
             else:

@@ -206,8 +206,8 @@ def rows_sha256(dataset: Any) -> tuple[int | None, str | None]:
             return n_rows, None
     try:
         hexes = [row_sha256(_canonical_row(dataset[i])) for i in range(n_rows)]
-    except (TypeError, ValueError, KeyError, IndexError):
-        return n_rows, None
+    except (TypeError, ValueError, KeyError, IndexError, NotImplementedError):
+        return n_rows, None  # (an iterable dataset with a length has no rows by index)
     return n_rows, RowHashes.from_hex(hexes).sha256()
 
 

@@ -175,7 +175,7 @@ class TrainerRun(RunWriter):
                 writer.ledger.close()
             lock.release()
             if source is not None:  # a branch refused or cut short: its directory new again
-                remove_branch(paths)
+                remove_branch(paths, trainer_output)
             raise
         writer.start_trackers()
         return writer
@@ -192,11 +192,12 @@ class TrainerRun(RunWriter):
         self._last_step = step
         self._recording_s += time.perf_counter() - since
 
-    def validation(self, line: Entry, step: int, loss: float) -> None:
-        """Queue one validation line and send its loss; none for an evaluation at the step a
-        resume starts from, before it trains one (``eval_on_start``): the run it continues
-        evaluated there or not, and the ledger kept through that step already says which."""
-        if step and step == self._last_step and not self._step_times:
+    def validation(self, line: Entry, step: int, loss: float, *, on_start: bool = False) -> None:
+        """Queue one validation line and send its loss; none for ``eval_on_start``'s evaluation
+        (``on_start``: the setting is on) at the step a resume starts from, before it trains one:
+        the run it continues evaluated there or not, and the ledger kept through that step
+        already says which."""
+        if on_start and step and step == self._last_step and not self._step_times:
             return
         self.ledger.write(line)
         self.trackers.log_metrics(step, {"val_loss": loss})

@@ -291,8 +291,8 @@ class ReprotuneCallback(TrainerCallback):
         eval_dataset = getattr(self._trainer, "eval_dataset", None)
         n_rows = len(eval_dataset) if isinstance(eval_dataset, Sized) else 0
         # The Trainer reports no token count for its mean eval loss: n_tokens is 0.
-        step = int(state.global_step)
-        self._run.validation(val_line(step, float(loss), n_rows, 0), step, float(loss))
+        step, loss = int(state.global_step), float(loss)
+        self._run.validation(val_line(step, loss, n_rows, 0), step, loss, on_start=args.eval_on_start)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
