@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -45,8 +46,15 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _train(
-    model_dir: Path, tmp_path: Path, name: str, *, wandb: bool = False, **kwargs: Any
+    model_dir: Path,
+    tmp_path: Path,
+    name: str,
+    *,
+    wandb: bool = False,
+    prepare: Callable[[Any], None] | None = None,
+    **kwargs: Any,
 ) -> tuple[Any, Path]:
+    """A tiny Trainer run into ``tmp_path/name`` (``prepare``: applied to the Trainer first)."""
     run_dir = tmp_path / name
     trainer = tiny_trainer(
         model_dir,
@@ -55,6 +63,8 @@ def _train(
         lambda: ReprotuneCallback(run_dir, code_dir=tmp_path, wandb=wandb),
         **kwargs,
     )
+    if prepare is not None:
+        prepare(trainer)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ReproducibilityWarning)
         trainer.train()
@@ -106,17 +116,10 @@ def test_an_iterable_dataset_trains_and_its_batches_are_its_rows_content(
         def __len__(self) -> int:
             return len(self.rows)
 
-    run_dir = tmp_path / "streamed"
-    trainer = tiny_trainer(
-        model_dir,
-        tiny_rows(40, seed=1),
-        tmp_path / "out-streamed",
-        lambda: ReprotuneCallback(run_dir, code_dir=tmp_path),
-    )
-    trainer.train_dataset = (Sized if sized else Streamed)(list(trainer.train_dataset))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ReproducibilityWarning)
-        trainer.train()
+    def iterated(trainer: Any) -> None:
+        trainer.train_dataset = (Sized if sized else Streamed)(list(trainer.train_dataset))
+
+    _, run_dir = _train(model_dir, tmp_path, "streamed", prepare=iterated)
     record = load_record(run_dir)
     assert record["status"] == "completed" and "rows-unrecorded" in {f["code"] for f in record["findings"]}
     train = read_ledger(run_dir / "ledger.jsonl").train

@@ -25,21 +25,26 @@ from reprotune.integrations.controls import BRANCH_FROM
 OPTION = "ReprotuneCallback run_dir"
 
 
-def refuse_unclaimable(run_dir: Path, trainer_output: object = None) -> None:
+def refuse_unclaimable(run_dir: Path, trainer_output: str | None = None) -> None:
     """Refuse a run directory that is a file or holds files: a new run, or a branch, needs an
     empty one. ``trainer_output``: the Trainer's output directory; where it lies in ``run_dir`` (as
     in verify's legs), what the Trainer's own callbacks wrote there before this one began
     (TensorBoard's event files, in transformers 5) is no other run's."""
-    if isinstance(trainer_output, str) and run_dir.is_dir():
-        inside = Path(trainer_output).resolve()
-        if inside.parent == run_dir.resolve() and all(p.name == inside.name for p in run_dir.iterdir()):
-            return
+    if run_dir.is_dir() and not _besides_trainer_output(run_dir, trainer_output):
+        return
     refuse_nonempty_dir(
         run_dir,
         option=OPTION,
         fix="pass another run_dir to ReprotuneCallback (or leave it out for a fresh runs/<id>); "
         "to continue a stopped run, resume the Trainer from its checkpoint",
     )
+
+
+def _besides_trainer_output(run_dir: Path, trainer_output: str | None) -> list[Path]:
+    """The entries of the directory ``run_dir`` but the Trainer's output directory, where that is
+    one of them (itself, not a link to it)."""
+    kept = Path(trainer_output).resolve() if isinstance(trainer_output, str) else None
+    return [p for p in run_dir.iterdir() if kept is None or run_dir.resolve() / p.name != kept]
 
 
 #: What a branch takes from the run it starts from besides its record and split manifest (the
@@ -134,11 +139,8 @@ def remove_branch(paths: RunLayout, trainer_output: str | None = None) -> None:
     """Remove what a branch wrote into its run directory (new and empty before it, but for the
     Trainer's output directory, ``trainer_output``, which is left: :func:`refuse_unclaimable`),
     once a resume into it failed: a retry then starts from a new directory again."""
-    kept = Path(trainer_output).resolve() if trainer_output else None
     if paths.root.is_dir():
-        for entry in paths.root.iterdir():
-            if kept is not None and entry.resolve() == kept:
-                continue
+        for entry in _besides_trainer_output(paths.root, trainer_output):
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
             else:
