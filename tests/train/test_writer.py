@@ -150,6 +150,38 @@ def test_a_trainer_record_the_schema_refuses_leaves_the_directory_free(tmp_path:
     lock_run_dir(tmp_path / "run", report=print).release()  # free: no InputError
 
 
+@pytest.mark.parametrize("existed", [False, True], ids=["new-dir", "empty-dir"])
+def test_a_trainer_run_that_cannot_write_its_first_record_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, existed: bool
+) -> None:
+    """The patch is written, then the first record fails (a full disk): the patch is removed, a
+    directory made for the run removed, an empty one left empty, and the lock free (before, the
+    patch stayed and a retry found the directory not empty)."""
+    from reprotune.integrations._writer import TrainerRun
+
+    run_dir = tmp_path / "runs" / "run"
+    if existed:
+        run_dir.mkdir(parents=True)
+
+    def full_disk(self: LiveRecord, path: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(LiveRecord, "write", full_disk)
+    record = start_record("20261202-000000-abcdef12", ExperimentConfig(), {"root": 0})
+    record.update(status="running", error=None, attempts=[{"started_at": "now", "resumed": False}])
+    with pytest.raises(OSError, match="No space left"):
+        TrainerRun.new(
+            run_dir,
+            record,
+            patch=b"diff --git a/x b/x\n",
+            manifest=None,
+            init_weights_sha256="0" * 64,
+            trackers=TrackerSet([]),
+        )
+    assert run_dir.exists() is existed and (not existed or not any(run_dir.iterdir()))
+    lock_run_dir(run_dir, report=print).release()  # free: no InputError
+
+
 def test_a_trainer_run_whose_ledger_cannot_be_closed_is_recorded_failed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

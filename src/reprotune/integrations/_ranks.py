@@ -52,6 +52,32 @@ def gather(build: Callable[[], _T]) -> list[_T]:
     return [fact for fact, _ in gathered]
 
 
+def on_rank_zero(is_zero: bool, begin: Callable[..., None], *args: Any) -> None:
+    """``begin(*args)`` on global rank 0, and its outcome told to every rank (all ranks must call this
+    at the same point): when it raises there, rank 0 raises its own error and every other rank an
+    error naming it. Raised on rank 0 alone, a refusal left the other ranks waiting at their
+    first collective until its timeout under a launcher that does not end them (``srun``, or
+    processes started one by one); torchrun ends them."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        if is_zero:
+            begin(*args)
+        return
+    failure: Exception | None = None
+    told: list[str | None] = [None]
+    if is_zero:
+        try:
+            begin(*args)
+        except Exception as exc:
+            failure, told[0] = exc, f"{type(exc).__name__}: {exc}"
+    dist.broadcast_object_list(told, src=0)
+    if failure is not None:
+        raise failure
+    if told[0] is not None:
+        raise RuntimeError(f"reprotune stopped the run at train begin on rank 0: {told[0]}")
+
+
 def identity(args: Any) -> dict[str, Any]:
     """This rank: its global and local rank, host and device."""
     return {

@@ -84,22 +84,32 @@ class TrainerRun(RunWriter):
         """
         refuse_inside_run(run_dir, option=OPTION)
         args = (record.get("trainer") or {}).get("args") or {}
-        refuse_unclaimable(run_dir, args.get("output_dir") if isinstance(args, Mapping) else None)
+        output_dir = args.get("output_dir") if isinstance(args, Mapping) else None
+        refuse_unclaimable(run_dir, output_dir)
         live = LiveRecord(record)  # checked before the directory is claimed
+        made = not run_dir.exists()
         lock = lock_run_dir(run_dir, report=report, option=OPTION)
         paths = RunLayout(run_dir)
+        writer: TrainerRun | None = None
         try:
             if patch:
                 write_bytes_atomic(paths.patch, patch)
             if manifest is not None:
                 live.set_manifest_sha256(write_manifest(manifest, paths.manifest))
             live.write(paths.record)
-        except BaseException:
+            writer = cls(paths, live, lock, trackers)
+            writer.recorded = True
+            writer.ledger.write(init_line(init_weights_sha256))
+        except BaseException:  # nothing half-written: the directory is new (or empty) again
+            if writer is not None:
+                with contextlib.suppress(OSError):
+                    writer.ledger.close()
             lock.release()
+            remove_branch(paths, output_dir)
+            if made:
+                with contextlib.suppress(OSError):
+                    run_dir.rmdir()
             raise
-        writer = cls(paths, live, lock, trackers)
-        writer.recorded = True
-        writer.ledger.write(init_line(init_weights_sha256))
         writer.start_trackers()
         return writer
 

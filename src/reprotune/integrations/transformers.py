@@ -161,8 +161,8 @@ class ReprotuneCallback(TrainerCallback):
             # Every rank orders its rows with its own sampler: a negative control's perturbation
             # must reach each (rank 0 only once trained ranks on other data orders than it records).
             self._controls.perturb(data_sampler(kwargs.get("train_dataloader")), report)
-            return
-        self._begin(args, state, kwargs, ranks)
+        # Rank 0 starts the run directory; a refusal there stops every rank.
+        ranks_of.on_rank_zero(state.is_world_process_zero, self._begin, args, state, kwargs, ranks)
 
     def _begin(self, args: Any, state: Any, kwargs: dict[str, Any], ranks: list[dict[str, Any]]) -> None:
         """Rank 0 at train begin: start the run directory, or continue it on a resume."""
@@ -387,7 +387,7 @@ class ReprotuneCallback(TrainerCallback):
         findings = trainer_findings(facts)
         if not self._warned:
             self._warned = True
-            warn_findings(findings, stacklevel=3)
+            warn_findings(findings, stacklevel=4)  # on_train_begin, through on_rank_zero
         return findings
 
     def _resume_dir(self, args: Any, step: int) -> Path:
