@@ -181,6 +181,48 @@ def test_callback_mirrors_to_wandb_offline(model_dir: Path, tmp_path: Path) -> N
     assert summary["status"] == "completed"
 
 
+def test_the_trainers_own_wandb_files_beside_the_script_are_not_a_dirty_tree(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    """A script in a clean git checkout with ``report_to="wandb"``: W&B's callback writes
+    ``./wandb/`` before ours reads the tree, and the run records a clean tree (before, ``wandb/``'s
+    files were untracked code: dirty, and a later resume or trace refused the code as drifted once
+    they changed). A file of the user's is still untracked code."""
+    repo = tmp_path / "project"
+    repo.mkdir()
+    for command in (["init", "-q", "-b", "main"], ["add", "."], ["commit", "-q", "-m", "script"]):
+        if command[0] == "add":
+            (repo / "train.py").write_text("print('train')\n")
+        subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *command], cwd=repo, check=True
+        )
+    import wandb
+
+    wandb.teardown()  # W&B keeps the directory it was first set up in for its process: set up here
+    request.addfinalizer(wandb.teardown)  # and the next test's not in this one's
+    monkeypatch.chdir(repo)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    runs = tmp_path / "runs"
+
+    def train(name: str) -> dict[str, Any]:
+        make = lambda: ReprotuneCallback(runs / name, code_dir=repo)  # noqa: E731
+        trainer = tiny_trainer(
+            model_dir, tiny_rows(16, seed=1), tmp_path / f"out-{name}", make, max_steps=2, report_to="wandb"
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ReproducibilityWarning)
+            trainer.train()
+        return load_record(runs / name)["code"]
+
+    code = train("a")
+    assert any((repo / "wandb").iterdir())  # W&B's callback wrote beside the script
+    assert code["dirty"] is False and code["untracked"] == []
+    (repo / "helper.py").write_text("x = 1\n")
+    code = train("b")
+    assert code["dirty"] is True and code["untracked"] == ["helper.py"]
+
+
 def test_every_callback_finding_code_is_known_and_documented() -> None:
     """The codes the callback's findings are made with (its rules' and ``_finding``'s) are exactly
     FINDING_CODES, and docs/integrations.md explains each one."""

@@ -186,7 +186,7 @@ class ReprotuneCallback(TrainerCallback):
             eval_dataset = getattr(trainer, "eval_dataset", None)
             data = sections.data_section(getattr(loader, "dataset", None), eval_dataset, self._manifest, None)
         findings = self._findings(args, model, loader, sampler, model_info, data)
-        outputs = [p for p in (self._controls.run_dir or self._run_dir, args.output_dir) if p]
+        outputs = sections.script_outputs(args, self._controls.run_dir or self._run_dir)
         code, environment = sections.code_and_environment(self._code_dir, outputs, model)
         code_record = code.to_record(patch_file=layout.PATCH if code.diff else None)
         mlflow_run = run_to_link(self._mlflow, report)
