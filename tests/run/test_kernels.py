@@ -14,7 +14,8 @@ import torch
 from reprotune._determinism.cpu import cbwr_name, cpu_flags, cpu_vendor, mkl_cbwr
 from reprotune._run import kernels
 from reprotune._run.fingerprint import environment_fingerprint
-from reprotune._run.kernels import ISA_FLAGS_X86, STEERING_ENV, kernel_differences, kernel_facts
+from reprotune._run.kernel_compare import kernel_differences
+from reprotune._run.kernels import ISA_FLAGS_X86, STEERING_ENV, kernel_facts
 
 
 def test_facts_are_read_back_from_the_libraries() -> None:

@@ -294,9 +294,15 @@ def _drop_restatements(by_category: dict[str, list[Difference]], split: SplitDif
     if split is not None and split_text(split):
         _keep(by_category, "data", lambda d: d.key != "data.manifest_sha256")
     if by_category.get("kernels"):  # the kernel facts' steering_env names these variables already
-        _keep(
-            by_category, "environment", lambda d: d.key.removeprefix("environment.env.") not in STEERING_ENV
-        )
+        _keep(by_category, "environment", lambda d: _restated_variable(d.key) not in STEERING_ENV)
+
+
+def _restated_variable(key: str) -> str:
+    """The variable an environment key records: ``environment.env.OMP_NUM_THREADS``, and
+    ``environment.threads.omp_num_threads`` (the thread variables again, beside torch's own)."""
+    if key.startswith("environment.threads."):
+        return key.removeprefix("environment.threads.").upper()
+    return key.removeprefix("environment.env.")
 
 
 def _keep(by_category: dict[str, list[Difference]], kind: str, wanted: Callable[[Difference], bool]) -> None:

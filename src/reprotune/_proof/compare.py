@@ -35,7 +35,13 @@ from reprotune._proof.differences import (
     Where,
     short_value,
 )
-from reprotune._proof.microscope import kernels_of, made_by_trainer, trace_commands, trace_refusals
+from reprotune._proof.microscope import (
+    compared_kernels,
+    kernels_of,
+    made_by_trainer,
+    trace_commands,
+    trace_refusals,
+)
 from reprotune._proof.record_diff import record_differences
 from reprotune._proof.split_diff import compare_manifests
 from reprotune._proof.world import same_world_throughout, without_rank_batches
@@ -113,7 +119,7 @@ def compare_opened(
     else:
         verdict = Verdict.DIVERGED
     resumes = tuple(_resumes(run_a, "A")) + tuple(_resumes(run_b, "B"))
-    kernels = (kernels_of(run_a), kernels_of(run_b))
+    kernels = compared_kernels(run_a, run_b)
     edited = [label for label, run in (("A", run_a), ("B", run_b)) if _ledger_edited(run)]
     causes = explain(
         where,

@@ -10,7 +10,13 @@ from typing import Any
 
 from reprotune._determinism.isa import BASELINES
 from reprotune._proof.cause_texts import MAX_SHOWN
-from reprotune._run.kernels import is_gpu_difference, kernel_differences
+from reprotune._run.kernel_compare import (
+    THREADS,
+    is_gpu_difference,
+    kernel_differences,
+    machine_facts,
+    setting_differences,
+)
 
 KERNEL_CAUSE = ("CPU kernels differ", "GPU kernels differ", "kernel settings differ")
 
@@ -34,11 +40,11 @@ def kernel_text(a: Mapping[str, Any], b: Mapping[str, Any], made: KernelAdvice) 
         if made.traceable
         else "`reprotune trace` cannot replay these runs: below"
     )
-    machine_a, machine_b = ({k: v for k, v in f.items() if k != "algorithms"} for f in (a, b))
-    if not kernel_differences(machine_a, machine_b):  # torch's settings alone: one machine runs both
+    if not kernel_differences(machine_facts(a), machine_facts(b)):  # settings alone: one machine runs both
+        settings = "; ".join(_SETTING_ADVICE[key] for key in setting_differences(a, b))
         return (
-            f"{KERNEL_CAUSE[2]}: {'; '.join(found)}: with other algorithm settings torch runs other "
-            f"kernels for some ops (determinism.mode sets them; {trace})"
+            f"{KERNEL_CAUSE[2]}: {'; '.join(found[:MAX_SHOWN])}{more}: with other settings torch runs "
+            f"other kernels for some ops ({settings}; {trace})"
         )
     where = KERNEL_CAUSE[1] if is_gpu_difference(a, b) else KERNEL_CAUSE[0]
     shared = _shared_baseline(a, b)
@@ -56,6 +62,14 @@ def kernel_text(a: Mapping[str, Any], b: Mapping[str, Any], made: KernelAdvice) 
         f"machines ({fix}; {trace})"
     )
 
+
+#: What sets each of a run's kernel settings (``kernel_compare.SETTINGS``), for the advice.
+_SETTING_ADVICE = {
+    "algorithms": "determinism.mode sets torch's algorithm settings",
+    "cuda.math": "determinism.mode sets TF32 and the float32 matmul precision (a Trainer: its tf32 argument)",
+    "attention": "the model's attn_implementation and torch's SDPA switches choose the attention",
+    THREADS: "set the thread variables alike on both (determinism.threads pins torch's own threads)",
+}
 
 _SHARED_BY = {
     "avx2": "one baseline Intel CPUs share",

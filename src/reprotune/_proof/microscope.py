@@ -13,7 +13,7 @@ from reprotune._proof.cause_texts import hash_differences
 from reprotune._proof.causes import is_traceable_cause
 from reprotune._proof.differences import Where
 from reprotune._proof.world import world_size
-from reprotune._run.kernels import kernel_differences
+from reprotune._run.kernel_compare import ADDED_LATER, comparable, kernel_differences
 from reprotune._run.rundir import RunDir
 from reprotune._run.stack import COMPUTING_LIBRARIES
 
@@ -23,6 +23,38 @@ def kernels_of(run: RunDir) -> Mapping[str, Any] | None:
     reprotune recorded them."""
     kernels = run.section("environment").get("kernels")
     return kernels if isinstance(kernels, Mapping) else None
+
+
+def computed_on_gpu(run: RunDir) -> bool | None:
+    """Whether the run computed on a GPU: by its ranks' devices (torchrun, a Trainer script), else
+    by ``determinism.device`` (``auto``: a GPU when the machine had one); None when the record
+    does not say."""
+    ranks = [r for s in ("distributed", "trainer") for r in run.section(s).get("ranks") or []]
+    devices = [str(r["device"]) for r in ranks if isinstance(r, Mapping) and r.get("device")]
+    if devices:
+        return any(device.startswith("cuda") for device in devices)
+    device = (run.section("config").get("determinism") or {}).get("device")
+    if device == "auto":
+        return (kernels_of(run) or {}).get("cuda") is not None
+    if isinstance(device, str) and device.startswith("cuda"):
+        return True
+    return False if device == "cpu" else None
+
+
+def compared_kernels(run_a: RunDir, run_b: RunDir) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The two records' kernel facts as ``compare`` weighs them (``kernel_compare.comparable``:
+    no GPU facts for a run that computed on the CPU, GPUs by model), a section one record lacks
+    (written before it) left out of both: unknown, not different. None for a record without them."""
+    out: list[dict[str, Any] | None] = []
+    for run in (run_a, run_b):
+        facts = kernels_of(run)
+        out.append(None if facts is None else comparable(facts, on_gpu=computed_on_gpu(run)))
+    held = [f for f in out if f is not None]
+    for section in ADDED_LATER:
+        if any(section not in f for f in held):
+            for f in held:
+                f.pop(section, None)
+    return out[0], out[1]
 
 
 def _machine(run: RunDir) -> str:
@@ -78,8 +110,11 @@ def kernels_against_run(run: RunDir, here: Mapping[str, Any]) -> dict[str, list[
     recorded = kernels_of(run)
     if recorded is None:
         return None
+    on_gpu = computed_on_gpu(run)  # the replay computes where the run did
     return {
-        "differences": kernel_differences(recorded, here),
+        "differences": kernel_differences(
+            comparable(recorded, on_gpu=on_gpu), comparable(here, on_gpu=on_gpu)
+        ),
         "assignments": steering_assignments(recorded, here),
     }
 

@@ -8,8 +8,9 @@ from reprotune._config.schema import NEUTRAL_DEFAULTS
 from reprotune._jsonio import empty_beside_keys, flattened
 from reprotune._proof.differences import Category, Difference
 from reprotune._proof.inert import is_inert
-from reprotune._proof.microscope import kernels_of
+from reprotune._proof.microscope import compared_kernels, computed_on_gpu
 from reprotune._proof.stack_causes import BUFFERS_PREFIX
+from reprotune._run.kernel_compare import CUDA_VARIABLES
 from reprotune._run.rundir import RunDir
 
 # Record section -> the category its differences are listed under. Sections left out (run_id,
@@ -40,15 +41,18 @@ def record_differences(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
     predates it, at the value that meant the same (``NEUTRAL_DEFAULTS``), is no difference; a
     LoRA config field one PEFT version writes and the other's lacks, its feature off where it is
     written (:func:`_off_beside_absent`), is listed and inert."""
-    both_kernels = kernels_of(run_a) is not None and kernels_of(run_b) is not None
+    kernels = compared_kernels(run_a, run_b)
+    both_kernels = kernels[0] is not None and kernels[1] is not None
+    unused_gpu = _unused_gpu_keys(run_a, run_b, both_kernels)
     both_buffers = all("buffers" in run.section("model") for run in (run_a, run_b))
     defaults = _lora_defaults(run_a), _lora_defaults(run_b)
     for section, section_category in _SECTIONS.items():
-        flat_a = flattened(run_a.record[section], section) if section in run_a.record else {}
-        flat_b = flattened(run_b.record[section], section) if section in run_b.record else {}
+        flat_a, flat_b = _flat(run_a, section, kernels[0]), _flat(run_b, section, kernels[1])
         for key in sorted(set(flat_a) | set(flat_b)):
-            inert = is_inert(key, flat_a.get(key), flat_b.get(key)) or (
-                section == "lora" and _off_beside_absent(key, (flat_a, flat_b), defaults)
+            inert = (
+                is_inert(key, flat_a.get(key), flat_b.get(key))
+                or (section == "lora" and _off_beside_absent(key, (flat_a, flat_b), defaults))
+                or key in unused_gpu
             )
             category: Category = "kernels" if key.startswith(_KERNELS) else section_category
             if category == "kernels" and not both_kernels:
@@ -65,6 +69,36 @@ def record_differences(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
                 yield Difference(category, key, None, flat_b[key], "added", inert)
             elif flat_a[key] != flat_b[key] or type(flat_a[key]) is not type(flat_b[key]):
                 yield Difference(category, key, flat_a[key], flat_b[key], "changed", inert)
+
+
+def _flat(run: RunDir, section: str, kernels: Mapping[str, object] | None) -> dict[str, object]:
+    """The record's ``section`` flattened, its kernel facts as compared (``compared_kernels``)."""
+    value = run.record.get(section)
+    if section not in run.record:
+        return {}
+    if section == "environment" and kernels is not None and isinstance(value, Mapping):
+        value = {**value, "kernels": kernels}
+    return flattened(value, section)
+
+
+#: The environment's GPU facts beside the kernel facts: which GPUs the machine had (their count
+#: and UUIDs), its driver, CUDA's variables.
+_GPU_FACTS = ("environment.torch.gpus", "environment.nvidia_smi_gpus")
+_GPU_USE = (
+    "environment.torch.cuda_available",
+    "environment.gpu_driver",
+    *(f"environment.env.{name}" for name in sorted(CUDA_VARIABLES)),
+)
+
+
+def _unused_gpu_keys(run_a: RunDir, run_b: RunDir, both_kernels: bool) -> frozenset[str]:
+    """GPU facts that cannot have changed the numbers, listed but never a cause: all of them when
+    neither run computed on a GPU; the GPUs a machine has (their count, indices and UUIDs) when
+    both records hold kernel facts, which compare the GPU models."""
+    keys: tuple[str, ...] = _GPU_FACTS if both_kernels else ()
+    if computed_on_gpu(run_a) is False and computed_on_gpu(run_b) is False:
+        keys = _GPU_FACTS + _GPU_USE
+    return frozenset(keys)
 
 
 def _lora_defaults(run: RunDir) -> dict[str, object] | None:

@@ -31,7 +31,7 @@ from reprotune._proof.trace_paths import (
     module_ops,
     numbers_after_part,
 )
-from reprotune._run.kernels import kernel_differences
+from reprotune._run.kernel_compare import comparable, kernel_differences
 from reprotune._run.tracefile import PLACEHOLDER_HASHES, Trace, TraceOp, all_entries_agree, entries_agree
 
 Finding = Literal["identical", "kernel", "inputs", "sequence", "length"]
@@ -215,7 +215,7 @@ def compare_traces(a: Trace, b: Trace) -> TraceComparison:
             fix="trace the same step on both machines: the first step where the runs part, which "
             "`reprotune compare` of the two runs names",
         )
-    facts = kernel_differences(a.header.get("kernels") or {}, b.header.get("kernels") or {})
+    facts = kernel_differences(_kernels(a), _kernels(b))
     libraries = library_differences(a, b)
     kernels = facts + [d for d in libraries if d.startswith("torch ")]  # torch computes the ATen ops
     notes = tuple(_notes(a, b))
@@ -273,6 +273,14 @@ def compare_traces(a: Trace, b: Trace) -> TraceComparison:
         return TraceComparison("length", None, None, text, compared, notes, paths)
     text = (f"every op of step {step} had the same inputs and outputs in both traces",)
     return TraceComparison("identical", None, None, text, compared, notes, paths)
+
+
+def _kernels(trace: Trace) -> dict[str, Any]:
+    """The trace's kernel facts as compared (``kernel_compare.comparable``: the device it traced on
+    decides whether its machine's GPUs count)."""
+    device = (trace.header.get("environment") or {}).get("device")
+    on_gpu = None if not isinstance(device, str) else device.startswith("cuda")
+    return comparable(trace.header.get("kernels") or {}, on_gpu=on_gpu)
 
 
 def _approximation_note(a: Trace, op: TraceOp) -> tuple[str, ...]:

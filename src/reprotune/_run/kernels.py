@@ -10,8 +10,8 @@ where the library can say (``torch.backends.cpu.get_cpu_capability()``, MKL's ow
 ``mkl_serv_cbwr_get``), so a record states what was in force, not what was asked for.
 
 The record keeps them under ``environment.kernels`` (docs/run-directory.md); ``compare`` ranks a
-difference among them as a numbers cause (``_proof.causes``), and ``reprotune trace`` puts them
-in a trace's header.
+difference among them as a numbers cause (``_proof.causes``, in words ``_run.kernel_compare``
+gives), and ``reprotune trace`` puts them in a trace's header.
 """
 
 from __future__ import annotations
@@ -260,84 +260,3 @@ def kernel_facts(*, attention: str | None = None, env: Mapping[str, str] | None 
         "portable": {"cpu_isa": isa_in_force(environ)["cpu_isa"]},
         "algorithms": {name: flags[name] for name in ALGORITHM_FLAGS},
     }
-
-
-# --- comparing two machines' facts (no torch) ---------------------------------------------------
-
-#: Kernel facts worth naming when two runs' numbers differ, most telling first: key (under
-#: ``environment.kernels``) -> how people call it.
-KERNEL_LABELS: tuple[tuple[str, str], ...] = (
-    ("cpu.aten_capability", "CPU capability"),
-    ("blas.mkl_code_path", "MKL code path"),
-    ("blas.mkl_cbwr", "MKL CNR mode"),
-    ("portable.cpu_isa", "determinism.cpu_isa"),
-    ("cuda.devices", "GPU"),
-    ("cuda.cublas", "cuBLAS"),
-    ("cuda.cudnn", "cuDNN"),
-    ("cuda.nccl", "NCCL"),
-    ("algorithms", "torch's algorithm settings"),
-    ("cuda.math", "CUDA math modes"),
-    ("cuda.cuda_runtime", "CUDA runtime"),
-    ("attention.implementation", "attention"),
-    ("cpu.model", "CPU"),
-    ("cpu.isa", "CPU instruction sets"),
-    ("blas.blas", "BLAS"),
-    ("blas.mkl_version", "MKL"),
-    ("blas.onednn_version", "oneDNN"),
-    ("blas.mkldnn_enabled", "oneDNN enabled"),
-    ("steering_env", "kernel environment variables"),
-    ("attention", "SDPA backends"),
-)
-
-
-#: Sections that records and traces from before them lack: a difference there is unknown, not named.
-_ADDED_LATER = frozenset({"algorithms"})
-
-
-def _lookup(facts: Mapping[str, Any], dotted: str) -> Any:
-    value: Any = facts
-    for part in dotted.split("."):
-        value = value.get(part) if isinstance(value, Mapping) else None
-    return value
-
-
-def _shown(value: Any, other: Any) -> str:
-    if isinstance(value, list) and all(isinstance(v, str) for v in value) and isinstance(other, list):
-        only = [v for v in value if v not in other]
-        return ("only " + ", ".join(only)) if only else "a subset"
-    if isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
-        return "; ".join(
-            " ".join(f"{v.get(k)}" for k in ("name", "capability", "sm_count") if v.get(k) is not None)
-            for v in value
-        )
-    if isinstance(value, Mapping):
-        other_map = other if isinstance(other, Mapping) else {}
-        changed = {k: v for k, v in sorted(value.items()) if other_map.get(k) != v}
-        return ", ".join(f"{k}={'unset' if v is None else v}" for k, v in changed.items()) or "unset"
-    return "none" if value is None else str(value)
-
-
-def kernel_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    """``CPU capability AVX512 vs AVX2``: each kernel fact of two machines that differs, in
-    :data:`KERNEL_LABELS` order (a key already named under a longer one is not named again)."""
-    found: list[str] = []
-    named: list[str] = []
-    for key, label in KERNEL_LABELS:
-        va, vb = _lookup(a, key), _lookup(b, key)
-        if va == vb or any(n.startswith(key + ".") for n in named):
-            continue
-        if key in _ADDED_LATER and (va is None or vb is None):  # one side recorded before it: unknown
-            continue
-        if key == "attention":  # the SDPA backend switches, beside the implementation named above
-            va = {k: v for k, v in (va or {}).items() if k != "implementation"}
-            vb = {k: v for k, v in (vb or {}).items() if k != "implementation"}
-            if va == vb:
-                continue
-        named.append(key)
-        found.append(f"{label} {_shown(va, vb)} vs {_shown(vb, va)}")
-    return found
-
-
-def is_gpu_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Whether the machines' CUDA facts differ (a GPU on one side, or other GPUs or libraries)."""
-    return bool(_lookup(a, "cuda") != _lookup(b, "cuda"))

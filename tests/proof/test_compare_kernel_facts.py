@@ -1,0 +1,185 @@
+"""``compare`` weighs only the kernel facts that could have chosen a run's kernels: a GPU a CPU run
+did not use, how many GPUs a machine has and their UUIDs are listed, never a cause; a section an
+older record lacks is unknown; a run's settings (CUDA math modes, attention, thread variables) are
+settings, not two machines; every kernel fact has a name; one fact is one cause."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from reprotune._proof.causes import is_traceable_cause
+from reprotune._proof.compare import compare_runs
+from rundirs import RunSpec, write_run_dir
+
+NOTHING = "yet nothing recorded differs"
+H100 = {"name": "NVIDIA H100", "capability": "9.0", "sm_count": 132}
+
+
+def _kernels(**changes: Any) -> dict[str, Any]:
+    """A whole, current ``environment.kernels`` of an Intel machine, ``changes`` merged per section."""
+    facts: dict[str, Any] = {
+        "version": 1,
+        "cpu": {
+            "arch": "x86_64",
+            "vendor": "GenuineIntel",
+            "model": "Intel(R) Xeon(R) Processor",
+            "family": "6",
+            "model_number": "143",
+            "isa": ["avx2", "avx512f"],
+            "aten_capability": "AVX512",
+        },
+        "blas": {"blas": "mkl", "lapack": "mkl", "mkl_code_path": "AVX512_E1", "openmp": "201511"},
+        "steering_env": {"OMP_NUM_THREADS": None, "MKL_CBWR": None, "CUBLAS_WORKSPACE_CONFIG": None},
+        "attention": {"implementation": "sdpa", "sdpa_math": True},
+        "cuda": None,
+        "portable": {"cpu_isa": "native"},
+        "algorithms": {"deterministic_algorithms": True, "cudnn_benchmark": False},
+    }
+    for section, values in changes.items():
+        facts[section] = (
+            {**facts[section], **values} if isinstance(values, dict) and facts[section] else values
+        )
+    return facts
+
+
+def _gpu(*devices: dict[str, Any], **math: Any) -> dict[str, Any]:
+    listed = [{"index": i, **d} for i, d in enumerate(devices)]
+    return {"devices": listed, "cublas": 120900, "math": {"matmul_allow_tf32": False, **math}}
+
+
+def _pair(
+    tmp_path: Path, a: dict[str, Any], b: dict[str, Any], *, device: str | None = None, **extra_b: Any
+) -> tuple[Path, Path]:
+    config = {"determinism": {"device": device}} if device else {}
+    one = write_run_dir(tmp_path / "a", RunSpec(config=config, environment={"kernels": a}))
+    env_b = {"kernels": b, **extra_b}
+    two = write_run_dir(tmp_path / "b", RunSpec(config=config, noise_from_step=1, environment=env_b))
+    return one, two
+
+
+def test_a_section_an_older_record_lacks_is_unknown_not_a_cause(tmp_path: Path) -> None:
+    """B was recorded before ``algorithms`` was: nothing else differs, so nothing recorded does
+    (before, "algorithms ... (absent) vs false" was the cause, and no trace commands followed)."""
+    older = _kernels()
+    del older["algorithms"]
+    result = compare_runs(*_pair(tmp_path, _kernels(), older))
+    assert NOTHING in result.causes[0] and is_traceable_cause(result.causes[0]), result.causes
+    assert not any("algorithms" in d.key for d in result.differences)
+
+
+def test_a_gpu_a_cpu_run_did_not_use_is_no_cause(tmp_path: Path) -> None:
+    """Both runs computed on the CPU (determinism.device cpu); A's machine has an H100. With the
+    CPUs alike nothing recorded differs; with B's CPU narrower, the cause is the CPU's, advising
+    the CPU mode, not GPU advice (before: "GPU kernels differ: ... GPU NVIDIA H100 ... vs none")."""
+    gpu_machine = {"torch": {"cuda_available": True}, "gpu_driver": "550.54"}
+    one = write_run_dir(
+        tmp_path / "a",
+        RunSpec(
+            config={"determinism": {"device": "cpu"}},
+            environment={"kernels": _kernels(cuda=_gpu(H100)), **gpu_machine},
+        ),
+    )
+    same = write_run_dir(
+        tmp_path / "b",
+        RunSpec(
+            config={"determinism": {"device": "cpu"}}, noise_from_step=1, environment={"kernels": _kernels()}
+        ),
+    )
+    result = compare_runs(one, same)
+    assert NOTHING in result.causes[0], result.causes
+    listed = {d.key: d.inert for d in result.differences if "cuda" in d.key or "gpu" in d.key}
+    assert listed and all(listed.values()), listed  # listed under what differs, never a cause
+    narrow = _kernels(cpu={"aten_capability": "AVX2"}, blas={"mkl_code_path": "AVX2"})
+    narrower = write_run_dir(
+        tmp_path / "c",
+        RunSpec(
+            config={"determinism": {"device": "cpu"}}, noise_from_step=1, environment={"kernels": narrow}
+        ),
+    )
+    cause = compare_runs(one, narrower).causes[0]
+    assert "CPU kernels differ: CPU capability AVX512 vs AVX2; MKL code path AVX512_E1 vs AVX2:" in cause
+    assert "GPU" not in cause and "determinism.cpu_isa: avx2 on both" in cause, cause
+
+
+def test_how_many_gpus_a_machine_has_and_their_uuids_are_no_cause(tmp_path: Path) -> None:
+    """Runs on one H100 each, the machines holding one and eight of them, their UUIDs their own:
+    nothing recorded differs (before: "GPU kernels differ: GPU NVIDIA H100 9.0 132 vs NVIDIA H100
+    9.0 132; NVIDIA H100 ...")."""
+    smi = [{"name": "NVIDIA H100", "driver_version": "550.54", "uuid": "GPU-1111"}]
+    eight = [{**smi[0], "uuid": f"GPU-{i}"} for i in range(8)]
+    one, two = _pair(
+        tmp_path,
+        _kernels(cuda=_gpu(H100)),
+        _kernels(cuda=_gpu(*[H100] * 8)),
+        device="cuda",
+        nvidia_smi_gpus=eight,
+    )
+    result = compare_runs(one, two)
+    assert NOTHING in result.causes[0], result.causes
+    other = write_run_dir(
+        tmp_path / "c",
+        RunSpec(
+            config={"determinism": {"device": "cuda"}},
+            noise_from_step=1,
+            environment={
+                "kernels": _kernels(cuda=_gpu({**H100, "name": "NVIDIA H200"})),
+                "nvidia_smi_gpus": smi,
+            },
+        ),
+    )
+    assert (
+        compare_runs(one, other)
+        .causes[0]
+        .startswith(
+            "numbers differ from step 1 with identical data order: GPU kernels differ: "
+            "GPU NVIDIA H100 9.0 132 vs NVIDIA H200 9.0 132"
+        )
+    )
+
+
+def test_a_runs_settings_are_kernel_settings_with_the_knob_that_sets_them(tmp_path: Path) -> None:
+    """One machine, other CUDA math modes, or other thread variables: "kernel settings differ",
+    naming what sets them, not "on these two machines" with CPU-mode advice."""
+    gpu = _kernels(cuda=_gpu(H100))
+    tf32 = _kernels(cuda=_gpu(H100, matmul_allow_tf32=True))
+    cause = compare_runs(*_pair(tmp_path / "math", gpu, tf32, device="cuda")).causes[0]
+    assert (
+        "kernel settings differ: CUDA math modes matmul_allow_tf32=False vs matmul_allow_tf32=True" in cause
+    )
+    assert "determinism.mode sets TF32" in cause and "two machines" not in cause, cause
+    eight = _kernels(steering_env={"OMP_NUM_THREADS": "8"})
+    cause = compare_runs(*_pair(tmp_path / "threads", _kernels(), eight)).causes[0]
+    assert "kernel settings differ: thread variables OMP_NUM_THREADS=unset vs OMP_NUM_THREADS=8" in cause
+    assert "set the thread variables alike" in cause and "cpu_isa" not in cause, cause
+    eager = _kernels(attention={"implementation": "eager"})
+    cause = compare_runs(*_pair(tmp_path / "attention", _kernels(), eager)).causes[0]
+    assert "kernel settings differ: attention sdpa vs eager" in cause and "attn_implementation" in cause
+
+
+def test_thread_variables_are_one_cause_not_two(tmp_path: Path) -> None:
+    """The environment's threads section restates the thread variables: named once, in the kernel
+    cause (before, "threads.omp_num_threads null vs 8" was a second cause)."""
+    one = write_run_dir(
+        tmp_path / "a", RunSpec(environment={"kernels": _kernels(), "threads": {"omp_num_threads": None}})
+    )
+    eight = _kernels(steering_env={"OMP_NUM_THREADS": "8"})
+    two = write_run_dir(
+        tmp_path / "b",
+        RunSpec(noise_from_step=1, environment={"kernels": eight, "threads": {"omp_num_threads": "8"}}),
+    )
+    causes = compare_runs(one, two).causes
+    assert len(causes) == 1 and "OMP_NUM_THREADS=8" in causes[0], causes
+
+
+def test_every_kernel_fact_is_named_and_traceable(tmp_path: Path) -> None:
+    """Two cloud VMs whose CPU model names are the same generic string, other CPU generations (a
+    family/model number), or other LAPACK and OpenMP builds: a named kernel cause with the trace
+    commands (before: the raw key path, and no trace commands)."""
+    newer = _kernels(cpu={"model_number": "207"})
+    cause = compare_runs(*_pair(tmp_path / "cpu", _kernels(), newer)).causes[0]
+    assert "CPU kernels differ: CPU model number 143 vs 207" in cause and is_traceable_cause(cause), cause
+    amd = _kernels(cpu={"vendor": "AuthenticAMD"}, blas={"lapack": "openblas", "openmp": "201811"})
+    cause = compare_runs(*_pair(tmp_path / "blas", _kernels(), amd)).causes[0]
+    assert "CPU vendor GenuineIntel vs AuthenticAMD; LAPACK mkl vs openblas; OpenMP 201511 vs 201811" in cause
+    assert "avx2-compatible on both" in cause and is_traceable_cause(cause), cause
