@@ -183,3 +183,14 @@ def test_every_kernel_fact_is_named_and_traceable(tmp_path: Path) -> None:
     cause = compare_runs(*_pair(tmp_path / "blas", _kernels(), amd)).causes[0]
     assert "CPU vendor GenuineIntel vs AuthenticAMD; LAPACK mkl vs openblas; OpenMP 201511 vs 201811" in cause
     assert "avx2-compatible on both" in cause and is_traceable_cause(cause), cause
+
+
+def test_other_library_builds_on_one_hardware_are_the_libraries_not_two_machines(tmp_path: Path) -> None:
+    """One CPU, another torch build (its MKL and oneDNN): "kernel libraries differ", advising one
+    torch build, not a CPU mode that would not make two MKL versions agree (before: "CPU kernels
+    differ ... on these two machines (determinism.cpu_isa ...)")."""
+    older = _kernels(blas={"mkl_version": "2024.2", "onednn_version": "v3.5.3"})
+    newer = _kernels(blas={"mkl_version": "2025.0", "onednn_version": "v3.7.1"})
+    cause = compare_runs(*_pair(tmp_path, older, newer)).causes[0]
+    assert "kernel libraries differ: MKL 2024.2 vs 2025.0; oneDNN v3.5.3 vs v3.7.1: other builds" in cause
+    assert "one torch build" in cause and "cpu_isa" not in cause and is_traceable_cause(cause), cause

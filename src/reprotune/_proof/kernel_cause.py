@@ -18,7 +18,12 @@ from reprotune._run.kernel_compare import (
     setting_differences,
 )
 
-KERNEL_CAUSE = ("CPU kernels differ", "GPU kernels differ", "kernel settings differ")
+KERNEL_CAUSE = (
+    "CPU kernels differ",
+    "GPU kernels differ",
+    "kernel settings differ",
+    "kernel libraries differ",
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,12 @@ def kernel_text(a: Mapping[str, Any], b: Mapping[str, Any], made: KernelAdvice) 
         return (
             f"{KERNEL_CAUSE[2]}: {'; '.join(found[:MAX_SHOWN])}{more}: with other settings torch runs "
             f"other kernels for some ops ({settings}; {trace})"
+        )
+    if not kernel_differences(machine_facts(a, builds=False), machine_facts(b, builds=False)):
+        return (  # one hardware, other builds: another torch build (its MKL, oneDNN) or CUDA libraries
+            f"{KERNEL_CAUSE[3]}: {'; '.join(found[:MAX_SHOWN])}{more}: other builds of the libraries "
+            f"that compute the kernels give other bits (one torch build, with the same CUDA libraries, "
+            f"on both; {trace})"
         )
     where = KERNEL_CAUSE[1] if is_gpu_difference(a, b) else KERNEL_CAUSE[0]
     shared = _shared_baseline(a, b)

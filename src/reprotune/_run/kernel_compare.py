@@ -59,6 +59,20 @@ KERNEL_LABELS: tuple[tuple[str, str], ...] = (
 #: Kernel facts that are settings of a run, not facts of its machine: one machine runs both.
 SETTINGS = ("algorithms", "cuda.math", "attention", THREADS)
 
+#: Kernel facts that are builds of the libraries torch computes with (another torch build, or other
+#: CUDA libraries, on the same hardware).
+BUILDS = (
+    "blas.blas",
+    "blas.lapack",
+    "blas.mkl_version",
+    "blas.onednn_version",
+    "blas.openmp",
+    "cuda.cuda_runtime",
+    "cuda.cublas",
+    "cuda.cudnn",
+    "cuda.nccl",
+)
+
 #: Sections that records and traces from before them lack: a difference there is unknown, not named.
 ADDED_LATER = frozenset({"algorithms"})
 
@@ -86,13 +100,18 @@ def comparable(facts: Mapping[str, Any], *, on_gpu: bool | None) -> dict[str, An
     return out
 
 
-def machine_facts(facts: Mapping[str, Any]) -> dict[str, Any]:
-    """``facts`` without the run's settings (:data:`SETTINGS`): what the machine alone decides."""
-    out = {k: v for k, v in facts.items() if k not in ("algorithms", "attention")}
-    if isinstance(out.get("cuda"), Mapping):
-        out["cuda"] = {k: v for k, v in out["cuda"].items() if k != "math"}
-    if isinstance(out.get("steering_env"), Mapping):
-        out["steering_env"] = {k: v for k, v in out["steering_env"].items() if k not in THREAD_VARIABLES}
+def machine_facts(facts: Mapping[str, Any], *, builds: bool = True) -> dict[str, Any]:
+    """``facts`` without the run's settings (:data:`SETTINGS`): what the machine decides; without
+    ``builds``, also without the libraries' builds (:data:`BUILDS`): its hardware alone."""
+    out = dict(facts)
+    for key in SETTINGS + (() if builds else BUILDS):
+        section, _, name = key.partition(".")
+        if key == THREADS and isinstance(out.get(section), Mapping):
+            out[section] = {k: v for k, v in out[section].items() if k not in THREAD_VARIABLES}
+        elif not name:
+            out.pop(section, None)
+        elif isinstance(out.get(section), Mapping):
+            out[section] = {k: v for k, v in out[section].items() if k != name}
     return out
 
 
