@@ -223,6 +223,32 @@ def test_the_trainers_own_wandb_files_beside_the_script_are_not_a_dirty_tree(
     assert code["dirty"] is True and code["untracked"] == ["helper.py"]
 
 
+def test_the_best_checkpoints_adapter_says_which_step_it_holds(model_dir: Path, tmp_path: Path) -> None:
+    """``load_best_model_at_end``: the Trainer reloads the best checkpoint before the adapter is
+    saved; the record names that step (``outputs.adapter_step``), whose ledger weights are the
+    weights the run ended with (before, nothing said the adapter was not the last step's)."""
+    from reprotune._model.lora import WeightsHasher, trainable_tensors
+
+    settings = {
+        "max_steps": 8,
+        "learning_rate": 3.0,  # so far the loss climbs again: the best is not the last
+        "eval_strategy": "steps",
+        "eval_steps": 2,
+        "save_strategy": "steps",
+        "save_steps": 2,
+        "load_best_model_at_end": True,
+        "metric_for_best_model": "eval_loss",
+    }
+    trainer, run_dir = _train(model_dir, tmp_path, "best", eval_rows=tiny_rows(8, seed=2), **settings)
+    best = int(Path(trainer.state.best_model_checkpoint).name.split("-")[-1])
+    assert best < 8, "the test needs a best step before the last"
+    outputs = load_record(run_dir)["outputs"]
+    assert outputs["adapter_step"] == best
+    ended_with = WeightsHasher(trainable_tensors(trainer.model))()
+    train = read_ledger(run_dir / "ledger.jsonl").train
+    assert train[best - 1].fields["weights_sha256"] == ended_with != train[-1].fields["weights_sha256"]
+
+
 def test_every_callback_finding_code_is_known_and_documented() -> None:
     """The codes the callback's findings are made with (its rules' and ``_finding``'s) are exactly
     FINDING_CODES, and docs/integrations.md explains each one."""

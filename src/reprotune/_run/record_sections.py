@@ -97,6 +97,7 @@ class Outputs(RecordPart):
     adapter_files: dict[str, str] = Field(default_factory=dict)
     ledger_sha256: str | None = None
     final_val_loss: str | None = None  # the last validation loss as exact float.hex, when measured
+    adapter_step: int | None = None  # the step whose weights the adapter holds, when not the last
 
 
 class WorldSizeChange(RecordPart):

@@ -214,14 +214,25 @@ class TrainerRun(RunWriter):
 
     # -- the end ---------------------------------------------------------------------------------
 
-    def end(self, status: Status, *, model: Any = None, error: BaseException | None = None) -> None:
-        """End the attempt once: adapter (when completed), outputs, timings, trackers, record; unlock."""
+    def end(
+        self,
+        status: Status,
+        *,
+        model: Any = None,
+        error: BaseException | None = None,
+        best_checkpoint: str | None = None,
+    ) -> None:
+        """End the attempt once: adapter (when completed), outputs, timings, trackers, record; unlock.
+
+        ``best_checkpoint``: the checkpoint the Trainer reloaded at the end
+        (``load_best_model_at_end``): the adapter holds its step's weights, which the record says
+        (``outputs.adapter_step``) when that is not the last step."""
         if self.finished:
             return
         self.finished = True
         try:
             completed = status == "completed" and model is not None
-            save = functools.partial(self._outputs, model) if completed else None
+            save = functools.partial(self._outputs, model, _step_of(best_checkpoint)) if completed else None
             try:
                 self.ledger.close()  # syncs: on a full disk this fails too, and the run with it
                 self.finish(status, timings=self._timings, save_outputs=save, error=error)
@@ -233,8 +244,15 @@ class TrainerRun(RunWriter):
         finally:
             self._lock.release()
 
-    def _outputs(self, model: Any) -> dict[str, Any]:
-        return self.adapter_outputs(_save_trainable(model, self.paths.adapter_dir))
+    def _outputs(self, model: Any, best_step: int | None) -> dict[str, Any]:
+        extra = {}
+        if best_step is not None and best_step != self._last_step:
+            report(
+                f"reprotune: the adapter holds step {best_step}'s weights, the best checkpoint's "
+                f"(load_best_model_at_end), not the last step's ({self._last_step})"
+            )
+            extra["adapter_step"] = best_step
+        return self.adapter_outputs(_save_trainable(model, self.paths.adapter_dir), **extra)
 
     def _timings(self) -> dict[str, Any]:
         times = self._step_times
@@ -263,6 +281,14 @@ def _restored(ranks: Sequence[Mapping[str, Any]], checkpoint: str | None) -> dic
         if value:
             restored[key] = value
     return restored
+
+
+def _step_of(checkpoint: str | None) -> int | None:
+    """The step of a Trainer checkpoint's directory (``.../checkpoint-40``: 40)."""
+    if checkpoint is None:
+        return None
+    _, _, number = Path(checkpoint).name.rpartition("-")
+    return int(number) if number.isdigit() else None
 
 
 def _save_trainable(model: Any, directory: Path) -> dict[str, str]:

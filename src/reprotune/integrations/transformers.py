@@ -308,10 +308,9 @@ class ReprotuneCallback(TrainerCallback):
         if self._run is None or self._run.finished:
             return
         status: Status = "stopped" if self._stopping else "completed"
-        self._run.end(status, model=kwargs.get("model"))
+        best = state.best_model_checkpoint if args.load_best_model_at_end else None  # what it reloaded
+        self._run.end(status, model=kwargs.get("model"), best_checkpoint=best)
         report(f"reprotune: run {status}: {self._run.paths.root}")
-
-    # -- helpers -----------------------------------------------------------------------------------
 
     def _wrap_train(self, trainer: Any) -> None:
         """Make ``trainer.train`` pass a verification's checkpoint to the Trainer's own resume, and
