@@ -249,6 +249,36 @@ def test_the_best_checkpoints_adapter_says_which_step_it_holds(model_dir: Path, 
     assert train[best - 1].fields["weights_sha256"] == ended_with != train[-1].fields["weights_sha256"]
 
 
+def test_auto_find_batch_size_retrying_after_running_out_of_memory_starts_the_run_again(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """The first step runs out of memory at batch size 8 (raised as PyTorch's CPU allocator says
+    it); the Trainer begins its loop again with a smaller batch: the run starts again in its run
+    directory, the batch size it found in its config, and every line of the smaller batch (before,
+    the retry refused its own run directory as not empty, and train() failed)."""
+    from transformers import TrainerCallback
+
+    class OutOfMemoryAtEight(TrainerCallback):  # type: ignore[misc]
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if trainer._train_batch_size == 8:
+                raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 GB")
+
+    def prepare(made: Any) -> None:
+        nonlocal trainer
+        trainer = made
+        made.add_callback(OutOfMemoryAtEight())
+
+    trainer: Any = None
+    settings = {"max_steps": 3, "auto_find_batch_size": True, "per_device_train_batch_size": 8}
+    trained, run_dir = _train(model_dir, tmp_path, "retry", prepare=prepare, **settings)
+    found = trained._train_batch_size
+    assert 0 < found < 8
+    record = load_record(run_dir)
+    assert record["status"] == "completed" and len(record["attempts"]) == 1
+    assert record["config"]["trainer"]["train_batch_size"] == found
+    assert [e.fields["n_rows"] for e in read_ledger(run_dir / "ledger.jsonl").train] == [found] * 3
+
+
 def test_every_callback_finding_code_is_known_and_documented() -> None:
     """The codes the callback's findings are made with (its rules' and ``_finding``'s) are exactly
     FINDING_CODES, and docs/integrations.md explains each one."""

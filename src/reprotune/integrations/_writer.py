@@ -283,6 +283,26 @@ def _restored(ranks: Sequence[Mapping[str, Any]], checkpoint: str | None) -> dic
     return restored
 
 
+def abandoned(run: TrainerRun | None, *, fresh: bool, trainer_output: str | None) -> Path | None:
+    """End the attempt of ``run`` when the Trainer begins its loop again before it ended
+    (``auto_find_batch_size`` retrying with a smaller batch after running out of memory), recorded
+    interrupted. On a fresh start (``fresh``: from step 0) the retry takes its run directory over,
+    emptied but for the Trainer's output directory: the abandoned try's lines are of another batch
+    size. Returns that directory; None when there was no such attempt, or a resume retries (it
+    resumes the run again, from its checkpoint)."""
+    if run is None or run.finished:
+        return None
+    run.end("interrupted")
+    if not fresh:
+        return None
+    report(
+        f"reprotune: the Trainer began its loop again (auto_find_batch_size, after running out of "
+        f"memory): the run starts again in {run.paths.root}"
+    )
+    remove_branch(run.paths, trainer_output)
+    return run.paths.root
+
+
 def _step_of(checkpoint: str | None) -> int | None:
     """The step of a Trainer checkpoint's directory (``.../checkpoint-40``: 40)."""
     if checkpoint is None:

@@ -63,6 +63,7 @@ from reprotune.integrations._probes import (
 from reprotune.integrations._tracing import StepTrace
 from reprotune.integrations._writer import (
     TrainerRun,
+    abandoned,
     check_tracker_settings,
     checkpoint_run_dir,
     make_trackers,
@@ -170,8 +171,7 @@ class ReprotuneCallback(TrainerCallback):
             self._trainer, steered=bool(self._controls.resume_from or self._controls.output_dir)
         )
         refuse_a_second(trainer, type(self))  # also one added by add_callback
-        if self._run is not None and not self._run.finished:
-            self._run.end("interrupted")  # a second train() on the same callback
+        retry = abandoned(self._run, fresh=not state.global_step, trainer_output=args.output_dir)
         model, loader = kwargs["model"], kwargs["train_dataloader"]
         sampler, sampler_seed = self._attach(trainer, args, state, loader)
         self._hasher = WeightsHasher(trainable_tensors(model))
@@ -234,7 +234,7 @@ class ReprotuneCallback(TrainerCallback):
             "findings": findings,
         }
         self._run = TrainerRun.new(
-            self._controls.run_dir or self._run_dir or unused_path(Path("runs"), run_id),
+            retry or self._controls.run_dir or self._run_dir or unused_path(Path("runs"), run_id),
             record,
             patch=code.diff,
             manifest=self._manifest,
