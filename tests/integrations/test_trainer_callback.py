@@ -279,6 +279,37 @@ def test_auto_find_batch_size_retrying_after_running_out_of_memory_starts_the_ru
     assert [e.fields["n_rows"] for e in read_ledger(run_dir / "ledger.jsonl").train] == [found] * 3
 
 
+def test_a_second_train_after_a_failed_one_under_add_callback_keeps_the_first_run(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A callback ``add_callback`` added does not wrap ``train()``: a first train that fails leaves
+    its run unfinished, and a second train() ends it interrupted and starts a run of its own (it is
+    no batch-size retry: the first run's directory is kept, not taken over and emptied); without
+    ``auto_find_batch_size`` finding a smaller batch the config holds no ``train_batch_size``."""
+    from transformers import TrainerCallback
+
+    class FailsAtStepTwo(TrainerCallback):  # type: ignore[misc]
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 2:
+                raise ValueError("the script's own bug")
+
+    monkeypatch.chdir(tmp_path)
+    rows = tiny_rows(16, seed=1)
+    trainer = tiny_trainer(model_dir, rows, tmp_path / "out", list, max_steps=4, auto_find_batch_size=True)
+    trainer.add_callback(ReprotuneCallback(code_dir=tmp_path))
+    trainer.add_callback(FailsAtStepTwo())
+    with warnings.catch_warnings(), pytest.raises(ValueError, match="own bug"):
+        warnings.simplefilter("ignore", ReproducibilityWarning)
+        trainer.train()
+    trainer.remove_callback(FailsAtStepTwo)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ReproducibilityWarning)
+        trainer.train()
+    records = sorted((load_record(d) for d in (tmp_path / "runs").iterdir()), key=lambda r: r["status"])
+    assert [r["status"] for r in records] == ["completed", "interrupted"]
+    assert all("train_batch_size" not in r["config"]["trainer"] for r in records)
+
+
 def test_every_callback_finding_code_is_known_and_documented() -> None:
     """The codes the callback's findings are made with (its rules' and ``_finding``'s) are exactly
     FINDING_CODES, and docs/integrations.md explains each one."""

@@ -384,7 +384,6 @@ INERT_ROWS = [
     ("environment.kernels.version", 1, 2),
     ("environment.python.executable", "/a/.venv/bin/python", "/a/.venv-floor/bin/python"),
     ("environment.stack", "tested (lock)", "untested"),
-    ("environment.torch.parallel_info", ["at::get_num_threads() : 2"], ["at::get_num_threads() : 8"]),
     ("lora.base_model_name_or_path", "a", "b"),
     ("lora.peft_version", "0.21.2", None),
     ("model.kind", "a", "b"),

@@ -10,6 +10,7 @@ from typing import Any
 
 from reprotune._proof.causes import is_traceable_cause
 from reprotune._proof.compare import compare_runs
+from reprotune._run.kernel_compare import comparable, kernel_differences
 from rundirs import RunSpec, write_run_dir
 
 NOTHING = "yet nothing recorded differs"
@@ -194,3 +195,41 @@ def test_other_library_builds_on_one_hardware_are_the_libraries_not_two_machines
     cause = compare_runs(*_pair(tmp_path, older, newer)).causes[0]
     assert "kernel libraries differ: MKL 2024.2 vs 2025.0; oneDNN v3.5.3 vs v3.7.1: other builds" in cause
     assert "one torch build" in cause and "cpu_isa" not in cause and is_traceable_cause(cause), cause
+
+
+def test_gpu_flags_of_cpu_runs_and_restatements_only_where_the_kernel_facts_hold_them(tmp_path: Path) -> None:
+    """Two CPU runs, one machine with a GPU: torch's cuDNN and CUDA flags are listed, never a cause
+    (nor the kernel facts' cuDNN settings); a CPU run against a record that does not say where it
+    computed makes up no difference in CUDA's variables; and without kernel facts, torch's
+    parallel_info (its MKL and oneDNN builds) and a GPU of an ``auto`` run stay causes."""
+    gpu_flags = {"cuda_available": True, "cudnn_available": True}
+    gpu_machine = _kernels(cuda=_gpu(H100), algorithms={"cudnn_benchmark": True})
+    one = write_run_dir(
+        tmp_path / "a",
+        RunSpec(
+            config={"determinism": {"device": "cpu"}},
+            environment={"kernels": gpu_machine, "determinism": gpu_flags},
+        ),
+    )
+    cpu_only = {"kernels": _kernels(), "determinism": {"cuda_available": False, "cudnn_available": False}}
+    two = write_run_dir(
+        tmp_path / "b",
+        RunSpec(config={"determinism": {"device": "cpu"}}, noise_from_step=1, environment=cpu_only),
+    )
+    result = compare_runs(one, two)
+    assert NOTHING in result.causes[0], result.causes
+    facts = _kernels(
+        steering_env={"CUBLAS_WORKSPACE_CONFIG": None}
+    )  # a CPU run against one that does not say
+    assert kernel_differences(comparable(facts, on_gpu=False), comparable(facts, on_gpu=None)) == []
+
+    def old(name: str, gpu: str, parallel: str) -> Path:
+        environment = {
+            "torch": {"cuda_available": True, "gpus": [{"name": gpu}], "parallel_info": [parallel]}
+        }
+        spec = RunSpec(config={"determinism": {"device": "auto"}}, noise_from_step=1, environment=environment)
+        return write_run_dir(tmp_path / name, spec)
+
+    differences = compare_runs(old("d", "A100", "MKL-DNN v3.5"), old("e", "H100", "MKL-DNN v3.7")).differences
+    causes = {d.key for d in differences if not d.inert}
+    assert {"environment.torch.gpus", "environment.torch.parallel_info"} <= causes, causes

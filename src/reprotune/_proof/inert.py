@@ -28,7 +28,6 @@ INERT_KEYS: tuple[str, ...] = (
     "environment.kernels.version",
     "environment.python.executable",
     "environment.stack",
-    "environment.torch.parallel_info",
     "lora.base_model_name_or_path",
     "lora.peft_version",
     "model.kind",

@@ -34,8 +34,10 @@ def computed_on_gpu(run: RunDir) -> bool | None:
     if devices:
         return any(device.startswith("cuda") for device in devices)
     device = (run.section("config").get("determinism") or {}).get("device")
-    if device == "auto":
-        return (kernels_of(run) or {}).get("cuda") is not None
+    if device == "auto":  # a GPU when the machine had one: as its kernel facts, or torch, say
+        kernels = kernels_of(run)
+        available = run.section("environment").get("torch", {}).get("cuda_available")
+        return (kernels.get("cuda") is not None) if kernels is not None else available
     if isinstance(device, str) and device.startswith("cuda"):
         return True
     return False if device == "cpu" else None
@@ -46,14 +48,19 @@ def compared_kernels(run_a: RunDir, run_b: RunDir) -> tuple[dict[str, Any] | Non
     no GPU facts for a run that computed on the CPU, GPUs by model), a section one record lacks
     (written before it) left out of both: unknown, not different. None for a record without them."""
     out: list[dict[str, Any] | None] = []
-    for run in (run_a, run_b):
+    on_gpu = [computed_on_gpu(run) for run in (run_a, run_b)]
+    for run, gpu in zip((run_a, run_b), on_gpu, strict=True):
         facts = kernels_of(run)
-        out.append(None if facts is None else comparable(facts, on_gpu=computed_on_gpu(run)))
+        out.append(None if facts is None else comparable(facts, on_gpu=gpu))
     held = [f for f in out if f is not None]
     for section in ADDED_LATER:
         if any(section not in f for f in held):
             for f in held:
                 f.pop(section, None)
+    if False in on_gpu:  # cuDNN's flags chose no kernel of a run on the CPU: not weighed on either side
+        for f in held:
+            if isinstance(f.get("algorithms"), Mapping):
+                f["algorithms"] = {k: v for k, v in f["algorithms"].items() if not k.startswith("cudnn_")}
     return out[0], out[1]
 
 

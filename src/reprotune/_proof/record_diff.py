@@ -30,6 +30,16 @@ _SECTIONS: dict[str, Category] = {
 
 
 _KERNELS = "environment.kernels."
+#: ``environment.determinism`` flags that only a GPU reads.
+_GPU_FLAGS = (
+    "cuda_available",
+    "cudnn_available",
+    "cudnn_deterministic",
+    "cudnn_benchmark",
+    "cudnn_allow_tf32",
+    "matmul_allow_tf32",
+    "cublas_workspace_config",
+)
 _NO_DEFAULT = object()
 _NEUTRAL = {f"config.{key}": value for key, value in NEUTRAL_DEFAULTS.items()}
 
@@ -81,23 +91,27 @@ def _flat(run: RunDir, section: str, kernels: Mapping[str, object] | None) -> di
     return flattened(value, section)
 
 
-#: The environment's GPU facts beside the kernel facts: which GPUs the machine had (their count
-#: and UUIDs), its driver, CUDA's variables.
-_GPU_FACTS = ("environment.torch.gpus", "environment.nvidia_smi_gpus")
+#: Environment facts the kernel facts restate: which GPUs the machine had (their count and
+#: UUIDs; the kernel facts hold the models), and torch's summary of its threads and libraries
+#: (the kernel facts hold the libraries' builds, ``environment.threads`` the threads).
+_RESTATED = ("environment.torch.gpus", "environment.nvidia_smi_gpus", "environment.torch.parallel_info")
+#: And what a GPU the run did not use adds: whether there was one, its driver, CUDA's variables
+#: and the cuDNN and CUDA flags torch holds for it.
 _GPU_USE = (
     "environment.torch.cuda_available",
     "environment.gpu_driver",
+    *(f"environment.determinism.{name}" for name in _GPU_FLAGS),
     *(f"environment.env.{name}" for name in sorted(CUDA_VARIABLES)),
 )
 
 
 def _unused_gpu_keys(run_a: RunDir, run_b: RunDir, both_kernels: bool) -> frozenset[str]:
-    """GPU facts that cannot have changed the numbers, listed but never a cause: all of them when
-    neither run computed on a GPU; the GPUs a machine has (their count, indices and UUIDs) when
-    both records hold kernel facts, which compare the GPU models."""
-    keys: tuple[str, ...] = _GPU_FACTS if both_kernels else ()
+    """Facts that cannot have changed the numbers, listed but never a cause: the environment's
+    restatements of the kernel facts (:data:`_RESTATED`) when both records hold them, and every
+    GPU fact (:data:`_GPU_USE`) when neither run computed on a GPU."""
+    keys: tuple[str, ...] = _RESTATED if both_kernels else ()
     if computed_on_gpu(run_a) is False and computed_on_gpu(run_b) is False:
-        keys = _GPU_FACTS + _GPU_USE
+        keys = (*keys, "environment.torch.gpus", "environment.nvidia_smi_gpus", *_GPU_USE)
     return frozenset(keys)
 
 

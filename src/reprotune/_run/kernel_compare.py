@@ -80,14 +80,14 @@ ADDED_LATER = frozenset({"algorithms"})
 def comparable(facts: Mapping[str, Any], *, on_gpu: bool | None) -> dict[str, Any]:
     """A machine's kernel facts as two runs' are compared: a run that computed on the CPU
     (``on_gpu`` False) has no CUDA facts or CUDA variables (a GPU it did not use chose none of its
-    kernels); the GPUs are the distinct models (name, compute capability, SM count), not how many
-    a machine has or their indices."""
+    kernels); the GPUs are the distinct models (name, compute capability, SM
+    count), not how many a machine has or their indices."""
     out = dict(facts)
     steering = out.get("steering_env")
-    if on_gpu is False:
+    if on_gpu is False:  # unset, as on a machine without a GPU
         out["cuda"] = None
         if isinstance(steering, Mapping):
-            out["steering_env"] = {k: v for k, v in steering.items() if k not in CUDA_VARIABLES}
+            out["steering_env"] = {k: None if k in CUDA_VARIABLES else v for k, v in steering.items()}
     cuda = out.get("cuda")
     if isinstance(cuda, Mapping) and isinstance(cuda.get("devices"), list):
         models = {

@@ -64,12 +64,12 @@ def on_rank_zero(is_zero: bool, begin: Callable[..., None], *args: Any) -> None:
         if is_zero:
             begin(*args)
         return
-    failure: Exception | None = None
+    failure: BaseException | None = None
     told: list[str | None] = [None]
     if is_zero:
         try:
             begin(*args)
-        except Exception as exc:
+        except BaseException as exc:  # a Ctrl-C too: the others must not wait for a broadcast
             failure, told[0] = exc, f"{type(exc).__name__}: {exc}"
     dist.broadcast_object_list(told, src=0)
     if failure is not None:
@@ -229,3 +229,28 @@ def resume_problems(
                 f"is not the file written at that step; {CONSEQUENCES['rng']}"
             )
     return problems
+
+
+def restored(
+    ranks: Sequence[Mapping[str, Any]], checkpoint: str | None, report: Callable[[str], None]
+) -> dict[str, Any]:
+    """The attempt's record of what its ranks restore, each missing piece warned about: the RNG
+    files not found (``rng_missing``) or not the ones saved there (``rng_changed``), and the
+    other pieces (``state_missing``: optimizer, schedule, scaler, data position)."""
+    changed = rng_changed(ranks, checkpoint)
+    for line in resume_problems(ranks, checkpoint, changed):
+        report(f"warning: {line}")
+    rng_missing = [r["rng_file"] for r in ranks if r["rng_file"] in r["missing"]]
+    state_missing = sorted({p for r in ranks for p in r["missing"] if p != r["rng_file"]})
+    restored: dict[str, Any] = {
+        "rng_restored": not (rng_missing or changed),
+        "ranks": [dict(r) for r in ranks],
+    }
+    for key, value in (
+        ("rng_missing", rng_missing),
+        ("rng_changed", changed),
+        ("state_missing", state_missing),
+    ):
+        if value:
+            restored[key] = value
+    return restored

@@ -68,15 +68,17 @@ def training_args(args: Any) -> dict[str, Any]:
 
 def run_config(trainer: Any, args: Mapping[str, Any], model_name: str | None, lora: Any) -> dict[str, Any]:
     """The ``config`` of a Trainer-made run (see the module docstring). With
-    ``auto_find_batch_size`` it also holds the batch size the Trainer found (``train_batch_size``):
-    another machine may find another, and the run computes with it."""
+    ``auto_find_batch_size`` it also holds the batch size the Trainer found (``train_batch_size``)
+    when that is smaller than the arguments' (it ran out of memory): another machine may find
+    another, and the run computes with it."""
     cls = type(trainer)
     section: dict[str, Any] = {
         "class": f"{cls.__module__}.{cls.__qualname__}",
         "args": {k: v for k, v in sorted(args.items()) if k not in PLACE_ARGS},
     }
-    if args.get("auto_find_batch_size"):
-        section["train_batch_size"] = getattr(trainer, "_train_batch_size", None)
+    found = getattr(trainer, "_train_batch_size", None)
+    if args.get("auto_find_batch_size") and found != getattr(trainer.args, "train_batch_size", found):
+        section["train_batch_size"] = found
     return {"trainer": section, "model": {"name": model_name}, "lora": lora}
 
 

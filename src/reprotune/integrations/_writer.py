@@ -37,7 +37,7 @@ from reprotune._trackers.mlflow import MlflowTracker
 from reprotune._trackers.mlflow_link import MlflowRunLink
 from reprotune._trackers.wandb import WandbTracker
 from reprotune._train.writer import RunWriter, report
-from reprotune.integrations._ranks import checkpoint_marker, resume_problems, rng_changed
+from reprotune.integrations._ranks import checkpoint_marker, restored
 from reprotune.integrations._resumable import (
     OPTION,
     branch,
@@ -104,8 +104,8 @@ class TrainerRun(RunWriter):
             if writer is not None:
                 with contextlib.suppress(OSError):
                     writer.ledger.close()
+            remove_branch(paths, output_dir)  # before the lock goes: no other writer's files
             lock.release()
-            remove_branch(paths, output_dir)
             if made:
                 with contextlib.suppress(OSError):
                     run_dir.rmdir()
@@ -153,7 +153,7 @@ class TrainerRun(RunWriter):
             check_resumable(paths, record, config_sha256, code)
             if source is None:
                 check_own_checkpoint(paths, record["run_id"], checkpoint, marker)
-            attempt.update(_restored(ranks, checkpoint))
+            attempt.update(restored(ranks, checkpoint, report))
             known = {f.get("code") for f in record.get("findings") or []}
             if new_findings := [dict(f) for f in findings if f["code"] not in known]:
                 attempt["findings"] = new_findings  # this attempt's setup, warned at its start
@@ -183,9 +183,9 @@ class TrainerRun(RunWriter):
         except BaseException:
             if writer is not None:
                 writer.ledger.close()
-            lock.release()
             if source is not None:  # a branch refused or cut short: its directory new again
-                remove_branch(paths, trainer_output)
+                remove_branch(paths, trainer_output)  # before the lock goes: no other writer's files
+            lock.release()
             raise
         writer.start_trackers()
         return writer
@@ -260,40 +260,23 @@ class TrainerRun(RunWriter):
         return attempt_timings(self.started, times, self._last_step, self._recording_s, save_times=None)
 
 
-def _restored(ranks: Sequence[Mapping[str, Any]], checkpoint: str | None) -> dict[str, Any]:
-    """The attempt's record of what its ranks restore, each missing piece warned about: the RNG
-    files not found (``rng_missing``) or not the ones saved there (``rng_changed``), and the
-    other pieces (``state_missing``: optimizer, schedule, scaler, data position)."""
-    changed = rng_changed(ranks, checkpoint)
-    for line in resume_problems(ranks, checkpoint, changed):
-        report(f"warning: {line}")
-    rng_missing = [r["rng_file"] for r in ranks if r["rng_file"] in r["missing"]]
-    state_missing = sorted({p for r in ranks for p in r["missing"] if p != r["rng_file"]})
-    restored: dict[str, Any] = {
-        "rng_restored": not (rng_missing or changed),
-        "ranks": [dict(r) for r in ranks],
-    }
-    for key, value in (
-        ("rng_missing", rng_missing),
-        ("rng_changed", changed),
-        ("state_missing", state_missing),
-    ):
-        if value:
-            restored[key] = value
-    return restored
-
-
-def abandoned(run: TrainerRun | None, *, fresh: bool, trainer_output: str | None) -> Path | None:
-    """End the attempt of ``run`` when the Trainer begins its loop again before it ended
-    (``auto_find_batch_size`` retrying with a smaller batch after running out of memory), recorded
-    interrupted. On a fresh start (``fresh``: from step 0) the retry takes its run directory over,
-    emptied but for the Trainer's output directory: the abandoned try's lines are of another batch
-    size. Returns that directory; None when there was no such attempt, or a resume retries (it
-    resumes the run again, from its checkpoint)."""
+def abandoned(
+    run: TrainerRun | None, trainer: Any, *, fresh: bool, trainer_output: str | None
+) -> Path | None:
+    """End the attempt of ``run`` when a train begins before it ended, recorded interrupted. When
+    that is the Trainer beginning its loop again from step 0 (``fresh``) with a smaller batch than
+    the attempt's (``auto_find_batch_size`` after running out of memory), the retry takes its run
+    directory over, emptied but for the Trainer's output directory: the abandoned try is of
+    another batch size. Returns that directory; None otherwise (another ``train()``, as after a
+    Ctrl-C under a callback ``add_callback`` added, starts a run of its own)."""
     if run is None or run.finished:
         return None
     run.end("interrupted")
-    if not fresh:
+    asked = getattr(trainer.args, "train_batch_size", None)  # a first try's, unless it recorded one
+    tried = (run.record["config"].get("trainer") or {}).get("train_batch_size", asked)
+    now = getattr(trainer, "_train_batch_size", None)
+    smaller = isinstance(now, int) and isinstance(tried, int) and now < tried
+    if not (fresh and smaller and getattr(trainer.args, "auto_find_batch_size", False)):
         return None
     report(
         f"reprotune: the Trainer began its loop again (auto_find_batch_size, after running out of "

@@ -171,7 +171,7 @@ class ReprotuneCallback(TrainerCallback):
             self._trainer, steered=bool(self._controls.resume_from or self._controls.output_dir)
         )
         refuse_a_second(trainer, type(self))  # also one added by add_callback
-        retry = abandoned(self._run, fresh=not state.global_step, trainer_output=args.output_dir)
+        retry = abandoned(self._run, trainer, fresh=not state.global_step, trainer_output=args.output_dir)
         model, loader = kwargs["model"], kwargs["train_dataloader"]
         sampler, sampler_seed = self._attach(trainer, args, state, loader)
         self._hasher = WeightsHasher(trainable_tensors(model))
