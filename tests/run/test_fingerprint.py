@@ -193,6 +193,22 @@ def test_untracked_only_is_dirty(repo: Path) -> None:
     assert info.dirty and info.diff_sha256 is None and info.untracked == ("helper.py",)
 
 
+@needs_git
+def test_only_a_stores_own_files_beside_it_count_as_its_output(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An output directory leaves out what is under it, and a sqlite store its -journal/-wal
+    beside it; a script named like an output directory with a dash is still untracked code (it
+    was left out as one: ``wandb-sweep.py`` beside ``wandb/``)."""
+    monkeypatch.chdir(repo)
+    (repo / "wandb").mkdir()
+    (repo / "wandb" / "debug.log").write_text("")
+    for name in ("mlflow.db", "mlflow.db-wal", "wandb-sweep.py"):
+        (repo / name).write_text("")
+    info = code_fingerprint(repo, outputs=["wandb"])
+    assert info.untracked == ("wandb-sweep.py",)
+
+
 def test_outside_git(tmp_path: Path) -> None:
     """Outside a git work tree: in_git False, no crash."""
     info = code_fingerprint(tmp_path)

@@ -278,8 +278,10 @@ def own_outputs(cfg: ExperimentConfig, run_dir: Path) -> list[Path]:
 
 def _is_output(entry: str, prefixes: list[str], root: Path, marked: dict[str, bool]) -> bool:
     """Whether the untracked ``entry`` (relative to ``root``) is something reprotune wrote."""
-    if any(entry == p or entry.startswith((f"{p}/", f"{p}-")) for p in prefixes):
-        return True  # an output path, or a sqlite store's -journal/-wal/-shm beside it
+    if any(entry == p or entry.startswith(f"{p}/") for p in prefixes):
+        return True  # an output path
+    if any("." in p.rsplit("/", 1)[-1] and entry.startswith(f"{p}-") for p in prefixes):
+        return True  # a sqlite store's -journal/-wal/-shm beside it (mlflow.db-wal)
     parts = entry.split("/")[:-1]
     for depth in range(1, len(parts) + 1):
         folder = "/".join(parts[:depth])

@@ -289,12 +289,17 @@ def trainer_section(
 
 def script_outputs(args: Any, run_dir: Path | None) -> list[str | Path]:
     """What a Trainer run writes, none of it code: the run directory, ``output_dir``, and where the
-    Trainer's own reporting writes beside the script: W&B's ``wandb/`` (in ``WANDB_DIR``, else the
-    current directory) and TensorBoard's logs (``TENSORBOARD_LOGGING_DIR``; 4.x's ``logging_dir``).
-    Other reporters write into ``output_dir`` or an MLflow store (left out by default)."""
-    wandb_dir = Path(os.environ.get("WANDB_DIR") or ".") / "wandb"
-    tensorboard = (os.environ.get("TENSORBOARD_LOGGING_DIR"), getattr(args, "logging_dir", None))
-    return [p for p in (run_dir, args.output_dir, wandb_dir, *tensorboard) if p]
+    Trainer's own reporters write beside the script, when it reports to them: W&B's ``wandb/`` (in
+    ``WANDB_DIR``, else the current directory) and TensorBoard's logs (``TENSORBOARD_LOGGING_DIR``;
+    4.x's ``logging_dir``). Other reporters write into ``output_dir`` or an MLflow store (left out
+    by default)."""
+    reporters = getattr(args, "report_to", None) or []
+    places: list[str | Path | None] = [run_dir, args.output_dir]
+    if "wandb" in reporters:
+        places.append(Path(os.environ.get("WANDB_DIR") or ".") / "wandb")
+    if "tensorboard" in reporters:
+        places += [os.environ.get("TENSORBOARD_LOGGING_DIR"), getattr(args, "logging_dir", None)]
+    return [p for p in places if p]
 
 
 def code_and_environment(
