@@ -233,3 +233,14 @@ def test_gpu_flags_of_cpu_runs_and_restatements_only_where_the_kernel_facts_hold
     differences = compare_runs(old("d", "A100", "MKL-DNN v3.5"), old("e", "H100", "MKL-DNN v3.7")).differences
     causes = {d.key for d in differences if not d.inert}
     assert {"environment.torch.gpus", "environment.torch.parallel_info"} <= causes, causes
+
+
+def test_a_gpu_setting_beside_another_cpu_does_not_make_it_the_gpus_kernels(tmp_path: Path) -> None:
+    """One GPU model on both, other CPUs and TF32 on one side only: the machines part in their CPU
+    (the cause is "CPU kernels differ", naming the TF32 setting too), not in their GPU."""
+    a = _kernels(cuda=_gpu(H100))
+    b = _kernels(cuda=_gpu(H100, matmul_allow_tf32=True), cpu={"aten_capability": "AVX2"})
+    cause = compare_runs(*_pair(tmp_path, a, b, device="cuda")).causes[0]
+    assert "CPU kernels differ: CPU capability AVX512 vs AVX2" in cause and "matmul_allow_tf32" in cause, (
+        cause
+    )

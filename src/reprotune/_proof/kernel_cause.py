@@ -57,7 +57,7 @@ def kernel_text(a: Mapping[str, Any], b: Mapping[str, Any], made: KernelAdvice) 
             f"that compute the kernels give other bits (one torch build, with the same CUDA libraries, "
             f"on both; {trace})"
         )
-    where = KERNEL_CAUSE[1] if is_gpu_difference(a, b) else KERNEL_CAUSE[0]
+    where = KERNEL_CAUSE[1] if is_gpu_difference(machine_facts(a), machine_facts(b)) else KERNEL_CAUSE[0]
     shared = _shared_baseline(a, b)
     if where == KERNEL_CAUSE[1]:
         fix = "the same GPU model and CUDA libraries give the same kernels"
