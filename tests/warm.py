@@ -294,11 +294,13 @@ def needs_cold_start(
     """Whether a call must start a real interpreter (see the module docstring): ``env`` differs
     from ``base`` (the zygote's start) in a variable read at start, or the call pins CPU kernels:
     with ``--set determinism.cpu_isa=...``, or a command that pins the mode of the run it is
-    given before torch loads (``trace``, ``eval``, ``rerun``, ``resume``) naming a run (relative to ``cwd``)
-    that ran in a portable mode."""
+    given before torch loads (``trace``, ``eval``, ``rerun``, ``resume``, ``verify --spot``) naming
+    a run (relative to ``cwd``) that ran in a portable mode."""
     base = dict(os.environ) if base is None else base
     args = list(args)
-    pins_runs_mode = args[:1] in (["trace"], ["eval"], ["rerun"], ["resume"])
+    pins_runs_mode = args[:1] in (["trace"], ["eval"], ["rerun"], ["resume"]) or (
+        args[:1] == ["verify"] and "--spot" in args
+    )
     return (
         bool(_start_differences(env, base))
         or any("cpu_isa" in arg and not arg.endswith("native") for arg in args)

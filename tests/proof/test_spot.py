@@ -276,6 +276,28 @@ def test_a_bundle_with_checkpoints_is_spot_checked_elsewhere(
     assert not (bundle.parent / "spot-bare").exists()  # nothing unpacked is left behind
 
 
+def test_a_run_made_in_a_portable_mode_is_spot_checked_in_that_mode(tiny_project: TinyProject) -> None:
+    """A run in determinism.cpu_isa avx2-compatible: its replays run in the mode its record says
+    (before, the replay process put no mode in force and refused itself: "'avx2-compatible' is
+    not in force in this process")."""
+    config = tiny_project.config(
+        "spot-portable.yaml",
+        train={"max_steps": 8, "save_every": 4, "keep_checkpoints": 10, "eval_every": 8},
+        determinism={"cpu_isa": "avx2-compatible"},
+    )
+    tiny_project.run_cli("run", str(config), "--run-dir", "runs/portable", "--no-progress", cold=True)
+    done = tiny_project.run_cli(
+        "verify", "runs/portable", "--spot", "--budget", "1", "--out", "spot-portable"
+    )
+    record = _verification(tiny_project.root / "spot-portable")
+    assert record["verdict"] == "PASS", done.stdout
+    replayed = [leg for leg in record["legs"] if leg["name"].startswith("steps ")]
+    assert [leg["verdict"] for leg in replayed] == ["IDENTICAL", "IDENTICAL"]
+    for leg in replayed:
+        kernels = json.loads((Path(leg["run_dir"]) / "record.json").read_text())["environment"]["kernels"]
+        assert kernels["portable"]["cpu_isa"] == "avx2-compatible"
+
+
 def test_code_that_differs_from_the_runs_is_refused_unless_allowed(tmp_path: Path) -> None:
     """A run made in a git repository, then a commit: --spot refuses before replaying anything
     (exit 2, naming the commits and the option); with --allow-code-drift it replays, says so,

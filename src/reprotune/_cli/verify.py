@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reprotune._cli._options import add_set_option, path_value
+from reprotune._cli._options import add_set_option, path_value, pin_cpu_isa_of_bundle, pin_cpu_isa_of_run
 from reprotune._errors import InputError
 from reprotune._run.outputs import refuse_inside_run, refuse_unwritable_parent
 
@@ -163,7 +163,6 @@ def _run_command(args: argparse.Namespace) -> int:
 def _run_spot(args: argparse.Namespace) -> int:
     """``verify RUN_DIR --spot``: replay sampled checkpoint intervals (``_proof.spot``)."""
     from reprotune._proof.intervals import DEFAULT_BUDGET
-    from reprotune._proof.spot import spot_verify, spot_verify_bundle
     from reprotune._run.outputs import removed_if_refused
 
     if args.train_command is not None and not (args.config or args.overrides or args.reference):
@@ -189,6 +188,10 @@ def _run_spot(args: argparse.Namespace) -> int:
             fix=f"run it first (`reprotune run {target}`), then `reprotune verify RUN_DIR --spot`; or "
             f"verify the config in full: `reprotune verify {target}`",
         )
+    # The replays inherit the mode the run was made in, put in force before torch loads here.
+    (pin_cpu_isa_of_bundle if target.is_file() else pin_cpu_isa_of_run)(target)
+    from reprotune._proof.spot import spot_verify, spot_verify_bundle
+
     with removed_if_refused(out):
         if target.is_file():  # a bundle packed with --checkpoints
             result = spot_verify_bundle(target, out, budget=budget, seed=seed, allow_code_drift=drift)
