@@ -144,3 +144,42 @@ def test_hostile_bundles_are_refused(
     assert (
         not out.exists() and not (tmp_path / "evil.txt").exists() and not Path("/tmp/reprotune-evil").exists()
     )
+
+
+def test_a_bundles_rerun_is_mirrored_nowhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run mirrored to MLflow, packed and rerun elsewhere: the rerun sends nothing to the tracker
+    the bundle's config names (it may name any host, and the rerunner's MLflow credentials would go
+    with it) and writes no store where it runs (before: mlflow.db and mlartifacts/ there)."""
+    project = TinyProject.create(tmp_path / "made")
+    project.config(
+        "tracked.yaml", train={"max_steps": 2, "save_every": 0, "eval_every": 2}, tracking={"mlflow": True}
+    )
+    project.run_cli("run", "tracked.yaml", "--run-dir", "runs/t", "--no-progress")
+    assert "mlflow" in json.loads((project.root / "runs" / "t" / "record.json").read_text())["trackers"]
+    project.run_cli("pack", "runs/t", "-o", "t.tar.gz", "--with-data")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["rerun", str(project.root / "t.tar.gz"), "--out", "out", "--no-progress"]) == 0
+    assert json.loads((elsewhere / "out" / "rerun.json").read_text())["verdict"] == "IDENTICAL"
+    assert json.loads((elsewhere / "out" / "rerun" / "record.json").read_text())["trackers"] == {}
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["out"]
+
+
+def test_a_bundle_rerun_stopped_before_it_trains_leaves_nothing(
+    packed: tuple[TinyProject, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while the rerun loads its data or model: the unpacked bundle is removed, so the same
+    command can run again (before, only a refusal was cleaned up, and --out was left not empty)."""
+    from reprotune._proof import rerun as rerun_module
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rerun_module, "rerun", interrupted)
+    _, bundle, _ = packed
+    with pytest.raises(KeyboardInterrupt):
+        rerun_module.rerun_bundle(
+            bundle, out=tmp_path / "out", data=None, allow_code_drift=False, code_dir=tmp_path, progress=False
+        )
+    assert not (tmp_path / "out").exists()

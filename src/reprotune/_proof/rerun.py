@@ -136,6 +136,7 @@ def rerun(
     report: Callable[[str], None] = print,
     data: Path | str | None = None,
     tolerance: float | None = None,
+    tracking: bool = True,
 ) -> tuple[Path, Comparison]:
     """Reproduce the run in ``run_dir``; return the new run's directory and the comparison.
 
@@ -143,6 +144,8 @@ def rerun(
         data: the data file (or ``builtin:...`` name) to use instead of the recorded one (checked
             row by row against the run's manifest first).
         tolerance: compare with this absolute tolerance (WITHIN TOLERANCE), else bit for bit.
+        tracking: mirror the rerun to the trackers the run's config names (off for a bundle's:
+            they name the machine that made it, never to be sent this machine's credentials).
 
     Raises:
         InputError: not a run directory, or code drift without ``allow_code_drift``.
@@ -175,7 +178,7 @@ def rerun(
     )
     target = new_run_dir or unused_path(run_dir.parent, f"{run_dir.name}-rerun")
     options = RunOptions(
-        run_dir=target, progress=progress, tracking=True, manifest=paths.manifest, code_dir=code_dir
+        run_dir=target, progress=progress, tracking=tracking, manifest=paths.manifest, code_dir=code_dir
     )
     result = run_experiment(cfg, options)
     return result.run_dir, compare_runs(run_dir, result.run_dir, tolerance=tolerance)
@@ -232,9 +235,10 @@ def rerun_bundle(
             report=report,
             data=use,
             tolerance=tolerance,
+            tracking=False,  # the bundle's trackers are the packing machine's, not this one's
         )
-    except (InputError, RunFailedError):
-        if not (out / "rerun").exists():  # refused before training: remove what this call made, only
+    except BaseException:
+        if not (out / "rerun").exists():  # stopped before training: remove what this call made, only
             shutil.rmtree(created if created is not None else out / "recorded", ignore_errors=True)
         raise
     write_json_atomic(out / "rerun.json", _rerun_summary(bundle, comparison, time.perf_counter() - started))
