@@ -183,3 +183,48 @@ def test_a_bundle_rerun_stopped_before_it_trains_leaves_nothing(
             bundle, out=tmp_path / "out", data=None, allow_code_drift=False, code_dir=tmp_path, progress=False
         )
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_whose_files_are_not_the_ones_it_recorded_is_not_packed(
+    packed: tuple[TinyProject, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A copy of the run without its adapter, with one byte of the adapter changed, or without its
+    ledger is refused (exit 2, naming the file), before a bundle reruns it elsewhere to a verdict
+    about damaged files; a Trainer-made run is refused saying to run its script (before: packed,
+    or 39 config errors)."""
+    import shutil
+
+    project, _, _ = packed
+    source = project.root / "runs" / "r"
+
+    def copy(name: str) -> Path:
+        run = tmp_path / name
+        shutil.copytree(source, run)
+        return run
+
+    missing, changed, no_ledger, trainer = (
+        copy("missing"),
+        copy("changed"),
+        copy("no-ledger"),
+        copy("trainer"),
+    )
+    (missing / "adapter" / "adapter_model.safetensors").unlink()
+    weights = changed / "adapter" / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    (no_ledger / "ledger.jsonl").unlink()
+    record = json.loads((trainer / "record.json").read_text())
+    record["config"] = {"trainer": {"class": "transformers.Trainer", "args": {}}}
+    (trainer / "record.json").write_text(json.dumps(record))
+    expected = {
+        missing: "adapter_model.safetensors is missing",
+        changed: "adapter_model.safetensors is not the file the run wrote",
+        no_ledger: "ledger.jsonl is missing",
+        trainer: "written by ReprotuneCallback inside a Trainer script",
+    }
+    for run, words in expected.items():
+        capsys.readouterr()
+        assert main(["pack", str(run), "-o", str(tmp_path / f"{run.name}.tar.gz")]) == 2
+        assert words in capsys.readouterr().err
+        assert not (tmp_path / f"{run.name}.tar.gz").exists()

@@ -25,6 +25,7 @@ from reprotune._formats import BUNDLE
 from reprotune._jsonio import canonical_dumps, publishing_file, sha256_file
 from reprotune._run import layout
 from reprotune._run.checkpoint_files import list_checkpoints, verify_checkpoint
+from reprotune._run.drift import RUN_THE_SCRIPT_AGAIN, refuse_trainer_run
 from reprotune._run.outputs import refuse_overwrite, tar_archive
 from reprotune._run.record import RunRecord, read_record, record_config
 from reprotune._run.rundir import check_is_run_dir
@@ -68,6 +69,13 @@ def pack(
             source=str(paths.record),
             fix=f"resume it with `reprotune resume {run_dir}` first; a bundle is for reproducing a result",
         )
+    refuse_trainer_run(
+        {"config": record.config},
+        run_dir,
+        why="it has no reprotune config to rerun",
+        fix=RUN_THE_SCRIPT_AGAIN,
+    )
+    _check_outputs(paths, record)
     if not allow_secrets and paths.patch.is_file():
         refuse_secrets_in_patch(paths.patch)
     data_file = _data_file(record, run_dir) if with_data else None  # None for builtin data
@@ -99,6 +107,31 @@ def pack(
     )
     _write_archive(out, files, canonical_dumps(manifest).encode("utf-8"))
     return manifest
+
+
+def _check_outputs(paths: layout.RunLayout, record: RunRecord) -> None:
+    """Refuse a run whose ledger or adapter files are missing or not the ones its record hashed:
+    its bundle would rerun, elsewhere and at length, to a verdict about damaged files."""
+    outputs = record.outputs
+    expected: dict[Path, str | None] = {paths.ledger: outputs.ledger_sha256 if outputs else None}
+    for name, sha256 in (outputs.adapter_files if outputs else {}).items():
+        expected[paths.adapter_dir / name] = sha256
+    if len(expected) == 1:
+        expected[paths.adapter_dir / "adapter_model.safetensors"] = (
+            outputs.adapter_sha256 if outputs else None
+        )
+    for path, recorded in expected.items():
+        if not path.is_file():
+            problem = "is missing"
+        elif recorded is not None and sha256_file(path) != recorded:
+            problem = f"is not the file the run wrote (its record holds sha256 {recorded[:12]})"
+        else:
+            continue
+        raise InputError(
+            f"{path} {problem}: a bundle of this run would not reproduce what the run recorded",
+            source=str(paths.record),
+            fix="pack a run whose files are whole (copy the run directory again from where it was made)",
+        )
 
 
 def _run_files(paths: layout.RunLayout) -> list[Path]:
