@@ -228,3 +228,44 @@ def test_a_run_whose_files_are_not_the_ones_it_recorded_is_not_packed(
         assert main(["pack", str(run), "-o", str(tmp_path / f"{run.name}.tar.gz")]) == 2
         assert words in capsys.readouterr().err
         assert not (tmp_path / f"{run.name}.tar.gz").exists()
+
+
+CREDENTIAL_LINES = [
+    ('+aws_secret_access_key = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"', "a secret assigned to"),
+    ("+WANDB_API_KEY=0123456789abcdef0123456789abcdef01234567", "a secret assigned to WANDB_API_KEY"),
+    ("+export HF_TOKEN=abcdEFGH1234ijklMNOP5678", "a secret assigned to HF_TOKEN"),
+    ("+-----BEGIN OPENSSH PRIVATE KEY-----", "a private key"),
+    (
+        '+h = {"Authorization": "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.x"}',
+        "a JSON web token",
+    ),
+    ('+url = "https://user:s3cretPassw0rd@example.com/repo.git"', "a URL with a password"),
+]
+#: Code that names secrets without holding one.
+INNOCENT_LINES = [
+    '+pad_token = "<|im_start|>assistant"',
+    "+token = tokenizer.eos_token_id",
+    '+api_key = os.environ["WANDB_API_KEY"]',
+    '+repo = "https://user@host/repo.git"',
+    '+key = "model.layers.0.self_attn.q_proj"',
+    '+cache_key = "layer_0_attention_weights_v2"',
+    "+max_tokens = 512",
+]
+
+
+@pytest.mark.parametrize(("line", "what"), CREDENTIAL_LINES, ids=[w for _, w in CREDENTIAL_LINES])
+def test_a_patch_line_holding_a_credential_is_found(line: str, what: str) -> None:
+    """Credentials without a token's shape (before: only shaped tokens, hf_/ghp_/sk-/AKIA..., were
+    found, and these went into the bundle): named with the file and line."""
+    from reprotune._proof.bundle import first_token_in_patch
+
+    patch = f"diff --git a/train.py b/train.py\n@@ -1,1 +1,2 @@\n import os\n{line}\n"
+    found = first_token_in_patch(patch)
+    assert found is not None and found[:2] == ("train.py", 2) and found[2].startswith(what), found
+
+
+@pytest.mark.parametrize("line", INNOCENT_LINES)
+def test_code_that_names_a_secret_without_holding_one_is_not_refused(line: str) -> None:
+    from reprotune._proof.bundle import credential_in
+
+    assert credential_in(line) is None
