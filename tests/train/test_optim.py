@@ -57,3 +57,26 @@ def test_warmup_is_linear() -> None:
         0.75,
         1.0,
     ]
+
+
+def test_a_native_config_in_the_cross_vendor_modes_variables_fuses_adamw_as_the_record_says() -> None:
+    """Started with avx2-compatible's variables, a native config's run is recorded in that mode
+    (read back as in force): its AdamW runs fused too, as the mode needs (before: unfused, so the
+    record claimed a mode whose promise across vendors did not hold)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from reprotune._determinism.isa import BASELINES
+
+    code = (
+        "import json, torch; from reprotune._config.schema import TrainConfig; "
+        "from reprotune._determinism.isa import isa_in_force; "
+        "from reprotune._train.optim import optimizer_and_scheduler as build; "
+        "o, _ = build([torch.nn.Parameter(torch.ones(3))], TrainConfig(), 10, cpu_isa='native'); "
+        "print(json.dumps([isa_in_force()['cpu_isa'], bool(o.defaults['fused'])]))"
+    )
+    env = {**os.environ, **BASELINES["avx2-compatible"].env}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["avx2-compatible", True]

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import torch
 
 from reprotune._config.schema import TrainConfig
-from reprotune._determinism.isa import fused_adamw
+from reprotune._determinism.isa import fused_adamw, isa_in_force
 
 
 def build_optimizer(
@@ -65,13 +65,15 @@ def optimizer_and_scheduler(
     trainable: list[torch.nn.Parameter], train: TrainConfig, total_steps: int, *, cpu_isa: str = "native"
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """The run's optimizer over ``trainable`` and its schedule over ``total_steps``, as the
-    ``train`` section says; AdamW fused where the ``determinism.cpu_isa`` mode needs it."""
+    ``train`` section says; AdamW fused where the ``determinism.cpu_isa`` mode needs it: the
+    config's, or the one in force (a native config started in a mode's variables runs as that
+    mode, which its record says was in force)."""
     optimizer = build_optimizer(
         trainable,
         name=train.optimizer,
         learning_rate=train.learning_rate,
         weight_decay=train.weight_decay,
-        fused=fused_adamw(cpu_isa),
+        fused=fused_adamw(cpu_isa) or fused_adamw(isa_in_force()["cpu_isa"]),
     )
     scheduler = build_scheduler(
         optimizer, schedule=train.scheduler, warmup_steps=train.warmup_steps, total_steps=total_steps
