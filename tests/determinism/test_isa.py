@@ -252,3 +252,13 @@ def test_the_mode_a_run_is_replayed_in_is_the_one_its_record_says_was_in_force(t
     assert recorded_cpu_isa(run("older", {"config": {"determinism": {}}, "environment": None})) == "native"
     assert recorded_cpu_isa(run("old-trainer", {"config": {"trainer": {}}, "environment": {}})) is None
     assert recorded_cpu_isa(tmp_path / "no-run") is None
+
+
+def test_doctors_advice_names_only_modes_this_cpu_can_hold() -> None:
+    """An Arm CPU gets no x86 mode to pin (each would be refused there); an x86 CPU of an unknown
+    vendor gets every mode, under its full key."""
+    from reprotune._doctor.kernel_checks import _portable_fix
+
+    assert "no portable mode pins an Arm CPU's kernels" in _portable_fix("0x41", arm=True)
+    unknown = _portable_fix(None)
+    assert "determinism.cpu_isa: avx2 (Intel), avx2-amd (AMD) or avx2-compatible" in unknown

@@ -5,6 +5,7 @@ CI proves the installed library stack.
 
 from __future__ import annotations
 
+from reprotune._determinism.cpu import is_arm
 from reprotune._determinism.isa import INTEL, has_flags, vendor_baseline
 from reprotune._doctor.findings import Context
 from reprotune._run.findings import Finding
@@ -42,16 +43,21 @@ def check_cpu_kernels(ctx: Context) -> list[Finding]:
             f"CPU kernels are this CPU's own (determinism.cpu_isa: native): {path}",
             "a CPU with other vector instructions (AVX2 vs AVX-512) runs other kernels and gets other "
             "bits: runs reproduce bit for bit only on CPUs whose kernel facts match",
-            _portable_fix(cpu.get("vendor")),
+            _portable_fix(cpu.get("vendor"), arm=is_arm()),
         )
     ]
 
 
-def _portable_fix(vendor: str | None) -> str:
+def _portable_fix(vendor: str | None, *, arm: bool = False) -> str:
     """Which ``determinism.cpu_isa`` to pin to rerun elsewhere: this CPU's vendor's own first."""
+    if arm:
+        return "no portable mode pins an Arm CPU's kernels yet: its runs reproduce on CPUs like it"
     own = vendor_baseline(vendor)
     if own is None:
-        return "to rerun on other CPUs pin cpu_isa avx2 (Intel), avx2-amd (AMD) or avx2-compatible (any)"
+        return (
+            "to rerun on other CPUs pin determinism.cpu_isa: avx2 (Intel), avx2-amd (AMD) or "
+            "avx2-compatible (any x86-64 CPU with AVX2)"
+        )
     if not has_flags(own):
         return "this CPU lacks AVX2, which every portable mode needs: its runs reproduce on CPUs like it"
     name = "Intel" if vendor == INTEL else "AMD"  # the vendors with a baseline of their own
