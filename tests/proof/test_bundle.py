@@ -269,3 +269,23 @@ def test_code_that_names_a_secret_without_holding_one_is_not_refused(line: str) 
     from reprotune._proof.bundle import credential_in
 
     assert credential_in(line) is None
+
+
+def test_a_data_file_named_with_a_backslash_is_not_packed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A legal Linux file name no bundle member may hold: pack refuses it, saying to pass the data
+    to rerun instead (before: packed, then refused by rerun as pointing outside the bundle, '..',
+    with the fix to pack it again)."""
+    project = TinyProject.create(tmp_path / "made")
+    (project.root / "data.jsonl").rename(project.root / "we\\ird.jsonl")
+    project.config("odd.yaml", data={"path": "we\\ird.jsonl"}, train={"max_steps": 1, "save_every": 0})
+    project.run_cli("run", "odd.yaml", "--run-dir", "runs/odd", "--no-progress")
+    capsys.readouterr()
+    assert (
+        main(["pack", str(project.root / "runs" / "odd"), "-o", str(tmp_path / "odd.tar.gz"), "--with-data"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "holds a backslash or colon" in err and "rerun BUNDLE --data PATH" in err
+    assert not (tmp_path / "odd.tar.gz").exists()

@@ -90,6 +90,14 @@ def pack(
         files[run_member(path.relative_to(run_dir).as_posix())] = path
     data_info: dict[str, Any] | None = None
     if data_file is not None:
+        if "\\" in data_file.name or ":" in data_file.name:
+            raise InputError(
+                f"the data file's name {data_file.name!r} holds a backslash or colon, which no bundle "
+                "member may (they are path separators elsewhere)",
+                source="--with-data",
+                fix="pack without --with-data, and give the data to `reprotune rerun BUNDLE --data PATH` "
+                "where it reruns (under any name: it is checked against the run's manifest)",
+            )
         files[f"{DATA}/{data_file.name}"] = data_file
         data_info = {"member": f"{DATA}/{data_file.name}", "sha256": sha256_file(data_file)}
     members = {

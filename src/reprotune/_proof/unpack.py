@@ -285,7 +285,9 @@ def _check_member(member: tarfile.TarInfo, bundle: Path, listed: dict[str, dict[
         )
     if path.is_absolute() or name.startswith(("/", "\\")) or ":" in path.parts[0]:
         raise _refused(bundle, f"member {name!r} has an absolute path: refused")
-    if ".." in path.parts or "\\" in name or not path.parts:
+    if "\\" in name:
+        raise _refused(bundle, f"member {name!r} holds a backslash (a path separator elsewhere): refused")
+    if ".." in path.parts or not path.parts:
         raise _refused(bundle, f"member {name!r} points outside the bundle ('..'): refused")
     if path.as_posix() != name or "." in name.split("/"):
         raise _refused(
