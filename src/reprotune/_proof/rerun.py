@@ -205,8 +205,8 @@ def rerun_bundle(
 
     Raises:
         InputError: a damaged or hostile bundle (nothing written), no data to rerun on (pass
-            ``data``), data that is not the run's (its rows named), or an ``out`` that is a run
-            directory, in one, or not empty.
+            ``data``), or an ``out`` that is a run directory, in one, or not empty.
+        RunFailedError: data that is not the run's (its rows named).
     """
     check_tolerance(tolerance)
     files_read = [Path(data)] if data is not None and not str(data).startswith("builtin:") else []
