@@ -388,3 +388,23 @@ def test_a_replay_that_left_no_checkpoint_at_its_end_is_a_differing_end_state(tm
 
     said, matched = _end_state(tmp_path / "reference", tmp_path / "replay", 5, 10)
     assert not matched and said.startswith("checkpoint 5 of the replay is refused: state.json unreadable")
+
+
+def test_a_trainer_made_run_is_refused_for_what_it_is_before_its_mode_is_weighed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Trainer script's run recorded in a mode this reprotune cannot put in force: --spot says it
+    replays no Trainer run and how to spot-check the script (before: a refusal of the mode, whose
+    advice to replay it on another CPU could never help)."""
+    from reprotune._cli import main
+    from rundirs import RunSpec, write_run_dir
+
+    spec = RunSpec(
+        config={"trainer": {"class": "transformers.Trainer", "args": {}}},
+        environment={"kernels": {"version": 1, "portable": {"cpu_isa": "avx9"}}},
+    )
+    run = write_run_dir(tmp_path / "trainer-run", spec)
+    assert main(["verify", str(run), "--spot", "--out", str(tmp_path / "spot")]) == 2
+    err = capsys.readouterr().err
+    assert "was made by a Trainer script" in err and 'verify --command "python train.py ..." --spot' in err
+    assert "avx9" not in err and not (tmp_path / "spot").exists()

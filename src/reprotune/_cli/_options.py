@@ -98,13 +98,18 @@ def pin_cpu_isa(cpu_isa: str) -> None:
 def recorded_cpu_isa(run_dir: Path) -> str | None:
     """The ``determinism.cpu_isa`` mode a run directory's record says was in force
     (:func:`_mode_in_record`), read without torch; None for a directory that is not a run."""
+    return _mode_in_record(_record_of(run_dir))
+
+
+def _record_of(run_dir: Path) -> Any:
+    """A run directory's record as JSON, or None."""
     import json
 
     from reprotune._run.layout import RunLayout
 
     try:
-        return _mode_in_record(json.loads(RunLayout(run_dir).record.read_text(encoding="utf-8")))
-    except (OSError, ValueError):
+        return json.loads(RunLayout(run_dir).record.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
         return None
 
 
@@ -122,10 +127,14 @@ def _mode_in_record(record: Any) -> str | None:
     return cpu_isa if isinstance(cpu_isa, str) else None
 
 
-def pin_cpu_isa_of_run(run_dir: Path) -> None:
+def pin_cpu_isa_of_run(run_dir: Path, *, trainer_runs: bool = True) -> None:
     """:func:`pin_cpu_isa` for the mode a run directory's record says was in force; one that is not a run
-    is left for the command to refuse."""
-    cpu_isa = recorded_cpu_isa(run_dir)
+    is left for the command to refuse, and without ``trainer_runs`` a Trainer script's run too
+    (a command that cannot replay one says so, rather than whether this CPU holds its mode)."""
+    record = _record_of(run_dir)
+    if not trainer_runs and isinstance(record, dict) and "trainer" in (record.get("config") or {}):
+        return
+    cpu_isa = _mode_in_record(record)
     if cpu_isa is not None:
         _pin_recorded(cpu_isa, f"the run in {run_dir}")
 

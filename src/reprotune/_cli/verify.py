@@ -189,7 +189,10 @@ def _run_spot(args: argparse.Namespace) -> int:
             f"verify the config in full: `reprotune verify {target}`",
         )
     # The replays inherit the mode the run was made in, put in force before torch loads here.
-    (pin_cpu_isa_of_bundle if target.is_file() else pin_cpu_isa_of_run)(target)
+    if target.is_file():
+        pin_cpu_isa_of_bundle(target)
+    else:
+        pin_cpu_isa_of_run(target, trainer_runs=False)  # spot refuses those: run the script
     from reprotune._proof.spot import spot_verify, spot_verify_bundle
 
     with removed_if_refused(out):

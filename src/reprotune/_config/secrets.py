@@ -244,3 +244,60 @@ def redact_env(env: Mapping[str, str], prefixes: Iterable[str] = ENV_PREFIXES) -
         secret = is_secret_name(name) or token_shape(env[name]) is not None
         out[name] = REDACTED if secret else mask_url_credentials(env[name])
     return out
+
+
+_PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
+_JWT = re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.")
+_URL_CREDENTIALS_AT_A_START = re.compile(r"(?<![A-Za-z0-9+.-])" + URL_CREDENTIALS.pattern)
+#: A value given to a name: ``name = "value"``, ``NAME=value``, ``name: str = "value"``,
+#: ``{"name": "value"}``, ``os.environ["NAME"] = "value"``, ``setdefault("NAME", "value")``. Each
+#: name starts after a character no name holds, so a long line is read once, not once per start.
+_ASSIGNED = re.compile(
+    r"(?<![\w.-])(?P<name>[A-Za-z_][\w.-]*)"
+    r"""(?:["']\]?)?"""
+    r"(?:\s*:\s*[A-Za-z_][\w.\[\]]*(?=\s*=))?"
+    r"\s*(?P<op>[:=,])\s*"
+    r"""(?:(?P<q>["'])(?P<quoted>[^"'\s]+)(?P=q)|(?P<bare>[^"'\s#,;)]+))"""
+)
+_CREDENTIAL_CHARS = re.compile(r"[A-Za-z0-9+/=_-]+")  # no dot: a dotted name is code
+_NAME_LIKE = re.compile(r"[a-z0-9]+(?:[_-][a-z0-9]+)+|[A-Z0-9]+(?:[_-][A-Z0-9]+)+")  # snake_case, kebab-case
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_REPO_ID = re.compile(r"[\w-]+/[\w-]*[_-][\w-]*")  # a Hugging Face repo id: owner/name-with-parts
+
+
+def credential_in(text: str) -> str | None:
+    """What credential a line of code holds, or None: a token by its shape (``ghp_...``), a JSON
+    web token, a private key, a URL with a password, or a long random-looking string of letters and
+    digits given to a name that says it is a secret (``aws_secret_access_key = "..."``,
+    ``os.environ["WANDB_API_KEY"] = "..."``, ``WANDB_API_KEY=... python train.py``). A value that
+    is code (a dotted or snake_case name, a sha256 digest, a repo id) or a type is none."""
+    what = token_shape(text)
+    if what is not None:
+        return what
+    if _PRIVATE_KEY.search(text):
+        return "a private key (-----BEGIN ... PRIVATE KEY-----)"
+    if _JWT.search(text):
+        return "a JSON web token (eyJ...)"
+    for match in _URL_CREDENTIALS_AT_A_START.finditer(text) if "://" in text else ():
+        if ":" in match.group(0)[len(match.group("scheme")) :]:
+            return "a URL with a password (scheme://user:password@host)"
+    for match in _ASSIGNED.finditer(text):
+        value, name = match["quoted"] or match["bare"], match["name"].rsplit(".", 1)[-1]
+        if match["bare"] and match["op"] != "=":
+            continue  # `token: Qwen2TokenizerFast`: a type, not a value
+        if _secret_value(name, value):
+            return f"a secret assigned to {name}"
+    return None
+
+
+def _secret_value(name: str, value: str) -> bool:
+    mixed = any(c.isdigit() for c in value) and any(c.isalpha() for c in value)
+    if not (mixed and _CREDENTIAL_CHARS.fullmatch(value)):
+        return False
+    if _SHA256.fullmatch(value) or _REPO_ID.fullmatch(value):
+        return False
+    if _NAME_LIKE.fullmatch(value) and not _UUID.fullmatch(value):
+        return False
+    words = [w for w in re.split(r"[_.\-\s]", name.upper()) if w and w != "USERNAME"]
+    return token_problem(["_".join(words)], value) is not None

@@ -19,7 +19,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from reprotune._config.secrets import URL_CREDENTIALS, token_problem, token_shape
+from reprotune._config.secrets import credential_in
 from reprotune._errors import InputError
 from reprotune._formats import BUNDLE
 from reprotune._jsonio import canonical_dumps, publishing_file, sha256_file
@@ -90,10 +90,10 @@ def pack(
         files[run_member(path.relative_to(run_dir).as_posix())] = path
     data_info: dict[str, Any] | None = None
     if data_file is not None:
-        if "\\" in data_file.name or ":" in data_file.name:
+        if "\\" in data_file.name:
             raise InputError(
-                f"the data file's name {data_file.name!r} holds a backslash or colon, which no bundle "
-                "member may (they are path separators elsewhere)",
+                f"the data file's name {data_file.name!r} holds a backslash, which no bundle member "
+                "may (a path separator elsewhere)",
                 source="--with-data",
                 fix="pack without --with-data, and give the data to `reprotune rerun BUNDLE --data PATH` "
                 "where it reruns (under any name: it is checked against the run's manifest)",
@@ -211,40 +211,6 @@ def refuse_secrets_in_patch(patch: Path) -> None:
         source=str(patch),
         fix="take the secret out of that file (commit, rerun), or pack anyway with --allow-secrets",
     )
-
-
-_PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
-_JWT = re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.")
-#: ``name = "value"`` or ``NAME=value`` at a line's end: a value assigned to a name.
-_ASSIGNED = re.compile(
-    r"""(?P<name>[A-Za-z_][\w.-]*)["']?\s*[:=]\s*(?:(?P<q>["'])(?P<quoted>[^"'\s]+)(?P=q)|(?P<bare>[^"'\s]+)\s*$)"""
-)
-_CREDENTIAL_CHARS = re.compile(r"[A-Za-z0-9+/=_-]+")  # no dot: a dotted name is code
-_WORDS = re.compile(r"[a-z0-9]+(?:[_-][a-z0-9]+)+|[A-Z0-9]+(?:[_-][A-Z0-9]+)+")  # snake_case: a name
-
-
-def credential_in(text: str) -> str | None:
-    """What credential a line of code holds, or None: a token by its shape (``ghp_...``), a JSON
-    web token, a private key, a URL with a password, or a long random-looking string of letters and
-    digits assigned to a name that says it is a secret (``aws_secret_access_key = "..."``,
-    ``WANDB_API_KEY=...``)."""
-    what = token_shape(text)
-    if what is not None:
-        return what
-    if _PRIVATE_KEY.search(text):
-        return "a private key (-----BEGIN ... PRIVATE KEY-----)"
-    if _JWT.search(text):
-        return "a JSON web token (eyJ...)"
-    for match in URL_CREDENTIALS.finditer(text):
-        if ":" in match.group(0)[len(match.group("scheme")) :]:
-            return "a URL with a password (scheme://user:password@host)"
-    for match in _ASSIGNED.finditer(text):
-        value = match["quoted"] or match["bare"]
-        mixed = any(c.isdigit() for c in value) and any(c.isalpha() for c in value)
-        shaped = _CREDENTIAL_CHARS.fullmatch(value) and not _WORDS.fullmatch(value)
-        if mixed and shaped and token_problem([match["name"]], value):
-            return f"a secret assigned to {match['name']}"
-    return None
 
 
 def first_token_in_patch(patch: str) -> tuple[str, int, str] | None:

@@ -162,11 +162,15 @@ def _check_run(run_dir: Path, budget: float) -> dict[str, Any]:
             fix=f"resume it first: `reprotune resume {run_dir}`",
         )
     if "distributed" in record or "trainer" in (record.get("config") or {}):
+        trainer = "trainer" in (record.get("config") or {})
         raise InputError(
             f"--spot replays runs made by `reprotune run` in one process; {run_dir} was made "
-            + ("under torchrun" if "distributed" in record else "by a Trainer script"),
+            + ("by a Trainer script" if trainer else "under torchrun"),
             source=str(RunLayout(run_dir).record),
-            fix="verify it in full: `reprotune verify CONFIG --reference RUN_DIR`",
+            fix='spot-check the script with its own checkpoints: `reprotune verify --command "python '
+            'train.py ..." --spot`'
+            if trainer
+            else "verify it in full: `reprotune verify CONFIG --reference RUN_DIR`",
         )
     return record
 
