@@ -244,3 +244,12 @@ def test_a_gpu_setting_beside_another_cpu_does_not_make_it_the_gpus_kernels(tmp_
     assert "CPU kernels differ: CPU capability AVX512 vs AVX2" in cause and "matmul_allow_tf32" in cause, (
         cause
     )
+
+
+def test_warn_only_is_no_kernel_setting_between_runs_that_completed(tmp_path: Path) -> None:
+    """Deterministic algorithms on both, one only warning: where it would run another kernel, the
+    strict run would have stopped, so between two completed runs nothing recorded differs (before:
+    "kernel settings differ: ... deterministic_warn_only=False vs True")."""
+    warn = _kernels(algorithms={"deterministic_warn_only": True})
+    strict = _kernels(algorithms={"deterministic_warn_only": False})
+    assert NOTHING in compare_runs(*_pair(tmp_path, strict, warn)).causes[0]

@@ -81,9 +81,12 @@ def comparable(facts: Mapping[str, Any], *, on_gpu: bool | None) -> dict[str, An
     """A machine's kernel facts as two runs' are compared: a run that computed on the CPU
     (``on_gpu`` False) has no CUDA facts or CUDA variables (a GPU it did not use chose none of its
     kernels); the GPUs are the distinct models (name, compute capability, SM
-    count), not how many a machine has or their indices."""
+    count), not how many a machine has or their indices; ``deterministic_warn_only`` is left out
+    (where a deterministic run that only warns runs another kernel, a strict one stops)."""
     out = dict(facts)
-    steering = out.get("steering_env")
+    steering, algorithms = out.get("steering_env"), out.get("algorithms")
+    if isinstance(algorithms, Mapping):
+        out["algorithms"] = {k: v for k, v in algorithms.items() if k != "deterministic_warn_only"}
     if on_gpu is False:  # unset, as on a machine without a GPU
         out["cuda"] = None
         if isinstance(steering, Mapping):
