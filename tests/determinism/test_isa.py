@@ -262,3 +262,13 @@ def test_doctors_advice_names_only_modes_this_cpu_can_hold() -> None:
     assert "no portable mode pins an Arm CPU's kernels" in _portable_fix("0x41", arm=True)
     unknown = _portable_fix(None)
     assert "determinism.cpu_isa: avx2 (Intel), avx2-amd (AMD) or avx2-compatible" in unknown
+
+
+def test_spaces_beside_a_comma_are_the_value_mkl_reads() -> None:
+    """MKL reads ``MKL_CBWR="COMPATIBLE, STRICT"`` as COMPATIBLE,STRICT: the mode takes it as its
+    own value, not a clash (before: refused as one, and a Trainer script started with it recorded
+    native); another value is still a clash."""
+    env = {"MKL_CBWR": "COMPATIBLE, STRICT"}
+    isa.set_isa_environment("avx2-compatible", env)  # torch is loaded here: checked, not set
+    with pytest.raises(InputError, match="already holds MKL_CBWR=AUTO, STRICT"):
+        isa.set_isa_environment("avx2-compatible", {"MKL_CBWR": "AUTO, STRICT"})

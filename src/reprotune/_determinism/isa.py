@@ -38,6 +38,7 @@ refuses a mode that is not, naming what differs; a mode is never claimed without
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
@@ -177,7 +178,7 @@ def set_isa_environment(mode: str, environ: MutableMapping[str, str] | None = No
         )
     _require_vendor(baseline)
     target = os.environ if environ is None else environ
-    clashes = [f"{k}={target[k]}" for k, v in baseline.env.items() if target.get(k, v) != v]
+    clashes = [f"{k}={target[k]}" for k, v in baseline.env.items() if not _same(target.get(k, v), v)]
     if clashes:
         raise InputError(
             f"determinism.cpu_isa {mode!r} sets {_assignments(baseline)}, but the environment already "
@@ -224,6 +225,12 @@ def _baseline(mode: str) -> Baseline:
     return BASELINES[mode]
 
 
+def _same(value: str | None, wanted: str) -> bool:
+    """Whether a variable holds a mode's value, as the library reads it: spaces beside a comma
+    are nothing to MKL (``MKL_CBWR="COMPATIBLE, STRICT"`` reads back ``COMPATIBLE,STRICT``)."""
+    return value is not None and re.sub(r"\s*,\s*", ",", value) == wanted
+
+
 def isa_in_force(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Which ``cpu_isa`` mode is in force, read back from torch, MKL and the environment.
 
@@ -239,7 +246,7 @@ def isa_in_force(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     vendor = cpu_vendor()
     name = "native"
     for baseline in BASELINES.values():
-        pinned = all(env.get(k) == v for k, v in baseline.env.items())
+        pinned = all(_same(env.get(k), v) for k, v in baseline.env.items())
         ours = baseline.vendor is None or vendor in (None, baseline.vendor)
         if pinned and ours and aten == baseline.aten and cbwr in (baseline.mkl_cbwr, None):
             name = baseline.name
@@ -271,7 +278,7 @@ def require_isa(mode: str) -> dict[str, Any]:
     wrong += [
         f"{k}={found['env'].get(k)} (needs {v})"
         for k, v in baseline.env.items()
-        if os.environ.get(k) != v and k in found["env"]
+        if not _same(os.environ.get(k), v) and k in found["env"]
     ]
     raise InputError(
         f"determinism.cpu_isa {mode!r} is not in force in this process: {'; '.join(wrong)}",
