@@ -314,3 +314,5 @@ def test_a_long_line_starts_a_name_only_where_one_can_start() -> None:
     assert policy.credential_in("+" + blob) is None
     assert policy.credential_in('+blob = "' + blob + '" + "https://x"') is None
     assert [m.start() for m in policy._ASSIGNED.finditer("+x" + blob + " = 1")] == [1]
+    # No name starts inside a run of name characters: without the lookbehind this matched at "x".
+    assert policy._ASSIGNED.search("+9x" + blob + " = 1") is None

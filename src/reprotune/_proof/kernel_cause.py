@@ -45,7 +45,8 @@ def kernel_text(a: Mapping[str, Any], b: Mapping[str, Any], made: KernelAdvice) 
         if made.traceable
         else "`reprotune trace` cannot replay these runs: below"
     )
-    if not kernel_differences(machine_facts(a), machine_facts(b)):  # settings alone: one machine runs both
+    machine_a, machine_b = machine_facts(a), machine_facts(b)
+    if not kernel_differences(machine_a, machine_b):  # settings alone: one machine runs both
         settings = "; ".join(_SETTING_ADVICE[key] for key in setting_differences(a, b))
         return (
             f"{KERNEL_CAUSE[2]}: {'; '.join(found[:MAX_SHOWN])}{more}: with other settings torch runs "
@@ -57,7 +58,7 @@ def kernel_text(a: Mapping[str, Any], b: Mapping[str, Any], made: KernelAdvice) 
             f"that compute the kernels give other bits (one torch build, with the same CUDA libraries, "
             f"on both; {trace})"
         )
-    where = KERNEL_CAUSE[1] if is_gpu_difference(machine_facts(a), machine_facts(b)) else KERNEL_CAUSE[0]
+    where = KERNEL_CAUSE[1] if is_gpu_difference(machine_a, machine_b) else KERNEL_CAUSE[0]
     shared = _shared_baseline(a, b)
     if where == KERNEL_CAUSE[1]:
         fix = "the same GPU model and CUDA libraries give the same kernels"
