@@ -195,6 +195,15 @@ def test_other_library_builds_on_one_hardware_are_the_libraries_not_two_machines
     cause = compare_runs(*_pair(tmp_path, older, newer)).causes[0]
     assert "kernel libraries differ: MKL 2024.2 vs 2025.0; oneDNN v3.5.3 vs v3.7.1: other builds" in cause
     assert "one torch build" in cause and "cpu_isa" not in cause and is_traceable_cause(cause), cause
+    # a setting that differs beside them keeps its advice (before: only the libraries' was given)
+    eight = _kernels(
+        blas={"mkl_version": "2025.0", "onednn_version": "v3.7.1"}, steering_env={"OMP_NUM_THREADS": "8"}
+    )
+    cause = compare_runs(*_pair(tmp_path / "threads", older, eight)).causes[0]
+    assert "kernel libraries differ" in cause and "set the thread variables alike" in cause, cause
+    avx2 = _kernels(cpu={"aten_capability": "AVX2"}, steering_env={"OMP_NUM_THREADS": "8"})
+    cause = compare_runs(*_pair(tmp_path / "machines", _kernels(), avx2)).causes[0]
+    assert "CPU kernels differ" in cause and "set the thread variables alike" in cause, cause
 
 
 def test_gpu_flags_of_cpu_runs_and_restatements_only_where_the_kernel_facts_hold_them(tmp_path: Path) -> None:

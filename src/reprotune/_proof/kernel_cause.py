@@ -45,18 +45,19 @@ def kernel_text(a: Mapping[str, Any], b: Mapping[str, Any], made: KernelAdvice) 
         if made.traceable
         else "`reprotune trace` cannot replay these runs: below"
     )
+    # each setting that differs too keeps its advice, whatever else the machines differ in
+    settings = "".join(f"; {_SETTING_ADVICE[key]}" for key in setting_differences(a, b))
     machine_a, machine_b = machine_facts(a), machine_facts(b)
     if not kernel_differences(machine_a, machine_b):  # settings alone: one machine runs both
-        settings = "; ".join(_SETTING_ADVICE[key] for key in setting_differences(a, b))
         return (
             f"{KERNEL_CAUSE[2]}: {'; '.join(found[:MAX_SHOWN])}{more}: with other settings torch runs "
-            f"other kernels for some ops ({settings}; {trace})"
+            f"other kernels for some ops ({settings[2:]}; {trace})"
         )
     if not kernel_differences(machine_facts(a, builds=False), machine_facts(b, builds=False)):
         return (  # one hardware, other builds: another torch build (its MKL, oneDNN) or CUDA libraries
             f"{KERNEL_CAUSE[3]}: {'; '.join(found[:MAX_SHOWN])}{more}: other builds of the libraries "
             f"that compute the kernels give other bits (one torch build, with the same CUDA libraries, "
-            f"on both; {trace})"
+            f"on both{settings}; {trace})"
         )
     where = KERNEL_CAUSE[1] if is_gpu_difference(machine_a, machine_b) else KERNEL_CAUSE[0]
     shared = _shared_baseline(a, b)
@@ -71,7 +72,7 @@ def kernel_text(a: Mapping[str, Any], b: Mapping[str, Any], made: KernelAdvice) 
         fix = _baseline_advice(a, b, made.trainer)
     return (
         f"{where}: {'; '.join(found[:MAX_SHOWN])}{more}: the same inputs give other bits on these two "
-        f"machines ({fix}; {trace})"
+        f"machines ({fix}{settings}; {trace})"
     )
 
 
