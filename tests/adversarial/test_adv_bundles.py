@@ -115,6 +115,7 @@ def test_a_data_reference_must_be_a_data_member(
         ("long-name", "cannot be written here"),
         ("unlisted", "is not listed in bundle.json"),
         ("lying-size", "bundle.json says"),
+        ("outside", "lists members outside run/ and data/ ('setup.py')"),
     ],
 )
 def test_member_paths_that_cannot_be_one_file_each_are_refused(
@@ -126,7 +127,8 @@ def test_member_paths_that_cannot_be_one_file_each_are_refused(
 ) -> None:
     """`run/./record.json` beside `run/record.json`, a member that is also another's directory, a
     name too long for the filesystem, a member bundle.json does not list, a header size other than
-    the listed one: exit 2 with the member named, nothing written."""
+    the listed one, a member outside run/ and data/ (which pack never writes): exit 2 with the
+    member named, nothing written."""
     manifest, members = honest
     extra = {
         "dot": [("run/./record.json", b"{}")],
@@ -134,6 +136,7 @@ def test_member_paths_that_cannot_be_one_file_each_are_refused(
         "long-name": [("run/" + "x" * 300, b"x")],
         "unlisted": [],
         "lying-size": [],
+        "outside": [("setup.py", b"import os")],
     }[case]
     listed = _listing(members + extra)
     if case == "unlisted":

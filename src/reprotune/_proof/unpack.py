@@ -1,7 +1,7 @@
 """Unpacking a reproduction bundle, trusting nothing in it.
 
-Every member must be a regular file at a normalised relative path inside the bundle (no absolute
-path, no ``..``, no link, no device), listed in ``bundle.json`` (which comes first) with its size
+Every member must be a regular file at a normalised relative path under ``run/`` or ``data/`` (no
+absolute path, no ``..``, no link, no device), listed in ``bundle.json`` (which comes first) with its size
 and sha256, within the size limits; ``bundle.json``'s claims are checked against those limits and
 the archive's own size before any member is read, so a compression bomb costs nothing. Members
 are streamed (bounded memory) into a hidden temporary directory renamed into place: a damaged or
@@ -257,6 +257,13 @@ def _check_claims(manifest: dict[str, Any], bundle: Path) -> None:
             bundle,
             f"bundle.json claims {total} bytes from a {compressed}-byte archive (more than "
             f"{MAX_EXPANSION}x): a compression bomb, refused before reading",
+        )
+    stray = sorted(name for name in listed if not name.startswith((f"{RUN}/", f"{DATA}/")))
+    if stray:
+        raise _refused(
+            bundle,
+            f"bundle.json lists members outside {RUN}/ and {DATA}/ ({', '.join(map(repr, stray[:3]))}), "
+            "which pack never writes: refused before anything is read",
         )
     data = manifest.get("data")
     if data is not None:
