@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from reprotune._cli import main
+from reprotune._jsonio import sha256_file
 from reprotune._proof.bundle import MANIFEST
 from tinyrun import TinyProject
 
@@ -58,7 +59,7 @@ def test_bundle_reruns_identically_elsewhere(
     code = main(["rerun", str(bundle), "--out", str(out), "--no-progress"])
     assert code == 0
     summary = json.loads((out / "rerun.json").read_text())
-    assert summary["verdict"] == "IDENTICAL" and summary["bundle_sha256"]
+    assert summary["verdict"] == "IDENTICAL" and summary["bundle_sha256"] == sha256_file(bundle)
     assert (out / "rerun" / "ledger.jsonl").read_bytes() == (
         out / "recorded" / "run" / "ledger.jsonl"
     ).read_bytes()

@@ -213,6 +213,7 @@ def rerun_bundle(
     refuse_overwrite(out, reads=[bundle, *files_read], option="--out")
     refuse_nonempty_dir(out, option="--out")
     created = first_missing(out)
+    bundle_sha256 = sha256_file(bundle)  # the bundle as unpacked, not as it may be after training
     try:
         unpacked = unpack(bundle, out / "recorded")
         use = data if data is not None else unpacked.data
@@ -241,17 +242,18 @@ def rerun_bundle(
         if not (out / "rerun").exists():  # stopped before training: remove what this call made, only
             shutil.rmtree(created if created is not None else out / "recorded", ignore_errors=True)
         raise
-    write_json_atomic(out / "rerun.json", _rerun_summary(bundle, comparison, time.perf_counter() - started))
+    summary = _rerun_summary(bundle, bundle_sha256, comparison, time.perf_counter() - started)
+    write_json_atomic(out / "rerun.json", summary)
     return new_dir, comparison
 
 
-def _rerun_summary(bundle: Path, comparison: Comparison, seconds: float) -> dict[str, Any]:
+def _rerun_summary(bundle: Path, sha256: str, comparison: Comparison, seconds: float) -> dict[str, Any]:
     """What a bundle rerun proved, on which machine, at what cost (read by the HTML report)."""
     largest = comparison.where.largest_loss_diff
     return BUNDLE_RERUN.stamp(
         {
             "bundle": str(bundle),
-            "bundle_sha256": sha256_file(bundle),
+            "bundle_sha256": sha256,
             "verdict": str(comparison.verdict),
             "tolerance": comparison.tolerance,
             "largest_loss_difference": None if largest is None else largest.abs_diff,
