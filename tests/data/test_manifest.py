@@ -78,6 +78,19 @@ def test_large_manifest_uses_sidecar(tmp_path: Path, monkeypatch: pytest.MonkeyP
         load_manifest(tmp_path / "s.json")
 
 
+def test_rewriting_keeps_a_neighbours_sidecar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rewriting s.json removes its replaced sidecar only: s.json.v1's, whose name starts with
+    "s.json.", stays (before, it was removed and s.json.v1 no longer loaded)."""
+    monkeypatch.setattr(_manifest, "INLINE_ROW_HASH_LIMIT", 50)
+    write_manifest(make_manifest(120, seed=1), tmp_path / "s.json.v1")
+    write_manifest(make_manifest(120, seed=2), tmp_path / "s.json")
+    write_manifest(make_manifest(130, seed=3), tmp_path / "s.json")
+    assert load_manifest(tmp_path / "s.json.v1").indices == make_manifest(120, seed=1).indices
+    named = {json.loads((tmp_path / m).read_text())["row_hashes"]["file"] for m in ("s.json", "s.json.v1")}
+    assert {p.name for p in tmp_path.glob("*.rowhashes")} == named  # s.json's replaced one is gone
+    assert load_manifest(tmp_path / "s.json").n_rows == 130
+
+
 def test_failed_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """If the manifest cannot be written, the new sidecar is removed and no manifest exists."""
     monkeypatch.setattr(_manifest, "INLINE_ROW_HASH_LIMIT", 50)

@@ -15,6 +15,7 @@ cannot drift apart.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -238,12 +239,9 @@ def _sidecars_of(path: Path) -> list[Path]:
     """Every sidecar a manifest at ``path`` may name (this scheme's and the older ``<name>.rowhashes``)."""
     if not path.parent.is_dir():
         return []
-    prefix = f"{path.name}."
-    return [
-        p
-        for p in path.parent.iterdir()
-        if p.name.startswith(prefix) and p.name.endswith(SIDECAR_SUFFIX) and p.is_file()
-    ]
+    # exactly these names: a neighbour such as split.json.v1 has sidecars of its own
+    own = re.compile(rf"{re.escape(path.name)}(\.[0-9a-f]{{16}})?{re.escape(SIDECAR_SUFFIX)}")
+    return [p for p in path.parent.iterdir() if own.fullmatch(p.name) and p.is_file()]
 
 
 def write_manifest(manifest: Manifest, path: str | Path) -> str:
