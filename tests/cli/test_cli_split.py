@@ -58,6 +58,13 @@ def test_check_split_reports_edit_and_leak(
     assert main(["check-split", str(tmp_path / "l.json"), str(leaky), "--fail-on-leak"]) == 1
     assert main(["check-split", str(tmp_path / "l.json"), str(leaky), "--json"]) == 0
     assert "leakage train/validation: 1 text(s)" in capsys.readouterr().out
+    words = tmp_path / "words.jsonl"  # one-word values only (labels): no free text to compare
+    words.write_text("".join(json.dumps({"t": f"w{i % 3}"}) + "\n" for i in range(20)), encoding="utf-8")
+    main(["split", str(words), "--out", str(tmp_path / "w.json")])
+    assert main(["check-split", str(tmp_path / "w.json"), str(words)]) == 0
+    assert "leakage: not checked" in capsys.readouterr().out
+    assert main(["check-split", str(tmp_path / "w.json"), str(words), "--fail-on-leak"]) == 2
+    assert "--fail-on-leak: the data has no column of free text" in capsys.readouterr().err
 
 
 def test_builtin_rare_class_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,6 +10,7 @@ import pytest
 from reprotune._data.checksplit import check_split, normalize_text
 from reprotune._data.loaders import load_table, table_from_columns
 from reprotune._data.split import split_table
+from reprotune._errors import InputError
 
 ROWS = [{"q": f"question {i}", "a": f"answer {i}", "cat": "x" if i % 2 else "y"} for i in range(30)]
 
@@ -29,6 +30,45 @@ def test_normalize_text() -> None:
     """Case, punctuation, symbols and runs of whitespace do not make texts different."""
     assert normalize_text("  Hello,   WORLD!! ") == normalize_text("hello world") == "hello world"
     assert normalize_text("Ｆｕｌｌ-width") == "full width"
+
+
+def test_normalize_text_keeps_letters_marks_and_drops_invisible_characters() -> None:
+    """Accent and vowel marks are part of a word: other words stay other texts (before, every
+    combining mark was removed as a non-word character: "कि" and "के" were one text)."""
+    assert normalize_text("कि") != normalize_text("के") and normalize_text("مَلِك") != normalize_text("مُلْك")
+    assert normalize_text("cafe\u0301") == normalize_text("CAFÉ") == "café"  # NFKC composes it
+    assert normalize_text("zero\u200bwidth\tand_under\x00score") == "zerowidth and under score"
+
+
+def test_an_id_column_does_not_hide_copies(tmp_path: Path) -> None:
+    """A column of one-word values (an id, here as a CSV makes every column) is no text of the
+    example: copies of a prompt and response under other ids leak (before, the ids made every row
+    unique and the report said "none")."""
+    lines = ["id,prompt,response"] + [f"{i},question {i % 10},answer {i % 10}" for i in range(40)]
+    (tmp_path / "d.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    table = load_table(str(tmp_path / "d.csv"))
+    report = check_split(split_table(table, seed=1), table)
+    assert report.leak_columns == ("prompt", "response") and report.leaked
+
+
+def test_chat_messages_are_compared_by_their_text(tmp_path: Path) -> None:
+    """A column of chat messages (lists of role/content mappings) is text: its copies leak (before,
+    a value that was no string compared as empty, and the report said "not checked" or "none")."""
+    turns = [[{"role": "user", "content": f"hi number {i % 5}"}] for i in range(30)]
+    rows = [{"messages": [*turn, {"role": "assistant", "content": "ok"}]} for turn in turns]
+    table = load_table(str(write_jsonl(tmp_path / "chat.jsonl", rows)))  # type: ignore[arg-type]
+    manifest = split_table(table, seed=2)
+    report = check_split(manifest, table)
+    assert report.leak_columns == ("messages",) and report.leaked
+    assert report.leaks[0].examples[0].text.startswith("user hi number")
+
+
+def test_a_leak_column_without_text_is_refused(made: tuple[Path, object], tmp_path: Path) -> None:
+    """A named leak column that holds no text compares nothing: an error, not "leakage: none"."""
+    rows = [{"q": f"question {i}", "score": i % 3} for i in range(30)]
+    table = load_table(str(write_jsonl(tmp_path / "n.jsonl", rows)))  # type: ignore[arg-type]
+    with pytest.raises(InputError, match=r"leak column 'score' .* holds no text"):
+        check_split(split_table(table, seed=1), table, leak_columns=["score"])
 
 
 def test_identical(made: tuple[Path, object]) -> None:

@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--leak-columns",
         metavar="COL,COL",
-        help="columns compared for leakage (default: text columns except the stratify/group column)",
+        help="columns compared for leakage (default: the columns of free text, except the stratify/group "
+        "column; one-word columns such as ids are left out)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--max-rows", type=int, default=20, help="changed rows listed (default 20)")
@@ -38,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Check the data against the manifest and print the report; return the exit code."""
-    from reprotune._data.checksplit import check_split
+    from reprotune._data.checksplit import check_split, default_leak_columns
     from reprotune._data.loaders import load_table
     from reprotune._errors import InputError
 
@@ -59,6 +60,14 @@ def run(args: argparse.Namespace) -> int:
                 source="--leak-columns",
                 fix="name the columns to compare, e.g. --leak-columns prompt,response, or leave the "
                 "option out for every text column",
+            )
+    if columns is None:
+        columns = default_leak_columns(manifest, table)
+        if not columns and args.fail_on_leak:  # asked to fail on leakage that cannot be looked for
+            raise InputError(
+                "--fail-on-leak: the data has no column of free text to compare for leakage",
+                source=args.data,
+                fix="name the columns whose text is the example, e.g. --leak-columns prompt,response",
             )
     report = check_split(manifest, table, leak_columns=columns)
     if args.json:

@@ -5,16 +5,18 @@ split. Two files with the same rows but different bytes (reformatted JSON, reord
 another format) are reported as a change in formatting only.
 
 Leakage is checked on the data as it is now, at the manifest's indices: rows whose normalised
-text (NFKC, case-folded, punctuation and symbols removed, whitespace collapsed) is the same in two
+text (NFKC, case-folded, punctuation, symbols, separators and control characters made one space,
+invisible format characters dropped; letters and their accent marks kept) is the same in two
 splits, reported per split pair with counts and examples.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -23,6 +25,7 @@ import numpy as np
 from reprotune._data.manifest import LISTS, SPLITS, Manifest
 from reprotune._data.row_hashes import RowHashes
 from reprotune._data.table import Table
+from reprotune._errors import InputError
 from reprotune._jsonio import canonical_dumps
 
 ChangeKind = Literal["edited", "added", "removed"]
@@ -30,12 +33,45 @@ ChangeKind = Literal["edited", "added", "removed"]
 # position by position rather than aligned, which would be quadratic.
 _ALIGN_LIMIT = 5000
 _ID_DIGITS = 12
-_NON_WORD = re.compile(r"[\W_]+")
+_INNER_SPACE = re.compile(r"\S\s+\S")
+
+
+@functools.cache
+def _separators() -> dict[int, str | None]:
+    """Every punctuation, symbol, separator and control character to a space; format characters
+    (zero-width spaces, soft hyphens) to nothing. Accent and vowel marks (M*) are letters' own: kept."""
+    table: dict[int, str | None] = {}
+    # planes 4-13 are unassigned, 15-16 private use: only planes 0-3 and 14 (tags) hold any
+    for code in (*range(0x40000), *range(0xE0000, 0xE1000)):
+        category = unicodedata.category(chr(code))
+        if category[0] in "PSZ" or category == "Cc":
+            table[code] = " "
+        elif category == "Cf":
+            table[code] = None
+    return table
 
 
 def normalize_text(text: str) -> str:
-    """Text as leakage sees it: NFKC, case-folded, punctuation and symbols removed, spaces collapsed."""
-    return _NON_WORD.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
+    """Text as leakage sees it: NFKC, case-folded, every run of punctuation, symbols, whitespace
+    and control characters one space, format characters dropped; accents and vowel marks kept."""
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().translate(_separators()).split())
+
+
+def _strings_in(value: Any) -> list[str]:
+    """The strings a cell holds: itself, or those inside a list or a mapping's values (a chat's
+    ``messages``), in order."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        return [s for v in value.values() for s in _strings_in(v)]
+    if isinstance(value, list | tuple):
+        return [s for v in value for s in _strings_in(v)]
+    return []
+
+
+def _cell_text(value: Any) -> str:
+    """A cell's normalised text ("" when it holds none)."""
+    return " ".join(filter(None, (normalize_text(s) for s in _strings_in(value))))
 
 
 @dataclass(frozen=True)
@@ -169,7 +205,7 @@ class CheckReport:
                 lines.append(f"  ... and {len(self.changes) - max_rows} more ({all_rows})")
         columns = ", ".join(self.leak_columns)
         if not self.leak_columns:
-            lines.append("leakage: not checked (no text columns compared)")
+            lines.append("leakage: not checked (no column of free text; name them with --leak-columns)")
         elif not self.leaked:
             lines.append(f"leakage: none (normalised text of {columns})")
         for leak in self.leaks:
@@ -257,28 +293,37 @@ def _diff_rows(manifest: Manifest, table: Table) -> tuple[list[RowChange], bool,
 
 
 def default_leak_columns(manifest: Manifest, table: Table) -> list[str]:
-    """Columns whose values are text, except the stratify and group columns (labels, not content)."""
+    """The columns of free text (a value of two words or more, in a string or inside a list or
+    mapping, as chat ``messages``), except the stratify and group columns. A column of one-word
+    values (ids, uuids, dates, numbers, labels) is left out: a unique id in the compared text
+    would make every row unique, and no copy would be found."""
     skip = {manifest.stratify_by, manifest.group_by}
-    out = []
-    for name in table.columns:
-        if name in skip:
-            continue
-        column = table.column(name)
-        if isinstance(column, np.ndarray):
-            if column.dtype.kind == "U":
-                out.append(name)
-            continue
-        sample = next((v for v in column if v is not None), None)
-        if isinstance(sample, str):
-            out.append(name)
-    return out
+    return [name for name in table.columns if name not in skip and _holds_free_text(table.column(name))]
+
+
+def _holds_free_text(column: Any) -> bool:
+    if isinstance(column, np.ndarray) and column.dtype.kind != "U":
+        return False
+    return any(_INNER_SPACE.search(s) for value in column for s in _strings_in(value))
+
+
+def _refuse_textless(table: Table, columns: Sequence[str]) -> None:
+    """A leak column named that holds no text anywhere compares nothing: refused, not "none"."""
+    for name in columns:
+        column = table.require_column(name, "--leak-columns")
+        if not any(_strings_in(value) for value in column):
+            raise InputError(
+                f"leak column {name!r} (given by --leak-columns) holds no text: it would compare nothing",
+                source=table.source,
+                fix="name the columns whose text is the example, e.g. --leak-columns prompt,response",
+            )
 
 
 def _row_texts(table: Table, columns: Sequence[str], rows: np.ndarray) -> list[str]:
     data = [table.column(c) for c in columns]
     texts = []
     for i in rows.tolist():
-        parts = [normalize_text(v) if isinstance(v, str) else "" for v in (col[i] for col in data)]
+        parts = [_cell_text(col[i]) for col in data]
         texts.append("\x1f".join(parts) if any(parts) else "")
     return texts
 
@@ -340,11 +385,11 @@ def check_split(
         The report: ``identical``, ``formatting_only``, the changed rows, the leaks.
 
     Raises:
-        InputError: a leak column that does not exist.
+        InputError: a leak column that does not exist, or holds no text.
     """
     columns = list(leak_columns) if leak_columns is not None else default_leak_columns(manifest, table)
-    for name in columns:
-        table.require_column(name, "--leak-columns")
+    if leak_columns is not None:
+        _refuse_textless(table, columns)
     new_hashes = table.row_hash_table()
     rows_identical = new_hashes.sha256() == manifest.row_hashes.sha256()
     changes: list[RowChange] = []
