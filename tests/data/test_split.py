@@ -144,6 +144,18 @@ def test_rare_class_drop_and_error() -> None:
         split_table(table, seed=0, stratify_by="label", rare_class_policy="error")  # type: ignore[arg-type]
 
 
+def test_rare_classes_kept_in_a_train_split_the_ratios_leave_empty_are_refused() -> None:
+    """Ratios 0/0.5/0.5 (no train) with the train policy: refused, naming the classes and the fix
+    (before, the rare rows were the only train rows of a split asked to have none)."""
+    _, table = labels_table({"big": 100, "solo": 1})
+    with pytest.raises(InputError, match=r"which the ratios \[0\.0, 0\.5, 0\.5\] leave empty: 'solo'"):
+        split_table(table, seed=0, ratios=(0.0, 0.5, 0.5), stratify_by="label")  # type: ignore[arg-type]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RareClassWarning)
+        m = split_table(table, seed=0, ratios=(0.0, 0.5, 0.5), stratify_by="label", rare_class_policy="drop")  # type: ignore[arg-type]
+    assert m.sizes["train"] == 0 and m.sizes["dropped"] == 1
+
+
 def test_grouped_keeps_groups_together() -> None:
     """No group straddles two splits, every row is placed, sizes are near the ratios."""
     groups = [f"thread{i // 4}" for i in range(400)]  # 100 groups of 4

@@ -260,6 +260,13 @@ def _split_stratified(
                 source=f"--stratify-by {column}",
                 fix="pass --rare-class-policy train (keep them in train) or drop, or merge small classes",
             )
+        if policy == "train" and ratios[0] == 0:
+            raise InputError(
+                f"{len(rare)} class(es) of {column!r} are too small for every split, and the rare-class "
+                f"policy keeps them in train, which the ratios {list(ratios)} leave empty: {listed}",
+                source=f"--stratify-by {column}",
+                fix="pass --rare-class-policy drop (or error), or give train a share of the ratios",
+            )
         where = "kept in train only" if policy == "train" else "dropped from every split"
         notes.append(f"{len(rare)} class(es) of {column!r} too small for every split, {where}: {listed}")
     labels = rank_labels(codes, keys, bounds)
