@@ -149,8 +149,10 @@ def test_builtin_chatterbot_rows() -> None:
     [
         ('{"a": 1}\n{"a": 2,\n', r"line 2 is not valid JSON"),
         ('{"a": 1}\n[1, 2]\n', r"line 2 is a JSON list"),
+        ('{"a": 1}\n{"a": 2, "a": 3}\n', r"line 2 gives key 'a' twice"),
+        ('{"a": 1}\n{"a": {"b": 1, "b": 2}}\n', r"line 2 gives key 'b' twice"),
     ],
-    ids=["malformed", "not-object"],
+    ids=["malformed", "not-object", "repeated-key", "repeated-nested-key"],
 )
 def test_bad_jsonl_names_line(tmp_path: Path, content: str, match: str) -> None:
     """A bad JSONL line is reported with its number and the file."""
@@ -158,7 +160,19 @@ def test_bad_jsonl_names_line(tmp_path: Path, content: str, match: str) -> None:
     path.write_text(content, encoding="utf-8")
     with pytest.raises(InputError, match=match) as info:
         load_table(str(path))
-    assert info.value.source is not None and info.value.source.startswith(f"{path}:2:")
+    assert info.value.source is not None and info.value.source.startswith(f"{path}:2")
+
+
+def test_a_jsonl_byte_order_mark_is_no_content_and_keys_with_colons_are_kept(tmp_path: Path) -> None:
+    """A BOM before line 1 (Notepad's) is read as CSV's is, not refused as bad JSON; the file's
+    sha256 still covers it. A value holding '":' and spaced colons are not repeated keys."""
+    (tmp_path / "plain.jsonl").write_bytes(b'{"a": "x"}\n{"a": "y"}\n')
+    (tmp_path / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"a": "x"}\n{"a": "y"}\n')
+    plain, bom = (load_table(str(tmp_path / f"{n}.jsonl")) for n in ("plain", "bom"))
+    assert bom.row_hash_table().sha256() == plain.row_hash_table().sha256()
+    assert bom.file_sha256 != plain.file_sha256
+    (tmp_path / "colons.jsonl").write_text('{"a" : "say \\": hi", "b":{"c" :1}}\n', encoding="utf-8")
+    assert load_table(str(tmp_path / "colons.jsonl")).row(0) == {"a": 'say ": hi', "b": {"c": 1}}
 
 
 def test_bad_sources(tmp_path: Path) -> None:
@@ -175,6 +189,12 @@ def test_bad_sources(tmp_path: Path) -> None:
     (tmp_path / "r.csv").write_text("a,b\n1\n", encoding="utf-8")
     with pytest.raises(InputError, match="line 2 has 1 fields"):
         load_table(str(tmp_path / "r.csv"))
+    (tmp_path / "blank.csv").write_text("\na,b\n1,2\n", encoding="utf-8")
+    with pytest.raises(InputError, match="line 1, the header, is empty"):
+        load_table(str(tmp_path / "blank.csv"))
+    (tmp_path / "empty.jsonl").write_text("{}\n{}\n", encoding="utf-8")
+    with pytest.raises(InputError, match="every one of the 2 rows is an empty object"):
+        load_table(str(tmp_path / "empty.jsonl"))
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -196,10 +197,14 @@ def _parse_jsonl(data: bytes, source: str) -> dict[str, Column]:
     names: dict[str, None] = {}  # insertion-ordered set: columns in order of first appearance
     for lineno, raw in enumerate(data.split(b"\n"), start=1):
         text = _decode_line(raw, source, lineno)
+        if lineno == 1:
+            text = text.removeprefix("\ufeff")  # a byte order mark (Notepad's) is no content
         if not text.strip():
             continue  # blank lines (a trailing newline, spacing) hold no row
         try:
             row = json.loads(text)
+            if isinstance(row, dict) and len(_KEY.findall(text)) != len(row):  # nested, or repeated
+                json.loads(text, object_pairs_hook=_refuse_repeated_keys)
             if text.count("[") + text.count("{") > MAX_DEPTH and _depth(row) > MAX_DEPTH:
                 raise RecursionError
         except RecursionError:
@@ -207,6 +212,13 @@ def _parse_jsonl(data: bytes, source: str) -> dict[str, Column]:
                 f"line {lineno} nests values more than {MAX_DEPTH} levels deep",
                 source=f"{source}:{lineno}",
                 fix="make every line one flat JSON object of columns (values nest a few levels at most)",
+            ) from None
+        except _RepeatedKey as exc:
+            raise InputError(
+                f"line {lineno} gives key {exc.key!r} twice: JSON keeps only the last value, so the "
+                "first would be lost without a word",
+                source=f"{source}:{lineno}",
+                fix=f"keep one {exc.key!r} in that object (or rename one)",
             ) from None
         except json.JSONDecodeError as exc:
             raise InputError(
@@ -231,7 +243,33 @@ def _parse_jsonl(data: bytes, source: str) -> dict[str, Column]:
         for key in row:
             names.setdefault(key, None)
         rows.append(row)
+    if rows and not names:
+        raise InputError(
+            f"every one of the {len(rows)} rows is an empty object {{}}: no row holds a column",
+            source=source,
+            fix='give each row its columns, e.g. {"prompt": ..., "response": ...}',
+        )
     return {name: [row.get(name) for row in rows] for name in names}
+
+
+#: Where a key ends (a string, then its colon): never fewer than the keys of a line's objects.
+_KEY = re.compile(r'"\s*:')
+
+
+class _RepeatedKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s object hook: the object, or :class:`_RepeatedKey` for a key given twice."""
+    row: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in row:
+            raise _RepeatedKey(key)
+        row[key] = value
+    return row
 
 
 def _surrogate_column(row: dict[str, Any]) -> str | None:
@@ -297,6 +335,12 @@ def _parse_csv(data: bytes, source: str) -> dict[str, Column]:
         return {}
     except csv.Error as exc:
         raise InputError(f"bad CSV header: {exc}", source=f"{source}:1", fix="fix the header row") from exc
+    if not header:
+        raise InputError(
+            "line 1, the header, is empty",
+            source=f"{source}:1",
+            fix="put the column names on the first line (remove the blank line above them)",
+        )
     seen: dict[str, int] = {}
     for position, name in enumerate(header, start=1):
         if not name or name in seen:
