@@ -20,8 +20,8 @@ from scipy import stats
 from synthetic import MODEL, write_study_dir
 
 from reprotune._cli import main
-from reprotune._studies.significance import significance, study_differences
-from reprotune._studies.twosample import compare_samples, seeds_for_power, verdict_line
+from reprotune._studies.significance import _power_text, significance, study_differences
+from reprotune._studies.twosample import compare_samples, p_value, seeds_for_power, verdict_line
 
 REPETITIONS = 1000
 ALPHA = 0.05
@@ -120,6 +120,31 @@ def test_no_spread_in_either_study() -> None:
     assert verdict_line(equal).startswith("B equals A exactly: no seed noise")
     # No test ran: no p-value stands in for one (it said 0.0, and 1.0 when equal).
     assert apart.welch_p is None and apart.welch_t is None and equal.welch_p is None
+
+
+def test_values_whose_sum_rounds_are_no_spread() -> None:
+    """Runs that all give the same bits, in a number whose n-fold sum rounds (NumPy's mean of five
+    or seven copies is not the value, their sd 1e-16): no spread, the difference exact (before,
+    Welch's test ran on rounding and said "beyond seed noise, p = 0.05")."""
+    x = float.fromhex("0x1.601d72e52e52ep+2")
+    assert np.mean([x] * 5) != x or np.std([x] * 7, ddof=1) != 0  # the rounding this guards against
+    result = compare_samples([x] * 5, [x] * 7)
+    assert result.welch_p is None and result.difference == 0 and not result.beyond_noise
+    assert (result.mean_a, result.std_a, result.mean_b, result.std_b) == (x, 0.0, x, 0.0)
+    assert verdict_line(result).startswith("B equals A exactly: no seed noise")
+
+
+def test_p_is_shown_with_the_digits_that_tell_it_from_alpha() -> None:
+    """p = 0.0496 is beyond and 0.0504 within seed noise at alpha 0.05: neither reads "p = 0.05"."""
+    assert (p_value(0.0496, 0.05), p_value(0.0504, 0.05), p_value(0.05, 0.05)) == ("0.0496", "0.0504", "0.05")
+    assert (p_value(0.031, 0.05), p_value(0.0499996, 0.05, 3)) == ("0.031", "0.0499996")
+
+
+def test_an_effect_too_small_to_power_is_not_called_no_difference() -> None:
+    """d = 1e-6 needs more seeds than reprotune computes: said so, not "no difference"."""
+    result = compare_samples([1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 2.0, 3.0, 4.0, 5.00001])
+    assert result.seeds_for_power is None and result.cohens_d is not None and result.cohens_d > 0
+    assert _power_text(result) == "more than 10,000,000 per side (the effect is that small)"
 
 
 def test_the_confidence_level_is_not_rounded_to_100_percent() -> None:

@@ -35,6 +35,15 @@ def test_equal_values_have_a_point_interval() -> None:
     assert d["ci_method"] == "none: every value is equal"
 
 
+def test_equal_values_whose_sum_rounds_are_described_exactly() -> None:
+    """Three copies of a value whose sum rounds: the mean is the value (it was below the minimum),
+    the sd 0, and a source whose runs all give it moves nothing."""
+    x = float.fromhex("0x1.601d72e52e52ep+2")
+    d = describe([x] * 3, seed=0)
+    assert (d["mean"], d["std"], d["min"]) == (x, 0.0, x)
+    assert shares_line(variance_shares({"data_order": [x] * 3, "dropout": [x] * 3})).startswith("no source")
+
+
 def test_variance_shares() -> None:
     """Each source's sample variance over the sum: exact for simple numbers; shares sum to 1."""
     shares = variance_shares({"data_order": [0.0, 2.0], "lora_init": [0.0, 1.0], "dropout": [1.0, 1.0]})

@@ -20,7 +20,14 @@ from reprotune._jsonio import empty_beside_keys, flattened
 from reprotune._proof.inert import is_inert
 from reprotune._studies.metrics import FINAL_VAL_LOSS
 from reprotune._studies.studyfile import load_study
-from reprotune._studies.twosample import TestResult, compare_samples, percent, verdict_line
+from reprotune._studies.twosample import (
+    MAX_SEEDS,
+    TestResult,
+    compare_samples,
+    p_value,
+    percent,
+    verdict_line,
+)
 
 
 @dataclass(frozen=True)
@@ -52,7 +59,7 @@ class Significance:
             else f"{t.permutation_resamples} resamples, seed {t.permutation_seed}"
         )
         welch = (
-            f"t = {t.welch_t:.3f}, df = {t.welch_df:.1f}, p = {t.welch_p:.3g}"
+            f"t = {t.welch_t:.3f}, df = {t.welch_df:.1f}, p = {p_value(t.welch_p or 0.0, t.alpha, 3)}"
             if t.welch_t is not None
             else "not defined"
         )
@@ -73,12 +80,7 @@ class Significance:
             f"  effect size         Cohen's d = {t.cohens_d:.3g}"
             if t.cohens_d is not None
             else "  effect size         Cohen's d not defined (no spread in either study)",
-            "  seeds for 80% power "
-            + (
-                f"{t.seeds_for_power} per side"
-                if t.seeds_for_power is not None
-                else "not defined (" + ("no spread" if t.cohens_d is None else "no difference") + ")"
-            ),
+            "  seeds for 80% power " + _power_text(t),
         ]
         lines += [f"  note: {note}" for note in self.notes]
         if self.differences:
@@ -98,6 +100,16 @@ class Significance:
         if self.study_id_a == self.study_id_b:
             return "Nothing differs between the studies' configs, not even their seeds."
         return "Nothing differs between the studies' configs but their seeds."
+
+
+def _power_text(t: TestResult) -> str:
+    if t.seeds_for_power is not None:
+        return f"{t.seeds_for_power} per side"
+    if t.cohens_d is None:
+        return "not defined (no spread)"
+    if t.cohens_d == 0:
+        return "not defined (no difference)"
+    return f"more than {MAX_SEEDS:,} per side (the effect is that small)"
 
 
 def _show(value: Any) -> str:

@@ -25,6 +25,15 @@ CONFIDENCE: Final = 0.95
 BOOTSTRAP_METHOD: Final = "BCa"
 
 
+def mean_and_std(data: np.ndarray) -> tuple[float, float | None]:
+    """The mean and standard deviation (ddof 1; None for one value) of ``data``; for values that
+    are all equal, exactly the value and 0 (NumPy's sum of them can round: a mean below the
+    minimum, a spread of 1e-16 that a test would read as noise)."""
+    if np.all(data == data[0]):
+        return float(data[0]), 0.0 if data.size >= 2 else None
+    return float(np.mean(data)), float(np.std(data, ddof=1)) if data.size >= 2 else None
+
+
 def describe(values: Sequence[float], *, seed: int) -> dict[str, Any]:
     """n, the values, mean, standard deviation (ddof 1), min, max and a bootstrap 95 % interval.
 
@@ -39,11 +48,12 @@ def describe(values: Sequence[float], *, seed: int) -> dict[str, Any]:
     data = np.asarray(values, dtype=np.float64)
     n = int(data.size)
     low, high, method = _bootstrap_mean(data, seed) if n >= 2 else (None, None, None)
+    mean, std = mean_and_std(data)
     return {
         "n": n,
         "values": [float(v) for v in data],
-        "mean": float(np.mean(data)),
-        "std": float(np.std(data, ddof=1)) if n >= 2 else None,
+        "mean": mean,
+        "std": std,
         "min": float(np.min(data)),
         "max": float(np.max(data)),
         "ci_low": low,
@@ -85,12 +95,17 @@ def variance_shares(groups: Mapping[str, Sequence[float]]) -> dict[str, dict[str
     Returns:
         ``{source: {"variance": v, "share": v / sum}}``; shares are None when every variance is 0.
     """
-    variances = {name: float(np.var(np.asarray(v, dtype=np.float64), ddof=1)) for name, v in groups.items()}
+    variances = {name: sample_variance(np.asarray(v, dtype=np.float64)) for name, v in groups.items()}
     total = sum(variances.values())
     return {
         name: {"variance": var, "share": (var / total) if total > 0 else None}
         for name, var in variances.items()
     }
+
+
+def sample_variance(data: np.ndarray) -> float:
+    """The sample variance (ddof 1): exactly 0 for values that are all equal (see :func:`mean_and_std`)."""
+    return 0.0 if np.all(data == data[0]) else float(np.var(data, ddof=1))
 
 
 def shares_line(shares: Mapping[str, Mapping[str, float | None]]) -> str:

@@ -25,9 +25,11 @@ from typing import Final
 
 import numpy as np
 
+from reprotune._studies.stats import mean_and_std, sample_variance
+
 PERMUTATION_RESAMPLES: Final = 9999
 POWER: Final = 0.8
-_MAX_SEEDS: Final = 10**7
+MAX_SEEDS: Final = 10**7
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,8 @@ def compare_samples(
     from scipy import stats
 
     xa, xb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    diff = float(np.mean(xb) - np.mean(xa))
-    sa, sb = float(np.std(xa, ddof=1)), float(np.std(xb, ddof=1))
+    (mean_a, sa), (mean_b, sb) = ((m, s or 0.0) for m, s in map(mean_and_std, (xa, xb)))
+    diff = mean_b - mean_a
     note = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # nearly equal values make SciPy warn; handled below
@@ -101,13 +103,13 @@ def compare_samples(
             rng=np.random.default_rng(seed),
         )
     arrangements = math.comb(xa.size + xb.size, xa.size)
-    d = _cohens_d(xa, xb)
+    d = _cohens_d(xa, xb, diff)
     return TestResult(
         alpha=alpha,
         n_a=int(xa.size),
         n_b=int(xb.size),
-        mean_a=float(np.mean(xa)),
-        mean_b=float(np.mean(xb)),
+        mean_a=mean_a,
+        mean_b=mean_b,
         std_a=sa,
         std_b=sb,
         difference=diff,
@@ -137,11 +139,11 @@ def _mean_difference(x: np.ndarray, y: np.ndarray, axis: int) -> np.ndarray:
     return np.asarray(np.mean(x, axis=axis) - np.mean(y, axis=axis))
 
 
-def _cohens_d(xa: np.ndarray, xb: np.ndarray) -> float | None:
-    """(mean B - mean A) / pooled standard deviation; None when the pooled deviation is 0."""
+def _cohens_d(xa: np.ndarray, xb: np.ndarray, diff: float) -> float | None:
+    """``diff`` (mean B - mean A) / pooled standard deviation; None when that deviation is 0."""
     na, nb = xa.size, xb.size
-    pooled = math.sqrt(((na - 1) * np.var(xa, ddof=1) + (nb - 1) * np.var(xb, ddof=1)) / (na + nb - 2))
-    return float((np.mean(xb) - np.mean(xa)) / pooled) if pooled > 0 else None
+    pooled = math.sqrt(((na - 1) * sample_variance(xa) + (nb - 1) * sample_variance(xb)) / (na + nb - 2))
+    return diff / pooled if pooled > 0 else None
 
 
 def seeds_for_power(
@@ -179,7 +181,7 @@ def seeds_for_power(
     # step to the first n whose power reaches the target (power grows with n).
     z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
     n = max(2, math.ceil(2 * (z / abs(d)) ** 2))
-    if n > _MAX_SEEDS:
+    if n > MAX_SEEDS:
         return None
     while n > 2 and achieved(n - 1) >= power:
         n -= 1
@@ -209,7 +211,18 @@ def verdict_line(result: TestResult) -> str:
         head = head.replace(" on average", "")
         same = "every run of each gives the same value"
         return f"{head} exactly: no seed noise in either study, {same} ({seeds})"
-    return f"{head} ({level} CI {_g(low)}..{_g(high)}), {where} (p = {r.welch_p:.2g}, {seeds})"
+    p = p_value(r.welch_p or 0.0, r.alpha)
+    return f"{head} ({level} CI {_g(low)}..{_g(high)}), {where} (p = {p}, {seeds})"
+
+
+def p_value(p: float, alpha: float, digits: int = 2) -> str:
+    """``p`` in ``digits`` significant digits, or as many more as tell it from ``alpha`` (0.0496
+    and 0.0504 both read "0.05" at alpha 0.05, one beyond seed noise and one within)."""
+    shown = f"{p:.{digits}g}"
+    while p != alpha and float(shown) == alpha and digits < 17:
+        digits += 1
+        shown = f"{p:.{digits}g}"
+    return shown
 
 
 def _g(value: float) -> str:
