@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from reprotune._jsonio import sha256_bytes
 from reprotune._studies.metrics import eval_setup, run_metrics
 
 FINAL = (5.4375).hex()  # the record's outputs.final_val_loss
@@ -74,7 +75,8 @@ def test_evals_that_do_not_measure_the_run_alike_are_told_apart(tmp_path: Path) 
     _eval(tmp_path, "e2-full", body(7))
     _eval(tmp_path, "e3-base", {**body(7), "base_only": True})
     metrics, notes, setups = run_metrics(tmp_path, FINAL)
-    assert metrics == {"final_val_loss": 5.4375, "test/bleu": 7.0, "test/bleu@e1-quick": 3.0}
+    quick = f"test/bleu@{sha256_bytes(eval_setup(body(3)).encode())[:8]}"  # named by its setup
+    assert metrics == {"final_val_loss": 5.4375, "test/bleu": 7.0, quick: 3.0}
     assert notes == [
         f"{tmp_path.name}/evals/e3-base/eval.json: left out, an eval of the base model alone "
         "(--base-only), not of this run"
@@ -82,9 +84,42 @@ def test_evals_that_do_not_measure_the_run_alike_are_told_apart(tmp_path: Path) 
     assert setups["test/bleu"] == (
         "test all rows, greedy, 64 new tokens, format 'chat_template', max_length 64"
     )
-    assert setups["test/bleu@e1-quick"].startswith("test first 3 rows, greedy")
+    assert setups[quick].startswith("test first 3 rows, greedy")
     sampled = body(7, decoding="sampling", temperature=0.7)
     assert "sampling, temperature 0.7" in eval_setup(sampled) != eval_setup(body(7))
     assert eval_setup({**body(7), "generation": {**body(7)["generation"], "eval_seed": 99}}) == eval_setup(
         body(7)
     )
+
+
+def test_two_evals_of_each_run_are_named_alike_whatever_order_they_were_made_in(tmp_path: Path) -> None:
+    """Run a evaluated greedy then sampled, run b sampled then greedy (their directories start with
+    the time): each run's greedy and sampled evals get the same names, so each is one metric of the
+    study (before, the first made took the plain name, the other one named by its directory)."""
+
+    def body(decoding: str, value: float) -> dict[str, Any]:
+        generation = _generation(decoding=decoding, temperature=0.7 if decoding == "sampling" else None)
+        return {
+            "split": {"name": "test", "n_rows": 7, "split_rows": 7},
+            "metrics": {"bleu": value},
+            "generation": generation,
+        }
+
+    names = []
+    for run, order in (("a", ("greedy", "sampling")), ("b", ("sampling", "greedy"))):
+        run_dir = tmp_path / run
+        for time, decoding in enumerate(order):
+            _eval(run_dir, f"2026120{time}-{decoding}", body(decoding, 1.0 if decoding == "greedy" else 2.0))
+        metrics, _, setups = run_metrics(run_dir, FINAL)
+        names.append({name: (metrics[name], setups[name]) for name in metrics if name != "final_val_loss"})
+    assert names[0] == names[1] and len(names[0]) == 2, names
+
+
+def test_a_diverged_run_leaves_its_loss_out_with_a_note(tmp_path: Path) -> None:
+    """A final validation loss of NaN or inf (a run that diverged) is no number a study can
+    summarise: left out, said (before, writing study.json failed on it with a traceback)."""
+    for value in (float("nan"), float("inf")):
+        metrics, notes, _ = run_metrics(tmp_path, value.hex())
+        assert "final_val_loss" not in metrics and notes == [
+            f"{tmp_path.name}: final validation loss {value}, the run diverged: left out"
+        ]

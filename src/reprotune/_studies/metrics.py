@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from reprotune._eval.layout import EVAL_FILE, EVALS_DIR, EvalLayout, evals_dir
+from reprotune._jsonio import sha256_bytes
 
 FINAL_VAL_LOSS: Final = "final_val_loss"
 
@@ -41,18 +42,27 @@ def run_metrics(
     setups: dict[str, str] = {}
     if final_val_loss is not None:
         try:
-            metrics[FINAL_VAL_LOSS] = float.fromhex(final_val_loss)
+            value = float.fromhex(final_val_loss)
         except ValueError:
             notes.append(
                 f"{run_dir.name}: outputs.final_val_loss {final_val_loss!r} is not a float.hex value"
             )
+        else:
+            if math.isfinite(value):
+                metrics[FINAL_VAL_LOSS] = value
+            else:  # a run that diverged: no number a mean or a test can take
+                notes.append(f"{run_dir.name}: final validation loss {value}, the run diverged: left out")
     else:
         notes.append(f"{run_dir.name}: no final validation loss in its record")
     evals = evals_dir(run_dir)
     if evals.is_dir():
         read = [(d, _read_eval(d, notes)) for d in sorted(p for p in evals.iterdir() if p.is_dir())]
         usable = [(d, data) for d, data in read if data is not None]
-        for eval_dir, data in sorted(usable, key=lambda e: (not _whole_split(e[1]), e[0].name)):
+        # the whole split's first, then by setup: the same choice in every run, whatever order
+        # the evals were made in (their directory names start with the time)
+        for eval_dir, data in sorted(
+            usable, key=lambda e: (not _whole_split(e[1]), eval_setup(e[1]), e[0].name)
+        ):
             _add_metrics(eval_dir, data, metrics, setups, notes)
     return metrics, notes, setups
 
@@ -92,7 +102,11 @@ def _add_metrics(
     setup = eval_setup(data)
     for name, value in sorted(found.items()):
         if name in metrics and (metrics[name] != value or setups.get(name) != setup):
-            name = f"{name}@{eval_dir.name}"
+            # another setup: named by it, so every run's eval of that setup is one metric; the
+            # same setup giving another value is this eval's own (named by its directory)
+            apart = f"{name}@{sha256_bytes(setup.encode())[:8]}"
+            taken = setups[name] == setup or (apart in metrics and metrics[apart] != value)
+            name = f"{name}@{eval_dir.name}" if taken else apart
         if name not in metrics:
             metrics[name], setups[name] = value, setup
 
