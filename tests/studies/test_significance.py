@@ -412,6 +412,12 @@ def test_one_study_given_twice_is_said_so(tmp_path: Path, capsys: pytest.Capture
     shutil.copytree(a, tmp_path / "copy")
     assert main(["significance", str(a), str(tmp_path / "copy")]) == 0
     assert "note: A and B are two studies of one config and seeds" in capsys.readouterr().out
+    renamed = json.loads((tmp_path / "copy" / "study.json").read_text())  # the config copied to other.yaml
+    renamed["study_id"] = renamed["study_id"].replace("synthetic-", "other-name-", 1)
+    (tmp_path / "copy" / "study.json").write_text(json.dumps(renamed))
+    assert main(["significance", str(a), str(tmp_path / "copy")]) == 0
+    out = capsys.readouterr().out
+    assert "note: A and B are two studies of one config and seeds" in out and "not even their seeds" in out
     other = write_study_dir(tmp_path / "b", [5.01, 4.97, 5.0], config={"seed": {"root": 9}})
     assert main(["significance", str(a), str(other)]) == 0
     assert "A and B are" not in capsys.readouterr().out

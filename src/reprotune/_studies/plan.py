@@ -133,6 +133,12 @@ def study_id(cfg: ExperimentConfig, vary: str, name: str) -> str:
     return f"{safe}-{vary}-{config_sha256(cfg)[:8]}"
 
 
+def one_config_and_seeds(id_a: str, id_b: str) -> bool:
+    """Whether two study ids are of one config and vary, so of one seeds, whatever the studies
+    were named (the name is the config file's stem: a copy of it under another name is one config)."""
+    return id_a.rsplit("-", 2)[1:] == id_b.rsplit("-", 2)[1:]
+
+
 def _groups(cfg: ExperimentConfig, vary: str, notes: list[str]) -> tuple[str, ...]:
     if vary != "each":
         return (vary,)

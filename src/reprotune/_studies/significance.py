@@ -19,6 +19,7 @@ from reprotune._formats import SIGNIFICANCE
 from reprotune._jsonio import empty_beside_keys, flattened
 from reprotune._proof.inert import is_inert
 from reprotune._studies.metrics import FINAL_VAL_LOSS
+from reprotune._studies.plan import one_config_and_seeds
 from reprotune._studies.studyfile import load_study
 from reprotune._studies.twosample import (
     MAX_SEEDS,
@@ -97,7 +98,7 @@ class Significance:
     @property
     def nothing_differs(self) -> str:
         """The sentence said when the configs have no difference (one study: not even seeds)."""
-        if self.study_id_a == self.study_id_b:
+        if one_config_and_seeds(self.study_id_a, self.study_id_b):
             return "Nothing differs between the studies' configs, not even their seeds."
         return "Nothing differs between the studies' configs but their seeds."
 
@@ -197,7 +198,7 @@ def _one_study_note(
     a: Mapping[str, Any], b: Mapping[str, Any], path_a: str | Path, path_b: str | Path
 ) -> list[str]:
     """A note when A and B are one study (one id: the same config, vary and seeds)."""
-    if a["study_id"] != b["study_id"]:
+    if not one_config_and_seeds(a["study_id"], b["study_id"]):
         return []
     data_a, data_b = ((study.get("data") or {}).get("file_sha256") for study in (a, b))
     if data_a and data_b and data_a != data_b:
