@@ -20,6 +20,7 @@ from scipy import stats
 from synthetic import MODEL, write_study_dir
 
 from reprotune._cli import main
+from reprotune._errors import InputError
 from reprotune._studies.significance import _power_text, significance, study_differences
 from reprotune._studies.twosample import compare_samples, p_value, seeds_for_power, verdict_line
 
@@ -193,6 +194,24 @@ def test_a_metric_both_studies_measured_is_tested_when_one_measured_more(tmp_pat
     b = write_study_dir(tmp_path / "b", [1.2, 1.3, 1.1], extra_metrics={"test/bleu": [1.0, 2.0, 3.0]})
     result = significance(a, b, metric="final_val_loss")
     assert result.values_b == [1.2, 1.3, 1.1]
+
+
+def test_an_eval_metric_measured_otherwise_in_the_two_studies_is_refused(tmp_path: Path) -> None:
+    """Study A evaluated its runs on the test split's first 3 rows, B on all of it: no test of
+    test/bleu (before, a verdict, with only the config's differences listed)."""
+    bleu = {"test/bleu": [1.0, 1.1, 1.2]}
+    a = write_study_dir(tmp_path / "a", [5.0, 5.1, 5.2], extra_metrics=bleu)
+    b = write_study_dir(tmp_path / "b", [5.0, 5.1, 5.3], extra_metrics=bleu)
+    for path, setup in ((a, "test first 3 rows, greedy"), (b, "test all rows, greedy")):
+        study = json.loads((path / "study.json").read_text())
+        for run in study["runs"]:
+            run["metric_setups"] = {"test/bleu": setup}
+        (path / "study.json").write_text(json.dumps(study))
+    with pytest.raises(
+        InputError, match=r"evaluated 'test/bleu' otherwise \(A: test first 3 rows, greedy; B: test all"
+    ):
+        significance(a, b, metric="test/bleu")
+    assert significance(a, b).metric == "final_val_loss"  # a metric measured alike is still tested
 
 
 def test_other_data_is_a_difference_never_called_harmless(tmp_path: Path) -> None:

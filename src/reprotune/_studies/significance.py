@@ -166,6 +166,7 @@ def significance(
             fix="evaluate the runs of both studies alike (reprotune eval), then rerun each `reprotune seeds` "
             f"command to refresh its study.json; or test a metric both have: {', '.join(common)}",
         )
+    _refuse_other_setups(a, b, metric, (study_a, study_b))
     differences = study_differences(a, b)
     model_diffs = [d for d in differences if d["key"] in MODEL_IDENTITY]
     if model_diffs and not allow_different_models:
@@ -191,6 +192,23 @@ def significance(
         verdict,
         differences,
         _notes(a, b, test) + _one_study_note(a, b, study_a, study_b),
+    )
+
+
+def _refuse_other_setups(
+    a: Mapping[str, Any], b: Mapping[str, Any], metric: str, paths: tuple[str | Path, str | Path]
+) -> None:
+    """An eval metric is one sample within a study (else left out of its summary); between two
+    studies it must be measured alike too: other rows or decoding are no seed noise."""
+    setup_a, setup_b = ({(run.get("metric_setups") or {}).get(metric) for run in s["runs"]} for s in (a, b))
+    if None in setup_a | setup_b or setup_a == setup_b:  # no eval metric, or a study older than setups
+        return
+    shown_a, shown_b = (" | ".join(sorted(map(str, setups))) for setups in (setup_a, setup_b))
+    raise InputError(
+        f"the studies evaluated {metric!r} otherwise (A: {shown_a}; B: {shown_b})",
+        source=f"{paths[0]}, {paths[1]}",
+        fix="evaluate the runs of both studies alike (reprotune eval, the same split rows and "
+        "generation settings), then rerun each `reprotune seeds` command to refresh its study.json",
     )
 
 
