@@ -205,6 +205,27 @@ def test_a_killed_study_leaves_no_run_training_as_an_orphan(project: TinyProject
     assert statuses == ["interrupted", "interrupted"], statuses
 
 
+def test_a_study_refused_at_its_first_run_leaves_nothing(project: TinyProject, tmp_path: Path) -> None:
+    """A config refused when its first run starts (a stratify column the data lacks): the study
+    directory it made is removed, so the fixed command is not refused as "another config"; one
+    such directory left by an older reprotune (every run still planned) is taken by the next."""
+    out = tmp_path / "refused"
+    with pytest.raises(InputError, match="nosuchcol"):
+        _study(project, out, "split.stratify_by=nosuchcol", n=2)
+    assert not out.exists()
+    from reprotune._studies.plan import plan_study
+    from reprotune._studies.study import new_study
+    from reprotune._studies.studyfile import write_study
+
+    bad = load_config(project.root / "cfg.yaml", ["split.stratify_by=nosuchcol"])
+    out.mkdir()
+    write_study(out / "study.json", new_study(plan_study(bad, n=2, vary="all", name="cfg")))
+    before = (out / "study.json").read_bytes()
+    with pytest.raises(InputError, match="othercol"):  # its own refusal, not "another config"
+        _study(project, out, "split.stratify_by=othercol", n=2)
+    assert (out / "study.json").read_bytes() == before  # refused: as it was
+
+
 def test_learning_rate_ten_times_off_is_detected(project: TinyProject, reference: StudyResult) -> None:
     """The same config with a learning rate 10x too small, 3 seeds each: beyond seed noise, higher."""
     slow = _study(project, project.root / "lr-off", "train.learning_rate=1.0e-3")

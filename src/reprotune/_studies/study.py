@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from reprotune._errors import InputError, SchemaVersionError
 from reprotune._jsonio import write_bytes_atomic
 from reprotune._run.layout import LOCK
 from reprotune._run.lock import holding_run_dir
-from reprotune._run.outputs import refuse_inside_run, refuse_unwritable_parent
+from reprotune._run.outputs import first_missing, refuse_inside_run, refuse_unwritable_parent
 from reprotune._run.record import RunRecord, ended_status
 from reprotune._studies import layout
 from reprotune._studies.execute import Action, RunOutcome, execute_runs
@@ -102,9 +103,27 @@ def run_study(
     paths = StudyLayout(options.out or Path("studies") / plan.study_id)
     refuse_inside_run(paths.root, option="--out")
     refuse_unwritable_parent(paths.root, source="--out")
-    # One writer: a second `seeds` on the same directory is refused while this one runs.
-    with holding_run_dir(paths.root, report=options.progress, what="study directory", option="--out"):
-        return _run_locked(cfg, plan, paths, options)
+    created = first_missing(paths.root)
+    try:
+        # One writer: a second `seeds` on the same directory is refused while this one runs.
+        with holding_run_dir(paths.root, report=options.progress, what="study directory", option="--out"):
+            return _run_locked(cfg, plan, paths, options)
+    except InputError:
+        if created is not None and not _runs_made(paths):  # refused before a run began: as it was
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+def _never_began(study: dict[str, Any], paths: StudyLayout) -> bool:
+    """A study every run of which is still planned, none with a directory (one refused at its
+    first run, by a reprotune before such a refusal removed it)."""
+    return all(run.get("status") == "planned" for run in study["runs"]) and not _runs_made(paths)
+
+
+def _runs_made(paths: StudyLayout) -> bool:
+    """Whether a run of the study has begun (its directory exists)."""
+    runs = paths.root / layout.RUNS
+    return runs.is_dir() and any(runs.iterdir())
 
 
 def _run_locked(
@@ -170,6 +189,9 @@ def _open(paths: StudyLayout, plan: StudyPlan) -> dict[str, Any]:
         except InputError as exc:  # damaged: rewriting it needs the runs alone
             raise InputError(exc.message, source=exc.source, fix=rebuild) from None
         for key, what in (("config_sha256", "config"), ("vary", "--vary")):
+            if old[key] != fresh[key] and _never_began(old, paths):  # nothing of it to keep
+                write_study(paths.study, fresh)
+                return fresh
             if old[key] != fresh[key]:
                 raise InputError(
                     f"study directory {paths.root} holds a study of another {what} "
