@@ -214,6 +214,41 @@ def test_an_eval_metric_measured_otherwise_in_the_two_studies_is_refused(tmp_pat
     assert significance(a, b).metric == "final_val_loss"  # a metric measured alike is still tested
 
 
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        ("null-metrics", "run 'all-000' has no metrics mapping"),
+        ("nan", "run 'all-000' gives final_val_loss nan, not a finite number"),
+        ("no-summary", "its summary of 'all' lacks final_val_loss"),
+        ("run-twice", "4 runs, 3 of them named apart, for --n 3 of 1 group(s)"),
+    ],
+)
+def test_an_edited_study_json_that_does_not_hold_together_is_refused(
+    edit: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run's metrics set to null, a NaN, a summary entry deleted, a run listed twice: exit 2
+    naming what, not a traceback or a verdict on nan (before: TypeError, KeyError with -o, "p = nan"
+    exit 0, and a fourth run of an n=3 study accepted)."""
+    a = write_study_dir(tmp_path / "a", [5.0, 5.02, 4.98])
+    b = write_study_dir(tmp_path / "b", [5.1, 5.12, 5.08])
+    study = json.loads((b / "study.json").read_text())
+    if edit == "null-metrics":
+        study["runs"][0]["metrics"] = None
+    elif edit == "nan":
+        study["runs"][0]["metrics"]["final_val_loss"] = float("nan")
+    elif edit == "no-summary":
+        del study["summary"]["all"]["final_val_loss"]
+    else:
+        study["runs"].append(study["runs"][0])
+    (b / "study.json").write_text(json.dumps(study))  # json.dumps writes NaN as the literal NaN
+    assert main(["significance", str(a), str(b), "-o", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "study.json does not hold together: " + needle in err and "fix: run the `reprotune seeds`" in err
+    ), err
+    assert not (tmp_path / "r.html").exists()
+
+
 def test_other_data_is_a_difference_never_called_harmless(tmp_path: Path) -> None:
     """Two studies of one config whose runs trained on other data (the file edited in place):
     study.data.file_sha256 is listed as a difference that can change the numbers, and the note does

@@ -7,6 +7,7 @@ lists what differs between the studies' configs. Never imports torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -268,7 +269,40 @@ def _checked(study: dict[str, Any], option: str, path: str | Path) -> dict[str, 
             source=option,
             fix="run the study with --n 2 or more (5 or more for a useful test)",
         )
+    problem = _inconsistency(study)
+    if problem:
+        raise InputError(
+            f"{option} {path}: study.json does not hold together: {problem}",
+            source=option,
+            fix="run the `reprotune seeds` command that made it again: it rewrites study.json from its runs",
+        )
     return study
+
+
+def _inconsistency(study: Mapping[str, Any]) -> str | None:
+    """What makes a completed study.json (edited, or damaged) no sample to test, or None: runs
+    neither one per planned seed nor completed, a listed metric without a finite value in every
+    run or without its summary."""
+    runs, groups = study["runs"], study.get("groups") or []
+    names = [run.get("name") for run in runs]
+    if len(set(names)) != len(names) or len(runs) != study.get("n", 0) * len(groups):
+        planned = f"--n {study.get('n')} of {len(groups)} group(s)"
+        return f"{len(runs)} runs, {len(set(names))} of them named apart, for {planned}"
+    for run in runs:
+        metrics = run.get("metrics")
+        if run.get("status") != "completed":
+            return f"run {run.get('name')!r} is {run.get('status')!r}, not completed"
+        if not isinstance(metrics, Mapping):
+            return f"run {run.get('name')!r} has no metrics mapping"
+        for metric in study["metrics"]:
+            value = metrics.get(metric)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                return f"run {run.get('name')!r} gives {metric} {value!r}, not a finite number"
+    for group in groups:
+        missing = [m for m in study["metrics"] if m not in ((study.get("summary") or {}).get(group) or {})]
+        if missing:
+            return f"its summary of {group!r} lacks {', '.join(missing)}"
+    return None
 
 
 #: What makes two base models different for ``significance`` (their source, as written, does not).
