@@ -214,6 +214,51 @@ def test_an_older_verification_still_opens_its_report(runs: list[Path], tmp_path
     assert "verify FAIL" in html and "The config did NOT verify" in html and "<td>rerun</td>" in html
 
 
+@pytest.mark.parametrize(
+    ("legs", "said"),
+    [
+        (
+            ["rerun-resume", "control-seed"],
+            "a rerun (stopped at a checkpoint and resumed in a fresh process)",
+        ),
+        (["rerun", "control-seed"], "(exact resume was not checked: verify ran with --no-resume)"),
+        (["rerun", "resume-skipped"], "(exact resume was not checked: skipped: train.save_every gives"),
+        (["rerun", "resume", "control-seed"], "and so did a run stopped at a checkpoint and resumed"),
+    ],
+    ids=["fast", "no-resume", "no-checkpoint", "thorough"],
+)
+def test_what_a_pass_proved_is_what_its_legs_showed(
+    runs: list[Path], tmp_path: Path, legs: list[str], said: str
+) -> None:
+    """A PASS says a resume was checked only where a leg resumed (before, every PASS said "stopped
+    at a checkpoint and resumed", with --no-resume or no checkpoint before the end too); the
+    controls only where they ran; a schema-1 file shows no mode or cost it never recorded."""
+    directory = tmp_path / "ver"
+    directory.mkdir()
+    skipped = {
+        "name": "resume",
+        "run_dir": "",
+        "expected": "IDENTICAL",
+        "verdict": None,
+        "passed": None,
+        "note": "skipped: train.save_every gives no checkpoint before the last step; set it",
+    }
+    ran = {"run_dir": str(runs[1]), "expected": "IDENTICAL", "verdict": "IDENTICAL", "passed": True}
+    entries = [skipped if name == "resume-skipped" else {"name": name, **ran} for name in legs]  # fmt: skip
+    data = {"schema": "reprotune/verification", "schema_version": 5, "verdict": "PASS", "mode": "fast"}
+    (directory / "verification.json").write_text(
+        json.dumps({**data, "reference": str(runs[0]), "legs": entries})
+    )
+    html = write_report([directory], tmp_path / "page.html").read_text(encoding="utf-8")
+    proven = html.split("What was proven", 1)[1].split("</p>", 1)[0]
+    assert said in proven and ("negative controls" in proven) == ("control-seed" in legs), proven
+    assert ("stopped at a checkpoint and resumed in a fresh process" in proven) == ("rerun-resume" in legs)
+    old = {**data, "schema_version": 1, "mode": None, "reference": str(runs[0]), "legs": entries}
+    (directory / "verification.json").write_text(json.dumps(old))
+    html = write_report([directory], tmp_path / "page.html").read_text(encoding="utf-8")
+    assert "None mode" not in html and "Cost:" not in html
+
+
 def test_a_verification_with_failed_and_unrun_legs_still_opens_its_report(
     runs: list[Path], tmp_path: Path
 ) -> None:

@@ -143,33 +143,55 @@ def _sampled(spot: dict[str, Any], origin: str) -> str:
 
 
 def _config_proven(data: dict[str, Any]) -> str:
-    """What ``verify`` of a config proved, its machine and its cost, as HTML."""
+    """What ``verify`` of a config proved (from the legs that passed), its machine and its cost,
+    as HTML."""
     verdict, spot = str(data.get("verdict")), data.get("spot") or {}
-    proven = (
-        "The config reproduces: a rerun (stopped at a checkpoint and resumed in a fresh process) gave "
-        "bit-identical losses and weights, and the negative controls show the check can fail."
-        if verdict == "PASS"
-        else "The config did NOT verify: see the legs below, and each leg's comparison further down."
-    )
-    if verdict == "PASS" and data.get("mode") == "spot":
+    if verdict != "PASS":
+        proven = "The config did NOT verify: see the legs below, and each leg's comparison further down."
+    elif data.get("mode") == "spot":
         proven = (
             f"The recorded run reproduces where it was sampled: {_sampled(spot, 'its own checkpoints')}, "
             "and the negative controls show the check can fail."
         )
+    else:
+        proven = f"The config reproduces: {_reproduced(data.get('legs') or [])}."
+    mode = f"{data['mode']} mode, " if data.get("mode") else ""
     return (
-        f"({escape(str(data.get('mode')))} mode, config sha256 "
-        f"<code>{escape(str(data.get('config_sha256', ''))[:12])}</code>). {escape(proven)}</p>"
-        + _machine_and_cost(data)
+        f"({escape(mode)}config sha256 <code>{escape(str(data.get('config_sha256', ''))[:12])}</code>). "
+        f"{escape(proven)}</p>" + _machine_and_cost(data)
     )
 
 
+def _reproduced(legs: list[dict[str, Any]]) -> str:
+    """What the legs of a passing verify showed: a rerun, a resume only where one was checked
+    (not with --no-resume, nor without a checkpoint before the end), the controls where they ran."""
+    passed = {str(leg.get("name")) for leg in legs if leg.get("passed") is True}
+    same = "gave bit-identical losses and weights"
+    if "rerun-resume" in passed:
+        shown = f"a rerun (stopped at a checkpoint and resumed in a fresh process) {same}"
+    else:
+        shown = f"a rerun in a fresh process {same}"
+        if "resume" in passed:
+            shown += ", and so did a run stopped at a checkpoint and resumed"
+        else:
+            skipped = next((leg.get("note") for leg in legs if leg.get("name") == "resume"), None)
+            shown += f" (exact resume was not checked: {skipped or 'verify ran with --no-resume'})"
+    if "eval" in passed:
+        shown += "; the end-of-run evaluation was bit-identical too"
+    if any(name.startswith("control") for name in passed):
+        shown += ", and the negative controls show the check can fail"
+    return shown
+
+
 def _machine_and_cost(data: dict[str, Any]) -> str:
-    """Where a verification ran and what it cost against its reference run, as HTML."""
-    cost = data.get("cost")
+    """Where a verification ran and what it cost against its reference run, as HTML (the cost
+    only where the file records it: schema 1 did not)."""
+    cost, spent = data.get("cost"), data.get("wall_s") or data.get("legs_s")
+    machine = f"<p>Machine: {escape(_machine(data.get('machine') or {}))}."
+    if not isinstance(spent, int | float):
+        return machine + "</p>"
     return (
-        f"<p>Machine: {escape(_machine(data.get('machine') or {}))}. Cost: "
-        f"{float(data.get('wall_s') or data.get('legs_s') or 0):.0f} s of legs for a "
-        f"{float(data.get('reference_s') or 0):.0f} s "
+        f"{machine} Cost: {float(spent):.0f} s of legs for a {float(data.get('reference_s') or 0):.0f} s "
         f"run{f' ({cost:.2f}x)' if isinstance(cost, (int, float)) else ''}.</p>"
     )
 
