@@ -241,6 +241,23 @@ def test_verify_rejects_bad_control_seed(tiny_project: TinyProject, tmp_path: Pa
     assert "dropuot" in done.stderr and "data_order" in done.stderr
 
 
+def test_a_config_only_the_reference_run_refuses_exits_2_leaving_nothing(
+    tiny_project: TinyProject, tmp_path: Path
+) -> None:
+    """LoRA target modules that match no module are found when the reference's run loads the
+    model: bad input, exit 2 with the run's message and the fix, and no half-written --out (before:
+    exit 1, and config.yaml and verify.log left, which refused the next try as "did not finish")."""
+    config = tiny_project.config("verify.yaml")
+    out = tmp_path / "v"
+    for _ in range(2):  # the second try is refused for the same reason, not for the first's leftovers
+        done = tiny_project.run_cli(
+            "verify", str(config), "--set", "lora.target_modules=[nope_proj]", "--out", str(out), check=False
+        )
+        assert done.returncode == 2, done.stderr
+        assert "match no module" in done.stderr and "verify's copy of your config" in done.stderr, done.stderr
+        assert not out.exists()
+
+
 def test_verify_with_existing_reference(tiny_project: TinyProject, tmp_path: Path) -> None:
     """--reference reuses a completed run of the same config (whatever its tracking settings); one
     of another config is refused."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from reprotune._errors import RunFailedError
+from reprotune._errors import InputError, RunFailedError
 from reprotune._run.signals import interruption, raise_if_interrupted, waiting_out_a_stop
 
 #: Seconds a stopped leg's processes get to end after SIGTERM before they are killed (SIGKILL).
@@ -77,14 +77,27 @@ def _command(args: Sequence[str], module: str = "reprotune") -> tuple[list[str],
     return [*launch, "-m", module, *args], env
 
 
-def run_logged(args: Sequence[str], log: Path, *, module: str = "reprotune") -> float:
+def run_logged(
+    args: Sequence[str], log: Path, *, module: str = "reprotune", refusal: str | None = None
+) -> float:
     """Run ``python -m MODULE ARGS`` (``reprotune``: the CLI) in a fresh process (a fresh torchrun
     launch under torchrun), its output into ``log``; return its wall time.
 
+    Args:
+        refusal: with it, the process's exit 2 (bad input) is this process's too: an
+            :class:`InputError` of the process's message, ``refusal`` its fix.
+
     Raises:
+        InputError: it exited 2, given ``refusal``.
         RunFailedError: it exited with another code than 0 (the message holds its output's tail).
     """
     wall, code = _run_into(args, log, module)
+    if code == 2 and refusal is not None:  # "reprotune run: error: SOURCE: MESSAGE\nfix: FIX"
+        said = log.read_bytes().decode("utf-8", errors="replace").splitlines()
+        errors = [i for i, line in enumerate(said) if ": error: " in line]
+        text = "\n".join(said[errors[-1] :] if errors else said[-15:]).split(": error: ", 1)[-1]
+        message, _, fix = text.partition("\nfix: ")
+        raise InputError(message, fix=f"{fix}; {refusal}" if fix else refusal)
     if code != 0:
         shown = "reprotune" if module == "reprotune" else f"python -m {module}"
         raise _failed(args, code, log.read_bytes(), log, program=shown)

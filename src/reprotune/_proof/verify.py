@@ -63,7 +63,7 @@ from reprotune._proof.verification import (
 )
 from reprotune._proof.verify_eval import eval_leg
 from reprotune._run.layout import RunLayout, VerifyLayout
-from reprotune._run.outputs import refuse_nonempty_dir
+from reprotune._run.outputs import refuse_nonempty_dir, removed_if_refused
 from reprotune._run.record import read_record, record_config
 from reprotune._run.rundir import check_is_run_dir
 from reprotune._train.turn import TURNS_POSSIBLE
@@ -127,15 +127,19 @@ def verify_config(
         RunFailedError: a leg failed to run.
     """
     _check_options(cfg, out_dir, control_seed, reference)
-    out_dir.mkdir(parents=True, exist_ok=True)
     paths = VerifyLayout(out_dir)
-    dump_config_yaml(cfg, paths.config)
     ctx = _Context(cfg, paths, reference or paths.leg("reference"), progress)
-    if reference is None:
-        progress(f"verify: reference run -> {ctx.reference}")
-        ctx.reprotune("run", str(paths.config), "--run-dir", str(ctx.reference), *_QUIET)
-    else:
-        progress(f"verify: reference is the existing run {ctx.reference}")
+    # The reference's run refusing the config (what only a run finds: a target module no module
+    # matches) is bad input, and leaves nothing behind; after it the reference is evidence to keep.
+    with removed_if_refused(out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        dump_config_yaml(cfg, paths.config)
+        if reference is None:
+            progress(f"verify: reference run -> {ctx.reference}")
+            args = ("run", str(paths.config), "--run-dir", str(ctx.reference), *_QUIET)
+            _reprotune(args, paths.log, refusal=_REFUSED_COPY)
+        else:
+            progress(f"verify: reference is the existing run {ctx.reference}")
     total = recorded_total_steps(ctx.reference)
     stop = _resume_point(cfg, total) if resume else None
     started = time.perf_counter()
@@ -172,6 +176,13 @@ def verify_config(
         {**result.to_json(), "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")},
     )
     return result
+
+
+#: The fix of the reference's refusal: what it names is verify's copy of the user's config.
+_REFUSED_COPY = (
+    "the file named is verify's copy of your config, with each --set applied: fix the key in your "
+    "config (or the --set that sets it), then run verify again"
+)
 
 
 def _check_options(cfg: ExperimentConfig, out_dir: Path, control_seed: str, reference: Path | None) -> None:
