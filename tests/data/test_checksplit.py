@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from reprotune._data.checksplit import check_split, normalize_text
+from reprotune._data.checksplit import check_split
+from reprotune._data.leakage import normalize_text
 from reprotune._data.loaders import load_table, table_from_columns
 from reprotune._data.split import split_table
 from reprotune._errors import InputError

@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Check the data against the manifest and print the report; return the exit code."""
-    from reprotune._data.checksplit import check_split, default_leak_columns
+    from reprotune._data.checksplit import check_split
+    from reprotune._data.leakage import default_leak_columns
     from reprotune._data.loaders import load_table
     from reprotune._errors import InputError
 
