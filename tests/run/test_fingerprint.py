@@ -209,6 +209,20 @@ def test_only_a_stores_own_files_beside_it_count_as_its_output(
     assert info.untracked == ("wandb-sweep.py",)
 
 
+@needs_git
+def test_a_verification_under_way_is_output_before_its_verification_json(repo: Path) -> None:
+    """verify --out proofs/v1 (outside runs/): its config copy, logs and lock are output while its
+    legs run, as they are once verification.json lands (before, each leg recorded a dirty tree and
+    a rerun of the reference then found code drift: dirty true then, false now)."""
+    verification = repo / "proofs" / "v1"
+    (verification / "rerun").mkdir(parents=True)
+    for name in ("config.yaml", "verify.log", "verify.log.0", ".train-lock", "rerun/.writer.lock"):
+        (verification / name).write_text("")
+    during = code_fingerprint(repo)
+    (verification / "verification.json").write_text("{}")
+    assert not during.dirty and during.untracked == () == code_fingerprint(repo).untracked
+
+
 def test_outside_git(tmp_path: Path) -> None:
     """Outside a git work tree: in_git False, no crash."""
     info = code_fingerprint(tmp_path)

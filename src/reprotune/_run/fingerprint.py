@@ -263,6 +263,7 @@ DEFAULT_OUTPUTS: tuple[str, ...] = ("runs", "studies", "mlflow.db", "mlartifacts
 _OUTPUT_MARKERS: tuple[str, ...] = (
     layout.RECORD,
     layout.VERIFICATION,
+    layout.VERIFY_LOG,  # a verification under way: its legs read its tree before verification.json
     "study.json",
 )  # _studies.layout.STUDY, a pillar above
 
