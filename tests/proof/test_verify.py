@@ -258,6 +258,17 @@ def test_a_config_only_the_reference_run_refuses_exits_2_leaving_nothing(
         assert not out.exists()
 
 
+def test_an_eval_seed_control_runs_to_the_validation_that_can_show_it() -> None:
+    """The eval seed shows only in validation: with eval_every 0 (validation at the last step) its
+    control runs to the end (before, it stopped after 3 steps and verify called the check blind);
+    other seeds show in training and stop after a few steps."""
+    bound = _verify._control_bound
+    at_end = config_from_dict({"train": {"eval_every": 0}})
+    assert (bound(at_end, 6, "eval"), bound(at_end, 6, "data_order"), bound(at_end, 6)) == (6, 3, 3)
+    every_four = config_from_dict({"train": {"eval_every": 4}})
+    assert (bound(every_four, 8, "eval"), bound(every_four, 8, "dropout")) == (5, 5)
+
+
 def test_verify_with_existing_reference(tiny_project: TinyProject, tmp_path: Path) -> None:
     """--reference reuses a completed run of the same config (whatever its tracking settings); one
     of another config is refused."""

@@ -243,7 +243,7 @@ def _fast_legs(ctx: _Context, control_seed: str, stop: int | None, total: int) -
 
     plans: list[LegPlan[Sequence[str]]] = [
         LegPlan(name, rerun_dir, "IDENTICAL", tuple(steps), judge_rerun),
-        _seed_control(ctx, control_seed, bound=bound),
+        _seed_control(ctx, control_seed, bound=_control_bound(ctx.cfg, total, control_seed)),
     ]
     if stop is not None:
         plans.append(_resume_control(ctx, stop, name, bound=min(total, stop + bound)))
@@ -344,10 +344,13 @@ def _inconclusive_control(cfg: ExperimentConfig, leg: Leg) -> Leg:
     return leg
 
 
-def _control_bound(cfg: ExperimentConfig, total: int) -> int:
+def _control_bound(cfg: ExperimentConfig, total: int, consumer: str | None = None) -> int:
     """Steps a control may run before it must have parted: a few, or up to the first validation
-    pass when only validation can show the difference (the ``eval`` seed)."""
+    pass (the last step when ``eval_every`` is 0) when only validation can show the difference
+    (the ``eval`` seed)."""
     every = cfg.train.eval_every or 0
+    if consumer == "eval" and not every:
+        return total
     return min(total, max(3, every + 1 if every else 3))
 
 
