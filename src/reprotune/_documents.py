@@ -29,7 +29,8 @@ def read_json_file(path: str | os.PathLike[str], *, what: str, fix: str) -> Any:
         fix: what the user can do when the file is missing or not JSON.
 
     Raises:
-        InputError: the file is missing or unreadable, not UTF-8, or not JSON (with line and column).
+        InputError: the file is missing or unreadable, not UTF-8, not JSON (with line and column),
+            or nested too deeply to parse.
     """
     file = Path(path)
     try:
@@ -48,6 +49,8 @@ def read_json_file(path: str | os.PathLike[str], *, what: str, fix: str) -> Any:
             source=f"{file}:{exc.lineno}:{exc.colno}",
             fix=fix,
         ) from None
+    except RecursionError:  # arrays or objects nested thousands deep: no document of reprotune's
+        raise InputError(f"{what} is nested too deeply to be one", source=str(file), fix=fix) from None
 
 
 #: What a parsed JSON file holds when it is no object, for messages.

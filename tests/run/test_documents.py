@@ -3,12 +3,13 @@ schema version), with the key at fault in the error's source."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from reprotune._documents import check_document
-from reprotune._errors import SchemaVersionError
+from reprotune._documents import check_document, read_json_file
+from reprotune._errors import InputError, SchemaVersionError
 
 KW: dict[str, Any] = {
     "schema": "reprotune/thing",
@@ -85,3 +86,13 @@ def test_anything_else_is_refused_naming_the_key_and_the_fix(
         check_document(data, **KW)
     assert message in info.value.message
     assert (info.value.source, info.value.fix) == (source, fix)
+
+
+def test_a_document_nested_too_deeply_to_parse_is_bad_input(tmp_path: Path) -> None:
+    """200,000 nested arrays: an InputError naming the file (before, a RecursionError traceback
+    from every reader: report, compare, verify's files)."""
+    deep = tmp_path / "verification.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000, encoding="utf-8")
+    with pytest.raises(InputError, match="verification is nested too deeply to be one") as info:
+        read_json_file(deep, what="verification", fix="pass a verification directory")
+    assert info.value.source == str(deep)
