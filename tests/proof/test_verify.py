@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -212,8 +213,8 @@ def test_verify_fails_when_runs_are_not_reproducible(tmp_path: Path, monkeypatch
     real_leg = _verify._reprotune
     legs_run: list[list[str]] = []
 
-    def leg_then_edit_data(args: list[str], log: Path) -> float:
-        seconds = real_leg(args, log)
+    def leg_then_edit_data(args: list[str], log: Path, **options: Any) -> float:
+        seconds = real_leg(args, log, **options)
         legs_run.append(list(args))
         if len(legs_run) == 1:  # after the reference: someone edits one row of the data
             data = project.root / "data.jsonl"
@@ -348,10 +349,10 @@ def test_a_leg_whose_process_fails_is_a_failed_leg_of_a_verification_that_still_
     _, config = _in_this_process(tmp_path, monkeypatch)
     real_leg = _verify._reprotune
 
-    def failing_control(args: list[str], log: Path) -> float:
+    def failing_control(args: list[str], log: Path, **options: Any) -> float:
         if "--set" in args:
             raise RunFailedError("`reprotune run ...` failed with exit code 1:\nsimulated", source=str(log))
-        return real_leg(args, log)
+        return real_leg(args, log, **options)
 
     monkeypatch.setattr(_verify, "_reprotune", failing_control)
     out = tmp_path / "verification"
