@@ -188,6 +188,39 @@ def test_a_damaged_or_foreign_verification_is_refused_with_its_file(
     assert not (tmp_path / "page.html").exists()
 
 
+@pytest.mark.parametrize(
+    ("file", "edit", "said"),
+    [
+        ("verification.json", {"wall_s": "abc"}, "wall_s"),
+        ("verification.json", {"legs": [{"verdict": "IDENTICAL"}]}, "legs[0].name: field required"),
+        ("verification.json", {"legs": {"rerun": {}}}, "legs"),
+        ("verification.json", {"reference": 5}, "reference"),
+        ("rerun.json", {"tolerance": "1e-3"}, "tolerance"),
+    ],
+    ids=["wall-s", "leg-without-name", "legs-object", "reference-number", "tolerance-string"],
+)
+def test_a_proof_file_whose_fields_have_other_types_is_refused_naming_the_key(
+    runs: list[Path], tmp_path: Path, file: str, edit: dict[str, object], said: str
+) -> None:
+    """A verification.json or rerun.json edited by hand: exit 2 naming the key (before, a
+    ValueError, KeyError or TypeError traceback half-way through the page, exit 1)."""
+    from reprotune._cli import main
+
+    directory = tmp_path / "proof"
+    directory.mkdir()
+    if file == "verification.json":
+        data = {"schema": "reprotune/verification", "schema_version": 5, "verdict": "PASS", "mode": "fast"}
+        data |= {"reference": str(runs[0]), "legs": []}
+    else:
+        data = {"schema": "reprotune/bundle-rerun", "schema_version": 1, "verdict": "IDENTICAL"}
+    (directory / file).write_text(json.dumps({**data, **edit}), encoding="utf-8")
+    with pytest.raises(InputError, match=re.escape(said)) as refused:
+        write_report([directory], tmp_path / "page.html")
+    assert str(directory / file) in (refused.value.source or "")
+    assert main(["report", str(directory), "-o", str(tmp_path / "page.html")]) == 2
+    assert not (tmp_path / "page.html").exists()
+
+
 def test_a_cut_bundle_rerun_summary_is_refused_with_its_file(tmp_path: Path) -> None:
     directory = tmp_path / "rerun"
     directory.mkdir()

@@ -17,6 +17,7 @@ from reprotune._documents import read_json_file
 from reprotune._formats import BUNDLE_RERUN, COMMAND_VERIFICATION
 from reprotune._formats import VERIFICATION as VERIFICATION_FORMAT
 from reprotune._html import badge, escape, table
+from reprotune._proof.proof_files import checked_bundle_rerun, checked_verification
 from reprotune._run.layout import VERIFICATION, RunLayout
 
 RERUN_SUMMARY = "rerun.json"
@@ -57,8 +58,11 @@ def _proof(path: Path) -> Proof | None:
         return _verification(path, _read_verification(path / VERIFICATION))
     if (path / RERUN_SUMMARY).is_file():
         fix = "pass a directory written by `reprotune rerun BUNDLE --out`, whole"
-        data = read_json_file(path / RERUN_SUMMARY, what="bundle rerun summary", fix=fix)
-        return _bundle_rerun(path, BUNDLE_RERUN.check(data, source=str(path / RERUN_SUMMARY), fix=fix))
+        source = str(path / RERUN_SUMMARY)
+        data = BUNDLE_RERUN.check(
+            read_json_file(source, what="bundle rerun summary", fix=fix), source=source, fix=fix
+        )
+        return _bundle_rerun(path, checked_bundle_rerun(data, source=source, fix=fix))
     return None
 
 
@@ -66,13 +70,13 @@ def _read_verification(file: Path) -> dict[str, Any]:
     """``verification.json`` of ``verify`` or of ``verify --command``, of any version this reads.
 
     Raises:
-        InputError: not JSON (with line and column).
+        InputError: not JSON (with line and column), or a field the report reads of another type.
         SchemaVersionError: neither format, or a version this reprotune does not read.
     """
     fix = "pass a directory written by `reprotune verify --out`, whole"
     data = read_json_file(file, what="verification", fix=fix)
     form = COMMAND_VERIFICATION if COMMAND_VERIFICATION.holds(data) else VERIFICATION_FORMAT
-    return form.check(data, source=str(file), fix=fix)
+    return checked_verification(form.check(data, source=str(file), fix=fix), source=str(file), fix=fix)
 
 
 def _verification(path: Path, data: dict[str, Any]) -> Proof:
