@@ -221,6 +221,46 @@ def test_a_proof_file_whose_fields_have_other_types_is_refused_naming_the_key(
     assert not (tmp_path / "page.html").exists()
 
 
+def test_the_third_run_is_named_c_in_what_compare_says_of_it(runs: list[Path], tmp_path: Path) -> None:
+    """A shorter third run whose adapter is gone: compare's "run B" is C there (the report's own B
+    is another run), its headers say C, and the missing adapter reads "(absent)" with no empty
+    tensor table (before: "run B has 6", the headers "A"/"B", and "None" over a header-only table)."""
+    short = write_run_dir(tmp_path / "short", RunSpec(steps=6))
+    (short / "adapter" / "adapter_model.safetensors").unlink()
+    html = write_report([*runs[:2], short], tmp_path / "page.html").read_text(encoding="utf-8")
+    section = html.split("<h3>A (ref) vs C (short)", 1)[1]
+    assert "run C has 6" in html and "run B has 6" not in html
+    assert "<th>C</th>" in section and "vs (absent)</p>" in section and "<th>tensor</th>" not in section
+
+
+def test_a_spot_replay_is_no_negative_control_and_verify_s_verdict_is_shown(
+    runs: list[Path], tmp_path: Path
+) -> None:
+    """A spot check's replay is described as one (it was "this negative control"), and where verify
+    judged it otherwise than compare over the common steps (its end state differed), the glance
+    says verify's verdict."""
+    directory = tmp_path / "spot"
+    directory.mkdir()
+    replay = shutil.copytree(runs[0], tmp_path / "replay")  # its steps the reference's, its end not
+    legs = [
+        {
+            "name": "steps-9-12",
+            "run_dir": str(replay),
+            "expected": "IDENTICAL",
+            "verdict": "DIVERGED",
+            "passed": False,
+        }
+    ]
+    data = {"schema": "reprotune/verification", "schema_version": 5, "verdict": "FAIL", "mode": "spot"}
+    (directory / "verification.json").write_text(
+        json.dumps({**data, "reference": str(runs[0]), "legs": legs})
+    )
+    html = write_report([directory], tmp_path / "page.html").read_text(encoding="utf-8")
+    assert "negative control" not in html and "leg steps-9-12 replays an interval" in html
+    glance = html.split('<ul class="glance">', 1)[1].split("</ul>", 1)[0]
+    assert "verify judged leg steps-9-12" in glance and "DIVERGED" in glance, glance
+
+
 def test_a_cut_bundle_rerun_summary_is_refused_with_its_file(tmp_path: Path) -> None:
     directory = tmp_path / "rerun"
     directory.mkdir()

@@ -8,6 +8,7 @@ nothing else to open: no scripts, no external URLs. The same runs give the same 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from reprotune._html import badge, escape, figure_svg, head, table
 from reprotune._jsonio import write_bytes_atomic
 from reprotune._proof.compare import compare_opened
 from reprotune._proof.differences import Comparison, largest_differences, show_value
-from reprotune._proof.summary import expand
+from reprotune._proof.summary import LegView, expand
 from reprotune._run.rundir import RunDir, open_run_dir
 from reprotune._version import __version__
 
@@ -57,22 +58,28 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path) -> Path:
             source="-o/--out",
             fix="pass a file name such as report.html",
         )
-    paths, prefix, summaries = expand([Path(p) for p in run_dirs])  # a verify or bundle-rerun dir
-    runs = [open_run_dir(path) for path in paths]
+    given = expand([Path(p) for p in run_dirs])  # a verify or bundle-rerun dir stands for its runs
+    runs = [open_run_dir(path) for path in given.runs]
     comparisons = [
         compare_opened(runs[0], other, prefix=common)
-        for other, common in zip(runs[1:], prefix[1:], strict=True)
+        for other, common in zip(runs[1:], given.prefix[1:], strict=True)
     ]
-    html = render_report(runs, comparisons, summaries=summaries)
+    html = render_report(runs, comparisons, summaries=given.summaries, legs=given.legs[1:])
     return write_bytes_atomic(target, html.encode("utf-8"))
 
 
 def render_report(
-    runs: Sequence[RunDir], comparisons: Sequence[Comparison], *, summaries: Sequence[str] = ()
+    runs: Sequence[RunDir],
+    comparisons: Sequence[Comparison],
+    *,
+    summaries: Sequence[str] = (),
+    legs: Sequence[LegView | None] = (),
 ) -> str:
     """The report's HTML text for ``runs`` and the comparisons of the first with each other;
-    ``summaries`` (what a verification or a bundle rerun proved) open it."""
+    ``summaries`` (what a verification or a bundle rerun proved) open it; ``legs`` says, for each
+    comparison, the verification's leg it is (and verify's verdict on it), where it is one."""
     labels = _labels(runs)
+    views = [*legs, *([None] * (len(comparisons) - len(legs)))]
     divergences = [(labels[i + 1], c.where.first_divergence_step) for i, c in enumerate(comparisons)]
     train_chart = _plot(runs, labels, divergences, kind="train")
     val_chart = _plot(runs, labels, divergences, kind="val")
@@ -82,7 +89,7 @@ def render_report(
         *head(f"reprotune report: {', '.join(r.run_id for r in runs)}", _CSS),
         "<h1>reprotune report</h1>",
         f"<p>Written by reprotune {escape(__version__)}. Run {escape(labels[0])} is the reference.</p>",
-        *_glance(labels, comparisons),
+        *_glance(labels, comparisons, views),
         *summaries,
         "<h2>Runs</h2>",
         table(
@@ -99,8 +106,8 @@ def render_report(
     ]
     if comparisons:
         parts.append("<h2>Comparisons</h2>")
-        for label, comparison in zip(labels[1:], comparisons, strict=True):
-            parts.extend(_comparison_html(labels[0], label, comparison))
+        for label, comparison, view in zip(labels[1:], comparisons, views, strict=True):
+            parts.extend(_comparison_html(labels[0], label, comparison, view))
     else:
         parts.append("<p>One run: nothing to compare.</p>")
     parts.extend(evals_section(labels, [r.path for r in runs]))  # none without evals (docs/eval.md)
@@ -108,22 +115,37 @@ def render_report(
     return "\n".join(parts)
 
 
-def _glance(labels: Sequence[str], comparisons: Sequence[Comparison]) -> Iterable[str]:
+def _glance(
+    labels: Sequence[str], comparisons: Sequence[Comparison], views: Sequence[LegView | None]
+) -> Iterable[str]:
     """Each comparison's verdict and where the runs part, with what makes them incomparable or else
-    the first cause, on the first screen: the details follow below."""
+    the first cause, on the first screen: the details follow below. A leg verify judged otherwise
+    (a replay whose end state differs, beyond the steps compared here) says verify's verdict."""
     if not comparisons:
         return
     yield '<ul class="glance">'
-    for label, c in zip(labels[1:], comparisons, strict=True):
+    for label, c, view in zip(labels[1:], comparisons, views, strict=True):
         at = c.where.first_divergence_step
         # An INCOMPARABLE pair: why the runs are not of one experiment, before any cause.
-        why = next(iter((*c.incomparable, *c.causes)), "")
+        why = _named(next(iter((*c.incomparable, *c.causes)), ""), label)
         where = f" from step {at}" if at is not None else ""
+        judged = ""
+        if view is not None and view.verdict and view.verdict != c.verdict.value:
+            judged = f" (verify judged leg {escape(view.name)} {badge(view.verdict, view.verdict)})"
         yield (
             f"<li>{escape(labels[0])} vs {escape(label)}: {badge(c.verdict.value, c.verdict.label)}"
-            f"{escape(where)}{': ' + escape(why) if why else ''}</li>"
+            f"{judged}{escape(where)}{': ' + escape(why) if why else ''}</li>"
         )
     yield "</ul>"
+
+
+_RUN_B = re.compile(r"\brun B\b")
+
+
+def _named(text: str, label: str) -> str:
+    """``compare``'s text of a pair, which calls the other run "run B", with the report's letter
+    for it ("run C" from the third run on: the report's own B is another run)."""
+    return _RUN_B.sub(f"run {label.split()[0]}", text)
 
 
 def _labels(runs: Sequence[RunDir]) -> list[str]:
@@ -150,12 +172,20 @@ def _plot(
     return line_chart(series, title=name.capitalize(), x_label="optimizer step", y_label=name, marks=marks)
 
 
-def _comparison_html(ref: str, label: str, c: Comparison) -> Iterable[str]:
+def _comparison_html(ref: str, label: str, c: Comparison, view: LegView | None = None) -> Iterable[str]:
     """One comparison's section: verdict, causes, where, adapter, differences, split, notes."""
     verdict = c.verdict.value
     tol = f" (tolerance {c.tolerance:g})" if c.tolerance is not None else ""
     yield (f"<h3>{escape(ref)} vs {escape(label)}: {badge(verdict, c.verdict.label)}{escape(tol)}</h3>")
-    if c.prefix:
+    b = label.split()[0]  # compare's "run B" is this run: C, D... from the third run on
+    if c.prefix and view is not None and view.replay:
+        yield (
+            f"<p>Compared over the {c.where.steps_compared} steps both ran: leg {escape(view.name)} "
+            "replays an interval of the recorded run and holds the steps to its end; verify also "
+            f"compared its end state, and judged it {escape(str(view.verdict))} "
+            f"(it must be {escape(view.expected)}).</p>"
+        )
+    elif c.prefix:
         yield (
             f"<p>Compared over the {c.where.steps_compared} steps both ran: this negative control "
             "stops once it parts from the reference, by design (its length and adapter are not "
@@ -163,11 +193,11 @@ def _comparison_html(ref: str, label: str, c: Comparison) -> Iterable[str]:
         )
     if c.incomparable:
         yield "<p>Not the same experiment:</p><ul>"
-        yield from (f"<li>{escape(reason)}</li>" for reason in c.incomparable)
+        yield from (f"<li>{escape(_named(reason, label))}</li>" for reason in c.incomparable)
         yield "</ul>"
     if c.causes:
         yield "<p>Why, most likely first:</p><ol>"
-        yield from (f"<li>{escape(cause)}</li>" for cause in c.causes)
+        yield from (f"<li>{escape(_named(cause, label))}</li>" for cause in c.causes)
         yield "</ol>"
     w = c.where
     rows: list[tuple[str, Any]] = [
@@ -187,18 +217,18 @@ def _comparison_html(ref: str, label: str, c: Comparison) -> Iterable[str]:
         if c.adapter.identical:
             yield f"<p>Identical: sha256 <code>{escape(str(c.adapter.sha256_a))}</code></p>"
         else:
-            yield (
-                f"<p>Differs: sha256 <code>{escape(str(c.adapter.sha256_a))}</code> vs "
-                f"<code>{escape(str(c.adapter.sha256_b))}</code></p>"
-            )
-            yield table(
-                ("tensor", "shape A", "shape B", "max |difference|"),
-                ((t.name, str(t.shape_a), str(t.shape_b), t.max_abs_diff) for t in c.adapter.tensors),
-            )
+            sides = (c.adapter.sha256_a, c.adapter.sha256_b)
+            shown = [f"<code>{escape(side)}</code>" if side else "(absent)" for side in sides]
+            yield f"<p>Differs: sha256 {shown[0]} vs {shown[1]}</p>"
+            if c.adapter.tensors:
+                yield table(
+                    ("tensor", "shape A", f"shape {b}", "max |difference|"),
+                    ((t.name, str(t.shape_a), str(t.shape_b), t.max_abs_diff) for t in c.adapter.tensors),
+                )
     if c.differences:
         yield "<h4>What differs</h4>"
         yield table(
-            ("category", "key", "A", "B"),
+            ("category", "key", "A", b),
             (
                 (
                     d.category,
@@ -220,8 +250,8 @@ def _comparison_html(ref: str, label: str, c: Comparison) -> Iterable[str]:
         split_rows += [
             (m.row, "in another split", m.split_a or "(none)", m.split_b or "(none)") for m in s.moved
         ]
-        yield table(("row", "difference", "split in A", "split in B"), sorted(split_rows))
+        yield table(("row", "difference", "split in A", f"split in {b}"), sorted(split_rows))
         if s.reordered:
             yield f"<p>Same rows in another order: {escape(', '.join(s.reordered))}</p>"
     if c.notes:
-        yield "<ul>" + "".join(f"<li>{escape(note)}</li>" for note in c.notes) + "</ul>"
+        yield "<ul>" + "".join(f"<li>{escape(_named(note, label))}</li>" for note in c.notes) + "</ul>"

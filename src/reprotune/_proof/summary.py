@@ -25,32 +25,57 @@ TRAINER_CHECKPOINTS = "the Trainer's own checkpoints"
 
 
 @dataclass(frozen=True)
+class LegView:
+    """A verification's leg as the report shows it: its name, what it must be, the verdict verify
+    gave it (its end state judged too, where compare over the common steps does not), and whether
+    it is a negative control or a replay of an interval (a spot check's)."""
+
+    name: str
+    expected: str
+    verdict: str | None
+    replay: bool
+
+
+@dataclass(frozen=True)
 class Proof:
     """A verification or a bundle rerun: its runs (reference first), whether each is compared with
-    the reference over the steps both hold only (a control that stops once it parts, by design),
-    and its summary as HTML."""
+    the reference over the steps both hold only (a control that stops once it parts, by design;
+    a spot check's replay, which holds the steps to its interval's end), each leg as verify
+    judged it (None: the reference, a bundle's runs), and its summary as HTML."""
 
     runs: list[Path]
     prefix: list[bool]
     html: str
+    legs: list[LegView | None]
 
 
-def expand(paths: Sequence[Path]) -> tuple[list[Path], list[bool], list[str]]:
+@dataclass(frozen=True)
+class Expanded:
+    """The runs a report's arguments stand for, and what it says of them."""
+
+    runs: list[Path]
+    prefix: list[bool]
+    legs: list[LegView | None]
+    summaries: list[str]
+
+
+def expand(paths: Sequence[Path]) -> Expanded:
     """The run directories ``paths`` stand for, whether each is to be compared over the common
-    steps only (verify's fast controls), and the proof summaries to open the report with."""
-    runs: list[Path] = []
-    prefix: list[bool] = []
-    summaries: list[str] = []
+    steps only (verify's fast controls, a spot check's replays), each as verify judged it, and
+    the proof summaries to open the report with."""
+    out = Expanded([], [], [], [])
     for path in paths:
         proof = _proof(Path(path))
         if proof is None:
-            runs.append(Path(path))
-            prefix.append(False)
+            out.runs.append(Path(path))
+            out.prefix.append(False)
+            out.legs.append(None)
         else:
-            runs.extend(proof.runs)
-            prefix.extend(proof.prefix)
-            summaries.append(proof.html)
-    return runs, prefix, summaries
+            out.runs.extend(proof.runs)
+            out.prefix.extend(proof.prefix)
+            out.legs.extend(proof.legs)
+            out.summaries.append(proof.html)
+    return out
 
 
 def _proof(path: Path) -> Proof | None:
@@ -112,7 +137,16 @@ def _verification(path: Path, data: dict[str, Any]) -> Proof:
         spot_mode or bool(leg.get("prefix", fast and str(leg.get("name")).startswith("control")))
         for leg in legs
     ]
-    return Proof([reference, *(Path(leg["run_dir"]) for leg in legs)], [False, *prefix], html)
+    views: list[LegView | None] = [
+        LegView(
+            str(leg["name"]),
+            str(leg.get("expected")),
+            leg.get("verdict"),
+            spot_mode and leg.get("expected") != "DIVERGED",
+        )
+        for leg in legs
+    ]
+    return Proof([reference, *(Path(leg["run_dir"]) for leg in legs)], [False, *prefix], html, [None, *views])
 
 
 def _here(directory: Path, recorded: Any, taken: set[Path]) -> Any:
@@ -241,7 +275,7 @@ def _bundle_rerun(path: Path, data: dict[str, Any]) -> Proof:
         + "".join(f"<p>{escape(str(cause))}</p>" for cause in data.get("causes", []))
         + f"<p>Environment differences: {escape(', '.join(environment) or 'none')}.</p>"
     )
-    return Proof([path / "recorded" / "run", path / "rerun"], [False, False], html)
+    return Proof([path / "recorded" / "run", path / "rerun"], [False, False], html, [None, None])
 
 
 def _mark(passed: Any) -> str:
