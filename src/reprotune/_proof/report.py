@@ -212,19 +212,7 @@ def _comparison_html(ref: str, label: str, c: Comparison, view: LegView | None =
     rows += largest_differences(w)
     yield "<h4>Where</h4>"
     yield table(("what", "step or value"), ((name, "never" if v is None else v) for name, v in rows))
-    if c.adapter is not None:
-        yield "<h4>Adapter</h4>"
-        if c.adapter.identical:
-            yield f"<p>Identical: sha256 <code>{escape(str(c.adapter.sha256_a))}</code></p>"
-        else:
-            sides = (c.adapter.sha256_a, c.adapter.sha256_b)
-            shown = [f"<code>{escape(side)}</code>" if side else "(absent)" for side in sides]
-            yield f"<p>Differs: sha256 {shown[0]} vs {shown[1]}</p>"
-            if c.adapter.tensors:
-                yield table(
-                    ("tensor", "shape A", f"shape {b}", "max |difference|"),
-                    ((t.name, str(t.shape_a), str(t.shape_b), t.max_abs_diff) for t in c.adapter.tensors),
-                )
+    yield from _adapter_html(c, b)
     if c.differences:
         yield "<h4>What differs</h4>"
         yield table(
@@ -255,3 +243,23 @@ def _comparison_html(ref: str, label: str, c: Comparison, view: LegView | None =
             yield f"<p>Same rows in another order: {escape(', '.join(s.reordered))}</p>"
     if c.notes:
         yield "<ul>" + "".join(f"<li>{escape(_named(note, label))}</li>" for note in c.notes) + "</ul>"
+
+
+def _adapter_html(c: Comparison, b: str) -> Iterable[str]:
+    """The adapters of a comparison: identical, or both sha256 (a missing one: absent) and the
+    tensors that differ (``b``: the other run's letter)."""
+    adapter = c.adapter
+    if adapter is None:
+        return
+    yield "<h4>Adapter</h4>"
+    if adapter.identical:
+        yield f"<p>Identical: sha256 <code>{escape(str(adapter.sha256_a))}</code></p>"
+        return
+    sides = (adapter.sha256_a, adapter.sha256_b)
+    shown = [f"<code>{escape(side)}</code>" if side else "(absent)" for side in sides]
+    yield f"<p>Differs: sha256 {shown[0]} vs {shown[1]}</p>"
+    if adapter.tensors:
+        yield table(
+            ("tensor", "shape A", f"shape {b}", "max |difference|"),
+            ((t.name, str(t.shape_a), str(t.shape_b), t.max_abs_diff) for t in adapter.tensors),
+        )
