@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Mapping
@@ -99,18 +100,78 @@ def test_mlflow_sqlite_store_gets_everything(tmp_path: Path) -> None:
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["record.json"]
 
 
+def _policies(pid: int) -> dict[int, int]:
+    """Each thread of process ``pid``: its scheduling policy."""
+    policies = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            policies[int(task.name)] = os.sched_getscheduler(int(task.name))
+    return policies
+
+
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
 def test_mlflow_child_yields_to_the_loop(tmp_path: Path) -> None:
-    """While the run trains, the MLflow child runs at idle priority; it still stores everything."""
+    """While the run trains, the thread of the MLflow child that serves it runs at idle priority,
+    its main thread never: that one drains at normal priority once the loop is over (a process
+    cannot raise itself back from SCHED_IDLE without privileges, so it drained at idle priority
+    behind every busy process). It stores everything."""
     tracker = MlflowTracker(seed_mlflow_store(tmp_path / "mlflow.db"), tmp_path / "artifacts", "unit")
     trackers = TrackerSet([tracker])
     trackers.start(_run(tmp_path))
-    deadline = time.monotonic() + 60
-    while os.sched_getscheduler(tracker._proc.pid) != os.SCHED_IDLE and time.monotonic() < deadline:
+    pid, deadline = tracker._proc.pid, time.monotonic() + 60
+    while os.SCHED_IDLE not in _policies(pid).values() and time.monotonic() < deadline:
         time.sleep(0.05)  # the child sets its policy as it starts serving
-    assert os.sched_getscheduler(tracker._proc.pid) == os.SCHED_IDLE
+    policies = _policies(pid)
+    assert os.SCHED_IDLE in policies.values() and policies[pid] == os.SCHED_OTHER, policies
     trackers.log_metrics(1, {"train_loss": 0.5})
     assert trackers.finish("completed")["mlflow"]["metrics_logged"] == 1
+
+
+def test_a_ctrl_c_to_the_group_leaves_the_mlflow_run_to_be_ended(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C (or a scheduler's SIGTERM) reaches the MLflow child with the run: it
+    lives on until the run tells it how it ended (before, it died, the MLflow run stayed RUNNING
+    and the record named no MLflow run)."""
+    import signal
+
+    from mlflow.tracking import MlflowClient
+
+    uri = seed_mlflow_store(tmp_path / "mlflow.db")
+    tracker = MlflowTracker(uri, tmp_path / "artifacts", "unit")
+    trackers = TrackerSet([tracker])
+    trackers.start(_run(tmp_path))
+    trackers.log_metrics(1, {"train_loss": 0.5})
+    time.sleep(2)  # the child has started serving (its signals set)
+    for number in (signal.SIGINT, signal.SIGTERM):
+        os.kill(tracker._proc.pid, number)
+    time.sleep(0.5)
+    summary = trackers.finish("interrupted")["mlflow"]
+    assert summary["ok"] is True and summary["metrics_logged"] == 1, summary
+    assert MlflowClient(uri).get_run(summary["mlflow_run_id"]).info.status == "KILLED"
+
+
+def test_a_tracker_that_fails_after_its_run_exists_ends_it_failed_and_names_it(tmp_path: Path) -> None:
+    """Artifacts that cannot be stored (the artifact folder replaced by a file): the MLflow run
+    ends FAILED and the record's summary names it beside the error (before, it stayed RUNNING and
+    the record lost its id, so nothing could find it)."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    uri = seed_mlflow_store(tmp_path / "mlflow.db")
+    tracker = MlflowTracker(uri, tmp_path / "artifacts", "failing-artifacts")
+    lines: list[str] = []
+    trackers = TrackerSet([tracker], report=lines.append)
+    trackers.start(_run(tmp_path))
+    trackers.log_metrics(1, {"train_loss": 0.5})
+    (tmp_path / "record.json").write_text("{}")
+    time.sleep(2)  # the experiment and its artifact folder exist
+    shutil.rmtree(tmp_path / "artifacts")
+    (tmp_path / "artifacts").write_text("not a folder")
+    trackers.log_artifacts({"": tmp_path / "record.json"})
+    summary = trackers.finish("completed")["mlflow"]
+    assert summary["ok"] is False and summary["mlflow_run_id"] and len(lines) == 1, (summary, lines)
+    run = MlflowClient(uri).get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FAILED" and run.data.metrics["train_loss"] == 0.5
 
 
 def test_mlflow_failure_does_not_raise_into_the_run(tmp_path: Path) -> None:

@@ -59,6 +59,7 @@ class TrackerSet:
     trackers: list[Tracker]
     report: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
     failures: dict[str, str] = field(default_factory=dict)
+    failure_details: dict[str, dict[str, Any]] = field(default_factory=dict)
     summaries: dict[str, Any] | None = None  # set by the first finish; a second returns it
 
     def _each(self, action: str, call: Callable[[Tracker], Any]) -> None:
@@ -70,6 +71,8 @@ class TrackerSet:
                 with contextlib.suppress(Exception):
                     tracker.close()
                 self.failures[tracker.name] = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, TrackerFailed):
+                    self.failure_details[tracker.name] = exc.details
                 self.report(
                     f"warning: tracker {tracker.name!r} failed during {action} and is switched off "
                     f"({type(exc).__name__}: {exc}); the run and its record go on"
@@ -98,9 +101,18 @@ class TrackerSet:
 
         self._each("finish", _finish)
         for name, error in self.failures.items():
-            summaries[name] = {"ok": False, "error": error}
+            summaries[name] = {"ok": False, "error": error, **self.failure_details.get(name, {})}
         self.summaries = summaries
         return summaries
+
+
+class TrackerFailed(RuntimeError):
+    """A tracker failed after it made something the record should name (an MLflow run, ended
+    FAILED): ``details`` go into the record beside the error."""
+
+    def __init__(self, message: str, details: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.details = details
 
 
 def flatten_params(config: Mapping[str, Any]) -> dict[str, str]:

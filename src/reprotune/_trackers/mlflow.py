@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from reprotune._run.record import Status
-from reprotune._trackers.base import RunDescription
+from reprotune._trackers.base import RunDescription, TrackerFailed
 from reprotune._trackers.mlflow_worker import sqlite_file
 
 #: MLflow's HTTP settings for the child, where the environment sets none: MLflow's own (7 retries
@@ -89,21 +89,29 @@ class MlflowTracker:
 
     def _send(self, message: dict[str, Any]) -> None:
         if self._proc.poll() is not None:
-            raise RuntimeError(self._failure())
+            raise self._failure()
         assert self._proc.stdin is not None
         self._proc.stdin.write(json.dumps(message).encode("utf-8") + b"\n")
         self._proc.stdin.flush()
 
-    def _failure(self) -> str:
-        """Why the child stopped: its last words (JSON on stdout), else the tail of its stderr."""
+    def _failure(self) -> RuntimeError:
+        """Why the child stopped: its last words (JSON on stdout, with the MLflow run it made and
+        ended FAILED), else the tail of its stderr."""
         assert self._proc.stdout is not None
         out = self._proc.stdout.read().decode("utf-8", "replace").strip().splitlines()
         if out:
             with contextlib.suppress(ValueError):
-                return str(json.loads(out[-1]).get("error"))
+                return self._failed(json.loads(out[-1]))
         self._log.seek(0)
         tail = self._log.read().decode("utf-8", "replace").strip().splitlines()[-3:]
-        return f"mlflow worker exited with code {self._proc.returncode}: " + " | ".join(tail)
+        return RuntimeError(f"mlflow worker exited with code {self._proc.returncode}: " + " | ".join(tail))
+
+    def _failed(self, outcome: dict[str, Any]) -> RuntimeError:
+        error = str(outcome.get("error") or f"mlflow worker exited with code {self._proc.returncode}")
+        if not outcome.get("mlflow_run_id"):
+            return RuntimeError(error)
+        where = {"tracking_uri": self.uri, "experiment": self.experiment}
+        return TrackerFailed(error, {**where, "mlflow_run_id": outcome["mlflow_run_id"]})
 
     def start(self, run: RunDescription) -> None:
         self._started = True
@@ -168,9 +176,7 @@ class MlflowTracker:
         lines = out.decode("utf-8", "replace").strip().splitlines()
         result = json.loads(lines[-1]) if lines else {}
         if self._proc.returncode != 0 or not result.get("ok"):
-            raise RuntimeError(
-                result.get("error") or f"mlflow worker exited with code {self._proc.returncode}"
-            )
+            raise self._failed(result)
         return {
             "tracking_uri": self.uri,
             "experiment": self.experiment,

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -95,95 +96,145 @@ def open_run(
 
 
 def _background(on: bool) -> None:
-    """While the loop trains, run only on a core it leaves idle (``SCHED_IDLE``); Linux only.
+    """Run the calling thread only on a core the loop leaves idle (``SCHED_IDLE``); Linux only.
 
     An observer must not slow what it observes: with the loop's intra-op threads on every core,
     MLflow's start-up and SQLAlchemy work at normal priority cost the quickstart's steps about
-    10 %. Nothing is lost by waiting: metrics queue, a full pipe makes the loop wait, and once the
-    loop is over (artifacts, finish) this process goes back to normal priority to drain.
+    10 %. Nothing is lost by waiting: metrics queue, and a full pipe makes the loop wait. The
+    policy is the thread's own: only the thread that serves the run while it trains takes it, and
+    the main thread, never lowered, drains what is left once the loop is over (a process cannot
+    raise itself back from ``SCHED_IDLE`` without privileges: it drained at idle priority, for
+    minutes behind other busy processes).
     """
     import os
 
     with contextlib.suppress(OSError, AttributeError):
         policy = os.SCHED_IDLE if on else os.SCHED_OTHER
-        os.sched_setscheduler(0, policy, os.sched_param(0))
+        os.sched_setscheduler(0, policy, os.sched_param(0))  # 0: the calling thread
 
 
-def serve(flush_interval_s: float) -> dict[str, Any]:
-    """Serve one run; return the outcome line."""
-    import os
+@dataclass
+class _Run:
+    """What the worker holds of its run, passed from the thread that serves it while the loop
+    trains to the main thread that ends it."""
 
-    _background(True)
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
-    threading.Thread(target=_read_stdin, args=(lines,), daemon=True).start()
-    from mlflow.entities import Metric  # slow; overlaps the parent's model loading
-
+    flush_interval_s: float
+    lines: queue.Queue[dict[str, Any] | None]
     client: Any = None
-    run_id = ""
-    pending: list[Any] = []
-    sent = 0
+    run_id: str = ""
+    pending: list[Any] = field(default_factory=list)
+    sent: int = 0
+    handoff: list[dict[str, Any] | None] = field(default_factory=list)
+    error: BaseException | None = None
 
-    def flush() -> None:
-        nonlocal sent
-        while pending:
-            chunk = pending[:MAX_METRICS_PER_BATCH]
-            client.log_batch(run_id, metrics=chunk, synchronous=True)
-            del pending[: len(chunk)]
-            sent += len(chunk)
+    def flush(self) -> None:
+        while self.pending:
+            chunk = self.pending[:MAX_METRICS_PER_BATCH]
+            self.client.log_batch(self.run_id, metrics=chunk, synchronous=True)
+            del self.pending[: len(chunk)]
+            self.sent += len(chunk)
 
-    while True:
-        batch = [lines.get()]
+    def take(self, message: dict[str, Any]) -> None:
+        """A ``start`` or ``metrics`` message."""
+        from mlflow.entities import Metric
+
+        if message["op"] == "start":
+            self.client, self.run_id = _start(message)
+        else:
+            for step, stamp, values in message["rows"]:
+                self.pending.extend(Metric(k, float(v), stamp, step) for k, v in sorted(values.items()))
+
+
+def _while_training(run: _Run) -> None:
+    """Serve ``start`` and ``metrics`` at idle priority until the loop is over (``artifacts``,
+    ``finish``, or the pipe closed): that message, and what follows, are the main thread's."""
+    _background(True)
+    try:
+        from mlflow.entities import Metric  # noqa: F401 (slow; overlaps the parent's model loading)
+
         while True:
-            try:
-                batch.append(lines.get_nowait())
-            except queue.Empty:
-                break
-        for message in batch:
-            if message is None:
-                flush() if client is not None else None
+            batch = [run.lines.get()]
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    batch.append(run.lines.get_nowait())
+            for k, message in enumerate(batch):
+                if message is None or message["op"] not in ("start", "metrics"):
+                    run.handoff = batch[k:]
+                    return
+                run.take(message)
+            if run.client is not None:
+                run.flush()
+            time.sleep(run.flush_interval_s)
+    except BaseException as exc:  # raised again by the main thread
+        run.error = exc
+
+
+def serve(run: _Run) -> dict[str, Any]:
+    """Serve one run; return the outcome line."""
+    threading.Thread(target=_read_stdin, args=(run.lines,), daemon=True).start()
+    training = threading.Thread(target=_while_training, args=(run,))
+    training.start()
+    training.join()
+    if run.error is not None:
+        raise run.error
+    pending = list(run.handoff)
+    while True:  # at normal priority: the loop is over, or the parent went away
+        message = pending.pop(0) if pending else run.lines.get()
+        if message is None:
+            if run.client is not None:
+                run.flush()
+            return {
+                "ok": run.client is not None,
+                "mlflow_run_id": run.run_id or None,
+                "metrics_logged": run.sent,
+                "error": None if run.client is not None else "the run never started",
+            }
+        op = message["op"]
+        if op in ("start", "metrics"):
+            run.take(message)
+        elif op == "artifacts":
+            run.flush()
+            for artifact_path, local in message["paths"].items():
+                if Path(local).is_dir():
+                    run.client.log_artifacts(run.run_id, local, artifact_path=artifact_path)
+                else:
+                    run.client.log_artifact(run.run_id, local, artifact_path=artifact_path or None)
+        elif op == "finish":
+            if run.client is None:
                 return {
-                    "ok": client is not None,
-                    "mlflow_run_id": run_id or None,
-                    "metrics_logged": sent,
-                    "error": None if client is not None else "the run never started",
+                    "ok": False,
+                    "error": "finished before the run started",
+                    "mlflow_run_id": None,
+                    "metrics_logged": 0,
                 }
-            op = message["op"]
-            if op == "start":
-                client, run_id = _start(message)
-            elif op == "metrics":
-                for step, stamp, values in message["rows"]:
-                    pending.extend(Metric(k, float(v), stamp, step) for k, v in sorted(values.items()))
-            elif op == "artifacts":
-                _background(False)  # the loop is over
-                flush()
-                for artifact_path, local in message["paths"].items():
-                    if Path(local).is_dir():
-                        client.log_artifacts(run_id, local, artifact_path=artifact_path)
-                    else:
-                        client.log_artifact(run_id, local, artifact_path=artifact_path or None)
-            elif op == "finish":
-                _background(False)
-                if client is None:
-                    return {
-                        "ok": False,
-                        "error": "finished before the run started",
-                        "mlflow_run_id": None,
-                        "metrics_logged": 0,
-                    }
-                flush()
-                client.set_terminated(run_id, status=MLFLOW_STATUS.get(message["status"], "KILLED"))
-                return {"ok": True, "mlflow_run_id": run_id, "metrics_logged": sent}
-        if client is not None:
-            flush()
-        time.sleep(flush_interval_s)
+            run.flush()
+            run.client.set_terminated(run.run_id, status=MLFLOW_STATUS.get(message["status"], "KILLED"))
+            return {"ok": True, "mlflow_run_id": run.run_id, "metrics_logged": run.sent}
+
+
+def _ended_failed(run: _Run) -> None:
+    """A run that failed after it was created ends FAILED in MLflow (it stayed RUNNING)."""
+    if run.client is not None and run.run_id:
+        with contextlib.suppress(Exception):
+            run.client.set_terminated(run.run_id, status="FAILED")
 
 
 def main() -> int:
+    import os
+    import signal
+
+    # The parent ends this process: a terminal's Ctrl-C, a hang-up or a scheduler's SIGTERM sent
+    # to the whole group must not kill it before the parent has told it how the run ended (the
+    # run stayed RUNNING, its last metrics lost); a parent that dies closes the pipe, which ends it.
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, signal.SIG_IGN)
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    run = _Run(float(sys.argv[1]) if len(sys.argv) > 1 else 1.0, queue.Queue())
     try:
-        outcome = serve(float(sys.argv[1]) if len(sys.argv) > 1 else 1.0)
+        outcome = serve(run)
     except Exception as exc:
-        outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        _ended_failed(run)
+        outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "mlflow_run_id": run.run_id or None}
     sys.stdout.write(json.dumps(outcome) + "\n")
     sys.stdout.flush()
     return 0 if outcome.get("ok") else 1
