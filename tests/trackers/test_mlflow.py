@@ -149,6 +149,34 @@ def test_a_ctrl_c_to_the_group_leaves_the_mlflow_run_to_be_ended(tmp_path: Path)
     assert MlflowClient(uri).get_run(summary["mlflow_run_id"]).info.status == "KILLED"
 
 
+def test_a_resumed_run_continues_its_mlflow_run_without_logging_a_step_twice(tmp_path: Path) -> None:
+    """Interrupted after step 5, resumed from the checkpoint at step 4: the second attempt continues
+    the first's MLflow run (before, a second run of the same name, step 5 in both, and the record
+    named only the second), logs steps 6 on, and ends it FINISHED."""
+    from dataclasses import replace
+
+    from mlflow.tracking import MlflowClient
+
+    uri = seed_mlflow_store(tmp_path / "mlflow.db")
+    first = TrackerSet([MlflowTracker(uri, tmp_path / "artifacts", "resumed")])
+    first.start(_run(tmp_path))
+    for step in range(1, 6):
+        first.log_metrics(step, {"train_loss": float(step)})
+    before = first.finish("interrupted")
+    second = TrackerSet([MlflowTracker(uri, tmp_path / "artifacts", "resumed")])
+    second.start(replace(_run(tmp_path), continues=before))
+    for step in range(5, 8):  # the resumed attempt trains steps 5-7 again from the checkpoint at 4
+        second.log_metrics(step, {"train_loss": float(step)})
+    after = second.finish("completed")["mlflow"]
+    client = MlflowClient(uri)
+    assert after["mlflow_run_id"] == before["mlflow"]["mlflow_run_id"], (before, after)
+    assert client.get_run(after["mlflow_run_id"]).info.status == "FINISHED"
+    history = client.get_metric_history(after["mlflow_run_id"], "train_loss")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4, 5, 6, 7]
+    experiment = client.get_experiment_by_name("resumed")
+    assert len(client.search_runs([experiment.experiment_id])) == 1
+
+
 def test_a_tracker_that_fails_after_its_run_exists_ends_it_failed_and_names_it(tmp_path: Path) -> None:
     """Artifacts that cannot be stored (the artifact folder replaced by a file): the MLflow run
     ends FAILED and the record's summary names it beside the error (before, it stayed RUNNING and

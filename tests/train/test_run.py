@@ -196,6 +196,38 @@ def mlflow_uri() -> Any:
     mlflow.set_tracking_uri(None)  # type: ignore[arg-type]
 
 
+def test_a_resumed_run_continues_its_mlflow_run(tiny_project: Any, tmp_path: Path, mlflow_uri: Any) -> None:
+    """Stopped after step 6 (the checkpoint at 4), then resumed: one MLflow run, FINISHED, each step
+    of the ledger logged once, named by the record (before, two runs of one name, steps 5-6 in
+    both, and the record named the second only)."""
+    from mlflow.tracking import MlflowClient
+
+    from reprotune._train.run import resume_run
+
+    uri = seed_mlflow_store(tmp_path / "mlflow.db")
+    tracking = {
+        "mlflow": True,
+        "uri": uri,
+        "artifact_location": str(tmp_path / "art"),
+        "experiment": "resumed",
+    }
+    config = tiny_project.config("train-resumed.yaml", tracking=tracking)
+    stopped = _run(tiny_project, tmp_path / "run", config=config, stop_after_step=6)
+    first = stopped.record["trackers"]["mlflow"]["mlflow_run_id"]
+    with torch.random.fork_rng():
+        result = resume_run(
+            tmp_path / "run", RunOptions(run_dir=tmp_path / "run", progress=False, code_dir=tiny_project.root)
+        )
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("resumed").experiment_id])
+    assert run.info.run_id == first == result.record["trackers"]["mlflow"]["mlflow_run_id"]
+    assert run.info.status == "FINISHED"
+    history = client.get_metric_history(first, "train_loss")
+    assert sorted((m.step, m.value) for m in history) == [
+        (e["step"], float.fromhex(e["loss"])) for e in _train_lines(tmp_path / "run")
+    ]
+
+
 def test_mlflow_mirrors_params_tags_metrics_and_artifacts(
     tiny_project: Any, tmp_path: Path, mlflow_uri: Any
 ) -> None:

@@ -29,6 +29,9 @@ class RunDescription:
     run_dir: Path
     params: Mapping[str, str]
     tags: Mapping[str, str]
+    #: A resumed run: what its trackers reported at the end of the attempt before (the record's
+    #: ``trackers``), so that each continues its own run there instead of opening a second one.
+    continues: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Tracker(Protocol):

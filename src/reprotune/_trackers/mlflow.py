@@ -115,6 +115,8 @@ class MlflowTracker:
 
     def start(self, run: RunDescription) -> None:
         self._started = True
+        before = run.continues.get("mlflow") or {}
+        same_store = (before.get("tracking_uri"), before.get("experiment")) == (self.uri, self.experiment)
         self._send(
             {
                 "op": "start",
@@ -124,6 +126,8 @@ class MlflowTracker:
                 "run_name": run.run_id,
                 "params": dict(run.params),
                 "tags": dict(run.tags),
+                # a resumed run continues its MLflow run (in this store) rather than open another
+                "continue_run_id": before.get("mlflow_run_id") if same_store else None,
             }
         )
 

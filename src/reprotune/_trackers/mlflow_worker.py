@@ -1,8 +1,9 @@
 """The MLflow tracker's child process: reads JSON lines on stdin, writes to MLflow, answers on stdout.
 
 Messages (one JSON object a line): ``start`` (uri, artifact_location, experiment, run_name,
-params, tags), ``metrics`` (rows of [step, timestamp, {name: value}]), ``artifacts`` (paths: artifact path ->
-local path), ``finish`` (status). The last line on stdout is the outcome:
+params, tags, continue_run_id: a resumed run's MLflow run, continued), ``metrics`` (rows of
+[step, timestamp, {name: value}]), ``artifacts`` (paths: artifact path -> local path),
+``finish`` (status). The last line on stdout is the outcome:
 ``{"ok": true, "mlflow_run_id": ..., "metrics_logged": N}`` or ``{"ok": false, "error": ...}``.
 Started by :class:`reprotune._trackers.mlflow.MlflowTracker`; not meant to be run by hand.
 """
@@ -63,11 +64,34 @@ def open_client(uri: str) -> Any:
     return MlflowClient(tracking_uri=uri)
 
 
-def _start(message: dict[str, Any]) -> tuple[Any, str]:
+def _start(message: dict[str, Any]) -> tuple[Any, str, dict[str, int]]:
+    """The client, the run (a resumed run's own, RUNNING again, where it is in the store), and
+    the last step of each metric it holds already (the resumed steps up to it are not logged
+    twice)."""
     client = open_client(message["uri"])
+    continued = _continued(client, message.get("continue_run_id"), message["experiment"])
+    if continued is not None:
+        return client, continued[0], continued[1]
     where = Path(message["artifact_location"])
     run_name, tags, params = message["run_name"], message["tags"], message["params"]
-    return client, open_run(client, message["experiment"], where, run_name, tags, params)
+    return client, open_run(client, message["experiment"], where, run_name, tags, params), {}
+
+
+def _continued(client: Any, run_id: str | None, experiment: str) -> tuple[str, dict[str, int]] | None:
+    """The run ``run_id`` set RUNNING again with the last step of each of its metrics, when it is
+    a run of ``experiment`` in this store; else None (a new run is opened)."""
+    if not run_id:
+        return None
+    try:
+        found = client.get_run(run_id)
+        named = client.get_experiment(found.info.experiment_id).name
+    except Exception:  # gone from the store, or another store: a new run
+        return None
+    if named != experiment:
+        return None
+    client.update_run(run_id, status="RUNNING")
+    last = {key: max(m.step for m in client.get_metric_history(run_id, key)) for key in found.data.metrics}
+    return run_id, last
 
 
 def open_run(
@@ -122,6 +146,7 @@ class _Run:
     lines: queue.Queue[dict[str, Any] | None]
     client: Any = None
     run_id: str = ""
+    logged_through: dict[str, int] = field(default_factory=dict)  # a continued run's last steps
     pending: list[Any] = field(default_factory=list)
     sent: int = 0
     handoff: list[dict[str, Any] | None] = field(default_factory=list)
@@ -139,10 +164,14 @@ class _Run:
         from mlflow.entities import Metric
 
         if message["op"] == "start":
-            self.client, self.run_id = _start(message)
+            self.client, self.run_id, self.logged_through = _start(message)
         else:
             for step, stamp, values in message["rows"]:
-                self.pending.extend(Metric(k, float(v), stamp, step) for k, v in sorted(values.items()))
+                self.pending.extend(
+                    Metric(k, float(v), stamp, step)
+                    for k, v in sorted(values.items())
+                    if step > self.logged_through.get(k, -1)
+                )
 
 
 def _while_training(run: _Run) -> None:

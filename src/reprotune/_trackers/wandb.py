@@ -91,6 +91,11 @@ class WandbTracker:
         directory.mkdir(parents=True, exist_ok=True)
         config: dict[str, Any] = dict(run.params)
         config.update({f"tags.{key}": value for key, value in run.tags.items()})
+        before = run.continues.get("wandb") or {}
+        same = (before.get("mode"), before.get("project")) == (self.mode, self.project)
+        continued = (
+            {"id": before["wandb_run_id"], "resume": "allow"} if same and before.get("wandb_run_id") else {}
+        )
         self._run = init_run(
             self._wandb,
             mode=self.mode,
@@ -99,6 +104,7 @@ class WandbTracker:
             name=run.run_id,
             config=config,
             tags=["reprotune"],
+            **continued,  # a resumed run continues its W&B run
         )
         files_dir = getattr(self._run, "dir", None)
         self._run_dir = str(Path(files_dir).parent) if files_dir else None

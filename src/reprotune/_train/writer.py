@@ -60,6 +60,7 @@ class RunWriter:
                 run_dir=self.paths.root,
                 params=flatten_params(self.record["config"]),
                 tags={**tracker_tags(self.record), "reprotune.run_dir": str(self.paths.root.resolve())},
+                continues=self.record.get("trackers") or {},  # a resumed run's, from the attempt before
             )
         )
 
