@@ -142,7 +142,9 @@ class SplitConfig(_Section):
         description="column whose groups never straddle two splits (not with `split.stratify_by`)",
     )
     rare_class_policy: Literal["train", "drop", "error"] = Field(
-        default="train", description="what to do with a class too small to appear in every split"
+        default="train",
+        description="what to do with a class too small to appear in every split (`train` is refused when "
+        "`split.ratios` give train nothing)",
     )
 
     @field_validator("ratios")
