@@ -56,6 +56,10 @@ def test_flatten_params() -> None:
         "d": "[1, 2]",
         "e": "{}",
     }
+    long = flatten_params({"data": {"system_prompt": "x" * 8699}})["data.system_prompt"]
+    assert len(long) == 6000 and long.endswith(
+        " ...[cut from 8699 characters; the whole value is in config.yaml]"
+    )
 
 
 def test_failing_tracker_reported_once_and_dropped(tmp_path: Path) -> None:

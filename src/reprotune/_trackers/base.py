@@ -121,9 +121,16 @@ class TrackerFailed(RuntimeError):
 def flatten_params(config: Mapping[str, Any]) -> dict[str, str]:
     """Flatten a nested config into ``{"a.b.c": "value"}`` strings, as MLflow params."""
     leaves = flattened(config)
-    return {
-        key: ("null" if value is None else str(value))[:_MAX_PARAM_CHARS] for key, value in leaves.items()
-    }
+    return {key: _param("null" if value is None else str(value)) for key, value in leaves.items()}
+
+
+def _param(text: str) -> str:
+    """``text`` as one param: whole, or cut to MLflow's limit with a mark that says so and where the
+    whole value is (a long system prompt, cut without a word, read as the value itself)."""
+    if len(text) <= _MAX_PARAM_CHARS:
+        return text
+    mark = f" ...[cut from {len(text)} characters; the whole value is in config.yaml]"
+    return text[: _MAX_PARAM_CHARS - len(mark)] + mark
 
 
 def tracker_tags(record: Mapping[str, Any]) -> dict[str, str]:
