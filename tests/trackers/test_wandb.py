@@ -74,6 +74,24 @@ def test_run_mirrors_to_wandb_offline_without_network(tmp_path: Path) -> None:
     assert [a["type"] for a in artifacts] == ["reprotune-run"]
 
 
+@pytest.mark.parametrize(
+    ("experiment", "project"),
+    [("/Users/me@example.com/reprotune", "Users-me@example.com-reprotune"), ("team/llm", "team-llm")],
+)
+def test_an_mlflow_experiment_path_is_a_w_and_b_project_it_accepts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, experiment: str, project: str
+) -> None:
+    """An experiment named as Databricks requires, or with a slash: W&B refused it as a project
+    and was switched off for the whole run; its characters W&B refuses are dashes now."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    tracker = WandbTracker(experiment, directory=tmp_path)
+    trackers = TrackerSet([tracker])
+    trackers.start(RunDescription(run_id="r1", run_dir=tmp_path, params={}, tags={}))
+    trackers.log_metrics(1, {"train_loss": 0.5})
+    summary = trackers.finish("completed")["wandb"]
+    assert summary["ok"] and summary["project"] == project, summary
+
+
 def test_a_failing_wandb_is_switched_off_once(tmp_path: Path) -> None:
     """A W&B run that cannot start (an unknown mode) is reported once and dropped; the others go on."""
     lines: list[str] = []

@@ -393,7 +393,7 @@ class TrackingConfig(_Section):
     wandb: Bool = Field(
         default=False,
         description="also mirror to Weights & Biases, offline unless WANDB_MODE says otherwise "
-        "(project: tracking.experiment; needs the reprotune[wandb] extra)",
+        "(project: tracking.experiment, with / \\ # ? % : made dashes; needs the reprotune[wandb] extra)",
     )
     uri: Str = Field(
         default="sqlite:///mlflow.db",

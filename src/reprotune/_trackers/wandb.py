@@ -38,6 +38,7 @@ from reprotune._trackers.base import RunDescription
 #: The install command that provides the ``wandb`` package.
 WANDB_EXTRA = "pip install 'reprotune[wandb]'"
 _ARTIFACT_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+_PROJECT_REFUSED = re.compile(r"[/\\#?%:]+")
 
 
 def import_wandb(source: str) -> Any:
@@ -78,7 +79,9 @@ class WandbTracker:
 
     def __init__(self, project: str, *, directory: Path | None = None, mode: str | None = None) -> None:
         self._wandb = import_wandb("tracking.wandb")
-        self.project = project
+        # An MLflow experiment may name a path (Databricks: /Users/me@example.com/reprotune), which
+        # W&B refuses as a project (no / \\ # ? % :): those characters become dashes.
+        self.project = _PROJECT_REFUSED.sub("-", project).strip("-") or "reprotune"
         self.mode = mode or os.environ.get("WANDB_MODE") or "offline"
         env_dir = os.environ.get("WANDB_DIR")
         self._directory = directory if directory is not None else (Path(env_dir) if env_dir else None)
