@@ -181,6 +181,21 @@ def test_a_resumed_run_continues_its_mlflow_run_without_logging_a_step_twice(tmp
     assert len(client.search_runs([experiment.experiment_id])) == 1
 
 
+def test_the_record_says_where_the_artifacts_went_when_the_experiment_kept_its_own(tmp_path: Path) -> None:
+    """An experiment that exists keeps its artifact location, whatever tracking.artifact_location
+    asks: the summary's artifact_uri says where they went (before, the record kept only the one
+    asked for, where nothing was written)."""
+    from mlflow.tracking import MlflowClient
+
+    uri = seed_mlflow_store(tmp_path / "mlflow.db")
+    MlflowClient(uri).create_experiment("kept", artifact_location=(tmp_path / "first").as_uri())
+    trackers = TrackerSet([MlflowTracker(uri, tmp_path / "asked", "kept")])
+    trackers.start(_run(tmp_path))
+    summary = trackers.finish("completed")["mlflow"]
+    assert summary["artifact_uri"].startswith((tmp_path / "first").as_uri()), summary
+    assert not (tmp_path / "asked").exists()
+
+
 def test_a_tracker_that_fails_after_its_run_exists_ends_it_failed_and_names_it(tmp_path: Path) -> None:
     """Artifacts that cannot be stored (the artifact folder replaced by a file): the MLflow run
     ends FAILED and the record's summary names it beside the error (before, it stayed RUNNING and

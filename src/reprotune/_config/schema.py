@@ -401,7 +401,10 @@ class TrackingConfig(_Section):
         description="tracking URI; relative sqlite paths resolve against the current directory",
     )
     artifact_location: Str = Field(
-        default="mlartifacts", min_length=1, description="where MLflow stores artifacts"
+        default="mlartifacts",
+        min_length=1,
+        description="where MLflow stores artifacts (a new experiment's: one that exists keeps its own; "
+        "the record's trackers.mlflow.artifact_uri says where they went)",
     )
     experiment: Str = Field(default="reprotune", min_length=1, description="MLflow experiment name")
 

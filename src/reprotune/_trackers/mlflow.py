@@ -186,4 +186,5 @@ class MlflowTracker:
             "experiment": self.experiment,
             "mlflow_run_id": result["mlflow_run_id"],
             "metrics_logged": result["metrics_logged"],
+            "artifact_uri": result.get("artifact_uri"),
         }

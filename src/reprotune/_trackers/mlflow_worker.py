@@ -238,7 +238,14 @@ def serve(run: _Run) -> dict[str, Any]:
                 }
             run.flush()
             run.client.set_terminated(run.run_id, status=MLFLOW_STATUS.get(message["status"], "KILLED"))
-            return {"ok": True, "mlflow_run_id": run.run_id, "metrics_logged": run.sent}
+            # where its artifacts went: an experiment that existed keeps its own location
+            artifact_uri = run.client.get_run(run.run_id).info.artifact_uri
+            return {
+                "ok": True,
+                "mlflow_run_id": run.run_id,
+                "metrics_logged": run.sent,
+                "artifact_uri": artifact_uri,
+            }
 
 
 def _ended_failed(run: _Run) -> None:
