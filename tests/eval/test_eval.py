@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from reprotune._cli import main
-from reprotune._eval.compare import compare_evals
+from reprotune._eval.compare import compare_evals, latest_pairs
 from reprotune._eval.evalfile import open_eval_dir
 from reprotune._eval.evaluate import EvalResult, run_eval
 from reprotune._proof.report import write_report
@@ -114,6 +114,19 @@ def test_seeded_sampling_repeats_and_moves_with_the_eval_seed(run_a: Path, tmp_p
     comparison = compare_evals(a.eval_dir, c.eval_dir)
     assert comparison.verdict == "DIVERGED" and comparison.rows_differing
     assert any("eval seed differs (sampling): 11 vs 12" in cause for cause in comparison.causes)
+
+
+def test_evals_are_paired_by_their_seed_and_the_latest_by_time(run_a: Path, tmp_path: Path) -> None:
+    """Sampled evals pair only under one eval seed, and of two alike the one made last is taken,
+    whatever its directory is named (before: the seed was no part of the pairing, and the latest
+    was the last by name, so a 'zzz' eval made first won)."""
+    sample = ("eval.decoding=sample", "eval.temperature=1.0")
+    a, b = (shutil.copytree(run_a, tmp_path / name, ignore=shutil.ignore_patterns("evals")) for name in "ab")
+    _eval(a, a / "evals" / "zzz-first", *sample, "seed.overrides.eval=12")
+    second = _eval(a, a / "evals" / "aaa-second", *sample, "seed.overrides.eval=12").eval_dir
+    _eval(a, a / "evals" / "mmm-other-seed", *sample, "seed.overrides.eval=11")
+    other = _eval(b, b / "evals" / "x", *sample, "seed.overrides.eval=12").eval_dir
+    assert latest_pairs(a, b) == [(second, other)]
 
 
 def test_a_changed_tokenizer_is_refused(project: Any, run_a: Path, restored: None) -> None:

@@ -305,7 +305,9 @@ def test_verify_with_existing_reference(tiny_project: TinyProject, tmp_path: Pat
 def test_verify_judges_the_evals_when_the_config_evaluates(tiny_project: TinyProject, tmp_path: Path) -> None:
     """With eval.generate_at_end, verify's eval leg compares the reference's eval with the
     rerun-resume leg's (made by its resumed process) row by row: IDENTICAL. A --reference whose
-    eval is missing is evaluated first, in a fresh process."""
+    only eval is one made by hand of its first 2 rows is evaluated first, in a fresh process, like
+    the rerun's (before, verify saw an eval there, made none, and failed the leg: "no evals made
+    with the same settings")."""
     config = tiny_project.config(
         "verify-eval.yaml",
         train={"max_steps": 4, "save_every": 2},
@@ -314,6 +316,7 @@ def test_verify_judges_the_evals_when_the_config_evaluates(tiny_project: TinyPro
     ref = tmp_path / "ref"
     tiny_project.run_cli("run", str(config), "--run-dir", str(ref), "--no-progress", "--no-tracking")
     shutil.rmtree(ref / "evals")
+    tiny_project.run_cli("eval", str(ref), "--max-rows", "2", "--no-progress")
     out = tmp_path / "v"
     done = tiny_project.run_cli("verify", str(config), "--out", str(out), "--reference", str(ref))
     assert "verify: PASS" in done.stdout
@@ -322,7 +325,7 @@ def test_verify_judges_the_evals_when_the_config_evaluates(tiny_project: TinyPro
     assert evidence["rows"] > 0 and evidence["rows_differing"] == 0
     # The leg's line shows that evidence as words, not a Python dict.
     assert f"rows {evidence['rows']}, rows_differing 0)" in done.stdout and "{'a':" not in done.stdout
-    assert len(list((ref / "evals").iterdir())) == 1
+    assert len(list((ref / "evals").iterdir())) == 2  # the hand-made one and verify's
     assert len(list((out / "rerun-resume" / "evals").iterdir())) == 1
 
 

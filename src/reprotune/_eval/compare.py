@@ -265,24 +265,33 @@ def _format_lines(c: EvalComparison) -> Iterable[str]:
 
 def latest_pairs(run_a: Path, run_b: Path) -> list[tuple[Path, Path]]:
     """Evals of two runs to compare: for each split both runs evaluated with the same settings
-    (generation identity, rows, base-only), the latest eval of each run."""
+    (generation identity, rows, base-only; sampling: the eval seed), the latest eval of each run
+    (by the time it was made: an eval directory may have any name, given with ``--out``)."""
     pairs: dict[str, tuple[Path, Path]] = {}
     keys_b: dict[str, Path] = {}
-    for path in run_evals(run_b):
-        keys_b[_pair_key(open_eval_dir(path))] = path  # later (by name: by time) wins
-    for path in run_evals(run_a):
-        key = _pair_key(open_eval_dir(path))
+    for path, opened in _by_time(run_b):
+        keys_b[_pair_key(opened)] = path  # the later wins
+    for path, opened in _by_time(run_a):
+        key = _pair_key(opened)
         if key in keys_b:
             pairs[key] = (path, keys_b[key])
     return sorted(pairs.values())
 
 
+def _by_time(run_dir: Path) -> list[tuple[Path, EvalDir]]:
+    """A run's evals, oldest first by the time each was made (its name where two say the same)."""
+    opened = [(path, open_eval_dir(path)) for path in run_evals(run_dir)]
+    return sorted(opened, key=lambda item: (str(item[1].record.get("created_at") or ""), item[0].name))
+
+
 def _pair_key(e: EvalDir) -> str:
     g = e.section("generation")
+    sampling = g.get("decoding") == "sample"
     parts: Sequence[Any] = (
         e.section("split").get("name"),
         e.section("split").get("n_rows"),
         bool(e.record.get("base_only")),
         *(g.get(k) for k in ("decoding", "temperature", "top_k", "top_p", "max_new_tokens")),
+        g.get("eval_seed") if sampling else None,  # another seed samples other tokens
     )
     return repr(parts)

@@ -3,7 +3,8 @@ of the reference and the eval of the rerun leg, each made in its own fresh proce
 IDENTICAL row for row (every generated token id).
 
 Both evals come from ``reprotune run``/``resume`` itself (``generate_at_end``); a ``--reference``
-run made without them is evaluated here first, in a fresh process. Controls are not evaluated:
+run without one made like the rerun's (none, or only evals of other rows, seeds or splits) is
+evaluated here first, in a fresh process. Controls are not evaluated:
 they stop as soon as they have parted (fast mode).
 """
 
@@ -25,8 +26,10 @@ def eval_leg(reference: Path, rerun: Path, run: Callable[..., float], progress: 
     ``reprotune ARGS`` in a fresh process and returns its wall time. The leg has no run directory
     of its own: the evals are the runs'."""
     wall_s = 0.0
-    for run_dir in (reference, rerun):
-        if not run_evals(run_dir):
+    # The rerun leg's evals are its own run's (generate_at_end); the reference needs one made
+    # alike: a --reference run may hold only others (fewer rows, another seed, the validation split)
+    for run_dir in (rerun, reference):
+        if not run_evals(run_dir) or (run_dir == reference and not latest_pairs(reference, rerun)):
             progress(f"verify: eval of {run_dir} in a fresh process")
             wall_s += run("eval", str(run_dir), "--no-progress")
     pairs = latest_pairs(reference, rerun)
