@@ -40,3 +40,32 @@ def test_generate_at_end_evaluates_and_logs_to_mlflow(
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow["tracking_uri"])
     artifacts = {a.path for a in client.list_artifacts(mlflow["mlflow_run_id"], f"evals/{eval_dir.name}")}
     assert artifacts == {f"evals/{eval_dir.name}/eval.json", f"evals/{eval_dir.name}/predictions.jsonl"}
+
+
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [
+        ({"split": {"ratios": [0.8, 0.2, 0.0]}}, "eval.generate_at_end evaluates the test split"),
+        ({"model": {"max_length": 500}}, "past the model's 512 positions"),
+    ],
+    ids=["empty-test-split", "past-the-positions"],
+)
+def test_what_the_eval_at_the_end_would_refuse_is_refused_before_training(
+    tmp_path: Path, changes: dict[str, dict[str, object]], said: str
+) -> None:
+    """An empty test split, or prompts of model.max_length plus eval.max_new_tokens past the model's
+    positions: exit 2 before the first step (before, the run trained to the end, then the eval
+    refused it, exit 2 after all that time)."""
+    from tinyrun import TinyProject
+
+    project = TinyProject.create(tmp_path, n_rows=40)
+    cfg = project.config(
+        train={"batch_size": 4, "max_steps": 2, "eval_every": 0, "save_every": 0},
+        eval={"batch_size": 8, "max_new_tokens": 64, "generate_at_end": True},
+        **changes,
+    )
+    done = project.run_cli("run", str(cfg), "--run-dir", "run", "--no-progress", "--no-tracking", check=False)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert "completed" not in done.stderr + done.stdout
+    ledger = project.root / "run" / "ledger.jsonl"
+    assert not ledger.exists() or '"kind":"train"' not in ledger.read_text()

@@ -6,7 +6,7 @@ import pytest
 from transformers import LlamaConfig, Qwen2Config
 
 from reprotune._errors import InputError
-from reprotune._eval.model import refuse_past_the_model
+from reprotune._model.positions import refuse_past_the_model
 
 
 def test_a_sequence_within_the_models_positions_passes() -> None:

@@ -26,6 +26,7 @@ from reprotune._errors import InputError
 from reprotune._eval.decode import ROWWISE, register_rowwise_attention
 from reprotune._eval.invariance import Invariance, make_batch_invariant
 from reprotune._model.loading import load_base_model
+from reprotune._model.positions import refuse_past_the_model
 
 
 @dataclass(frozen=True)
@@ -133,32 +134,6 @@ def _refuse_moved_model(name: str, recorded: Mapping[str, Any]) -> None:
             fix=f"put the model the run trained on back at {source}, or beside the project as "
             f"model.name {name!r} says (weights sha256 {recorded.get('weights_sha256')}); an eval "
             "loads the run's own base model",
-        )
-
-
-def refuse_past_the_model(config: Any, max_length: int, max_new_tokens: int) -> None:
-    """Refuse an eval whose longest sequence (a prompt of ``model.max_length`` tokens and
-    ``eval.max_new_tokens`` more) runs past the model's positions (transformers only warns, and
-    generates from positions the model never learned), or past a sliding window, which the rowwise
-    attention (over every earlier token) does not implement."""
-    tokens = max_length + max_new_tokens
-    positions = getattr(config, "max_position_embeddings", None)
-    if isinstance(positions, int) and tokens > positions:
-        raise InputError(
-            f"eval.max_new_tokens {max_new_tokens} after prompts of up to model.max_length {max_length} "
-            f"tokens reaches {tokens} tokens, past the model's {positions} positions",
-            source="eval.max_new_tokens",
-            fix=f"set eval.max_new_tokens to at most {max(positions - max_length, 0)}, or lower "
-            "model.max_length",
-        )
-    window = getattr(config, "sliding_window", None)
-    uses = getattr(config, "use_sliding_window", True)
-    if isinstance(window, int) and uses and window < tokens:
-        raise InputError(
-            f"the model attends through a sliding window of {window} tokens, which the eval's "
-            f"batch-invariant attention does not implement (sequences reach {tokens} tokens)",
-            source="model.name",
-            fix=f"lower model.max_length + eval.max_new_tokens to at most {window}",
         )
 
 

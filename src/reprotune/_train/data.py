@@ -184,6 +184,13 @@ def _check_text_fields(table: Table, manifest: Manifest, cfg: ExperimentConfig) 
     rows = {split: manifest.indices[split] for split in ("train", "validation")}
     if cfg.eval.generate_at_end:
         rows["test"] = manifest.indices["test"][: cfg.eval.generate_max_rows]
+        if not rows["test"]:  # refused now, not once the whole run has trained
+            raise InputError(
+                f"eval.generate_at_end evaluates the test split, and the split of {table.source} "
+                "gives it no rows",
+                source="eval.generate_at_end",
+                fix="give the test split rows (split.ratios), or set eval.generate_at_end: false",
+            )
     for name in (cfg.data.prompt_field, cfg.data.response_field):
         column = table.column(name)
         for split, indices in rows.items():

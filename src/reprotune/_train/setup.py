@@ -24,6 +24,7 @@ from reprotune._determinism.flags import apply_determinism
 from reprotune._determinism.seeds import derive_seeds
 from reprotune._model.loading import load_base_model
 from reprotune._model.lora import apply_lora, lora_config_dict, lora_defaults
+from reprotune._model.positions import refuse_past_the_model
 from reprotune._run.live_record import Section
 from reprotune._train.batches import Examples
 from reprotune._train.data import RunData, check_rows_per_step, prepare_data, save_manifest
@@ -166,6 +167,8 @@ def build_setup(
         padding_side=cfg.model.padding_side,
         device=str(device),
     )
+    if cfg.eval.generate_at_end:  # the eval at the end refuses this: now, not after the training
+        refuse_past_the_model(loaded.model.config, cfg.model.max_length, cfg.eval.max_new_tokens)
     model = _with_lora(loaded.model, cfg, seeds["lora_init"], base_model, observe_lora)
     model.to(device)
 
