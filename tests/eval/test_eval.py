@@ -129,6 +129,29 @@ def test_evals_are_paired_by_their_seed_and_the_latest_by_time(run_a: Path, tmp_
     assert latest_pairs(a, b) == [(second, other)]
 
 
+def test_predictions_that_are_not_the_ones_eval_json_lists_are_refused(run_a: Path, tmp_path: Path) -> None:
+    """An emptied, cut or doubled predictions.jsonl: bad input naming the file (before, compare of
+    two emptied ones said IDENTICAL over 0 rows, and a row given twice collapsed into one)."""
+    from reprotune._errors import InputError
+    from reprotune._jsonio import sha256_file
+
+    made = _eval(run_a, tmp_path / "made", "eval.max_new_tokens=2").eval_dir
+    lines = (made / "predictions.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    for case, content in (("emptied", ""), ("cut", "".join(lines[:1]))):
+        copy = shutil.copytree(made, tmp_path / case)
+        (copy / "predictions.jsonl").write_text(content, encoding="utf-8")
+        with pytest.raises(InputError, match=r"is not the file eval\.json lists"):
+            open_eval_dir(copy)
+    doubled = shutil.copytree(made, tmp_path / "doubled")
+    (doubled / "predictions.jsonl").write_text("".join([*lines, lines[0]]), encoding="utf-8")
+    record = json.loads((doubled / "eval.json").read_text(encoding="utf-8"))
+    record["predictions"] |= {"sha256": sha256_file(doubled / "predictions.jsonl"), "n_rows": len(lines) + 1}
+    (doubled / "eval.json").write_text(json.dumps(record), encoding="utf-8")
+    first = json.loads(lines[0])["index"]
+    with pytest.raises(InputError, match=rf"row {first} is in predictions\.jsonl twice"):
+        open_eval_dir(doubled)
+
+
 def test_a_changed_tokenizer_is_refused(project: Any, run_a: Path, restored: None) -> None:
     """A tokenizer file that differs from the run's is refused (exit 2, both hashes and the file
     named, nothing written) unless --allow-tokenizer-change, which the eval record says."""

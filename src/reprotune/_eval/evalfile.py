@@ -24,7 +24,7 @@ from reprotune._documents import jsonl_lines, read_json_file, validated_line
 from reprotune._errors import InputError
 from reprotune._eval.layout import PREDICTIONS, EvalLayout
 from reprotune._formats import EVAL
-from reprotune._jsonio import canonical_dumps, canonical_sha256
+from reprotune._jsonio import canonical_dumps, canonical_sha256, sha256_file
 
 
 def ids_sha256(ids: Sequence[int]) -> str:
@@ -99,7 +99,37 @@ def open_eval_dir(path: str | Path) -> EvalDir:
         fix=fix,
         version_fix="read it with the reprotune version that wrote it (reprotune_version in the file)",
     )
-    return EvalDir(paths.root, record, read_predictions(paths.predictions))
+    predictions = read_predictions(paths.predictions)
+    _check_predictions(record, paths.predictions, predictions)
+    return EvalDir(paths.root, record, predictions)
+
+
+def _check_predictions(record: Mapping[str, Any], path: Path, predictions: tuple[Prediction, ...]) -> None:
+    """The predictions are the ones ``eval.json`` lists (its sha256 and row count), each row once:
+    an emptied or cut file compared as it was read ("IDENTICAL, 0 rows")."""
+    fix = "restore the eval directory from a copy, or run the eval again"
+    listed = record.get("predictions")
+    listed = listed if isinstance(listed, Mapping) else {}
+    if isinstance(listed.get("sha256"), str) and sha256_file(path) != listed["sha256"]:
+        raise InputError(
+            f"{PREDICTIONS} is not the file eval.json lists (sha256 {listed['sha256'][:12]}..., "
+            f"{listed.get('n_rows')} rows; it holds {len(predictions)}): it was changed or cut",
+            source=str(path),
+            fix=fix,
+        )
+    if isinstance(listed.get("n_rows"), int) and listed["n_rows"] != len(predictions):
+        raise InputError(
+            f"{PREDICTIONS} holds {len(predictions)} rows, eval.json lists {listed['n_rows']}",
+            source=str(path),
+            fix=fix,
+        )
+    seen: set[int] = set()
+    for number, prediction in enumerate(predictions, start=1):
+        if prediction.index in seen:
+            raise InputError(
+                f"row {prediction.index} is in {PREDICTIONS} twice", source=f"{path}:{number}", fix=fix
+            )
+        seen.add(prediction.index)
 
 
 def read_predictions(path: Path) -> tuple[Prediction, ...]:
