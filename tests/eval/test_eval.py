@@ -213,6 +213,7 @@ def _base_train() -> dict[str, Any]:
         (["--set", "eval.top_k=5"], "has no effect with eval.decoding: greedy"),
         (["--set", "lora.r=2"], "an eval cannot change"),
         (["--set", "seed.overrides.split=3"], "changes nothing in an eval: it takes the run's own split"),
+        (["--set", "seed.overrides={split: 5, lora_init: 3}"], "changes seed.overrides of lora_init, split"),
         (["--set", "foo"], "--set 'foo': expected KEY.PATH=VALUE"),
         (["--set", "eval.batch_sise=2"], "record.json (the run's config) with --set: invalid config"),
     ],
@@ -224,6 +225,7 @@ def _base_train() -> dict[str, Any]:
         "top-k-greedy",
         "set-lora",
         "split-seed",
+        "seeds-as-a-mapping",
         "no-equals",
         "typo",
     ],
@@ -386,3 +388,19 @@ def test_compare_of_evals_does_not_import_torch(project: Any, run_a: Path, tmp_p
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("IDENTICAL")
+
+
+def test_a_trainer_script_s_run_is_refused_for_what_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run the callback wrote inside a Trainer script holds the Trainer's settings, not a
+    reprotune config: refused as such (before: "invalid config (4 problems): lora.lora_alpha:
+    unknown key ... did you mean 'alpha'?", as if its record were to be edited)."""
+    from rundirs import RunSpec, write_run_dir
+
+    run = write_run_dir(
+        tmp_path / "trainer-run", RunSpec(config={"trainer": {"per_device_train_batch_size": 4}})
+    )
+    assert main(["eval", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "written by ReprotuneCallback inside a Trainer script" in err and "invalid config" not in err, err

@@ -31,10 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="B",
-        help="rows per generation batch (default eval.generate_batch_size); on CPU the predictions "
-        "do not depend on it",
+        help="rows per generation batch (default eval.generate_batch_size); where the eval's "
+        "batch-invariance check passed (batch_invariant in eval.json) the predictions do not depend on it",
     )
-    add_set_option(parser, example="eval.decoding=sample (eval.* and seed.eval only)")
+    add_set_option(parser, example="eval.decoding=sample (eval.*, seed.root and seed.overrides.eval only)")
     parser.add_argument(
         "--out",
         type=path_value,

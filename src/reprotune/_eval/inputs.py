@@ -22,6 +22,7 @@ from reprotune._data.table import Table, not_text
 from reprotune._determinism.seeds import derive_seeds
 from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file
+from reprotune._run.drift import refuse_trainer_run
 from reprotune._run.layout import RunLayout
 from reprotune._run.record import load_record, record_config
 from reprotune._run.rundir import check_is_run_dir
@@ -104,6 +105,12 @@ def prepare_inputs(
     paths = RunLayout(Path(run_dir))
     check_is_run_dir(paths.root)
     record = load_record(paths.record)
+    refuse_trainer_run(
+        record,
+        paths.root,
+        why="reprotune eval needs a reprotune config (its model, data and prompt format)",
+        fix="evaluate the adapter in your script, or train with `reprotune run` to evaluate it here",
+    )
     if split not in EVAL_SPLITS:
         raise InputError(
             f"unknown split {split!r}", source="--split", fix=f"use one of: {', '.join(EVAL_SPLITS)}"
@@ -209,6 +216,19 @@ def _eval_config(record: Mapping[str, Any], overrides: Sequence[str], source: Pa
     # A problem is the run's config with this eval's --set, not the record: say so.
     shown = f"{source} (the run's config) with --set" if overrides else str(source)
     cfg = record_config(record, run_dir=Path(source).parent, source=shown, overrides=overrides)
+    recorded = record_config(record, run_dir=Path(source).parent, source=str(source)).seed.overrides
+    moved = sorted(
+        k
+        for k in {*recorded, *cfg.seed.overrides}
+        if k != "eval" and recorded.get(k) != cfg.seed.overrides.get(k)
+    )
+    if moved:  # set as a whole mapping (--set 'seed.overrides={split: 5}'), which the key check misses
+        raise InputError(
+            f"--set changes seed.overrides of {', '.join(moved)}, which changes nothing in an eval: it "
+            "takes the run's own split and adapter",
+            source="--set seed.overrides",
+            fix="only seed.overrides.eval (or seed.root) moves an eval's sampling",
+        )
     return cfg.resolve_paths()
 
 
