@@ -84,6 +84,14 @@ def test_eval_twice_in_fresh_processes_is_byte_identical(project: Any, run_a: Pa
     assert "predictions sha256" in first.stdout
     done = project.run_cli("compare", "e1", "e2")
     assert done.stdout.startswith("IDENTICAL")
+    # Whether the block plan came from the cache, and how long probing took, are no fact of the
+    # eval: not listed as record differences (they were, as "gemm.cached: False vs True").
+    cached = shutil.copytree(one, project.root / "e1-cached")
+    record = json.loads((cached / "eval.json").read_text())
+    gemm = record["generation"]["invariance"]["gemm"]
+    gemm.update(cached=not gemm["cached"], probe_s=gemm["probe_s"] + 1.5)
+    (cached / "eval.json").write_text(json.dumps(record))
+    assert compare_evals(one, cached).differences == ()
 
 
 @pytest.mark.parametrize(

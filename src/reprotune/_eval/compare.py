@@ -208,7 +208,12 @@ def _differences(ea: EvalDir, eb: EvalDir) -> Iterable[str]:
             continue
         old, new = ea.record.get(key), eb.record.get(key)
         if isinstance(old, Mapping) and isinstance(new, Mapping):
-            yield from section_drift(old, new, prefix=key)
+            # whether the block plan came from the cache, and how long probing took: no fact of the eval
+            yield from (
+                line
+                for line in section_drift(old, new, prefix=key)
+                if line.split(":", 1)[0].rsplit(".", 1)[-1] not in ("cached", "probe_s")
+            )
         elif old != new:
             yield f"{key}: {old!r} vs {new!r}"
     yield from section_drift(ea.section("environment"), eb.section("environment"), prefix="environment")

@@ -12,9 +12,11 @@ a class; it removes the row count from the question:
    inside a block and on the other rows' values, never on the batch.
 2. **A probe** (:func:`plan_gemm_blocks`) measures, for each distinct layer shape with the
    layer's own weights, whether a row gets the same bits at every position of a block whatever
-   the other rows hold, for blocks of 16, 8, 4, 2 and 1 rows, and keeps the largest that does
-   (1 always does: one row alone). The plan is cached per machine, library stack, thread count
-   and shapes (``<cache>/invariance/``), since it is a fact of those alone.
+   the other rows hold, for the candidate blocks in their order of preference
+   (:data:`BLOCK_CANDIDATES`: 64 down to 1 rows for the prompt, 8, 16, 4, 2, 1 for new tokens),
+   and keeps the first that does (1 always does: one row alone). The plan is cached per machine,
+   library stack, thread count and shapes (``<cache>/invariance/``), since it is a fact of those
+   alone.
 3. **A check of the claim** (:func:`check_rows`): prompts of several lengths generated alone and
    together must give every row the same logits, bit for bit, at every step. Only then is
    ``batch_invariant`` claimed; the evidence (the plan, each shape's probe, the check) is kept in
