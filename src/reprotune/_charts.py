@@ -16,6 +16,7 @@ from html import escape
 
 _W, _H = 640, 300
 _LINE_W, _LINE_H, _LINE_TOP = 900, 400, 58
+_LEGEND_ROW = 16  # one more row of the legend, in px
 #: Overlaid curves of identical runs would hide each other: each series gets its own dash pattern.
 _DASHES = ("", "7,4", "2,3", "8,3,2,3")
 _LEFT, _RIGHT, _TOP, _BOTTOM = 78, 20, 34, 44
@@ -116,17 +117,24 @@ def line_chart(
     when there are at most 50), a legend, and ``marks`` as labelled dashed vertical lines."""
     width, height = _LINE_W, _LINE_H
     points = [(x, y) for s in series for x, y in zip(s.xs, s.ys, strict=True) if math.isfinite(y)]
+    entries = sum(len(s.xs) for s in series)
     if not points:
+        said = (
+            f"{entries} entries, none of them a finite number (NaN or infinite)"
+            if entries
+            else "no entries in any ledger"
+        )
         parts = [
             f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14">{escape(title)}</text>',
-            f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" font-size="13">'
-            "no entries in any ledger</text>",
+            f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" font-size="13">{said}</text>',
         ]
         return _svg(title, parts, width=width, height=height)
     xs = [x for x, _ in points] + [x for x, _ in marks]
-    x_low, x_high, x_ticks = _axis(min(xs), max(xs))
+    # optimizer steps are whole numbers: so are the ticks (one step gave 0.990, 0.995, ...)
+    x_low, x_high, x_ticks = _axis(min(xs), max(xs), whole=all(float(x).is_integer() for x in xs))
     y_low, y_high, y_ticks = _axis(min(y for _, y in points), max(y for _, y in points))
-    top = _LINE_TOP  # the legend takes a row under the title
+    legend, rows = _legend([line.label for line in series], width)
+    top = _LINE_TOP + _LEGEND_ROW * (rows - 1)  # the legend takes its rows under the title
     plot_w, plot_h = width - _LEFT - _RIGHT, height - top - _BOTTOM
 
     def px(value: float) -> float:
@@ -141,13 +149,20 @@ def line_chart(
         parts += _line(line, _COLORS[i % len(_COLORS)], _DASHES[i % len(_DASHES)], px, py)
     for row, (x, text) in enumerate(marks, start=1):
         color = _COLORS[row % len(_COLORS)]
+        # a label that would run past the right edge ends at its line instead
+        right = px(x) + 4 + 6 * len(text) > width - _RIGHT
+        at = f'x="{px(x) - 4:.1f}" text-anchor="end"' if right else f'x="{px(x) + 4:.1f}"'
         parts.append(
             f'<line x1="{px(x):.1f}" x2="{px(x):.1f}" y1="{top}" y2="{height - _BOTTOM}" '
             f'stroke="{color}" stroke-dasharray="6,4" stroke-width="1.2"/>'
-            f'<text x="{px(x) + 4:.1f}" y="{top + 12 * row}" font-size="11" fill="{color}">'
-            f"{escape(text)}</text>"
+            f'<text {at} y="{top + 12 * row}" font-size="11" fill="{color}">{escape(text)}</text>'
         )
-    parts += _legend([line.label for line in series])
+    parts += legend
+    if entries > len(points):  # a line broken where its value is NaN or infinite: say so
+        parts.append(
+            f'<text x="{width - _RIGHT}" y="{height - 6}" text-anchor="end" font-size="11">'
+            f"{entries - len(points)} of {entries} points not finite (NaN or infinite): not drawn</text>"
+        )
     return _svg(title, parts, width=width, height=height)
 
 
@@ -174,18 +189,24 @@ def _line(
     return parts + dots
 
 
-def _legend(labels: Sequence[str]) -> list[str]:
-    """One row under the title: each series' line style and its label."""
-    parts, x = [], float(_LEFT)
+def _legend(labels: Sequence[str], width: int) -> tuple[list[str], int]:
+    """Rows under the title, as many as the labels take within ``width``: each series' line style
+    and its label; and how many rows that is (the plot starts below them)."""
+    parts, x, row = [], float(_LEFT), 0
     for i, label in enumerate(labels):
+        wide = 34 + 6.5 * len(label) + 24  # about the label's width at 11 px, and a gap
+        if x > _LEFT and x + wide - 24 > width - _RIGHT:  # past the right edge: the next row
+            x, row = float(_LEFT), row + 1
         color, dashes = _COLORS[i % len(_COLORS)], _DASHES[i % len(_DASHES)]
         dash = f' stroke-dasharray="{dashes}"' if dashes else ""
+        y = 38 + _LEGEND_ROW * row
         parts.append(
-            f'<line x1="{x:.1f}" x2="{x + 28:.1f}" y1="38" y2="38" stroke="{color}" stroke-width="2"{dash}/>'
-            f'<text x="{x + 34:.1f}" y="42" font-size="11">{escape(label)}</text>'
+            f'<line x1="{x:.1f}" x2="{x + 28:.1f}" y1="{y}" y2="{y}" stroke="{color}" '
+            f'stroke-width="2"{dash}/>'
+            f'<text x="{x + 34:.1f}" y="{y + 4}" font-size="11">{escape(label)}</text>'
         )
-        x += 34 + 6.5 * len(label) + 24  # about the label's width at 11 px, and a gap
-    return parts
+        x += wide
+    return parts, row + 1
 
 
 def _x_axis(
@@ -241,16 +262,19 @@ def _svg(title: str, parts: Sequence[str], *, width: int = _W, height: int = _H)
     )
 
 
-def _axis(low: float, high: float) -> tuple[float, float, list[float]]:
-    """An axis range with some margin and 'nice' ticks (1, 2 or 5 times a power of ten)."""
+def _axis(low: float, high: float, *, whole: bool = False) -> tuple[float, float, list[float]]:
+    """An axis range with some margin and 'nice' ticks (1, 2 or 5 times a power of ten; for
+    ``whole`` numbers, such as steps, whole ticks one apart at the least)."""
     if high == low:
-        pad = abs(low) * 0.01 or 1.0
+        pad = 1.0 if whole else abs(low) * 0.01 or 1.0
         low, high = low - pad, high + pad
     margin = (high - low) * 0.08
     low, high = low - margin, high + margin
     raw = (high - low) / 5
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    if whole:
+        step = max(step, 1.0)
     first = math.ceil(low / step) * step
     ticks = [first + i * step for i in range(int((high - first) / step) + 1)]
     return low, high, ticks

@@ -47,3 +47,38 @@ def test_nothing_to_draw_says_so() -> None:
 def test_the_studies_charts_come_from_the_same_engine() -> None:
     svg = strip_plot([Column("seed", [1.0, 2.0], 1.5, (1.0, 2.0))], title="t", y_label="y")
     assert svg.startswith("<svg ") and svg.count("<circle") == 2
+
+
+def test_entries_that_are_all_nan_are_not_called_no_entries() -> None:
+    """A ledger whose losses are all NaN has entries: the chart says how many and that none is a
+    finite number (it said "no entries in any ledger"); where some are, it counts those not drawn."""
+    all_nan = line_chart([Series("A", [1, 2, 3], [math.nan] * 3)], title="t", x_label="step", y_label="loss")
+    assert "3 entries, none of them a finite number" in all_nan and "no entries" not in all_nan
+    some = line_chart(
+        [Series("A", [1, 2, 3], [1.0, math.inf, 0.5])], title="t", x_label="step", y_label="loss"
+    )
+    assert "1 of 3 points not finite (NaN or infinite): not drawn" in some
+
+
+def test_steps_are_whole_numbers_on_the_axis() -> None:
+    """One step (or a few): whole-number ticks, never 0.990, 0.995, 1.000 ..."""
+    for steps in ([1], [1, 2], [3, 4, 5]):
+        svg = line_chart([Series("A", steps, [1.0] * len(steps))], title="t", x_label="step", y_label="loss")
+        ticks = re.findall(r'text-anchor="middle" font-size="11">([^<]*)</text>', svg)
+        assert ticks and all(re.fullmatch(r"-?\d+", tick) for tick in ticks), ticks
+
+
+def test_labels_stay_on_the_canvas() -> None:
+    """Five runs with long names: the legend wraps to a second row and the plot starts below it
+    (the fifth label started past the 900 px canvas); a mark at the last step ends at its line
+    instead of running off the right edge."""
+    names = [f"{letter} (20260101-000000-abcdef0{i}-run)" for i, letter in enumerate("ABCDE")]
+    series = [Series(name, [1, 30], [1.0, 0.5]) for name in names]
+    svg = line_chart(
+        series, title="t", x_label="step", y_label="loss", marks=[(30, "B parts from A at step 30")]
+    )
+    width = int(re.search(r'<svg width="(\d+)"', svg).group(1))  # type: ignore[union-attr]
+    starts = [float(x) for x in re.findall(r'<text x="([\d.]+)" y="\d+" font-size="11">', svg)]
+    assert starts and max(starts) < width, starts
+    assert len(set(re.findall(r'<line x1="[\d.]+" x2="[\d.]+" y1="(\d+)" y2="\1" stroke="#', svg))) >= 2
+    assert 'text-anchor="end" y=' in svg and "B parts from A at step 30" in svg
