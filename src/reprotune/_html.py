@@ -39,6 +39,13 @@ def head(title: str, css: str = "") -> list[str]:
     ]
 
 
+def page_bytes(page: str) -> bytes:
+    """A page's UTF-8 bytes. A name that is not UTF-8 (a directory's bytes, which Python holds as
+    surrogates) shows as its escape (``\\udce9``): it cannot be written as UTF-8, and was a
+    traceback."""
+    return page.encode("utf-8", errors="backslashreplace")
+
+
 def table(
     header: Sequence[str], rows: Iterable[Sequence[Any]], css: str = "", *, absent: str = "(absent)"
 ) -> str:

@@ -398,3 +398,14 @@ def test_an_outside_reference_gone_is_not_taken_for_a_leg_of_the_same_name(tmp_p
     with pytest.raises(InputError) as refused:
         write_report([directory], tmp_path / "page.html")
     assert str(gone) in str(refused.value) + str(refused.value.source)
+
+
+def test_a_run_directory_whose_name_is_not_utf8_is_written_escaped(tmp_path: Path) -> None:
+    """A directory named with a Latin-1 byte (run-caf\\xe9): the page shows it escaped (before, a
+    UnicodeEncodeError traceback, exit 1)."""
+    import os
+
+    name = os.fsdecode(b"run-caf\xe9")
+    run = write_run_dir(tmp_path / name)
+    html = write_report([run], tmp_path / "page.html").read_text(encoding="utf-8")
+    assert "run-caf\\udce9" in html

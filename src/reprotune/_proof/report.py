@@ -16,7 +16,7 @@ from typing import Any
 from reprotune._charts import Series, line_chart
 from reprotune._errors import InputError
 from reprotune._eval.html import evals_section
-from reprotune._html import badge, escape, figure_svg, head, table
+from reprotune._html import badge, escape, figure_svg, head, page_bytes, table
 from reprotune._jsonio import write_bytes_atomic
 from reprotune._proof.compare import compare_opened
 from reprotune._proof.differences import Comparison, largest_differences, show_value
@@ -65,7 +65,7 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path) -> Path:
         for other, common in zip(runs[1:], given.prefix[1:], strict=True)
     ]
     html = render_report(runs, comparisons, summaries=given.summaries, legs=given.legs[1:])
-    return write_bytes_atomic(target, html.encode("utf-8"))
+    return write_bytes_atomic(target, page_bytes(html))
 
 
 def render_report(

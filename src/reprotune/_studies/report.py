@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from reprotune._charts import Column, bar_chart, strip_plot
-from reprotune._html import badge, escape, figure_svg, head, table
+from reprotune._html import badge, escape, figure_svg, head, page_bytes, table
 from reprotune._jsonio import write_bytes_atomic
 from reprotune._studies.significance import Significance
 from reprotune._studies.stats import shares_line, source_label
@@ -25,14 +25,14 @@ from reprotune._version import __version__
 
 def write_study_report(study: Mapping[str, Any], out: str | Path) -> Path:
     """Write the HTML report of ``study`` (``study.json`` content) to ``out`` atomically."""
-    return write_bytes_atomic(Path(out), render_study(study).encode("utf-8"))
+    return write_bytes_atomic(Path(out), page_bytes(render_study(study)))
 
 
 def write_significance_report(
     result: Significance, study_a: Mapping[str, Any], study_b: Mapping[str, Any], out: str | Path
 ) -> Path:
     """Write the HTML report of a significance test to ``out`` atomically."""
-    return write_bytes_atomic(Path(out), render_significance(result, study_a, study_b).encode("utf-8"))
+    return write_bytes_atomic(Path(out), page_bytes(render_significance(result, study_a, study_b)))
 
 
 def render_study(study: Mapping[str, Any]) -> str:
