@@ -365,3 +365,21 @@ def test_a_leg_whose_process_fails_is_a_failed_leg_of_a_verification_that_still_
     control = next(leg for leg in result.legs if leg.name == "control-seed")
     assert control.note is not None and control.note.endswith("failed with exit code 1:\nsimulated")
     assert control.run_dir == str((out / "control-seed").resolve())
+
+
+def test_an_eval_that_fails_is_a_failed_leg_not_a_crash(tmp_path: Path) -> None:
+    """The eval leg's `reprotune eval` process failing: a FAILED leg with the process's message,
+    so the verification still ends and writes verification.json (before, RunFailedError escaped
+    verify, which ended without it)."""
+    from reprotune._errors import RunFailedError
+    from reprotune._proof.verify_eval import eval_leg
+    from rundirs import write_run_dir
+
+    reference, rerun = write_run_dir(tmp_path / "reference"), write_run_dir(tmp_path / "rerun")
+
+    def failing(*args: str) -> float:
+        raise RunFailedError("`reprotune eval ...` failed with exit code 1:\nout of memory")
+
+    leg = eval_leg(reference, rerun, failing, lambda _: None)
+    assert (leg.name, leg.verdict, leg.passed) == ("eval", "FAILED", False)
+    assert leg.note is not None and "out of memory" in leg.note

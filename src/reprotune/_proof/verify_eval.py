@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from reprotune._errors import ReprotuneError
 from reprotune._eval.compare import EvalVerdict, compare_evals, latest_pairs
 from reprotune._eval.layout import run_evals
 from reprotune._proof.verification import Leg
@@ -31,7 +32,12 @@ def eval_leg(reference: Path, rerun: Path, run: Callable[..., float], progress: 
     for run_dir in (rerun, reference):
         if not run_evals(run_dir) or (run_dir == reference and not latest_pairs(reference, rerun)):
             progress(f"verify: eval of {run_dir} in a fresh process")
-            wall_s += run("eval", str(run_dir), "--no-progress")
+            try:
+                wall_s += run("eval", str(run_dir), "--no-progress")
+            except ReprotuneError as exc:  # a failed leg, in a verification that still ends
+                return Leg(
+                    EVAL_LEG, "", "IDENTICAL", verdict="FAILED", passed=False, note=exc.message, wall_s=wall_s
+                )
     pairs = latest_pairs(reference, rerun)
     if not pairs:
         why = "the two runs have no evals made with the same settings to compare"
