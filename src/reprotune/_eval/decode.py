@@ -141,7 +141,9 @@ def warp_row(logits: torch.Tensor, settings: GenerationSettings) -> torch.Tensor
 def sample_row(logits: torch.Tensor, generator: torch.Generator, settings: GenerationSettings) -> int:
     """One token drawn from one row's warped logits (:func:`warp_row`) with ``generator``."""
     probs = warp_row(logits, settings).softmax(-1)
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    # drawn where the generator is (the CPU's: a row's seed draws the same token on any device,
+    # and a CUDA tensor refuses a CPU generator)
+    return int(torch.multinomial(probs.to(generator.device), 1, generator=generator).item())
 
 
 class RowSampler(LogitsProcessor):
