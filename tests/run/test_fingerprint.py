@@ -216,11 +216,21 @@ def test_a_verification_under_way_is_output_before_its_verification_json(repo: P
     a rerun of the reference then found code drift: dirty true then, false now)."""
     verification = repo / "proofs" / "v1"
     (verification / "rerun").mkdir(parents=True)
-    for name in ("config.yaml", "verify.log", "verify.log.0", ".train-lock", "rerun/.writer.lock"):
+    for name in ("config.yaml", "verify.log.0", ".train-lock", "rerun/.writer.lock"):
         (verification / name).write_text("")
+    (verification / "verify.log").write_text("$ -m reprotune run proofs/v1/config.yaml ...\n")
     during = code_fingerprint(repo)
     (verification / "verification.json").write_text("{}")
     assert not during.dirty and during.untracked == () == code_fingerprint(repo).untracked
+    # A verify.log of the user's own (git-ignored, as *.log often is) marks nothing: code beside
+    # it is still untracked code.
+    (repo / ".gitignore").write_text("*.log\n")
+    _git(repo, "add", ".gitignore")
+    _git(repo, "commit", "-q", "-m", "ignore logs")
+    (repo / "scripts").mkdir()
+    (repo / "scripts" / "verify.log").write_text("2026-12-06 checked\n")
+    (repo / "scripts" / "helper.py").write_text("x = 1\n")
+    assert code_fingerprint(repo).untracked == ("scripts/helper.py",)
 
 
 def test_outside_git(tmp_path: Path) -> None:

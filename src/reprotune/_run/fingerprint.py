@@ -263,9 +263,22 @@ DEFAULT_OUTPUTS: tuple[str, ...] = ("runs", "studies", "mlflow.db", "mlartifacts
 _OUTPUT_MARKERS: tuple[str, ...] = (
     layout.RECORD,
     layout.VERIFICATION,
-    layout.VERIFY_LOG,  # a verification under way: its legs read its tree before verification.json
     "study.json",
 )  # _studies.layout.STUDY, a pillar above
+
+
+def _marked(folder: Path) -> bool:
+    """Whether ``folder`` is one reprotune writes: it holds a record, a verification or a study,
+    or the log of a verification under way (its legs read the tree before verification.json):
+    ``verify.log`` as verify writes it, opening with the command it ran ("$ "), not any file of
+    that name (a git-ignored log of the user's, beside code)."""
+    if any((folder / name).is_file() for name in _OUTPUT_MARKERS):
+        return True
+    try:
+        with open(folder / layout.VERIFY_LOG, "rb") as log:
+            return log.read(2) == b"$ "
+    except OSError:
+        return False
 
 
 def own_outputs(cfg: ExperimentConfig, run_dir: Path) -> list[Path]:
@@ -287,7 +300,7 @@ def _is_output(entry: str, prefixes: list[str], root: Path, marked: dict[str, bo
     for depth in range(1, len(parts) + 1):
         folder = "/".join(parts[:depth])
         if folder not in marked:
-            marked[folder] = any((root / folder / name).is_file() for name in _OUTPUT_MARKERS)
+            marked[folder] = _marked(root / folder)
         if marked[folder]:
             return True
     return False
