@@ -52,6 +52,19 @@ def test_an_id_column_does_not_hide_copies(tmp_path: Path) -> None:
     assert report.leak_columns == ("prompt", "response") and report.leaked
 
 
+def test_text_without_spaces_is_text_and_a_time_stamp_is_not(tmp_path: Path) -> None:
+    """Chinese prompts and responses (no spaces between words) are text, and a time stamp with a
+    space in it names a moment: copies under other stamps leak (a review found the first version
+    left the Chinese columns out, "not checked", and kept the stamps, which hid every copy)."""
+    rows = [
+        {"prompt": f"你好吗{i % 5}", "response": f"我很好{i % 5}", "ts": f"2024-01-01 10:00:{i:02d}"}
+        for i in range(40)
+    ]
+    table = load_table(str(write_jsonl(tmp_path / "zh.jsonl", rows)))  # type: ignore[arg-type]
+    report = check_split(split_table(table, seed=1), table)
+    assert report.leak_columns == ("prompt", "response") and report.leaked
+
+
 def test_chat_messages_are_compared_by_their_text(tmp_path: Path) -> None:
     """A column of chat messages (lists of role/content mappings) is text: its copies leak (before,
     a value that was no string compared as empty, and the report said "not checked" or "none")."""

@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--leak-columns",
         metavar="COL,COL",
-        help="columns compared for leakage (default: the columns of free text, except the stratify/group "
-        "column; one-word columns such as ids are left out)",
+        help="columns compared for leakage (default: the columns of text, except the stratify/group "
+        "column; columns of ids, numbers, one-word labels and time stamps are left out)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--max-rows", type=int, default=20, help="changed rows listed (default 20)")

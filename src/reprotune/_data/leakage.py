@@ -21,7 +21,13 @@ from reprotune._data.manifest import SPLITS, Manifest
 from reprotune._data.table import Table
 from reprotune._errors import InputError
 
-_INNER_SPACE = re.compile(r"\S\s+\S")
+#: A value that names or counts rather than says: an id, a uuid, a number, a label, an e-mail or
+#: URL, a date or time (with a space or a T between them). Text in a script written without
+#: spaces (Chinese, Japanese, Thai) is none of these.
+_NAMING = re.compile(
+    r"\s*(?:[A-Za-z0-9_.:/+@#%=?&~-]*"
+    r"|\d{4}-\d\d-\d\d[ T]\d\d:\d\d(?::\d\d(?:\.\d+)?)?(?:Z|[+-]\d\d:?\d\d)?)\s*"
+)
 
 
 @functools.cache
@@ -84,10 +90,10 @@ class Leak:
 
 
 def default_leak_columns(manifest: Manifest, table: Table) -> list[str]:
-    """The columns of free text (a value of two words or more, in a string or inside a list or
-    mapping, as chat ``messages``), except the stratify and group columns. A column of one-word
-    values (ids, uuids, dates, numbers, labels) is left out: a unique id in the compared text
-    would make every row unique, and no copy would be found."""
+    """The columns of text (a value that is more than a name or a number, in a string or inside a
+    list or mapping, as chat ``messages``), except the stratify and group columns. A column whose
+    every value names or counts (ids, uuids, numbers, one-word labels, dates and times) is left
+    out: a unique id in the compared text would make every row unique, and no copy be found."""
     skip = {manifest.stratify_by, manifest.group_by}
     return [name for name in table.columns if name not in skip and _holds_free_text(table.column(name))]
 
@@ -95,7 +101,7 @@ def default_leak_columns(manifest: Manifest, table: Table) -> list[str]:
 def _holds_free_text(column: Any) -> bool:
     if isinstance(column, np.ndarray) and column.dtype.kind != "U":
         return False
-    return any(_INNER_SPACE.search(s) for value in column for s in _strings_in(value))
+    return any(not _NAMING.fullmatch(s) for value in column for s in _strings_in(value))
 
 
 def refuse_textless(table: Table, columns: Sequence[str]) -> None:
