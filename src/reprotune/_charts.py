@@ -159,9 +159,9 @@ def line_chart(
         )
     parts += legend
     if entries > len(points):  # a line broken where its value is NaN or infinite: say so
-        parts.append(
-            f'<text x="{width - _RIGHT}" y="{height - 6}" text-anchor="end" font-size="11">'
-            f"{entries - len(points)} of {entries} points not finite (NaN or infinite): not drawn</text>"
+        parts.append(  # beside the title, clear of the axis label
+            f'<text x="{width - _RIGHT}" y="20" text-anchor="end" font-size="11">'
+            f"{entries - len(points)} of {entries} points NaN or infinite, not drawn</text>"
         )
     return _svg(title, parts, width=width, height=height)
 

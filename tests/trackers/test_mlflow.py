@@ -173,12 +173,27 @@ def test_a_resumed_run_continues_its_mlflow_run_without_logging_a_step_twice(tmp
         second.log_metrics(step, {"train_loss": float(step)})
     after = second.finish("completed")["mlflow"]
     client = MlflowClient(uri)
-    assert after["mlflow_run_id"] == before["mlflow"]["mlflow_run_id"], (before, after)
+    first_id = before["mlflow"]["mlflow_run_id"]
+    assert after["mlflow_run_id"] == first_id, (before, after)
     assert client.get_run(after["mlflow_run_id"]).info.status == "FINISHED"
     history = client.get_metric_history(after["mlflow_run_id"], "train_loss")
     assert sorted(m.step for m in history) == [1, 2, 3, 4, 5, 6, 7]
     experiment = client.get_experiment_by_name("resumed")
     assert len(client.search_runs([experiment.experiment_id])) == 1
+    # The run moved (its tag follows), and a run deleted since is not continued: a new one is
+    # opened (before, the deleted run was taken, and every log to it failed).
+    moved = replace(_run(tmp_path), continues=second.summaries or {}, tags={"reprotune.run_dir": "/moved"})
+    third = TrackerSet([MlflowTracker(uri, tmp_path / "artifacts", "resumed")])
+    third.start(moved)
+    third.log_metrics(8, {"train_loss": 8.0})
+    assert third.finish("completed")["mlflow"]["mlflow_run_id"] == first_id
+    assert client.get_run(first_id).data.tags["reprotune.run_dir"] == "/moved"
+    client.delete_run(first_id)
+    fourth = TrackerSet([MlflowTracker(uri, tmp_path / "artifacts", "resumed")])
+    fourth.start(moved)
+    fourth.log_metrics(9, {"train_loss": 9.0})
+    summary = fourth.finish("completed")["mlflow"]
+    assert summary["ok"] is True and summary["mlflow_run_id"] != first_id, summary
 
 
 def test_the_record_says_where_the_artifacts_went_when_the_experiment_kept_its_own(tmp_path: Path) -> None:

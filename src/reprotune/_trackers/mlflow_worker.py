@@ -69,7 +69,7 @@ def _start(message: dict[str, Any]) -> tuple[Any, str, dict[str, int]]:
     the last step of each metric it holds already (the resumed steps up to it are not logged
     twice)."""
     client = open_client(message["uri"])
-    continued = _continued(client, message.get("continue_run_id"), message["experiment"])
+    continued = _continued(client, message.get("continue_run_id"), message["experiment"], message["tags"])
     if continued is not None:
         return client, continued[0], continued[1]
     where = Path(message["artifact_location"])
@@ -77,20 +77,29 @@ def _start(message: dict[str, Any]) -> tuple[Any, str, dict[str, int]]:
     return client, open_run(client, message["experiment"], where, run_name, tags, params), {}
 
 
-def _continued(client: Any, run_id: str | None, experiment: str) -> tuple[str, dict[str, int]] | None:
-    """The run ``run_id`` set RUNNING again with the last step of each of its metrics, when it is
-    a run of ``experiment`` in this store; else None (a new run is opened)."""
+def _continued(
+    client: Any, run_id: str | None, experiment: str, tags: Mapping[str, str]
+) -> tuple[str, dict[str, int]] | None:
+    """The run ``run_id`` set RUNNING again, with this attempt's ``tags``, and the last step of
+    each of its metrics, when it is an active run of ``experiment`` in this store; else None (a
+    new run is opened)."""
     if not run_id:
         return None
     try:
         found = client.get_run(run_id)
-        named = client.get_experiment(found.info.experiment_id).name
+        if (
+            found.info.lifecycle_stage != "active"
+            or client.get_experiment(found.info.experiment_id).name != experiment
+        ):
+            return None  # deleted since, or of another experiment: a new run
+        last = {
+            key: max(m.step for m in client.get_metric_history(run_id, key)) for key in found.data.metrics
+        }
+        client.update_run(run_id, status="RUNNING")
+        for key, value in sorted(tags.items()):  # this attempt's (its run directory may have moved)
+            client.set_tag(run_id, key, value)
     except Exception:  # gone from the store, or another store: a new run
         return None
-    if named != experiment:
-        return None
-    client.update_run(run_id, status="RUNNING")
-    last = {key: max(m.step for m in client.get_metric_history(run_id, key)) for key in found.data.metrics}
     return run_id, last
 
 
