@@ -220,10 +220,12 @@ def test_a_study_refused_at_its_first_run_leaves_nothing(project: TinyProject, t
     bad = load_config(project.root / "cfg.yaml", ["split.stratify_by=nosuchcol"])
     out.mkdir()
     write_study(out / "study.json", new_study(plan_study(bad, n=2, vary="all", name="cfg")))
+    (out / "mlflow.json").write_text('{"run_id": "the other config\'s parent run"}')
     before = (out / "study.json").read_bytes()
     with pytest.raises(InputError, match="othercol"):  # its own refusal, not "another config"
         _study(project, out, "split.stratify_by=othercol", n=2)
     assert (out / "study.json").read_bytes() == before  # refused: as it was
+    assert not (out / "mlflow.json").exists()  # taken over: the other config's parent is not this one's
 
 
 def test_learning_rate_ten_times_off_is_detected(project: TinyProject, reference: StudyResult) -> None:

@@ -62,3 +62,21 @@ def test_cli_bad_options_exit_2(
     err = capsys.readouterr().err
     assert needle in err and "fix:" in err
     assert not (tmp_path / "s").exists()
+
+
+def test_a_study_refused_as_busy_leaves_the_other_s_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another `seeds` made the directory between this one's look and its lock: refused as busy,
+    and the other's directory stays (before, a refusal before any run began removed it, the
+    other's lock and study.json with it)."""
+    from reprotune._run.lock import holding_run_dir
+    from reprotune._studies import study as _study
+
+    out = tmp_path / "s"
+    monkeypatch.setattr(_study, "first_missing", lambda path: out)  # as if this call were to make it
+    with holding_run_dir(out, report=lambda _: None, what="study directory", option="--out"):
+        (out / "study.json").write_text("{}")
+        with pytest.raises(InputError, match="study directory"):
+            run_study(CFG, n=2, vary="all", options=StudyOptions(out=out, tracking=False))
+        assert (out / "study.json").is_file()

@@ -104,14 +104,19 @@ def run_study(
     refuse_inside_run(paths.root, option="--out")
     refuse_unwritable_parent(paths.root, source="--out")
     created = first_missing(paths.root)
+    undo = False  # refused, holding the directory this call made, before a run began: as it was
     try:
-        # One writer: a second `seeds` on the same directory is refused while this one runs.
+        # One writer: a second `seeds` on the same directory is refused while this one runs (that
+        # refusal, before the lock is held, removes nothing: the directory is the other's).
         with holding_run_dir(paths.root, report=options.progress, what="study directory", option="--out"):
-            return _run_locked(cfg, plan, paths, options)
-    except InputError:
-        if created is not None and not _runs_made(paths):  # refused before a run began: as it was
+            try:
+                return _run_locked(cfg, plan, paths, options)
+            except InputError:
+                undo = created is not None and not _runs_made(paths)
+                raise
+    finally:
+        if undo and created is not None:
             shutil.rmtree(created, ignore_errors=True)
-        raise
 
 
 def _never_began(study: dict[str, Any], paths: StudyLayout) -> bool:
@@ -190,6 +195,7 @@ def _open(paths: StudyLayout, plan: StudyPlan) -> dict[str, Any]:
             raise InputError(exc.message, source=exc.source, fix=rebuild) from None
         for key, what in (("config_sha256", "config"), ("vary", "--vary")):
             if old[key] != fresh[key] and _never_began(old, paths):  # nothing of it to keep
+                paths.mlflow.unlink(missing_ok=True)  # its MLflow parent run is the other config's
                 write_study(paths.study, fresh)
                 return fresh
             if old[key] != fresh[key]:
