@@ -240,3 +240,75 @@ def test_resume_keeps_what_the_first_attempt_recorded(tmp_path: Path) -> None:
     result = compare_runs(project.root / "runs" / "full", project.root / "runs" / "resumed")
     assert str(result.verdict) == "IDENTICAL"
     assert not [d for d in result.differences if d.category == "data"]
+
+
+def _same_numbers(reference: Path, run_dir: Path) -> None:
+    """Every ledger line and the adapter bitwise the reference's (the configs differ only in where
+    they save checkpoints)."""
+    assert (run_dir / LEDGER_FILE).read_bytes() == (reference / LEDGER_FILE).read_bytes()
+    assert sha256_file(run_dir / ADAPTER) == sha256_file(reference / ADAPTER)
+    assert load_record(run_dir / "record.json")["status"] == "completed"
+
+
+def _resume_in_this_process(project: TinyProject, run_dir: Path, stop_after_step: int) -> None:
+    import torch
+
+    from reprotune._train.options import RunOptions
+    from reprotune._train.run import resume_run
+
+    options = RunOptions(
+        run_dir=run_dir,
+        progress=False,
+        tracking=False,
+        stop_after_step=stop_after_step,
+        code_dir=project.root,
+    )
+    with torch.random.fork_rng():
+        resume_run(run_dir, options)
+
+
+def test_a_checkpoint_past_the_ledger_is_refused_and_newer_ones_dropped(
+    project: TinyProject, reference: Path, tmp_path: Path
+) -> None:
+    """A resume falls back from a damaged step-6 to step 4 and is stopped at 5; the damage mended,
+    the next resume must not take step 6, whose ledger lines were dropped (before, it did: the run
+    "completed" with steps 1-5 and 7, and compare refused its ledger). A ledger cut short of its
+    checkpoint is refused the same way: the resume starts over, and both end as the reference."""
+    config = project.config("every-2.yaml", train={"save_every": 2, "keep_checkpoints": 3})
+    run_dir = tmp_path / "stale"
+    project.run_cli("run", str(config), "--run-dir", str(run_dir), "--stop-after-step", "6", *QUIET)
+    optimizer = run_dir / "checkpoints" / "step-00000006" / "optimizer.pt"
+    optimizer.rename(tmp_path / "optimizer.pt")
+    _resume_in_this_process(project, run_dir, stop_after_step=5)
+    assert not optimizer.parent.exists()  # step 6 is of the abandoned future: gone
+    done = project.run_cli("resume", str(run_dir), *QUIET)
+    assert f"resuming {run_dir} from step 4" in done.stderr
+    _same_numbers(reference, run_dir)
+
+    short = tmp_path / "short"
+    project.run_cli("run", str(config), "--run-dir", str(short), "--stop-after-step", "4", *QUIET)
+    lines = (short / LEDGER_FILE).read_text().splitlines(keepends=True)
+    (short / LEDGER_FILE).write_text("".join(lines[:3]))  # init, steps 1-2: short of step 4
+    done = project.run_cli("resume", str(short), *QUIET)
+    assert "the ledger holds 2 training step(s), not every step up to the checkpoint's 4" in done.stderr
+    _same_numbers(reference, short)
+
+
+def test_keep_one_keeps_the_checkpoint_just_written(
+    project: TinyProject, reference: Path, tmp_path: Path
+) -> None:
+    """keep_checkpoints 1 and a damaged step-6 from the attempt before: the resume starts over and
+    the step-3 checkpoint it writes stays (before, the damaged, newer-named step 6 was kept and step
+    3 pruned the moment it landed, so every resume started over)."""
+    config = project.config("keep-1.yaml", train={"save_every": 3, "keep_checkpoints": 1})
+    run_dir = tmp_path / "keep1"
+    project.run_cli("run", str(config), "--run-dir", str(run_dir), "--stop-after-step", "6", *QUIET)
+    weights = run_dir / "checkpoints" / "step-00000006" / "trainable.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    _resume_in_this_process(project, run_dir, stop_after_step=4)
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-00000003"]
+    done = project.run_cli("resume", str(run_dir), *QUIET)
+    assert f"resuming {run_dir} from step 3" in done.stderr
+    _same_numbers(reference, run_dir)

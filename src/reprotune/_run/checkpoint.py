@@ -56,7 +56,9 @@ from reprotune._run.checkpoint_files import (
     StateFile,
     _state_sha256,
     checkpoint_dir,
+    drop_newer_checkpoints,
     list_checkpoints,
+    newer_checkpoints,
     read_state_file,
     verify_checkpoint,
 )
@@ -133,6 +135,8 @@ def save_checkpoint(
                 "continues the run",
             ) from None
         raise
+    for stale in newer_checkpoints(directory, state.step):  # of an abandoned attempt, never newest
+        shutil.rmtree(stale, ignore_errors=True)
     for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -220,14 +224,12 @@ def restore_latest_checkpoint(
     scaler: Any | None,
     restore_rng: bool = True,
     report: Callable[[str], None],
+    fits: Callable[[CheckpointState], str | None] = lambda state: None,
 ) -> tuple[Path, CheckpointState] | None:
-    """Restore the newest checkpoint that verifies *and* restores; return it and its state.
-
-    A checkpoint that fails verification, or verifies but cannot be restored (a forged file that
-    ``torch.load(weights_only=True)`` refuses, tensors of the wrong shape), is reported and the
-    previous one is tried; the objects are put back as they were before each failed attempt.
-    None when no checkpoint restores: the objects are as they were, and the run starts over.
-    """
+    """Restore the newest checkpoint that verifies, restores and ``fits`` (None, or why not: the
+    ledger does not reach it); return it and its state. One that does not (a forged file, wrong
+    shapes) is reported, the objects put back, and the previous one tried. None: none restores,
+    the objects are as they were. Checkpoints newer than the one taken (of 0: all) are removed."""
     before = _snapshot(model, optimizer, scheduler, scaler)
     for path in valid_checkpoints(directory, report=report):
         try:
@@ -239,10 +241,17 @@ def restore_latest_checkpoint(
                 scaler=scaler,
                 restore_rng=restore_rng,
             )
-            return path, state
         except Exception as exc:  # whatever a damaged file raises, an older checkpoint may do
             _put_back(before, model, optimizer, scheduler, scaler)
             report(unrestorable_warning(path, exc))
+            continue
+        why = fits(state)
+        if why is None:
+            drop_newer_checkpoints(directory, state.step, report)
+            return path, state
+        _put_back(before, model, optimizer, scheduler, scaler)
+        report(refused_warning(path, why))
+    drop_newer_checkpoints(directory, 0, report)
     return None
 
 

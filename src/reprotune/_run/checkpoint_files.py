@@ -6,6 +6,8 @@ restores checkpoints; ``pack --checkpoints`` and ``verify --spot`` only need to 
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -82,6 +84,26 @@ def list_checkpoints(directory: Path) -> list[Path]:
     if not directory.is_dir():
         return []
     return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
+
+
+def step_of(path: Path) -> int | None:
+    """The step a checkpoint directory's name gives (``step-00000010``: 10), or None."""
+    digits = path.name[len(_PREFIX) :]
+    return int(digits) if path.name.startswith(_PREFIX) and digits.isdigit() else None
+
+
+def newer_checkpoints(directory: Path, step: int) -> list[Path]:
+    """The checkpoints in ``directory`` of steps after ``step``: once a resume goes on from
+    ``step`` (or from 0), they are of an abandoned attempt whose ledger lines are gone, and a
+    later resume that took one would leave a gap in the ledger."""
+    return [p for p in list_checkpoints(directory) if (step_of(p) or 0) > step]
+
+
+def drop_newer_checkpoints(directory: Path, step: int, report: Callable[[str], None]) -> None:
+    """Remove the :func:`newer_checkpoints` of a resume going on from ``step``, saying so."""
+    for stale in newer_checkpoints(directory, step):
+        shutil.rmtree(stale, ignore_errors=True)
+        report(f"removed checkpoint {stale.name}: this attempt goes on from step {step}, before it")
 
 
 def verify_checkpoint(path: Path) -> str | None:

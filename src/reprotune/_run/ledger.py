@@ -439,6 +439,22 @@ def _shape_problem(value: Any, shape: _FieldType) -> str | None:
     return None if ok else "not a float written by float.hex() (like '0x1.8p-1')"
 
 
+def ledger_misfit(path: Path, step: int, weights_sha256: str) -> str | None:
+    """Why a checkpoint of ``step`` whose weights hash to ``weights_sha256`` is not where this run's
+    ledger stood (None: it is): the ledger lacks a step up to it (a gap a resume would leave), or
+    its weights at that step are others (a checkpoint this run did not save)."""
+    if step == 0:
+        return None
+    if not path.is_file():
+        return "the run has no ledger.jsonl to go on from"
+    train = read_ledger(path, repair=True).train
+    if len(train) < step or train[step - 1].step != step:
+        return f"the ledger holds {len(train)} training step(s), not every step up to the checkpoint's {step}"
+    if train[step - 1].fields.get("weights_sha256") != weights_sha256:
+        return f"its weights are not the ledger's at step {step}: it is not a checkpoint this run saved"
+    return None
+
+
 def truncate_ledger(path: Path, *, keep_through_step: int) -> int:
     """Rewrite the ledger keeping only lines with ``step <= keep_through_step``; return how many.
 

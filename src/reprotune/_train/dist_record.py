@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from reprotune._jsonio import canonical_sha256
+from reprotune._run.checkpoint_files import drop_newer_checkpoints
 from reprotune._run.drift import section_drift
 from reprotune._run.ledger import truncate_ledger
 from reprotune._run.live_record import LiveRecord
@@ -136,6 +137,7 @@ def restore_on_main(setup: Setup, resume: Resume) -> int:
     restored = restore_distributed(setup, paths.checkpoints, restore_rng=resume.restore_rng, report=report)
     if resume.change is not None:
         note_world_change(resume.record, resume.change, restored)
+    drop_newer_checkpoints(paths.checkpoints, restored.state.step if restored else 0, report)
     if restored is None:
         return 0
     resume.record.note_attempt(from_step=restored.state.step, rng_restored=restored.rng_restored)

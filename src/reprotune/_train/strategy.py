@@ -23,10 +23,10 @@ import numpy as np
 import torch
 import torch.distributed
 
-from reprotune._model.lora import WeightsHasher, trainable_tensors
+from reprotune._model.lora import WeightsHasher, tensors_sha256, trainable_tensors
 from reprotune._run.checkpoint import CheckpointState, restore_latest_checkpoint, save_checkpoint
 from reprotune._run.layout import RunLayout
-from reprotune._run.ledger import truncate_ledger
+from reprotune._run.ledger import ledger_misfit, truncate_ledger
 from reprotune._run.live_record import LiveRecord
 from reprotune._train.step import StepShare, StepTally, max_grad_norm, ordered_sum
 
@@ -196,6 +196,9 @@ class Local:
             scaler=setup.scaler,
             restore_rng=resume.restore_rng,
             report=resume.report,
+            fits=lambda state: ledger_misfit(
+                paths.ledger, state.step, tensors_sha256(trainable_tensors(setup.model))
+            ),
         )
         if restored is None:
             return 0  # nothing to restore: start over, from a clean ledger
