@@ -131,6 +131,20 @@ def test_mlflow_child_yields_to_the_loop(tmp_path: Path) -> None:
     assert trackers.finish("completed")["mlflow"]["metrics_logged"] == 1
 
 
+def _wait_for_the_run(uri: str, experiment: str) -> None:
+    """Until the MLflow child has made its run in ``experiment`` (its start served), a minute at
+    most: a fixed sleep was too short on a loaded machine."""
+    from mlflow.tracking import MlflowClient
+
+    client, deadline = MlflowClient(uri), time.monotonic() + 120
+    while time.monotonic() < deadline:
+        found = client.get_experiment_by_name(experiment)
+        if found is not None and client.search_runs([found.experiment_id]):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the MLflow child made no run in {experiment!r} within 2 minutes")
+
+
 def test_a_ctrl_c_to_the_group_leaves_the_mlflow_run_to_be_ended(tmp_path: Path) -> None:
     """A terminal's Ctrl-C (or a scheduler's SIGTERM) reaches the MLflow child with the run: it
     lives on until the run tells it how it ended (before, it died, the MLflow run stayed RUNNING
@@ -144,7 +158,7 @@ def test_a_ctrl_c_to_the_group_leaves_the_mlflow_run_to_be_ended(tmp_path: Path)
     trackers = TrackerSet([tracker])
     trackers.start(_run(tmp_path))
     trackers.log_metrics(1, {"train_loss": 0.5})
-    time.sleep(2)  # the child has started serving (its signals set)
+    _wait_for_the_run(uri, "unit")  # the child serves the run: its signals were set before
     for number in (signal.SIGINT, signal.SIGTERM):
         os.kill(tracker._proc.pid, number)
     time.sleep(0.5)
@@ -226,7 +240,7 @@ def test_a_tracker_that_fails_after_its_run_exists_ends_it_failed_and_names_it(t
     trackers.start(_run(tmp_path))
     trackers.log_metrics(1, {"train_loss": 0.5})
     (tmp_path / "record.json").write_text("{}")
-    time.sleep(2)  # the experiment and its artifact folder exist
+    _wait_for_the_run(uri, "failing-artifacts")  # the experiment and its artifact folder exist
     shutil.rmtree(tmp_path / "artifacts")
     (tmp_path / "artifacts").write_text("not a folder")
     trackers.log_artifacts({"": tmp_path / "record.json"})
