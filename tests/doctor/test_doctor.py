@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -109,6 +110,8 @@ def test_env_findings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert {"tokenizers-parallelism-on", "pythonhashseed-random"} <= codes
     monkeypatch.delenv("TOKENIZERS_PARALLELISM")
     assert "tokenizers-parallelism-unset" in _doctor_on([], tmp_path).codes()
+    monkeypatch.setenv("PYTHONHASHSEED", "")  # empty: Python randomizes hashes as unset
+    assert "pythonhashseed-random" in _doctor_on([], tmp_path).codes()
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     monkeypatch.setenv("PYTHONHASHSEED", "0")
     codes = set(_doctor_on([], tmp_path).codes())
@@ -153,6 +156,28 @@ def test_dirty_git_tree(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("a = 2\n")
     report = _doctor_on([], tmp_path)
     assert _by_code(report)["git-dirty"].severity == "warning" and report.exit_code == 0
+    git("checkout", "-q", "train.py")
+    # The run's own MLflow store and artifacts are no code (the run records the tree clean), and
+    # an untracked file whose name is not UTF-8 is shown escaped (a UnicodeEncodeError before).
+    tracking = [
+        f"tracking.uri=sqlite:///{tmp_path}/tracking/store.db",
+        f"tracking.artifact_location={tmp_path}/tracking/art",
+    ]
+    (tmp_path / "tracking" / "art" / "0").mkdir(parents=True)
+    (tmp_path / "tracking" / "store.db").write_text("")
+    (tmp_path / "tracking" / "art" / "0" / "m.txt").write_text("")
+    assert "git-dirty" not in _doctor_on(tracking, tmp_path).codes()
+    (tmp_path / os.fsdecode(b"notes-\xff.txt")).write_text("")
+    dirty = _by_code(_doctor_on(tracking, tmp_path))["git-dirty"]
+    assert "notes-\\xff.txt" in dirty.title and json.dumps(dirty.title, ensure_ascii=False).encode("utf-8")
+
+
+@needs_git
+def test_a_repository_without_a_commit_is_said_so(tmp_path: Path) -> None:
+    """`git init` and nothing committed: the record cannot name the code, so a warning (it gave no
+    finding); an empty PYTHONHASHSEED randomizes as an unset one does, and is said so."""
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True, capture_output=True)
+    assert _by_code(_doctor_on([], tmp_path))["git-no-commit"].severity == "warning"
 
 
 def _data_file(tmp_path: Path) -> Path:

@@ -17,7 +17,7 @@ from reprotune._doctor.findings import Check, Context
 from reprotune._doctor.kernel_checks import check_cpu_kernels, check_stack
 from reprotune._model.loading import refuse_revision
 from reprotune._run.findings import Finding
-from reprotune._run.fingerprint import code_fingerprint
+from reprotune._run.fingerprint import code_fingerprint, own_outputs
 
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 
@@ -236,16 +236,33 @@ def check_revision(ctx: Context) -> list[Finding]:
 def check_git(ctx: Context) -> list[Finding]:
     """The code is a clean git commit."""
 
-    code = code_fingerprint(ctx.code_dir)
+    # The run's own outputs are no code, as the run records it: its MLflow store and artifacts.
+    code = code_fingerprint(ctx.code_dir, outputs=own_outputs(ctx.cfg.resolve_paths(), Path("runs")))
     ctx.extra["code"] = code.to_record()
     if not code.in_git:
+        refused = f" (git: {_shown(code.git_error.splitlines()[0])})" if code.git_error else ""
         return [
             Finding(
                 "git-absent",
                 "warning",
-                f"{ctx.code_dir} is not in a git work tree",
+                f"{_shown(str(ctx.code_dir))} is not in a git work tree{refused}",
                 "the record cannot name the code a run used, so a rerun cannot check it",
-                "run from a git repository (git init && git commit)",
+                "run from a git repository (git init && git commit)"
+                + (
+                    "; if git distrusts the repository's owner: git config --global --add safe.directory DIR"
+                    if "safe.directory" in (code.git_error or "")
+                    else ""
+                ),
+            )
+        ]
+    if code.commit is None:
+        return [
+            Finding(
+                "git-no-commit",
+                "warning",
+                f"the git repository at {_shown(str(code.root))} has no commit yet",
+                "the record cannot name the code a run used, so a rerun cannot check it",
+                "commit the code (git add -A && git commit) before the runs you want to reproduce",
             )
         ]
     if code.dirty:
@@ -253,18 +270,24 @@ def check_git(ctx: Context) -> list[Finding]:
         if code.diff:
             parts.append("uncommitted changes")
         if code.untracked:
-            parts.append(f"{len(code.untracked)} untracked file(s), e.g. {code.untracked[0]}")
+            parts.append(f"{len(code.untracked)} untracked file(s), e.g. {_shown(code.untracked[0])}")
         return [
             Finding(
                 "git-dirty",
                 "warning",
-                f"the git tree at {code.root} is dirty: {', '.join(parts)}",
+                f"the git tree at {_shown(str(code.root))} is dirty: {', '.join(parts)}",
                 "a commit alone will not reproduce the run; reprotune saves the diff as code.patch, "
                 "but not untracked files",
                 "commit (or stash) your changes before the runs you want to reproduce",
             )
         ]
     return []
+
+
+def _shown(name: str) -> str:
+    """A file name as a finding shows it: one that is not UTF-8 (its bytes, held as surrogates)
+    with its escapes, which a text or JSON report can write."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def check_tokenizers(ctx: Context) -> list[Finding]:
@@ -297,7 +320,7 @@ def check_tokenizers(ctx: Context) -> list[Finding]:
 
 def check_hash_seed(ctx: Context) -> list[Finding]:
     """PYTHONHASHSEED: str hashing is randomized per process unless set."""
-    if ctx.env.get("PYTHONHASHSEED") not in (None, "random"):
+    if ctx.env.get("PYTHONHASHSEED") not in (None, "", "random"):  # empty: Python randomizes too
         return []
     return [
         Finding(

@@ -342,7 +342,7 @@ def code_fingerprint(
         top = _git(["rev-parse", "--show-toplevel"], cwd)
         if top.returncode != 0:
             return CodeInfo(in_git=False, git_error=top.stderr.decode(errors="replace").strip() or None)
-        root = top.stdout.decode().strip()
+        root = os.fsdecode(top.stdout.strip())  # a path's bytes, as the file system names it
         head = _git(["rev-parse", "--verify", "--quiet", "HEAD"], cwd)
         commit = head.stdout.decode().strip() if head.returncode == 0 else None
         branch_run = _git(["symbolic-ref", "--quiet", "--short", "HEAD"], cwd)
