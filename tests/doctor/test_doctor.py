@@ -192,6 +192,19 @@ def test_data_without_manifest(tmp_path: Path) -> None:
     assert _by_code(report)["data-no-manifest"].severity == "warning"
 
 
+def test_builtin_data_with_a_manifest_of_other_data_is_an_error(tmp_path: Path) -> None:
+    """The embedded corpus with a manifest made from another file: the run refuses it (exit 2),
+    so the doctor says so (it said OK); with the corpus's own manifest, nothing."""
+    data = _data_file(tmp_path)
+    foreign, own = tmp_path / "foreign.json", tmp_path / "own.json"
+    write_manifest(split_table(load_table(str(data)), seed=0), foreign)
+    write_manifest(split_table(load_table("builtin:chatterbot-en"), seed=0), own)
+    for manifest, expected in ((foreign, {"data-manifest-mismatch"}), (own, set())):
+        settings = {"data": {"path": "builtin:chatterbot-en"}, "split": {"manifest": str(manifest)}}
+        codes = {c for c in _doctor_on([], tmp_path, settings=settings).codes() if c.startswith("data-")}
+        assert codes == expected, (manifest, codes)
+
+
 def test_manifest_matching_and_mismatching(tmp_path: Path) -> None:
     """A manifest made from the file passes; once the file changes it is an error; garbage is an error."""
     data = _data_file(tmp_path)

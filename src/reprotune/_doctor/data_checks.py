@@ -60,8 +60,20 @@ def check_data(ctx: Context) -> list[Finding]:
                 "point split.manifest at a manifest written by `reprotune split`",
             )
         ]
-    if builtin:
-        return []  # the run resolves builtin data and checks it against the manifest itself
+    if builtin:  # the rows reprotune ships, which the run checks against the manifest as these
+        if _reformatted(cfg, loaded):
+            return []
+        return [
+            Finding(
+                "data-manifest-mismatch",
+                "error",
+                f"{cfg.data.path} is not the data manifest {manifest} was made from "
+                f"(sha256 {loaded.dataset_sha256[:12]}..., {loaded.n_rows} rows)",
+                "the split indices would point at different rows; the run refuses it",
+                f"point split.manifest at a manifest of {cfg.data.path} (`reprotune split {cfg.data.path}`), "
+                "or data.path at the data it was made from",
+            )
+        ]
     try:
         actual = sha256_file(cfg.data.path)
     except OSError as exc:
