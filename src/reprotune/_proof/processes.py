@@ -97,7 +97,7 @@ def run_logged(
         errors = [i for i, line in enumerate(said) if ": error: " in line]
         text = "\n".join(said[errors[-1] :] if errors else said[-15:]).split(": error: ", 1)[-1]
         message, _, fix = text.partition("\nfix: ")
-        raise InputError(message, fix=f"{fix}; {refusal}" if fix else refusal)
+        raise InputError(message, fix="; ".join(part for part in (fix, refusal) if part) or None)
     if code != 0:
         shown = "reprotune" if module == "reprotune" else f"python -m {module}"
         raise _failed(args, code, log.read_bytes(), log, program=shown)

@@ -136,8 +136,7 @@ def verify_config(
         dump_config_yaml(cfg, paths.config)
         if reference is None:
             progress(f"verify: reference run -> {ctx.reference}")
-            args = ("run", str(paths.config), "--run-dir", str(ctx.reference), *_QUIET)
-            _reprotune(args, paths.log, refusal=_REFUSED_COPY)
+            _reference_run(ctx, paths)
         else:
             progress(f"verify: reference is the existing run {ctx.reference}")
     total = recorded_total_steps(ctx.reference)
@@ -178,11 +177,19 @@ def verify_config(
     return result
 
 
-#: The fix of the reference's refusal: what it names is verify's copy of the user's config.
-_REFUSED_COPY = (
-    "the file named is verify's copy of your config, with each --set applied: fix the key in your "
-    "config (or the --set that sets it), then run verify again"
-)
+def _reference_run(ctx: _Context, paths: VerifyLayout) -> None:
+    """The reference leg's run. What only a run refuses is bad input, said of the user's config:
+    verify's copy of it, which the run read, is removed with the rest of --out."""
+    args = ("run", str(paths.config), "--run-dir", str(ctx.reference), *_QUIET)
+    try:
+        _reprotune(args, paths.log, refusal="")
+    except InputError as exc:
+        copy = str(paths.config)
+        if copy not in exc.message:
+            raise
+        message = exc.message.replace(copy, "your config (each --set applied)")
+        fix = "fix that key in your config (or the --set that sets it), then run verify again"
+        raise InputError(message, fix=f"{exc.fix}; {fix}" if exc.fix else fix) from None
 
 
 def _check_options(cfg: ExperimentConfig, out_dir: Path, control_seed: str, reference: Path | None) -> None:
