@@ -428,18 +428,23 @@ def test_state_shapes_are_checked_by_parameter_name() -> None:
     optimizer.step()
     shapes = trainable_shapes(model)
     assert shapes == {"0.bias": (2,), "1.weight": (1, 2), "1.bias": (1,)}
+    weights = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
     saved = optimizer.state_dict()
     named = optimizer_state_by_name(saved, optimizer, model)
     assert sorted(named) == sorted(shapes)
-    check_state_shapes({}, named, shapes)
+    check_state_shapes(weights, named, shapes)
     full = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
-    check_state_shapes({}, full["state"], shapes)
+    check_state_shapes(weights, full["state"], shapes)
+    # A trainable weight the checkpoint lacks would stay at its initial value: refused, named
+    # (a checkpoint with its hashes forged to match was restored, and the run diverged).
+    with pytest.raises(InputError, match=r"the checkpoint lacks 1 trainable weight\(s\), e\.g\. 1\.bias"):
+        check_state_shapes({k: v for k, v in weights.items() if k != "1.bias"}, named, shapes)
     saved["state"][1]["exp_avg_sq"] = torch.zeros(2, 1)
     with pytest.raises(
         InputError,
         match=r"the optimizer's exp_avg_sq of 1\.weight has shape \[2, 1\], the weight's is \[1, 2\]",
     ):
-        check_state_shapes({}, optimizer_state_by_name(saved, optimizer, model), shapes)
+        check_state_shapes(weights, optimizer_state_by_name(saved, optimizer, model), shapes)
     saved["param_groups"][0]["params"] = saved["param_groups"][0]["params"][:-1]
     with pytest.raises(InputError, match="parameter group 0 holds 2 parameters, the optimizer's 3"):
         optimizer_state_by_name(saved, optimizer, model)

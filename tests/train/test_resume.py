@@ -291,7 +291,16 @@ def test_a_checkpoint_past_the_ledger_is_refused_and_newer_ones_dropped(
     (short / LEDGER_FILE).write_text("".join(lines[:3]))  # init, steps 1-2: short of step 4
     done = project.run_cli("resume", str(short), *QUIET)
     assert "the ledger holds 2 training step(s), not every step up to the checkpoint's 4" in done.stderr
+    assert f"resuming {short} from step 2" in done.stderr  # the checkpoint the ledger reaches
     _same_numbers(reference, short)
+    gone = tmp_path / "gone"  # the ledger lost: an internal error before; now the run starts over
+    project.run_cli("run", str(config), "--run-dir", str(gone), "--stop-after-step", "4", *QUIET)
+    (gone / LEDGER_FILE).unlink()
+    done = project.run_cli("resume", str(gone), *QUIET)
+    assert "the run has no ledger.jsonl to go on from" in done.stderr
+    assert f"no checkpoint to resume {gone} from: starting from step 0" in done.stderr  # was silent
+    assert load_record(gone / "record.json")["attempts"][-1]["started_over"] is True
+    _same_numbers(reference, gone)
 
 
 def test_keep_one_keeps_the_checkpoint_just_written(

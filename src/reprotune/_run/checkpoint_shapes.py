@@ -24,8 +24,16 @@ def check_state_shapes(
     trainable parameters ``shapes`` describes (name to shape).
 
     Raises:
-        InputError: the first name that is not a trainable parameter, or tensor of another shape.
+        InputError: the first name that is not a trainable parameter, a trainable parameter it
+            lacks (it would stay at its initial value), or a tensor of another shape.
     """
+    missing = sorted(set(shapes) - set(weights))
+    if missing:
+        raise InputError(
+            f"the checkpoint lacks {len(missing)} trainable weight(s), e.g. {missing[0]}",
+            source=missing[0],
+            fix=_FIX,
+        )
     for name, tensor in weights.items():
         if name not in shapes:
             raise InputError(f"{name} is not a trainable weight of this model", source=name, fix=_FIX)

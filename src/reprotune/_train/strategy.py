@@ -200,8 +200,10 @@ class Local:
                 paths.ledger, state.step, tensors_sha256(trainable_tensors(setup.model))
             ),
         )
-        if restored is None:
-            return 0  # nothing to restore: start over, from a clean ledger
+        if restored is None:  # nothing to restore: start over, from a clean ledger, and say so
+            resume.record.note_attempt(started_over=True)  # no from_step: nothing was restored
+            resume.report(f"no checkpoint to resume {paths.root} from: starting from step 0")
+            return 0
         found, state = restored
         # What this attempt resumed from, for compare (a resume that skipped the RNG is a cause).
         resume.record.note_attempt(from_step=state.step, rng_restored=resume.restore_rng)
