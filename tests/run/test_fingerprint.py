@@ -244,3 +244,18 @@ def test_without_git_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(_fingerprint.shutil, "which", lambda name: None)
     info = code_fingerprint(tmp_path)
     assert info.in_git is False and info.git_error == "git is not installed"
+
+
+def test_a_resume_from_outside_the_repository_is_told_to_run_inside_it(tmp_path: Path) -> None:
+    """The run was made at a commit; resumed from a directory in no git checkout, the code reads as
+    none: the fix says to run it inside the checkout (it said to check out the commit, which is
+    checked out already)."""
+    from reprotune._errors import InputError
+    from reprotune._run.drift import refuse_code_drift
+
+    recorded = {"in_git": True, "commit": "a" * 40, "branch": "main", "dirty": False}
+    with pytest.raises(InputError) as refused:
+        refuse_code_drift(
+            recorded, code_fingerprint(tmp_path).to_record(), tmp_path, what="resuming", override=None
+        )
+    assert "run it from inside the git checkout the run was made in" in (refused.value.fix or "")

@@ -51,6 +51,11 @@ def refuse_code_drift(
         checkout = f"check out commit {recorded.get('commit')} (and apply {patch} if the run was dirty)"
         if not recorded.get("commit"):
             checkout = "the run was made outside a git checkout (no commit to check out): use its code"
+        elif not now.get("in_git"):  # run from outside the repository: the code is read from here
+            checkout = (
+                "run it from inside the git checkout the run was made in (the code is read from the "
+                f"current directory, which is in none), at commit {recorded.get('commit')}"
+            )
         raise InputError(
             "the code differs from the code the run was made with:\n  " + "\n  ".join(drift),
             source=str(layout.RunLayout(run_dir).record),
