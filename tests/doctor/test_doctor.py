@@ -125,6 +125,18 @@ def test_env_findings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         assert "tokenizers-parallelism-on" not in _doctor_on([], tmp_path).codes(), off
 
 
+def test_a_stale_torchelastic_run_id_is_bad_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TORCHELASTIC_RUN_ID left in the environment outside torchrun: exit 2 naming the variables
+    the launch lacks (a ValueError traceback, exit 1, before)."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["doctor", "--no-probe", "--code-dir", str(tmp_path)]) == 2
+    assert "the launch's variables are not (RANK unset, WORLD_SIZE unset" in capsys.readouterr().err
+
+
 def test_not_in_git(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A code directory outside git is a warning; a --code-dir that is no directory is bad input
     (it was a git-absent warning, or a file's parent audited silently)."""

@@ -71,7 +71,17 @@ def check_ranks(ctx: Context) -> list[Finding]:
 
     if not dist.is_torchelastic_launched():
         return []
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    launch = {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    if not all(value is not None and value.isdigit() for value in launch.values()):
+        # TORCHELASTIC_RUN_ID alone (left in a shell, a container's environment) is no torchrun launch
+        shown = ", ".join(f"{k}={v}" if v is not None else f"{k} unset" for k, v in launch.items())
+        raise InputError(
+            f"TORCHELASTIC_RUN_ID is set, as under torchrun, but the launch's variables are not ({shown})",
+            source="TORCHELASTIC_RUN_ID",
+            fix="unset TORCHELASTIC_RUN_ID outside torchrun, or start the doctor under torchrun "
+            "(`torchrun ... -m reprotune doctor`)",
+        )
+    world = int(launch["WORLD_SIZE"] or "1")
     found = []
     accum = ctx.cfg.train.grad_accum_steps
     if accum % world:
