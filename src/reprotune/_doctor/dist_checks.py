@@ -72,7 +72,7 @@ def check_ranks(ctx: Context) -> list[Finding]:
     if not dist.is_torchelastic_launched():
         return []
     launch = {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    if not all(value is not None and value.isdigit() for value in launch.values()):
+    if not (launch["WORLD_SIZE"] or "").isdigit():
         # TORCHELASTIC_RUN_ID alone (left in a shell, a container's environment) is no torchrun launch
         shown = ", ".join(f"{k}={v}" if v is not None else f"{k} unset" for k, v in launch.items())
         raise InputError(
