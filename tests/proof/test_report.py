@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,16 @@ from rundirs import RunSpec, write_run_dir
 
 CHROMIUM = Path("/usr/bin/chromium")
 _SVG = re.compile(r"<figure><svg [^>]*>(.*?)</svg>", re.S)
+
+
+def _write_verification(
+    directory: Path, *, verdict: str, mode: str, reference: Path | str, legs: list[dict[str, Any]]
+) -> None:
+    """A verification.json of the current schema (5) in ``directory``."""
+    data = {"schema": "reprotune/verification", "schema_version": 5, "verdict": verdict, "mode": mode}
+    (directory / "verification.json").write_text(
+        json.dumps({**data, "reference": str(reference), "legs": legs})
+    )
 
 
 @pytest.fixture
@@ -251,10 +262,7 @@ def test_a_spot_replay_is_no_negative_control_and_verify_s_verdict_is_shown(
             "passed": False,
         }
     ]
-    data = {"schema": "reprotune/verification", "schema_version": 5, "verdict": "FAIL", "mode": "spot"}
-    (directory / "verification.json").write_text(
-        json.dumps({**data, "reference": str(runs[0]), "legs": legs})
-    )
+    _write_verification(directory, verdict="FAIL", mode="spot", reference=runs[0], legs=legs)
     html = write_report([directory], tmp_path / "page.html").read_text(encoding="utf-8")
     assert "negative control" not in html and "leg steps-9-12 replays an interval" in html
     glance = html.split('<ul class="glance">', 1)[1].split("</ul>", 1)[0]
@@ -318,15 +326,13 @@ def test_what_a_pass_proved_is_what_its_legs_showed(
     }
     ran = {"run_dir": str(runs[1]), "expected": "IDENTICAL", "verdict": "IDENTICAL", "passed": True}
     entries = [skipped if name == "resume-skipped" else {"name": name, **ran} for name in legs]  # fmt: skip
-    data = {"schema": "reprotune/verification", "schema_version": 5, "verdict": "PASS", "mode": "fast"}
-    (directory / "verification.json").write_text(
-        json.dumps({**data, "reference": str(runs[0]), "legs": entries})
-    )
+    _write_verification(directory, verdict="PASS", mode="fast", reference=runs[0], legs=entries)
     html = write_report([directory], tmp_path / "page.html").read_text(encoding="utf-8")
     proven = html.split("What was proven", 1)[1].split("</p>", 1)[0]
     assert said in proven and ("negative controls" in proven) == ("control-seed" in legs), proven
     assert ("stopped at a checkpoint and resumed in a fresh process" in proven) == ("rerun-resume" in legs)
-    old = {**data, "schema_version": 1, "mode": None, "reference": str(runs[0]), "legs": entries}
+    old = {"schema": "reprotune/verification", "schema_version": 1, "verdict": "PASS", "mode": None}
+    old |= {"reference": str(runs[0]), "legs": entries}
     (directory / "verification.json").write_text(json.dumps(old))
     html = write_report([directory], tmp_path / "page.html").read_text(encoding="utf-8")
     assert "None mode" not in html and "Cost:" not in html
@@ -355,10 +361,7 @@ def test_a_verification_with_failed_and_unrun_legs_still_opens_its_report(
             "verdict": None,
         },
     ]
-    data = {"schema": "reprotune/verification", "schema_version": 5, "verdict": "FAIL", "mode": "fast"}
-    (directory / "verification.json").write_text(
-        json.dumps({**data, "reference": str(runs[0]), "legs": legs})
-    )
+    _write_verification(directory, verdict="FAIL", mode="fast", reference=runs[0], legs=legs)
     html = write_report([directory], tmp_path / "page.html").read_text(encoding="utf-8")
     assert all(f"<td>{leg['name']}</td>" in html for leg in legs)
     assert str(directory / "control-resume") not in html.split("</table>", 1)[1]  # not compared
@@ -372,10 +375,7 @@ def test_a_moved_verification_directory_still_compares_its_legs(tmp_path: Path) 
     write_run_dir(made / "reference")
     write_run_dir(made / "rerun", RunSpec(seed=43))
     legs = [{"name": "rerun", "run_dir": str(made / "rerun"), "expected": "IDENTICAL", "verdict": "DIVERGED"}]
-    data = {"schema": "reprotune/verification", "schema_version": 5, "verdict": "FAIL", "mode": "fast"}
-    (made / "verification.json").write_text(
-        json.dumps({**data, "reference": str(made / "reference"), "legs": legs})
-    )
+    _write_verification(made, verdict="FAIL", mode="fast", reference=made / "reference", legs=legs)
     moved = tmp_path / "elsewhere" / "ver"
     moved.parent.mkdir()
     made.rename(moved)
@@ -392,9 +392,8 @@ def test_an_outside_reference_gone_is_not_taken_for_a_leg_of_the_same_name(tmp_p
     legs = [
         {"name": "rerun", "run_dir": str(directory / "rerun"), "expected": "IDENTICAL", "verdict": "DIVERGED"}
     ]
-    data = {"schema": "reprotune/verification", "schema_version": 5, "verdict": "FAIL", "mode": "fast"}
     gone = tmp_path / "elsewhere" / "rerun"
-    (directory / "verification.json").write_text(json.dumps({**data, "reference": str(gone), "legs": legs}))
+    _write_verification(directory, verdict="FAIL", mode="fast", reference=gone, legs=legs)
     with pytest.raises(InputError) as refused:
         write_report([directory], tmp_path / "page.html")
     assert str(gone) in str(refused.value) + str(refused.value.source)

@@ -24,7 +24,7 @@ from reprotune._documents import jsonl_lines, read_json_file, validated_line
 from reprotune._errors import InputError
 from reprotune._eval.layout import PREDICTIONS, EvalLayout
 from reprotune._formats import EVAL
-from reprotune._jsonio import canonical_dumps, canonical_sha256, sha256_file
+from reprotune._jsonio import canonical_dumps, canonical_sha256, sha256_bytes
 
 
 def ids_sha256(ids: Sequence[int]) -> str:
@@ -99,18 +99,21 @@ def open_eval_dir(path: str | Path) -> EvalDir:
         fix=fix,
         version_fix="read it with the reprotune version that wrote it (reprotune_version in the file)",
     )
-    predictions = read_predictions(paths.predictions)
-    _check_predictions(record, paths.predictions, predictions)
+    raw = _predictions_file(paths.predictions)
+    predictions = _parsed(raw, paths.predictions)
+    _check_predictions(record, paths.predictions, predictions, sha256_bytes(raw))
     return EvalDir(paths.root, record, predictions)
 
 
-def _check_predictions(record: Mapping[str, Any], path: Path, predictions: tuple[Prediction, ...]) -> None:
+def _check_predictions(
+    record: Mapping[str, Any], path: Path, predictions: tuple[Prediction, ...], sha256: str
+) -> None:
     """The predictions are the ones ``eval.json`` lists (its sha256 and row count), each row once:
     an emptied or cut file compared as it was read ("IDENTICAL, 0 rows")."""
     fix = "restore the eval directory from a copy, or run the eval again"
     listed = record.get("predictions")
     listed = listed if isinstance(listed, Mapping) else {}
-    if isinstance(listed.get("sha256"), str) and sha256_file(path) != listed["sha256"]:
+    if isinstance(listed.get("sha256"), str) and sha256 != listed["sha256"]:
         raise InputError(
             f"{PREDICTIONS} is not the file eval.json lists (sha256 {listed['sha256'][:12]}..., "
             f"{listed.get('n_rows')} rows; it holds {len(predictions)}): it was changed or cut",
@@ -138,14 +141,29 @@ def read_predictions(path: Path) -> tuple[Prediction, ...]:
     Raises:
         InputError: the file is missing, or a line is not a complete prediction (naming the line).
     """
-    fix = "restore the eval directory from a copy, or run the eval again"
+    return _parsed(_predictions_file(path), path)
+
+
+_READ_FIX = "restore the eval directory from a copy, or run the eval again"
+
+
+def _predictions_file(path: Path) -> bytes:
     try:
-        text = path.read_bytes().decode("utf-8")
+        return path.read_bytes()
     except FileNotFoundError:
-        raise InputError(f"the eval directory has no {PREDICTIONS}", source=str(path), fix=fix) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {PREDICTIONS}: {exc}", source=str(path), fix=fix) from None
+        raise InputError(
+            f"the eval directory has no {PREDICTIONS}", source=str(path), fix=_READ_FIX
+        ) from None
+    except OSError as exc:
+        raise InputError(f"cannot read {PREDICTIONS}: {exc}", source=str(path), fix=_READ_FIX) from None
+
+
+def _parsed(raw: bytes, path: Path) -> tuple[Prediction, ...]:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"cannot read {PREDICTIONS}: {exc}", source=str(path), fix=_READ_FIX) from None
     return tuple(
-        validated_line(Prediction, line, what="prediction", source=f"{path}:{number}", fix=fix)
+        validated_line(Prediction, line, what="prediction", source=f"{path}:{number}", fix=_READ_FIX)
         for number, line in enumerate(jsonl_lines(text), start=1)
     )

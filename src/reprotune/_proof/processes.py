@@ -78,26 +78,26 @@ def _command(args: Sequence[str], module: str = "reprotune") -> tuple[list[str],
 
 
 def run_logged(
-    args: Sequence[str], log: Path, *, module: str = "reprotune", refusal: str | None = None
+    args: Sequence[str], log: Path, *, module: str = "reprotune", bad_input: bool = False
 ) -> float:
     """Run ``python -m MODULE ARGS`` (``reprotune``: the CLI) in a fresh process (a fresh torchrun
     launch under torchrun), its output into ``log``; return its wall time.
 
     Args:
-        refusal: with it, the process's exit 2 (bad input) is this process's too: an
-            :class:`InputError` of the process's message, ``refusal`` its fix.
+        bad_input: the process's exit 2 (bad input) is this process's too: an
+            :class:`InputError` of the process's message and fix.
 
     Raises:
-        InputError: it exited 2, given ``refusal``.
+        InputError: it exited 2, with ``bad_input``.
         RunFailedError: it exited with another code than 0 (the message holds its output's tail).
     """
     wall, code = _run_into(args, log, module)
-    if code == 2 and refusal is not None:  # "reprotune run: error: SOURCE: MESSAGE\nfix: FIX"
+    if code == 2 and bad_input:  # "reprotune run: error: SOURCE: MESSAGE\nfix: FIX"
         said = log.read_bytes().decode("utf-8", errors="replace").splitlines()
         errors = [i for i, line in enumerate(said) if ": error: " in line]
         text = "\n".join(said[errors[-1] :] if errors else said[-15:]).split(": error: ", 1)[-1]
         message, _, fix = text.partition("\nfix: ")
-        raise InputError(message, fix="; ".join(part for part in (fix, refusal) if part) or None)
+        raise InputError(message, fix=fix or None)
     if code != 0:
         shown = "reprotune" if module == "reprotune" else f"python -m {module}"
         raise _failed(args, code, log.read_bytes(), log, program=shown)

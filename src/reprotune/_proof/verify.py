@@ -182,7 +182,7 @@ def _reference_run(ctx: _Context, paths: VerifyLayout) -> None:
     verify's copy of it, which the run read, is removed with the rest of --out."""
     args = ("run", str(paths.config), "--run-dir", str(ctx.reference), *_QUIET)
     try:
-        _reprotune(args, paths.log, refusal="")
+        _reprotune(args, paths.log, bad_input=True)
     except InputError as exc:
         copy = str(paths.config)
         if copy not in exc.message:

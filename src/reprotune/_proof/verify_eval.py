@@ -29,16 +29,18 @@ def eval_leg(reference: Path, rerun: Path, run: Callable[..., float], progress: 
     wall_s = 0.0
     # The rerun leg's evals are its own run's (generate_at_end); the reference needs one made
     # alike: a --reference run may hold only others (fewer rows, another seed, the validation split)
-    for run_dir in (rerun, reference):
-        if not run_evals(run_dir) or (run_dir == reference and not latest_pairs(reference, rerun)):
-            progress(f"verify: eval of {run_dir} in a fresh process")
-            try:
-                wall_s += run("eval", str(run_dir), "--no-progress")
-            except ReprotuneError as exc:  # a failed leg, in a verification that still ends
-                return Leg(
-                    EVAL_LEG, "", "IDENTICAL", verdict="FAILED", passed=False, note=exc.message, wall_s=wall_s
-                )
     pairs = latest_pairs(reference, rerun)
+    for run_dir in (rerun, reference):
+        if pairs or (run_dir == rerun and run_evals(rerun)):
+            continue
+        progress(f"verify: eval of {run_dir} in a fresh process")
+        try:
+            wall_s += run("eval", str(run_dir), "--no-progress")
+        except ReprotuneError as exc:  # a failed leg, in a verification that still ends
+            return Leg(
+                EVAL_LEG, "", "IDENTICAL", verdict="FAILED", passed=False, note=exc.message, wall_s=wall_s
+            )
+        pairs = latest_pairs(reference, rerun)
     if not pairs:
         why = "the two runs have no evals made with the same settings to compare"
         return Leg(EVAL_LEG, "", "IDENTICAL", passed=False, note=why, wall_s=wall_s)

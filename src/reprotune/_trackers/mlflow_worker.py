@@ -128,7 +128,7 @@ def open_run(
     return run_id
 
 
-def _background(on: bool) -> None:
+def _idle_priority() -> None:
     """Run the calling thread only on a core the loop leaves idle (``SCHED_IDLE``); Linux only.
 
     An observer must not slow what it observes: with the loop's intra-op threads on every core,
@@ -142,8 +142,7 @@ def _background(on: bool) -> None:
     import os
 
     with contextlib.suppress(OSError, AttributeError):
-        policy = os.SCHED_IDLE if on else os.SCHED_OTHER
-        os.sched_setscheduler(0, policy, os.sched_param(0))  # 0: the calling thread
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: the calling thread
 
 
 @dataclass
@@ -186,7 +185,7 @@ class _Run:
 def _while_training(run: _Run) -> None:
     """Serve ``start`` and ``metrics`` at idle priority until the loop is over (``artifacts``,
     ``finish``, or the pipe closed): that message, and what follows, are the main thread's."""
-    _background(True)
+    _idle_priority()
     try:
         from mlflow.entities import Metric  # noqa: F401 (slow; overlaps the parent's model loading)
 
