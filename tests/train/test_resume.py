@@ -321,3 +321,24 @@ def test_keep_one_keeps_the_checkpoint_just_written(
     done = project.run_cli("resume", str(run_dir), *QUIET)
     assert f"resuming {run_dir} from step 3" in done.stderr
     _same_numbers(reference, run_dir)
+
+
+def test_a_damaged_ledger_line_after_the_checkpoint_does_not_block_the_resume(
+    project: TinyProject, reference: Path, stopped: Path, tmp_path: Path
+) -> None:
+    """Lines past the checkpoint were never synced; a crash can leave one of them zeros. The resume
+    drops it with the rest, says so, and ends identical (before, it refused the whole run). A
+    damaged line the checkpoint's sync made durable (step 4's val line) is still refused."""
+    run_dir = _copy(stopped, tmp_path / "torn")
+    step_5 = (reference / LEDGER_FILE).read_bytes().split(b"\n")[6] + b"\n"  # init, 1-4, val 4, then 5
+    with open(run_dir / LEDGER_FILE, "ab") as handle:
+        handle.write(step_5 + b"\0" * 200 + b"\n" + b'{"kind": "tra')
+    done = project.run_cli("resume", str(run_dir), *QUIET)
+    assert "left out 1 damaged line(s) after step 4" in done.stderr
+    _assert_identical(reference, run_dir)
+
+    val_lost = _copy(stopped, tmp_path / "val-lost")
+    lines = (val_lost / LEDGER_FILE).read_bytes().split(b"\n")
+    lines[5] = b"\0" * len(lines[5])  # line 6: the val line of step 4
+    (val_lost / LEDGER_FILE).write_bytes(b"\n".join(lines))
+    assert main(["resume", str(val_lost), *QUIET]) == 2

@@ -140,7 +140,8 @@ def restore_on_main(setup: Setup, resume: Resume) -> int:
     drop_newer_checkpoints(paths.checkpoints, restored.state.step if restored else 0, report)
     if restored is None:
         return 0
-    resume.record.note_attempt(from_step=restored.state.step, rng_restored=restored.rng_restored)
-    truncate_ledger(paths.ledger, keep_through_step=restored.state.step)
-    report(f"resuming {paths.root} from step {restored.state.step} ({restored.name})")
-    return restored.state.step
+    step = restored.state.step
+    resume.record.note_attempt(from_step=step, rng_restored=restored.rng_restored)
+    truncate_ledger(paths.ledger, keep_through_step=step, val_at_step=setup.validates_at(step), report=report)
+    report(f"resuming {paths.root} from step {step} ({restored.name})")
+    return step

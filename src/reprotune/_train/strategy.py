@@ -197,7 +197,10 @@ class Local:
             restore_rng=resume.restore_rng,
             report=resume.report,
             fits=lambda state: ledger_misfit(
-                paths.ledger, state.step, tensors_sha256(trainable_tensors(setup.model))
+                paths.ledger,
+                state.step,
+                tensors_sha256(trainable_tensors(setup.model)),
+                val_at_step=setup.validates_at(state.step),
             ),
         )
         if restored is None:  # nothing to restore: start over, from a clean ledger, and say so
@@ -207,7 +210,12 @@ class Local:
         found, state = restored
         # What this attempt resumed from, for compare (a resume that skipped the RNG is a cause).
         resume.record.note_attempt(from_step=state.step, rng_restored=resume.restore_rng)
-        truncate_ledger(paths.ledger, keep_through_step=state.step)
+        truncate_ledger(
+            paths.ledger,
+            keep_through_step=state.step,
+            val_at_step=setup.validates_at(state.step),
+            report=resume.report,
+        )
         resume.report(f"resuming {paths.root} from step {state.step} ({found.name})")
         return state.step
 

@@ -160,7 +160,7 @@ class TrainerRun(RunWriter):
             attempt["environment_drift"] = environment_drift(
                 record.get("environment") or {}, environment, report
             )
-            truncate_ledger(paths.ledger, keep_through_step=from_step)
+            truncate_ledger(paths.ledger, keep_through_step=from_step, report=report)
             ledger = read_ledger(paths.ledger)
             if len(ledger.train) != from_step:
                 raise InputError(
