@@ -192,6 +192,22 @@ def test_a_checkpoint_that_verifies_but_cannot_be_restored_is_passed_over(
     _assert_byte_identical(fsdp_twins[0].run_dir, run_dir)
 
 
+def test_a_checkpoint_the_ledger_does_not_reach_is_refused(
+    project: TinyProject, crashed: tuple[Launch, Path, Path], fsdp_twins: tuple[Launch, Launch]
+) -> None:
+    """The crashed run's ledger cut back to step 2, short of its step-4 checkpoint: the torchrun
+    resume refuses the checkpoint, as a one-process resume does (before, it restored step 4 and the
+    "completed" run's ledger lacked steps 3 and 4), starts from step 0 and ends byte-identical."""
+    run_dir = project.root / "runs" / "crashed-short"
+    shutil.copytree(crashed[0].run_dir, run_dir)
+    ledger = run_dir / "ledger.jsonl"
+    ledger.write_bytes(b"".join(ledger.read_bytes().splitlines(keepends=True)[:3]))  # init, steps 1-2
+    resumed = completed(launch(project, 2, "resume", str(run_dir), *QUIET))
+    assert "the ledger holds 2 training step(s), not every step up to the checkpoint's 4" in resumed.output
+    assert "no checkpoint is left: starting from step 0" in resumed.output
+    _assert_byte_identical(fsdp_twins[0].run_dir, run_dir)
+
+
 def test_resume_at_another_world_size_is_refused_then_recorded_when_allowed(
     project: TinyProject, crashed: tuple[Launch, Path, Path], fsdp_twins: tuple[Launch, Launch]
 ) -> None:

@@ -3,18 +3,21 @@
 Saving: every rank hands its RNG state to rank 0, the trainable weights and the optimizer state are
 gathered whole (collectives under FSDP), and rank 0 writes one ordinary checkpoint directory
 (:class:`reprotune._run.checkpoint.RankStates`): one format for DDP and FSDP and every world size.
-Restoring: rank 0 picks the newest checkpoint that verifies, reads, and whose weights have this
-model's names and shapes (else the previous one, as a one-process resume does); the weights and the
+Restoring: rank 0 picks the newest checkpoint that verifies, reads, whose weights have this
+model's names and shapes, and which the run's ledger reaches (else the previous one, as a
+one-process resume does); the weights and the
 optimizer state are broadcast into every rank's (sharded) parameters, each rank gets its own RNG
 state back, and the scheduler state goes to all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from reprotune._determinism.rng import capture_rng_state, restore_rng_state
 from reprotune._run.checkpoint import (
@@ -22,6 +25,7 @@ from reprotune._run.checkpoint import (
     RankCheckpoint,
     RankStates,
     read_rank_checkpoint,
+    refused_warning,
     save_checkpoint,
     unrestorable_warning,
     valid_checkpoints,
@@ -79,13 +83,20 @@ class Restored:
 
 
 def restore_distributed(
-    setup: Setup, directory: Path | None, *, restore_rng: bool, report: Callable[[str], None]
+    setup: Setup,
+    directory: Path | None,
+    *,
+    restore_rng: bool,
+    report: Callable[[str], None],
+    fits: Callable[[CheckpointState, Mapping[str, torch.Tensor]], str | None] = lambda state, weights: None,
 ) -> Restored | None:
     """Restore the newest valid checkpoint in ``directory`` (read on rank 0) into every rank.
 
     ``restore_rng=False`` exists only for verify's negative control. At another world size than
     the checkpoint's (allowed by the caller), rank ``r`` gets rank ``r``'s RNG state when the
-    checkpoint has one and keeps its own otherwise.
+    checkpoint has one and keeps its own otherwise. ``fits`` (rank 0, given the checkpoint's state
+    and whole trainable weights): None, or why the run cannot go on from it (the ledger does not
+    reach it); such a checkpoint is refused and the previous one tried, as one that cannot be read.
 
     Returns:
         What was restored, the same on every rank; None when no checkpoint verifies (start over).
@@ -104,6 +115,10 @@ def restore_distributed(
             except Exception as exc:  # a checkpoint that verifies but cannot be restored: an older one may
                 read = None
                 report(unrestorable_warning(found, exc))
+                continue
+            if why := fits(read.state, read.ranks.weights):
+                read = None
+                report(refused_warning(found, why))
                 continue
             return found.name, read.state, read.scheduler, read.scaler
         return None

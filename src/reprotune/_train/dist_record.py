@@ -12,9 +12,10 @@ from typing import Any
 import torch
 
 from reprotune._jsonio import canonical_sha256
+from reprotune._model.lora import tensors_sha256
 from reprotune._run.checkpoint_files import drop_newer_checkpoints
 from reprotune._run.drift import section_drift
-from reprotune._run.ledger import truncate_ledger
+from reprotune._run.ledger import ledger_misfit, truncate_ledger
 from reprotune._run.live_record import LiveRecord
 from reprotune._run.ranks import check_ranks_agree, ranks_section
 from reprotune._train.dist_checkpoint import Restored, restore_distributed
@@ -134,7 +135,15 @@ def restore_on_main(setup: Setup, resume: Resume) -> int:
     """Rank 0's side of a distributed resume: restore every rank, truncate the ledger, note on the
     attempt what was restored (and an allowed world-size change); return the step to go on from."""
     paths, report = resume.paths, resume.report
-    restored = restore_distributed(setup, paths.checkpoints, restore_rng=resume.restore_rng, report=report)
+    restored = restore_distributed(
+        setup,
+        paths.checkpoints,
+        restore_rng=resume.restore_rng,
+        report=report,
+        fits=lambda state, weights: ledger_misfit(
+            paths.ledger, state.step, tensors_sha256(weights), val_at_step=setup.validates_at(state.step)
+        ),
+    )
     if resume.change is not None:
         note_world_change(resume.record, resume.change, restored)
     drop_newer_checkpoints(paths.checkpoints, restored.state.step if restored else 0, report)
