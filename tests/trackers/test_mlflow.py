@@ -318,3 +318,37 @@ def test_mlflow_tracker_of_a_run_that_never_started(tmp_path: Path) -> None:
     assert summary == {"mlflow": {"ok": True, "started": False}}
     assert lines == []
     assert tracker._proc.returncode is not None
+
+
+def test_a_tracking_server_that_never_answers_is_given_up_at_the_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that takes connections and never answers (a hung proxy): finish stops the child
+    after REPROTUNE_TRACKER_FINISH_TIMEOUT_S and says so, instead of waiting on every request's
+    timeout and retries (before, there was no deadline at all)."""
+    import socket
+
+    monkeypatch.setenv("REPROTUNE_TRACKER_FINISH_TIMEOUT_S", "3")
+    with socket.create_server(("127.0.0.1", 0)) as server:  # listens; nobody ever accepts or answers
+        uri = f"http://127.0.0.1:{server.getsockname()[1]}"
+        lines: list[str] = []
+        tracker = MlflowTracker(uri, tmp_path / "a", "unit")
+        trackers = TrackerSet([tracker], report=lines.append)
+        trackers.start(_run(tmp_path))
+        trackers.log_metrics(1, {"train_loss": 1.0})
+        started = time.monotonic()
+        summary = trackers.finish("completed")["mlflow"]
+        waited = time.monotonic() - started
+    assert summary["ok"] is False and "did not finish within 3 s" in summary["error"], summary
+    assert uri in summary["error"] and "REPROTUNE_TRACKER_FINISH_TIMEOUT_S" in summary["error"]
+    assert waited < 60  # the request timeout of the child is 60 s: it was not waited out
+    assert tracker._proc.returncode is not None and len(lines) == 1
+
+
+def test_a_bad_finish_deadline_is_refused_by_name() -> None:
+    """The deadline's variable, set to something that is not a positive number, is named."""
+    from reprotune._trackers.mlflow import finish_timeout_s
+
+    for text in ("soon", "0", "-1", "nan"):
+        with pytest.raises(ValueError, match=f"REPROTUNE_TRACKER_FINISH_TIMEOUT_S={text!r}"):
+            finish_timeout_s({"REPROTUNE_TRACKER_FINISH_TIMEOUT_S": text})

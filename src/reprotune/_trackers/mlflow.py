@@ -27,6 +27,33 @@ from reprotune._trackers.mlflow_worker import sqlite_file
 HTTP_DEFAULTS: dict[str, str] = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"}
 
 
+#: How long ``finish`` waits for the child to store what is queued and end its run, unless the
+#: environment variable of that name says otherwise: a tracking server that answers each request
+#: just inside its timeout would otherwise hold the end of the run for hours (a request a batch).
+FINISH_TIMEOUT_ENV = "REPROTUNE_TRACKER_FINISH_TIMEOUT_S"
+FINISH_TIMEOUT_S = 600.0
+
+
+def finish_timeout_s(environ: Mapping[str, str]) -> float:
+    """The seconds ``finish`` waits: :data:`FINISH_TIMEOUT_ENV` when set to a positive number, else
+    :data:`FINISH_TIMEOUT_S`.
+
+    Example:
+        >>> finish_timeout_s({}), finish_timeout_s({FINISH_TIMEOUT_ENV: "30"})
+        (600.0, 30.0)
+    """
+    text = environ.get(FINISH_TIMEOUT_ENV, "").strip()
+    if not text:
+        return FINISH_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ValueError(f"{FINISH_TIMEOUT_ENV}={text!r} is not a positive number of seconds")
+    return value
+
+
 def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The MLflow child's environment: ``environ``, with telemetry off and :data:`HTTP_DEFAULTS`
     where it does not say otherwise (a user's own settings win).
@@ -98,20 +125,35 @@ class MlflowTracker:
         """Why the child stopped: its last words (JSON on stdout, with the MLflow run it made and
         ended FAILED), else the tail of its stderr."""
         assert self._proc.stdout is not None
-        out = self._proc.stdout.read().decode("utf-8", "replace").strip().splitlines()
-        if out:
-            with contextlib.suppress(ValueError):
-                return self._failed(json.loads(out[-1]))
-        self._log.seek(0)
-        tail = self._log.read().decode("utf-8", "replace").strip().splitlines()[-3:]
-        return RuntimeError(f"mlflow worker exited with code {self._proc.returncode}: " + " | ".join(tail))
+        return self._failed(self._proc.stdout.read())
 
-    def _failed(self, outcome: dict[str, Any]) -> RuntimeError:
-        error = str(outcome.get("error") or f"mlflow worker exited with code {self._proc.returncode}")
-        if not outcome.get("mlflow_run_id"):
+    def _failed(self, out: bytes, late_s: float | None = None) -> RuntimeError:
+        """The error for a child that failed, ``out`` being what it wrote on stdout: its outcome
+        line's error, else (``late_s``) that it was stopped after that many seconds, else the tail
+        of its stderr; naming the MLflow run it made, when it made one."""
+        outcome: dict[str, Any] = {}
+        run_id = None
+        for line in out.decode("utf-8", "replace").splitlines():
+            with contextlib.suppress(ValueError):
+                outcome = json.loads(line)
+                if isinstance(outcome, dict):
+                    run_id = outcome.get("mlflow_run_id") or run_id
+        error = outcome.get("error") if isinstance(outcome, dict) else None
+        if late_s is not None:
+            error = (
+                f"the MLflow worker did not finish within {late_s:g} s (a slow or unanswering tracking "
+                f"server at {self.uri}?) and was stopped; what it had not stored is lost"
+                + (f", and its MLflow run {run_id} stays RUNNING" if run_id else "")
+                + f"; to wait longer, set {FINISH_TIMEOUT_ENV}"
+            )
+        if not error:
+            self._log.seek(0)
+            tail = self._log.read().decode("utf-8", "replace").strip().splitlines()[-3:]
+            error = f"mlflow worker exited with code {self._proc.returncode}: " + " | ".join(tail)
+        if not run_id:
             return RuntimeError(error)
         where = {"tracking_uri": self.uri, "experiment": self.experiment}
-        return TrackerFailed(error, {**where, "mlflow_run_id": outcome["mlflow_run_id"]})
+        return TrackerFailed(error, {**where, "mlflow_run_id": run_id})
 
     def start(self, run: RunDescription) -> None:
         self._started = True
@@ -163,24 +205,28 @@ class MlflowTracker:
         if not self._started:  # the run failed before it had anything to mirror
             self.close()
             return {"started": False}
-        assert self._proc.stdin is not None and self._proc.stdout is not None
+        deadline = finish_timeout_s(os.environ)
         try:
             if self._proc.poll() is None:
                 with contextlib.suppress(BrokenPipeError):
                     self._send_buffer()
                     self._send({"op": "finish", "status": status})
-                    self._proc.stdin.close()
-            out = self._proc.stdout.read()  # the child's one outcome line, then EOF
-            self._proc.wait(timeout=300)
+            try:
+                out, _ = self._proc.communicate(timeout=deadline)  # its outcome line, then EOF
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                out, _ = self._proc.communicate()
+                raise self._failed(out, late_s=deadline) from None
+            lines = out.decode("utf-8", "replace").strip().splitlines()
+            result = json.loads(lines[-1]) if lines else {}
+            if self._proc.returncode != 0 or not result.get("ok"):
+                raise self._failed(out)
         except BaseException:
-            self._proc.kill()
+            if self._proc.poll() is None:
+                self._proc.kill()
             raise
         finally:
             self._log.close()
-        lines = out.decode("utf-8", "replace").strip().splitlines()
-        result = json.loads(lines[-1]) if lines else {}
-        if self._proc.returncode != 0 or not result.get("ok"):
-            raise self._failed(result)
         return {
             "tracking_uri": self.uri,
             "experiment": self.experiment,

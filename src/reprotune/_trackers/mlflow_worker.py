@@ -3,7 +3,8 @@
 Messages (one JSON object a line): ``start`` (uri, artifact_location, experiment, run_name,
 params, tags, continue_run_id: a resumed run's MLflow run, continued), ``metrics`` (rows of
 [step, timestamp, {name: value}]), ``artifacts`` (paths: artifact path -> local path),
-``finish`` (status). The last line on stdout is the outcome:
+``finish`` (status). On stdout: ``{"started": true, "mlflow_run_id": ...}`` once the run exists,
+and last the outcome:
 ``{"ok": true, "mlflow_run_id": ..., "metrics_logged": N}`` or ``{"ok": false, "error": ...}``.
 Started by :class:`reprotune._trackers.mlflow.MlflowTracker`; not meant to be run by hand.
 """
@@ -173,6 +174,9 @@ class _Run:
 
         if message["op"] == "start":
             self.client, self.run_id, self.logged_through = _start(message)
+            # said at once, so that a worker stopped before its outcome line still names its run
+            sys.stdout.write(json.dumps({"started": True, "mlflow_run_id": self.run_id}) + "\n")
+            sys.stdout.flush()
         else:
             for step, stamp, values in message["rows"]:
                 self.pending.extend(
