@@ -83,7 +83,7 @@ EVAL: Final = DocumentFormat("reprotune/eval", 1, "eval record")
 EVAL_COMPARISON: Final = DocumentFormat("reprotune/eval-comparison", 1, "eval comparison")
 COMPARISON: Final = DocumentFormat("reprotune/comparison", 2, "comparison")
 """2: next_steps (the trace commands)."""
-TRACE: Final = DocumentFormat("reprotune/trace", 2, "trace")
+TRACE: Final = DocumentFormat("reprotune/trace", 3, "trace")
 """2: a random op's generator state as an input, ``uninitialized`` memory, step 0 (the LoRA init)."""
 TRACE_COMPARISON: Final = DocumentFormat("reprotune/trace-comparison", 1, "trace comparison")
 VERIFICATION: Final = DocumentFormat("reprotune/verification", 5, "verification", older=(1, 2, 3, 4))

@@ -102,3 +102,40 @@ def test_a_write_into_a_parameter_through_data_is_seen_by_its_later_readers() ->
     assert first.inputs[0][2] != now  # the weight before the write
     assert write.outputs[0][2] == now and second.inputs[0][2] == now
     assert second.inputs[0][3] == "param:weight"
+
+
+def test_what_a_fused_optimizer_writes_in_place_is_in_its_outputs() -> None:
+    """The fused AdamW update and ``_foreach_*_`` ops return nothing and write their tensors in
+    place: their outputs are those tensors as the op left them (before, the list was empty, so two
+    updates that gave other weights compared as the same op)."""
+    weight = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 6).reshape(2, 3))
+    before = tensor_hash(weight.detach())
+    weight.grad = torch.linspace(0.1, 0.6, 6).reshape(2, 3)
+    optimizer = torch.optim.AdamW([weight], lr=1e-2, fused=True)
+    model = torch.nn.Linear(2, 2)
+    with ModulePaths(model) as modules, OpTracer(modules, {}) as tracer, torch.no_grad():
+        torch._foreach_mul_([weight.grad], 0.5)
+        optimizer.step()
+    [scale] = [op for op in tracer.ops if op.op.startswith("aten::_foreach_mul_")]
+    [fused] = [op for op in tracer.ops if op.op == "aten::_fused_adamw_"]
+    assert [entry[2] for entry in scale.outputs] == [tensor_hash(weight.grad)]
+    assert fused.outputs and fused.outputs[0][2] == tensor_hash(weight.detach()) != before
+    state = optimizer.state[weight]
+    hashes = {entry[2] for entry in fused.outputs}
+    assert {tensor_hash(state["exp_avg"]), tensor_hash(state["exp_avg_sq"])} <= hashes
+
+
+def test_sparse_lazy_and_zero_tensors_hash_by_their_values() -> None:
+    """A sparse tensor (COO, CSR), a lazy conjugate or negation and a ZeroTensor hash without
+    error (before: sparse and ZeroTensor stopped the trace with an internal error), the same values
+    alike and other values not; a lazy conjugate as the values it stands for (before: its repr)."""
+    dense = torch.tensor([[0.0, 1.5], [2.0, 0.0]])
+    coo = dense.to_sparse()
+    assert tensor_hash(coo) == tensor_hash(dense.to_sparse()) != tensor_hash((dense * 2).to_sparse())
+    assert tensor_hash(dense.to_sparse_csr()) != tensor_hash(coo)  # another layout, other bytes
+    assert tensor_hash(dense.to_sparse_csr()) == tensor_hash(dense.clone().to_sparse_csr())
+    z = torch.tensor([1 + 2j, 3 - 1j])
+    assert tensor_hash(z.conj()) == tensor_hash(z.conj().resolve_conj()) != tensor_hash(z)
+    assert tensor_hash(torch._neg_view(dense)) == tensor_hash(-dense)
+    zeros = torch._efficientzerotensor((2, 3))
+    assert tensor_hash(zeros) == tensor_hash(torch.zeros(2, 3))

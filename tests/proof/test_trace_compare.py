@@ -74,6 +74,25 @@ def test_same_inputs_other_outputs_is_the_kernel(tmp_path: Path) -> None:
     )
 
 
+def test_every_op_agreeing_is_not_identical_when_the_replayed_steps_differ(tmp_path: Path) -> None:
+    """Ops that agree, replays whose ledger lines of the step do not: a computation the trace could
+    not see, said, exit 1 (before: IDENTICAL, exit 0, though the weights after the step differed)."""
+    line = {"kind": "train", "step": 3, "loss": "0x1p-1", "weights_sha256": "a" * 64}
+
+    def replayed(weights: str) -> dict[str, Any]:
+        return {
+            "reproduced": {"step": True, "before": True, "replayed_line": {**line, "weights_sha256": weights}}
+        }
+
+    a = _trace(tmp_path / "a", BASE, KERNELS_A, **replayed("a" * 64))
+    found = compare_traces(a, _trace(tmp_path / "b", BASE, KERNELS_A, **replayed("b" * 64)))
+    assert (found.finding, found.exit_code, found.ops_compared) == ("unseen", 1, 3)
+    assert "ledger lines differ (weights_sha256)" in found.explanation[0]
+    assert found.format().startswith("DIVERGED")
+    same = compare_traces(a, _trace(tmp_path / "c", BASE, KERNELS_A, **replayed("a" * 64)))
+    assert (same.finding, same.exit_code) == ("identical", 0)
+
+
 def test_a_cpu_square_root_that_differs_is_explained_by_rsqrtps(tmp_path: Path) -> None:
     """aten::sqrt of float32 on a CPU (MKL's rsqrtps kernel; AdamW's for-loop form): the kernel
     finding says why no setting pins it; not on a GPU, nor for another op."""
@@ -185,8 +204,10 @@ def test_trace_files_are_checked(tmp_path: Path) -> None:
     (tmp_path / "nokind.jsonl").write_text("\n".join([*lines[:2], no_kind]) + "\n")
     with pytest.raises(InputError, match=r"nokind\.jsonl:3: not a trace op line: kind: field required"):
         read_trace(tmp_path / "nokind.jsonl")
-    for version in (9, 1):  # 1: before a random op's generator went in and uninitialized memory out
-        older = lines[0].replace('"schema_version":2', f'"schema_version":{version}')
+    # 1: before a random op's generator went in and uninitialized memory out; 2: before what an op
+    # writes in place without returning it (the fused optimizer update) went in
+    for version in (9, 2, 1):
+        older = lines[0].replace('"schema_version":3', f'"schema_version":{version}')
         (tmp_path / f"v{version}.jsonl").write_text(older + "\n")
         with pytest.raises(InputError, match=f"trace schema_version {version} is not supported"):
             read_trace(tmp_path / f"v{version}.jsonl")
@@ -302,6 +323,21 @@ def test_a_cut_header_or_gzip_is_called_cut(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="cannot read") as caught:
         read_trace(tmp_path / "cut.jsonl.gz")
     assert "trace the step again if it was cut" in str(caught.value)
+
+
+def test_a_first_line_nested_too_deep_is_not_a_trace(tmp_path: Path) -> None:
+    """JSON nested past Python's recursion limit on the first line: refused as not JSON, and not
+    taken for a trace (before: an internal error, exit 1)."""
+    from reprotune._cli import main
+    from reprotune._run.tracefile import is_trace_file
+
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 200_000 + "\n")
+    with pytest.raises(InputError, match="the first line is not JSON"):
+        read_trace(deep)
+    assert not is_trace_file(deep)
+    _trace(tmp_path / "t.jsonl", BASE, KERNELS_A)
+    assert main(["compare", str(tmp_path / "t.jsonl"), str(deep)]) == 2
 
 
 # Two code paths: B's rotary embedding runs other ops (another library version), and what it makes

@@ -17,7 +17,7 @@ No torch.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -34,7 +34,7 @@ from reprotune._proof.trace_paths import (
 from reprotune._run.kernel_compare import comparable, kernel_differences
 from reprotune._run.tracefile import PLACEHOLDER_HASHES, Trace, TraceOp, all_entries_agree, entries_agree
 
-Finding = Literal["identical", "kernel", "inputs", "sequence", "length"]
+Finding = Literal["identical", "kernel", "inputs", "sequence", "length", "unseen"]
 
 #: Ops that ATen computes on a CPU, for float32 tensors, with MKL's vector math, in a kernel built on
 #: ``rsqrtps``: its bits follow each CPU's own approximation, whatever MKL's settings.
@@ -48,7 +48,8 @@ class TraceComparison:
     Attributes:
         finding: ``identical``, ``kernel`` (same inputs, other outputs), ``inputs`` (an input
             came from outside the traced ops and differs), ``sequence`` (the op streams part), or
-            ``length`` (one stream ends first).
+            ``length`` (one stream ends first), or ``unseen`` (every op agrees, yet the replayed
+            steps' ledger lines differ: a computation the trace cannot see).
         op_a, op_b: the first op that differs, in each trace (None when identical).
         explanation: sentences for people, most important first.
         ops_compared: ops walked in step.
@@ -271,8 +272,36 @@ def compare_traces(a: Trace, b: Trace) -> TraceComparison:
             f"{extra.phase}, {extra.module}: {extra.op}",
         )
         return TraceComparison("length", None, None, text, compared, notes, paths)
+    unseen = _unseen_difference(a, b)
+    if unseen:
+        return TraceComparison("unseen", None, None, unseen, compared, notes, paths)
     text = (f"every op of step {step} had the same inputs and outputs in both traces",)
     return TraceComparison("identical", None, None, text, compared, notes, paths)
+
+
+def _unseen_difference(a: Trace, b: Trace) -> tuple[str, ...]:
+    """When every op agrees but the two replays' ledger lines of the step do not: what differs,
+    and what the trace could not see."""
+    line_a, line_b = (_replayed_line(t) for t in (a, b))
+    if line_a is None or line_b is None:
+        return ()
+    differing = sorted(k for k in set(line_a) | set(line_b) if line_a.get(k) != line_b.get(k))
+    if not differing:
+        return ()
+    return (
+        f"step {a.header.get('step')}: every op the traces saw agreed, yet the replayed steps' "
+        f"ledger lines differ ({', '.join(differing)})",
+        "a computation the trace cannot see made the difference: an op that bypasses the "
+        "dispatcher (a custom kernel, NumPy, a write through .data in C++), or a trace written by "
+        "a reprotune that did not hash it",
+    )
+
+
+def _replayed_line(trace: Trace) -> Mapping[str, Any] | None:
+    """The ledger line the trace's replay of its step gave (its header's ``reproduced``)."""
+    reproduced = trace.header.get("reproduced")
+    line = reproduced.get("replayed_line") if isinstance(reproduced, Mapping) else None
+    return line if isinstance(line, Mapping) else None
 
 
 def _kernels(trace: Trace) -> dict[str, Any]:

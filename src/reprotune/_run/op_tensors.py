@@ -53,16 +53,39 @@ def rng_state_outputs(func: Any, out: Any) -> set[int]:
 
 
 def tensor_hash(t: torch.Tensor) -> str:
-    """xxh3-128 of a tensor's bytes in row-major order (its values, not its strides or device)."""
+    """xxh3-128 of a tensor's bytes in row-major order (its values, not its strides or device); a
+    lazy conjugate or negation counts as the values it stands for, a sparse tensor as its layout,
+    indices and values (coalesced), a ZeroTensor as zeros."""
     data = t.detach()
+    if data.layout != torch.strided:
+        return _sparse_hash(data)
+    if data._is_zerotensor():
+        data = torch.zeros(data.shape, dtype=data.dtype)
     if data.device.type != "cpu":
         data = data.cpu()
-    data = data.contiguous().reshape(-1)
+    data = data.resolve_conj().resolve_neg().contiguous().reshape(-1)
     try:
         raw = data.view(torch.uint8).numpy()
-    except (RuntimeError, TypeError):  # a layout without a byte view (sparse, quantized)
+    except (RuntimeError, TypeError):  # a layout without a byte view (quantized)
         return xxhash.xxh3_128_hexdigest(repr(data.tolist()).encode("utf-8"))
     return xxhash.xxh3_128_hexdigest(raw.data)
+
+
+def _sparse_hash(data: torch.Tensor) -> str:
+    """A sparse tensor's hash: its layout, then each of its index and value tensors' hashes."""
+    if data.layout == torch.sparse_coo:
+        data = data.coalesce()
+        parts = [data.indices(), data.values()]
+    elif data.layout in (torch.sparse_csr, torch.sparse_bsr):
+        parts = [data.crow_indices(), data.col_indices(), data.values()]
+    elif data.layout in (torch.sparse_csc, torch.sparse_bsc):
+        parts = [data.ccol_indices(), data.row_indices(), data.values()]
+    else:
+        parts = [data.to_dense()]
+    digest = xxhash.xxh3_128(str(data.layout).encode("utf-8"))
+    for part in parts:
+        digest.update(tensor_hash(part).encode("ascii"))
+    return digest.hexdigest()
 
 
 #: Ops that allocate without writing (their bytes are whatever the allocator's memory held): a

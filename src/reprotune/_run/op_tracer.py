@@ -304,7 +304,11 @@ class OpTracer(TorchDispatchMode):
                 self._uninitialized.pop(_address(t), None)
             self._carry_unhashed(inputs, (*tensors, *written))
             rng_state = rng_state_outputs(func, out)
-            outputs = tuple(self._entry(x, rng_state) for x in tensors)
+            # what it returns, then what it writes in place and does not return (the fused
+            # optimizer's and ``_foreach_*_``'s parameters and states: they return nothing)
+            returned = {id(x) for x in tensors}
+            kept = [*tensors, *(x for x in written if id(x) not in returned)]
+            outputs = tuple(self._entry(x, rng_state) for x in kept)
         module = self.modules.current()
         key = (self.phase, module, name)
         n = self._counts[key]

@@ -26,12 +26,15 @@ Op line (``"kind": "op"``): ``i`` (position), ``phase`` (``data``, ``forward.J``
 ``-`` when none), ``op`` (``aten::mm``), ``n`` (its occurrence: how many ops of that name ran
 before it in that phase and module), ``args`` (the non-tensor arguments, written out, or their hash
 when long), ``in`` and ``out``: one ``[shape, dtype, hash]`` per tensor (``shape`` like ``512x576``;
-a fourth element names a tensor the trace knows: a parameter, ``param:model.layers.0...``).
+a fourth element names a tensor the trace knows: a parameter, ``param:model.layers.0...``); ``out``
+holds what the op returns, then each tensor it writes in place and does not return (the fused
+optimizer's and ``_foreach_*_`` ops' parameters and states, as they are after the op).
 ``hash`` is ``uninitialized`` for memory no op has written yet (``aten::empty``'s output),
 ``rng-state`` for fused attention's dropout state and ``trainer-loss-log`` for the Trainer's loss
 log (:data:`LOSS_LOG_HASH`). A random op has one more input, ``["", "generator", hash,
 "rng:cpu"]``: the state of the generator it draws from.
-Version 2 (the generator input, ``uninitialized``, step 0); version 1 traces are refused.
+Version 3 (what an op writes in place and does not return, in ``out``); version 2 traces
+lack it (their optimizer update compared as nothing) and are refused, as version 1 traces are.
 """
 
 from __future__ import annotations
@@ -216,7 +219,7 @@ def is_trace_file(path: Path) -> bool:
         opener = gzip.open if path.name.endswith(".gz") else open
         with opener(path, "rt", encoding="utf-8") as handle:
             first = json.loads(handle.readline() or "null")
-    except (OSError, ValueError, EOFError, UnicodeDecodeError):
+    except (OSError, ValueError, EOFError, UnicodeDecodeError, RecursionError):
         return False
     return TRACE.holds(first)
 
@@ -246,7 +249,7 @@ def read_trace(path: str | Path) -> Trace:
     lines = jsonl_lines(text)
     try:
         header = json.loads(lines[0]) if lines else None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise _bad(file, 1, f"the first line is not JSON ({exc}): not a whole trace header") from None
     if not TRACE.holds(header):
         raise _bad(file, 1, "not a reprotune trace (no trace header)")
