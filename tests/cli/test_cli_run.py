@@ -315,3 +315,32 @@ def test_an_empty_path_is_a_usage_error_naming_its_argument(
     assert main(argv) == 2
     assert f"argument {argument}: an empty path: give a file or directory" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["run", "resume"])
+def test_a_stale_torchelastic_run_id_is_bad_input(
+    tiny_project: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:
+    """TORCHELASTIC_RUN_ID left in a shell outside torchrun: run and resume exit 2 naming the
+    variables the launch lacks (before: KeyError 'RANK', an internal error), nothing made."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "leftover")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    run_dir = tmp_path / "run"
+    if command == "run":
+        config = str(tiny_project.config("stale-id.yaml"))
+        code = main(["run", config, "--run-dir", str(run_dir), "--no-progress"])
+        assert not run_dir.exists()
+    else:
+        monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+        tiny_project.run_cli("run", "stale-id.yaml", "--run-dir", str(run_dir), "--stop-after-step", "2")
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "leftover")
+        code = main(["resume", str(run_dir), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "TORCHELASTIC_RUN_ID is set, as under torchrun, but the launch's variables are not" in err
+    assert "unset TORCHELASTIC_RUN_ID outside torchrun" in err

@@ -112,3 +112,52 @@ def test_after_an_error_the_frames_it_passed_through_let_the_model_go(
     assert seen == [0]
     assert str(raised.value.__cause__) == "a peer left"
     assert not dist.is_initialized() and _gloo_threads() == before
+
+
+def _rank_that_leaves(rank: int, port: int, said: Any) -> None:
+    """Rank 1 joins and leaves at once; rank 0 then gathers, as before its first step, under
+    what rank 0's run and resume run in (dist_run._saying_a_rank_left)."""
+    import datetime
+
+    from reprotune._errors import RunFailedError
+    from reprotune._train.dist_run import _saying_a_rank_left
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    if rank == 1:
+        os._exit(0)
+    ctx = DistContext(0, 2, 0, "ddp", "gloo", torch.device("cpu"), 60.0)
+    try:
+        with _saying_a_rank_left(ctx):
+            dist.all_gather_object([None, None], {"host": "here"})
+        said.put("no error")
+    except RunFailedError as exc:
+        said.put(f"{exc.message} | fix: {exc.fix}")
+    except BaseException as exc:
+        said.put(f"other: {type(exc).__name__}: {exc}")
+
+
+def test_rank_0_says_another_rank_left_when_it_goes_before_training() -> None:
+    """Rank 0 in a collective before the loop (the ranks' identities), rank 1 gone: the real gloo
+    error becomes "another rank left" (before, rank 0 printed gloo's traceback as an internal
+    error)."""
+    import multiprocessing
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    spawn = multiprocessing.get_context("spawn")
+    said = spawn.Queue()
+    ranks = [spawn.Process(target=_rank_that_leaves, args=(rank, port, said)) for rank in (0, 1)]
+    for process in ranks:
+        process.start()
+    text = said.get(timeout=120)
+    for process in ranks:
+        process.join(timeout=60)
+    assert text.startswith("rank 0 of 2 stopped: another rank left the run"), text
+    assert "torchrun" in text

@@ -205,6 +205,9 @@ def test_a_checkpoint_the_ledger_does_not_reach_is_refused(
     resumed = completed(launch(project, 2, "resume", str(run_dir), *QUIET))
     assert "the ledger holds 2 training step(s), not every step up to the checkpoint's 4" in resumed.output
     assert "no checkpoint is left: starting from step 0" in resumed.output
+    # said and recorded as a plain resume does (before, a torchrun resume started over silently)
+    assert f"no checkpoint to resume {run_dir} from: starting from step 0" in resumed.output
+    assert load_record(run_dir)["attempts"][-1]["started_over"] is True
     _assert_byte_identical(fsdp_twins[0].run_dir, run_dir)
 
 
@@ -303,6 +306,21 @@ def test_compare_names_dropout_seeding_between_a_plain_run_and_torchrun(
     two = compare_runs(project.root / "runs/plain", ddp_twins[0].run_dir)
     assert "dropout is seeded another way" in two.causes[0]
     assert "; and world size (absent) vs 2: the gradients and losses" in two.causes[0]
+
+
+def test_verify_refuses_a_reference_of_another_launch(
+    project: TinyProject, ddp_twins: tuple[Launch, Launch]
+) -> None:
+    """A reference made under torchrun at world size 2, verified without torchrun: refused before
+    any leg runs, naming both launches and the torchrun command (before, every leg parted from it
+    and the verdict blamed rerun nondeterminism)."""
+    out = project.root / "runs" / "verify-other-launch"
+    reference = str(ddp_twins[0].run_dir)
+    done = project.run_cli("verify", "ddp.yaml", "--reference", reference, "--out", str(out), check=False)
+    err = done.stderr
+    assert done.returncode == 2 and not out.exists(), err
+    assert "was made under torchrun at world size 2; this verify runs in one process without torchrun" in err
+    assert "torchrun --nproc_per_node 2 -m reprotune verify" in err
 
 
 def test_verify_under_torchrun(project: TinyProject, ddp_twins: tuple[Launch, Launch]) -> None:

@@ -87,3 +87,31 @@ def test_a_second_stop_during_the_grace_does_not_kill_a_leg_mid_record(tmp_path:
     second.join()
     assert recorded.read_text() == "interrupted" and leg.returncode == 143
     assert time.monotonic() - started < leg_processes.STOP_GRACE_S
+
+
+def test_under_torchrun_at_world_size_1_a_leg_is_a_torchrun_launch_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A verify under torchrun with one process starts its legs as torchrun launches of one, not
+    as plain processes that inherit torchrun's variables (before, they ran as torchrun runs of
+    their own making); outside torchrun a leg is a plain process."""
+    from reprotune._config.schema import ExperimentConfig
+    from reprotune._proof.verification import Leg
+    from reprotune._proof.verify import _inconclusive_control
+
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    plain, _ = leg_processes._command(["run", "c.yaml"])
+    assert plain == [sys.executable, "-m", "reprotune", "run", "c.yaml"]
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "verify-1")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    launch, env = leg_processes._command(["run", "c.yaml"])
+    assert launch[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "-m"]
+    assert "TORCHELASTIC_RUN_ID" not in env and "RANK" not in env
+    # and its RNG-skip control, which cannot part there (dropout reseeded per micro-batch), is
+    # inconclusive rather than failed
+    cfg = ExperimentConfig.model_validate({"lora": {"dropout": 0.1}})
+    failed = Leg("control-resume", "d", "DIVERGED", passed=False)
+    assert _inconclusive_control(cfg, failed).passed is None
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    assert _inconclusive_control(cfg, failed).passed is False

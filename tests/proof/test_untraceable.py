@@ -83,19 +83,25 @@ def test_runs_made_by_reprotune_run_keep_the_config_key_and_the_commands(tmp_pat
     assert "reprotune trace " in result.next_steps[1] and "--step 1 " in result.next_steps[1]
 
 
-def test_a_run_made_on_several_processes_is_said_untraceable_with_the_way_round(tmp_path: Path) -> None:
-    """Both runs on two processes, on two machines that part at a kernel."""
+@pytest.mark.parametrize(("world", "how"), [(2, "on 2 processes"), (1, "under torchrun (one process)")])
+def test_a_run_made_under_torchrun_is_said_untraceable_with_the_way_round(
+    tmp_path: Path, world: int, how: str
+) -> None:
+    """Both runs under torchrun, on two machines that part at a kernel: untraceable, also at world
+    size 1, where dropout is seeded per micro-batch as on several processes (before, the trace
+    replayed it as a plain run and said this machine did not reproduce it)."""
     a, b = _pair(tmp_path, {})
     for run in (a, b):
         record = json.loads((run / "record.json").read_text())
-        record["distributed"] = {**record.get("distributed", {}), "world_size": 2}
+        record["distributed"] = {**record.get("distributed", {}), "world_size": world, "launcher": "torchrun"}
         (run / "record.json").write_text(canonical_dumps(record))
     result = compare_runs(a, b)
     assert "CPU kernels differ" in result.causes[0]
     assert result.causes[0].endswith("`reprotune trace` cannot replay these runs: below)")
     assert result.next_steps == tuple(
-        f"reprotune trace cannot replay run {label}: it trained on 2 processes; a trace replays a "
-        "single-process run; rerun it at world size 1 (`reprotune rerun`) and trace that run's step"
+        f"reprotune trace cannot replay run {label}: it trained {how}, its dropout seeded per micro-batch; "
+        "a trace replays a run made without torchrun; run its config in one process without torchrun "
+        "(`reprotune run CONFIG`) and trace that run's step"
         for label in "AB"
     )
 

@@ -9,7 +9,6 @@ rank prints the report; ``torchrun --local-ranks-filter 0`` shows rank 0's only)
 from __future__ import annotations
 
 import datetime
-import os
 import socket
 
 from reprotune._doctor.findings import Context
@@ -17,6 +16,7 @@ from reprotune._errors import InputError
 from reprotune._run.findings import Finding
 from reprotune._run.fingerprint import environment_fingerprint
 from reprotune._run.ranks import check_ranks_agree
+from reprotune._train.distributed import launch_variables
 
 #: NCCL variables that choose how a reduction is cut up and ordered.
 NCCL_ORDER_VARS = ("NCCL_ALGO", "NCCL_PROTO")
@@ -71,17 +71,7 @@ def check_ranks(ctx: Context) -> list[Finding]:
 
     if not dist.is_torchelastic_launched():
         return []
-    launch = {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    if not (launch["WORLD_SIZE"] or "").isdigit():
-        # TORCHELASTIC_RUN_ID alone (left in a shell, a container's environment) is no torchrun launch
-        shown = ", ".join(f"{k}={v}" if v is not None else f"{k} unset" for k, v in launch.items())
-        raise InputError(
-            f"TORCHELASTIC_RUN_ID is set, as under torchrun, but the launch's variables are not ({shown})",
-            source="TORCHELASTIC_RUN_ID",
-            fix="unset TORCHELASTIC_RUN_ID outside torchrun, or start the doctor under torchrun "
-            "(`torchrun ... -m reprotune doctor`)",
-        )
-    world = int(launch["WORLD_SIZE"] or "1")
+    world = launch_variables("doctor")[1]  # TORCHELASTIC_RUN_ID alone is no torchrun launch: refused
     found = []
     accum = ctx.cfg.train.grad_accum_steps
     if accum % world:

@@ -172,13 +172,15 @@ def made_by_trainer(run: RunDir) -> bool:
 def untraceable(run: RunDir) -> tuple[str, str] | None:
     """Why ``reprotune trace`` cannot trace ``run``, and what to do instead; None when it can."""
     world = world_size(run)
-    if world == 1:
+    trainer = made_by_trainer(run)
+    if world == 1 and (trainer or not run.section("distributed")):
         return None
-    if made_by_trainer(run):
+    if trainer:
         return (f"it trained on {world} processes; a trace follows one", "run the script on one process")
+    how = f"on {world} processes" if world > 1 else "under torchrun (one process)"
     return (
-        f"it trained on {world} processes; a trace replays a single-process run",
-        "rerun it at world size 1 (`reprotune rerun`) and trace that run's step",
+        f"it trained {how}, its dropout seeded per micro-batch; a trace replays a run made without torchrun",
+        "run its config in one process without torchrun (`reprotune run CONFIG`) and trace that run's step",
     )
 
 

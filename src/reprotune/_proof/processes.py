@@ -33,9 +33,15 @@ _TORCHRUN_ENV = (
 )  # fmt: skip
 
 
+def launched_by_torchrun() -> bool:
+    """Whether verify runs under torchrun (at any world size, 1 included: its legs are torchrun
+    runs, dropout seeded per micro-batch, whatever the number of processes)."""
+    return bool(os.environ.get("TORCHELASTIC_RUN_ID"))
+
+
 def launch_world_size() -> int:
     """The world size verify was launched at: torchrun's ``WORLD_SIZE``, else 1."""
-    if not os.environ.get("TORCHELASTIC_RUN_ID"):
+    if not launched_by_torchrun():
         return 1
     return max(1, int(os.environ.get("WORLD_SIZE", "1")))
 
@@ -69,9 +75,9 @@ def _command(args: Sequence[str], module: str = "reprotune") -> tuple[list[str],
     """``python -m MODULE ARGS`` (``reprotune``: the CLI), or under torchrun a fresh ``torchrun
     --standalone`` launch of it at the same number of processes; and its environment."""
     env = dict(os.environ)
-    size = launch_world_size()
-    if size == 1:
+    if not launched_by_torchrun():
         return [sys.executable, "-m", module, *args], env
+    size = launch_world_size()
     env = {k: v for k, v in env.items() if k not in _TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")}
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={size}"]
     return [*launch, "-m", module, *args], env

@@ -47,7 +47,7 @@ from reprotune._errors import InputError
 from reprotune._jsonio import write_json_atomic
 from reprotune._proof.differences import Comparison
 from reprotune._proof.legs import LegPlan, Step, run_legs, run_legs_side_by_side
-from reprotune._proof.processes import LegProcesses, launch_world_size
+from reprotune._proof.processes import LegProcesses, launched_by_torchrun
 from reprotune._proof.processes import run_logged as _reprotune
 from reprotune._proof.verification import (
     Expected,
@@ -62,6 +62,7 @@ from reprotune._proof.verification import (
     run_seconds,
 )
 from reprotune._proof.verify_eval import eval_leg
+from reprotune._proof.world import refuse_a_reference_of_another_launch
 from reprotune._run.layout import RunLayout, VerifyLayout
 from reprotune._run.outputs import refuse_nonempty_dir, removed_if_refused
 from reprotune._run.record import read_record, record_config
@@ -218,12 +219,12 @@ def _check_options(cfg: ExperimentConfig, out_dir: Path, control_seed: str, refe
 def _fast_legs(ctx: _Context, control_seed: str, stop: int | None, total: int) -> list[Leg]:
     """rerun-resume (one full-length leg) and the two controls, stopped once they part.
 
-    At world size 1 the controls start beside the rerun's two processes (the seed control with
+    Outside torchrun the controls start beside the rerun's two processes (the seed control with
     the first, the RNG-skip control with the resume, from a copy of its checkpoint): process
     starts and model loads overlap, and training takes turns, each at the config's thread count.
     """
     bound = _control_bound(ctx.cfg, total)
-    together = launch_world_size() == 1 and TURNS_POSSIBLE
+    together = not launched_by_torchrun() and TURNS_POSSIBLE
     name = "rerun" if stop is None else "rerun-resume"
     rerun_dir = ctx.paths.leg(name)
     first = ["run", str(ctx.paths.config), "--run-dir", str(rerun_dir), *_QUIET]
@@ -340,7 +341,7 @@ def _inconclusive_control(cfg: ExperimentConfig, leg: Leg) -> Leg:
     inconclusive = inconclusive_without_dropout(leg, cfg.lora.dropout)
     if inconclusive is not None:
         return inconclusive
-    if not leg.passed and launch_world_size() > 1:
+    if not leg.passed and launched_by_torchrun():
         return replace(
             leg,
             passed=None,
@@ -371,6 +372,7 @@ def _check_reference(run_dir: Path, cfg: ExperimentConfig) -> None:
             source="--reference",
             fix="resume it first, or leave --reference out",
         )
+    refuse_a_reference_of_another_launch(run_dir, record.distributed)
     recorded = record_config(record, run_dir=run_dir, source=str(RunLayout(run_dir).record))
     if record.config_sha256 != config_sha256(cfg) and _numbers_config(recorded) != _numbers_config(cfg):
         raise InputError(

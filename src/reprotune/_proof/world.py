@@ -4,8 +4,13 @@ per-rank batch hashes (which cannot match across world sizes; the global batch h
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
+from reprotune._errors import InputError
+from reprotune._proof.processes import launch_world_size, launched_by_torchrun
 from reprotune._run.ledger import LedgerEntry
+from reprotune._run.ranks import current_world
+from reprotune._run.record_sections import DistributedRecord
 from reprotune._run.rundir import RunDir
 
 
@@ -48,3 +53,32 @@ def without_rank_batches(run: RunDir) -> RunDir:
         val=tuple(strip(e) for e in ledger.val),
     )
     return dataclasses.replace(run, ledger=stripped)
+
+
+def refuse_a_reference_of_another_launch(run_dir: Path, distributed: DistributedRecord | None) -> None:
+    """Refuse a ``verify --reference`` run made at another world size, or with(out) torchrun where
+    this verify runs without (with) it: every leg would part from it for that alone (the data
+    placement, dropout seeding and gradient sum differ), and the verdict would blame the rerun.
+    Two torchrun sizes pass when the run is ``train.world_size_invariant``."""
+    recorded = current_world(distributed)
+    here = launch_world_size() if launched_by_torchrun() else None
+    invariant = distributed is not None and distributed.world_size_invariant is True
+    if recorded == here or (recorded is not None and here is not None and invariant):
+        return
+    made, runs = (_launch_words(n) for n in (recorded, here))
+    how = (
+        f"`torchrun --nproc_per_node {recorded} -m reprotune verify ...`"
+        if recorded
+        else "`reprotune verify ...`"
+    )
+    fix = f"run verify the way the reference ran: {how}, or leave --reference out"
+    raise InputError(
+        f"reference run {run_dir} was made {made}; this verify runs {runs}: its legs would part "
+        "from the reference for that alone (data placement, dropout seeding, the gradients' sum)",
+        source="--reference",
+        fix=fix,
+    )
+
+
+def _launch_words(world: int | None) -> str:
+    return "in one process without torchrun" if world is None else f"under torchrun at world size {world}"

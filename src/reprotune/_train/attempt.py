@@ -75,6 +75,9 @@ class RankZero:
 
     world_size: int
     distribute: Callable[[Setup], Setup]
+    lost_rank: Callable[[BaseException], BaseException | None] = lambda exc: None
+    """The error to record and raise for ``exc`` when it is a collective that failed because
+    another rank left (None: it is not)."""
 
 
 def start_run(cfg: ExperimentConfig, options: RunOptions, rank0: RankZero | None = None) -> RunResult:
@@ -192,7 +195,9 @@ def _execute(
         if progress is not None:
             progress.close()
         status = ended_status(exc)
-        error = no_space_in_run(exc, paths.root) if run.recorded else None
+        error: BaseException | None = no_space_in_run(exc, paths.root) if run.recorded else None
+        if error is None and run.rank0 is not None:
+            error = run.rank0.lost_rank(exc)  # another rank left: say so, not gloo's words
         if run.recorded:
             try:
                 reached = max(progress.step if progress else 0, ledger_hook.last_step if ledger_hook else 0)

@@ -147,7 +147,9 @@ def restore_on_main(setup: Setup, resume: Resume) -> int:
     if resume.change is not None:
         note_world_change(resume.record, resume.change, restored)
     drop_newer_checkpoints(paths.checkpoints, restored.state.step if restored else 0, report)
-    if restored is None:
+    if restored is None:  # nothing to restore: start over, from a clean ledger, and say so
+        resume.record.note_attempt(started_over=True)
+        report(f"no checkpoint to resume {paths.root} from: starting from step 0")
         return 0
     step = restored.state.step
     resume.record.note_attempt(from_step=step, rng_restored=restored.rng_restored)

@@ -10,7 +10,9 @@ hash under FSDP, checkpoints, the adapter) the other ranks meet it, in the same 
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from pathlib import Path
 
 from reprotune._config.loading import config_from_dict
@@ -109,7 +111,8 @@ def run_on_ranks(cfg: ExperimentConfig, options: RunOptions) -> RunResult:
     with process_group(cfg) as dist:
         if dist is not None and not dist.is_main:
             return follow_run(cfg, dist, options, resume=False)
-        return start_run(cfg, options, _rank_zero(dist))
+        with _saying_a_rank_left(dist):
+            return start_run(cfg, options, _rank_zero(dist))
 
 
 def resume_on_ranks(run_dir: Path, options: RunOptions) -> RunResult:
@@ -117,10 +120,31 @@ def resume_on_ranks(run_dir: Path, options: RunOptions) -> RunResult:
     with process_group(torchrun_config(run_dir)) as dist:
         if dist is not None and not dist.is_main:
             return follow_resume(run_dir, torchrun_config(run_dir) or ExperimentConfig(), dist, options)
-        return resume_attempt(run_dir, options, _rank_zero(dist))
+        with _saying_a_rank_left(dist):
+            return resume_attempt(run_dir, options, _rank_zero(dist))
+
+
+@contextlib.contextmanager
+def _saying_a_rank_left(dist: DistContext | None) -> Iterator[None]:
+    """Rank 0's collectives before and after the loop (the ranks' identities, the restore, the
+    adapter's gather) failing because another rank left: said so, not in gloo's words."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if dist is None or not is_transport_error(exc):
+            raise
+        raise lost_rank_error(dist, exc) from exc
+
+
+def _lost_rank(dist: DistContext, exc: BaseException) -> BaseException | None:
+    return lost_rank_error(dist, exc) if is_transport_error(exc) else None
 
 
 def _rank_zero(dist: DistContext | None) -> RankZero | None:
     if dist is None:
         return None
-    return RankZero(dist.world_size, functools.partial(distribute_setup, ctx=dist))
+    return RankZero(
+        dist.world_size,
+        functools.partial(distribute_setup, ctx=dist),
+        lost_rank=functools.partial(_lost_rank, dist),
+    )

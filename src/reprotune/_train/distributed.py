@@ -87,6 +87,28 @@ class DistContext:
         return {"world_size": self.world_size, "backend": self.backend, "strategy": self.strategy}
 
 
+def launch_variables(command: str = "...") -> tuple[int, int, int]:
+    """torchrun's ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` (0 when unset) for this process.
+
+    Raises:
+        InputError: ``TORCHELASTIC_RUN_ID`` is set (as under torchrun) but they are not whole
+            numbers: a variable left in a shell or a container's environment, no torchrun launch.
+    """
+    launch = {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    if (
+        not all((launch[name] or "").isdigit() for name in ("RANK", "WORLD_SIZE"))
+        or not (launch["LOCAL_RANK"] or "0").isdigit()
+    ):
+        shown = ", ".join(f"{k}={v}" if v is not None else f"{k} unset" for k, v in launch.items())
+        raise InputError(
+            f"TORCHELASTIC_RUN_ID is set, as under torchrun, but the launch's variables are not ({shown})",
+            source="TORCHELASTIC_RUN_ID",
+            fix=f"unset TORCHELASTIC_RUN_ID outside torchrun, or start it under torchrun "
+            f"(`torchrun ... -m reprotune {command}`)",
+        )
+    return int(launch["RANK"] or 0), int(launch["WORLD_SIZE"] or 1), int(launch["LOCAL_RANK"] or 0)
+
+
 def start_process_group(cfg: ExperimentConfig) -> DistContext | None:
     """Join the process group ``torchrun`` set up; None outside torchrun (a plain run).
 
@@ -95,13 +117,13 @@ def start_process_group(cfg: ExperimentConfig) -> DistContext | None:
     fingerprints, checkpoint metadata) go through gloo either way.
 
     Raises:
-        InputError: ``nccl`` asked for on CPU, or fewer GPUs on this node than ranks on it.
+        InputError: ``nccl`` asked for on CPU, fewer GPUs on this node than ranks on it, or
+            ``TORCHELASTIC_RUN_ID`` set outside a torchrun launch.
     """
     if not under_torchrun():
         return None
     settings = cfg.distributed
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    rank, world, local_rank = launch_variables()
     device = _rank_device(resolve_device(cfg.determinism.device), local_rank)
     backend = settings.backend
     if backend == "auto":
