@@ -7,15 +7,26 @@ One command, under 10 minutes on one GPU:
 
 For each mode (strict, off) it runs the quickstart experiment (SmolLM2-135M-Instruct, LoRA r=8)
 twice on CUDA, each in a fresh process, compares the twins with ``reprotune compare`` and reads
-the mean step time from the records. Then (``--nccl``, on by default) the same strict run twice
-under ``torchrun`` with the NCCL backend (``NCCL_ALGO=Ring NCCL_PROTO=Simple``), on as many GPUs as
-there are, up to 2 (1 GPU: one rank, the distributed code path with NCCL but nothing to reduce
-across), compared the same way, and its step time against the plain strict run's. Then the
+each run's median step time from its record (``timings.step_time_s_median``; the mean, which step
+1's CUDA set-up and the last step's validation pull up, is kept beside it). The step-time ratios
+(``strict_over_off_step_time``, ``nccl.over_plain_strict_step_time``) are of those medians, each
+side the mean of its twins' medians (``step_time_ratios_of`` in the JSON says so).
+
+Then (``--nccl``, on by default) the same strict run twice under ``torchrun`` with the NCCL
+backend (``NCCL_ALGO=Ring NCCL_PROTO=Simple``), on as many GPUs as there are, up to 2 (1 GPU: one
+rank, the distributed code path with NCCL but nothing to reduce across), compared the same way,
+and its step time against the plain strict run's. Then the
 microscope (docs/microscope.md) on the GPU: ``reprotune trace`` of step 1 of both strict twins
 (their traces must be IDENTICAL), and of the first step where the strict run and the off run part,
-each traced under its own mode, compared to name the first op that differs. Prints a table and
-writes ``gpu_determinism.json`` (and the traces). Exit 0 when strict twins (and NCCL twins, and
-the strict twins' traces) are IDENTICAL; 1 otherwise; 2 when there is no CUDA device.
+each traced under its own mode, compared to name the first op that differs.
+
+As each phase ends it prints one line (flushed) and rewrites ``gpu_determinism.json`` (atomically),
+so a run stopped by a timeout keeps every phase it finished (SIGTERM or SIGHUP: the command in
+flight is killed, ``stopped`` is recorded, exit 128 + the signal). A command that fails (a run, a
+trace, a ``compare`` exiting 2 with no JSON report) is recorded as that phase's ``error`` with the
+tail of its stderr, and the phases that do not need it go on. At the end it prints the whole JSON
+(the traces are beside it). Exit 0 when strict twins (and NCCL twins, and the strict twins'
+traces) are IDENTICAL; 1 otherwise; 2 when there is no CUDA device.
 
 ``--device cpu`` rehearses the script on a machine without a GPU (the same runs, traces and
 comparisons on the CPU; the torchrun twins with gloo at 2 ranks), so that its plumbing is checked
@@ -37,11 +48,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+
+#: How the step-time ratios are taken, as the JSON says beside them.
+RATIO_STATISTIC = (
+    "each run's median step time (record timings.step_time_s_median), averaged over the twins; unlike "
+    "the mean, the median is not pulled up by step 1 (CUDA set-up) or the last step (validation)"
+)
 
 
 def _reprotune(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -65,13 +87,75 @@ def _torchrun(nproc: int, *args: str, cwd: Path) -> subprocess.CompletedProcess[
     )
 
 
-def mode_twins(out: Path, config: Path, mode: str, common: list[str]) -> dict[str, object]:
+def _failed(what: str, done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """A step that failed, as the JSON records it: its exit status and the tail of its stderr."""
+    return {"error": f"{what} failed with exit {done.returncode}", "stderr_tail": done.stderr[-2000:]}
+
+
+def _compare(a: Path | str, b: Path | str, out: Path) -> dict[str, Any]:
+    """``reprotune compare A B --json``: its report (exit 0, identical; 1, they differ), or an
+    ``error`` with the tail of its stderr when it exits otherwise or prints no JSON report."""
+    done = _reprotune("compare", str(a), str(b), "--json", cwd=out)
+    if done.returncode in (0, 1):
+        try:
+            found = json.loads(done.stdout)
+        except ValueError:
+            found = None
+        if isinstance(found, dict) and "verdict" in found:
+            return found
+    failure = _failed(f"compare {Path(a).name} {Path(b).name}", done)
+    if done.returncode in (0, 1):
+        failure["error"] = (
+            f"compare {Path(a).name} {Path(b).name} exited {done.returncode} with no JSON report"
+        )
+    return failure
+
+
+def _step_times(run_dir: Path) -> dict[str, Any]:
+    """The median and mean step time of a finished run, from its record."""
+    timings = json.loads((run_dir / "record.json").read_text(encoding="utf-8"))["timings"]
+    return {"median": timings["step_time_s_median"], "mean": timings["step_time_s_mean"]}
+
+
+def _twins(
+    out: Path, name: str, launch: Callable[[Path], subprocess.CompletedProcess[str]], what: str
+) -> dict[str, Any]:
+    """Runs ``NAME-a`` and ``NAME-b`` (``launch(run_dir)`` each), compared: the verdict, the first
+    divergent step, and each run's median and mean step time; an ``error`` (with stderr's tail)
+    where a launch, a record or the comparison failed, beside what was measured before it."""
+    medians: list[float] = []
+    means: list[float] = []
+    section: dict[str, Any] = {"step_time_s_median": medians, "step_time_s_mean": means}
+    for twin in ("a", "b"):
+        run_dir = out / f"{name}-{twin}"
+        done = launch(run_dir)
+        (out / f"{name}-{twin}.log").write_text(done.stdout + done.stderr)
+        if done.returncode != 0:
+            print(done.stdout[-3000:] + done.stderr[-3000:], file=sys.stderr, flush=True)
+            return {**section, **_failed(what, done)}
+        try:
+            times = _step_times(run_dir)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return {**section, "error": f"{run_dir.name}'s record has no step times: {exc!r}"}
+        medians.append(times["median"])
+        means.append(times["mean"])
+    verdict = _compare(out / f"{name}-a", out / f"{name}-b", out)
+    if "error" in verdict:
+        return {**section, **verdict}
+    where = verdict.get("where") or {}
+    return {
+        **section,
+        "verdict": verdict["verdict"],
+        "first_divergence_step": where.get("first_divergence_step"),
+    }
+
+
+def mode_twins(out: Path, config: Path, mode: str, common: list[str]) -> dict[str, Any]:
     """Two runs of ``config`` in determinism ``mode``, each in a fresh process, compared; their
     step times."""
-    times = []
-    for twin in ("a", "b"):
-        run_dir = out / f"{mode}-{twin}"
-        done = _reprotune(
+
+    def launch(run_dir: Path) -> subprocess.CompletedProcess[str]:
+        return _reprotune(
             "run",
             str(config),
             "--run-dir",
@@ -81,29 +165,18 @@ def mode_twins(out: Path, config: Path, mode: str, common: list[str]) -> dict[st
             *common,
             cwd=out,
         )
-        (out / f"{mode}-{twin}.log").write_text(done.stdout + done.stderr)
-        if done.returncode != 0:
-            print(done.stdout + done.stderr, file=sys.stderr)
-            return {"error": f"run failed with exit {done.returncode}"}
-        times.append(json.loads((run_dir / "record.json").read_text())["timings"]["step_time_s_mean"])
-    cmp = _reprotune("compare", str(out / f"{mode}-a"), str(out / f"{mode}-b"), "--json", cwd=out)
-    verdict = json.loads(cmp.stdout)
-    return {
-        "verdict": verdict["verdict"],
-        "first_divergence_step": verdict["where"].get("first_divergence_step"),
-        "step_time_s_mean": times,
-    }
+
+    return _twins(out, mode, launch, "run")
 
 
 def nccl_twins(
     out: Path, config: Path, common: list[str], world: int, backend: str = "nccl"
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Two strict torchrun launches at ``world`` ranks with ``backend`` (NCCL; gloo in the
     rehearsal on a CPU), compared; their step times."""
-    times = []
-    for twin in ("a", "b"):
-        run_dir = out / f"nccl-{twin}"
-        done = _torchrun(
+
+    def launch(run_dir: Path) -> subprocess.CompletedProcess[str]:
+        return _torchrun(
             world,
             "run",
             str(config),
@@ -118,27 +191,11 @@ def nccl_twins(
             *common,
             cwd=out,
         )
-        (out / f"nccl-{twin}.log").write_text(done.stdout + done.stderr)
-        if done.returncode != 0:
-            print(done.stdout[-3000:] + done.stderr[-3000:], file=sys.stderr)
-            return {
-                "error": f"torchrun failed with exit {done.returncode}",
-                "world_size": world,
-                "backend": backend,
-            }
-        times.append(json.loads((run_dir / "record.json").read_text())["timings"]["step_time_s_mean"])
-    cmp = _reprotune("compare", str(out / "nccl-a"), str(out / "nccl-b"), "--json", cwd=out)
-    verdict = json.loads(cmp.stdout)
-    return {
-        "world_size": world,
-        "backend": backend,
-        "verdict": verdict["verdict"],
-        "first_divergence_step": verdict["where"].get("first_divergence_step"),
-        "step_time_s_mean": times,
-    }
+
+    return {"world_size": world, "backend": backend, **_twins(out, "nccl", launch, "torchrun")}
 
 
-def _trace(run_dir: Path, step: int, out: Path) -> dict[str, object]:
+def _trace(run_dir: Path, step: int, out: Path) -> dict[str, Any]:
     """``reprotune trace`` of one step of a run; its header's verdict and the time it took."""
     target = out / f"{run_dir.name}-step-{step}.trace.jsonl"
     done = _reprotune(
@@ -146,41 +203,104 @@ def _trace(run_dir: Path, step: int, out: Path) -> dict[str, object]:
     )
     (out / f"trace-{run_dir.name}-{step}.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
-        return {"error": f"trace failed with exit {done.returncode}: {done.stderr[-500:]}"}
-    header = json.loads(target.read_text(encoding="utf-8").split("\n", 1)[0])
-    return {"file": str(target), "reproduced": header["reproduced"]["step"], "ops": header["ops"]}
+        return _failed("trace", done)
+    try:
+        header = json.loads(target.read_text(encoding="utf-8").split("\n", 1)[0])
+        return {"file": str(target), "reproduced": header["reproduced"]["step"], "ops": header["ops"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return {"error": f"{target.name} has no readable header: {exc!r}"}
 
 
-def _compare_traces(a: dict[str, object], b: dict[str, object], out: Path) -> dict[str, object]:
+def _compare_traces(a: dict[str, Any], b: dict[str, Any], out: Path) -> dict[str, Any]:
     if "error" in a or "error" in b:
         return {"error": a.get("error") or b.get("error")}
-    cmp = _reprotune("compare", str(a["file"]), str(b["file"]), "--json", cwd=out)
-    found = json.loads(cmp.stdout)
-    return {"verdict": found["verdict"], "finding": found["finding"], "explanation": found["explanation"]}
+    found = _compare(a["file"], b["file"], out)
+    if "error" in found:
+        return found
+    return {
+        "verdict": found["verdict"],
+        "finding": found.get("finding"),
+        "explanation": found.get("explanation"),
+    }
 
 
-def microscope(out: Path, results: dict[str, dict[str, object]]) -> dict[str, object]:
-    """Traces of step 1 of the strict twins, and of the first step where strict and off part."""
-    section: dict[str, object] = {}
-    made: dict[tuple[str, int], dict[str, object]] = {}
+def microscope(
+    out: Path, results: dict[str, Any], done: Callable[[str, dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
+    """Traces of step 1 of the strict twins, and of the first step where strict and off part; each
+    part put in ``results["microscope"]`` and handed to ``done`` as it ends."""
+    section: dict[str, Any] = results.setdefault("microscope", {})
+    made: dict[tuple[str, int], dict[str, Any]] = {}
 
-    def trace(name: str, step: int) -> dict[str, object]:  # a step traced once (a trace never overwrites)
+    def trace(name: str, step: int) -> dict[str, Any]:  # a step traced once (a trace never overwrites)
         if (name, step) not in made:
             made[name, step] = _trace(out / name, step, out)
         return made[name, step]
 
+    def part(name: str, found: dict[str, Any]) -> None:
+        section[name] = found
+        if done is not None:
+            done(f"microscope {name}", found)
+
     if "verdict" in results.get("strict", {}):
         twins = [trace(f"strict-{t}", 1) for t in ("a", "b")]
-        section["strict_twins_step_1"] = {"traces": twins, **_compare_traces(*twins, out)}
+        part("strict_twins_step_1", {"traces": twins, **_compare_traces(twins[0], twins[1], out)})
     if "verdict" in results.get("strict", {}) and "verdict" in results.get("off", {}):
-        cmp = _reprotune("compare", str(out / "strict-a"), str(out / "off-a"), "--json", cwd=out)
-        step = json.loads(cmp.stdout)["where"].get("first_divergence_step")
-        if step:
+        parted = _compare(out / "strict-a", out / "off-a", out)
+        step = None if "error" in parted else (parted.get("where") or {}).get("first_divergence_step")
+        if "error" in parted:
+            part("strict_vs_off", {"step": None, **parted})
+        elif step:
             pair = [trace("strict-a", int(step)), trace("off-a", int(step))]
-            section["strict_vs_off"] = {"step": step, "traces": pair, **_compare_traces(*pair, out)}
+            part("strict_vs_off", {"step": step, "traces": pair, **_compare_traces(pair[0], pair[1], out)})
         else:
-            section["strict_vs_off"] = {"step": None, "note": "strict and off runs did not part"}
+            part("strict_vs_off", {"step": None, "note": "strict and off runs did not part"})
     return section
+
+
+def _ratio(a: dict[str, Any], b: dict[str, Any]) -> float | None:
+    """``a``'s twins' median step time over ``b``'s (each the twins' mean of their medians); None
+    unless both twins of both measured one."""
+    ta, tb = a.get("step_time_s_median"), b.get("step_time_s_median")
+    if not (isinstance(ta, list) and isinstance(tb, list) and len(ta) == len(tb) == 2):
+        return None
+    if not all(isinstance(t, int | float) and t > 0 for t in [*ta, *tb]):
+        return None
+    return (sum(ta) / len(ta)) / (sum(tb) / len(tb))
+
+
+def write_results(path: Path, results: dict[str, Any]) -> None:
+    """``results`` as JSON at ``path``, atomically (a kill between phases leaves the last whole file)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(results, indent=1, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    os.replace(partial, path)
+
+
+def summary(section: dict[str, Any]) -> str:
+    """One line on a phase: its verdict (or error) and its median step times."""
+    said = [str(section["verdict"])] if "verdict" in section else []
+    if "error" in section:
+        said.append(f"ERROR {section['error']}")
+    if section.get("step") is not None:
+        said.append(f"first divergent step {section['step']}")
+    if "note" in section:
+        said.append(str(section["note"]))
+    times = section.get("step_time_s_median")
+    if times:
+        said.append("median step " + " / ".join(f"{t:.4f} s" for t in times if isinstance(t, int | float)))
+    return ", ".join(said) or "done"
+
+
+class Stopped(Exception):
+    """The script was sent a signal to stop (``timeout`` sends SIGTERM)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise Stopped(signum)  # subprocess.run then kills the command it waits for
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
@@ -242,7 +362,46 @@ def main() -> int:
     if args.random_weights_from:
         model = random_weights_model(args.random_weights_from.resolve(), args.out.resolve() / "model")
         common += ["--set", f"model.name={model}"]
-    results: dict[str, dict[str, object]] = {}
+    results: dict[str, Any] = {"step_time_ratios_of": RATIO_STATISTIC}
+    path = args.out / "gpu_determinism.json"
+    write_results(path, results)  # none of an earlier run's results left to be taken for this one's
+    started = time.perf_counter()
+
+    def done(phase: str, section: dict[str, Any]) -> None:
+        """A phase ended: one line said (flushed), and every result so far written."""
+        write_results(path, results)
+        print(f"[{time.perf_counter() - started:7.1f} s] {phase}: {summary(section)}", flush=True)
+
+    handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        run_phases(args, config, common, results, done)
+    except (Stopped, KeyboardInterrupt) as stop:
+        name = stop.args[0] if isinstance(stop, Stopped) else "SIGINT"
+        results["stopped"] = {"by": name, "after_s": round(time.perf_counter() - started, 1)}
+        write_results(path, results)
+        print(f"stopped by {name}: the phases done so far are in {path}", file=sys.stderr, flush=True)
+        return 128 + (stop.signum if isinstance(stop, Stopped) else signal.SIGINT)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    print(json.dumps(results, indent=1, sort_keys=True, default=str))
+    nccl_ok = not args.nccl or results.get("nccl", {}).get("verdict") == "IDENTICAL"
+    traces = results["microscope"].get("strict_twins_step_1", {})
+    traces_ok = isinstance(traces, dict) and traces.get("verdict") == "IDENTICAL"
+    return 0 if results.get("strict", {}).get("verdict") == "IDENTICAL" and nccl_ok and traces_ok else 1
+
+
+def run_phases(
+    args: argparse.Namespace,
+    config: Path,
+    common: list[str],
+    results: dict[str, Any],
+    done: Callable[[str, dict[str, Any]], None],
+) -> None:
+    """The twins per mode, the torchrun twins, the microscope: each phase's result put in
+    ``results`` and handed to ``done`` as it ends; a ratio as soon as both its sides are there."""
+    import torch
+
     # On a CPU strict and off compute alike (at 1 thread or 2 too); the rehearsal runs off in the
     # portable CPU mode, other kernels, so that the two part and the branch that traces their first
     # divergent step (each run's trace under its own mode) runs.
@@ -254,32 +413,22 @@ def main() -> int:
             results[mode]["cpu_isa"] = "avx2-compatible"
         if args.device == "cuda" and "verdict" in results[mode]:
             results[mode]["gpu"] = torch.cuda.get_device_name(0)
+        done(f"{mode} twins", results[mode])
+    ratio = _ratio(results["strict"], results["off"])
+    if ratio is not None:
+        results["strict_over_off_step_time"] = {"ratio": ratio, "of": "step_time_s_median"}
+        write_results(args.out / "gpu_determinism.json", results)
     if args.nccl:
         if args.device == "cuda":
             results["nccl"] = nccl_twins(args.out, config, common, min(2, torch.cuda.device_count()))
         else:
             results["nccl"] = nccl_twins(args.out, config, common, 2, backend="gloo")
-        nccl_t, plain_t = (
-            results["nccl"].get("step_time_s_mean"),
-            results.get("strict", {}).get("step_time_s_mean"),
-        )
-        if isinstance(nccl_t, list) and isinstance(plain_t, list):
-            results["nccl"]["over_plain_strict_step_time"] = (sum(nccl_t) / len(nccl_t)) / (
-                sum(plain_t) / len(plain_t)
-            )
-    results["microscope"] = microscope(args.out, results)
-    strict_t = results.get("strict", {}).get("step_time_s_mean")
-    off_t = results.get("off", {}).get("step_time_s_mean")
-    if isinstance(strict_t, list) and isinstance(off_t, list):
-        results["strict_over_off_step_time"] = {
-            "ratio": (sum(strict_t) / len(strict_t)) / (sum(off_t) / len(off_t))
-        }
-    (args.out / "gpu_determinism.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
-    print(json.dumps(results, indent=1, sort_keys=True))
-    nccl_ok = not args.nccl or results.get("nccl", {}).get("verdict") == "IDENTICAL"
-    traces = results["microscope"].get("strict_twins_step_1", {})
-    traces_ok = isinstance(traces, dict) and traces.get("verdict") == "IDENTICAL"
-    return 0 if results.get("strict", {}).get("verdict") == "IDENTICAL" and nccl_ok and traces_ok else 1
+        ratio = _ratio(results["nccl"], results["strict"])
+        if ratio is not None:
+            results["nccl"]["over_plain_strict_step_time"] = ratio
+        done(f"torchrun twins ({results['nccl']['backend']})", results["nccl"])
+    microscope(args.out, results, done)
+    done("all phases", {})
 
 
 if __name__ == "__main__":

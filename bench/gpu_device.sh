@@ -7,7 +7,9 @@
 #   bench/gpu_device.sh run       on the device (carry .whl and .dev): install the wheels beside the
 #                                 image's torch, run the script and the GPU-aware tests, and leave
 #                                 gpu_determinism.json, log.txt, pytest.txt and g.tgz (records, logs,
-#                                 traces; no weights) in $OUT
+#                                 traces; no weights) in $OUT. The script rewrites the JSON and says
+#                                 one line as each phase ends, so a run cut by `timeout 430` still
+#                                 leaves the phases it finished (and `stopped` in the JSON)
 #
 # The device runs its own stack (python3 with torch, transformers, PEFT), not the lock; the 98 MB
 # GGUF is more than a call carries (64 MiB), so the model is SmolLM2's architecture with seeded

@@ -10,7 +10,22 @@ missing=()
 [ "$(uname -m)" != x86_64 ] || [ -x /usr/bin/qemu-x86_64 ] || missing+=(qemu-user)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "installing Debian's ${missing[*]} for the tests..." >&2
-    if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
+    if [ "$(id -u)" = 0 ]; then
+        sudo=""
+    elif command -v sudo >/dev/null; then
+        sudo="sudo"
+    else
+        echo "scripts/test.sh: the tests need Debian's ${missing[*]}, not installed here, and installing" >&2
+        echo "them needs root: this user is not root and there is no sudo. As root, run" >&2
+        echo "  apt-get install ${missing[*]}" >&2
+        echo "then run this again." >&2
+        exit 1
+    fi
+    if ! command -v apt-get >/dev/null; then
+        echo "scripts/test.sh: the tests need ${missing[*]} (Debian's packages), not installed here, and" >&2
+        echo "there is no apt-get to install them: install them with this system's package manager." >&2
+        exit 1
+    fi
     $sudo apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
@@ -23,6 +38,7 @@ export MLFLOW_DISABLE_TELEMETRY=true HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=fal
 # a focused part of the suite runs. Only with no arguments (REPROTUNE_FLOOR=1: always, =0: never).
 floor="${REPROTUNE_FLOOR:-}"
 mypy_log="$(mktemp)" floor_log="$(mktemp)" mypy_pid="" floor_pid=""
+# shellcheck disable=SC2154  # pid is the trap's own loop variable
 trap 'for pid in $mypy_pid $floor_pid; do kill -- -"$pid" 2>/dev/null || true; done; rm -f "$mypy_log" "$floor_log"' EXIT
 if [ "$floor" = 1 ] || { [ $# -eq 0 ] && [ "$floor" != 0 ]; }; then
     setsid ./scripts/install.sh floor >"$floor_log" 2>&1 </dev/null &

@@ -4,13 +4,18 @@ also the floors'), would install reprotune and nothing else."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import tomllib
+
+from reprotune._run.stack import pinned
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,3 +57,14 @@ def test_installing_the_wheel_replaces_none_of_the_installed_packages(wheel: Pat
     assert done.returncode == 0, done.stderr
     installs = json.loads(report.read_text(encoding="utf-8"))["install"]
     assert [item["metadata"]["name"] for item in installs] == ["reprotune"]
+
+
+def test_the_wheel_is_built_with_the_setuptools_the_stack_files_pin() -> None:
+    """The setuptools that builds the wheel above (--no-build-isolation) is the one the stack files
+    pin (plain pip freeze leaves it out of them) and scripts/install.sh installs, and it is at
+    least pyproject's build floor (77: the first to read the license as an SPDX string)."""
+    installed = importlib.metadata.version("setuptools")
+    assert installed in {pinned("lock")["setuptools"], pinned("floor")["setuptools"]}
+    build = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["build-system"]
+    (floor,) = [m[1] for spec in build["requires"] if (m := re.fullmatch(r"setuptools>=([0-9]+)", spec))]
+    assert int(installed.split(".")[0]) >= int(floor) >= 77

@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
 from benchscripts import BENCH, load_bench_script
 from tinyrun import TinyProject
 from warm import needs_cold_start, run_reprotune
-
-pytestmark = pytest.mark.slow
 
 SCRIPT = BENCH / "gpu_determinism.py"
 
@@ -36,6 +38,7 @@ def _script() -> ModuleType:
     return load_bench_script("gpu_determinism")
 
 
+@pytest.mark.slow
 def test_the_gpu_script_rehearsed_on_the_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tiny = TinyProject.create(tmp_path / "project")
     config = tiny.config(determinism={"mode": "strict", "threads": 1, "device": "cpu"})
@@ -61,6 +64,10 @@ def test_the_gpu_script_rehearsed_on_the_cpu(tmp_path: Path, monkeypatch: pytest
     twins = results["microscope"]["strict_twins_step_1"]
     assert twins["verdict"] == "IDENTICAL" and all(t["reproduced"] for t in twins["traces"])
     assert results["off"]["cpu_isa"] == "avx2-compatible"
+    assert "step_time_s_median" in results["step_time_ratios_of"]
+    ratio = results["strict_over_off_step_time"]
+    medians = [sum(results[m]["step_time_s_median"]) for m in ("strict", "off")]
+    assert ratio == {"ratio": pytest.approx(medians[0] / medians[1]), "of": "step_time_s_median"}
     # the script's own launcher ran the portable-mode runs (and a trace of one, where they part)
     portable_runs = [["run", str(config), "--run-dir", str(out / f"off-{t}")] for t in "ab"]
     assert [args[:4] for args in cold[:2]] == portable_runs
@@ -76,6 +83,7 @@ def test_the_gpu_script_rehearsed_on_the_cpu(tmp_path: Path, monkeypatch: pytest
     assert "determinism.cpu_isa native vs avx2-compatible" in parted["explanation"][0]
 
 
+@pytest.mark.slow
 def test_random_weights_keep_the_architecture_and_the_tokenizer(tmp_path: Path) -> None:
     """``--random-weights-from`` (a device call cannot carry the SmolLM2 GGUF): the model folder made
     has the source's config and tokenizer files, seeded weights (the same bytes when made twice)
@@ -110,3 +118,122 @@ def test_random_weights_keep_the_architecture_and_the_tokenizer(tmp_path: Path) 
     tiny.run_cli("run", str(config), "--run-dir", str(tmp_path / "run"), "--no-progress", "--no-tracking")
     record = json.loads((tmp_path / "run" / "record.json").read_text(encoding="utf-8"))
     assert record["status"] == "completed"
+
+
+class FakeLauncher:
+    """``python -m reprotune`` as the script calls it, without a model: ``run`` writes a record with
+    the step times given for its run directory's name (``strict-a``...), ``trace`` a trace header,
+    ``compare`` answers from ``compares`` (keyed by the two names), and ``on_run`` is called with
+    each run directory's name before it is made."""
+
+    def __init__(self, times: dict[str, tuple[float, float]], compares: dict[tuple[str, str], Any]) -> None:
+        self.times, self.compares = times, compares
+        self.on_run: Callable[[str], None] = lambda name: None
+
+    def __call__(self, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+        if args[0] == "run":
+            run_dir = Path(args[args.index("--run-dir") + 1])
+            self.on_run(run_dir.name)
+            median, mean = self.times[run_dir.name]
+            run_dir.mkdir(parents=True)
+            timings = {"step_time_s_median": median, "step_time_s_mean": mean}
+            (run_dir / "record.json").write_text(json.dumps({"timings": timings}), encoding="utf-8")
+            return subprocess.CompletedProcess(list(args), 0, "", "")
+        if args[0] == "trace":
+            target = Path(args[args.index("--out") + 1])
+            target.write_text(json.dumps({"reproduced": {"step": True}, "ops": 3}) + "\n", encoding="utf-8")
+            return subprocess.CompletedProcess(list(args), 0, "", "")
+        assert args[0] == "compare"
+        answer = self.compares[Path(args[1]).name.split("-step")[0], Path(args[2]).name.split("-step")[0]]
+        if isinstance(answer, dict):
+            return subprocess.CompletedProcess(
+                list(args), 0 if answer["verdict"] == "IDENTICAL" else 1, json.dumps(answer), ""
+            )
+        code, stderr = answer
+        return subprocess.CompletedProcess(list(args), code, "", stderr)
+
+
+IDENTICAL: dict[str, Any] = {"verdict": "IDENTICAL", "where": {}, "finding": None, "explanation": []}
+TIMES = {"strict-a": (0.6, 0.9), "strict-b": (0.6, 0.9), "off-a": (0.3, 0.5), "off-b": (0.3, 0.5)}
+
+
+def _main(script: ModuleType, out: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    argv = [
+        "--device",
+        "cpu",
+        "--steps",
+        "2",
+        "--no-nccl",
+        "--config",
+        str(out / "c.yaml"),
+        "--out",
+        str(out),
+    ]
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), *argv])
+    return int(script.main())
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        ((2, "error: runs/b: no such run directory\n"), "failed with exit 2"),
+        ((0, ""), "exited 0 with no JSON"),
+    ],
+)
+def test_a_compare_that_fails_is_recorded_with_its_stderr_and_the_times_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answer: tuple[int, str], said: str
+) -> None:
+    """``compare`` exiting 2 with nothing on stdout (or 0 with no JSON) is that phase's error, with
+    the tail of its stderr, beside the step times already measured; nothing raises."""
+    script = _script()
+    monkeypatch.setattr(script, "_reprotune", FakeLauncher(TIMES, {("strict-a", "strict-b"): answer}))
+    found = script.mode_twins(tmp_path, tmp_path / "c.yaml", "strict", [])
+    assert said in found["error"] and "verdict" not in found
+    assert found["stderr_tail"] == answer[1]
+    assert found["step_time_s_median"] == [0.6, 0.6] and found["step_time_s_mean"] == [0.9, 0.9]
+
+
+def test_every_phase_is_written_and_said_as_it_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """All phases, with the comparison of strict against off failing (exit 2): recorded as the
+    microscope's error, the rest measured; the ratio is of the medians, not the means; one line a
+    phase."""
+    script = _script()
+    compares = {
+        ("strict-a", "strict-b"): IDENTICAL,
+        ("off-a", "off-b"): IDENTICAL,
+        ("strict-a", "off-a"): (2, "error: boom\n"),
+    }
+    monkeypatch.setattr(script, "_reprotune", FakeLauncher(TIMES, compares))
+    assert _main(script, tmp_path, monkeypatch) == 0
+    results = json.loads((tmp_path / "gpu_determinism.json").read_text(encoding="utf-8"))
+    assert results["strict_over_off_step_time"] == {"ratio": pytest.approx(2.0), "of": "step_time_s_median"}
+    assert results["microscope"]["strict_twins_step_1"]["verdict"] == "IDENTICAL"
+    parted = results["microscope"]["strict_vs_off"]
+    assert parted["step"] is None and "exit 2" in parted["error"] and parted["stderr_tail"] == "error: boom\n"
+    lines = capsys.readouterr().out.split("\n")
+    phases = ["strict twins", "off twins", "microscope strict_twins_step_1", "microscope strict_vs_off"]
+    for phase in phases:
+        assert sum(f"] {phase}: " in line for line in lines) == 1, (phase, lines)
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_a_timeout_keeps_the_phases_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM (``timeout`` sends it) during the off twins: the strict twins' results are in the
+    JSON, with ``stopped``; the exit is 128 + 15, and the signal's handler is put back."""
+    script = _script()
+    launcher = FakeLauncher(TIMES, {("strict-a", "strict-b"): IDENTICAL})
+
+    def stop_at_off(name: str) -> None:
+        if name == "off-a":
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    launcher.on_run = stop_at_off
+    monkeypatch.setattr(script, "_reprotune", launcher)
+    before = signal.getsignal(signal.SIGTERM)
+    assert _main(script, tmp_path, monkeypatch) == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before
+    results = json.loads((tmp_path / "gpu_determinism.json").read_text(encoding="utf-8"))
+    assert results["strict"]["verdict"] == "IDENTICAL" and "off" not in results
+    assert results["stopped"]["by"] == "SIGTERM"
