@@ -211,6 +211,19 @@ def test_a_checkpoint_the_ledger_does_not_reach_is_refused(
     _assert_byte_identical(fsdp_twins[0].run_dir, run_dir)
 
 
+def test_a_run_made_with_another_manifest_resumes_on_every_rank(project: TinyProject) -> None:
+    """A torchrun run given --manifest (as a torchrun rerun passes it), stopped, resumed under
+    torchrun: every rank trains on the run's own split.json (before, the other ranks split the
+    data from the config, and the resume failed: "the ranks did not load the same inputs")."""
+    project.run_cli("split", "data.jsonl", "--out", "other-split.json", "--seed", "7")
+    run_dir = project.root / "runs" / "other-manifest"
+    args = ("ddp.yaml", "--run-dir", str(run_dir), "--manifest", "other-split.json", *QUIET)
+    completed(launch(project, 2, "run", *args, "--stop-after-step", "4"))
+    completed(launch(project, 2, "resume", str(run_dir), *QUIET))
+    assert load_record(run_dir)["status"] == "completed"
+    assert (run_dir / "split.json").read_bytes() == (project.root / "other-split.json").read_bytes()
+
+
 def test_resume_at_another_world_size_is_refused_then_recorded_when_allowed(
     project: TinyProject, crashed: tuple[Launch, Path, Path], fsdp_twins: tuple[Launch, Launch]
 ) -> None:

@@ -11,6 +11,7 @@ hash under FSDP, checkpoints, the adapter) the other ranks meet it, in the same 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,10 +101,12 @@ def follow_resume(run_dir: Path, cfg: ExperimentConfig, ctx: DistContext, option
     Raises:
         InputError: the run is complete, or may not resume at this world size.
     """
-    record = read_record(RunLayout(run_dir).record)
+    paths = RunLayout(run_dir)
+    record = read_record(paths.record)
     refuse_completed(record.status, run_dir)
     resume_world_change(record, ctx.world_size, allow_change=options.allow_world_size_change, run_dir=run_dir)
-    return follow_run(cfg, ctx, options, resume=True)
+    # the run's own split, as rank 0 reads it (the config's would differ for a run made with --manifest)
+    return follow_run(cfg, ctx, dataclasses.replace(options, manifest=paths.manifest), resume=True)
 
 
 def run_on_ranks(cfg: ExperimentConfig, options: RunOptions) -> RunResult:
