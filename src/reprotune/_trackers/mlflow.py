@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -200,23 +201,37 @@ class MlflowTracker:
             if handle is not None and not handle.closed:
                 handle.close()
 
+    def _read_out(self, seconds: float) -> tuple[bytes, bool]:
+        """What the child writes on stdout within ``seconds``, and whether it reached the end."""
+        assert self._proc.stdout is not None
+        fd, end = self._proc.stdout.fileno(), time.monotonic() + seconds
+        chunks: list[bytes] = []
+        while (left := end - time.monotonic()) > 0 and select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks), True
+            chunks.append(chunk)
+        return b"".join(chunks), False
+
     def finish(self, status: Status) -> dict[str, Any]:
         """Tell the child to finish, wait until every metric is stored, and return its summary."""
         if not self._started:  # the run failed before it had anything to mirror
             self.close()
             return {"started": False}
         deadline = finish_timeout_s(os.environ)
+        assert self._proc.stdin is not None
         try:
             if self._proc.poll() is None:
                 with contextlib.suppress(BrokenPipeError):
                     self._send_buffer()
                     self._send({"op": "finish", "status": status})
-            try:
-                out, _ = self._proc.communicate(timeout=deadline)  # its outcome line, then EOF
-            except subprocess.TimeoutExpired:
+                    self._proc.stdin.close()
+            out, whole = self._read_out(deadline)  # its outcome line, then EOF
+            if not whole:
                 self._proc.kill()
-                out, _ = self._proc.communicate()
-                raise self._failed(out, late_s=deadline) from None
+                self._proc.wait()
+                raise self._failed(out + self._read_out(5.0)[0], late_s=deadline)
+            self._proc.wait(timeout=300)
             lines = out.decode("utf-8", "replace").strip().splitlines()
             result = json.loads(lines[-1]) if lines else {}
             if self._proc.returncode != 0 or not result.get("ok"):
