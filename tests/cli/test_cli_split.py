@@ -93,6 +93,26 @@ def empty_jsonl(tmp_path: Path) -> Path:
     return path
 
 
+def nested_nan_jsonl(tmp_path: Path) -> Path:
+    """Rows whose class is a list holding NaN in row 1 (JSONL's NaN extension, as Python writes it)."""
+    path = tmp_path / "nan.jsonl"
+    path.write_text('{"t":"a","c":[1]}\n{"t":"b","c":[NaN]}\n{"t":"c","c":[1]}\n', encoding="utf-8")
+    return path
+
+
+def duration_parquet(tmp_path: Path) -> Path:
+    """A Parquet file with a duration column (timedelta values: no JSON form to hash)."""
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "dur.parquet"
+    took = [datetime.timedelta(seconds=s) for s in (1, 2, 3, 4)]
+    pq.write_table(pa.table({"t": ["a", "b", "c", "d"], "took": pa.array(took)}), path)
+    return path
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
@@ -113,6 +133,18 @@ def empty_jsonl(tmp_path: Path) -> Path:
         (lambda t, d: [str(d), "--seed", "-1"], ["seed '-1' is not a non-negative integer", "--seed"]),
         (lambda t, d: [str(d), "--seed", "1.5"], ["seed '1.5' is not a non-negative integer"]),
         (lambda t, d: [str(empty_jsonl(t))], ["the dataset has no rows", "empty.jsonl"]),
+        (
+            lambda t, d: ["builtin:chatterbot-en", "--format", "parquet"],
+            ["format 'parquet' was asked for builtin:chatterbot-en", "leave the format as auto"],
+        ),
+        (
+            lambda t, d: [str(nested_nan_jsonl(t)), "--stratify-by", "c"],
+            ["nan.jsonl, column 'c'", "[[nan]] in 1 row(s), first row 1", "give those rows a class"],
+        ),
+        (
+            lambda t, d: [str(duration_parquet(t))],
+            ["dur.parquet, column 'took'", "timedelta", "first in row 0", "cast it to text or a number"],
+        ),
     ],
     ids=[
         "missing-file",
@@ -126,6 +158,9 @@ def empty_jsonl(tmp_path: Path) -> Path:
         "seed-negative",
         "seed-float",
         "empty",
+        "builtin-with-a-format",
+        "class-holding-nan",
+        "parquet-duration",
     ],
 )
 def test_split_bad_input_exits_2(
@@ -141,6 +176,57 @@ def test_split_bad_input_exits_2(
         assert text in err
     assert "fix:" in err and "Traceback" not in err
     assert not out.exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("column", "written"),
+    [
+        ("day", ["2020-01-01", "2021-06-30"]),
+        ("blob", [{"$bytes": "eA=="}, {"$bytes": "eQ=="}]),
+        ("price", ["1.50", "2.25"]),
+    ],
+    ids=["date", "binary", "decimal"],
+)
+def test_parquet_classes_outside_json_are_written_as_their_canonical_form(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], column: str, written: list[object]
+) -> None:
+    """A Parquet date, binary or Decimal column stratified by: the manifest holds each class as the
+    row hashes see it (ISO text, base64, the decimal's text), and loads again (before: a TypeError,
+    exit 1, "not JSON serializable")."""
+    import datetime
+    import decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "typed.parquet"
+    values = {
+        "day": [datetime.date(2020, 1, 1), datetime.date(2021, 6, 30)],
+        "blob": [b"x", b"y"],
+        "price": [decimal.Decimal("1.50"), decimal.Decimal("2.25")],
+    }[column]
+    rows = 20
+    pq.write_table(
+        pa.table({"t": [f"r{i}" for i in range(rows)], column: [values[i % 2] for i in range(rows)]}), data
+    )
+    out = tmp_path / "split.json"
+    assert main(["split", str(data), "--stratify-by", column, "--out", str(out)]) == 0, (
+        capsys.readouterr().err
+    )
+    classes = json.loads(out.read_text())["classes"]
+    assert [c["value"] for c in classes] == written and [c["n_rows"] for c in classes] == [10, 10]
+    assert main(["check-split", str(out), str(data)]) == 0
+
+
+def test_a_negative_zero_ratio_is_recorded_as_zero(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--ratios -0,1,0`: the manifest and the summary say 0, not -0 (a negative share)."""
+    out = tmp_path / "split.json"
+    assert main(["split", str(data), "--ratios=-0,1,0", "--out", str(out)]) == 0
+    assert "ratios 0/1/0" in capsys.readouterr().out
+    assert '"train": 0.0' in out.read_text()
+    assert json.loads(out.read_text())["ratios"] == {"train": 0.0, "validation": 1.0, "test": 0.0}
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import tarfile
@@ -17,9 +18,9 @@ from tinyrun import TinyProject
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[TinyProject, Path, Path]:
-    """A completed tiny run, packed with and without its data."""
+    """A completed tiny run (a checkpoint at step 2), packed with and without its data."""
     project = TinyProject.create(tmp_path_factory.mktemp("bundle-project"))
-    project.config("cfg.yaml", train={"max_steps": 3, "save_every": 0, "eval_every": 3})
+    project.config("cfg.yaml", train={"max_steps": 3, "save_every": 2, "eval_every": 3})
     project.run_cli("run", "cfg.yaml", "--run-dir", "runs/r", "--no-progress")
     project.run_cli("pack", "runs/r", "-o", "with-data.tar.gz", "--with-data")
     project.run_cli("pack", "runs/r", "-o", "no-data.tar.gz")
@@ -49,17 +50,26 @@ def test_pack_is_deterministic(packed: tuple[TinyProject, Path, Path], tmp_path:
 def test_bundle_reruns_identically_elsewhere(
     packed: tuple[TinyProject, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Rerun the bundle in another directory, from another working directory: IDENTICAL, and
-    rerun.json says so."""
+    """Rerun the bundle in another directory, from another working directory (a git checkout, so
+    other code than the run's, made outside one: let through by --allow-code-drift): IDENTICAL, and
+    rerun.json says so, and that the code drift was allowed, and what differed (before: not said)."""
+    import subprocess
+
     _, bundle, _ = packed
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
+    git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], cwd=elsewhere, check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "other code"], cwd=elsewhere, check=True)
     monkeypatch.chdir(elsewhere)
     out = tmp_path / "unpacked"
-    code = main(["rerun", str(bundle), "--out", str(out), "--no-progress"])
+    code = main(["rerun", str(bundle), "--out", str(out), "--no-progress", "--allow-code-drift"])
     assert code == 0
     summary = json.loads((out / "rerun.json").read_text())
     assert summary["verdict"] == "IDENTICAL" and summary["bundle_sha256"] == sha256_file(bundle)
+    assert summary["code_drift_allowed"] is True
+    assert [line.split(":")[0] for line in summary["code_drift"]] == ["code.commit"], summary["code_drift"]
+    assert summary["code_drift"][0].startswith("code.commit: recorded None, now '")
     assert (out / "rerun" / "ledger.jsonl").read_bytes() == (
         out / "recorded" / "run" / "ledger.jsonl"
     ).read_bytes()
@@ -95,6 +105,8 @@ def test_bundle_without_data_asks_for_it_and_checks_it(
         "--no-progress",
     ]
     assert main(good) == 0
+    summary = json.loads((out / "rerun.json").read_text())
+    assert summary["code_drift_allowed"] is False and summary["code_drift"] == []
 
 
 def _rewrite(bundle: Path, out: Path, edit: str) -> Path:
@@ -317,3 +329,159 @@ def test_a_long_line_starts_a_name_only_where_one_can_start() -> None:
     assert [m.start() for m in policy._ASSIGNED.finditer("+x" + blob + " = 1")] == [1]
     # No name starts inside a run of name characters: without the lookbehind this matched at "x".
     assert policy._ASSIGNED.search("+9x" + blob + " = 1") is None
+
+
+def _copy_of_the_run(packed: tuple[TinyProject, Path, Path], to: Path) -> Path:
+    import shutil
+
+    shutil.copytree(packed[0].root / "runs" / "r", to)
+    return to
+
+
+def _edit_record(run: Path, edit: dict[str, dict[str, object]]) -> None:
+    """Update sections of the run's record.json (a key whose value is None is removed)."""
+    record = json.loads((run / "record.json").read_text())
+    for section, changes in edit.items():
+        for key, value in changes.items():
+            if value is None:
+                record[section].pop(key, None)
+            else:
+                record.setdefault(section, {})[key] = value
+    (run / "record.json").write_text(json.dumps(record))
+
+
+def _split_with_test_rows_dropped(run: Path) -> tuple[str, str]:
+    """Edit the run's split.json as a hand would: the test rows moved to ``dropped``, the sizes
+    made to agree (a manifest that loads). Returns (recorded sha256, the edited file's)."""
+    manifest = json.loads((run / "split.json").read_text())
+    manifest["dropped"], manifest["test"] = sorted(manifest["dropped"] + manifest["test"]), []
+    manifest["sizes"] |= {"dropped": len(manifest["dropped"]), "test": 0}
+    recorded = sha256_file(run / "split.json")
+    (run / "split.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    return recorded, sha256_file(run / "split.json")
+
+
+@pytest.mark.parametrize("case", ["split-edited", "split-missing", "patch-missing", "patch-other"])
+def test_a_run_whose_split_or_patch_is_not_the_recorded_one_is_not_packed(
+    packed: tuple[TinyProject, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    """A split.json edited by hand (test rows moved to dropped, sizes made to agree) or removed,
+    and a dirty run's code.patch missing or not the recorded diff: refused (exit 2) naming the
+    file, both sha256 and the fix (before: packed, and the bundle reran to IDENTICAL)."""
+    run = _copy_of_the_run(packed, tmp_path / "run")
+    words: list[str]
+    if case == "split-edited":
+        recorded, found = _split_with_test_rows_dropped(run)
+        words = ["split.json is not the split the run was made with", recorded, found, "restore"]
+    elif case == "split-missing":
+        (run / "split.json").unlink()
+        words = ["split.json is missing", "copy the run directory again"]
+    else:
+        diff = b"diff --git a/train.py b/train.py\n+x = 1\n"
+        _edit_record(run, {"code": {"dirty": True, "diff_sha256": hashlib.sha256(diff).hexdigest()}})
+        words = ["code.patch is missing"]
+        if case == "patch-other":
+            (run / "code.patch").write_bytes(diff + b"+y = 2\n")
+            words = [
+                "code.patch is not the diff",
+                hashlib.sha256(diff).hexdigest(),
+                sha256_file(run / "code.patch"),
+            ]
+    capsys.readouterr()
+    assert main(["pack", str(run), "-o", str(tmp_path / "b.tar.gz")]) == 2
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err, err
+    assert "fix:" in err and not (tmp_path / "b.tar.gz").exists()
+
+
+def test_a_record_without_the_split_hash_or_a_diff_packs_as_before(
+    packed: tuple[TinyProject, Path, Path], tmp_path: Path
+) -> None:
+    """A record written without data.manifest_sha256 is not held to it (nothing new said), and a
+    run dirty by untracked files alone (no diff) needs no code.patch."""
+    run = _copy_of_the_run(packed, tmp_path / "run")
+    _split_with_test_rows_dropped(run)
+    _edit_record(run, {"data": {"manifest_sha256": None}, "code": {"dirty": True, "diff_sha256": None}})
+    assert main(["pack", str(run), "-o", str(tmp_path / "b.tar.gz")]) == 0
+
+
+def test_pack_packs_only_the_adapter_files_the_record_lists(
+    packed: tuple[TinyProject, Path, Path], tmp_path: Path
+) -> None:
+    """A stray adapter/.env holding a token is not packed: only outputs.adapter_files are (before:
+    every file in adapter/)."""
+    run = _copy_of_the_run(packed, tmp_path / "run")
+    (run / "adapter" / ".env").write_text("HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123456789\n")
+    listed = json.loads((run / "record.json").read_text())["outputs"]["adapter_files"]
+    assert main(["pack", str(run), "-o", str(tmp_path / "b.tar.gz")]) == 0
+    with tarfile.open(tmp_path / "b.tar.gz") as tar:
+        adapter = sorted(
+            n.removeprefix("run/adapter/") for n in tar.getnames() if n.startswith("run/adapter/")
+        )
+    assert adapter == sorted(listed) and "adapter_model.safetensors" in adapter
+
+
+def test_pack_refuses_a_linked_checkpoints_directory(
+    packed: tuple[TinyProject, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """checkpoints/ a symbolic link to a directory outside the run (of whole, verified
+    checkpoints): `pack --checkpoints` refuses it like any link (before: followed and packed)."""
+    import shutil
+
+    run = _copy_of_the_run(packed, tmp_path / "run")
+    shutil.move(run / "checkpoints", tmp_path / "elsewhere")
+    (run / "checkpoints").symlink_to(tmp_path / "elsewhere")
+    capsys.readouterr()
+    assert main(["pack", str(run), "-o", str(tmp_path / "b.tar.gz"), "--checkpoints"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'checkpoints'} is a symbolic link" in err and not (tmp_path / "b.tar.gz").exists()
+    assert main(["pack", str(run), "-o", str(tmp_path / "b.tar.gz")]) == 0  # without them: packed
+
+
+def test_a_run_whose_split_was_edited_is_not_rerun(
+    packed: tuple[TinyProject, Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """rerun RUN_DIR of a run whose split.json was edited (test rows moved to dropped): refused
+    before training (exit 2) naming the file and both sha256 (before: it reran, on the edited
+    split, to IDENTICAL)."""
+    monkeypatch.chdir(tmp_path)
+    run = _copy_of_the_run(packed, tmp_path / "run")
+    recorded, found = _split_with_test_rows_dropped(run)
+    capsys.readouterr()
+    assert main(["rerun", str(run), "--run-dir", str(tmp_path / "again"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'split.json'} is not the split the run was made with" in err
+    assert recorded in err and found in err and "fix:" in err
+    assert not (tmp_path / "again").exists()
+
+
+def test_a_run_made_under_torchrun_is_not_rerun_in_one_process(
+    packed: tuple[TinyProject, Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plain rerun of a run made under torchrun at world size 2 (a run directory, or its bundle):
+    refused before training (exit 2) with the torchrun command that reruns it, nothing left
+    (before: it trained the whole run in one process and reported a false DIVERGED)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    run = _copy_of_the_run(packed, tmp_path / "run")
+    _edit_record(run, {"distributed": {"world_size": 2, "launcher": "torchrun", "nodes": 1}})
+    capsys.readouterr()
+    assert main(["rerun", str(run), "--run-dir", str(tmp_path / "again"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "made under torchrun at world size 2; this rerun runs in one process" in err
+    assert f"`torchrun --standalone --nproc_per_node 2 -m reprotune rerun {run}`" in err
+    assert not (tmp_path / "again").exists()
+    bundle, out = tmp_path / "dist.tar.gz", tmp_path / "out"
+    assert main(["pack", str(run), "-o", str(bundle), "--with-data"]) == 0
+    capsys.readouterr()
+    assert main(["rerun", str(bundle), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"`torchrun --standalone --nproc_per_node 2 -m reprotune rerun {bundle} --out {out}`" in err
+    assert not out.exists()

@@ -207,8 +207,18 @@ def test_a_damaged_or_foreign_verification_is_refused_with_its_file(
         ("verification.json", {"legs": {"rerun": {}}}, "legs"),
         ("verification.json", {"reference": 5}, "reference"),
         ("rerun.json", {"tolerance": "1e-3"}, "tolerance"),
+        ("rerun.json", {"code_drift_allowed": "yes"}, "code_drift_allowed"),
+        ("rerun.json", {"code_drift": "code.commit"}, "code_drift"),
     ],
-    ids=["wall-s", "leg-without-name", "legs-object", "reference-number", "tolerance-string"],
+    ids=[
+        "wall-s",
+        "leg-without-name",
+        "legs-object",
+        "reference-number",
+        "tolerance-string",
+        "drift-allowed-string",
+        "drift-not-a-list",
+    ],
 )
 def test_a_proof_file_whose_fields_have_other_types_is_refused_naming_the_key(
     runs: list[Path], tmp_path: Path, file: str, edit: dict[str, object], said: str

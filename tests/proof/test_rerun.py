@@ -103,3 +103,32 @@ def test_resume_refuses_code_drift(recorded: tuple[TinyProject, Path]) -> None:
     assert (
         json.loads((project.root / "runs" / "stopped" / "record.json").read_text())["status"] == "completed"
     )
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_run_made_under_torchrun_reruns_under_the_command_its_refusal_names(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A run made under torchrun (world size 2): a plain rerun is refused before training, naming
+    `torchrun --standalone --nproc_per_node 2 -m reprotune rerun RUN_DIR`; that command, and its
+    bundle's (`... rerun BUNDLE --out DIR`), rerun it IDENTICAL, rank 0 alone comparing and writing
+    (before: the plain rerun trained the whole run in one process to a false DIVERGED)."""
+    from torchruns import TRAIN, completed, launch
+
+    project = TinyProject.create(tmp_path_factory.mktemp("dist-rerun"))
+    project.config(
+        "ddp.yaml", train={**TRAIN, "max_steps": 4}, distributed={"strategy": "ddp", "timeout_s": 120}
+    )
+    completed(launch(project, 2, "run", "ddp.yaml", "--run-dir", "runs/d", "--no-progress", "--no-tracking"))
+    refused = project.run_cli("rerun", "runs/d", "--no-progress", check=False)
+    assert refused.returncode == 2, refused.stderr
+    assert "`torchrun --standalone --nproc_per_node 2 -m reprotune rerun runs/d`" in refused.stderr
+    assert sorted(p.name for p in (project.root / "runs").iterdir()) == ["d"]
+    again = completed(launch(project, 2, "rerun", "runs/d", "--run-dir", "runs/again", "--no-progress"))
+    assert again.output.count("IDENTICAL") == 1, again.output[-3000:]
+    project.run_cli("pack", "runs/d", "-o", "d.tar.gz", "--with-data")
+    bundled = completed(launch(project, 2, "rerun", "d.tar.gz", "--out", "out", "--no-progress"))
+    assert bundled.output.count("IDENTICAL") == 1, bundled.output[-3000:]
+    assert json.loads((project.root / "out" / "rerun.json").read_text())["verdict"] == "IDENTICAL"
+    assert sorted(p.name for p in (project.root / "out").iterdir()) == ["recorded", "rerun", "rerun.json"]

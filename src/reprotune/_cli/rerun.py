@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     _refuse_the_other_forms_option(args)
     if args.run_dir.is_file():
         out = args.out or _new_out(args.run_dir)
-        new_dir, comparison = rerun_bundle(
+        done = rerun_bundle(
             args.run_dir,
             out=out,
             data=args.data,
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
             tolerance=args.tolerance,
         )
     else:
-        new_dir, comparison = rerun(
+        done = rerun(
             args.run_dir,
             new_run_dir=args.new_run_dir,
             allow_code_drift=args.allow_code_drift,
@@ -77,9 +77,11 @@ def run(args: argparse.Namespace) -> int:
             data=args.data,
             tolerance=args.tolerance,
         )
-    print(f"rerun of {args.run_dir} -> {new_dir}")
-    print(comparison.format())
-    return 0 if comparison.verdict in ("IDENTICAL", "WITHIN_TOLERANCE") else 1
+    if done.comparison is None:  # a torchrun rank other than 0: rank 0 compares and says it
+        return 0
+    print(f"rerun of {args.run_dir} -> {done.run_dir}")
+    print(done.comparison.format())
+    return 0 if done.comparison.verdict in ("IDENTICAL", "WITHIN_TOLERANCE") else 1
 
 
 def _refuse_the_other_forms_option(args: argparse.Namespace) -> None:

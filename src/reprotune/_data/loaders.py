@@ -132,7 +132,8 @@ def load_table(source: str, format: str = "auto", *, format_fix: str | None = CL
         The table; for a file, ``file_sha256`` is the sha256 of the exact bytes parsed.
 
     Raises:
-        InputError: a missing file, an unknown format or builtin name, or malformed content
+        InputError: a missing file, an unknown format or builtin name, a format that
+            contradicts the file's extension or is given for builtin data, or malformed content
             (naming the line and column).
 
     Example:
@@ -147,6 +148,14 @@ def load_table(source: str, format: str = "auto", *, format_fix: str | None = CL
                 f"unknown builtin dataset {source!r}",
                 source=source,
                 fix=f"use one of {list(BUILTIN_NAMES)}",
+            )
+        _check_format(format, source)
+        if format != "auto":
+            raise InputError(
+                f"format {format!r} was asked for {source}, which is the embedded dataset, not a file",
+                source=source,
+                fix="leave the format as auto for builtin data (a format is for a file whose extension "
+                "says none)",
             )
         return Table(load_chatterbot_columns(), source=source, format="builtin")
     _check_format(format, source)

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reprotune._data.index_render import render_into, rendered_size
 from reprotune._data.row_hashes import RowHashes
+from reprotune._data.table import canonical_value
 from reprotune._documents import read_json_file, validated
 from reprotune._errors import InputError
 from reprotune._formats import SPLIT_MANIFEST
@@ -54,6 +55,8 @@ class ClassSummary:
 
     ``decision`` is ``split`` (spread over the splits), or for a class too small to reach every
     split, the rare-class policy applied: ``train`` (all rows in train) or ``drop`` (no split).
+    ``value`` is written as its canonical JSON form (``_data.table.canonical_value``: a date as its
+    ISO text, bytes as ``{"$bytes": ...}``), as the row hashes see it.
     """
 
     value: Any
@@ -66,7 +69,7 @@ class ClassSummary:
     def to_json_obj(self) -> dict[str, Any]:
         """The JSON object of this class in the manifest."""
         return {
-            "value": self.value,
+            "value": canonical_value(self.value),
             "n_rows": self.n_rows,
             "train": self.train,
             "validation": self.validation,
@@ -186,7 +189,8 @@ class Manifest:
                 "sizes": self.sizes,
                 "classes": [c.to_json_obj() for c in self.classes],
                 "rare_classes": [
-                    {"value": c.value, "n_rows": c.n_rows, "decision": c.decision} for c in self.rare_classes
+                    {"value": canonical_value(c.value), "n_rows": c.n_rows, "decision": c.decision}
+                    for c in self.rare_classes
                 ],
                 "groups": dict(self.groups) if self.groups is not None else None,
                 "warnings": list(self.warnings),
@@ -306,7 +310,9 @@ def copy_manifest(source: str | Path, target: str | Path) -> str:
 
 
 def _read_json(path: Path) -> Any:
-    return read_json_file(path, what="manifest", fix="pass a manifest written by `reprotune split --out`")
+    return read_json_file(
+        path, what="manifest", fix="pass a manifest written by `reprotune split DATA --out MANIFEST`"
+    )
 
 
 class _Shape(BaseModel):
@@ -459,7 +465,7 @@ def _manifest_object(path: Path) -> dict[str, Any]:
     return SPLIT_MANIFEST.check(
         _read_json(path),
         source=str(path),
-        fix="pass a manifest written by `reprotune split --out`",
+        fix="pass a manifest written by `reprotune split DATA --out MANIFEST`",
         version_fix="use the reprotune version that wrote it, or make it again with `reprotune split`",
     )
 

@@ -164,10 +164,10 @@ def split_table(
             policy, both stratify_by and group_by, or rare classes under the ``error`` policy.
 
     Example:
-        >>> from reprotune._data.table import table_from_columns
+        >>> from reprotune._data.loaders import table_from_columns
         >>> table = table_from_columns({"label": ["a"] * 8 + ["b"] * 2})
-        >>> split_table(table, seed=0, stratify_by="label", rare_class_policy="train").sizes["train"]
-        10
+        >>> split_table(table, seed=0, stratify_by="label", rare_class_policy="train").sizes
+        {'train': 8, 'validation': 1, 'test': 1, 'dropped': 0}
     """
     ratio_values = check_ratios(ratios)
     seed = check_seed(seed, source="seed")
@@ -276,16 +276,29 @@ def _split_stratified(
 
 
 def _refuse_non_finite_classes(table: Table, column: str, values: list[Any], codes: np.ndarray) -> None:
-    """A class must be a value the manifest can record: NaN and infinity are refused, naming rows."""
-    bad = [u for u, v in enumerate(values) if isinstance(v, float) and not math.isfinite(v)]
+    """A class must be a value the manifest can record: NaN and infinity, alone or anywhere inside
+    a list or an object, are refused, naming the rows."""
+    bad = [u for u, v in enumerate(values) if _holds_non_finite(canonical_value(v))]
     if bad:
         rows = np.flatnonzero(np.isin(codes, np.asarray(bad, dtype=codes.dtype)))
         raise InputError(
             f"the stratify column {column!r} holds {[values[u] for u in bad]} in {rows.size} row(s), "
-            f"first row {int(rows[0])}; a class must be a value (NaN is not equal to itself)",
+            f"first row {int(rows[0])}; a class must be a value JSON can write (NaN is not equal to "
+            "itself, and neither it nor infinity is JSON)",
             source=f"{table.source}, column {column!r}",
             fix="give those rows a class (e.g. 'unknown') or a null, or drop them",
         )
+
+
+def _holds_non_finite(value: Any) -> bool:
+    """Whether a canonical value is, or holds at any depth, a NaN or an infinity."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, list):
+        return any(_holds_non_finite(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_non_finite(v) for v in value.values())
+    return False
 
 
 def _split_grouped(

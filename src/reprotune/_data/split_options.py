@@ -34,7 +34,7 @@ def check_ratios(ratios: Sequence[Any], *, source: str = "ratios") -> tuple[floa
             raise InputError(f"{name} ratio {value!r} is not a finite number", source=source, fix=fix)
         if value < 0:
             raise InputError(f"{name} ratio {value!r} is negative", source=source, fix=fix)
-        out.append(float(value))
+        out.append(float(value) + 0.0)  # -0.0 is 0.0: a manifest records no negative zero
     total = sum(out)
     if abs(total - 1.0) > 1e-9:
         raise InputError(f"ratios {out} sum to {total!r}, not 1", source=source, fix=fix)

@@ -40,6 +40,14 @@ Column = Union[np.ndarray, list[Any]]  # noqa: UP007 - a runtime alias, and Pyth
 _BINCOUNT_RANGE = 1 << 22
 
 
+class NoCanonicalForm(TypeError):
+    """A value :func:`canonical_value` has no stated conversion for (a duration, an interval)."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__(f"no canonical JSON form for a value of type {type(value).__name__}: {value!r}")
+        self.value = value
+
+
 def canonical_value(value: Any) -> Any:
     """Convert ``value`` to the JSON value it has in a row's canonical form.
 
@@ -49,7 +57,7 @@ def canonical_value(value: Any) -> Any:
     (hashed as those JSON extensions), so they are not confused with ``null``.
 
     Raises:
-        TypeError: a value with no stated conversion.
+        NoCanonicalForm: a value with no stated conversion (a ``TypeError``).
     """
     if value is None or isinstance(value, (str, bool, int, float)):
         return value
@@ -67,7 +75,7 @@ def canonical_value(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, decimal.Decimal):
         return str(value)
-    raise TypeError(f"no canonical JSON form for a value of type {type(value).__name__}: {value!r}")
+    raise NoCanonicalForm(value)
 
 
 def not_text(value: Any) -> str:
@@ -161,6 +169,14 @@ def _factorize_numeric(column: np.ndarray) -> tuple[list[Any], np.ndarray]:
         return [int(v) + lo for v in np.flatnonzero(present)], codes
     uniq, inverse = np.unique(column, return_inverse=True)
     return uniq.tolist(), smallest_codes(inverse, len(uniq))
+
+
+def _has_no_canonical_form(value: Any) -> bool:
+    try:
+        canonical_value(value)
+    except NoCanonicalForm:
+        return True
+    return False
 
 
 def _python_value(value: Any) -> Any:
@@ -259,10 +275,32 @@ class Table:
         return {name: _python_value(col[i]) for name, col in self._columns.items()}
 
     def factorize(self, name: str) -> tuple[list[Any], np.ndarray]:
-        """:func:`factorize` of column ``name``, computed once per table."""
+        """:func:`factorize` of column ``name``, computed once per table.
+
+        Raises:
+            InputError: the column holds a value with no canonical form (a Parquet duration),
+                naming the column, the first such row and the fix.
+        """
         if name not in self._factorized:
-            self._factorized[name] = factorize(self.column(name))
+            column = self.column(name)
+            try:
+                self._factorized[name] = factorize(column)
+            except NoCanonicalForm as exc:
+                raise self._no_canonical_form(name, column, exc) from None
         return self._factorized[name]
+
+    def _no_canonical_form(self, name: str, column: Column, exc: NoCanonicalForm) -> InputError:
+        """The refusal of a column whose values have no row-hash form: its first such row named."""
+        row = next(i for i, value in enumerate(column) if _has_no_canonical_form(value))
+        shown = repr(exc.value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        return InputError(
+            f"column {name!r} holds a {type(exc.value).__name__} ({shown}), first in row {row}, which "
+            "has no JSON form to hash the row by",
+            source=f"{self.source}, column {name!r}",
+            fix="cast it to text or a number (a duration to its seconds, say) before splitting, or drop "
+            "the column",
+        )
 
     def row_hashes(self) -> list[str]:
         """One hex sha256 per row, of the row's canonical form."""

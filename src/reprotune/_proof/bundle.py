@@ -1,12 +1,14 @@
 """Reproduction bundles: what another machine needs to rerun a run, in one ``.tar.gz``.
 
 ``pack`` writes the run's record, resolved config, split manifest (and its row-hash sidecar),
-ledger, adapter and code patch (with ``with_checkpoints`` its checkpoints), and with ``with_data``
-the data file (checked against the record
+ledger, adapter files (those its record lists) and code patch (with ``with_checkpoints`` its
+checkpoints), and with ``with_data`` the data file (checked against the record
 first; builtin data is never packed: every reprotune has it), plus ``bundle.json``, first: the
-sha256 and size of every member. The archive is deterministic (sorted members, fixed owner, mode
-and time), so one run packs to the same bytes. Only the run's own files are packed: a symbolic
-link in the run directory is refused. Reading a bundle is ``_proof.unpack``.
+sha256 and size of every member. What a rerun reads is checked against the record first: the
+split manifest (``data.manifest_sha256``), the ledger and adapter (``outputs``) and, for a run made
+from a dirty tree, the code patch (``code.diff_sha256``). The archive is deterministic (sorted
+members, fixed owner, mode and time), so one run packs to the same bytes. Only the run's own files
+are packed: a symbolic link in the run directory is refused. Reading a bundle is ``_proof.unpack``.
 """
 
 from __future__ import annotations
@@ -56,9 +58,11 @@ def pack(
     the intervals between them on another machine); one that does not is refused.
 
     Raises:
-        InputError: not a completed run directory, the data file is not there (``with_data``),
-            ``out`` is one of the files it packs or lies in a run directory (``_run.outputs``), or
-            the run's ``code.patch`` holds a token-shaped string (unless ``allow_secrets``).
+        InputError: not a completed run directory, a file a rerun needs missing or not the one
+            the record hashed (split manifest, ledger, adapter, code patch of a dirty run), the
+            data file is not there (``with_data``), ``out`` is one of the files it packs or lies in
+            a run directory (``_run.outputs``), or the run's ``code.patch`` holds a token-shaped
+            string (unless ``allow_secrets``).
     """
     check_is_run_dir(run_dir)
     paths = layout.RunLayout(run_dir)
@@ -75,7 +79,11 @@ def pack(
         why="it has no reprotune config to rerun",
         fix=RUN_THE_SCRIPT_AGAIN,
     )
+    check_split_file(
+        paths.manifest, record.data.manifest_sha256 if record.data else None, record=paths.record
+    )
     _check_outputs(paths, record)
+    _check_patch(paths, record)
     if not allow_secrets and paths.patch.is_file():
         refuse_secrets_in_patch(paths.patch)
     data_file = _data_file(record, run_dir) if with_data else None  # None for builtin data
@@ -86,7 +94,7 @@ def pack(
         own=tar_archive(MANIFEST, "a reprotune bundle"),
     )
     files: dict[str, Path] = {}
-    for path in _run_files(paths) + (_checkpoint_files(paths) if with_checkpoints else []):
+    for path in _run_files(paths, record) + (_checkpoint_files(paths) if with_checkpoints else []):
         files[run_member(path.relative_to(run_dir).as_posix())] = path
     data_info: dict[str, Any] | None = None
     if data_file is not None:
@@ -142,8 +150,58 @@ def _check_outputs(paths: layout.RunLayout, record: RunRecord) -> None:
         )
 
 
-def _run_files(paths: layout.RunLayout) -> list[Path]:
-    """The files of a run directory a rerun elsewhere needs (no checkpoints, no evals).
+def _check_patch(paths: layout.RunLayout, record: RunRecord) -> None:
+    """Refuse a run made from a dirty tree whose ``code.patch`` (the uncommitted diff) is missing or
+    not the diff its record hashed: a rerun elsewhere needs it to rebuild the code (a run whose
+    tree was dirty by untracked files alone has no diff, and no patch)."""
+    recorded = record.code.diff_sha256 if record.code is not None and record.code.dirty else None
+    if recorded is None:
+        return
+    found = sha256_file(paths.patch) if paths.patch.is_file() else None
+    if found == recorded:
+        return
+    problem = "is missing" if found is None else "is not the diff the run was made with"
+    if found is not None:
+        problem += f" (its sha256 is {found}, the record's code.diff_sha256 is {recorded})"
+    raise InputError(
+        f"{paths.patch} {problem}: the run was made from a tree with uncommitted changes, which a "
+        "rerun elsewhere needs to rebuild its code",
+        source=str(paths.record),
+        fix="pack a run whose files are whole (copy the run directory again from where it was made)",
+    )
+
+
+def check_split_file(path: Path, recorded: str | None, *, record: Path) -> None:
+    """Refuse a run whose split manifest is missing, or is not the file its record hashed
+    (``data.manifest_sha256``; a record without it is not checked): a rerun trains and validates on
+    that split, so an edited one (test rows moved to ``dropped``) would rerun to IDENTICAL.
+
+    Raises:
+        InputError: naming the file, the recorded and found sha256, and the fix.
+    """
+    if not path.is_file():
+        raise InputError(
+            f"{path} is missing: a rerun trains and validates on the run's own split",
+            source=str(record),
+            fix="copy the run directory again from where it was made, with its split.json (and pack "
+            "it again there, for a bundle)",
+        )
+    found = sha256_file(path)
+    if recorded is not None and found != recorded:
+        raise InputError(
+            f"{path} is not the split the run was made with: its sha256 is {found}, the record's "
+            f"data.manifest_sha256 is {recorded}",
+            source=str(record),
+            fix="restore the run's own split.json (copy the run directory again from where it was made); "
+            "a run's split is never edited: to train on another split, start a new run with "
+            "split.manifest set to it",
+        )
+
+
+def _run_files(paths: layout.RunLayout, record: RunRecord) -> list[Path]:
+    """The files of a run directory a rerun elsewhere needs (no checkpoints, no evals): of the
+    adapter directory, only the files the record lists (``outputs.adapter_files``; the weights
+    alone for a record without the list), never a stray file beside them (a ``.env``).
 
     Raises:
         InputError: one of them is a symbolic link (a bundle holds the run's own files, never
@@ -152,9 +210,15 @@ def _run_files(paths: layout.RunLayout) -> list[Path]:
     names = [layout.RECORD, layout.CONFIG, layout.MANIFEST, layout.LEDGER, layout.PATCH]
     found = [paths.root / name for name in names if (paths.root / name).is_file()]
     found += sorted(p for p in paths.root.glob(f"{layout.MANIFEST}.*rowhashes") if p.is_file())
-    found += (
-        sorted(p for p in paths.adapter_dir.iterdir() if p.is_file()) if paths.adapter_dir.is_dir() else []
-    )
+    listed = sorted(record.outputs.adapter_files) if record.outputs and record.outputs.adapter_files else []
+    for name in listed:
+        if name in ("", ".", "..") or Path(name).name != name or "\\" in name:
+            raise InputError(
+                f"the record lists adapter file {name!r}, which is no file name in adapter/",
+                source=f"{paths.record} (key outputs.adapter_files)",
+                fix="pack a run whose record is whole (copy the run directory again from where it was made)",
+            )
+    found += [paths.adapter_dir / name for name in listed or [layout.ADAPTER_WEIGHTS]]
     for path in (*found, paths.adapter_dir):
         if path.is_symlink():
             raise InputError(
@@ -172,6 +236,14 @@ def _checkpoint_files(paths: layout.RunLayout) -> list[Path]:
     Raises:
         InputError: a checkpoint does not verify, or holds a symbolic link.
     """
+    if paths.checkpoints.is_symlink():
+        raise InputError(
+            f"{paths.checkpoints} is a symbolic link (to {os.readlink(paths.checkpoints)}): a bundle "
+            "packs only the run's own files",
+            source=str(paths.root),
+            fix="replace the link by the directory itself (copy it in place of the link), or pack "
+            "without --checkpoints",
+        )
     found: list[Path] = []
     for checkpoint in list_checkpoints(paths.checkpoints):
         problem = verify_checkpoint(checkpoint)

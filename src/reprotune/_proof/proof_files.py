@@ -53,6 +53,8 @@ class _BundleRerun(_Fields):
     largest_loss_difference: Number | None = None
     causes: list[StrictStr] = []
     environment_differences: list[StrictStr] = []
+    code_drift_allowed: StrictBool | None = None  # absent from files written before it was recorded
+    code_drift: list[StrictStr] = []
     host: StrictStr | None = None
     seconds: Number | None = None
 
