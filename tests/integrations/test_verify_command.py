@@ -175,6 +175,31 @@ def test_an_out_inside_a_run_directory_is_refused_before_running(
     assert not (tmp_path / "run" / "ver").exists()
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["verify", "--command", "python train.py"],
+        ["verify", "--command", "python train.py", "--spot"],
+        ["verify", "runs/x", "--spot"],
+    ],
+    ids=["command", "command-spot", "spot"],
+)
+def test_verify_command_or_spot_under_torchrun_is_refused(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    """Under torchrun every rank would run the command or the replays and write one --out (before,
+    each rank did): exit 2 on every rank, naming the form and the fix, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    for rank in ("0", "1"):
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "verify-under-torchrun")
+        monkeypatch.setenv("RANK", rank)
+        assert main([*argv, "--out", str(tmp_path / "ver")]) == 2
+        err = capsys.readouterr().err
+        assert "runs under torchrun here: every rank would run it and write the same --out" in err
+        assert "run verify itself without torchrun" in err
+    assert not (tmp_path / "ver").exists()
+
+
 def test_a_command_without_the_callback_is_bad_input(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
 ) -> None:

@@ -97,6 +97,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if os.environ.get("TORCHELASTIC_RUN_ID") and (args.spot or args.train_command is not None):
+        form = "--spot" if args.spot else "--command"
+        raise InputError(
+            f"verify {form} runs under torchrun here: every rank would run it and write the same --out",
+            source=form,
+            fix="run verify itself without torchrun ("
+            + (
+                "a --command that trains under torchrun names torchrun in its command"
+                if form == "--command"
+                else "--spot replays runs made in one process"
+            )
+            + ")",
+        )
     if args.spot:
         return _run_spot(args)
     spot_only = {
