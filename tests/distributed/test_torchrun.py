@@ -224,6 +224,24 @@ def test_a_run_made_with_another_manifest_resumes_on_every_rank(project: TinyPro
     assert (run_dir / "split.json").read_bytes() == (project.root / "other-split.json").read_bytes()
 
 
+def test_a_resume_on_more_ranks_than_the_checkpoint_says_which_got_no_rng_state(project: TinyProject) -> None:
+    """Made at world size 1, resumed at 2 (allowed): rank 1 has no RNG state in the checkpoint, so
+    the attempt records rng_restored false and the resume says which ranks were seeded afresh
+    (before: rng_restored true, and rank 1's Python and NumPy generators kept what the OS gave
+    them); two such resumes agree bit for bit."""
+    runs = []
+    for n in (1, 2):
+        run_dir = project.root / "runs" / f"grown-{n}"
+        completed(
+            launch(project, 1, "run", "ddp.yaml", "--run-dir", str(run_dir), "--stop-after-step", "4", *QUIET)
+        )
+        resumed = completed(launch(project, 2, "resume", str(run_dir), "--allow-world-size-change", *QUIET))
+        assert "rank 1 has no RNG state in step-00000004 (made at world size 1)" in resumed.output
+        assert load_record(run_dir)["attempts"][-1]["rng_restored"] is False
+        runs.append(run_dir)
+    _assert_byte_identical(*runs)
+
+
 def test_resume_at_another_world_size_is_refused_then_recorded_when_allowed(
     project: TinyProject, crashed: tuple[Launch, Path, Path], fsdp_twins: tuple[Launch, Launch]
 ) -> None:

@@ -34,6 +34,7 @@ from reprotune._run.checkpoint_shapes import check_state_shapes, trainable_shape
 from reprotune._train.distributed import DistContext, decided_by_main, gather_objects, scatter_objects
 from reprotune._train.setup import Setup
 from reprotune._train.sharding import full_optimizer_state, full_trainable_state, load_full_state
+from reprotune._train.strategy import seed_generators
 
 
 def _context(setup: Setup) -> DistContext:
@@ -139,7 +140,22 @@ def restore_distributed(
     states = None
     if read is not None:
         states = (read.ranks.rng + [None] * ctx.world_size)[: ctx.world_size]
+        made = len(read.ranks.rng)
+        if restore_rng and made < ctx.world_size:
+            which = (
+                f"rank {made} has"
+                if made == ctx.world_size - 1
+                else f"ranks {made} to {ctx.world_size - 1} have"
+            )
+            report(
+                f"{which} no RNG state in {name} (made at world size {made}): seeded as at a run's "
+                "start, each rank with its own seed"
+            )
     own = scatter_objects(ctx, states)
     if restore_rng and own is not None:
         restore_rng_state(own)
-    return Restored(name, state, restore_rng and own is not None)
+    elif restore_rng:  # a rank the checkpoint holds no state for (the world grew): seeded reproducibly
+        seed_generators(setup)
+    # on rank 0, what the record says: every rank's state restored (not only its own)
+    every = states is None or all(s is not None for s in states)
+    return Restored(name, state, restore_rng and own is not None and every)
