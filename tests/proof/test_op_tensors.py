@@ -139,3 +139,24 @@ def test_sparse_lazy_and_zero_tensors_hash_by_their_values() -> None:
     assert tensor_hash(torch._neg_view(dense)) == tensor_hash(-dense)
     zeros = torch._efficientzerotensor((2, 3))
     assert tensor_hash(zeros) == tensor_hash(torch.zeros(2, 3))
+
+
+def test_each_input_names_the_op_that_last_wrote_its_memory_also_through_a_view() -> None:
+    """``src``: the op that wrote an input's memory, found by its storage, so a value read through
+    a transposed view (whose bytes hash otherwise than what its op made) is still traced to that
+    op; a parameter no op wrote has none; an in-place write moves the writer."""
+    weight = torch.nn.Parameter(torch.arange(6.0).reshape(2, 3))
+    model = torch.nn.Linear(2, 2)
+    with ModulePaths(model) as modules, OpTracer(modules, {}) as tracer, torch.no_grad():
+        x = torch.ones(3, 4)
+        y = torch.mm(weight, x)  # 2x4
+        torch.relu(y.t())  # reads y through a view
+        y.mul_(2.0)
+        torch.relu(y)
+    ops = tracer.ops
+    made = next(op for op in ops if op.op == "aten::mm")
+    first, second = (op for op in ops if op.op == "aten::relu")
+    scale = next(op for op in ops if op.op == "aten::mul_.Tensor")
+    assert made.src[0] is None  # the parameter: no op of the trace wrote it
+    assert first.src == (made.i,) and first.inputs[0][2] != made.outputs[0][2]  # a view: another hash
+    assert scale.src[0] == made.i and second.src == (scale.i,)

@@ -393,6 +393,38 @@ def test_after_the_code_paths_part_the_first_op_whose_numbers_differ_is_found(tm
     assert found.to_json()["numbers_part"]["op_a"]["module"] == "model.layers.0.self_attn"
 
 
+def test_a_value_read_through_a_view_is_traced_to_the_module_that_made_it(tmp_path: Path) -> None:
+    """The attention reads the rotary output through a view (other bytes order, another hash than
+    the op that made it): the op the trace names as its writer (``src``) places it in the parted
+    module (before, by hash alone, it was "a tensor no traced op made (step data)")."""
+
+    def viewed(ops: list[TraceOp], cos_view: str) -> list[TraceOp]:
+        attention = _attention(cos_view, "r" + cos_view)
+        read = attention[1].model_copy(update={"src": (2, 1)})  # q from op 2, the cos from op 1
+        return [*ops, attention[0], read, attention[2]]
+
+    a = _trace(tmp_path / "a", viewed(ROTARY_A, "cosT"), KERNELS_A)
+    b = _trace(tmp_path / "b", viewed(ROTARY_B, "cos2T"), KERNELS_A)
+    text = "\n".join(compare_traces(a, b).explanation)
+    assert (
+        "input 1 (4x8 float32) was made in model.rotary_emb (forward.0), where the code paths differ" in text
+    )
+    assert "no traced op made" not in text
+
+
+def test_an_input_whose_writer_agreed_is_a_write_out_of_sight_also_through_a_view(tmp_path: Path) -> None:
+    """Every op before agreed; the first op that differs reads, through a view (its own hash), what
+    an earlier op wrote: said as a write the trace could not see (before, by hash alone: step data)."""
+    first = _op(0, "model.a", "aten::mm", ["x", "w"], ["y"])
+    read_a = _op(1, "model.b", "aten::relu", ["yT"], ["z"]).model_copy(update={"src": (0,)})
+    read_b = _op(1, "model.b", "aten::relu", ["yT'"], ["z'"]).model_copy(update={"src": (0,)})
+    found = compare_traces(
+        _trace(tmp_path / "a", [first, read_a], KERNELS_A), _trace(tmp_path / "b", [first, read_b], KERNELS_A)
+    )
+    assert found.finding == "inputs"
+    assert "is what an earlier op made, and that op agreed in both traces" in found.explanation[1]
+
+
 def test_code_paths_that_part_without_changing_a_number_are_said_so(tmp_path: Path) -> None:
     """Both code paths make the same values: every op after them agrees, and the comparison says
     the parted modules change nothing the rest of the step sees."""

@@ -124,7 +124,10 @@ def _origin(index: int, op: TraceOp, produced: set[str]) -> tuple[str, bool]:
     if label:
         return f"input {index} is {label}", False
     shape = f"{entry[0] or 'scalar'} {entry[1]}"
-    if entry[2] in produced:
+    # the op that wrote its memory, where the trace says (a value read through a view hashes
+    # otherwise than what its op made); by its hash in traces written before it said
+    made = (op.src[index] is not None) if index < len(op.src) else entry[2] in produced
+    if made:
         return (
             f"input {index} ({shape}) in A is what an earlier op made, and that op agreed in both "
             "traces: in B it was changed after it, by a write the trace cannot see (an in-place "

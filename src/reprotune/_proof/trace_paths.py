@@ -102,7 +102,7 @@ def numbers_after_part(a: Trace, b: Trace, kernels: Sequence[str]) -> NumbersPar
             return NumbersPart(op_a, op_b, tuple(lines))
         lines.append(f"where the numbers part: {where}: its inputs differ")
         made_a, made_b = _made_in(a.ops, parted_set, op_a.i), _made_in(b.ops, parted_set, op_b.i)
-        lines += _input_origins(op_a, op_b, made_a, made_b, a, b)
+        lines += _input_origins((op_a, op_b), (made_a, made_b), (a, b), parted_set)
         return NumbersPart(op_a, op_b, tuple(lines))
     lines.append(
         "every op both code paths run alike agrees in its inputs and outputs: the parted modules "
@@ -112,22 +112,21 @@ def numbers_after_part(a: Trace, b: Trace, kernels: Sequence[str]) -> NumbersPar
 
 
 def _input_origins(
-    op_a: TraceOp,
-    op_b: TraceOp,
-    made_a: Mapping[str, Place],
-    made_b: Mapping[str, Place],
-    a: Trace,
-    b: Trace,
+    ops: tuple[TraceOp, TraceOp],
+    made: tuple[Mapping[str, Place], Mapping[str, Place]],
+    traces: tuple[Trace, Trace],
+    parted: set[Place],
 ) -> list[str]:
     """For each differing input: the parted module that made it (and both sides' ops there), or
     where else it came from."""
+    (op_a, op_b), (made_a, made_b), (a, b) = ops, made, traces
     lines = []
     if op_a.args != op_b.args:
         lines.append(f"other arguments: {op_a.args} vs {op_b.args}")
     for index, (x, y) in enumerate(zip(op_a.inputs, op_b.inputs, strict=False)):
         if entries_agree(x, y):
             continue
-        place = made_a.get(x[2]) or made_b.get(y[2])
+        place = _maker(a, op_a, index, made_a, parted) or _maker(b, op_b, index, made_b, parted)
         if place is None:
             label = x[3] if len(x) > 3 else ""
             what = f"the {label.replace(':', ' ', 1)}" if label else "a tensor no traced op made (step data)"
@@ -138,6 +137,21 @@ def _input_origins(
             f"code paths differ: A runs {module_ops(a.ops, place)}; B runs {module_ops(b.ops, place)}"
         )
     return lines
+
+
+def _maker(
+    trace: Trace, op: TraceOp, index: int, made: Mapping[str, Place], parted: set[Place]
+) -> Place | None:
+    """The parted place whose op wrote input ``index`` of ``op``: the op the trace names (``src``:
+    also through a view, whose bytes hash otherwise), else by the input's hash (``made``: traces
+    written before ``src``)."""
+    if index >= len(op.src):
+        return made.get(op.inputs[index][2])
+    writer = op.src[index]
+    if writer is None or not 0 <= writer < len(trace.ops):
+        return None
+    place = (trace.ops[writer].phase, trace.ops[writer].module)
+    return place if place in parted else None
 
 
 def library_differences(a: Trace, b: Trace) -> list[str]:

@@ -227,6 +227,8 @@ class OpTracer(TorchDispatchMode):
         # ops, hashed once while its version does not move and no op writes its storage
         self._param_hashes: dict[int, dict[tuple[Any, ...], str]] = {}
         self._uninitialized: dict[int, StorageWeakRef] = {}
+        # storage address -> the position of the op that last wrote it, while the storage lives
+        self._writers: dict[int, tuple[StorageWeakRef, int]] = {}
         self._unhashed: dict[int, tuple[StorageWeakRef, str]] = {}
 
     def unhashed(self, t: torch.Tensor, word: str) -> None:
@@ -251,6 +253,15 @@ class OpTracer(TorchDispatchMode):
             del self._uninitialized[address]
             return False
         return ref is not None
+
+    def _writer(self, t: torch.Tensor) -> int | None:
+        """The position of the op that last wrote ``t``'s storage, while that storage lives."""
+        address = _address(t)
+        held = self._writers.get(address) if address else None
+        if held is not None and held[0].expired():
+            del self._writers[address]
+            return None
+        return held[1] if held is not None else None
 
     def mark(self, phase: str) -> None:
         """Name the part of the step that begins (``train_step`` calls it)."""
@@ -287,9 +298,11 @@ class OpTracer(TorchDispatchMode):
         inputs = tuple(
             self._entry(x, rng_state, id(x) in overwritten) for x in flat if isinstance(x, torch.Tensor)
         )
+        src = tuple(self._writer(x) for x in flat if isinstance(x, torch.Tensor))
         generator = generator_entry(func, args, kwargs)
         if generator is not None:
             inputs += (generator,)
+            src += (None,)
         out = func(*args, **kwargs)
         for t in written:  # also through an alias with a version of its own (``.data``)
             self._param_hashes.pop(_address(t), None)
@@ -309,6 +322,9 @@ class OpTracer(TorchDispatchMode):
             returned = {id(x) for x in tensors}
             kept = [*tensors, *(x for x in written if id(x) not in returned)]
             outputs = tuple(self._entry(x, rng_state) for x in kept)
+        for t in (*tensors, *written):
+            if address := _address(t):
+                self._writers[address] = (StorageWeakRef(t.untyped_storage()), len(self.ops))
         module = self.modules.current()
         key = (self.phase, module, name)
         n = self._counts[key]
@@ -326,6 +342,7 @@ class OpTracer(TorchDispatchMode):
             args=shown,
             inputs=inputs,
             outputs=outputs,
+            src=src,
         )
         self.ops.append(op)
         return out
