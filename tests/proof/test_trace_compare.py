@@ -534,3 +534,22 @@ def test_a_module_name_with_braces_is_written_as_it_is(tmp_path: Path) -> None:
     assert found.finding == "kernel" and found.explanation[0].startswith(
         "step 3, forward.0, model.blocks.{a}: "
     )
+
+
+def test_the_same_ops_in_another_order_are_compared_op_by_op(tmp_path: Path) -> None:
+    """Two independent ops of the backward scheduled the other way round (each module's own ops in
+    the same order): no code path parts; each op is compared with its namesake: IDENTICAL when all
+    agree, the first that differs named otherwise (before: "the code paths differ in 0 module(s)",
+    DIVERGED though every op agreed)."""
+    x = _op(0, "model.a", "aten::mm", ["g", "w1"], ["d1"], phase="backward.0")
+    y = _op(1, "model.b", "aten::mm", ["g", "w2"], ["d2"], phase="backward.0")
+    swapped = [y.model_copy(update={"i": 0}), x.model_copy(update={"i": 1})]
+    a = _trace(tmp_path / "a", [x, y], KERNELS_A)
+    found = compare_traces(a, _trace(tmp_path / "b", swapped, KERNELS_A))
+    assert (found.finding, found.exit_code) == ("identical", 0)
+    assert "run the same ops in another order (first: backward.0, model.a: aten::mm)" in found.explanation[1]
+    other = [swapped[0], _op(1, "model.a", "aten::mm", ["g", "w1"], ["d1'"], phase="backward.0")]
+    differs = compare_traces(a, _trace(tmp_path / "c", other, KERNELS_B))
+    assert differs.finding == "kernel" and differs.op_a is not None and differs.op_a.module == "model.a"
+    assert "in another order" in differs.explanation[0]
+    assert differs.explanation[1].startswith("step 3, backward.0, model.a: aten::mm")

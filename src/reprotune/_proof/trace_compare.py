@@ -10,15 +10,17 @@ that differs in anything is the one to explain:
   difference then shows first at its consumer); the weights going into the step or the run's
   inputs differ, and the record's causes (``reprotune compare RUN_A RUN_B``) say why;
 - **the op sequences part**: another code path (another attention implementation, another
-  library version): the first module whose ops differ, and both sequences there.
+  library version): the first module whose ops differ, and both sequences there; or, when every
+  module runs the same ops in the same order and only their interleaving differs (independent
+  branches of the backward scheduled otherwise), each op is compared with its namesake.
 
 No torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from reprotune._config.secrets import MASK
@@ -30,6 +32,8 @@ from reprotune._proof.trace_paths import (
     library_differences,
     module_ops,
     numbers_after_part,
+    parted_places,
+    unseen_difference,
 )
 from reprotune._run.kernel_compare import comparable, kernel_differences
 from reprotune._run.tracefile import PLACEHOLDER_HASHES, Trace, TraceOp, all_entries_agree, entries_agree
@@ -224,50 +228,18 @@ def compare_traces(a: Trace, b: Trace) -> TraceComparison:
     kernels = facts + [d for d in libraries if d.startswith("torch ")]  # torch computes the ATen ops
     notes = tuple(_notes(a, b))
     paths = (str(a.path), str(b.path))
+    walk = _Walk(a, step, tuple(kernels), bool(facts), notes, paths)
     produced: set[str] = set()
     compared = 0
     for op_a, op_b in zip(a.ops, b.ops, strict=False):
         if op_a.key != op_b.key:
+            if not parted_places(a.ops, b.ops):  # each module runs the same ops: only the order differs
+                return _reordered(walk, b, compared)
             return _sequence(a, b, (op_a, op_b), compared, (kernels, libraries), notes, paths)
         compared += 1
-        same_in = all_entries_agree(op_a.inputs, op_b.inputs) and op_a.args == op_b.args
-        if same_in and all_entries_agree(op_a.outputs, op_b.outputs):
-            produced.update(t[2] for t in op_a.outputs if t[2] not in PLACEHOLDER_HASHES)
-            continue
-        where = _where(op_a, step)
-        if same_in:
-            why = (
-                f"the kernel differs ({'; '.join(kernels)})"
-                if kernels
-                else "the kernel computed other bits from the same inputs, though the two machines' "
-                "kernel facts agree: nondeterminism in the op itself (run it twice on one machine: "
-                "`reprotune doctor`)"
-            )
-            text: tuple[str, ...] = (
-                f"{where}: same inputs, different outputs: {why}",
-                *(_approximation_note(a, op_a) if facts else ()),
-            )
-            return TraceComparison("kernel", op_a, op_b, text, compared, notes, paths)
-        if op_a.args != op_b.args:
-            text = (
-                f"{where}: other arguments ({op_a.args} vs {op_b.args}): the step was asked something else",
-            )
-            return TraceComparison("inputs", op_a, op_b, text, compared, notes, paths)
-        origins = [_origin(k, op_a, produced) for k in _differing_inputs(op_a, op_b)]
-        outside = any(not made for _, made in origins)
-        text = (
-            f"{where}: inputs differ at the first op that reads them, while every op before it agreed",
-            *(words for words, _ in origins),
-            *(
-                [
-                    "the weights going into the step, the data or the config differ: `reprotune compare` "
-                    "of the two runs names the recorded causes"
-                ]
-                if outside
-                else []
-            ),
-        )
-        return TraceComparison("inputs", op_a, op_b, text, compared, notes, paths)
+        found = _judged(walk, op_a, op_b, produced, compared)
+        if found is not None:
+            return found
     if len(a.ops) != len(b.ops):
         longer, extra = ("A", a.ops[compared]) if len(a.ops) > len(b.ops) else ("B", b.ops[compared])
         text = (
@@ -275,36 +247,87 @@ def compare_traces(a: Trace, b: Trace) -> TraceComparison:
             f"{extra.phase}, {extra.module}: {extra.op}",
         )
         return TraceComparison("length", None, None, text, compared, notes, paths)
-    unseen = _unseen_difference(a, b)
+    unseen = unseen_difference(a, b)
     if unseen:
         return TraceComparison("unseen", None, None, unseen, compared, notes, paths)
     text = (f"every op of step {step} had the same inputs and outputs in both traces",)
     return TraceComparison("identical", None, None, text, compared, notes, paths)
 
 
-def _unseen_difference(a: Trace, b: Trace) -> tuple[str, ...]:
-    """When every op agrees but the two replays' ledger lines of the step do not: what differs,
-    and what the trace could not see."""
-    line_a, line_b = (_replayed_line(t) for t in (a, b))
-    if line_a is None or line_b is None:
-        return ()
-    differing = sorted(k for k in set(line_a) | set(line_b) if line_a.get(k) != line_b.get(k))
-    if not differing:
-        return ()
-    return (
-        f"step {a.header.get('step')}: every op the traces saw agreed, yet the replayed steps' "
-        f"ledger lines differ ({', '.join(differing)})",
-        "a computation the trace cannot see made the difference: an op that bypasses the "
-        "dispatcher (a custom kernel, NumPy, a write through .data in C++), or a trace written by "
-        "a reprotune that did not hash it",
+@dataclass(frozen=True)
+class _Walk:
+    """What judging each pair of ops needs: trace A, the step, the kernel facts and torch versions
+    that differ (and whether any kernel fact does), the notes and the two paths."""
+
+    a: Trace
+    step: Any
+    kernels: tuple[str, ...]
+    facts: bool
+    notes: tuple[str, ...]
+    paths: tuple[str, str]
+
+
+def _judged(
+    walk: _Walk, op_a: TraceOp, op_b: TraceOp, produced: set[str], compared: int
+) -> TraceComparison | None:
+    """The first difference, when the two ops of one place in the step differ; None when they agree
+    (their outputs then go into ``produced``)."""
+    same_in = all_entries_agree(op_a.inputs, op_b.inputs) and op_a.args == op_b.args
+    if same_in and all_entries_agree(op_a.outputs, op_b.outputs):
+        produced.update(t[2] for t in op_a.outputs if t[2] not in PLACEHOLDER_HASHES)
+        return None
+    where, notes, paths = _where(op_a, walk.step), walk.notes, walk.paths
+    if same_in:
+        why = (
+            f"the kernel differs ({'; '.join(walk.kernels)})"
+            if walk.kernels
+            else "the kernel computed other bits from the same inputs, though the two machines' "
+            "kernel facts agree: nondeterminism in the op itself (run it twice on one machine: "
+            "`reprotune doctor`)"
+        )
+        text: tuple[str, ...] = (
+            f"{where}: same inputs, different outputs: {why}",
+            *(_approximation_note(walk.a, op_a) if walk.facts else ()),
+        )
+        return TraceComparison("kernel", op_a, op_b, text, compared, notes, paths)
+    if op_a.args != op_b.args:
+        text = (f"{where}: other arguments ({op_a.args} vs {op_b.args}): the step was asked something else",)
+        return TraceComparison("inputs", op_a, op_b, text, compared, notes, paths)
+    origins = [_origin(k, op_a, produced) for k in _differing_inputs(op_a, op_b)]
+    outside = any(not made for _, made in origins)
+    advice = (
+        "the weights going into the step, the data or the config differ: `reprotune compare` of the "
+        "two runs names the recorded causes"
     )
+    text = (
+        f"{where}: inputs differ at the first op that reads them, while every op before it agreed",
+        *(words for words, _ in origins),
+        *([advice] if outside else []),
+    )
+    return TraceComparison("inputs", op_a, op_b, text, compared, notes, paths)
 
 
-def _replayed_line(trace: Trace) -> Mapping[str, Any] | None:
-    """The ledger line the trace's replay of its step gave (its header's ``reproduced``)."""
-    reproduced = trace.header.get("reproduced")
-    line = reproduced.get("replayed_line") if isinstance(reproduced, Mapping) else None
-    return line if isinstance(line, Mapping) else None
+def _reordered(walk: _Walk, b: Trace, start: int) -> TraceComparison:
+    """The streams part at position ``start``, yet every module runs the same ops in the same
+    order on both sides: the ops ran in another order (two independent branches of the backward
+    pass, scheduled otherwise). Each op is compared with its namesake in B, in A's order."""
+    a, first = walk.a, walk.a.ops[start]
+    lead = (
+        f"from op {start} on the two traces run the same ops in another order (first: {first.phase}, "
+        f"{first.module}: {first.op}); each module runs its own ops in the same order, so each op is "
+        "compared with the same op of the other trace"
+    )
+    in_b = {op.key: op for op in b.ops}
+    produced: set[str] = set()
+    for compared, op_a in enumerate(a.ops, start=1):
+        found = _judged(walk, op_a, in_b[op_a.key], produced, compared)
+        if found is not None:
+            return replace(found, explanation=(lead, *found.explanation))
+    unseen = unseen_difference(a, b)
+    if unseen:
+        return TraceComparison("unseen", None, None, (lead, *unseen), len(a.ops), walk.notes, walk.paths)
+    text = (f"every op of step {walk.step} had the same inputs and outputs in both traces", lead)
+    return TraceComparison("identical", None, None, text, len(a.ops), walk.notes, walk.paths)
 
 
 def _kernels(trace: Trace) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from reprotune._proof.cause_texts import hash_differences
 from reprotune._run.stack import COMPUTING_LIBRARIES
@@ -152,6 +153,31 @@ def _maker(
         return None
     place = (trace.ops[writer].phase, trace.ops[writer].module)
     return place if place in parted else None
+
+
+def unseen_difference(a: Trace, b: Trace) -> tuple[str, ...]:
+    """When every op agrees but the two replays' ledger lines of the step do not: what differs,
+    and what the trace could not see."""
+    line_a, line_b = (_replayed_line(t) for t in (a, b))
+    if line_a is None or line_b is None:
+        return ()
+    differing = sorted(k for k in set(line_a) | set(line_b) if line_a.get(k) != line_b.get(k))
+    if not differing:
+        return ()
+    return (
+        f"step {a.header.get('step')}: every op the traces saw agreed, yet the replayed steps' "
+        f"ledger lines differ ({', '.join(differing)})",
+        "a computation the trace cannot see made the difference: an op that bypasses the "
+        "dispatcher (a custom kernel, NumPy, a write through .data in C++), or a trace written by "
+        "a reprotune that did not hash it",
+    )
+
+
+def _replayed_line(trace: Trace) -> Mapping[str, Any] | None:
+    """The ledger line the trace's replay of its step gave (its header's ``reproduced``)."""
+    reproduced = trace.header.get("reproduced")
+    line = reproduced.get("replayed_line") if isinstance(reproduced, Mapping) else None
+    return line if isinstance(line, Mapping) else None
 
 
 def library_differences(a: Trace, b: Trace) -> list[str]:
