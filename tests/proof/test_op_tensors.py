@@ -11,7 +11,7 @@ import torch
 
 from reprotune._run.op_tensors import rng_state_inputs, rng_state_outputs, tensor_hash
 from reprotune._run.op_tracer import ModulePaths, OpTracer
-from reprotune._run.tracefile import RNG_STATE_HASH
+from reprotune._run.tracefile import RNG_STATE_HASH, UNINITIALIZED
 
 _LIB = torch.library.Library("reprotune_test", "DEF")
 _LIB.define(
@@ -160,3 +160,21 @@ def test_each_input_names_the_op_that_last_wrote_its_memory_also_through_a_view(
     assert made.src[0] is None  # the parameter: no op of the trace wrote it
     assert first.src == (made.i,) and first.inputs[0][2] != made.outputs[0][2]  # a view: another hash
     assert scale.src[0] == made.i and second.src == (scale.i,)
+
+
+def test_an_allocation_written_in_parts_is_uninitialized_where_it_is_not_yet_written() -> None:
+    """``empty(64)``, then its halves filled one after the other: the second fill's argument is
+    the half no op has written yet, ``uninitialized`` (before: its leftover bytes were hashed,
+    once the first half was written, so two traces of one step could differ there); a read of the
+    whole after both are written is hashed."""
+    model = torch.nn.Linear(2, 2)
+    with ModulePaths(model) as modules, OpTracer(modules, {}) as tracer, torch.no_grad():
+        x = torch.empty(64)
+        x[:32].fill_(1.0)
+        x[32:].fill_(2.0)
+        torch.neg(x)
+    first, second = (op for op in tracer.ops if op.op.startswith("aten::fill_"))
+    assert first.inputs[0][2] == UNINITIALIZED and second.inputs[0][2] == UNINITIALIZED
+    assert second.outputs[0][2] == tensor_hash(torch.full((32,), 2.0))
+    [neg] = [op for op in tracer.ops if op.op == "aten::neg"]
+    assert neg.inputs[0][2] == tensor_hash(torch.cat([torch.ones(32), torch.full((32,), 2.0)]))

@@ -26,10 +26,12 @@ from torch.utils._pytree import tree_flatten
 from reprotune._model.lora import buffer_hashes
 from reprotune._run.op_tensors import (
     allocates,
+    byte_range,
     generator_entry,
     rng_state_inputs,
     rng_state_outputs,
     tensor_hash,
+    with_range,
     written_tensors,
 )
 from reprotune._run.stack import library_versions
@@ -203,8 +205,8 @@ class OpTracer(TorchDispatchMode):
 
     An allocating op's output (``aten::empty``'s) is written ``uninitialized``: its bytes are
     whatever the allocator held. So is an argument an op writes in place (its schema says
-    ``Tensor(a!)``: ``uniform_``'s ``self``, ``out=``) while its storage is still that allocation,
-    alive and written by no op since; every other input is hashed as it lies (a write the
+    ``Tensor(a!)``: ``uniform_``'s ``self``, ``out=``) while the bytes it spans are still of that
+    allocation, alive and written by no op since; every other input is hashed as it lies (a write the
     dispatcher does not see, from NumPy or a custom kernel, then shows at its reader). A random op's
     generator state goes in as one more input (``rng:cpu``), so that "same inputs" covers the
     random numbers it draws.
@@ -226,7 +228,8 @@ class OpTracer(TorchDispatchMode):
         # a parameter's hashes by its storage's address, then by view and version: read by many
         # ops, hashed once while its version does not move and no op writes its storage
         self._param_hashes: dict[int, dict[tuple[Any, ...], str]] = {}
-        self._uninitialized: dict[int, StorageWeakRef] = {}
+        # an allocation no op has written all of: its storage, and the byte ranges written so far
+        self._uninitialized: dict[int, tuple[StorageWeakRef, list[tuple[int, int]]]] = {}
         # storage address -> the position of the op that last wrote it, while the storage lives
         self._writers: dict[int, tuple[StorageWeakRef, int]] = {}
         self._unhashed: dict[int, tuple[StorageWeakRef, str]] = {}
@@ -245,14 +248,30 @@ class OpTracer(TorchDispatchMode):
             return None
         return held[1] if held is not None else None
 
-    def _still_uninitialized(self, address: int) -> bool:
-        """Whether the storage at ``address`` is an allocation no op has written, still alive (an
-        address freed and given to another tensor is not)."""
-        ref = self._uninitialized.get(address)
-        if ref is not None and ref.expired():
+    def _still_uninitialized(self, t: torch.Tensor) -> bool:
+        """Whether the bytes ``t`` spans are of an allocation, still alive, that no op has written
+        there (an address freed and given to another tensor is not)."""
+        address = _address(t)
+        held = self._uninitialized.get(address) if address else None
+        if held is not None and held[0].expired():
             del self._uninitialized[address]
             return False
-        return ref is not None
+        if held is None:
+            return False
+        start, end = byte_range(t)
+        return not any(s < end and start < e for s, e in held[1])
+
+    def _mark_written(self, t: torch.Tensor) -> None:
+        """Note the bytes ``t`` spans as written; an allocation written whole is initialized."""
+        address = _address(t)
+        held = self._uninitialized.get(address) if address else None
+        if held is None:
+            return
+        merged = with_range(held[1], byte_range(t))
+        if merged[0][0] <= 0 and merged[0][1] >= t.untyped_storage().nbytes():
+            del self._uninitialized[address]
+        else:
+            self._uninitialized[address] = (held[0], merged)
 
     def _writer(self, t: torch.Tensor) -> int | None:
         """The position of the op that last wrote ``t``'s storage, while that storage lives."""
@@ -275,7 +294,7 @@ class OpTracer(TorchDispatchMode):
         if word is not None:
             return (*_shape_dtype(t), word)
         label = self.labels.get(address)
-        if overwritten and address and self._still_uninitialized(address):
+        if overwritten and address and self._still_uninitialized(t):
             digest = UNINITIALIZED
         elif label is not None:
             known = self._param_hashes.setdefault(address, {})
@@ -310,11 +329,14 @@ class OpTracer(TorchDispatchMode):
         tensors = [x for x in produced if isinstance(x, torch.Tensor)]
         outputs: tuple[tuple[str, ...], ...]
         if allocates(func):
-            self._uninitialized.update({_address(t): StorageWeakRef(t.untyped_storage()) for t in tensors})
+            fresh: dict[int, tuple[StorageWeakRef, list[tuple[int, int]]]] = {
+                _address(t): (StorageWeakRef(t.untyped_storage()), []) for t in tensors
+            }
+            self._uninitialized.update(fresh)
             outputs = tuple((*_shape_dtype(x), UNINITIALIZED) for x in tensors)
         else:
             for t in (*tensors, *written):
-                self._uninitialized.pop(_address(t), None)
+                self._mark_written(t)
             self._carry_unhashed(inputs, (*tensors, *written))
             rng_state = rng_state_outputs(func, out)
             # what it returns, then what it writes in place and does not return (the fused
