@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -281,10 +282,10 @@ def test_missing_and_invalid_records(tmp_path: Path) -> None:
 
 def test_run_id_format() -> None:
     """make_run_id is YYYYmmdd-HHMMSS-<8 hex of the config sha256> in UTC."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     cfg = ExperimentConfig()
-    run_id = make_run_id(config_sha256(cfg), datetime(2026, 3, 4, 5, 6, 7, tzinfo=timezone.utc))
+    run_id = make_run_id(config_sha256(cfg), datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC))
     assert run_id == f"20260304-050607-{config_sha256(cfg)[:8]}"
 
 

@@ -4,9 +4,8 @@ floors), and the files that say so agree with pyproject.toml's ranges."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 from reprotune._run.fingerprint import installed_distributions
 from reprotune._run.stack import pinned, runtime_requirements, stack_facts

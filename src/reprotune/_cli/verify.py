@@ -251,7 +251,7 @@ def _run_command_spot(args: argparse.Namespace) -> int:
 
 def _default_out(prefix: str, key: str) -> Path:
     """``runs/<prefix>-<UTC time>-<key>``: where a verification goes without ``--out``."""
-    return Path("runs") / f"{prefix}-{_dt.datetime.now(_dt.timezone.utc):%Y%m%d-%H%M%S}-{key}"
+    return Path("runs") / f"{prefix}-{_dt.datetime.now(_dt.UTC):%Y%m%d-%H%M%S}-{key}"
 
 
 def _command_digest(command: str) -> str:

@@ -12,7 +12,7 @@ place and renamed into place when every file is written.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
@@ -52,7 +52,7 @@ def evals_dir(run_dir: Path) -> Path:
 
 def new_eval_id(split: str, identity_sha256: str, now: datetime | None = None) -> str:
     """``YYYYmmdd-HHMMSS-<split>-<first 8 hex of the eval's identity>`` (UTC)."""
-    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%d-%H%M%S")
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
     return f"{stamp}-{split}-{identity_sha256[:8]}"
 
 

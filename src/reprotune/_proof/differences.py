@@ -16,17 +16,13 @@ from reprotune._formats import COMPARISON
 from reprotune._run.record import Status
 
 
-class Verdict(str, enum.Enum):
-    """The answer to "are these two runs the same?"."""
+class Verdict(enum.StrEnum):
+    """The answer to "are these two runs the same?" (``str()`` and ``f"{verdict}"``: its value)."""
 
     IDENTICAL = "IDENTICAL"
     WITHIN_TOLERANCE = "WITHIN_TOLERANCE"
     DIVERGED = "DIVERGED"
     INCOMPARABLE = "INCOMPARABLE"
-
-    def __str__(self) -> str:
-        # f"{verdict}" gives the value on every Python (3.11 changed the mixin default).
-        return self.value
 
     @property
     def exit_code(self) -> int:

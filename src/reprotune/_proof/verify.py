@@ -173,7 +173,7 @@ def verify_config(
     )
     write_json_atomic(
         paths.verification,
-        {**result.to_json(), "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")},
+        {**result.to_json(), "finished_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")},
     )
     return result
 

@@ -22,7 +22,7 @@ import os
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
@@ -113,7 +113,7 @@ class RunRecord(RecordPart):
 
 def utc_now() -> str:
     """The current UTC time, ISO 8601 with microseconds and a ``Z``."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def start_record(run_id: str, cfg: ExperimentConfig, seeds: Mapping[str, int]) -> dict[str, Any]:
@@ -144,7 +144,7 @@ def new_record(
 
 def make_run_id(config_sha: str, now: datetime | None = None) -> str:
     """``YYYYmmdd-HHMMSS-<first 8 hex of the config's sha256>``, in UTC."""
-    moment = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    moment = (now or datetime.now(UTC)).astimezone(UTC)
     return f"{moment:%Y%m%d-%H%M%S}-{config_sha[:8]}"
 
 
