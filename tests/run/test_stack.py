@@ -7,6 +7,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from reprotune._run.fingerprint import installed_distributions
 from reprotune._run.stack import pinned, runtime_requirements, stack_facts
 
@@ -66,3 +68,51 @@ def test_a_stack_with_one_other_version_is_untested_and_names_it() -> None:
             "xxhash": {"installed": None, "lock": lock["xxhash"]},
         },
     }
+
+
+@pytest.mark.parametrize(
+    ("versions", "broken"),
+    [
+        ({"mlflow-skinny": "3.8.1", "sqlalchemy": "2.1.9"}, True),
+        ({"mlflow-skinny": "3.1.0", "sqlalchemy": "2.1.0rc1"}, True),
+        ({"mlflow": "3.5.0", "sqlalchemy": "2.1.0"}, True),
+        ({"mlflow-skinny": "3.9.0", "sqlalchemy": "2.1.9"}, False),
+        ({"mlflow-skinny": "3.1.0", "sqlalchemy": "2.0.30"}, False),  # the floors: proven
+        ({"mlflow-skinny": "3.17.2", "sqlalchemy": "2.1.9"}, False),  # the lock: proven
+        ({"sqlalchemy": "2.1.9"}, False),
+    ],
+)
+def test_the_mlflow_and_sqlalchemy_pair_that_cannot_open_a_store_is_named(
+    versions: dict[str, str], broken: bool
+) -> None:
+    """mlflow-skinny (or mlflow) before 3.9 with SQLAlchemy 2.1 or later, a pair the ranges allow:
+    named with both versions; the floors' and the lock's pairs are not."""
+    from reprotune._run.stack import mlflow_store_problem
+
+    problem = mlflow_store_problem(versions)
+    assert (problem is not None) is broken
+    if broken:
+        name = "mlflow-skinny" if "mlflow-skinny" in versions else "mlflow"
+        assert f"{name} {versions[name]} cannot open a SQL tracking store with SQLAlchemy" in str(problem)
+
+
+def test_the_doctor_warns_of_that_pair_for_a_config_that_mirrors_to_a_sql_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The doctor reads the installed versions; with the broken pair (put in its place, since it is
+    not installed here) a config mirroring to SQLite gets the warning, one with MLflow off none."""
+    from reprotune._config.schema import ExperimentConfig
+    from reprotune._doctor import kernel_checks
+    from reprotune._doctor.findings import Context
+
+    installed = {"mlflow-skinny": "3.8.1", "sqlalchemy": "2.1.9"}
+    monkeypatch.setattr(kernel_checks, "installed_distributions", lambda: installed)
+
+    def context(cfg: ExperimentConfig) -> Context:
+        return Context(cfg, True, "cpu", True, {}, {}, tmp_path)
+
+    on = context(ExperimentConfig())
+    [finding] = kernel_checks.check_mlflow_store(on)
+    assert finding.code == "mlflow-store-broken" and "mlflow-skinny 3.8.1" in finding.title
+    off = context(ExperimentConfig.model_validate({"tracking": {"mlflow": False}}))
+    assert kernel_checks.check_mlflow_store(off) == []

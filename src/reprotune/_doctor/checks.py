@@ -14,7 +14,7 @@ from reprotune._determinism.flags import CUBLAS_DETERMINISTIC_VALUES, CUBLAS_ENV
 from reprotune._doctor.data_checks import check_columns, check_data
 from reprotune._doctor.dist_checks import check_nccl, check_ranks
 from reprotune._doctor.findings import Check, Context
-from reprotune._doctor.kernel_checks import check_cpu_kernels, check_stack
+from reprotune._doctor.kernel_checks import check_cpu_kernels, check_mlflow_store, check_stack
 from reprotune._model.loading import refuse_revision
 from reprotune._run.findings import Finding
 from reprotune._run.fingerprint import code_fingerprint, own_outputs
@@ -345,6 +345,7 @@ CHECKS: tuple[Check, ...] = (
     check_threads,
     check_cpu_kernels,
     check_stack,
+    check_mlflow_store,
     check_workers,
     check_revision,
     check_git,

@@ -1,6 +1,6 @@
 """The doctor's checks of what computes the numbers besides the config: the CPU kernels in force
 (the ``determinism.cpu_isa`` mode, read back, and which mode to pin to rerun elsewhere) and whether
-CI proves the installed library stack.
+CI proves the installed library stack, and whether its MLflow can open the config's SQL store.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from reprotune._doctor.findings import Context
 from reprotune._run.findings import Finding
 from reprotune._run.fingerprint import installed_distributions
 from reprotune._run.kernels import kernel_facts
-from reprotune._run.stack import stack_facts
+from reprotune._run.stack import mlflow_store_problem, stack_facts
+from reprotune._trackers.mlflow_worker import sql_store
 
 
 def check_cpu_kernels(ctx: Context) -> list[Finding]:
@@ -94,5 +95,25 @@ def check_stack(ctx: Context) -> list[Finding]:
             "pyproject.toml's ranges allow them, but reprotune's tests ran on the lock and on the "
             "floors only; twin runs still prove themselves (compare, verify)",
             "to run on a proven stack: pip install -c <reprotune>/stacks/lock.txt (or floor.txt) reprotune",
+        )
+    ]
+
+
+def check_mlflow_store(ctx: Context) -> list[Finding]:
+    """Whether MLflow can open the config's SQL tracking store with the installed pair of
+    mlflow-skinny and SQLAlchemy (pyproject.toml's ranges allow one that cannot)."""
+    tracking = ctx.cfg.tracking
+    if not (tracking.mlflow and sql_store(tracking.uri)):
+        return []
+    problem = mlflow_store_problem(installed_distributions())
+    if problem is None:
+        return []
+    return [
+        Finding(
+            "mlflow-store-broken",
+            "warning",
+            problem,
+            f"every run's MLflow mirror to {tracking.uri} would fail (the run and its record go on)",
+            "pip install 'mlflow-skinny>=3.9' (or 'SQLAlchemy<2.1'), or set tracking.mlflow: false",
         )
     ]

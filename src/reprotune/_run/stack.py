@@ -100,3 +100,30 @@ def stack_facts(distributions: Mapping[str, str | None]) -> dict[str, Any]:
         name: {"installed": installed[name], closest: files[closest].get(name)} for name in off[closest]
     }
     return {"stack": "untested", "closest": closest, "differs": differs}
+
+
+def mlflow_store_problem(distributions: Mapping[str, str | None]) -> str | None:
+    """Why MLflow cannot open a SQL tracking store with the installed pair, or None: mlflow-skinny
+    (or mlflow) before 3.9 imports a pool class SQLAlchemy 2.1 removed. pyproject.toml's ranges
+    allow that pair (no range of one can depend on the other's version).
+
+    Example:
+        >>> mlflow_store_problem({"mlflow-skinny": "3.8.1", "sqlalchemy": "2.1.9"})[:40]
+        'mlflow-skinny 3.8.1 cannot open a SQL tr'
+        >>> mlflow_store_problem({"mlflow-skinny": "3.9.0", "sqlalchemy": "2.1.9"}) is None
+        True
+    """
+    name = "mlflow-skinny" if distributions.get("mlflow-skinny") else "mlflow"
+    mlflow, sqlalchemy = distributions.get(name), distributions.get("sqlalchemy")
+    if not (mlflow and sqlalchemy) or not (_release(mlflow) < (3, 9) and _release(sqlalchemy) >= (2, 1)):
+        return None
+    return (
+        f"{name} {mlflow} cannot open a SQL tracking store with SQLAlchemy {sqlalchemy}: it imports a "
+        "pool class SQLAlchemy 2.1 removed (mlflow-skinny 3.9 and later do not)"
+    )
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The leading numbers of a version: ``2.1.0rc1`` -> (2, 1, 0)."""
+    numbers = re.match(r"\d+(\.\d+)*", version)
+    return tuple(int(n) for n in numbers.group(0).split(".")) if numbers else ()

@@ -12,6 +12,7 @@ Started by :class:`reprotune._trackers.mlflow.MlflowTracker`; not meant to be ru
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import queue
 import sys
@@ -21,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from reprotune._run.stack import mlflow_store_problem
 
 MAX_METRICS_PER_BATCH = 1000  # MLflow's limit per log_batch call
 _MAX_PARAMS_PER_BATCH = 100
@@ -62,7 +65,39 @@ def open_client(uri: str) -> Any:
                 f"the SQLite store {uri} cannot be made: its folder {folder} cannot be created ({exc}); "
                 "give tracking.uri a path in a folder you can write"
             ) from exc
+    if sql_store(uri):
+        problem = mlflow_store_problem(_versions("mlflow-skinny", "mlflow", "sqlalchemy"))
+        if problem is not None:  # MLflow's own error is an ImportError deep in its store
+            raise RuntimeError(
+                f"{problem}; install mlflow-skinny 3.9 or later (or SQLAlchemy below 2.1) to mirror "
+                f"runs to {uri}"
+            )
     return MlflowClient(tracking_uri=uri)
+
+
+#: Tracking URI schemes that are no SQL store.
+_NOT_SQL = frozenset({"http", "https", "databricks", "file", "uc", "databricks-uc"})
+
+
+def sql_store(uri: str) -> bool:
+    """Whether MLflow opens ``uri`` as a SQL store (SQLAlchemy's: ``sqlite:///``, ``postgresql://``, ...).
+
+    Example:
+        >>> sql_store("sqlite:///mlflow.db"), sql_store("http://127.0.0.1:5000")
+        (True, False)
+    """
+    return "://" in uri and uri.split(":", 1)[0].lower() not in _NOT_SQL
+
+
+def _versions(*names: str) -> dict[str, str | None]:
+    """The installed version of each distribution named (None: not installed)."""
+    found: dict[str, str | None] = {}
+    for name in names:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
 
 
 def _start(message: dict[str, Any]) -> tuple[Any, str, dict[str, int]]:
