@@ -356,3 +356,18 @@ def test_a_revision_for_a_local_model_is_bad_input(
     assert main([*args, "--set", "model.revision=main"]) == 2
     err = capsys.readouterr().err
     assert "model.revision 'main' was given but" in err and "which has no revisions" in err
+
+
+def test_set_without_a_config_is_still_the_defaults_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``doctor --set KEY=VALUE`` with no CONFIG audits the defaults with that override, and the
+    report says no config was given, naming the --set (before, it said nothing of the kind)."""
+    code = main(
+        ["doctor", "--no-probe", "--code-dir", str(tmp_path), "--set", "train.learning_rate=0.01", "--json"]
+    )
+    findings = {f["code"]: f for f in json.loads(capsys.readouterr().out)["findings"]}
+    assert code in (0, 1)
+    assert findings["no-config"]["title"] == (
+        "no config given: audited the default config with --set train.learning_rate=0.01"
+    )

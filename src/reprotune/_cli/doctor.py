@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from reprotune._doctor.findings import format_report
 
     report = run_doctor(
-        config,
+        config if args.config is not None else None,  # None: the defaults, with any --set applied
         config_source=source,
         code_dir=args.code_dir,
         probe=not args.no_probe,

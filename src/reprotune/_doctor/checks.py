@@ -32,7 +32,8 @@ def check_config(ctx: Context) -> list[Finding]:
         Finding(
             "no-config",
             "info",
-            "no config given: audited the default config",
+            "no config given: audited the default config"
+            + (f" with --set {', '.join(ctx.overrides)}" if ctx.overrides else ""),
             "config-specific checks (model revision, data, precision) describe the defaults only",
             "run `reprotune doctor CONFIG` on the config you will train with",
         )

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from reprotune._config.loading import config_from_dict
 from reprotune._config.schema import ExperimentConfig
 from reprotune._determinism.device import resolve_device
 from reprotune._determinism.flags import CUBLAS_ENV, apply_determinism
@@ -74,7 +75,7 @@ def run_doctor(
     it puts in force and to run the probe; torch's flags are restored before returning.
 
     Args:
-        config: the experiment config; None audits the defaults.
+        config: the experiment config; None audits the defaults (with ``overrides`` applied).
         config_source: where the config came from, for the report.
         code_dir: the directory whose git state is checked.
         probe: run the empirical probe.
@@ -87,7 +88,8 @@ def run_doctor(
     """
 
     # Paths as a run opens them (relative ones against config_dir).
-    cfg = (config if config is not None else ExperimentConfig()).resolve_paths()
+    defaults = config_from_dict({}, source="--set", overrides=overrides) if overrides else ExperimentConfig()
+    cfg = (config if config is not None else defaults).resolve_paths()
     det = cfg.determinism
     with _torch_state_preserved():
         try:
