@@ -371,3 +371,24 @@ def test_set_without_a_config_is_still_the_defaults_and_says_so(
     assert findings["no-config"]["title"] == (
         "no config given: audited the default config with --set train.learning_rate=0.01"
     )
+
+
+def test_the_split_command_writes_beside_the_config_that_will_name_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Doctor run from another directory than the config's: the printed command writes split.json
+    beside the config, where the fix's `split.manifest: split.json` resolves (before: into the
+    current directory, where the config never looks)."""
+    from reprotune.testing import write_tiny_dataset
+
+    project = tmp_path / "project"
+    project.mkdir()
+    write_tiny_dataset(project / "data.jsonl", 30, seed=0, n_categories=3)
+    (project / "cfg.yaml").write_text("data:\n  path: data.jsonl\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    main(["doctor", str(project / "cfg.yaml"), "--no-probe", "--code-dir", str(tmp_path), "--json"])
+    findings = {f["code"]: f for f in json.loads(capsys.readouterr().out)["findings"]}
+    command = findings["data-no-manifest"]["fix"].split("`")[1]
+    assert command.endswith(f"--out {project / 'split.json'}")

@@ -110,9 +110,13 @@ def _reformatted(cfg: ExperimentConfig, manifest: Manifest) -> bool:
         return False
 
 
-def split_command(cfg: ExperimentConfig, out: str = "split.json") -> str:
+def split_command(cfg: ExperimentConfig, out: str | None = None) -> str:
     """The ``reprotune split`` command that makes exactly the split a run of ``cfg`` makes: the
-    same strategy, column, ratios, rare-class policy and the derived ``split`` seed."""
+    same strategy, column, ratios, rare-class policy and the derived ``split`` seed; written to
+    ``out``, by default ``split.json`` beside the config (where ``split.manifest: split.json`` in it
+    finds it, from whatever directory the command runs)."""
+    if out is None:
+        out = str(Path(cfg.config_dir) / "split.json") if cfg.config_dir else "split.json"
     seed = derive_seeds(cfg.seed.root, dict(cfg.seed.overrides))["split"]
     parts = ["reprotune split", shlex.quote(cfg.data.path)]
     if cfg.split.stratify_by is not None:
