@@ -67,6 +67,7 @@ def test_ranks_are_not_checked_outside_torchrun(tmp_path: Path, monkeypatch: pyt
 def one_rank_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A real one-process gloo group, as torchrun's environment names it."""
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "doctor-test")
+    monkeypatch.setenv("RANK", "0")  # torchrun sets it with the others; the doctor reads it now
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:

@@ -384,3 +384,23 @@ def test_an_eval_that_fails_is_a_failed_leg_not_a_crash(tmp_path: Path) -> None:
     leg = eval_leg(reference, rerun, failing, lambda _: None)
     assert (leg.name, leg.verdict, leg.passed) == ("eval", "FAILED", False)
     assert leg.note is not None and "out of memory" in leg.note
+
+
+def test_a_damaged_eval_of_the_reference_is_a_failed_leg_naming_it(tmp_path: Path) -> None:
+    """A --reference run holding an eval whose eval.json is damaged: the eval leg fails naming the
+    file (before, the InputError escaped verify after the other legs had run, leaving no
+    verification.json)."""
+    from reprotune._proof.verify_eval import eval_leg
+    from rundirs import write_run_dir
+
+    reference, rerun = write_run_dir(tmp_path / "reference"), write_run_dir(tmp_path / "rerun")
+    damaged = reference / "evals" / "test-0" / "eval.json"
+    damaged.parent.mkdir(parents=True)
+    damaged.write_text("{broken")
+
+    def never(*args: str) -> float:
+        raise AssertionError(f"no eval process should run: {args}")
+
+    leg = eval_leg(reference, rerun, never, lambda _: None)
+    assert (leg.name, leg.verdict, leg.passed) == ("eval", "FAILED", False)
+    assert leg.note is not None and str(damaged) in leg.note, leg.note

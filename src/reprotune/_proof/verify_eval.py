@@ -26,7 +26,23 @@ def eval_leg(reference: Path, rerun: Path, run: Callable[..., float], progress: 
     """Judge the evals of ``reference`` and ``rerun`` (run directories); ``run(*args)`` runs
     ``reprotune ARGS`` in a fresh process and returns its wall time. The leg has no run directory
     of its own: the evals are the runs'."""
-    wall_s = 0.0
+    wall = [0.0]
+    try:
+        return _judged(reference, rerun, run, progress, wall)
+    except ReprotuneError as exc:  # a failed eval, or a damaged one (a --reference run's): the
+        # leg fails, in a verification that still ends
+        note = exc.message + (f" ({exc.source})" if exc.source else "")
+        return Leg(EVAL_LEG, "", "IDENTICAL", verdict="FAILED", passed=False, note=note, wall_s=wall[0])
+
+
+def _judged(
+    reference: Path,
+    rerun: Path,
+    run: Callable[..., float],
+    progress: Callable[[str], None],
+    wall: list[float],
+) -> Leg:
+    """:func:`eval_leg`, its processes' wall time added to ``wall[0]`` as they end."""
     # The rerun leg's evals are its own run's (generate_at_end); the reference needs one made
     # alike: a --reference run may hold only others (fewer rows, another seed, the validation split)
     pairs = latest_pairs(reference, rerun)
@@ -34,13 +50,9 @@ def eval_leg(reference: Path, rerun: Path, run: Callable[..., float], progress: 
         if pairs or (run_dir == rerun and run_evals(rerun)):
             continue
         progress(f"verify: eval of {run_dir} in a fresh process")
-        try:
-            wall_s += run("eval", str(run_dir), "--no-progress")
-        except ReprotuneError as exc:  # a failed leg, in a verification that still ends
-            return Leg(
-                EVAL_LEG, "", "IDENTICAL", verdict="FAILED", passed=False, note=exc.message, wall_s=wall_s
-            )
+        wall[0] += run("eval", str(run_dir), "--no-progress")
         pairs = latest_pairs(reference, rerun)
+    wall_s = wall[0]
     if not pairs:
         why = "the two runs have no evals made with the same settings to compare"
         return Leg(EVAL_LEG, "", "IDENTICAL", passed=False, note=why, wall_s=wall_s)
