@@ -70,6 +70,13 @@ def test_bundle_reruns_identically_elsewhere(
     assert summary["code_drift_allowed"] is True
     assert [line.split(":")[0] for line in summary["code_drift"]] == ["code.commit"], summary["code_drift"]
     assert summary["code_drift"][0].startswith("code.commit: recorded None, now '")
+    from reprotune._proof.report import write_report
+
+    html = write_report([out], tmp_path / "page.html").read_text(encoding="utf-8")
+    assert (
+        "The code here was not the run's (let through by <code>--allow-code-drift</code>): code.commit"
+        in html
+    )
     assert (out / "rerun" / "ledger.jsonl").read_bytes() == (
         out / "recorded" / "run" / "ledger.jsonl"
     ).read_bytes()

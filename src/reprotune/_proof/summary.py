@@ -274,8 +274,21 @@ def _bundle_rerun(path: Path, data: dict[str, Any]) -> Proof:
         + ".</p>"
         + "".join(f"<p>{escape(str(cause))}</p>" for cause in data.get("causes", []))
         + f"<p>Environment differences: {escape(', '.join(environment) or 'none')}.</p>"
+        + _code_drift(data)
     )
     return Proof([path / "recorded" / "run", path / "rerun"], [False, False], html, [None, None])
+
+
+def _code_drift(data: dict[str, Any]) -> str:
+    """What code the rerun ran that was not the run's, where ``--allow-code-drift`` let it."""
+    if not data.get("code_drift_allowed"):
+        return ""
+    lines = [str(line) for line in data.get("code_drift", [])]
+    return (
+        "<p>The code here was not the run's (let through by <code>--allow-code-drift</code>): "
+        + (escape("; ".join(lines)) if lines else "none differed")
+        + ".</p>"
+    )
 
 
 def _mark(passed: Any) -> str:
