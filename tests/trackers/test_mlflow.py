@@ -347,8 +347,47 @@ def test_a_tracking_server_that_never_answers_is_given_up_at_the_deadline(
 
 def test_a_bad_finish_deadline_is_refused_by_name() -> None:
     """The deadline's variable, set to something that is not a positive number, is named."""
+    from reprotune._errors import InputError
     from reprotune._trackers.mlflow import finish_timeout_s
 
-    for text in ("soon", "0", "-1", "nan"):
-        with pytest.raises(ValueError, match=f"REPROTUNE_TRACKER_FINISH_TIMEOUT_S={text!r}"):
+    for text in ("soon", "0", "-1", "nan", "10m"):
+        with pytest.raises(InputError, match=f"REPROTUNE_TRACKER_FINISH_TIMEOUT_S={text!r}"):
             finish_timeout_s({"REPROTUNE_TRACKER_FINISH_TIMEOUT_S": text})
+
+
+def test_a_bad_finish_deadline_is_refused_before_the_run_not_at_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tracker checks the variable when it is made, before any child starts or any step runs
+    (before, a typo was found at finish, after the whole training, and the MLflow run stayed
+    RUNNING)."""
+    from reprotune._errors import InputError
+
+    monkeypatch.setenv("REPROTUNE_TRACKER_FINISH_TIMEOUT_S", "10m")
+    with pytest.raises(InputError, match="not a positive number of seconds"):
+        MlflowTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "a", "unit")
+
+
+def test_finish_reads_the_worker_through_a_descriptor_past_1023(tmp_path: Path) -> None:
+    """A training process holding many files: the worker's pipe gets a descriptor past 1023, which
+    select.select cannot wait on (finish failed with "filedescriptor out of range"); the run's end
+    still reaches MLflow."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.fail(f"this test needs a descriptor limit of at least 1200 (hard limit {hard})")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        tracker = MlflowTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "a", "unit")
+        assert tracker._proc.stdout is not None and tracker._proc.stdout.fileno() > 1023
+        trackers = TrackerSet([tracker])
+        trackers.start(_run(tmp_path))
+        trackers.log_metrics(1, {"train_loss": 0.5})
+        summary = trackers.finish("completed")["mlflow"]
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert summary["ok"] is True and summary["metrics_logged"] == 1, summary

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
+import selectors
 import subprocess
 import sys
 import tempfile
@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from reprotune._errors import InputError
 from reprotune._run.record import Status
 from reprotune._trackers.base import RunDescription, TrackerFailed
 from reprotune._trackers.mlflow_worker import sqlite_file
@@ -51,7 +52,12 @@ def finish_timeout_s(environ: Mapping[str, str]) -> float:
     except ValueError:
         value = float("nan")
     if not value > 0:
-        raise ValueError(f"{FINISH_TIMEOUT_ENV}={text!r} is not a positive number of seconds")
+        raise InputError(
+            f"{FINISH_TIMEOUT_ENV}={text!r} is not a positive number of seconds",
+            source=f"environment variable {FINISH_TIMEOUT_ENV}",
+            fix=f"unset {FINISH_TIMEOUT_ENV} (the end of a run then waits {FINISH_TIMEOUT_S:g} s at "
+            "most for MLflow), or set it to a number of seconds such as 1200",
+        )
     return value
 
 
@@ -98,6 +104,7 @@ class MlflowTracker:
     def __init__(
         self, uri: str, artifact_location: str | Path, experiment: str, *, flush_interval_s: float = 1.0
     ) -> None:
+        self._deadline_s = finish_timeout_s(os.environ)  # checked before the run, not at its end
         self.uri = resolve_tracking_uri(uri)
         self.artifact_location = Path(artifact_location).resolve()
         self.experiment = experiment
@@ -202,15 +209,18 @@ class MlflowTracker:
                 handle.close()
 
     def _read_out(self, seconds: float) -> tuple[bytes, bool]:
-        """What the child writes on stdout within ``seconds``, and whether it reached the end."""
+        """What the child writes on stdout within ``seconds``, and whether it reached the end (a
+        selector, not ``select.select``, which cannot wait on a descriptor past 1023)."""
         assert self._proc.stdout is not None
         fd, end = self._proc.stdout.fileno(), time.monotonic() + seconds
         chunks: list[bytes] = []
-        while (left := end - time.monotonic()) > 0 and select.select([fd], [], [], left)[0]:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                return b"".join(chunks), True
-            chunks.append(chunk)
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while (left := end - time.monotonic()) > 0 and selector.select(left):
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    return b"".join(chunks), True
+                chunks.append(chunk)
         return b"".join(chunks), False
 
     def finish(self, status: Status) -> dict[str, Any]:
@@ -218,7 +228,7 @@ class MlflowTracker:
         if not self._started:  # the run failed before it had anything to mirror
             self.close()
             return {"started": False}
-        deadline = finish_timeout_s(os.environ)
+        deadline, started = self._deadline_s, time.monotonic()
         assert self._proc.stdin is not None
         try:
             if self._proc.poll() is None:
@@ -227,11 +237,15 @@ class MlflowTracker:
                     self._send({"op": "finish", "status": status})
                     self._proc.stdin.close()
             out, whole = self._read_out(deadline)  # its outcome line, then EOF
-            if not whole:
+            try:  # the deadline holds for the whole finish: the child's exit too
+                left = deadline - (time.monotonic() - started)
+                if not whole or left <= 0:
+                    raise subprocess.TimeoutExpired(self._proc.args, deadline)
+                self._proc.wait(timeout=left)
+            except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
-                raise self._failed(out + self._read_out(5.0)[0], late_s=deadline)
-            self._proc.wait(timeout=300)
+                raise self._failed(out + self._read_out(5.0)[0], late_s=deadline) from None
             lines = out.decode("utf-8", "replace").strip().splitlines()
             result = json.loads(lines[-1]) if lines else {}
             if self._proc.returncode != 0 or not result.get("ok"):
