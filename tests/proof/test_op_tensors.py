@@ -178,3 +178,44 @@ def test_an_allocation_written_in_parts_is_uninitialized_where_it_is_not_yet_wri
     assert second.outputs[0][2] == tensor_hash(torch.full((32,), 2.0))
     [neg] = [op for op in tracer.ops if op.op == "aten::neg"]
     assert neg.inputs[0][2] == tensor_hash(torch.cat([torch.ones(32), torch.full((32,), 2.0)]))
+
+
+def test_a_buffer_filled_by_column_halves_is_uninitialized_where_not_yet_written() -> None:
+    """``empty(4, 4)`` filled by its left columns, then its right: the second fill's argument spans
+    no byte the first wrote (runs of bytes, not the view's first-to-last extent: before, the
+    leftover bytes between the left halves were hashed)."""
+    model = torch.nn.Linear(2, 2)
+    with ModulePaths(model) as modules, OpTracer(modules, {}) as tracer, torch.no_grad():
+        x = torch.empty(4, 4)
+        x[:, :2].fill_(1.0)
+        x[:, 2:].fill_(2.0)
+    first, second = (op for op in tracer.ops if op.op.startswith("aten::fill_"))
+    assert first.inputs[0][2] == UNINITIALIZED and second.inputs[0][2] == UNINITIALIZED
+
+
+def test_src_is_the_last_op_that_wrote_the_bytes_read_not_any_byte_of_the_storage() -> None:
+    """Two ops write the two halves of one buffer; a read of the first half names the op that
+    wrote that half (before: the last op that wrote anywhere in the storage)."""
+    model = torch.nn.Linear(2, 2)
+    with ModulePaths(model) as modules, OpTracer(modules, {}) as tracer, torch.no_grad():
+        buf = torch.zeros(8)
+        buf[:4].add_(1.0)
+        buf[4:].add_(2.0)
+        torch.neg(buf[:4])
+        torch.neg(buf[::2])  # every other element: both halves, the newest writer
+    first_half, second_half = (op for op in tracer.ops if op.op == "aten::add_.Tensor")
+    reads = [op for op in tracer.ops if op.op == "aten::neg"]
+    assert reads[0].src == (first_half.i,) and reads[1].src == (second_half.i,)
+
+
+def test_a_sparse_allocation_does_not_stop_the_trace() -> None:
+    """``empty`` with a sparse layout makes a tensor without storage: traced as uninitialized
+    (before: NotImplementedError, the trace stopped with an internal error)."""
+    model = torch.nn.Linear(2, 2)
+    with ModulePaths(model) as modules, OpTracer(modules, {}) as tracer, torch.no_grad():
+        torch.empty((2, 2), layout=torch.sparse_coo)
+        torch.empty((2, 2), layout=torch.sparse_csr)
+    assert [op.outputs[0][2] for op in tracer.ops if op.op == "aten::empty.memory_format"] == [
+        UNINITIALIZED,
+        UNINITIALIZED,
+    ]

@@ -553,3 +553,28 @@ def test_the_same_ops_in_another_order_are_compared_op_by_op(tmp_path: Path) -> 
     assert differs.finding == "kernel" and differs.op_a is not None and differs.op_a.module == "model.a"
     assert "in another order" in differs.explanation[0]
     assert differs.explanation[1].startswith("step 3, backward.0, model.a: aten::mm")
+
+
+def test_an_input_made_by_an_agreeing_op_outside_the_parted_modules_is_said_so(tmp_path: Path) -> None:
+    """Past a code-path part, an input that differs though the op that made it (named by src) ran
+    alike and agreed on both sides: a write the trace cannot see, not "step data" (before)."""
+    same_b = [ROTARY_B[0], _op(1, "model.rotary_emb", "aten::cos", ["ang2"], ["cos"])]
+
+    def attention(q_read: str) -> list[TraceOp]:
+        ops = _attention("cos", "r" + q_read)
+        return [
+            ops[0],
+            ops[1].model_copy(
+                update={"inputs": (("4x8", "float32", q_read), ops[1].inputs[1]), "src": (2, 1)}
+            ),
+            ops[2],
+        ]
+
+    a = _trace(tmp_path / "a", [*ROTARY_A, *attention("q")], KERNELS_A)
+    b = _trace(tmp_path / "b", [*same_b, *attention("q2")], KERNELS_A)
+    text = "\n".join(compare_traces(a, b).explanation)
+    assert (
+        "input 0 (4x8 float32) was made by aten::mm in model.layers.0.self_attn.q_proj (forward.0), which "
+        "both code paths run alike and which agreed: it was changed after, by a write the trace cannot see"
+    ) in text
+    assert "step data" not in text

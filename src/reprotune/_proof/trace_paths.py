@@ -128,6 +128,15 @@ def _input_origins(
         if entries_agree(x, y):
             continue
         place = _maker(a, op_a, index, made_a, parted) or _maker(b, op_b, index, made_b, parted)
+        writer = op_a.src[index] if index < len(op_a.src) else None
+        if place is None and writer is not None and 0 <= writer < len(a.ops):
+            by = a.ops[writer]  # an op both run alike, before the first that differs: it agreed
+            lines.append(
+                f"input {index} ({x[0] or 'scalar'} {x[1]}) was made by {by.op} in {by.module} "
+                f"({by.phase}), which both code paths run alike and which agreed: it was changed "
+                "after, by a write the trace cannot see"
+            )
+            continue
         if place is None:
             label = x[3] if len(x) > 3 else ""
             what = f"the {label.replace(':', ' ', 1)}" if label else "a tensor no traced op made (step data)"

@@ -201,24 +201,3 @@ def _default_generator(device: torch.device) -> torch.Generator | None:
         index = device.index if device.index is not None else torch.cuda.current_device()
         return torch.cuda.default_generators[index]
     return None
-
-
-def byte_range(t: torch.Tensor) -> tuple[int, int]:
-    """The bytes of its storage ``t`` spans, [start, end): every element its strides can reach."""
-    size = int(t.element_size())
-    start = int(t.storage_offset()) * size
-    if t.numel() == 0:
-        return start, start
-    reach = sum((int(n) - 1) * abs(int(stride)) for n, stride in zip(t.shape, t.stride(), strict=True))
-    return start, start + (reach + 1) * size
-
-
-def with_range(ranges: list[tuple[int, int]], new: tuple[int, int]) -> list[tuple[int, int]]:
-    """``ranges`` (sorted, apart) with ``new`` added: sorted, overlapping or touching ones joined."""
-    merged: list[tuple[int, int]] = []
-    for start, end in sorted([*ranges, new]):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged

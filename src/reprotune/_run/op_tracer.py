@@ -24,14 +24,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from reprotune._model.lora import buffer_hashes
+from reprotune._run.op_memory import Memory
 from reprotune._run.op_tensors import (
     allocates,
-    byte_range,
     generator_entry,
     rng_state_inputs,
     rng_state_outputs,
     tensor_hash,
-    with_range,
     written_tensors,
 )
 from reprotune._run.stack import library_versions
@@ -228,10 +227,7 @@ class OpTracer(TorchDispatchMode):
         # a parameter's hashes by its storage's address, then by view and version: read by many
         # ops, hashed once while its version does not move and no op writes its storage
         self._param_hashes: dict[int, dict[tuple[Any, ...], str]] = {}
-        # an allocation no op has written all of: its storage, and the byte ranges written so far
-        self._uninitialized: dict[int, tuple[StorageWeakRef, list[tuple[int, int]]]] = {}
-        # storage address -> the position of the op that last wrote it, while the storage lives
-        self._writers: dict[int, tuple[StorageWeakRef, int]] = {}
+        self._memory = Memory()  # which op wrote which bytes; allocations not yet written
         self._unhashed: dict[int, tuple[StorageWeakRef, str]] = {}
 
     def unhashed(self, t: torch.Tensor, word: str) -> None:
@@ -248,40 +244,6 @@ class OpTracer(TorchDispatchMode):
             return None
         return held[1] if held is not None else None
 
-    def _still_uninitialized(self, t: torch.Tensor) -> bool:
-        """Whether the bytes ``t`` spans are of an allocation, still alive, that no op has written
-        there (an address freed and given to another tensor is not)."""
-        address = _address(t)
-        held = self._uninitialized.get(address) if address else None
-        if held is not None and held[0].expired():
-            del self._uninitialized[address]
-            return False
-        if held is None:
-            return False
-        start, end = byte_range(t)
-        return not any(s < end and start < e for s, e in held[1])
-
-    def _mark_written(self, t: torch.Tensor) -> None:
-        """Note the bytes ``t`` spans as written; an allocation written whole is initialized."""
-        address = _address(t)
-        held = self._uninitialized.get(address) if address else None
-        if held is None:
-            return
-        merged = with_range(held[1], byte_range(t))
-        if merged[0][0] <= 0 and merged[0][1] >= t.untyped_storage().nbytes():
-            del self._uninitialized[address]
-        else:
-            self._uninitialized[address] = (held[0], merged)
-
-    def _writer(self, t: torch.Tensor) -> int | None:
-        """The position of the op that last wrote ``t``'s storage, while that storage lives."""
-        address = _address(t)
-        held = self._writers.get(address) if address else None
-        if held is not None and held[0].expired():
-            del self._writers[address]
-            return None
-        return held[1] if held is not None else None
-
     def mark(self, phase: str) -> None:
         """Name the part of the step that begins (``train_step`` calls it)."""
         self.phase = phase
@@ -294,7 +256,7 @@ class OpTracer(TorchDispatchMode):
         if word is not None:
             return (*_shape_dtype(t), word)
         label = self.labels.get(address)
-        if overwritten and address and self._still_uninitialized(t):
+        if overwritten and address and self._memory.unwritten(t):
             digest = UNINITIALIZED
         elif label is not None:
             known = self._param_hashes.setdefault(address, {})
@@ -317,7 +279,7 @@ class OpTracer(TorchDispatchMode):
         inputs = tuple(
             self._entry(x, rng_state, id(x) in overwritten) for x in flat if isinstance(x, torch.Tensor)
         )
-        src = tuple(self._writer(x) for x in flat if isinstance(x, torch.Tensor))
+        src = tuple(self._memory.writer(x) for x in flat if isinstance(x, torch.Tensor))
         generator = generator_entry(func, args, kwargs)
         if generator is not None:
             inputs += (generator,)
@@ -328,15 +290,13 @@ class OpTracer(TorchDispatchMode):
         produced, _ = tree_flatten(out)
         tensors = [x for x in produced if isinstance(x, torch.Tensor)]
         outputs: tuple[tuple[str, ...], ...]
+        for t in (*tensors, *written):
+            self._memory.wrote(t, len(self.ops))
         if allocates(func):
-            fresh: dict[int, tuple[StorageWeakRef, list[tuple[int, int]]]] = {
-                _address(t): (StorageWeakRef(t.untyped_storage()), []) for t in tensors
-            }
-            self._uninitialized.update(fresh)
+            for t in tensors:
+                self._memory.allocated(t)
             outputs = tuple((*_shape_dtype(x), UNINITIALIZED) for x in tensors)
         else:
-            for t in (*tensors, *written):
-                self._mark_written(t)
             self._carry_unhashed(inputs, (*tensors, *written))
             rng_state = rng_state_outputs(func, out)
             # what it returns, then what it writes in place and does not return (the fused
@@ -344,9 +304,6 @@ class OpTracer(TorchDispatchMode):
             returned = {id(x) for x in tensors}
             kept = [*tensors, *(x for x in written if id(x) not in returned)]
             outputs = tuple(self._entry(x, rng_state) for x in kept)
-        for t in (*tensors, *written):
-            if address := _address(t):
-                self._writers[address] = (StorageWeakRef(t.untyped_storage()), len(self.ops))
         module = self.modules.current()
         key = (self.phase, module, name)
         n = self._counts[key]

@@ -27,7 +27,7 @@ Op line (``"kind": "op"``): ``i`` (position), ``phase`` (``data``, ``forward.J``
 before it in that phase and module), ``args`` (the non-tensor arguments, written out, or their hash
 when long), ``in`` and ``out``: one ``[shape, dtype, hash]`` per tensor (``shape`` like ``512x576``;
 a fourth element names a tensor the trace knows: a parameter, ``param:model.layers.0...``); ``src``:
-for each input, the position ``i`` of the op that last wrote its memory (null: none in the trace),
+for each input, the position ``i`` of the op that last wrote the bytes it reads (null: none in the trace),
 which says where a value read through a view came from, whose bytes hash otherwise; ``out``
 holds what the op returns, then each tensor it writes in place and does not return (the fused
 optimizer's and ``_foreach_*_`` ops' parameters and states, as they are after the op).
@@ -101,7 +101,7 @@ class TraceOp(BaseModel):
     inputs: tuple[TensorEntry, ...] = Field(validation_alias="in", serialization_alias="in")
     outputs: tuple[TensorEntry, ...] = Field(validation_alias="out", serialization_alias="out")
     src: tuple[int | None, ...] = ()
-    """For each input, the position ``i`` of the op that last wrote its memory in this trace (null:
+    """For each input, the position ``i`` of the op that last wrote the bytes it reads in this trace (null:
     none did: a parameter, the step's data, a generator); empty in traces written before it."""
 
     @property
