@@ -193,6 +193,7 @@ def test_verify_command_or_spot_under_torchrun_is_refused(
     for rank in ("0", "1"):
         monkeypatch.setenv("TORCHELASTIC_RUN_ID", "verify-under-torchrun")
         monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", "2")
         assert main([*argv, "--out", str(tmp_path / "ver")]) == 2
         err = capsys.readouterr().err
         assert "runs under torchrun here: every rank would run it and write the same --out" in err
@@ -476,3 +477,30 @@ def test_a_command_verification_puts_its_verdict_on_the_reference_runs_mlflow_ru
 def _linked(store: str, run_id: str) -> dict[str, Any]:
     """A record's ``trackers.mlflow`` of a Trainer's run the callback linked."""
     return {"ok": True, "tracking_uri": store, "mlflow_run_id": run_id, "linked": "the Trainer's run"}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["verify", "cfg.yaml"], ["rerun", "runs/x"]],
+    ids=["verify", "rerun"],
+)
+def test_a_stale_torchelastic_run_id_is_bad_input_for_verify_and_rerun(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    """TORCHELASTIC_RUN_ID left in a shell: verify and rerun exit 2 naming the variables the launch
+    lacks (before: verify launched its legs as torchrun launches, rerun counted world size 1 or
+    crashed on WORLD_SIZE=x), as run, resume and doctor do."""
+    from rundirs import write_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cfg.yaml").write_text("seed:\n  root: 1\n")
+    write_run_dir(tmp_path / "runs" / "x")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "leftover")
+    for name in ("RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "x")
+    assert main(argv) == 2
+    assert (
+        "TORCHELASTIC_RUN_ID is set, as under torchrun, but the launch's variables are not"
+        in capsys.readouterr().err
+    )

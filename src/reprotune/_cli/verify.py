@@ -97,7 +97,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if os.environ.get("TORCHELASTIC_RUN_ID") and (args.spot or args.train_command is not None):
+    rank = None
+    if os.environ.get("TORCHELASTIC_RUN_ID") is not None:  # under torchrun, as a run decides it
+        from reprotune._train.distributed import launch_variables  # torch: a torchrun launch has it
+
+        rank = launch_variables("verify")[0]  # a stale TORCHELASTIC_RUN_ID: refused by name
+    if rank is not None and (args.spot or args.train_command is not None):
         form = "--spot" if args.spot else "--command"
         raise InputError(
             f"verify {form} runs under torchrun here: every rank would run it and write the same --out",
@@ -128,7 +133,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.config is None:
         raise InputError("verify needs a config, or --command", source="reprotune verify", fix=_USAGE_FIX)
-    if os.environ.get("TORCHELASTIC_RUN_ID") and os.environ.get("RANK", "0") != "0":
+    if rank:
         return 0  # under torchrun, rank 0 runs the legs, each a fresh torchrun launch of its own
     cfg = load_config(args.config, args.overrides)
     out = args.out

@@ -36,7 +36,7 @@ _TORCHRUN_ENV = (
 def launched_by_torchrun() -> bool:
     """Whether verify runs under torchrun (at any world size, 1 included: its legs are torchrun
     runs, dropout seeded per micro-batch, whatever the number of processes)."""
-    return bool(os.environ.get("TORCHELASTIC_RUN_ID"))
+    return os.environ.get("TORCHELASTIC_RUN_ID") is not None  # as torch (and a run) decides it
 
 
 def launch_world_size() -> int:

@@ -10,7 +10,6 @@ seeds. Under torchrun every rank trains; rank 0 alone writes and compares.
 from __future__ import annotations
 
 import functools
-import os
 import platform
 import shutil
 import tempfile
@@ -47,6 +46,7 @@ from reprotune._run.layout import RECORD, RunLayout
 from reprotune._run.outputs import first_missing, refuse_nonempty_dir, refuse_overwrite
 from reprotune._run.record import read_record, record_config, status_of
 from reprotune._run.rundir import open_run_dir
+from reprotune._train.distributed import launch_variables
 from reprotune._train.options import RunOptions
 from reprotune._train.run import run_experiment
 from reprotune._train.strategy import under_torchrun
@@ -154,12 +154,12 @@ RECORD_MEMBER = run_member(RECORD)
 
 def _launched_world_size() -> int | None:
     """The world size of this process's torchrun launch; None outside torchrun."""
-    return int(os.environ.get("WORLD_SIZE", "1")) if under_torchrun() else None
+    return launch_variables("rerun")[1] if under_torchrun() else None  # a stale TORCHELASTIC_RUN_ID: refused
 
 
 def _is_rank_zero() -> bool:
     """Whether this process writes and compares: always outside torchrun, rank 0 under it."""
-    return not under_torchrun() or os.environ.get("RANK", "0") == "0"
+    return not under_torchrun() or launch_variables("rerun")[0] == 0
 
 
 def refuse_another_launch(record: Mapping[str, Any], *, rerun_args: str, source: str) -> None:
