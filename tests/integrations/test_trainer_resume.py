@@ -260,7 +260,7 @@ def test_resuming_from_another_runs_checkpoint_is_refused_and_into_a_new_directo
     # left as it was found, so that a retry starts afresh.
     (tmp_path / "a").rename(tmp_path / "c")
     (tmp_path / "a-moved").rename(tmp_path / "a")
-    from reprotune._run.ledger import truncate_ledger
+    from reprotune._run.ledger_resume import truncate_ledger
 
     truncate_ledger(tmp_path / "a" / "ledger.jsonl", keep_through_step=3)
     with pytest.raises(InputError) as refused:

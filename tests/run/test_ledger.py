@@ -11,12 +11,11 @@ from reprotune._run.ledger import (
     LedgerWriter,
     batch_sha256,
     init_line,
-    ledger_misfit,
     read_ledger,
     train_line,
-    truncate_ledger,
     val_line,
 )
+from reprotune._run.ledger_resume import ledger_misfit, truncate_ledger
 
 W = "0" * 64
 

@@ -15,7 +15,7 @@ from reprotune._jsonio import canonical_sha256
 from reprotune._model.lora import tensors_sha256
 from reprotune._run.checkpoint_files import drop_newer_checkpoints
 from reprotune._run.drift import section_drift
-from reprotune._run.ledger import ledger_misfit, truncate_ledger
+from reprotune._run.ledger_resume import ledger_misfit, truncate_ledger
 from reprotune._run.live_record import LiveRecord
 from reprotune._run.ranks import check_ranks_agree, ranks_section
 from reprotune._train.dist_checkpoint import Restored, restore_distributed

@@ -26,7 +26,7 @@ import torch.distributed
 from reprotune._model.lora import WeightsHasher, tensors_sha256, trainable_tensors
 from reprotune._run.checkpoint import CheckpointState, restore_latest_checkpoint, save_checkpoint
 from reprotune._run.layout import RunLayout
-from reprotune._run.ledger import ledger_misfit, truncate_ledger
+from reprotune._run.ledger_resume import ledger_misfit, truncate_ledger
 from reprotune._run.live_record import LiveRecord
 from reprotune._train.step import StepShare, StepTally, max_grad_norm, ordered_sum
 

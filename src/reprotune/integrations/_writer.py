@@ -27,7 +27,8 @@ from reprotune._model.lora import save_adapter, trainable_tensors
 from reprotune._run.checkpoint_files import TRAINER_CHECKPOINT_MARKER as CHECKPOINT_MARKER
 from reprotune._run.drift import environment_drift
 from reprotune._run.layout import RunLayout
-from reprotune._run.ledger import Entry, LedgerWriter, init_line, read_ledger, truncate_ledger
+from reprotune._run.ledger import Entry, LedgerWriter, init_line, read_ledger
+from reprotune._run.ledger_resume import truncate_ledger
 from reprotune._run.live_record import LiveRecord
 from reprotune._run.lock import RunDirLock, lock_run_dir
 from reprotune._run.outputs import refuse_inside_run
