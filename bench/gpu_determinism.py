@@ -46,6 +46,7 @@ compute them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -66,11 +67,36 @@ RATIO_STATISTIC = (
 )
 
 
+def _in_its_group(command: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` in a process group of its own, its output captured; when this script is
+    stopped (SIGTERM from ``timeout``, Ctrl-C), the group gets SIGTERM, then SIGKILL 20 s later:
+    torchrun passes the SIGTERM on to its ranks, which torch starts in sessions of their own, so
+    killing torchrun alone would leave them running on the GPU."""
+    proc = subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate()
+    except BaseException:
+        for sig, grace in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=grace)
+                break
+        raise
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
 def _reprotune(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "reprotune", *args], cwd=cwd, env=env, capture_output=True, text=True
-    )
+    return _in_its_group([sys.executable, "-m", "reprotune", *args], cwd, env)
 
 
 def _torchrun(nproc: int, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -82,9 +108,7 @@ def _torchrun(nproc: int, *args: str, cwd: Path) -> subprocess.CompletedProcess[
         "NCCL_PROTO": "Simple",
     }
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-    return subprocess.run(
-        [*command, "-m", "reprotune", *args], cwd=cwd, env=env, capture_output=True, text=True
-    )
+    return _in_its_group([*command, "-m", "reprotune", *args], cwd, env)
 
 
 def _failed(what: str, done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -300,7 +324,7 @@ class Stopped(Exception):
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
-    raise Stopped(signum)  # subprocess.run then kills the command it waits for
+    raise Stopped(signum)  # _in_its_group then stops the command's whole process group
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")

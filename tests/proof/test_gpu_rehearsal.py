@@ -237,3 +237,42 @@ def test_a_timeout_keeps_the_phases_done(tmp_path: Path, monkeypatch: pytest.Mon
     results = json.loads((tmp_path / "gpu_determinism.json").read_text(encoding="utf-8"))
     assert results["strict"]["verdict"] == "IDENTICAL" and "off" not in results
     assert results["stopped"]["by"] == "SIGTERM"
+
+
+LAUNCHER = """
+import signal, subprocess, sys, time
+rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+open(sys.argv[1], "w").write(str(rank.pid))
+def stop(*_):
+    rank.terminate()
+    rank.wait()
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+time.sleep(120)
+"""
+
+
+def test_a_stopped_script_lets_the_launcher_stop_its_ranks(tmp_path: Path) -> None:
+    """Stopped while a launcher runs (as torchrun, whose ranks live in sessions of their own): the
+    launcher's group gets SIGTERM, which it passes on, so no rank is left running on the GPU
+    (before, subprocess.run SIGKILLed the launcher alone and its ranks ran on)."""
+    script = _script()
+    pid_file = tmp_path / "rank.pid"
+    (tmp_path / "launcher.py").write_text(LAUNCHER)
+
+    def alarm(signum: int, frame: object) -> None:
+        raise script.Stopped(signal.SIGTERM)
+
+    before = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, 6.0)  # the launcher has started its rank by then
+    try:
+        with pytest.raises(script.Stopped):
+            script._in_its_group(
+                [sys.executable, str(tmp_path / "launcher.py"), str(pid_file)], tmp_path, dict(os.environ)
+            )
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+    rank = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(rank, 0)
