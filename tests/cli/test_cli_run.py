@@ -276,14 +276,22 @@ def test_an_interrupted_run_says_how_to_resume_it_as_it_was_launched(monkeypatch
     from reprotune._cli import _resume_hint
 
     args = argparse.Namespace(run_dir=Path("runs/k2"))
-    for name in ("TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE"):
+    for name in ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "GROUP_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     assert _resume_hint(args) == "`reprotune resume runs/k2`"
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert _resume_hint(args).startswith("`torchrun --nproc_per_node 2 -m reprotune resume runs/k2`")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "1")
+    assert _resume_hint(args) == "`torchrun --nproc_per_node 2 -m reprotune resume runs/k2`"
     unnamed = _resume_hint(argparse.Namespace(run_dir=None))  # runs/<id>, said when the run began
-    assert unnamed.startswith("`torchrun --nproc_per_node 2 -m reprotune resume RUN_DIR`")
+    assert unnamed == "`torchrun --nproc_per_node 2 -m reprotune resume RUN_DIR`"
+    # on 2 nodes of 4 processes each (before: --nproc_per_node 4, the node's count, with no --nnodes)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    assert _resume_hint(args) == (
+        "`torchrun --nnodes 2 --nproc_per_node 4 -m reprotune resume runs/k2` on every node, "
+        "with the run's rendezvous"
+    )
 
 
 @pytest.mark.parametrize(

@@ -181,8 +181,14 @@ def _section(recorded: dict[str, Any] | None) -> DistributedRecord | None:
         ({"world_size": 2}, 1, "--allow-world-size-change"),
         ({"world_size": 2}, None, "torchrun --nproc_per_node 2 -m reprotune resume runs/A"),
         (None, 2, "reprotune resume runs/A"),
+        # on 2 nodes: each runs its share (before: --nproc_per_node 8, the whole world on one node)
+        (
+            {"world_size": 8, "nodes": 2},
+            None,
+            "torchrun --nnodes 2 --nproc_per_node 4 -m reprotune resume runs/A",
+        ),
     ],
-    ids=["other-world", "torchrun-run-resumed-plainly", "plain-run-resumed-under-torchrun"],
+    ids=["other-world", "torchrun-run-resumed-plainly", "plain-run-resumed-under-torchrun", "two-nodes"],
 )
 def test_resume_world_sizes_that_are_refused(
     recorded: dict[str, Any] | None, now: int | None, words: str

@@ -168,8 +168,15 @@ def _resume_hint(args: argparse.Namespace) -> str:
     """How to resume the run this command was making, as its launch was (torchrun or not)."""
     from reprotune._run.ranks import resume_command
 
-    world = os.environ.get("LOCAL_WORLD_SIZE") if os.environ.get("TORCHELASTIC_RUN_ID") else None
-    return resume_command(str(getattr(args, "run_dir", None) or "RUN_DIR"), int(world) if world else None)
+    launched = os.environ.get("TORCHELASTIC_RUN_ID") is not None
+    world, nodes = (
+        os.environ.get(name, "") if launched else "" for name in ("WORLD_SIZE", "GROUP_WORLD_SIZE")
+    )
+    return resume_command(
+        str(getattr(args, "run_dir", None) or "RUN_DIR"),
+        int(world) if world.isdigit() else None,
+        int(nodes) if nodes.isdigit() else None,
+    )
 
 
 def entry_point() -> None:

@@ -97,7 +97,9 @@ def _refusal(run_dir: Path) -> None:
         if failed_before_first_step(paths, record):
             return
         refuse_if_held(run_dir)  # being written now: say so, not "continue it with resume"
-        resume = resume_command(str(run_dir), current_world(record.distributed))
+        distributed = record.distributed
+        nodes = distributed.nodes if distributed is not None else 1
+        resume = resume_command(str(run_dir), current_world(distributed), nodes)
         raise InputError(
             f"run directory {run_dir} holds an unfinished run (status {record.status!r})",
             source=str(paths.record),

@@ -118,15 +118,27 @@ def ranks_section(identities: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
     return out
 
 
-def resume_command(run_dir: str, world_size: int | None) -> str:
+def resume_command(run_dir: str, world_size: int | None, nodes: int | None = 1) -> str:
     """The command that resumes the run in ``run_dir``: under torchrun at its world size (None:
-    a one-process run), for messages."""
+    a one-process run) over ``nodes`` nodes (None: not known), for messages."""
     if world_size is None:
         return f"`reprotune resume {run_dir}`"
+    if nodes is None or nodes < 1 or world_size % nodes:
+        return (
+            f"`torchrun --nproc_per_node {world_size} -m reprotune resume {run_dir}` (on several nodes: "
+            "the run's --nnodes, that many processes in all, and its rendezvous)"
+        )
+    if nodes == 1:
+        return f"`torchrun --nproc_per_node {world_size} -m reprotune resume {run_dir}`"
     return (
-        f"`torchrun --nproc_per_node {world_size} -m reprotune resume {run_dir}` (with the run's --nnodes "
-        "and rendezvous on several nodes)"
+        f"`torchrun --nnodes {nodes} --nproc_per_node {world_size // nodes} -m reprotune resume {run_dir}` "
+        "on every node, with the run's rendezvous"
     )
+
+
+def _nodes(distributed: DistributedRecord | None) -> int | None:
+    """How many nodes the run trained on, as its record says (None: not recorded)."""
+    return distributed.nodes if distributed is not None else None
 
 
 def current_world(distributed: DistributedRecord | None) -> int | None:
@@ -172,7 +184,7 @@ def check_resume_world(
             f"the run in {run_dir} was made under torchrun at world size {before}; this resume runs "
             "without torchrun",
             source=f"{run_dir}/record.json (key distributed.world_size)",
-            fix=f"resume it under torchrun: {resume_command(run_dir, before)}",
+            fix=f"resume it under torchrun: {resume_command(run_dir, before, _nodes(recorded))}",
         )
     if before == world_size:
         return None
