@@ -249,12 +249,12 @@ def test_broken_adapter(tmp_path: Path) -> None:
 
 def test_fast_and_line_by_line_checks_agree(run: Path) -> None:
     """The one-pass check and the line-by-line check read a valid ledger to the same entries."""
-    from reprotune._run.ledger import _parse_entries, _parse_entry
+    from reprotune._run.ledger import _parse_entries, parse_entry
 
     path = run / "ledger.jsonl"
     lines = path.read_bytes().split(b"\n")[:-1]
     fast = _parse_entries(path, lines)
-    slow = [_parse_entry(path, number, raw) for number, raw in enumerate(lines, start=1)]
+    slow = [parse_entry(path, number, raw) for number, raw in enumerate(lines, start=1)]
     assert fast == slow
     assert len(fast) == 1 + 12 + 3
 
