@@ -271,3 +271,17 @@ def test_a_header_larger_than_the_listing_allows_is_refused(
             tar.addfile(info, io.BytesIO(data))
     argv = ["rerun", str(bundle), "--out", str(tmp_path / "out"), "--no-progress"]
     _refused(argv, tmp_path, capsys, "the bundle holds more than its bundle.json lists")
+
+
+def test_a_bundle_without_its_split_names_the_member_not_the_removed_unpack(
+    honest: tuple[dict[str, Any], list], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bundle made by hand (or by an old pack) without run/split.json: refused before training,
+    the message naming the bundle's member (before: the path it was unpacked to, removed by the
+    refusal), nothing left."""
+    manifest, members = honest
+    kept = [(name, data) for name, data in members if name != "run/split.json"]
+    bundle = _write(tmp_path / "no-split.tar.gz", dict(manifest, members=_listing(kept)), kept)
+    out = tmp_path / "out"
+    argv = ["rerun", str(bundle), "--out", str(out), "--no-progress"]
+    _refused(argv, tmp_path, capsys, f"{bundle}: run/split.json is missing")

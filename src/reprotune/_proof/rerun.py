@@ -32,7 +32,7 @@ from reprotune._jsonio import sha256_file, write_json_atomic
 from reprotune._proof.bundle import builtin_data, check_split_file, run_member
 from reprotune._proof.compare import check_tolerance, compare_runs
 from reprotune._proof.differences import Comparison
-from reprotune._proof.unpack import Unpacked, unpack
+from reprotune._proof.unpack import Unpacked, named_in_the_bundle, unpack
 from reprotune._run.claim import unused_path
 from reprotune._run.drift import (
     RUN_THE_SCRIPT_AGAIN,
@@ -336,9 +336,11 @@ def rerun_bundle(
         use = _data_of(unpacked, data, bundle)
         started = time.perf_counter()
         done = again(unpacked.run_dir, data=use, progress=progress, report=report)
-    except BaseException:
+    except BaseException as exc:
         if not (out / "rerun").exists():  # stopped before training: remove what this call made, only
             shutil.rmtree(created if created is not None else out / "recorded", ignore_errors=True)
+            if type(exc) is InputError:  # what it names was unpacked there, and is gone: name the member
+                raise named_in_the_bundle(exc, out / "recorded" / "run", bundle) from None
         raise
     summary = _rerun_summary(bundle, bundle_sha256, done, allow_code_drift, time.perf_counter() - started)
     write_json_atomic(out / "rerun.json", summary)

@@ -327,3 +327,13 @@ def _parse_manifest(raw: bytes, bundle: Path) -> dict[str, Any]:
     if not isinstance(members, dict) or not all(isinstance(v, dict) for v in members.values()):
         raise _refused(bundle, f"{MANIFEST} lists no members")
     return manifest
+
+
+def named_in_the_bundle(exc: InputError, unpacked: Path, bundle: Path) -> InputError:
+    """``exc`` about a file of the bundle's run unpacked at ``unpacked``, which is removed after a
+    refusal: the same error naming the bundle's member (``BUNDLE: run/split.json``) instead."""
+
+    def named(text: str | None) -> str | None:
+        return None if text is None else text.replace(str(unpacked), f"{bundle}: {RUN}")
+
+    return type(exc)(named(exc.message) or exc.message, source=named(exc.source), fix=named(exc.fix))
