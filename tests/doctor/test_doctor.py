@@ -287,6 +287,21 @@ def test_every_code_is_known_and_documented(tmp_path: Path) -> None:
     assert set(report.codes()) <= set(FINDING_CODES)
 
 
+def test_every_code_a_check_can_emit_is_listed() -> None:
+    """Each ``Finding("code", ...)`` written in the doctor's checks is in FINDING_CODES (two were
+    not: git-no-commit and mlflow-store-broken, so a report with either failed the check above)."""
+    import ast
+
+    emitted = set()
+    for module in (REPO / "src" / "reprotune" / "_doctor").glob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Finding" and node.args:
+                first = node.args[0]
+                if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    emitted.add(first.value)
+    assert len(emitted) > 30 and emitted <= set(FINDING_CODES), sorted(emitted - set(FINDING_CODES))
+
+
 def test_doctor_names_columns_the_data_lacks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """prompt_field and stratify_by naming absent columns: one error each, with the key, its line
     and column in the config, and the columns there are (the data is read without torch)."""

@@ -14,8 +14,9 @@ import math
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-#: Views spanning more runs of bytes than this are taken as their whole extent (first to last
-#: byte): exact enough for what a step's ops write, bounded in cost.
+#: Views spanning more runs of bytes than this are read as their whole extent (first to last byte)
+#: and, written, mark nothing written (an in-place op on them then reads ``uninitialized``, never
+#: leftover bytes): exact for what a step's ops write, bounded in cost.
 MAX_RUNS = 256
 #: The writes kept per storage, newest last (older ones are dropped: a step writes a buffer a few
 #: times, a cache in place many).
