@@ -10,6 +10,7 @@ freed, so an address given to another tensor is not taken for the old one).
 from __future__ import annotations
 
 import math
+from typing import Any, TypeVar
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -94,16 +95,8 @@ class Memory:
 
     def unwritten(self, t: torch.Tensor) -> bool:
         """Whether every byte ``t`` spans is of a live allocation no op has written there."""
-        where = address(t)
-        held = self._fresh.get(where) if where else None
-        if held is not None and held[0].expired():
-            del self._fresh[where]
-            return False
-        if held is None:
-            return False
-        runs = byte_runs(t)
-        reads = runs if runs is not None else [byte_range(t)]
-        return not any(_overlaps(held[1], start, end) for start, end in reads)
+        held = live(self._fresh, address(t))
+        return held is not None and not any(_overlaps(held[1], start, end) for start, end in _reads(t))
 
     def wrote(self, t: torch.Tensor, op: int) -> None:
         """Op ``op`` wrote (or made) ``t``: its bytes are written, and it is their writer."""
@@ -111,30 +104,42 @@ class Memory:
         if not where:
             return
         runs = byte_runs(t)
-        fresh = self._fresh.get(where)
+        fresh = live(self._fresh, where)
         if fresh is not None and runs is not None:  # a view of too many runs marks nothing written
             merged = _merged([*fresh[1], *runs])
-            whole = merged and merged[0][0] <= 0 and merged[0][1] >= t.untyped_storage().nbytes()
-            if whole:
+            if merged and merged[0][0] <= 0 and merged[0][1] >= t.untyped_storage().nbytes():
                 del self._fresh[where]
             else:
                 self._fresh[where] = (fresh[0], merged)
-        held = self._writes.get(where)
-        if held is None or held[0].expired():
-            held = (StorageWeakRef(t.untyped_storage()), [])
-            self._writes[where] = held
+        held = live(self._writes, where)
+        if held is None:
+            held = self._writes[where] = (StorageWeakRef(t.untyped_storage()), [])
         held[1].extend((start, end, op) for start, end in (runs if runs is not None else [byte_range(t)]))
         del held[1][:-MAX_WRITES]
 
     def writer(self, t: torch.Tensor) -> int | None:
         """The position of the op that last wrote bytes ``t`` spans, while its storage lives."""
-        where = address(t)
-        held = self._writes.get(where) if where else None
-        if held is not None and held[0].expired():
-            del self._writes[where]
-            return None
+        held = live(self._writes, address(t))
         if held is None:
             return None
-        runs = byte_runs(t)
-        reads = runs if runs is not None else [byte_range(t)]
+        reads = _reads(t)
         return next((op for start, end, op in reversed(held[1]) if _overlaps(reads, start, end)), None)
+
+
+_Held = TypeVar("_Held", bound=tuple[StorageWeakRef, Any])
+
+
+def live(table: dict[int, _Held], where: int) -> _Held | None:
+    """What ``table`` holds for the storage at ``where`` while that storage lives (an entry of a
+    freed one, whose address another tensor may have now, is dropped)."""
+    held = table.get(where) if where else None
+    if held is not None and held[0].expired():
+        del table[where]
+        return None
+    return held
+
+
+def _reads(t: torch.Tensor) -> Runs:
+    """The bytes ``t`` spans, as runs (its whole extent for a view of too many)."""
+    runs = byte_runs(t)
+    return runs if runs is not None else [byte_range(t)]

@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from reprotune._model.lora import buffer_hashes
-from reprotune._run.op_memory import Memory
+from reprotune._run.op_memory import Memory, address, live
 from reprotune._run.op_tensors import (
     allocates,
     generator_entry,
@@ -234,14 +234,11 @@ class OpTracer(TorchDispatchMode):
         """Write ``word`` for ``t``'s bytes instead of their hash, and for every tensor an op
         computes from it while it lives: a value outside what a step computes (the Trainer's loss
         log, :data:`~reprotune._run.tracefile.LOSS_LOG_HASH`)."""
-        self._unhashed[_address(t)] = (StorageWeakRef(t.untyped_storage()), word)
+        self._unhashed[address(t)] = (StorageWeakRef(t.untyped_storage()), word)
 
-    def _word(self, address: int) -> str | None:
-        """The word written for the storage at ``address`` instead of its hash, while it lives."""
-        held = self._unhashed.get(address)
-        if held is not None and held[0].expired():
-            del self._unhashed[address]
-            return None
+    def _word(self, where: int) -> str | None:
+        """The word written for the storage at ``where`` instead of its hash, while it lives."""
+        held = live(self._unhashed, where)
         return held[1] if held is not None else None
 
     def mark(self, phase: str) -> None:
@@ -251,15 +248,15 @@ class OpTracer(TorchDispatchMode):
     def _entry(self, t: torch.Tensor, rng_state: set[int], overwritten: bool = False) -> tuple[str, ...]:
         if id(t) in rng_state:
             return (*_shape_dtype(t), RNG_STATE_HASH)
-        address = _address(t)
-        word = self._word(address) if self._unhashed and address else None
+        where = address(t)
+        word = self._word(where) if self._unhashed and where else None
         if word is not None:
             return (*_shape_dtype(t), word)
-        label = self.labels.get(address)
-        if overwritten and address and self._memory.unwritten(t):
+        label = self.labels.get(where)
+        if overwritten and where and self._memory.unwritten(t):
             digest = UNINITIALIZED
         elif label is not None:
-            known = self._param_hashes.setdefault(address, {})
+            known = self._param_hashes.setdefault(where, {})
             key = (t.storage_offset(), tuple(t.shape), t.stride(), t._version, t.dtype)
             digest = known[key] if key in known else known.setdefault(key, tensor_hash(t))
         else:
@@ -286,7 +283,7 @@ class OpTracer(TorchDispatchMode):
             src += (None,)
         out = func(*args, **kwargs)
         for t in written:  # also through an alias with a version of its own (``.data``)
-            self._param_hashes.pop(_address(t), None)
+            self._param_hashes.pop(address(t), None)
         produced, _ = tree_flatten(out)
         tensors = [x for x in produced if isinstance(x, torch.Tensor)]
         outputs: tuple[tuple[str, ...], ...]
@@ -339,11 +336,3 @@ class OpTracer(TorchDispatchMode):
 def _shape_dtype(t: torch.Tensor) -> tuple[str, str]:
     """``("512x576", "float32")``: a tensor's shape and dtype as a trace writes them."""
     return "x".join(str(d) for d in t.shape), str(t.dtype).removeprefix("torch.")
-
-
-def _address(t: torch.Tensor) -> int:
-    """The address of a tensor's storage (0 for one without: sparse, meta)."""
-    try:
-        return int(t.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError):
-        return 0
