@@ -33,6 +33,7 @@ from reprotune._proof.bundle import builtin_data, check_split_file, run_member
 from reprotune._proof.compare import check_tolerance, compare_runs
 from reprotune._proof.differences import Comparison
 from reprotune._proof.unpack import Unpacked, named_in_the_bundle, unpack
+from reprotune._proof.world import same_launch
 from reprotune._run.claim import unused_path
 from reprotune._run.drift import (
     RUN_THE_SCRIPT_AGAIN,
@@ -175,8 +176,8 @@ def refuse_another_launch(record: Mapping[str, Any], *, rerun_args: str, source:
     """
     distributed = record.get("distributed") or {}
     recorded, launched = distributed.get("world_size"), _launched_world_size()
-    invariant = ((record.get("config") or {}).get("train") or {}).get("world_size_invariant")
-    if recorded == launched or (recorded is not None and launched is not None and invariant):
+    invariant = ((record.get("config") or {}).get("train") or {}).get("world_size_invariant") is True
+    if same_launch(recorded, launched, invariant=invariant):
         return
     now = "in one process" if launched is None else f"under torchrun at world size {launched}"
     if recorded is None:

@@ -55,6 +55,13 @@ def without_rank_batches(run: RunDir) -> RunDir:
     return dataclasses.replace(run, ledger=stripped)
 
 
+def same_launch(recorded: int | None, launched: int | None, *, invariant: bool) -> bool:
+    """Whether a run made at world size ``recorded`` (None: without torchrun) can be reproduced by a
+    launch at ``launched``: the same, or two torchrun sizes of a world-size invariant run. Anything
+    else places the data, seeds dropout or adds the gradients otherwise (docs/distributed.md)."""
+    return recorded == launched or (recorded is not None and launched is not None and invariant)
+
+
 def refuse_a_reference_of_another_launch(run_dir: Path, distributed: DistributedRecord | None) -> None:
     """Refuse a ``verify --reference`` run made at another world size, or with(out) torchrun where
     this verify runs without (with) it: every leg would part from it for that alone (the data
@@ -62,8 +69,9 @@ def refuse_a_reference_of_another_launch(run_dir: Path, distributed: Distributed
     Two torchrun sizes pass when the run is ``train.world_size_invariant``."""
     recorded = current_world(distributed)
     here = launch_world_size() if launched_by_torchrun() else None
-    invariant = distributed is not None and distributed.world_size_invariant is True
-    if recorded == here or (recorded is not None and here is not None and invariant):
+    if same_launch(
+        recorded, here, invariant=distributed is not None and distributed.world_size_invariant is True
+    ):
         return
     made, runs = (_launch_words(n) for n in (recorded, here))
     how = (
