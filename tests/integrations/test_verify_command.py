@@ -504,3 +504,22 @@ def test_a_stale_torchelastic_run_id_is_bad_input_for_verify_and_rerun(
         "TORCHELASTIC_RUN_ID is set, as under torchrun, but the launch's variables are not"
         in capsys.readouterr().err
     )
+
+
+def test_verify_over_several_nodes_is_refused_on_every_rank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    """verify's legs are torchrun launches on rank 0's node: a verify launched over two nodes (two
+    processes each) is refused on every rank, naming both sizes and the one-node launch, before
+    any config is read (before, rank 0 launched all four processes on its own node)."""
+    monkeypatch.chdir(tmp_path)
+    for rank in ("0", "1", "2", "3"):
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "verify-over-nodes")
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", "4")
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        assert main(["verify", "missing.yaml", "--out", str(tmp_path / "ver")]) == 2
+        err = capsys.readouterr().err
+        assert "over several nodes here (LOCAL_WORLD_SIZE=2, WORLD_SIZE=4)" in err
+        assert "torchrun --standalone --nproc_per_node N -m reprotune verify" in err
+    assert not (tmp_path / "ver").exists()

@@ -96,12 +96,27 @@ def run(args: argparse.Namespace) -> int:
         return _run(args)
 
 
+def _refuse_several_nodes(world: int) -> None:
+    """verify's legs are ``torchrun --standalone`` launches on rank 0's node, at the world size of
+    verify's own launch: a launch over several nodes cannot be made again that way."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if local.isdigit() and int(local) != world:
+        raise InputError(
+            f"verify runs under torchrun over several nodes here (LOCAL_WORLD_SIZE={local}, "
+            f"WORLD_SIZE={world}): its legs are launches on one node",
+            source="torchrun",
+            fix="run verify on one node (`torchrun --standalone --nproc_per_node N -m reprotune verify "
+            "...`), or check the multi-node run with `reprotune rerun` under a launch like its own",
+        )
+
+
 def _run(args: argparse.Namespace) -> int:
     rank = None
     if os.environ.get("TORCHELASTIC_RUN_ID") is not None:  # under torchrun, as a run decides it
         from reprotune._train.distributed import launch_variables  # torch: a torchrun launch has it
 
-        rank = launch_variables("verify")[0]  # a stale TORCHELASTIC_RUN_ID: refused by name
+        rank, world, _ = launch_variables("verify")  # a stale TORCHELASTIC_RUN_ID: refused by name
+        _refuse_several_nodes(world)
     if rank is not None and (args.spot or args.train_command is not None):
         form = "--spot" if args.spot else "--command"
         raise InputError(
