@@ -77,7 +77,8 @@ def test_a_stack_with_one_other_version_is_untested_and_names_it() -> None:
         ({"mlflow-skinny": "3.1.0", "sqlalchemy": "2.1.0rc1"}, True),
         ({"mlflow": "3.5.0", "sqlalchemy": "2.1.0"}, True),
         ({"mlflow-skinny": "3.9.0", "sqlalchemy": "2.1.9"}, False),
-        ({"mlflow-skinny": "3.1.0", "sqlalchemy": "2.0.30"}, False),  # the floors: proven
+        ({"mlflow-skinny": "3.1.0", "sqlalchemy": "2.0.30"}, False),
+        ({"mlflow-skinny": "3.9.0", "sqlalchemy": "2.0.30"}, False),  # the floors: proven
         ({"mlflow-skinny": "3.17.2", "sqlalchemy": "2.1.9"}, False),  # the lock: proven
         ({"sqlalchemy": "2.1.9"}, False),
     ],

@@ -105,7 +105,7 @@ def stack_facts(distributions: Mapping[str, str | None]) -> dict[str, Any]:
 def mlflow_store_problem(distributions: Mapping[str, str | None]) -> str | None:
     """Why MLflow cannot open a SQL tracking store with the installed pair, or None: mlflow-skinny
     (or mlflow) before 3.9 imports a pool class SQLAlchemy 2.1 removed. pyproject.toml's ranges
-    allow that pair (no range of one can depend on the other's version).
+    exclude it (mlflow-skinny >= 3.9); a stack installed past them (``--no-deps``) can hold it.
 
     Example:
         >>> mlflow_store_problem({"mlflow-skinny": "3.8.1", "sqlalchemy": "2.1.9"})[:40]

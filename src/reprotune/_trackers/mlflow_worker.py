@@ -50,7 +50,7 @@ def sqlite_file(uri: str) -> Path | None:
 
 def open_client(uri: str) -> Any:
     """An ``MlflowClient`` for ``uri``. A local SQLite store's folder is made first, as recent MLflow
-    does itself: MLflow 3.1 (the floor) instead retries a store it cannot open ten times over about
+    does itself: MLflow 3.1 (the floor before 3.9) instead retries a store it cannot open ten times over about
     100 s. So a missing folder is made, and one that cannot be (a file in its path) fails at once,
     on every MLflow version the ranges allow."""
     from mlflow.tracking import MlflowClient
