@@ -344,3 +344,65 @@ def test_a_stop_inside_an_epoch_and_an_eval_on_start_add_no_validation_line(
     whole = [json.loads(line) for line in (tmp_path / "whole" / "ledger.jsonl").read_text().splitlines()]
     assert [e["step"] for e in whole if e["kind"] == "val"] == [0, 10, 14]  # the start, an epoch, the end
     assert compare_runs(tmp_path / "whole", tmp_path / "cut").verdict.value == "IDENTICAL"
+
+
+def test_a_damaged_ledger_line_after_the_checkpoint_is_dropped_where_the_trainer_did_not_evaluate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash can leave zeros on a ledger line after the checkpoint's (never synced). The Trainer's
+    state says whether it evaluated at the checkpoint's step: where it did not (step 3, eval every
+    4 steps), the resume drops the damaged line and ends IDENTICAL to the uninterrupted run (it was
+    refused: not knowing, the line might be the step's own val line); where it did (step 4), a
+    damaged line there is that val line, synced with the checkpoint, and still refused."""
+    from trainer_scripts import tiny_trainer
+
+    from reprotune._errors import InputError
+    from reprotune.integrations.transformers import ReprotuneCallback
+    from reprotune.testing import tiny_rows
+    from tinyrun import TinyProject
+
+    model_dir = TinyProject.create(tmp_path / "project").root / "tiny-model"
+
+    def trainer(name: str) -> Any:
+        return tiny_trainer(
+            model_dir,
+            tiny_rows(40, seed=1),
+            tmp_path / f"out-{name}",
+            lambda: ReprotuneCallback(tmp_path / name, code_dir=tmp_path),
+            eval_rows=tiny_rows(8, seed=2),
+            eval_strategy="steps",
+            eval_steps=4,
+            save_strategy="steps",
+            save_steps=1,
+        )
+
+    trainer("whole").train()
+    monkeypatch.setenv(controls.STOP_AFTER, "3")
+    trainer("cut").train()
+    monkeypatch.setenv(controls.STOP_AFTER, "4")
+    trainer("val-lost").train()
+    monkeypatch.delenv(controls.STOP_AFTER)
+    whole = (tmp_path / "whole" / "ledger.jsonl").read_bytes().split(b"\n")
+    kinds = [(e["kind"], e["step"]) for e in map(json.loads, whole[:-1])]
+    assert kinds[:7] == [
+        ("init", 0),
+        ("train", 1),
+        ("train", 2),
+        ("train", 3),
+        ("train", 4),
+        ("val", 4),
+        ("train", 5),
+    ]
+    ledger = tmp_path / "cut" / "ledger.jsonl"
+
+    assert ledger.read_bytes() == b"\n".join(whole[:4]) + b"\n"  # stopped after step 3
+    ledger.write_bytes(ledger.read_bytes() + b"\0" * 120 + b"\n")  # then zeros, as a crash can leave
+    trainer("cut").train(resume_from_checkpoint=str(tmp_path / "out-cut" / "checkpoint-3"))
+    assert ledger.read_bytes() == b"\n".join(whole)
+    assert compare_runs(tmp_path / "whole", tmp_path / "cut").verdict.value == "IDENTICAL"
+
+    ledger = tmp_path / "val-lost" / "ledger.jsonl"
+    assert ledger.read_bytes() == b"\n".join(whole[:6]) + b"\n"  # stopped after step 4 and its val
+    ledger.write_bytes(b"\n".join(whole[:5]) + b"\n" + b"\0" * len(whole[5]) + b"\n")  # step 4's val
+    with pytest.raises(InputError, match=r"ledger\.jsonl:6: line 6 holds zero bytes"):
+        trainer("val-lost").train(resume_from_checkpoint=str(tmp_path / "out-val-lost" / "checkpoint-4"))

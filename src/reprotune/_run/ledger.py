@@ -383,8 +383,14 @@ def parse_entry(path: Path, number: int, raw: bytes) -> LedgerEntry:
     where = f"{path}:{number}"
     if not raw.strip():
         raise InputError(f"line {number} is blank", source=where, fix=_LEDGER_FIX)
+    if b"\0" in raw:  # json.loads would take the bytes for UTF-32 and say so
+        raise InputError(
+            f"line {number} holds zero bytes (a block of zeros: what a crash can leave of a write)",
+            source=where,
+            fix=_LEDGER_FIX,
+        )
     try:
-        obj = json.loads(raw)
+        obj = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         column = f":{exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
         raise InputError(

@@ -5,7 +5,7 @@ another run's checkpoint, its history copied). Each refusal names the directory 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +145,13 @@ def remove_branch(paths: RunLayout, trainer_output: str | None = None) -> None:
                 shutil.rmtree(entry, ignore_errors=True)
             else:
                 entry.unlink(missing_ok=True)
+
+
+def validated_at(log_history: Sequence[Mapping[str, Any]], step: int) -> bool:
+    """Whether the Trainer evaluated at ``step`` (its ``eval_loss`` in the checkpoint's
+    ``log_history``): the run's ledger then holds a ``val`` line there, written before the
+    checkpoint was saved and synced with it (the Trainer evaluates, then saves)."""
+    return any(e.get("step") == step and "eval_loss" in e for e in log_history)
 
 
 def check_resumable(

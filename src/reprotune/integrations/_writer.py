@@ -47,6 +47,7 @@ from reprotune.integrations._resumable import (
     check_resumable,
     refuse_unclaimable,
     remove_branch,
+    validated_at,
 )
 
 
@@ -130,12 +131,15 @@ class TrainerRun(RunWriter):
         findings: Sequence[Mapping[str, str]] = (),
         branch_from: Path | None = None,
         trainer_output: str | None = None,
+        log_history: Sequence[Mapping[str, Any]] | None = None,
     ) -> TrainerRun:
         """Continue the run in ``run_dir`` from step ``from_step`` (the Trainer's checkpoint):
         the ledger is cut back to that step and a new attempt is recorded, with what each rank
         will restore (``ranks``: :func:`reprotune.integrations._ranks.restore_plan` of every rank):
         a rank without its RNG file, or without the optimizer's, the schedule's or the scaler's
         state, resumes with whatever it has; each such piece is said at once and recorded.
+        ``log_history``: the checkpoint's (the Trainer's state), which says whether the run
+        validated at ``from_step`` (None: not known), for a damaged ledger line after it.
 
         Raises:
             InputError: no run there, a completed run, other settings or code than the run's, or
@@ -161,7 +165,8 @@ class TrainerRun(RunWriter):
             attempt["environment_drift"] = environment_drift(
                 record.get("environment") or {}, environment, report
             )
-            truncate_ledger(paths.ledger, keep_through_step=from_step, report=report)
+            validated = None if log_history is None else validated_at(log_history, from_step)
+            truncate_ledger(paths.ledger, keep_through_step=from_step, val_at_step=validated, report=report)
             ledger = read_ledger(paths.ledger)
             if len(ledger.train) != from_step:
                 raise InputError(

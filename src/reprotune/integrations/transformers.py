@@ -205,6 +205,7 @@ class ReprotuneCallback(TrainerCallback):
                 findings=findings,
                 branch_from=self._controls.branch_from,
                 trainer_output=args.output_dir,
+                log_history=state.log_history,
             )
             return
         run_id = make_run_id(config_sha)
