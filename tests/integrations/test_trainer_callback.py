@@ -530,6 +530,43 @@ def test_a_run_dir_holding_files_is_refused(model_dir: Path, tmp_path: Path) -> 
     assert sorted(p.name for p in run_dir.iterdir()) == ["notes.txt"]
 
 
+def _children_running(module: str) -> list[int]:
+    """The processes this one started that run ``python -m MODULE`` and have not ended."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            command = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and module.encode() in command:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_a_refused_start_with_mlflow_leaves_no_mlflow_worker(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``mlflow=True`` and a run directory that is refused: the MLflow tracker is made only once the
+    directory is claimed, so no worker process is left behind (one was, for every refused start: a
+    notebook retrying gathered them)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_dir = tmp_path / "taken"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("mine", encoding="utf-8")
+    trainer = tiny_trainer(
+        model_dir,
+        tiny_rows(8, seed=1),
+        tmp_path / "out",
+        lambda: ReprotuneCallback(run_dir, mlflow=True),
+        max_steps=1,
+    )
+    with pytest.raises(InputError, match="exists and is not empty"):
+        trainer.train()
+    assert _children_running("reprotune._trackers.mlflow_worker") == []
+    assert sorted(p.name for p in run_dir.iterdir()) == ["notes.txt"]
+
+
 def test_sigterm_during_training_records_the_run_interrupted_then_ends_as_the_signal_would(
     model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -233,6 +233,20 @@ def test_a_verification_under_way_is_output_before_its_verification_json(repo: P
     assert code_fingerprint(repo).untracked == ("scripts/helper.py",)
 
 
+@needs_git
+def test_another_trainer_runs_marked_checkpoints_are_output(repo: Path) -> None:
+    """A Trainer checkpoint the callback marked (``reprotune-run.json``) is another script's run
+    beside this one, not untracked code (before, a second run's record said dirty, listing the first
+    run's checkpoint files, and a resume of the first was refused as code drift); an unmarked
+    checkpoint folder still counts."""
+    for name in ("checkpoint-2", "checkpoint-4"):
+        (repo / "out-a" / name).mkdir(parents=True)
+        (repo / "out-a" / name / "adapter_model.safetensors").write_bytes(b"weights")
+    (repo / "out-a" / "checkpoint-2" / "reprotune-run.json").write_text("{}")
+    info = code_fingerprint(repo)
+    assert info.untracked == ("out-a/checkpoint-4/adapter_model.safetensors",)
+
+
 def test_outside_git(tmp_path: Path) -> None:
     """Outside a git work tree: in_git False, no crash."""
     info = code_fingerprint(tmp_path)

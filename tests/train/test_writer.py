@@ -126,7 +126,7 @@ def _trainer_run(run_dir: Path, observer: _Observer) -> Any:
         patch=b"",
         manifest=None,
         init_weights_sha256="0" * 64,
-        trackers=TrackerSet([observer]),
+        trackers=lambda: TrackerSet([observer]),
     )
 
 
@@ -144,7 +144,7 @@ def test_a_trainer_record_the_schema_refuses_leaves_the_directory_free(tmp_path:
             patch=b"",
             manifest=None,
             init_weights_sha256="0" * 64,
-            trackers=TrackerSet([]),
+            trackers=lambda: TrackerSet([]),
         )
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
     lock_run_dir(tmp_path / "run", report=print).release()  # free: no InputError
@@ -176,7 +176,7 @@ def test_a_trainer_run_that_cannot_write_its_first_record_leaves_nothing_behind(
             patch=b"diff --git a/x b/x\n",
             manifest=None,
             init_weights_sha256="0" * 64,
-            trackers=TrackerSet([]),
+            trackers=lambda: TrackerSet([]),
         )
     assert run_dir.exists() is existed and (not existed or not any(run_dir.iterdir()))
     lock_run_dir(run_dir, report=print).release()  # free: no InputError

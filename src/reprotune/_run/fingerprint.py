@@ -25,6 +25,7 @@ from reprotune._config.secrets import mask_secrets, redact_env
 from reprotune._determinism.flags import determinism_flags
 from reprotune._jsonio import sha256_bytes
 from reprotune._run import layout
+from reprotune._run.checkpoint_files import TRAINER_CHECKPOINT_MARKER
 from reprotune._run.kernels import kernel_facts
 from reprotune._run.stack import stack_facts
 
@@ -259,12 +260,14 @@ def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess[bytes]:
 #: reprotune's own outputs at their default places (relative to the working directory): run and
 #: study directories, the MLflow store and its artifacts. They never make a tree dirty.
 DEFAULT_OUTPUTS: tuple[str, ...] = ("runs", "studies", "mlflow.db", "mlartifacts", "mlruns")
-#: A directory holding one of these is a reprotune output (a run, verification or study directory).
+#: A directory holding one of these is a reprotune output (a run, verification or study
+#: directory, or a Trainer checkpoint the callback marked: another script's run beside this one).
 _OUTPUT_MARKERS: tuple[str, ...] = (
     layout.RECORD,
     layout.VERIFICATION,
-    "study.json",
-)  # _studies.layout.STUDY, a pillar above
+    "study.json",  # _studies.layout.STUDY, a pillar above
+    TRAINER_CHECKPOINT_MARKER,
+)
 
 
 def _marked(folder: Path) -> bool:

@@ -107,6 +107,12 @@ class RunWriter:
                 with contextlib.suppress(Exception):
                     self.trackers.finish("failed")
 
+    def abandon_trackers(self) -> None:
+        """End the trackers of an opening cut short, before the run began (an MLflow worker
+        stopped, a run it made ended FAILED)."""
+        with contextlib.suppress(Exception):
+            self.trackers.finish("failed")
+
     @contextlib.contextmanager
     def closed_if_unrecorded(self) -> Iterator[None]:
         """Close the trackers of an attempt that fails before its first record (:meth:`finish`

@@ -76,7 +76,7 @@ class TrainerRun(RunWriter):
         patch: bytes,
         manifest: Manifest | None,
         init_weights_sha256: str,
-        trackers: TrackerSet,
+        trackers: Callable[[], TrackerSet],
     ) -> TrainerRun:
         """Claim a new (or empty) ``run_dir``, write the first record, the patch, the manifest and
         the ledger's ``init`` line.
@@ -99,11 +99,13 @@ class TrainerRun(RunWriter):
             if manifest is not None:
                 live.set_manifest_sha256(write_manifest(manifest, paths.manifest))
             live.write(paths.record)
-            writer = cls(paths, live, lock, trackers)
+            writer = cls(paths, live, lock, trackers())
             writer.recorded = True
             writer.ledger.write(init_line(init_weights_sha256))
+            writer.start_trackers()
         except BaseException:  # nothing half-written: the directory is new (or empty) again
             if writer is not None:
+                writer.abandon_trackers()
                 with contextlib.suppress(OSError):
                     writer.ledger.close()
             remove_branch(paths, output_dir)  # before the lock goes: no other writer's files
@@ -112,7 +114,6 @@ class TrainerRun(RunWriter):
                 with contextlib.suppress(OSError):
                     run_dir.rmdir()
             raise
-        writer.start_trackers()
         return writer
 
     @classmethod
@@ -126,7 +127,7 @@ class TrainerRun(RunWriter):
         code: Mapping[str, Any],
         environment: Mapping[str, Any],
         weights_sha256: str,
-        trackers: TrackerSet,
+        trackers: Callable[[], TrackerSet],
         ranks: Sequence[Mapping[str, Any]],
         findings: Sequence[Mapping[str, str]] = (),
         branch_from: Path | None = None,
@@ -182,18 +183,19 @@ class TrainerRun(RunWriter):
                     f"warning: the weights restored from the checkpoint differ from the ledger's step "
                     f"{from_step}: the checkpoint is not the one this run saved"
                 )
-            writer = cls(paths, record, lock, trackers)  # its ledger opens on the cut ledger
+            writer = cls(paths, record, lock, trackers())  # its ledger opens on the cut ledger
             writer._last_step = from_step
             writer.record.begin_attempt(resumed=True, **attempt)
             writer.write_record()
+            writer.start_trackers()
         except BaseException:
             if writer is not None:
+                writer.abandon_trackers()
                 writer.ledger.close()
             if source is not None:  # a branch refused or cut short: its directory new again
                 remove_branch(paths, trainer_output)  # before the lock goes: no other writer's files
             lock.release()
             raise
-        writer.start_trackers()
         return writer
 
     # -- while training --------------------------------------------------------------------------
@@ -340,22 +342,28 @@ def make_trackers(
     on_failure: Callable[[str], None] = report,
     *,
     mlflow_run: tuple[str, str | None] | None = None,
-) -> TrackerSet:
-    """The callback's trackers: W&B when asked for (offline unless WANDB_MODE says otherwise), and
-    the MLflow run the script logs to (``mlflow_run``: tracking URI and run id), linked; a run id
-    None: a run of its own at that URI, mirrored by ``reprotune run``'s own tracker (metrics off
-    the training step, in a child process), in the experiment ``MLFLOW_EXPERIMENT_NAME`` names
-    (else ``reprotune``), its artifacts under ``mlartifacts`` when it makes the experiment."""
-    trackers: list[Tracker] = [WandbTracker(project)] if wandb else []
-    if mlflow_run is not None:
-        uri, run_id = mlflow_run
-        if run_id is not None:
-            trackers.append(MlflowRunLink(uri, run_id))
-        else:
-            defaults = TrackingConfig()
-            experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or defaults.experiment
-            trackers.append(MlflowTracker(uri, defaults.artifact_location, experiment))
-    return TrackerSet(trackers, report=on_failure)
+) -> Callable[[], TrackerSet]:
+    """The callback's trackers, made when called (once the run directory is claimed: a refused
+    start leaves no MLflow worker behind): W&B when asked for (offline unless WANDB_MODE says
+    otherwise), and the MLflow run the script logs to (``mlflow_run``: tracking URI and run id),
+    linked; a run id None: a run of its own at that URI, mirrored by ``reprotune run``'s own
+    tracker (metrics off the training step, in a child process), in the experiment
+    ``MLFLOW_EXPERIMENT_NAME`` names (else ``reprotune``), its artifacts under ``mlartifacts`` when
+    it makes the experiment."""
+
+    def made() -> TrackerSet:
+        trackers: list[Tracker] = [WandbTracker(project)] if wandb else []
+        if mlflow_run is not None:
+            uri, run_id = mlflow_run
+            if run_id is not None:
+                trackers.append(MlflowRunLink(uri, run_id))
+            else:
+                defaults = TrackingConfig()
+                experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or defaults.experiment
+                trackers.append(MlflowTracker(uri, defaults.artifact_location, experiment))
+        return TrackerSet(trackers, report=on_failure)
+
+    return made
 
 
 def mark_checkpoint(checkpoint: Path, run: TrainerRun, step: int, ranks: Sequence[Mapping[str, Any]]) -> None:
