@@ -265,7 +265,9 @@ def test_resuming_from_another_runs_checkpoint_is_refused_and_into_a_new_directo
     truncate_ledger(tmp_path / "a" / "ledger.jsonl", keep_through_step=3)
     with pytest.raises(InputError) as refused:
         trainer("f", seed=2).train(resume_from_checkpoint=str(foreign))
-    assert "the ledger holds 3 steps, not the 4 of the checkpoint" in str(refused.value)
+    assert "the ledger holds 3 training step(s), not every step up to the checkpoint's 4" in str(
+        refused.value
+    )
     assert f"branch from a checkpoint of {(tmp_path / 'a').resolve()}'s last attempt" in str(refused.value)
     assert not (tmp_path / "f").exists() or not any((tmp_path / "f").iterdir())
 
@@ -406,3 +408,98 @@ def test_a_damaged_ledger_line_after_the_checkpoint_is_dropped_where_the_trainer
     ledger.write_bytes(b"\n".join(whole[:5]) + b"\n" + b"\0" * len(whole[5]) + b"\n")  # step 4's val
     with pytest.raises(InputError, match=r"ledger\.jsonl:6: line 6 holds zero bytes"):
         trainer("val-lost").train(resume_from_checkpoint=str(tmp_path / "out-val-lost" / "checkpoint-4"))
+
+
+def test_a_checkpoint_of_another_run_without_a_marker_is_refused_before_the_ledger_is_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint saved by a script without the callback has no marker naming its run; its weights
+    at step 2 are not the ledger's, so resuming run ``a`` from it would splice two runs. Refused,
+    naming the checkpoint, with the run's ledger and record as they were (it was a warning, and the
+    run completed spliced)."""
+    from trainer_scripts import tiny_trainer
+
+    from reprotune._errors import InputError
+    from reprotune.integrations.transformers import ReprotuneCallback
+    from reprotune.testing import tiny_rows
+    from tinyrun import TinyProject
+
+    model_dir = TinyProject.create(tmp_path / "project").root / "tiny-model"
+
+    def trainer(out: str, seed: int, callback: bool) -> Any:
+        make = lambda: [ReprotuneCallback(tmp_path / "a", code_dir=tmp_path)] if callback else []  # noqa: E731
+        return tiny_trainer(
+            model_dir,
+            tiny_rows(40, seed=1),
+            tmp_path / out,
+            make,
+            seed=seed,
+            save_strategy="steps",
+            save_steps=2,
+        )
+
+    monkeypatch.setenv(controls.STOP_AFTER, "4")
+    trainer("out-a", 0, callback=True).train()
+    monkeypatch.delenv(controls.STOP_AFTER)
+    trainer("out-b", 5, callback=False).train()
+    foreign = tmp_path / "out-b" / "checkpoint-2"
+    assert not (foreign / CHECKPOINT_MARKER).exists()
+    before = {name: (tmp_path / "a" / name).read_bytes() for name in ("record.json", "ledger.jsonl")}
+
+    with pytest.raises(InputError) as refused:
+        trainer("out-a", 0, callback=True).train(resume_from_checkpoint=str(foreign))
+
+    assert f"the checkpoint {foreign} does not fit the run's ledger" in str(refused.value)
+    assert "its weights are not the ledger's at step 2" in str(refused.value)
+    assert {name: (tmp_path / "a" / name).read_bytes() for name in before} == before
+
+
+def test_a_resume_on_other_rows_is_refused_and_on_another_base_model_notes_the_drift(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``reprotune resume`` refuses a changed data file and notes every other change to the setup;
+    a Trainer resume now does the same (before, it checked the config hash and the code alone, and
+    both changes went through without a word, the record still naming the first rows and model):
+    other train rows are refused before anything is written; another base model's weights (same
+    path) are warned, and noted in the attempt's ``drift``."""
+    from safetensors.torch import load_file, save_file
+    from trainer_scripts import tiny_trainer
+
+    from reprotune._errors import InputError
+    from reprotune.integrations.transformers import ReprotuneCallback
+    from reprotune.testing import tiny_rows
+    from tinyrun import TinyProject
+
+    model_dir = TinyProject.create(tmp_path / "project").root / "tiny-model"
+
+    def trainer(rows_seed: int) -> Any:
+        return tiny_trainer(
+            model_dir,
+            tiny_rows(40, seed=rows_seed),
+            tmp_path / "out",
+            lambda: ReprotuneCallback(tmp_path / "run", code_dir=tmp_path),
+            save_strategy="steps",
+            save_steps=2,
+        )
+
+    monkeypatch.setenv(controls.STOP_AFTER, "4")
+    trainer(1).train()
+    monkeypatch.delenv(controls.STOP_AFTER)
+    checkpoint = str(tmp_path / "out" / "checkpoint-4")
+    before = {name: (tmp_path / "run" / name).read_bytes() for name in ("record.json", "ledger.jsonl")}
+
+    with pytest.raises(InputError, match="the Trainer's train_dataset is not the run's") as refused:
+        trainer(2).train(resume_from_checkpoint=checkpoint)
+    assert refused.value.source == str(tmp_path / "run" / "record.json")
+    assert {name: (tmp_path / "run" / name).read_bytes() for name in before} == before
+
+    weights = load_file(model_dir / "model.safetensors")
+    save_file(
+        {k: v * 1.01 if v.is_floating_point() else v for k, v in weights.items()},
+        model_dir / "model.safetensors",
+    )
+    capsys.readouterr()
+    trainer(1).train(resume_from_checkpoint=checkpoint)
+    drift = load_record(tmp_path / "run")["attempts"][-1]["drift"]
+    assert any(line.startswith("model.weights_sha256: recorded ") for line in drift), drift
+    assert "warning: differs from the run's start: model.weights_sha256" in capsys.readouterr().err

@@ -5,7 +5,7 @@ another run's checkpoint, its history copied). Each refusal names the directory 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ from reprotune._errors import InputError
 from reprotune._jsonio import write_json_atomic
 from reprotune._run import layout
 from reprotune._run.checkpoint_files import TRAINER_CHECKPOINT_MARKER as CHECKPOINT_MARKER
-from reprotune._run.drift import refuse_code_drift, refuse_completed
+from reprotune._run.drift import refuse_code_drift, refuse_completed, section_drift
 from reprotune._run.layout import RunLayout
 from reprotune._run.outputs import refuse_inside_run, refuse_nonempty_dir
 from reprotune._run.record import load_record, make_run_id, status_of
@@ -152,6 +152,46 @@ def validated_at(log_history: Sequence[Mapping[str, Any]], step: int) -> bool:
     ``log_history``): the run's ledger then holds a ``val`` line there, written before the
     checkpoint was saved and synced with it (the Trainer evaluates, then saves)."""
     return any(e.get("step") == step and "eval_loss" in e for e in log_history)
+
+
+#: What a resume's data section may lack that the start's holds: the manifest's hash is written
+#: when the run directory is made, never recomputed.
+_NOT_SEEN_AGAIN = frozenset({"manifest_sha256"})
+
+
+def setup_drift(
+    paths: RunLayout,
+    record: Mapping[str, Any],
+    now: Mapping[str, Mapping[str, Any]],
+    say: Callable[[str], None],
+) -> list[str]:
+    """How the setup's sections (``data``, ``model``) differ now from the run's start, each said
+    as a warning, for the attempt's ``drift`` (compare names them from the resume's step).
+
+    Raises:
+        InputError: the rows the Trainer trains on are others (as ``reprotune resume`` refuses a
+            changed data file: the steps after the checkpoint would train on other data).
+    """
+    before, after = (
+        (section or {}).get("train_rows_sha256") for section in (record.get("data"), now.get("data"))
+    )
+    if isinstance(before, str) and isinstance(after, str) and before != after:
+        raise InputError(
+            f"the Trainer's train_dataset is not the run's: its rows hash to {after[:12]}, the "
+            f"run's to {before[:12]} (data.train_rows_sha256)",
+            source=str(paths.record),
+            fix="resume with the train_dataset the run started with (the same rows in the same "
+            "order), or run the script into a new run directory",
+        )
+    drift: list[str] = []
+    for name, section in now.items():
+        before = record.get(name)
+        if isinstance(before, Mapping) and before != section:
+            kept = [{k: v for k, v in part.items() if k not in _NOT_SEEN_AGAIN} for part in (before, section)]
+            drift.extend(section_drift(kept[0], kept[1], prefix=name))
+    for line in drift:
+        say(f"warning: differs from the run's start: {line}")
+    return drift
 
 
 def check_resumable(

@@ -27,8 +27,8 @@ from reprotune._model.lora import save_adapter, trainable_tensors
 from reprotune._run.checkpoint_files import TRAINER_CHECKPOINT_MARKER as CHECKPOINT_MARKER
 from reprotune._run.drift import environment_drift
 from reprotune._run.layout import RunLayout
-from reprotune._run.ledger import Entry, LedgerWriter, init_line, read_ledger
-from reprotune._run.ledger_resume import truncate_ledger
+from reprotune._run.ledger import Entry, LedgerWriter, init_line
+from reprotune._run.ledger_resume import ledger_misfit, truncate_ledger
 from reprotune._run.live_record import LiveRecord
 from reprotune._run.lock import RunDirLock, lock_run_dir
 from reprotune._run.outputs import refuse_inside_run
@@ -47,6 +47,7 @@ from reprotune.integrations._resumable import (
     check_resumable,
     refuse_unclaimable,
     remove_branch,
+    setup_drift,
     validated_at,
 )
 
@@ -133,6 +134,7 @@ class TrainerRun(RunWriter):
         branch_from: Path | None = None,
         trainer_output: str | None = None,
         log_history: Sequence[Mapping[str, Any]] | None = None,
+        setup: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> TrainerRun:
         """Continue the run in ``run_dir`` from step ``from_step`` (the Trainer's checkpoint):
         the ledger is cut back to that step and a new attempt is recorded, with what each rank
@@ -141,10 +143,12 @@ class TrainerRun(RunWriter):
         state, resumes with whatever it has; each such piece is said at once and recorded.
         ``log_history``: the checkpoint's (the Trainer's state), which says whether the run
         validated at ``from_step`` (None: not known), for a damaged ledger line after it.
+        ``setup``: the ``data`` and ``model`` sections now, checked against the run's start.
 
         Raises:
-            InputError: no run there, a completed run, other settings or code than the run's, or
-                a ledger that stops before the checkpoint's step.
+            InputError: no run there, a completed run, other settings, code or train rows than
+                the run's, or a checkpoint that does not fit the ledger (it stops before the
+                checkpoint's step, or holds other weights there: another run's, spliced in).
         """
         paths = RunLayout(run_dir)
         marker = checkpoint_marker(checkpoint)
@@ -157,6 +161,8 @@ class TrainerRun(RunWriter):
                 attempt["branched_from"] = branch(source, paths, config_sha256)
             record = LiveRecord.load(paths.record)
             check_resumable(paths, record, config_sha256, code)
+            if drift := setup_drift(paths, record, setup or {}, report):
+                attempt["drift"] = drift
             if source is None:
                 check_own_checkpoint(paths, record["run_id"], checkpoint, marker)
             attempt.update(restored(ranks, checkpoint, report))
@@ -167,22 +173,16 @@ class TrainerRun(RunWriter):
                 record.get("environment") or {}, environment, report
             )
             validated = None if log_history is None else validated_at(log_history, from_step)
-            truncate_ledger(paths.ledger, keep_through_step=from_step, val_at_step=validated, report=report)
-            ledger = read_ledger(paths.ledger)
-            if len(ledger.train) != from_step:
+            misfit = ledger_misfit(paths.ledger, from_step, weights_sha256, val_at_step=validated)
+            if misfit is not None:  # refused before the ledger is cut: nothing of the run is lost
                 raise InputError(
-                    f"the ledger holds {len(ledger.train)} steps, not the {from_step} of the checkpoint",
+                    f"the checkpoint {checkpoint} does not fit the run's ledger: {misfit}",
                     source=str(paths.ledger),
-                    fix="resume from a checkpoint this run wrote (its ledger is synced at each save)"
+                    fix="resume from a checkpoint this run saved (its ledger is synced at each save)"
                     if source is None
                     else f"branch from a checkpoint of {source}'s last attempt (its ledger ends there)",
                 )
-            if from_step and ledger.train[-1].fields["weights_sha256"] != weights_sha256:
-                attempt["weights_mismatch"] = True
-                report(
-                    f"warning: the weights restored from the checkpoint differ from the ledger's step "
-                    f"{from_step}: the checkpoint is not the one this run saved"
-                )
+            truncate_ledger(paths.ledger, keep_through_step=from_step, val_at_step=validated, report=report)
             writer = cls(paths, record, lock, trackers())  # its ledger opens on the cut ledger
             writer._last_step = from_step
             writer.record.begin_attempt(resumed=True, **attempt)

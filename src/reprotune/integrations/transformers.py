@@ -181,10 +181,8 @@ class ReprotuneCallback(TrainerCallback):
         model_info = sections.model_section(model, kwargs.get("processing_class"))
         config = sections.run_config(trainer, args_dict, model_info["source"], lora)
         config_sha = sections.config_sha256(config)
-        data = None  # a resumed run keeps the data section of its start
-        if not resumed_from:
-            eval_dataset = getattr(trainer, "eval_dataset", None)
-            data = sections.data_section(getattr(loader, "dataset", None), eval_dataset, self._manifest, None)
+        eval_dataset = getattr(trainer, "eval_dataset", None)  # a resume checks its data against the start's
+        data = sections.data_section(getattr(loader, "dataset", None), eval_dataset, self._manifest, None)
         findings = self._findings(args, model, loader, sampler, model_info, data)
         outputs = sections.script_outputs(args, self._controls.run_dir or self._run_dir)
         code, environment = sections.code_and_environment(self._code_dir, outputs, model)
@@ -206,6 +204,7 @@ class ReprotuneCallback(TrainerCallback):
                 branch_from=self._controls.branch_from,
                 trainer_output=args.output_dir,
                 log_history=state.log_history,
+                setup={"data": data, "model": model_info},
             )
             return
         run_id = make_run_id(config_sha)
