@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from reprotune._cli import main
 from reprotune._config.loading import load_config
+from reprotune._errors import InputError
 from reprotune._jsonio import canonical_dumps, sha256_bytes, sha256_file
 from reprotune._run.checkpoint import STATE_FILE, list_checkpoints
 from reprotune._run.claim import claim_run_dir
@@ -101,6 +102,21 @@ def test_a_manifest_of_other_data_leaves_no_run_directory(
     assert main([*args, *QUIET]) == 2
     _clean_exit_2(capsys, "the split manifest was made from other data")
     assert not run_dir.exists()
+
+
+def test_a_resume_on_changed_data_names_the_run_directorys_manifest(tmp_path: Path) -> None:
+    """A resume whose data file changed is refused naming the run's own split.json, and the
+    check-split command with it (it said "split manifest None" and `check-split None DATA`)."""
+    moved = TinyProject.create(tmp_path / "moved")
+    run_dir = tmp_path / "run"
+    _run(moved, run_dir, stop_after_step=2)
+    data = moved.root / "data.jsonl"
+    data.write_text(data.read_text().replace('"response":"', '"response":"edited ', 1))
+    with pytest.raises(InputError, match="the split manifest was made from other data") as refused:
+        _resume(run_dir)
+    manifest = run_dir / "split.json"
+    assert refused.value.source == f"split manifest {manifest}"
+    assert f"reprotune check-split {manifest} " in str(refused.value.fix)
 
 
 def test_a_reformatted_copy_of_the_manifests_data_is_trained_on(project: TinyProject, tmp_path: Path) -> None:

@@ -117,11 +117,12 @@ def prepare_data(
         split_warnings = [str(w.message) for w in caught if issubclass(w.category, RareClassWarning)]
         source = "made for this run with the derived split seed"
     if not holds_same_rows(table, loaded):
+        named = manifest_out if reused else given  # a resume's: the run directory's split.json
         raise InputError(
             f"the split manifest was made from other data (manifest dataset sha256 "
             f"{loaded.dataset_sha256[:12]}..., data {table.file_sha256[:12]}...)",
-            source=f"split manifest {given}",
-            fix=f"run `reprotune check-split {given} {cfg.data.path}` to see what changed, "
+            source=f"split manifest {named}",
+            fix=f"run `reprotune check-split {named} {cfg.data.path}` to see what changed, "
             "then make a new manifest or restore the data",
         )
     _check_text_fields(table, loaded, cfg)
