@@ -888,3 +888,16 @@ def test_a_failed_branch_removes_what_it_wrote_and_leaves_the_trainers_output_di
     assert (root / "trainer-output" / "runs" / "events.out").read_bytes() == b"event"
     remove_branch(RunLayout(root))
     assert list(root.iterdir()) == []
+
+
+def test_scored_tokens_shift_a_causal_lms_labels_and_count_a_classifiers_whole() -> None:
+    """A causal LM's labels are shifted (the first token is never scored); a sequence classifier's
+    labels, one a row, are counted whole (they were shifted too: B - 1 a micro-batch)."""
+    from reprotune.integrations._probes import _scored_tokens
+
+    ids = torch.ones(3, 5, dtype=torch.long)
+    causal = torch.tensor([[-100, 1, 1, 1, -100]] * 3)
+    assert _scored_tokens({"input_ids": ids, "labels": causal}) == 9
+    assert _scored_tokens({"inputs_embeds": torch.zeros(3, 5, 4), "labels": causal}) == 9
+    assert _scored_tokens({"input_ids": ids, "labels": torch.tensor([0, 1, 1])}) == 3
+    assert _scored_tokens({"input_ids": ids, "attention_mask": torch.ones(3, 5)}) == 15

@@ -179,16 +179,17 @@ class StepProbe:
 
 def _scored_tokens(inputs: Mapping[str, Any]) -> int:
     """Tokens a causal-LM loss scores: ``shift_labels``, else ``labels[..., 1:]``, not -100;
-    without labels, the attention mask's ones (else every input id)."""
-    labels = inputs.get("shift_labels")
-    if labels is None and isinstance(inputs.get("labels"), torch.Tensor):
-        labels = inputs["labels"][..., 1:]
+    labels of another shape than the input ids (a class per sequence) count whole; without
+    labels, the attention mask's ones (else every input id)."""
+    labels, ids = inputs.get("shift_labels"), inputs.get("input_ids")
+    if labels is None and isinstance(given := inputs.get("labels"), torch.Tensor):
+        shifted = given.shape == ids.shape if isinstance(ids, torch.Tensor) else given.dim() > 1
+        labels = given[..., 1:] if shifted else given
     if isinstance(labels, torch.Tensor):
         return int(labels.ne(-100).sum().item())
     mask = inputs.get("attention_mask")
     if isinstance(mask, torch.Tensor):
         return int(mask.sum().item())
-    ids = inputs.get("input_ids")
     return int(ids.numel()) if isinstance(ids, torch.Tensor) else 0
 
 
