@@ -241,8 +241,8 @@ def test_a_trace_holds_hashes_only(project: TinyProject) -> None:
 
 
 def test_trace_refuses_bad_input_clearly(project: TinyProject) -> None:
-    """A step outside the run, an existing output file or a directory as --out, a trace compared
-    with a run: exit 2, the value named, nothing written."""
+    """A step outside the run, an existing output file, a directory or a place inside a run as
+    --out, a trace compared with a run: exit 2, the value named, nothing written."""
     for step in ("-1", "9"):
         done = project.run_cli("trace", "native", "--step", step, "--out", "x.jsonl", check=False)
         assert done.returncode == 2 and "steps 1 to 8; step 0 is the LoRA init" in done.stderr
@@ -260,6 +260,10 @@ def test_trace_refuses_bad_input_clearly(project: TinyProject) -> None:
     done = project.run_cli("trace", "native", "--step", "1", "--out", ".", check=False)
     assert done.returncode == 2 and "is a directory; --out names the trace file" in done.stderr
     assert "fix: give a file path, e.g. --out " in done.stderr and "-step-1.jsonl" in done.stderr
+    for inside in ("native/t.jsonl", "native/checkpoints/t.jsonl"):  # written there before
+        done = project.run_cli("trace", "native", "--step", "1", "--out", inside, check=False)
+        assert done.returncode == 2 and f"--out '{inside}' is inside the run directory " in done.stderr
+        assert not (project.root / inside).exists()
     project.run_cli("trace", "native", "--step", "1", "--out", "one.jsonl", "--no-progress")
     done = project.run_cli("compare", "one.jsonl", "native", check=False)
     assert done.returncode == 2 and "is not a trace" in done.stderr

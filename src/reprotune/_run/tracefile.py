@@ -55,7 +55,7 @@ from reprotune._documents import jsonl_lines, validated_line
 from reprotune._errors import InputError
 from reprotune._formats import TRACE
 from reprotune._jsonio import canonical_dumps, write_bytes_atomic
-from reprotune._run.outputs import refuse_unwritable_parent
+from reprotune._run.outputs import refuse_inside_run, refuse_unwritable_parent
 
 #: What a trace writes for the bytes of memory no op has written yet (``aten::empty`` and its
 #: siblings allocate without writing: their bytes are whatever the allocator's memory held).
@@ -187,7 +187,8 @@ class Trace:
 
 def new_trace_path(out: str | Path | None, name: str) -> Path:
     """Where a new trace goes: ``out``, or ``name`` in the current directory; refused when that
-    exists (a trace never overwrites) or is a directory (named with the file it could hold)."""
+    exists (a trace never overwrites), is a directory (named with the file it could hold), or lies
+    inside a run or study directory (whose files are its run's: a checkpoint's among them)."""
     target = Path(out) if out is not None else Path.cwd() / name
     if out is not None and not str(out).strip():
         raise InputError("--out is empty", source="--out", fix=f"give a file path, e.g. --out {name}")
@@ -201,6 +202,7 @@ def new_trace_path(out: str | Path | None, name: str) -> Path:
         raise InputError(
             f"{target} already exists", source="--out", fix="choose a new file: a trace never overwrites"
         )
+    refuse_inside_run(target, option="--out" if out is not None else "the trace (in the current directory)")
     refuse_unwritable_parent(target, source="--out")
     return target
 
