@@ -131,6 +131,21 @@ def test_file_and_non_model_directory(tmp_path: Path) -> None:
         _load(str(tmp_path / "empty"))
 
 
+@pytest.mark.parametrize("keep", [0.5, 0.0, "header"], ids=["cut-in-half", "empty", "header-only"])
+def test_a_damaged_weights_file_is_named(tiny_dir: Path, tmp_path: Path, keep: float | str) -> None:
+    """A model.safetensors cut short raised safetensors' SafetensorError through the CLI as an
+    internal error (exit 1); it is an InputError naming the file and the fix (exit 2)."""
+    model = Path(shutil.copytree(tiny_dir, tmp_path / "model"))
+    weights = model / "model.safetensors"
+    data = weights.read_bytes()
+    header = 8 + int.from_bytes(data[:8], "little")
+    weights.write_bytes(data[:header] if keep == "header" else data[: int(len(data) * float(keep))])
+    with pytest.raises(InputError, match="cannot read the model's weights") as info:
+        _load(str(model))
+    assert f"{weights}: damaged, or not a whole safetensors file" in str(info.value)
+    assert info.value.source == "model.name" and "restore the file" in str(info.value.fix)
+
+
 def test_unknown_builtin_lists_known() -> None:
     """An unknown builtin name is an InputError listing the known builtins."""
     with pytest.raises(InputError, match="unknown builtin") as info:

@@ -79,6 +79,25 @@ def test_chat_template_can_be_bypassed(chat_tok: Any) -> None:
     assert _split(chat_tok, ids, labels) == ("<s>p=", "r</s>")
 
 
+@pytest.mark.parametrize(
+    ("template", "said"),
+    [
+        ("{% for m in messages %}{{ m['content'] }}", "TemplateSyntaxError: Unexpected end of template"),
+        ("{{ raise_exception('roles must alternate') }}", "TemplateError: roles must alternate"),
+    ],
+    ids=["unterminated", "raise-exception"],
+)
+def test_a_chat_template_that_does_not_render_is_an_input_error(template: str, said: str) -> None:
+    """A broken chat template raised jinja2's error (an internal error, exit 1); it is an
+    InputError naming the chat template, with the fix."""
+    tokenizer = build_tiny_tokenizer(chat_template=True)
+    tokenizer.chat_template = template
+    with pytest.raises(InputError, match="the tokenizer's chat template cannot render") as info:
+        _encode(tokenizer, "p", "r")
+    assert said in str(info.value) and info.value.source == "model.name (the tokenizer's chat template)"
+    assert "restore the tokenizer files" in str(info.value.fix)
+
+
 def test_chat_template_required_but_absent(plain_tok: Any) -> None:
     """use_chat_template=True with a tokenizer that has none is an InputError."""
     with pytest.raises(InputError, match="chat template"):

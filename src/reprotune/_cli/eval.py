@@ -94,7 +94,14 @@ def eval_at_end(result: RunResult, *, progress: bool) -> None:
 def summary(eval_dir: Path, record: dict[str, Any]) -> str:
     """The closing lines of an eval: where it is, what was evaluated, the scores."""
     split, generation = record["split"], record["generation"]
-    what = "base model alone" if record.get("base_only") else f"adapter {record['adapter']['sha256'][:12]}..."
+    adapter_sha256 = (record.get("adapter") or {}).get("sha256")
+    what = (
+        "base model alone"
+        if record.get("base_only")
+        else f"adapter {adapter_sha256[:12]}..."
+        if isinstance(adapter_sha256, str)
+        else "adapter of no recorded sha256"
+    )
     lines = [
         f"eval {record['eval_id']}: {split['n_rows']} {split['name']} rows of run "
         f"{record['run']['run_id']} ({what})",

@@ -6,12 +6,12 @@
 3. encode each row's prompt exactly as training did, generate batch-invariantly
    (``_eval.decode``), score (``_eval.metrics``);
 4. write ``predictions.jsonl`` and ``eval.json`` into a temporary directory beside the target and
-   rename it into place: an eval directory is complete or absent.
+   rename it into place: an eval directory is complete or absent. A default name (no ``--out``)
+   taken by another eval of the same identity in the same second gets a suffix (``-2``, ``-3``...).
 """
 
 from __future__ import annotations
 
-import errno
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,9 +26,10 @@ from reprotune._eval.evalfile import ids_sha256, predictions_bytes
 from reprotune._eval.inputs import EvalInputs, EvalRow, prepare_inputs
 from reprotune._eval.layout import (
     PREDICTIONS,
-    EvalLayout,
     evals_dir,
     new_eval_id,
+    publish_eval_dir,
+    refuse_unwritable_evals_dir,
 )
 from reprotune._eval.metrics import Scores, score_rows
 from reprotune._eval.model import EvalModel, load_eval_model
@@ -38,13 +39,7 @@ from reprotune._eval.settings import (
     identity_sha256,
 )
 from reprotune._formats import EVAL
-from reprotune._jsonio import (
-    canonical_sha256,
-    publishing_dir,
-    sha256_bytes,
-    write_bytes_atomic,
-    write_json_atomic,
-)
+from reprotune._jsonio import canonical_sha256, sha256_bytes
 from reprotune._run import layout as run_layout
 from reprotune._run.fingerprint import environment_fingerprint
 from reprotune._run.layout import RunLayout
@@ -104,7 +99,8 @@ def run_eval(
 
     Raises:
         InputError: bad input (see ``prepare_inputs`` and ``load_eval_model``), ``out`` exists,
-            or a bad ``batch_size``. Nothing is written then.
+            ``out`` (or, without it, ``RUN_DIR/evals``) cannot be written, or a bad
+            ``batch_size``. Nothing is written then.
 
     Example:
         >>> result = run_eval("runs/A", max_rows=32)  # doctest: +SKIP
@@ -119,6 +115,8 @@ def run_eval(
     size, target = _checked_size_and_target(batch_size, out, cfg.eval.generate_batch_size)
     if target is not None:
         refuse_inside_run(target, option="--out", own=evals_dir(inputs.run_dir))
+    else:
+        refuse_unwritable_evals_dir(inputs.run_dir)
     device = resolve_device(cfg.determinism.device)
     flags = apply_determinism(
         cfg.determinism.mode, cfg.determinism.threads, device.type, cpu_isa=cfg.determinism.cpu_isa
@@ -145,7 +143,7 @@ def run_eval(
     record = _record(inputs, loaded, generation, scores, data, flags)
     _identify_and_time(record, inputs.split, created_at, started, generate_s, generated)
     final = target if target is not None else evals_dir(inputs.run_dir) / record["eval_id"]
-    _write_eval_dir(final, data, record)
+    final = publish_eval_dir(final, data, record, unique=target is None)
     return EvalResult(final, record, dict(scores.metrics), sha256_bytes(data))
 
 
@@ -371,25 +369,3 @@ def _identity(record: dict[str, Any]) -> dict[str, Any]:
         "rows_sha256": record["split"]["rows_sha256"],
         "generation": generation_identity(record["generation"]),
     }
-
-
-def _write_eval_dir(final: Path, predictions: bytes, record: dict[str, Any]) -> None:
-    """Build the eval directory beside ``final`` and rename it into place (complete or absent)."""
-    try:
-        with publishing_dir(final, replace=False) as building:
-            paths = EvalLayout(building)
-            write_bytes_atomic(paths.predictions, predictions)
-            write_json_atomic(paths.eval_file, record)
-    except OSError as exc:
-        taken = final.exists() or final.is_symlink()
-        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not taken:
-            raise InputError(
-                f"cannot create the eval directory {final}: {exc.strerror or exc}",
-                source=str(final),
-                fix="choose a directory you can write to (--out)",
-            ) from None
-        raise InputError(
-            f"cannot put the eval directory in place at {final}: {exc.strerror or exc}",
-            source=str(final),
-            fix="choose a new directory (--out): an eval never overwrites",
-        ) from None

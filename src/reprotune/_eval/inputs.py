@@ -1,8 +1,9 @@
 """What an eval starts from, every piece checked before any model is loaded.
 
-The run's record (its resolved config, seeds and hashes), its adapter (present, and the bytes the
-record names), its own ``split.json`` (verified against the data file now: the rows evaluated
-are the rows the run held out), and the rows of the chosen split. Bad input raises
+The run's record (its resolved config, checked against its ``config_sha256``, seeds and hashes),
+its adapter (present, and the bytes the record names), its own ``split.json`` (the file the record
+hashed, verified against the data file now: the rows evaluated are the rows the run held out), and
+the rows of the chosen split. Bad input raises
 ``InputError`` naming the value, where it came from and the fix, before anything is written.
 Never imports torch.
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reprotune._config.schema import ExperimentConfig
+from reprotune._config.schema import ExperimentConfig, config_sha256
 from reprotune._data.checksplit import check_split
 from reprotune._data.loaders import CONFIG_FORMAT, load_table
 from reprotune._data.manifest import Manifest, load_manifest
@@ -23,7 +24,7 @@ from reprotune._determinism.seeds import derive_seeds
 from reprotune._errors import InputError
 from reprotune._jsonio import sha256_file
 from reprotune._run.drift import refuse_trainer_run
-from reprotune._run.layout import RunLayout
+from reprotune._run.layout import ADAPTER_WEIGHTS, RunLayout
 from reprotune._run.record import load_record, record_config
 from reprotune._run.rundir import check_is_run_dir
 
@@ -98,9 +99,11 @@ def prepare_inputs(
 
     Raises:
         InputError: not a completed run with an adapter (unless ``base_only``), an adapter that
-            is not the recorded one, a bad split or ``max_rows``, an override outside ``eval`` and
-            ``seed``, an invalid setting (``ConfigError``), data that no longer matches the run's
-            manifest (naming the rows), an empty split, a row without text.
+            is not the recorded one (or a record that does not name its weights), a bad split or
+            ``max_rows``, a recorded config that is not the one its ``config_sha256`` names, an
+            override outside ``eval`` and ``seed``, an invalid setting (``ConfigError``), a
+            ``split.json`` that is not the one the record hashed, data that no longer matches the
+            run's manifest (naming the rows), an empty split, a row without text.
     """
     paths = RunLayout(Path(run_dir))
     check_is_run_dir(paths.root)
@@ -119,7 +122,7 @@ def prepare_inputs(
     adapter_dir, adapter_files = (None, None) if base_only else _checked_adapter(paths, record)
     cfg = _eval_config(record, overrides, paths.record)
     seeds = derive_seeds(cfg.seed.root, dict(cfg.seed.overrides))
-    manifest, manifest_sha256 = _manifest(paths)
+    manifest, manifest_sha256 = _manifest(paths, record)
     table = _run_data(cfg, record)
     data = _check_data(manifest, table, paths.manifest, cfg.data.path)
     indices = [int(i) for i in manifest.indices[split]]
@@ -174,7 +177,9 @@ def _checked_adapter(paths: RunLayout, record: Mapping[str, Any]) -> tuple[Path,
             source=str(paths.record),
             fix=f"{first}, or evaluate the base model alone with --base-only",
         )
-    recorded = (record.get("outputs") or {}).get("adapter_files") or {}
+    outputs = record.get("outputs") or {}
+    recorded = outputs.get("adapter_files") or {}
+    _refuse_unnamed_weights(paths, recorded, outputs.get("adapter_sha256"))
     files = {name: paths.adapter_dir / name for name in sorted(recorded)}
     now = {name: sha256_file(path) if path.is_file() else "" for name, path in files.items()}
     changed = sorted(n for n in recorded if now.get(n) != recorded[n])
@@ -190,6 +195,27 @@ def _checked_adapter(paths: RunLayout, record: Mapping[str, Any]) -> tuple[Path,
             fix="restore adapter/ from a copy of the run directory, or rerun the run",
         )
     return paths.adapter_dir, now
+
+
+def _refuse_unnamed_weights(paths: RunLayout, recorded: Mapping[str, Any], adapter_sha256: Any) -> None:
+    """Refuse a record whose adapter file list lacks the weights, or gives them another sha256
+    than ``outputs.adapter_sha256``: the weights would go unchecked (and the eval record name no
+    adapter), or be checked against one of two answers."""
+    if not recorded:
+        return  # refused by the caller: the record names no adapter files
+    listed = recorded.get(ADAPTER_WEIGHTS)
+    if isinstance(listed, str) and listed == adapter_sha256:
+        return
+    found = f"gives it sha256 {listed[:12]}..." if isinstance(listed, str) else "does not list it"
+    raise InputError(
+        f"the run's record does not name its adapter weights {ADAPTER_WEIGHTS} consistently: "
+        f"outputs.adapter_files {found}, outputs.adapter_sha256 is "
+        + (f"{adapter_sha256[:12]}..." if isinstance(adapter_sha256, str) else repr(adapter_sha256)),
+        source=f"{paths.record} (outputs)",
+        fix="restore record.json from a copy of the run directory (an eval checks the adapter's "
+        "weights against the record before it loads them), or evaluate the base model alone with "
+        "--base-only",
+    )
 
 
 def _eval_config(record: Mapping[str, Any], overrides: Sequence[str], source: Path) -> ExperimentConfig:
@@ -213,10 +239,12 @@ def _eval_config(record: Mapping[str, Any], overrides: Sequence[str], source: Pa
     if not isinstance(config, Mapping):
         raise InputError("the record holds no config", source=str(source), fix="rerun the run")
     # The recorded config_dir, or where a moved project now is: relative data paths open there.
+    run_config = record_config(record, run_dir=Path(source).parent, source=str(source))
+    _refuse_edited_config(run_config, record.get("config_sha256"), source)
     # A problem is the run's config with this eval's --set, not the record: say so.
     shown = f"{source} (the run's config) with --set" if overrides else str(source)
     cfg = record_config(record, run_dir=Path(source).parent, source=shown, overrides=overrides)
-    recorded = record_config(record, run_dir=Path(source).parent, source=str(source)).seed.overrides
+    recorded = run_config.seed.overrides
     moved = sorted(
         k
         for k in {*recorded, *cfg.seed.overrides}
@@ -230,6 +258,24 @@ def _eval_config(record: Mapping[str, Any], overrides: Sequence[str], source: Pa
             fix="only seed.overrides.eval (or seed.root) moves an eval's sampling",
         )
     return cfg.resolve_paths()
+
+
+def _refuse_edited_config(run_config: ExperimentConfig, recorded: Any, source: Path) -> None:
+    """Refuse a record whose config is not the one its ``config_sha256`` names (the hash
+    ``reprotune run`` wrote, computed as then, before this eval's ``--set``): an edited config
+    would be evaluated under the old hash's name."""
+    now = config_sha256(run_config)
+    if now == recorded:
+        return
+    was = f"{recorded[:12]}..." if isinstance(recorded, str) else repr(recorded)
+    raise InputError(
+        f"the config in {source} is not the config the run was made with: its sha256 is now "
+        f"{now[:12]}..., the record's config_sha256 is {was}",
+        source=f"{source} (config, config_sha256)",
+        fix="restore the run's record.json (copy the run directory again from where it was made); a "
+        "record is never edited: change eval settings with --set eval.KEY=VALUE, and train a new run "
+        "to change the run",
+    )
 
 
 def _run_data(cfg: ExperimentConfig, record: Mapping[str, Any]) -> Table:
@@ -246,14 +292,29 @@ def _run_data(cfg: ExperimentConfig, record: Mapping[str, Any]) -> Table:
     return load_table(cfg.data.path, cfg.data.format, format_fix=CONFIG_FORMAT)
 
 
-def _manifest(paths: RunLayout) -> tuple[Manifest, str]:
+def _manifest(paths: RunLayout, record: Mapping[str, Any]) -> tuple[Manifest, str]:
+    """The run's ``split.json`` and its sha256, refused when it is not the file the record hashed
+    (``data.manifest_sha256``; a record without it is not checked): another split of the same data
+    passes the data check, and would score training rows as held-out ones."""
     if not paths.manifest.is_file():
         raise InputError(
             f"the run directory has no {paths.manifest.name}",
             source=str(paths.root),
             fix="copy the whole run directory: an eval takes its rows from the run's own split",
         )
-    return load_manifest(paths.manifest), sha256_file(paths.manifest)
+    found = sha256_file(paths.manifest)
+    recorded = (record.get("data") or {}).get("manifest_sha256")
+    if isinstance(recorded, str) and found != recorded:
+        raise InputError(
+            f"{paths.manifest} is not the split the run was made with: its sha256 is {found[:12]}..., "
+            f"the record's data.manifest_sha256 is {recorded[:12]}...; its rows are not the ones the "
+            "run held out",
+            source=str(paths.record),
+            fix="restore the run's own split.json (copy the run directory again from where it was made); "
+            "a run's split is never edited: to evaluate on another split, train a new run with "
+            "split.manifest set to it",
+        )
+    return load_manifest(paths.manifest), found
 
 
 def _check_data(manifest: Manifest, table: Table, manifest_path: Path, data_path: str) -> dict[str, Any]:

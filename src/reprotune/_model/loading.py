@@ -314,7 +314,8 @@ def _hashed_files(kind: str, directory: Path) -> dict[str, Any]:
 
 
 def _from_pretrained(directory: Path, torch_dtype: Any) -> tuple[Any, Any]:
-    """(tokenizer, model) from a local folder; nothing downloaded."""
+    """(tokenizer, model) from a local folder; nothing downloaded. A damaged weights file is named."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     try:
@@ -338,7 +339,27 @@ def _from_pretrained(directory: Path, torch_dtype: Any) -> tuple[Any, Any]:
             source="model.name",
             fix="check that the folder is a complete Hugging Face causal-LM checkpoint with its tokenizer",
         ) from exc
+    except SafetensorError as exc:  # a weights file cut short, or not safetensors at all
+        raise InputError(
+            f"cannot read the model's weights: {', '.join(map(str, _unreadable_weights(directory)))}: "
+            f"damaged, or not a whole safetensors file ({exc})",
+            source="model.name",
+            fix="restore the file: copy the model again, or save it again with save_pretrained",
+        ) from None
     return tokenizer, model
+
+
+def _unreadable_weights(directory: Path) -> list[Path]:
+    """The safetensors files whose header does not read (a file cut short), else all of them."""
+    from safetensors import SafetensorError, safe_open
+
+    files, bad = sorted(directory.glob("*.safetensors")), []
+    for path in files:
+        try:
+            safe_open(str(path), framework="pt")  # reads and checks the header, nothing more
+        except (SafetensorError, OSError):
+            bad.append(path)
+    return bad or files
 
 
 #: Files of which a Hugging Face tokenizer needs one: the fast tokenizer, a SentencePiece model,

@@ -77,13 +77,30 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 
 
 def _chat_parts(tokenizer: Any, prompt: str, response: str, system_prompt: str | None) -> tuple[str, str]:
-    """(prompt text up to the opening of the assistant turn, the rest of the conversation)."""
+    """(prompt text up to the opening of the assistant turn, the rest of the conversation).
+
+    Raises:
+        InputError: the chat template does not render (a jinja syntax error, or the template's own
+            ``raise_exception``), or renders the prompt other than as a prefix of the conversation.
+    """
+    from jinja2 import TemplateError
+
     messages = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
     messages.append({"role": "user", "content": prompt})
-    prompt_text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    full_text = tokenizer.apply_chat_template(
-        [*messages, {"role": "assistant", "content": response}], tokenize=False, add_generation_prompt=False
-    )
+    try:
+        prompt_text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        full_text = tokenizer.apply_chat_template(
+            [*messages, {"role": "assistant", "content": response}],
+            tokenize=False,
+            add_generation_prompt=False,
+        )
+    except TemplateError as exc:
+        raise InputError(
+            f"the tokenizer's chat template cannot render a conversation: {type(exc).__name__}: {exc}",
+            source="model.name (the tokenizer's chat template)",
+            fix="restore the tokenizer files (chat_template.jinja, tokenizer_config.json) as the model "
+            "came with them; for an eval, the run's own (model.tokenizer_files in record.json)",
+        ) from None
     if not full_text.startswith(prompt_text):
         raise InputError(
             "the tokenizer's chat template does not render the prompt as a prefix of the full "
