@@ -72,8 +72,9 @@ def reference(project: TinyProject, tmp_path_factory: pytest.TempPathFactory) ->
         (["lora.target_modules=[q_proj, nope_proj]"], "nope_proj"),
         (["data.prompt_field=question"], "question"),
         (["train.batch_size=100000000"], "one optimizer step takes 100000000 rows"),
+        (["lora.r=1000000000000"], "lora.r 1000000000000 is larger than any layer it targets is wide"),
     ],
-    ids=["unknown target module", "missing column", "batch larger than the training split"],
+    ids=["unknown target module", "missing column", "batch larger than the training split", "huge rank"],
 )
 def test_bad_input_leaves_no_run_directory(
     project: TinyProject,

@@ -22,35 +22,17 @@ from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 from reprotune._errors import InputError
 from reprotune._jsonio import json_safe, publishing_dir, sha256_file
+from reprotune._model.lora_targets import (
+    refuse_a_rank_past_the_layers,
+    target_module_names,
+    unmatched_targets,
+)
 
 if TYPE_CHECKING:
     import torch
     from peft import LoraConfig, PeftModel
 
 LoraBias = Literal["none", "all", "lora_only"]
-
-# Layer types PEFT's LoRA can wrap, by class name (transformers' GPT-2 style Conv1D included).
-_LORA_LAYER_TYPES = frozenset({"Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d", "Conv1D"})
-
-
-def target_module_names(model: torch.nn.Module) -> list[str]:
-    """Short names of the model's layers LoRA can target (``q_proj``, ``v_proj``, ``lm_head``, ...).
-
-    Returns:
-        Sorted, deduplicated last components of the names of leaf modules of a type LoRA supports.
-    """
-    names = {
-        name.rsplit(".", 1)[-1]
-        for name, module in model.named_modules()
-        if name and type(module).__name__ in _LORA_LAYER_TYPES and not any(True for _ in module.children())
-    }
-    return sorted(names)
-
-
-def _unmatched_targets(model: torch.nn.Module, target_modules: Sequence[str]) -> list[str]:
-    """The entries of ``target_modules`` that match no module (PEFT's suffix rule for lists)."""
-    module_names = [name for name, _ in model.named_modules() if name]
-    return [key for key in target_modules if not any(n == key or n.endswith(f".{key}") for n in module_names)]
 
 
 def build_lora_config(
@@ -150,13 +132,14 @@ def apply_lora(
         )
     config = build_lora_config(r=r, alpha=alpha, dropout=dropout, target_modules=target_modules, bias=bias)
     if config.target_modules != "all-linear":
-        unmatched = _unmatched_targets(model, list(target_modules))
+        unmatched = unmatched_targets(model, list(target_modules))
         if unmatched:
             raise InputError(
                 f"target modules {unmatched} match no module of this model",
                 source="lora.target_modules",
                 fix=f"choose among the model's layer names: {', '.join(target_module_names(model))}",
             )
+    refuse_a_rank_past_the_layers(model, r, list(target_modules))
     cuda_devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     with torch.random.fork_rng(devices=cuda_devices):
         torch.manual_seed(seed)
