@@ -44,3 +44,35 @@ def test_default_value_is_said_to_be_the_default(
     err = capsys.readouterr().err
     assert f"{config} (key data.response_field, not set there: its default applies): " in err
     assert "data.response_field names column 'response'" in err
+
+
+def test_doctor_refuses_a_model_folder_run_refuses(
+    tiny_project: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """doctor said OK where run exits 2: a model.name folder without config.json (in the file,
+    relative to it, located by line and column), and a missing absolute path given by --set
+    without a config. Both exit 2 now, naming the value."""
+    (tmp_path / "emptymodel").mkdir()
+    config = tmp_path / "cfg.yaml"
+    config.write_text(f"data:\n  path: {tiny_project.root / 'data.jsonl'}\nmodel:\n  name: emptymodel\n")
+    assert main(["doctor", str(config), "--no-probe"]) == 2
+    err = capsys.readouterr().err
+    assert "model.name: a directory without config.json, not a Hugging Face model directory" in err
+    assert "[line 4, column 9]" in err
+    assert main(["doctor", "--no-probe", "--set", f"model.name={tmp_path / 'nowhere'}"]) == 2
+    assert "model.name: local model directory not found" in capsys.readouterr().err
+
+
+def test_doctor_locates_a_key_error_in_its_config_file(tmp_path: Path) -> None:
+    """doctor's CONFIG argument is text, not a Path: a later error about a key is still located
+    at its line and column (it was the bare message)."""
+    import argparse
+
+    from reprotune._cli._options import locate_config_source
+    from reprotune._errors import InputError
+
+    config = tmp_path / "cfg.yaml"
+    config.write_text("train:\n  max_steps: 5\ndeterminism:\n  cpu_isa: avx2\n")
+    error = InputError("avx2 cannot be put in force here", source="determinism.cpu_isa", fix="use native")
+    locate_config_source(error, argparse.Namespace(config=str(config), overrides=[]))
+    assert error.source == f"{config}, line 4, column 12 (key determinism.cpu_isa)"

@@ -62,9 +62,9 @@ def locate_config_source(exc: ReprotuneError, args: argparse.Namespace) -> None:
         if override.partition("=")[0].strip() == key:
             exc.source = f"--set {override}"
             return
-    config = getattr(args, "config", None)
-    if isinstance(config, Path) and config.is_file():
-        exc.source = key_location(config, key)
+    config = getattr(args, "config", None)  # a Path, or doctor's text
+    if isinstance(config, str | Path) and str(config) and Path(config).is_file():
+        exc.source = key_location(Path(config), key)
 
 
 def add_watch_options(parser: argparse.ArgumentParser) -> None:

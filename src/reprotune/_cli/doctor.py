@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(args.config, args.overrides)
         source = args.config
     elif args.overrides:
-        config = config_from_dict({}, source="--set", overrides=args.overrides)
+        config = config_from_dict({}, source="--set", overrides=args.overrides, check_paths=True)
         source = "default config with --set"
     else:
         config, source = None, None

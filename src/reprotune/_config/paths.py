@@ -78,10 +78,14 @@ def _missing_paths(cfg: ExperimentConfig) -> list[_PathProblem]:
             ("split", "manifest"), Path(cfg.split.manifest), "a manifest file", (".json",)
         )
     model = Path(cfg.model.name)
-    if model.is_absolute() and not model.is_dir():
+    if model.is_absolute() and not (model / "config.json").is_file():
         kind = path_kind(model)
         problem = (
-            "local model directory not found" if kind == "missing" else f"is a {kind}, not a model directory"
+            "local model directory not found"
+            if kind == "missing"
+            else "a directory without config.json, not a Hugging Face model directory"
+            if kind == "directory"
+            else f"is a {kind}, not a model directory"
         )
         problems.append(
             _PathProblem(
