@@ -523,3 +523,13 @@ def test_verify_over_several_nodes_is_refused_on_every_rank(
         assert "over several nodes here (LOCAL_WORLD_SIZE=2, WORLD_SIZE=4)" in err
         assert "torchrun --standalone --nproc_per_node N -m reprotune verify" in err
     assert not (tmp_path / "ver").exists()
+
+
+def test_verify_spot_names_an_out_it_cannot_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """verify RUN --spot --out under a file: exit 2 naming --out, as verify's other forms do (the
+    message named no option), before the run is read."""
+    (tmp_path / "file").write_text("mine")
+    out = tmp_path / "file" / "ver"
+    assert main(["verify", str(tmp_path / "run"), "--spot", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {str(out)!r} cannot be written" in err and "is a file, not a directory" in err

@@ -221,6 +221,8 @@ def _run_spot(args: argparse.Namespace) -> int:
             fix=f"run it first (`reprotune run {target}`), then `reprotune verify RUN_DIR --spot`; or "
             f"verify the config in full: `reprotune verify {target}`",
         )
+    refuse_unwritable_parent(out, source="--out")  # as verify's other forms, before the run is read
+    refuse_inside_run(out, option="--out")
     # The replays inherit the mode the run was made in, put in force before torch loads here.
     if target.is_file():
         pin_cpu_isa_of_bundle(target)
