@@ -13,12 +13,14 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
+from typing import NamedTuple
 
 _W, _H = 640, 300
 _LINE_W, _LINE_H, _LINE_TOP = 900, 400, 58
 _LEGEND_ROW = 16  # one more row of the legend, in px
-#: Overlaid curves of identical runs would hide each other: each series gets its own dash pattern.
-_DASHES = ("", "7,4", "2,3", "8,3,2,3")
+#: Overlaid curves of identical runs would hide each other: each series gets its own dash pattern
+#: (``_style``), so that one drawn over another leaves gaps where the one below shows.
+_DASHES = ("", "7,4", "2,3", "8,3,2,3", "12,4", "4,4", "1,4", "10,3,2,3,2,3", "6,2", "3,6", "14,3,3,3")
 _LEFT, _RIGHT, _TOP, _BOTTOM = 78, 20, 34, 44
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
 
@@ -98,11 +100,33 @@ def bar_chart(bars: Sequence[tuple[str, float]], *, title: str) -> str:
 @dataclass(frozen=True)
 class Series:
     """One line of a line chart: its label and its points (a point whose y is not finite, such as
-    a NaN loss, breaks the line there)."""
+    a NaN loss, breaks the line there). ``style``: which colour and dash pattern it takes (a run's
+    index, the same in every chart of a page); by default its place among the series."""
 
     label: str
     xs: Sequence[float]
     ys: Sequence[float]
+    style: int | None = None
+
+
+class Mark(NamedTuple):
+    """A labelled dashed vertical line at ``x``, in the colour of ``style`` (a series' style, such
+    as the run that parts there); by default the colour of its place among the marks, from 1."""
+
+    x: float
+    text: str
+    style: int | None = None
+
+
+def _style(index: int) -> tuple[str, str]:
+    """The colour and dash pattern of series ``index``: no two series share both, nor a dash pattern
+    (beyond the table's, patterns with a dot whose dash and gap grow with the index)."""
+    if index < len(_DASHES):
+        dashes = _DASHES[index]
+    else:
+        k = index - len(_DASHES)
+        dashes = f"{2 + k % 9},{3 + k // 9},1,{3 + k // 9}"
+    return _COLORS[index % len(_COLORS)], dashes
 
 
 def line_chart(
@@ -111,10 +135,11 @@ def line_chart(
     title: str,
     x_label: str,
     y_label: str,
-    marks: Sequence[tuple[float, str]] = (),
+    marks: Sequence[Mark | tuple[float, str]] = (),
 ) -> str:
     """Lines over a shared x axis, each with its own colour and dash pattern (dots on its points
-    when there are at most 50), a legend, and ``marks`` as labelled dashed vertical lines."""
+    when there are at most 50), a legend (a series without a point to draw says so there), and
+    ``marks`` as labelled dashed vertical lines."""
     width, height = _LINE_W, _LINE_H
     points = [(x, y) for s in series for x, y in zip(s.xs, s.ys, strict=True) if math.isfinite(y)]
     entries = sum(len(s.xs) for s in series)
@@ -129,11 +154,12 @@ def line_chart(
             f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" font-size="13">{said}</text>',
         ]
         return _svg(title, parts, width=width, height=height)
-    xs = [x for x, _ in points] + [x for x, _ in marks]
+    lines = [Mark(*mark) for mark in marks]
+    xs = [x for x, _ in points] + [mark.x for mark in lines]
     # optimizer steps are whole numbers: so are the ticks (one step gave 0.990, 0.995, ...)
     x_low, x_high, x_ticks = _axis(min(xs), max(xs), whole=all(float(x).is_integer() for x in xs))
     y_low, y_high, y_ticks = _axis(min(y for _, y in points), max(y for _, y in points))
-    legend, rows = _legend([line.label for line in series], width)
+    legend, rows = _legend(series, width)
     top = _LINE_TOP + _LEGEND_ROW * (rows - 1)  # the legend takes its rows under the title
     plot_w, plot_h = width - _LEFT - _RIGHT, height - top - _BOTTOM
 
@@ -146,9 +172,9 @@ def line_chart(
     parts = _frame(title, y_label, y_ticks, py, width=width, height=height, top=top)
     parts += _x_axis(x_label, x_ticks, px, width=width, height=height)
     for i, line in enumerate(series):
-        parts += _line(line, _COLORS[i % len(_COLORS)], _DASHES[i % len(_DASHES)], px, py)
-    for row, (x, text) in enumerate(marks, start=1):
-        color = _COLORS[row % len(_COLORS)]
+        parts += _line(line, *_style(i if line.style is None else line.style), px, py)
+    for row, (x, text, style) in enumerate(lines, start=1):
+        color = _style(row if style is None else style)[0]
         # a label that would run past the right edge ends at its line instead
         right = px(x) + 4 + 6 * len(text) > width - _RIGHT
         at = f'x="{px(x) - 4:.1f}" text-anchor="end"' if right else f'x="{px(x) + 4:.1f}"'
@@ -189,15 +215,21 @@ def _line(
     return parts + dots
 
 
-def _legend(labels: Sequence[str], width: int) -> tuple[list[str], int]:
+def _legend(series: Sequence[Series], width: int) -> tuple[list[str], int]:
     """Rows under the title, as many as the labels take within ``width``: each series' line style
-    and its label; and how many rows that is (the plot starts below them)."""
+    and its label (saying when it has no point to draw); and how many rows that is (the plot
+    starts below them)."""
     parts, x, row = [], float(_LEFT), 0
-    for i, label in enumerate(labels):
+    for i, line in enumerate(series):
+        label = line.label
+        if not line.xs:
+            label += " (no points)"
+        elif not any(math.isfinite(y) for y in line.ys):
+            label += " (no finite points)"
         wide = 34 + 6.5 * len(label) + 24  # about the label's width at 11 px, and a gap
         if x > _LEFT and x + wide - 24 > width - _RIGHT:  # past the right edge: the next row
             x, row = float(_LEFT), row + 1
-        color, dashes = _COLORS[i % len(_COLORS)], _DASHES[i % len(_DASHES)]
+        color, dashes = _style(i if line.style is None else line.style)
         dash = f' stroke-dasharray="{dashes}"' if dashes else ""
         y = 38 + _LEGEND_ROW * row
         parts.append(

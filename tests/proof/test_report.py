@@ -418,3 +418,61 @@ def test_a_run_directory_whose_name_is_not_utf8_is_written_escaped(tmp_path: Pat
     run = write_run_dir(tmp_path / name)
     html = write_report([run], tmp_path / "page.html").read_text(encoding="utf-8")
     assert "run-caf\\udce9" in html
+
+
+_POLYLINE = re.compile(
+    r'<polyline points="[^"]*" fill="none" stroke="(#\w+)" stroke-width="1.6"'
+    r'(?: stroke-dasharray="([\d,]+)")?><title>([^<]*)</title>'
+)
+_MARK = re.compile(r'stroke="(#\w+)" stroke-dasharray="6,4" stroke-width="1.2"/><text [^>]*>([^<]*)</text>')
+
+
+def _styles(chart: str) -> dict[str, tuple[str, str]]:
+    """Each run's (colour, dash pattern) in a chart, by its label."""
+    return {label: (color, dashes or "") for color, dashes, label in _POLYLINE.findall(chart)}
+
+
+def test_each_mark_has_the_colour_of_the_run_that_parts(runs: list[Path], tmp_path: Path) -> None:
+    """B agrees with A, C parts at step 7: C's mark is drawn in C's colour (it took the colour of
+    its place among the marks, B's)."""
+    twin = write_run_dir(tmp_path / "twin")
+    html = write_report([runs[0], twin, runs[2]], tmp_path / "page.html").read_text(encoding="utf-8")
+    train = _SVG.findall(html)[0]
+    assert _MARK.findall(train) == [(_styles(train)["C (noisy)"][0], "C parts from A at step 7")]
+
+
+def test_a_run_without_points_keeps_every_other_run_s_style_and_its_legend(
+    runs: list[Path], tmp_path: Path
+) -> None:
+    """A run with no step between A and C: C keeps the colour and dash pattern of the third run in
+    both charts (it took B's), and the empty run is in the legends, marked as having no points."""
+    zero = write_run_dir(tmp_path / "zero")
+    init = (zero / "ledger.jsonl").read_text().splitlines(keepends=True)[0]
+    (zero / "ledger.jsonl").write_text(init)
+    page = write_report([runs[0], zero, runs[2]], tmp_path / "page.html").read_text(encoding="utf-8")
+    usual = write_report(runs, tmp_path / "usual.html").read_text(encoding="utf-8")
+    for chart, expected in zip(_SVG.findall(page), _SVG.findall(usual), strict=True):
+        assert _styles(chart)["C (noisy)"] == _styles(expected)["C (noisy)"]
+        assert "B (zero) (no points)</text>" in chart
+
+
+def test_five_identical_runs_each_keep_a_style_of_their_own(tmp_path: Path) -> None:
+    """Five runs of one spec draw five identical curves: each in its own dash pattern (the fifth
+    drew solid over the solid first and hid it), so no two share colour and dash pattern."""
+    names = ["ref", "b", "c", "d", "e"]
+    paths = [write_run_dir(tmp_path / name) for name in names]
+    html = write_report(paths, tmp_path / "page.html").read_text(encoding="utf-8")
+    for chart in _SVG.findall(html):
+        styles = _styles(chart)
+        assert len(styles) == 5
+        assert len({dashes for _, dashes in styles.values()}) == 5, styles
+
+
+def test_another_validation_schedule_at_a_glance_is_its_config_value(tmp_path: Path) -> None:
+    """At a glance, a run validated every 8 steps against every 4 reads as that config value, not
+    as an edited ledger."""
+    ref, other = write_run_dir(tmp_path / "ref"), write_run_dir(tmp_path / "every8", RunSpec(eval_every=8))
+    html = write_report([ref, other], tmp_path / "page.html").read_text(encoding="utf-8")
+    glance = html[: html.index("<h2>Runs</h2>")]
+    assert "every number both recorded agrees: config.train.eval_every 4 vs 8</li>" in glance
+    assert "edited" not in glance

@@ -1,16 +1,103 @@
-"""The sentences of the causes that take more than "X vs Y": a resume, the distributed setup, the
-split; and how a recorded value is shown in them."""
+"""The sentences of the causes that take more than "X vs Y": how each begins (the stage of the
+first divergence), a resume and what it ran with, the distributed setup, the split; and how a
+recorded value is shown in them."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from reprotune._proof.differences import Difference, Resume, SplitDiff
+from reprotune._proof.differences import Difference, Resume, SplitDiff, Where
 from reprotune._run.checkpoint_files import TRAINER_PIECES
 
 MAX_SHOWN = 3
+Stage = Literal["init", "order", "numbers"]
+
+
+@dataclass(frozen=True)
+class ResumeDrift:
+    """What the resumed attempt that computed the first divergent step noted as different from its
+    run's start (the record's ``attempts[].drift``, ``environment_drift``, ``code_drift``), as
+    differences of run A against run B: that attempt's value on its run's side, the value the
+    other run recorded on the other."""
+
+    run: Literal["A", "B"]
+    from_step: int
+    differences: tuple[Difference, ...]
+
+
+#: What a resume's drift of each kind of difference is called ("with other kernel facts").
+_DRIFT_NOUNS = {
+    "kernels": "kernel facts",
+    "environment": "environment",
+    "code": "code",
+    "config": "config",
+    "data": "data",
+    "model": "base model",
+    "model_files": "base model files",
+    "lora": "LoRA config",
+    "seeds": "seeds",
+    "distributed": "distributed setup",
+}
+
+
+def drift_text(drift: ResumeDrift, kind: str, said: str) -> str:
+    """'run B was resumed from its step-4 checkpoint with other kernel facts than it started with
+    (noted on that attempt): ...'."""
+    noun = _DRIFT_NOUNS.get(kind, kind)
+    return (
+        f"run {drift.run} was resumed from its step-{drift.from_step} checkpoint with other {noun} than "
+        f"it started with (noted on that attempt): {said}"
+    )
+
+
+def stage_of(where: Where) -> Stage:
+    """The stage of the first divergence: the LoRA init, the data order or the numbers."""
+    if where.first_weights_step == 0:
+        return "init"
+    if where.first_batch_step is not None and where.first_batch_step == where.first_divergence_step:
+        return "order"
+    return "numbers"
+
+
+def headline(stage: Stage, where: Where) -> str:
+    """How every cause of the first divergence begins ('numbers differ from step 7 with identical
+    data order')."""
+    order = where.first_batch_step
+    if stage == "init":
+        tail = f", and the data order from step {order}" if order is not None else ""
+        return f"the LoRA initial weights differ (step 0){tail}"
+    if stage == "order":
+        return f"data order differs from step {where.first_divergence_step}"
+    numbers = (where.first_loss_step, where.first_weights_step, where.first_val_step)
+    if order is None and numbers == (None, None, None) and where.other_fields == ("validation schedule",):
+        return (
+            f"the runs validated at other steps from step {where.first_divergence_step}, and every "
+            "number both recorded agrees"
+        )
+    if order is None:
+        return f"numbers differ from step {where.first_divergence_step} with identical data order"
+    return (
+        f"numbers differ from step {where.first_divergence_step}, before the data order does (step {order})"
+    )
+
+
+def fields_text(where: Where) -> str:
+    """The ledger fields that differ at the first divergent step, comma-separated."""
+    names = []
+    if where.first_batch_step == where.first_divergence_step:
+        names.append("batch_sha256")
+    if where.first_loss_step == where.first_divergence_step:
+        names.append("loss")
+    if where.first_weights_step == where.first_divergence_step:
+        names.append("weights_sha256")
+    if where.first_val_step == where.first_divergence_step:
+        names.append("validation loss")
+    if where.first_other_step == where.first_divergence_step:
+        names.extend(where.other_fields)
+    return ", ".join(names)
 
 
 def resume_text(resume: Resume) -> str:

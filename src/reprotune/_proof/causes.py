@@ -6,8 +6,10 @@ stage ranks the kinds of difference by how directly they can cause it: a differe
 the data order; a different torch changes numbers, not batches. Each kind that differs gives one
 cause line, most likely first. Two kinds come first at every stage: a file of the base model that
 defines its computation (``config.json``, custom code), and a resume that skipped the RNG restore
-before the divergence. Recorded values that cannot change the numbers (``inert.INERT_KEYS``:
-where a manifest came from, a warning's text, a path) are never causes.
+before the divergence. What a resume before it noted as different from its run's start (another
+environment, code or kernels) is a difference of that kind, said with the resume. Recorded
+values that cannot change the numbers (``inert.INERT_KEYS``: where a manifest came from, a
+warning's text, a path) are never causes, and one fact is one cause (``_drop_restatements``).
 
 Kernel facts (``environment.kernels``: CPU capability, MKL's code path, GPU and CUDA libraries,
 attention) are a numbers cause of their own, in words a user can act on; a record made before
@@ -19,9 +21,21 @@ trace`` commands that find the first op that differs (``compare.trace_commands``
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
-from reprotune._proof.cause_texts import MAX_SHOWN, distributed_text, resume_text, split_text, value_text
+from reprotune._proof.cause_texts import (
+    MAX_SHOWN,
+    ResumeDrift,
+    Stage,
+    distributed_text,
+    drift_text,
+    fields_text,
+    headline,
+    resume_text,
+    split_text,
+    stage_of,
+    value_text,
+)
 from reprotune._proof.differences import AdapterDiff, Difference, Resume, SplitDiff, Where
 from reprotune._proof.kernel_cause import KERNEL_CAUSE, KernelAdvice, kernel_text
 from reprotune._proof.stack_causes import (
@@ -36,7 +50,6 @@ from reprotune._proof.stack_causes import (
 )
 from reprotune._run.kernels import STEERING_ENV
 
-Stage = Literal["init", "order", "numbers"]
 # Seeds that act at each stage; the root seed acts on all of them.
 _STAGE_SEEDS: dict[Stage, frozenset[str]] = {
     "init": frozenset({"root", "lora_init"}),
@@ -100,6 +113,28 @@ _NONDETERMINISM = "yet nothing recorded differs"
 #: Config keys that only choose which kernels run: told as the kernel facts they change.
 _KERNEL_CONFIG_KEYS = frozenset({"config.determinism.cpu_isa"})
 Kernels = tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]
+#: Keys of the record's model, data and LoRA sections that a run takes from config values: where
+#: one of those differs too, the record's key restates it and is no cause of its own.
+_RESTATED_CONFIG: dict[str, tuple[str, ...]] = {
+    "model.max_length": ("config.model.max_length",),
+    "model.dtype": ("config.model.dtype",),
+    "model.padding_side": ("config.model.padding_side",),
+    "model.pad_token_id": ("config.model.pad_token_id",),
+    "data.prompt_field": ("config.data.prompt_field",),
+    "data.response_field": ("config.data.response_field",),
+    "data.order.total_steps": (
+        "config.train.max_steps",
+        "config.train.epochs",
+        "config.train.batch_size",
+        "config.train.grad_accum_steps",
+    ),
+    "data.order.rows_per_step": ("config.train.batch_size", "config.train.grad_accum_steps"),
+    "lora.r": ("config.lora.r",),
+    "lora.lora_alpha": ("config.lora.alpha",),
+    "lora.lora_dropout": ("config.lora.dropout",),
+    "lora.target_modules": ("config.lora.target_modules",),
+    "lora.bias": ("config.lora.bias",),
+}
 
 
 def is_unexplained(cause: str) -> bool:
@@ -128,6 +163,7 @@ def explain(
     edited: Sequence[str] = (),
     trainer: bool = False,
     traceable: bool = True,
+    drifts: Sequence[ResumeDrift] = (),
 ) -> list[str]:
     """The ranked causes of the runs' divergence, in plain words (most likely first).
 
@@ -144,6 +180,9 @@ def explain(
         trainer: a run was made by a Trainer script (a portable mode is its environment's, not a
             config key).
         traceable: ``reprotune trace`` can replay both runs (its commands follow a kernel cause).
+        drifts: what the resumed attempt that computed the first divergent step noted as different
+            from its run's start; told as the kind of difference it is (``kernels``: each run's
+            kernel facts as that attempt computed).
 
     Returns:
         Sentences such as "data order differs from step 1: the split manifests differ in 3 rows";
@@ -159,23 +198,19 @@ def explain(
     at = where.first_divergence_step
     if at is None:
         return [f"the runs agree over their {where.steps_compared} common steps but differ in length"]
-    stage = _stage(where)
-    head = _headline(stage, where)
+    stage = stage_of(where)
+    head = headline(stage, where)
     causes = [
         f"run {label}'s ledger does not match the sha256 in its record: it was edited or damaged after "
         "the run wrote it, so its lines are not the run's (restore it from a copy, or rerun the run)"
         for label in edited
     ]
-    isolated = where.lines_differing == 1 and at < where.steps_compared
+    isolated = _isolated(where, adapter, differences)
     if isolated:
-        # A real change in training carries forward through the weights; one lone differing line
-        # with every later step equal was written differently, not computed differently.
-        causes.append(
-            f"only the ledger line of step {at} differs ({_fields(where)}) and every later step agrees: "
-            "the ledger looks edited or corrupted, not trained differently"
-        )
+        causes.append(isolated)
     made = KernelAdvice(trainer, traceable)
-    evidence = _evidence(stage, differences, split, [r for r in resumes if r.from_step < at], kernels, made)
+    before, drifted = [r for r in resumes if r.from_step < at], [d for d in drifts if d.from_step < at]
+    evidence = _evidence(stage, differences, split, before, kernels, made, drifted)
     causes.extend(f"{head}: {text}" for text in evidence)
     unknown = [label for label, facts in zip("AB", kernels, strict=True) if facts is None]
     if edited:
@@ -194,47 +229,30 @@ def explain(
     return causes
 
 
-def _stage(where: Where) -> Stage:
-    if where.first_weights_step == 0:
-        return "init"
-    if where.first_batch_step is not None and where.first_batch_step == where.first_divergence_step:
-        return "order"
-    return "numbers"
-
-
-def _headline(stage: Stage, where: Where) -> str:
-    order = where.first_batch_step
-    if stage == "init":
-        tail = f", and the data order from step {order}" if order is not None else ""
-        return f"the LoRA initial weights differ (step 0){tail}"
-    if stage == "order":
-        return f"data order differs from step {where.first_divergence_step}"
-    numbers = (where.first_loss_step, where.first_weights_step, where.first_val_step)
-    if order is None and numbers == (None, None, None) and where.other_fields == ("validation schedule",):
-        return (
-            f"the runs validated at other steps from step {where.first_divergence_step}, and every "
-            "number both recorded agrees"
-        )
-    if order is None:
-        return f"numbers differ from step {where.first_divergence_step} with identical data order"
+def _isolated(where: Where, adapter: AdapterDiff | None, differences: Sequence[Difference]) -> str | None:
+    """The cause when one lone ledger line differs and nothing computed after it does: a step
+    before the last with every later step equal, or the last step with its weights hash and the
+    adapter equal (a loss that differs beside equal weights was written, not trained); None
+    otherwise. Another validation schedule that a config difference explains
+    (``train.eval_every``) is that difference, not an edit."""
+    at = where.first_divergence_step
+    if where.lines_differing != 1 or at is None:
+        return None
+    schedule = where.other_fields == ("validation schedule",) and where.first_other_step == at
+    if schedule and any(d.category == "config" and not d.inert for d in differences):
+        return None
+    if at < where.steps_compared:
+        later = "every later step agrees"
+    elif where.first_weights_step is None and adapter is not None and adapter.identical:
+        later = "its weights and the adapter agree"
+    else:
+        return None
+    # A real change in training carries forward through the weights: one lone line that differs
+    # while they agree was written differently, not computed differently.
     return (
-        f"numbers differ from step {where.first_divergence_step}, before the data order does (step {order})"
+        f"only the ledger line of step {at} differs ({fields_text(where)}) and {later}: "
+        "the ledger looks edited or corrupted, not trained differently"
     )
-
-
-def _fields(where: Where) -> str:
-    names = []
-    if where.first_batch_step == where.first_divergence_step:
-        names.append("batch_sha256")
-    if where.first_loss_step == where.first_divergence_step:
-        names.append("loss")
-    if where.first_weights_step == where.first_divergence_step:
-        names.append("weights_sha256")
-    if where.first_val_step == where.first_divergence_step:
-        names.append("validation loss")
-    if where.first_other_step == where.first_divergence_step:
-        names.extend(where.other_fields)
-    return ", ".join(names)
 
 
 def _evidence(
@@ -244,17 +262,13 @@ def _evidence(
     resumes: Sequence[Resume],
     kernels: Kernels = (None, None),
     made: KernelAdvice | None = None,
+    drifts: Sequence[ResumeDrift] = (),
 ) -> list[str]:
     """One sentence per kind of difference found, in the stage's ranking.
 
-    ``resumes`` are the resumed attempts that restarted before the first divergence."""
-    by_category: dict[str, list[Difference]] = {}
-    for diff in differences:
-        if diff.inert:
-            continue  # cannot change the numbers: listed under "what differs", never a cause
-        group = "model_files" if diff.key.startswith(_MODEL_FILE_KEYS) else str(diff.category)
-        by_category.setdefault(group, []).append(diff)
-    _drop_restatements(by_category, split)
+    ``resumes`` are the resumed attempts that restarted before the first divergence, ``drifts``
+    what those that computed it noted as different from their run's start."""
+    by_category = _grouped(differences, split)
     config = by_category.get("config", [])
     if "kernels" in by_category and config and all(d.key in _KERNEL_CONFIG_KEYS for d in config):
         del by_category["config"]  # one cause: the kernels (naming the mode); trace commands follow
@@ -277,7 +291,10 @@ def _evidence(
         if said:
             # Changed row content changes numbers directly; moved rows change the order.
             texts["split_content" if split.content_changed else "split"] = said
+    drifted = _drift_texts(drifts, texts, kernels, made or KernelAdvice())
     for resume in resumes:
+        if resume.exact and (resume.run, resume.from_step) in drifted:
+            continue  # it restored everything; what it ran with is the cause, told above
         texts.setdefault("resume" if resume.exact else "resume_rng", resume_text(resume))
     ranking = _RANKING[stage]
     ordered = [texts[k] for k in ranking if k in texts]
@@ -285,12 +302,50 @@ def _evidence(
     return ordered
 
 
+def _grouped(differences: Sequence[Difference], split: SplitDiff | None) -> dict[str, list[Difference]]:
+    """The differences that can change the numbers by kind of cause, each fact once."""
+    by_category: dict[str, list[Difference]] = {}
+    for diff in differences:
+        if diff.inert:
+            continue  # cannot change the numbers: listed under "what differs", never a cause
+        group = "model_files" if diff.key.startswith(_MODEL_FILE_KEYS) else str(diff.category)
+        by_category.setdefault(group, []).append(diff)
+    _drop_restatements(by_category, split)
+    return by_category
+
+
+def _drift_texts(
+    drifts: Sequence[ResumeDrift], texts: dict[str, str], kernels: Kernels, made: KernelAdvice
+) -> set[tuple[str, int]]:
+    """Add to ``texts`` each kind of difference a resume noted, beside the records' own (the kernel
+    cause anew: ``kernels`` are already the facts each run computed the step with); return the
+    resumes, by run and step, that noted one."""
+    told: set[tuple[str, int]] = set()
+    for drift in drifts:
+        for kind, diffs in _grouped(drift.differences, None).items():
+            if kind == "kernels":
+                a, b = kernels
+                said = kernel_text(a, b, made) if a is not None and b is not None else None
+                if said is None:
+                    continue  # facts of a GPU the run did not use, say
+                texts[kind] = drift_text(drift, kind, said)
+            else:
+                said = drift_text(drift, kind, _summarize(kind, diffs))
+                texts[kind] = f"{texts[kind]}; and {said}" if kind in texts else said
+            told.add((drift.run, drift.from_step))
+    return told
+
+
 def _drop_restatements(by_category: dict[str, list[Difference]], split: SplitDiff | None) -> None:
     """One fact, one cause: the config's seed keys restate the recorded seeds, the manifest's
-    sha256 restates the split difference that names its rows, and the recorded environment
-    variables that steer kernels restate the kernel facts."""
+    sha256 restates the split difference that names its rows, the recorded environment
+    variables that steer kernels restate the kernel facts, and what the record's model, data and
+    LoRA sections took from a config value that differs (``_RESTATED_CONFIG``) restates it."""
     if by_category.get("seeds"):
         _keep(by_category, "config", lambda d: d.key.split(".")[:2] != ["config", "seed"])
+    config = {d.key for d in by_category.get("config", [])}
+    for kind in ("model", "data", "lora"):
+        _keep(by_category, kind, lambda d: config.isdisjoint(_RESTATED_CONFIG.get(d.key, ())))
     if split is not None and split_text(split):
         _keep(by_category, "data", lambda d: d.key != "data.manifest_sha256")
     if by_category.get("kernels"):  # the kernel facts' steering_env names these variables already

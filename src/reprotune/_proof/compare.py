@@ -16,9 +16,8 @@ Never imports torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
 
 from reprotune._errors import InputError
 from reprotune._proof.adapter_diff import compare_adapters
@@ -29,7 +28,6 @@ from reprotune._proof.differences import (
     Comparison,
     Difference,
     NumberDiff,
-    Resume,
     RunSummary,
     Verdict,
     Where,
@@ -43,6 +41,7 @@ from reprotune._proof.microscope import (
     trace_refusals,
 )
 from reprotune._proof.record_diff import record_differences
+from reprotune._proof.resumed_attempts import as_computed, resumes_of
 from reprotune._proof.split_diff import compare_manifests
 from reprotune._proof.world import same_world_throughout, without_rank_batches
 from reprotune._run.ledger import differing_fields
@@ -114,12 +113,20 @@ def compare_opened(
         verdict = Verdict.INCOMPARABLE
     elif ledgers_equal and adapter is not None and adapter.identical:
         verdict = Verdict.IDENTICAL
-    elif tolerance is not None and _within_tolerance(run_a, run_b, where, adapter, tolerance):
+    elif (
+        tolerance is not None
+        and not _experiment_differences(differences)
+        and _within_tolerance(run_a, run_b, where, adapter, tolerance)
+    ):
         verdict = Verdict.WITHIN_TOLERANCE
     else:
         verdict = Verdict.DIVERGED
-    resumes = tuple(_resumes(run_a, "A")) + tuple(_resumes(run_b, "B"))
-    kernels = compared_kernels(run_a, run_b)
+    resumes = tuple(resumes_of(run_a, "A")) + tuple(resumes_of(run_b, "B"))
+    # Each run as it computed the first divergent step: a resume from before it may have run in
+    # another environment (or code, or kernels) than the record's start, and noted so.
+    at = where.first_divergence_step
+    (run_a_at, drift_a), (run_b_at, drift_b) = as_computed(run_a, "A", at), as_computed(run_b, "B", at)
+    kernels = compared_kernels(run_a_at, run_b_at)
     edited = [label for label, run in (("A", run_a), ("B", run_b)) if _ledger_edited(run)]
     causes = explain(
         where,
@@ -132,6 +139,7 @@ def compare_opened(
         edited=edited,
         trainer=any(made_by_trainer(run) for run in (run_a, run_b)),
         traceable=not trace_refusals(run_a, run_b, where.first_divergence_step or 0),
+        drifts=[drift for drift in (drift_a, drift_b) if drift is not None],
     )
     seed_findings = (
         seed_finding_causes({"A": run_a.record, "B": run_b.record})
@@ -151,35 +159,11 @@ def compare_opened(
         differences=differences,
         split=split,
         causes=tuple(causes),
-        notes=tuple(_notes(run_a, run_b, verdict, differences, adapter)),
+        notes=tuple(_notes(run_a, run_b, verdict, differences, adapter, tolerance)),
         resumes=resumes,
         prefix=prefix,
-        next_steps=tuple(trace_commands(run_a, run_b, where, causes)),
+        next_steps=tuple(trace_commands(run_a_at, run_b_at, where, causes)),
     )
-
-
-def _resumes(run: RunDir, label: Literal["A", "B"]) -> Iterable[Resume]:
-    """The resumed attempts of a run, from its record's ``attempts`` (the last one to resume wins
-    over earlier ones from a later step: each resume restarts from its own checkpoint)."""
-    attempts = run.record.get("attempts")
-    for attempt in attempts if isinstance(attempts, list) else []:
-        if (
-            isinstance(attempt, Mapping)
-            and attempt.get("resumed")
-            and isinstance(attempt.get("from_step"), int)
-        ):
-            yield Resume(
-                label,
-                attempt["from_step"],
-                attempt.get("rng_restored") is not False,
-                _names(attempt.get("rng_missing")),
-                _names(attempt.get("rng_changed")),
-                _names(attempt.get("state_missing")),
-            )
-
-
-def _names(value: Any) -> tuple[str, ...]:
-    return tuple(str(v) for v in value) if isinstance(value, list) else ()
 
 
 def _summary(run: RunDir) -> RunSummary:
@@ -259,7 +243,7 @@ def _compare_ledgers(run_a: RunDir, run_b: RunDir, *, prefix: bool = False) -> W
         if ea.fields["loss"] != eb.fields["loss"]:
             note("val", step)
             diff = _abs_diff(ea.number("loss"), eb.number("loss"))
-            if largest_val is None or diff > largest_val.abs_diff:
+            if largest_val is None or diff > largest_val.abs_diff or math.isnan(diff):
                 largest_val = NumberDiff(ea.step, ea.number("loss"), eb.number("loss"), diff)
         others = tuple(k for k in differing_fields(ea.fields, eb.fields) if k not in {"loss", "step"})
         if others and (first["other"] is None or ea.step < first["other"]):
@@ -351,14 +335,35 @@ def _within_tolerance(
     return True
 
 
+#: Config keys that say how a run computes on its machine, not what: a tolerance forgives them.
+_MACHINE_CONFIG = ("config.determinism.", "config.distributed.")
+
+
+def _experiment_differences(differences: Sequence[Difference]) -> list[str]:
+    """The keys of the config, seed and data differences that can change the numbers: another
+    experiment, which no tolerance forgives (one is for the same experiment on other hardware)."""
+    return [
+        d.key
+        for d in differences
+        if not d.inert and d.category in ("config", "seeds", "data") and not d.key.startswith(_MACHINE_CONFIG)
+    ]
+
+
 def _notes(
     run_a: RunDir,
     run_b: RunDir,
     verdict: Verdict,
     differences: Sequence[Difference],
     adapter: AdapterDiff | None,
+    tolerance: float | None = None,
 ) -> Iterable[str]:
     """Things a reader should know that are not differences of the runs themselves."""
+    other = _experiment_differences(differences)
+    if tolerance is not None and verdict is Verdict.DIVERGED and other:
+        yield (
+            "a tolerance forgives the numbers of one experiment on other hardware, not another "
+            f"experiment: these runs differ in {', '.join(other[:3])}{' ...' if len(other) > 3 else ''}"
+        )
     for label, run in (("A", run_a), ("B", run_b)):
         if run.status != "completed":
             yield f"run {label} has status {run.status!r}"

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from reprotune._charts import Series, line_chart
+from reprotune._charts import Mark, Series, line_chart
 from reprotune._errors import InputError
 from reprotune._eval.html import evals_section
 from reprotune._html import badge, escape, figure_svg, head, page_bytes, table
@@ -157,15 +157,17 @@ def _labels(runs: Sequence[RunDir]) -> list[str]:
 def _plot(
     runs: Sequence[RunDir], labels: Sequence[str], divergences: Sequence[tuple[str, int | None]], *, kind: str
 ) -> str:
-    """One chart: the ``train`` or ``val`` loss of every run, divergence steps as vertical lines."""
+    """One chart: the ``train`` or ``val`` loss of every run, divergence steps as vertical lines.
+    Each run keeps its index's colour and dash pattern in both charts, a run without entries
+    included (its legend says it has no points), and each mark takes the colour of the run that
+    parts there (run ``i + 1`` for the ``i``-th divergence)."""
     series = []
-    for label, run in zip(labels, runs, strict=True):
+    for i, (label, run) in enumerate(zip(labels, runs, strict=True)):
         entries = run.ledger.train if kind == "train" else run.ledger.val
-        if entries:
-            series.append(Series(label, [e.step for e in entries], [e.number("loss") for e in entries]))
+        series.append(Series(label, [e.step for e in entries], [e.number("loss") for e in entries], i))
     marks = [
-        (step, f"{label.split()[0]} parts from A at step {step}")
-        for label, step in divergences
+        Mark(step, f"{label.split()[0]} parts from A at step {step}", i)
+        for i, (label, step) in enumerate(divergences, start=1)
         if step is not None
     ]
     name = "training loss" if kind == "train" else "validation loss"

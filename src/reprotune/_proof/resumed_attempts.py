@@ -1,0 +1,97 @@
+"""What a run's resumed attempts say: each resume (from which step, what it restored), and the run
+as a resume computed its steps, where that attempt noted values that differ from the run's start
+(its ``drift``, ``environment_drift``, ``code_drift``, ``distributed_drift``: ``_train.attempt``).
+Never imports torch."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+from reprotune._proof.cause_texts import ResumeDrift
+from reprotune._proof.differences import Resume
+from reprotune._proof.record_diff import record_differences
+from reprotune._run.rundir import RunDir
+
+
+def resumes_of(run: RunDir, label: Literal["A", "B"]) -> Iterable[Resume]:
+    """The resumed attempts of a run, from its record's ``attempts`` (the last one to resume wins
+    over earlier ones from a later step: each resume restarts from its own checkpoint)."""
+    attempts = run.record.get("attempts")
+    for attempt in attempts if isinstance(attempts, list) else []:
+        if (
+            isinstance(attempt, Mapping)
+            and attempt.get("resumed")
+            and isinstance(attempt.get("from_step"), int)
+        ):
+            yield Resume(
+                label,
+                attempt["from_step"],
+                attempt.get("rng_restored") is not False,
+                _names(attempt.get("rng_missing")),
+                _names(attempt.get("rng_changed")),
+                _names(attempt.get("state_missing")),
+            )
+
+
+#: The lists a resumed attempt notes of what differs from its run's start (``_train.attempt``),
+#: each line ``KEY: recorded X, now Y`` with Python's reprs of the values.
+_DRIFT_KEYS = ("drift", "environment_drift", "code_drift", "distributed_drift")
+_DRIFT_LINE = re.compile(r"(?P<key>[^\s:]+): recorded (?P<then>.*), now (?P<now>.*)", re.S)
+
+
+def as_computed(run: RunDir, label: Literal["A", "B"], step: int | None) -> tuple[RunDir, ResumeDrift | None]:
+    """``run`` as it computed ``step``: where the last attempt to resume before that step noted
+    values that differ from the run's start, the run with those in its record, and how they differ
+    from it (as run A against run B: the resumed values on ``label``'s side); else ``run`` and None."""
+    attempts = run.record.get("attempts")
+    resumed = [
+        attempt
+        for attempt in (attempts if isinstance(attempts, list) else [])
+        if isinstance(attempt, Mapping)
+        and attempt.get("resumed")
+        and isinstance(attempt.get("from_step"), int)
+        and step is not None
+        and attempt["from_step"] < step
+    ]
+    if not resumed:
+        return run, None
+    record = copy.deepcopy(dict(run.record))
+    for key in _DRIFT_KEYS:
+        lines = resumed[-1].get(key)
+        for line in lines if isinstance(lines, list) else []:
+            if isinstance(line, str) and (found := _DRIFT_LINE.fullmatch(line)):
+                _put(record, found["key"], _literal(found["now"]))
+    if record == run.record:
+        return run, None
+    computed = dataclasses.replace(run, record=record)
+    pair = (computed, run) if label == "A" else (run, computed)
+    return computed, ResumeDrift(label, resumed[-1]["from_step"], tuple(record_differences(*pair)))
+
+
+def _put(record: dict[str, Any], key: str, value: Any) -> None:
+    """Set the value at a drift line's dotted ``key`` (a name may hold a dot: ``config.json``)."""
+    node, parts = record, key.split(".")
+    while True:
+        names = [".".join(parts[:n]) for n in range(1, len(parts))]
+        name = next((n for n in names if isinstance(node.get(n), dict)), None)
+        if name is None:  # the leaf (a key the start lacked is added whole)
+            node[".".join(parts)] = value
+            return
+        node, parts = node[name], parts[name.count(".") + 1 :]
+
+
+def _literal(text: str) -> Any:
+    """A value as a drift line shows it (its repr), else the text itself."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return text
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in value) if isinstance(value, list) else ()
