@@ -901,3 +901,25 @@ def test_scored_tokens_shift_a_causal_lms_labels_and_count_a_classifiers_whole()
     assert _scored_tokens({"inputs_embeds": torch.zeros(3, 5, 4), "labels": causal}) == 9
     assert _scored_tokens({"input_ids": ids, "labels": torch.tensor([0, 1, 1])}) == 3
     assert _scored_tokens({"input_ids": ids, "attention_mask": torch.ones(3, 5)}) == 15
+
+
+def test_runs_apart_in_logging_and_saving_alone_give_the_same_bits(model_dir: Path, tmp_path: Path) -> None:
+    """What compare's inert table says of a Trainer's logging_* and save_* arguments, shown: two
+    runs apart in them alone write byte-identical ledgers and adapters, and compare lists the
+    arguments as unable to change the numbers, never as a cause."""
+    from reprotune._proof.compare import compare_runs
+
+    def train(name: str, **args: Any) -> None:
+        made = lambda: ReprotuneCallback(tmp_path / name, code_dir=tmp_path)  # noqa: E731
+        tiny_trainer(model_dir, tiny_rows(40, seed=1), tmp_path / f"out-{name}", made, **args).train()
+
+    train("a", logging_steps=1)
+    train(
+        "b", logging_steps=3, logging_first_step=True, save_strategy="steps", save_steps=2, save_total_limit=1
+    )
+    for name in ("ledger.jsonl", "adapter/adapter_model.safetensors"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    result = compare_runs(tmp_path / "a", tmp_path / "b")
+    assert result.verdict.value == "IDENTICAL"
+    listed = {d.key: d.inert for d in result.differences if d.key.startswith("config.trainer.args.")}
+    assert listed and all(listed.values()), listed

@@ -397,6 +397,10 @@ INERT_ROWS = [
     ("environment.env.TENSORBOARD_LOGDIR", None, "tb"),
     ("environment.env.HF_HUB_DISABLE_TELEMETRY", None, "1"),
     ("code.untracked", [], ["train.log", "wandb/run-1/files/output.log", "events.out.tfevents.17.host"]),
+    ("config.trainer.args.logging_steps", 500, 1),
+    ("config.trainer.args.save_steps", 500, 2),
+    ("config.trainer.args.save_strategy", "no", "steps"),
+    ("config.trainer.args.push_to_hub", False, True),
 ]
 
 #: And what stays a possible cause however innocent its name looks.
@@ -406,6 +410,8 @@ CAUSE_ROWS = [
     ("code.untracked", [], ["train.log", "helpers.py"]),
     ("code.commit", "a" * 40, "b" * 40),
     ("config.train.learning_rate", 0.1, 0.2),
+    ("config.trainer.args.eval_steps", 4, 2),  # an evaluation may draw from the RNG the steps use
+    ("config.trainer.args.learning_rate", 0.1, 0.2),
 ]
 
 
