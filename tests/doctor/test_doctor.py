@@ -367,6 +367,7 @@ def test_a_revision_for_a_local_model_is_bad_input(
     """model.revision with a local directory: the run refuses it (exit 2), and so does doctor now
     (it said OK)."""
     (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")  # a model folder (one without is refused first)
     args = ["doctor", "--no-probe", "--code-dir", str(tmp_path), "--set", f"model.name={tmp_path / 'model'}"]
     assert main([*args, "--set", "model.revision=main"]) == 2
     err = capsys.readouterr().err
