@@ -30,10 +30,18 @@ record keeps the resolved config with every default written out. Start from
   parsed as YAML; a list is set whole.
 - Relative `data.path`, `split.manifest` and local `model.name` paths resolve against the config
   file's directory.
-- The YAML dialect keeps `off`, `no`, `yes` as strings (so `determinism.mode: off` works) and
-  reads `2e-4` as a number.
+- The YAML dialect is YAML 1.2's core schema where YAML 1.1 surprises people: `off`, `no`, `yes`
+  stay strings (so `determinism.mode: off` works), `2e-4` is a number, `1:30` and `2024-02-30`
+  are text (not 90 and a date), `0o17` is octal, `_` may group digits (`1_000`), and a number with
+  a leading zero (`0123`: octal 83 in YAML 1.1, 123 in 1.2) is refused as ambiguous: write `123`,
+  or quote it. A flow mapping needs a space after each colon (`{lora_init: 7}`). Merge keys
+  (`<<: *common`) work; a merged value is located where it is written ("merged in by << at ...").
+- A `--set` value is YAML too: one with a `#` comment, which YAML would drop (`#1 rule` would be
+  null), is refused; quote it inside the shell's quotes: `--set 'data.system_prompt="#1 rule"'`.
 - Every problem is reported at once, each as `key.path: problem (got X) [line L, column C]; fix: ...`
-  (exit code 2). Unknown keys get "did you mean".
+  (exit code 2); a control character (NUL, ESC) is named with its line and column. Unknown keys get
+  "did you mean" (a key in the wrong section names the section that has it); a value under a key
+  named like a secret (`password`) is never shown.
 - Exactly one of `train.max_steps` and `train.epochs` is set; writing only `epochs` clears the
   `max_steps` default.
 - Seeds: every consumer (`split`, `data_order`, `lora_init`, `dropout`, `eval`) gets its own seed,

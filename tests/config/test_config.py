@@ -350,3 +350,33 @@ def test_config_and_record_modules_do_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_an_unknown_key_named_like_a_secret_never_shows_its_value(tmp_path: Path) -> None:
+    """`tracking: {password: hunter2}` printed "(got 'hunter2')"; a value under a key named like a
+    secret is never shown, whatever the problem."""
+    path = _write(tmp_path, "tracking: {password: hunter2}\nseed:\n  overrides: {api_key: hunter3}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "hunter" not in str(info.value)
+    assert _problems(info)["tracking.password"] == (
+        "tracking.password: unknown key [line 1, column 12]; fix: remove it or use one of: mlflow, "
+        "wandb, uri, artifact_location, experiment; credentials belong in the environment, never in "
+        "the config"
+    )
+
+
+def test_a_key_in_the_wrong_section_names_the_section_that_has_it(tmp_path: Path) -> None:
+    """Top-level `max_steps` (or `eval.learning_rate`) says "did you mean train.max_steps?", in
+    the file and in a --set; the fuzzy match stays for typos."""
+    path = _write(tmp_path, "max_steps: 5\neval: {learning_rate: 0.1}\ntrain: {max_step: 3}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, ["max_steps=5"])
+    problems = _problems(info)
+    assert "fix: did you mean train.max_steps? remove it" in problems["max_steps"]
+    assert "fix: did you mean train.learning_rate? remove it" in problems["eval.learning_rate"]
+    assert "fix: did you mean 'max_steps'? remove it" in problems["train.max_step"]
+    assert (
+        "--set max_steps: no key 'max_steps' in the top level; fix: did you mean train.max_steps?"
+        in (info.value.problems)[0]
+    )

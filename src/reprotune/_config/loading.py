@@ -11,6 +11,7 @@ Importing this module never imports torch.
 
 from __future__ import annotations
 
+import functools
 import reprlib
 import typing
 from collections.abc import Mapping, Sequence
@@ -30,9 +31,9 @@ from reprotune._config.schema import (
     model_at,
     submodel,
 )
-from reprotune._config.secrets import mask_url_credentials
+from reprotune._config.secrets import is_secret_name, mask_url_credentials
+from reprotune._config.yaml_dialect import Dumper
 from reprotune._config.yaml_io import (
-    Dumper,
     Marks,
     mark_text,
     not_secret_marked,
@@ -53,10 +54,8 @@ def _check_key_path(parts: Sequence[str]) -> str | None:
         fields = model.model_fields
         if part not in fields:
             where = dotted(parts[:depth]) if depth else "the top level"
-            return (
-                f"no key {part!r} in {where}; fix: {did_you_mean(part, list(fields))}"
-                f"valid keys: {', '.join(fields)}"
-            )
+            fix = _suggest(parts[: depth + 1], list(fields))
+            return f"no key {part!r} in {where}; fix: {fix}valid keys: {', '.join(fields)}"
         annotation = fields[part].annotation
         sub = submodel(annotation)
         rest = parts[depth + 1 :]
@@ -74,6 +73,30 @@ def _check_key_path(parts: Sequence[str]) -> str | None:
             return f"{value} is a value, not a section; fix: --set {value}=VALUE"
         return None
     return None
+
+
+@functools.cache
+def _key_paths(
+    model: type[BaseModel] = ExperimentConfig, prefix: tuple[str, ...] = ()
+) -> list[tuple[str, ...]]:
+    """Every key path of the schema under ``model``, sections included."""
+    paths: list[tuple[str, ...]] = []
+    for name, field in model.model_fields.items():
+        paths.append((*prefix, name))
+        sub = submodel(field.annotation)
+        if sub is not None:
+            paths.extend(_key_paths(sub, (*prefix, name)))
+    return paths
+
+
+def _suggest(path: Sequence[str | int], valid: Sequence[str]) -> str:
+    """``"did you mean train.max_steps? "`` for a key the schema has in another section (top-level
+    ``max_steps``), else "did you mean" among ``valid``, else ``""``."""
+    name = path[-1]
+    elsewhere = [dotted(p) for p in _key_paths() if p[-1] == name and p != tuple(path)]
+    if elsewhere:
+        return f"did you mean {' or '.join(elsewhere)}? "
+    return did_you_mean(str(name), valid)
 
 
 def _apply_overrides(
@@ -161,14 +184,18 @@ def _format_error(error: Mapping[str, Any], marks: Marks, overridden: set[tuple[
         got = ""
     else:
         problem = message[:1].lower() + message[1:]
-        got = f" (got {_short(error.get('input'))})"
+        name = next((p for p in reversed(loc) if isinstance(p, str)), "")
+        # a value under a key named like a secret (tracking.password) is never shown
+        got = "" if is_secret_name(name) else f" (got {_short(error.get('input'))})"
         fix = _TYPE_FIXES.get(kind, "see docs/config.md")
         ctx = error.get("ctx") or {}
         if kind == "extra_forbidden":
             problem = "unknown key"
             section = model_at(loc[:-1])
             valid = list(section.model_fields) if section else []
-            fix = f"{did_you_mean(str(loc[-1]), valid)}remove it or use one of: {', '.join(valid)}"
+            fix = f"{_suggest(loc, valid)}remove it or use one of: {', '.join(valid)}"
+            if is_secret_name(name):
+                fix += "; credentials belong in the environment, never in the config"
         elif kind == "literal_error":
             fix = f"use one of {ctx.get('expected', '')}"
         elif kind in _BOUND_FIXES:
