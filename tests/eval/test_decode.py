@@ -4,6 +4,7 @@ and sampling, on the tiny models with a LoRA adapter; and it claims it only wher
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -228,3 +229,36 @@ def test_row_seed_is_a_function_of_seed_and_row() -> None:
     assert len({row_seed(7, i) for i in range(100)}) == 100
     assert row_seed(7, 12) != row_seed(8, 12)
     assert 0 <= row_seed(2**63 - 1, 10**9) < 2**63
+
+
+@pytest.mark.parametrize(
+    ("asked", "named"),
+    [
+        ({"softcap": 50.0}, "logit soft-capping (softcap)"),
+        ({"s_aux": torch.zeros(2)}, "attention sinks (s_aux)"),
+        ({"sliding_window": 4}, "a sliding window of 4 tokens"),
+    ],
+    ids=["gemma2 softcap", "gpt-oss sinks", "window shorter than the keys"],
+)
+def test_rowwise_attention_refuses_what_it_does_not_compute(asked: dict[str, Any], named: str) -> None:
+    """Attention arguments beyond softmax over every earlier key were dropped without a word (the
+    eval scored another model); a window as long as the keys, or none, computes as before."""
+    from reprotune._errors import InputError
+
+    query = key = value = torch.zeros(1, 2, 6, 4)
+    with pytest.raises(InputError, match=re.escape(named)):
+        rowwise_attention(torch.nn.Module(), query, key, value, None, **asked)
+    rowwise_attention(torch.nn.Module(), query, key, value, None, sliding_window=6, softcap=None, s_aux=None)
+
+
+def test_a_soft_capping_model_is_refused_before_the_eval() -> None:
+    """Gemma 2's attn_logit_softcapping is named from the model's config, before any row runs."""
+    from types import SimpleNamespace
+
+    from reprotune._errors import InputError
+    from reprotune._model.positions import refuse_past_the_model
+
+    config = SimpleNamespace(max_position_embeddings=8192, attn_logit_softcapping=50.0)
+    with pytest.raises(InputError, match=r"attn_logit_softcapping 50\.0"):
+        refuse_past_the_model(config, 64, 8)
+    refuse_past_the_model(SimpleNamespace(max_position_embeddings=8192, attn_logit_softcapping=None), 64, 8)

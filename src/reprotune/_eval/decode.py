@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LogitsProcessor
 
+from reprotune._errors import InputError
 from reprotune._eval.settings import GenerationSettings, row_seed
 
 #: The attention implementation's registered name.
@@ -60,6 +61,24 @@ class _PromptDone(LogitsProcessor):
         return scores
 
 
+def _refuse_other_attention(module: torch.nn.Module, kwargs: dict[str, Any], kv_len: int) -> None:
+    """Refuse what transformers asks of an attention beyond softmax over every earlier key."""
+    window = kwargs.get("sliding_window")
+    asked = {
+        "logit soft-capping (softcap)": kwargs.get("softcap") is not None,
+        "attention sinks (s_aux)": kwargs.get("s_aux") is not None,
+        f"a sliding window of {window} tokens": isinstance(window, int) and window < kv_len,
+    }
+    if found := [name for name, present in asked.items() if present]:
+        raise InputError(
+            f"the model's attention ({type(module).__name__}) asks for {' and '.join(found)}, which the "
+            "eval's batch-invariant attention does not implement: its scores would be another model's",
+            source="model.name",
+            fix="evaluate a model whose attention is plain softmax attention (Llama, Qwen2, Mistral "
+            "within its window, ...)",
+        )
+
+
 def rowwise_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -82,11 +101,15 @@ def rowwise_attention(
 
     Raises:
         NotImplementedError: a chunked prefill (neither a full prefill nor one new token).
+        InputError: a model whose attention does more than softmax over every earlier key (logit
+            soft-capping, attention sinks, a sliding window shorter than the keys): computed
+            without it, the eval would score another model.
     """
     batch, heads, q_len, dim = query.shape
     kv_len = key.shape[2]
     if q_len not in (1, kv_len):
         raise NotImplementedError("rowwise attention supports a full prefill or one new token per step")
+    _refuse_other_attention(module, kwargs, kv_len)
     if attention_mask is None:
         pads = [0] * batch
     else:

@@ -23,6 +23,14 @@ def refuse_past_the_model(config: Any, max_length: int, max_new_tokens: int) -> 
             fix=f"set eval.max_new_tokens to at most {max(positions - max_length, 0)}, or lower "
             "model.max_length",
         )
+    softcap = getattr(config, "attn_logit_softcapping", None)
+    if softcap is not None:  # Gemma 2's: the rowwise attention does not implement it
+        raise InputError(
+            f"the model soft-caps its attention logits (attn_logit_softcapping {softcap}), which the "
+            "eval's batch-invariant attention does not implement: its scores would be another model's",
+            source="model.name",
+            fix="evaluate a model whose attention is plain softmax attention",
+        )
     window = getattr(config, "sliding_window", None)
     uses = getattr(config, "use_sliding_window", True)
     if isinstance(window, int) and uses and window < tokens:
