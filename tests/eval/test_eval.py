@@ -137,6 +137,27 @@ def test_evals_are_paired_by_their_seed_and_the_latest_by_time(run_a: Path, tmp_
     assert latest_pairs(a, b) == [(second, other)]
 
 
+def test_a_damaged_eval_is_left_out_of_the_runs_comparison_and_said(
+    run_a: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One eval of a run with its predictions cut: `compare RUN_A RUN_B` still compares the runs
+    and their sound evals, warning of the damaged one by name; the report shows it as damaged
+    (both exited 2 on it, comparing nothing)."""
+    made = _eval(run_a, tmp_path / "made", "eval.max_new_tokens=2").eval_dir
+    runs = [shutil.copytree(run_a, tmp_path / name, ignore=shutil.ignore_patterns("evals")) for name in "xy"]
+    for run in runs:
+        shutil.copytree(made, run / "evals" / "sound")
+    cut = shutil.copytree(made, runs[0] / "evals" / "cut")
+    (cut / "predictions.jsonl").write_text("", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["compare", str(runs[0]), str(runs[1])]) == 0
+    done = capsys.readouterr()
+    assert f"warning: eval {cut} is damaged, left out of the comparison: " in done.err
+    assert "IDENTICAL" in done.out and "evals of the two runs: IDENTICAL" in done.out
+    html = write_report(runs, tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "<td>cut</td><td>damaged, left out: " in html and "<h2>Evaluations</h2>" in html
+
+
 def test_predictions_that_are_not_the_ones_eval_json_lists_are_refused(run_a: Path, tmp_path: Path) -> None:
     """An emptied, cut or doubled predictions.jsonl: bad input naming the file (before, compare of
     two emptied ones said IDENTICAL over 0 rows, and a row given twice collapsed into one)."""

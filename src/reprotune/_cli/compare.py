@@ -7,6 +7,7 @@ Imports nothing heavy here: the comparison is imported when the command runs, an
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,11 @@ def run(args: argparse.Namespace) -> int:
             compare=compare_evals,
         )
     comparison = compare_runs(args.run_a, args.run_b, tolerance=args.tolerance)
-    evals = [compare_evals(a, b) for a, b in latest_pairs(args.run_a, args.run_b)]
+
+    def left_out(path: Path, exc: InputError) -> None:  # the runs' comparison stands without it
+        print(f"warning: eval {path} is damaged, left out of the comparison: {exc.message}", file=sys.stderr)
+
+    evals = [compare_evals(a, b) for a, b in latest_pairs(args.run_a, args.run_b, damaged=left_out)]
     if args.json:
         body = comparison.to_json()
         if evals:

@@ -12,11 +12,12 @@ Reads ``eval.json`` and ``predictions.jsonl`` only: never imports torch.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from reprotune._errors import InputError
 from reprotune._eval.evalfile import EvalDir, Prediction, open_eval_dir
 from reprotune._eval.layout import run_evals
 from reprotune._eval.settings import GENERATION_IDENTITY
@@ -268,24 +269,37 @@ def _format_lines(c: EvalComparison) -> Iterable[str]:
             yield f"  ... and {len(c.differences) - 20} more (--json lists all)"
 
 
-def latest_pairs(run_a: Path, run_b: Path) -> list[tuple[Path, Path]]:
+def latest_pairs(
+    run_a: Path, run_b: Path, *, damaged: Callable[[Path, InputError], None] | None = None
+) -> list[tuple[Path, Path]]:
     """Evals of two runs to compare: for each split both runs evaluated with the same settings
     (generation identity, rows, base-only; sampling: the eval seed), the latest eval of each run
-    (by the time it was made: an eval directory may have any name, given with ``--out``)."""
+    (by the time it was made: an eval directory may have any name, given with ``--out``).
+
+    ``damaged``: told of each eval that does not open (damaged), which is then left out; without
+    it, such an eval's :class:`InputError` is raised (verify's eval leg fails on it).
+    """
     pairs: dict[str, tuple[Path, Path]] = {}
     keys_b: dict[str, Path] = {}
-    for path, opened in _by_time(run_b):
+    for path, opened in _by_time(run_b, damaged):
         keys_b[_pair_key(opened)] = path  # the later wins
-    for path, opened in _by_time(run_a):
+    for path, opened in _by_time(run_a, damaged):
         key = _pair_key(opened)
         if key in keys_b:
             pairs[key] = (path, keys_b[key])
     return sorted(pairs.values())
 
 
-def _by_time(run_dir: Path) -> list[tuple[Path, EvalDir]]:
+def _by_time(run_dir: Path, damaged: Callable[[Path, InputError], None] | None) -> list[tuple[Path, EvalDir]]:
     """A run's evals, oldest first by the time each was made (its name where two say the same)."""
-    opened = [(path, open_eval_dir(path)) for path in run_evals(run_dir)]
+    opened = []
+    for path in run_evals(run_dir):
+        try:
+            opened.append((path, open_eval_dir(path)))
+        except InputError as exc:
+            if damaged is None:
+                raise
+            damaged(path, exc)
     return sorted(opened, key=lambda item: (str(item[1].record.get("created_at") or ""), item[0].name))
 
 

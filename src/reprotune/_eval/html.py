@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from reprotune._errors import InputError
 from reprotune._eval.compare import EvalComparison, adapter_label, compare_evals, latest_pairs
 from reprotune._eval.evalfile import open_eval_dir
 from reprotune._eval.layout import run_evals
@@ -21,10 +22,21 @@ SHOWN_ROWS = 50
 
 def evals_section(labels: Sequence[str], run_dirs: Sequence[Path]) -> list[str]:
     """The "Evaluations" section for the report's runs; empty when no run has an eval."""
-    rows = []
+    rows: list[tuple[Any, ...]] = []
     for label, run_dir in zip(labels, run_dirs, strict=True):
         for path in run_evals(run_dir):
-            e = open_eval_dir(path)
+            try:
+                e = open_eval_dir(path)
+            except InputError as exc:  # shown as such; the runs' comparison still stands
+                rows.append(
+                    (
+                        label,
+                        path.name,
+                        f"damaged, left out: {exc.message}",
+                        *[None] * (3 + len(CORPUS_METRICS)),
+                    )
+                )
+                continue
             g, split, metrics = e.section("generation"), e.section("split"), e.metrics
             rows.append(
                 (
@@ -46,7 +58,7 @@ def evals_section(labels: Sequence[str], run_dirs: Sequence[Path]) -> list[str]:
         table(("run", "eval", "split", "adapter", "decoding", "batch-invariant", *CORPUS_METRICS), rows),
     ]
     for label, run_dir in zip(labels[1:], run_dirs[1:], strict=True):
-        for a, b in latest_pairs(run_dirs[0], run_dir):
+        for a, b in latest_pairs(run_dirs[0], run_dir, damaged=lambda path, exc: None):
             parts.extend(comparison_html(labels[0], label, compare_evals(a, b)))
     return parts
 
