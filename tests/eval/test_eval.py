@@ -4,6 +4,7 @@ size, seeded sampling, the tokenizer rule, comparison, and bad input refused wit
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from html import escape
@@ -156,6 +157,33 @@ def test_a_damaged_eval_is_left_out_of_the_runs_comparison_and_said(
     assert "IDENTICAL" in done.out and "evals of the two runs: IDENTICAL" in done.out
     html = write_report(runs, tmp_path / "report.html").read_text(encoding="utf-8")
     assert "<td>cut</td><td>damaged, left out: " in html and "<h2>Evaluations</h2>" in html
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("predictions", "x", "eval.json's predictions is 'x', not Mapping"),
+        ("predictions", {"sha256": 5, "n_rows": 7}, "eval.json's predictions.sha256 is 5, not str"),
+        ("predictions", {"n_rows": "x"}, "eval.json's predictions.n_rows is 'x', not int"),
+        ("metrics", {"bleu": "high"}, "eval.json's metrics.bleu is 'high', not int or float or NoneType"),
+        ("generation", "x", "eval.json's generation is 'x', not Mapping"),
+    ],
+    ids=["predictions-text", "sha256-number", "n_rows-text", "metric-text", "generation-text"],
+)
+def test_damaged_sections_of_eval_json_are_refused(
+    run_a: Path, tmp_path: Path, key: str, value: Any, said: str
+) -> None:
+    """Sections compare reads, damaged: bad input naming the key (each compared IDENTICAL before:
+    the predictions' check skipped, a metric's difference dropped, differences invented)."""
+    from reprotune._errors import InputError
+
+    made = _eval(run_a, tmp_path / "made", "eval.max_new_tokens=2").eval_dir
+    record = json.loads((made / "eval.json").read_text(encoding="utf-8"))
+    record[key] = value
+    (made / "eval.json").write_text(json.dumps(record), encoding="utf-8")
+    with pytest.raises(InputError, match=re.escape(said)) as refused:
+        open_eval_dir(made)
+    assert refused.value.source.startswith(f"{made / 'eval.json'} (key {key}")
 
 
 def test_predictions_that_are_not_the_ones_eval_json_lists_are_refused(run_a: Path, tmp_path: Path) -> None:

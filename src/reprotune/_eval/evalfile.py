@@ -99,10 +99,38 @@ def open_eval_dir(path: str | Path) -> EvalDir:
         fix=fix,
         version_fix="read it with the reprotune version that wrote it (reprotune_version in the file)",
     )
+    _check_sections(record, paths.eval_file, fix)
     raw = _predictions_file(paths.predictions)
     predictions = _parsed(raw, paths.predictions)
     _check_predictions(record, paths.predictions, predictions, sha256_bytes(raw))
     return EvalDir(paths.root, record, predictions)
+
+
+def _check_sections(record: Mapping[str, Any], path: Path, fix: str) -> None:
+    """The sections a comparison reads have their shapes: a damaged ``predictions`` skipped the
+    check of the file it lists, a metric that is not a number dropped its difference, and a
+    ``generation`` that is not a mapping named differences it does not hold (each compared as
+    IDENTICAL)."""
+    shapes: list[tuple[str, Any, tuple[type, ...]]] = [
+        (key, record[key], (Mapping,)) for key in ("predictions", "generation", "metrics") if key in record
+    ]
+    listed = record.get("predictions")
+    if isinstance(listed, Mapping):
+        shapes += [
+            (f"predictions.{k}", listed[k], t)
+            for k, t in (("sha256", (str,)), ("n_rows", (int,)))
+            if k in listed
+        ]
+    metrics = record.get("metrics")
+    if isinstance(metrics, Mapping):
+        shapes += [(f"metrics.{name}", value, (int, float, type(None))) for name, value in metrics.items()]
+    for key, value, types in shapes:
+        if not isinstance(value, types) or isinstance(value, bool):
+            raise InputError(
+                f"eval.json's {key} is {value!r:.60}, not {' or '.join(t.__name__ for t in types)}",
+                source=f"{path} (key {key})",
+                fix=fix,
+            )
 
 
 def _check_predictions(
