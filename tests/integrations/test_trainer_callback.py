@@ -923,3 +923,33 @@ def test_runs_apart_in_logging_and_saving_alone_give_the_same_bits(model_dir: Pa
     assert result.verdict.value == "IDENTICAL"
     listed = {d.key: d.inert for d in result.differences if d.key.startswith("config.trainer.args.")}
     assert listed and all(listed.values()), listed
+
+
+def test_named_eval_datasets_each_write_a_val_line_and_are_hashed(model_dir: Path, tmp_path: Path) -> None:
+    """``eval_dataset={"val": ..., "test": ...}``: the Trainer logs ``eval_val_loss`` and
+    ``eval_test_loss``; each is a val line of its set's rows, in the dict's order, and the data
+    section counts and hashes both sets (before: no val line at all, ``eval_rows`` the number of
+    keys, no hash)."""
+    made = lambda: ReprotuneCallback(tmp_path / "run", code_dir=tmp_path)  # noqa: E731
+    sets = {"val": tiny_rows(8, seed=2), "test": tiny_rows(6, seed=3)}
+    trainer = tiny_trainer(
+        model_dir,
+        tiny_rows(40, seed=1),
+        tmp_path / "out",
+        made,
+        eval_rows=sets,
+        eval_strategy="steps",
+        eval_steps=4,
+    )
+    trainer.train()
+    history = {
+        k: e[k] for e in trainer.state.log_history for k in e if k.endswith("_loss") and e["step"] == 4
+    }
+    val = [e for e in read_ledger(tmp_path / "run" / "ledger.jsonl").entries() if e.kind == "val"]
+    assert [(e.step, e.fields["n_rows"]) for e in val] == [(4, 8), (4, 6), (8, 8), (8, 6)]
+    assert [float.fromhex(e.fields["loss"]) for e in val[:2]] == [
+        history["eval_val_loss"],
+        history["eval_test_loss"],
+    ]
+    data = load_record(tmp_path / "run")["data"]
+    assert data["eval_rows"] == 14 and isinstance(data["eval_rows_sha256"], str)

@@ -119,14 +119,15 @@ def tiny_trainer(
     *,
     seed: int = 0,
     seed_first: bool = True,
-    eval_rows: list[dict[str, str]] | None = None,
+    eval_rows: list[dict[str, str]] | dict[str, list[dict[str, str]]] | None = None,
     **args: Any,
 ) -> Any:
     """A real ``transformers.Trainer`` with LoRA on the tiny model, in this process.
 
     ``seed_first=False`` builds the PEFT model before seeding (the mistake the callback reports).
     The callback is made where a script makes it: in the ``Trainer(...)`` call, after the model
-    (``make_callback`` may return a list of them). ``eval_rows``: the Trainer's eval dataset.
+    (``make_callback`` may return a list of them). ``eval_rows``: the Trainer's eval dataset (a
+    dict: named eval datasets).
     """
     from peft import LoraConfig, get_peft_model
     from transformers import (
@@ -165,7 +166,13 @@ def tiny_trainer(
         model=model,
         args=TrainingArguments(**settings),
         train_dataset=tokenized_rows(tokenizer, rows),
-        eval_dataset=tokenized_rows(tokenizer, eval_rows) if eval_rows is not None else None,
+        eval_dataset=(
+            {name: tokenized_rows(tokenizer, rows) for name, rows in eval_rows.items()}
+            if isinstance(eval_rows, dict)
+            else tokenized_rows(tokenizer, eval_rows)
+            if eval_rows is not None
+            else None
+        ),
         data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100),
         processing_class=tokenizer,
         callbacks=made if isinstance(made := make_callback(), list) else [made],

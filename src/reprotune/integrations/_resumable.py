@@ -148,10 +148,15 @@ def remove_branch(paths: RunLayout, trainer_output: str | None = None) -> None:
 
 
 def validated_at(log_history: Sequence[Mapping[str, Any]], step: int) -> bool:
-    """Whether the Trainer evaluated at ``step`` (its ``eval_loss`` in the checkpoint's
+    """Whether the Trainer evaluated at ``step`` (an eval loss in the checkpoint's
     ``log_history``): the run's ledger then holds a ``val`` line there, written before the
     checkpoint was saved and synced with it (the Trainer evaluates, then saves)."""
-    return any(e.get("step") == step and "eval_loss" in e for e in log_history)
+    return any(e.get("step") == step and any(_a_loss(key) for key in e) for e in log_history)
+
+
+def _a_loss(key: str) -> bool:
+    """An eval loss the Trainer logs: ``eval_loss``, or ``eval_{name}_loss`` of a dict of sets."""
+    return key == "eval_loss" or (key.startswith("eval_") and key.endswith("_loss"))
 
 
 #: What a resume's data section may lack that the start's holds: the manifest's hash is written

@@ -220,12 +220,41 @@ def _canonical_row(row: Any) -> dict[str, Any]:
     return {str(k): canonical_value(v.tolist() if hasattr(v, "tolist") else v) for k, v in row.items()}
 
 
+def eval_sets(eval_dataset: Any) -> dict[str, Any]:
+    """The Trainer's eval datasets by the name its metrics carry: ``""`` for one dataset
+    (``eval_loss``), each name of a dict of them (``eval_{name}_loss``), in its order."""
+    if isinstance(eval_dataset, Mapping):
+        return {str(name): dataset for name, dataset in eval_dataset.items()}
+    return {} if eval_dataset is None else {"": eval_dataset}
+
+
+def eval_loss(metrics: Mapping[str, Any], eval_dataset: Any) -> tuple[float, int] | None:
+    """The validation loss one ``on_evaluate`` reports and how many rows it covers (the Trainer
+    evaluates a dict of eval datasets one at a time, each under its name); None: no loss there."""
+    for name, dataset in eval_sets(eval_dataset).items():
+        loss = metrics.get(f"eval_{name}_loss" if name else "eval_loss")
+        if isinstance(loss, int | float) and not isinstance(loss, bool):
+            return float(loss), len(dataset) if hasattr(dataset, "__len__") else 0
+    return None
+
+
+def _eval_rows_sha256(eval_dataset: Any) -> tuple[int | None, str | None]:
+    """:func:`rows_sha256` of the eval dataset; of a dict of them, the rows of all and the sha256
+    of each set's digest by name."""
+    if not isinstance(eval_dataset, Mapping):
+        return rows_sha256(eval_dataset)
+    each = {name: rows_sha256(dataset) for name, dataset in eval_sets(eval_dataset).items()}
+    counts, digests = [n for n, _ in each.values()], {name: sha for name, (_, sha) in each.items()}
+    rows = sum(n for n in counts if n is not None) if None not in counts else None
+    return rows, canonical_sha256(digests) if None not in digests.values() else None
+
+
 def data_section(
     train_dataset: Any, eval_dataset: Any, manifest: Manifest | None, manifest_sha256: str | None
 ) -> dict[str, Any]:
     """The data a Trainer-made run trained on: content hashes of the rows it sees, the manifest."""
     n_train, train_sha = rows_sha256(train_dataset)
-    n_eval, eval_sha = rows_sha256(eval_dataset)
+    n_eval, eval_sha = _eval_rows_sha256(eval_dataset)
     section: dict[str, Any] = {
         "source": manifest.dataset_source if manifest else type(train_dataset).__name__,
         "file_sha256": manifest.dataset_sha256 if manifest else None,

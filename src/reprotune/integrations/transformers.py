@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sized
 from pathlib import Path
 from typing import Any
 
@@ -284,14 +283,12 @@ class ReprotuneCallback(TrainerCallback):
         self._controls.no_evaluation_inside_the_epoch(self._stopping, state, control)  # every rank
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        metrics = kwargs.get("metrics") or {}
-        loss = metrics.get("eval_loss")
-        if self._run is None or self._run.finished or not isinstance(loss, (int, float)):
+        # One val line a set the Trainer evaluates (a dict of them: each, in its order).
+        found = sections.eval_loss(kwargs.get("metrics") or {}, getattr(self._trainer, "eval_dataset", None))
+        if self._run is None or self._run.finished or found is None:
             return
-        eval_dataset = getattr(self._trainer, "eval_dataset", None)
-        n_rows = len(eval_dataset) if isinstance(eval_dataset, Sized) else 0
         # The Trainer reports no token count for its mean eval loss: n_tokens is 0.
-        step, loss = int(state.global_step), float(loss)
+        (loss, n_rows), step = found, int(state.global_step)
         self._run.validation(val_line(step, loss, n_rows, 0), step, loss, on_start=args.eval_on_start)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
