@@ -408,3 +408,61 @@ def test_the_split_command_writes_beside_the_config_that_will_name_it(
     findings = {f["code"]: f for f in json.loads(capsys.readouterr().out)["findings"]}
     command = findings["data-no-manifest"]["fix"].split("`")[1]
     assert command.endswith(f"--out {project / 'split.json'}")
+
+
+def _codes(capsys: pytest.CaptureFixture[str], args: list[str]) -> tuple[int, dict[str, dict[str, Any]]]:
+    code = main([*args, "--json"])
+    return code, {f["code"]: f for f in json.loads(capsys.readouterr().out)["findings"]}
+
+
+def test_set_with_a_config_is_checked_against_the_config_not_the_defaults(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A config that samples and ``--set eval.top_k=5``: valid, as run takes it (doctor applied
+    the --set to the defaults too, greedy, and refused it: exit 2)."""
+    config = tmp_path / "cfg.yaml"
+    config.write_text("eval:\n  decoding: sample\n")
+    code, _ = _codes(
+        capsys, ["doctor", str(config), "--no-probe", "--code-dir", str(tmp_path), "--set", "eval.top_k=5"]
+    )
+    assert code in (0, 1)
+
+
+def test_a_manifest_of_other_data_names_the_split_command_of_the_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """data-manifest-mismatch with builtin data: its fix is the config's own split command (it
+    said `reprotune split builtin:...`, which lacks --out and the config's seed and strategy)."""
+    from reprotune._doctor.data_checks import split_command
+
+    data = tmp_path / "other.jsonl"
+    data.write_text("".join(f'{{"prompt": "p{i}", "response": "r", "category": "c"}}\n' for i in range(20)))
+    assert main(["split", str(data), "--out", str(tmp_path / "split.json")]) == 0
+    capsys.readouterr()
+    sets = ["--set", f"split.manifest={tmp_path / 'split.json'}"]
+    code, found = _codes(capsys, ["doctor", "--no-probe", "--code-dir", str(tmp_path), *sets])
+    assert code == 1 and found["data-manifest-mismatch"]["severity"] == "error"
+    cfg = config_from_dict({}, overrides=[f"split.manifest={tmp_path / 'split.json'}"])
+    assert f"`{split_command(cfg)}`" in found["data-manifest-mismatch"]["fix"]
+    assert "--out" in split_command(cfg)
+
+
+def test_the_last_set_of_a_key_is_named_where_its_value_came_from(tmp_path: Path) -> None:
+    """Two --set of one key: the last is in force, and named (the first was)."""
+    from reprotune._doctor.findings import Context
+
+    ctx = Context.__new__(Context)
+    object.__setattr__(ctx, "overrides", ("split.stratify_by=category", "split.stratify_by=nope"))
+    object.__setattr__(ctx, "config_source", None)
+    assert ctx.where("split.stratify_by") == "--set split.stratify_by=nope"
+
+
+def test_nccl_variables_are_not_asked_for_where_there_is_no_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """determinism.device cuda on a machine without one: device-unavailable, and no NCCL noise."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the case is a machine without one")
+    args = ["doctor", "--no-probe", "--code-dir", str(tmp_path), "--set", "determinism.device=cuda"]
+    _, found = _codes(capsys, args)
+    assert "device-unavailable" in found and "nccl-algo-unpinned" not in found

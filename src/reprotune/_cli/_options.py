@@ -58,7 +58,7 @@ def locate_config_source(exc: ReprotuneError, args: argparse.Namespace) -> None:
     if not is_key_path(key):
         return
     assert key is not None
-    for override in getattr(args, "overrides", None) or []:
+    for override in reversed(getattr(args, "overrides", None) or []):  # the last one is in force
         if override.partition("=")[0].strip() == key:
             exc.source = f"--set {override}"
             return

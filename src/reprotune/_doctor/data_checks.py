@@ -70,8 +70,8 @@ def check_data(ctx: Context) -> list[Finding]:
                 f"{cfg.data.path} is not the data manifest {manifest} was made from "
                 f"(sha256 {loaded.dataset_sha256[:12]}..., {loaded.n_rows} rows)",
                 "the split indices would point at different rows; the run refuses it",
-                f"point split.manifest at a manifest of {cfg.data.path} (`reprotune split {cfg.data.path}`), "
-                "or data.path at the data it was made from",
+                f"point split.manifest at a manifest of {cfg.data.path} (`{split_command(cfg)}` makes the "
+                "split a run of this config makes), or data.path at the data it was made from",
             )
         ]
     try:

@@ -31,8 +31,8 @@ NCCL_TUNING_VARS = (
 
 
 def check_nccl(ctx: Context) -> list[Finding]:
-    """On CUDA: NCCL_ALGO and NCCL_PROTO pinned, other tuning variables noted."""
-    if ctx.device != "cuda" or ctx.cfg.distributed.backend == "gloo":
+    """On CUDA (a GPU here): NCCL_ALGO and NCCL_PROTO pinned, other tuning variables noted."""
+    if ctx.device != "cuda" or not ctx.device_ok or ctx.cfg.distributed.backend == "gloo":
         return []
     found = []
     unset = [name for name in NCCL_ORDER_VARS if not ctx.env.get(name)]

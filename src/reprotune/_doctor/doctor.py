@@ -88,8 +88,12 @@ def run_doctor(
     """
 
     # Paths as a run opens them (relative ones against config_dir).
-    defaults = config_from_dict({}, source="--set", overrides=overrides) if overrides else ExperimentConfig()
-    cfg = (config if config is not None else defaults).resolve_paths()
+    audited = config  # without one, the defaults with the --set items (a config holds them already)
+    if audited is None:
+        audited = (
+            config_from_dict({}, source="--set", overrides=overrides) if overrides else ExperimentConfig()
+        )
+    cfg = audited.resolve_paths()
     det = cfg.determinism
     with _torch_state_preserved():
         try:

@@ -71,7 +71,8 @@ class Context:
     def where(self, key: str) -> str:
         """Where ``key``'s value came from: the ``--set`` that gave it, the config file's line, or
         just the key."""
-        given = next((o for o in self.overrides if o.partition("=")[0].strip() == key), None)
+        # the last --set of a key is the one in force
+        given = next((o for o in reversed(self.overrides) if o.partition("=")[0].strip() == key), None)
         if given is not None:
             return f"--set {given}"
         config = Path(self.config_source) if self.config_source else None

@@ -32,8 +32,9 @@ def check_cpu_kernels(ctx: Context) -> list[Finding]:
                 "cpu-kernels-portable",
                 "info",
                 f"determinism.cpu_isa {mode!r} is in force: {path}",
-                f"CPU kernel knobs pinned to {mode}, so that runs reproduce on x86-64 CPUs that have it "
-                "(shown against a CPU capped to it; across vendors not yet: docs/microscope.md)",
+                f"CPU kernel knobs pinned to {mode}, so that runs reproduce on the x86-64 CPUs that can "
+                f"hold it ({_holders(mode)})"
+                " (shown against a CPU capped to it: docs/microscope.md)",
                 "nothing to do",
             )
         ]
@@ -117,3 +118,10 @@ def check_mlflow_store(ctx: Context) -> list[Finding]:
             "pip install 'mlflow-skinny>=3.9' (or 'SQLAlchemy<2.1'), or set tracking.mlflow: false",
         )
     ]
+
+
+def _holders(mode: str) -> str:
+    """Which vendors' CPUs can hold a portable mode (docs/microscope.md, section 5)."""
+    if mode == "avx2-compatible":
+        return "Intel or AMD"
+    return "AMD CPUs; Intel's refuse it" if mode.endswith("-amd") else "Intel CPUs; AMD's refuse it"
