@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import os
 import re
 import shutil
 import subprocess
@@ -273,3 +274,21 @@ def test_a_resume_from_outside_the_repository_is_told_to_run_inside_it(tmp_path:
             recorded, code_fingerprint(tmp_path).to_record(), tmp_path, what="resuming", override=None
         )
     assert "run it from inside the git checkout the run was made in" in (refused.value.fix or "")
+
+
+@needs_git
+def test_reading_the_code_writes_nothing_in_the_repository(repo: Path) -> None:
+    """git diff HEAD refreshes the index it reads and writes it back (GIT_OPTIONAL_LOCKS or not):
+    the fingerprint diffs against a private copy, so the user's .git/index keeps its bytes and its
+    time (it was rewritten, beside the user's own git commands), and the diff is the same."""
+    for name in ("new.py", "same.py"):
+        (repo / name).write_text("x = 1\n")
+    _git(repo, "add", "new.py", "same.py")
+    _git(repo, "commit", "-q", "-m", "new")
+    (repo / "new.py").write_text("x = 2\n")
+    os.utime(repo / "same.py", ns=(2_000_000_000, 2_000_000_000))  # stat-dirty, same bytes: refreshed
+    index = repo / ".git" / "index"
+    before = (index.read_bytes(), index.stat().st_mtime_ns)
+    info = code_fingerprint(repo)
+    assert (index.read_bytes(), index.stat().st_mtime_ns) == before
+    assert info.dirty and b"-x = 1\n+x = 2\n" in info.diff

@@ -26,6 +26,8 @@ from reprotune._determinism.flags import determinism_flags
 from reprotune._jsonio import sha256_bytes
 from reprotune._run import layout
 from reprotune._run.checkpoint_files import TRAINER_CHECKPOINT_MARKER
+from reprotune._run.git import git as _git
+from reprotune._run.git import index_copy
 from reprotune._run.kernels import kernel_facts
 from reprotune._run.stack import stack_facts
 
@@ -244,19 +246,6 @@ class CodeInfo:
         }
 
 
-def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess[bytes]:
-    # GIT_OPTIONAL_LOCKS=0: reading status must not take index.lock from people working here.
-    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}
-    return subprocess.run(
-        ["git", "-c", "core.quotepath=off", *args],
-        cwd=cwd,
-        capture_output=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-
-
 #: reprotune's own outputs at their default places (relative to the working directory): run and
 #: study directories, the MLflow store and its artifacts. They never make a tree dirty.
 DEFAULT_OUTPUTS: tuple[str, ...] = ("runs", "studies", "mlflow.db", "mlartifacts", "mlruns")
@@ -353,19 +342,16 @@ def code_fingerprint(
         diff = b""
         if commit is not None:
             # Pinned options so the patch bytes do not depend on the user's git config.
-            diff_run = _git(
-                [
-                    "diff",
-                    "HEAD",
-                    "--binary",
-                    "--no-color",
-                    "--no-ext-diff",
-                    "--no-renames",
-                    "--src-prefix=a/",
-                    "--dst-prefix=b/",
-                ],
-                Path(root),
-            )
+            pinned = [
+                "--binary",
+                "--no-color",
+                "--no-ext-diff",
+                "--no-renames",
+                "--src-prefix=a/",
+                "--dst-prefix=b/",
+            ]
+            with index_copy(Path(root)) as private:
+                diff_run = _git(["diff", "HEAD", *pinned], Path(root), private)
             diff = diff_run.stdout if diff_run.returncode == 0 else b""
         else:
             # No commit yet: every file is uncommitted; record what is staged.
