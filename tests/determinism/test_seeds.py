@@ -320,3 +320,17 @@ def test_a_broken_tensorflow_does_not_stop_seed_everything(tmp_path: Path) -> No
     assert out["seeding"]["seeded"] == ["python", "numpy", "torch"]
     assert out["seeding"]["tensorflow"] == {"error": "ImportError: built against another numpy"}
     assert any("TensorFlow is installed but ImportError" in w for w in out["warnings"])
+
+
+def test_a_state_saved_with_gpus_restores_where_there_are_fewer() -> None:
+    """A CPU run's checkpoint saved on a machine with a GPU holds that GPU's generator: restored on
+    a machine without one, the CPU state comes back and the GPU's is let be (it was refused: "the
+    RNG state covers 1 CUDA device(s) but 0 are present", so the run could not resume)."""
+    torch.manual_seed(7)
+    state = capture_rng_state()
+    expected = torch.rand(3)
+    gpu = torch.cuda.get_rng_state() if torch.cuda.is_available() else state["torch"]
+    saved = {**state, "cuda": [gpu] * 9}  # nine GPUs' generators, more than any machine here
+    torch.manual_seed(8)
+    restore_rng_state(saved)
+    assert torch.equal(torch.rand(3), expected)

@@ -82,9 +82,11 @@ def restore_rng_state(
     Returns:
         name -> generator, for every owned generator in ``state``.
 
+    The CUDA generators are restored for the devices present, the first ones saved: a state saved
+    on a machine with more GPUs (by a CPU run, or a run on its first GPU) restores here.
+
     Raises:
-        InputError: the state names more CUDA devices than are present, or a given generator's
-            type does not match the recorded kind.
+        InputError: a given generator's type does not match the recorded kind.
     """
     import numpy as np
     import torch
@@ -92,15 +94,11 @@ def restore_rng_state(
     random.setstate(state[_PYTHON])
     np.random.set_state(state[_NUMPY])
     torch.set_rng_state(state[_TORCH])
-    cuda_states = list(state.get(_CUDA, []))
-    if cuda_states:
-        present = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if len(cuda_states) > present:
-            raise InputError(
-                f"the RNG state covers {len(cuda_states)} CUDA device(s) but {present} are present",
-                fix="resume on a machine with the same number of GPUs",
-            )
-        torch.cuda.set_rng_state_all(cuda_states)
+    # Every GPU's generator is saved, used or not: those present here are restored (a run computes
+    # on devices it finds present; a CPU run, saved on a machine with GPUs, on none of them).
+    present = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for index, cuda_state in enumerate(list(state.get(_CUDA, []))[:present]):
+        torch.cuda.set_rng_state(cuda_state, index)
 
     given = dict(generators or {})
     restored: dict[str, OwnedGenerator] = {}
