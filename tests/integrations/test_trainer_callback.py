@@ -953,3 +953,18 @@ def test_named_eval_datasets_each_write_a_val_line_and_are_hashed(model_dir: Pat
     ]
     data = load_record(tmp_path / "run")["data"]
     assert data["eval_rows"] == 14 and isinstance(data["eval_rows_sha256"], str)
+
+
+def test_a_token_in_the_trainers_arguments_is_masked_in_the_config(model_dir: Path, tmp_path: Path) -> None:
+    """A TRL config's ``model_init_kwargs={"token": ...}`` is a Trainer argument: the record's
+    ``config`` (hashed, and sent to MLflow as params) held it in full, though the record's
+    ``trainer.args`` masked it; both mask it now."""
+    from reprotune._trackers.base import flatten_params
+    from reprotune.integrations._sections import run_config
+
+    token = "hf_" + "Ab3dE" * 7
+    trainer = tiny_trainer(model_dir, tiny_rows(8, seed=1), tmp_path / "out", list, max_steps=1)
+    args = {"learning_rate": 0.01, "model_init_kwargs": {"token": token}}
+    config = run_config(trainer, args, "tiny", {})
+    assert config["trainer"]["args"]["learning_rate"] == 0.01
+    assert token not in json.dumps(config) and token not in json.dumps(flatten_params(config))

@@ -80,3 +80,33 @@ def test_a_study_refused_as_busy_leaves_the_other_s_directory(
         with pytest.raises(InputError, match="study directory"):
             run_study(CFG, n=2, vary="all", options=StudyOptions(out=out, tracking=False))
         assert (out / "study.json").is_file()
+
+
+def test_a_studys_mlflow_state_never_holds_the_stores_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tracking URI with a password (a PostgreSQL store; none runs here, so the client is a stand-in):
+    studies/<id>/mlflow.json held it in plain text; it holds the masked URI, and a second start
+    of the study still reopens its parent run from it."""
+    import json
+
+    from reprotune._studies import tracking
+
+    opened: list[str] = []
+
+    class Client:
+        def get_run(self, run_id: str) -> None:
+            opened.append(run_id)
+
+    monkeypatch.setattr(tracking, "open_client", lambda uri: Client())
+    monkeypatch.setattr(tracking, "open_run", lambda *args: "parent-1")
+    uri, state = "postgresql://alice:S3cretPassw0rd@db.example/mlflow", tmp_path / "mlflow.json"
+    for _ in range(2):
+        tracker = tracking.StudyTracker(uri, str(tmp_path / "art"), "exp", state, report=print)
+        tracker.start("study-1", {}, {})
+        assert tracker.parent_run_id == "parent-1"
+    assert (
+        "S3cretPassw0rd" not in state.read_text()
+        and json.loads(state.read_text())["parent_run_id"] == "parent-1"
+    )
+    assert opened == ["parent-1"]  # the second start reopened it

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from reprotune._config.secrets import mask_url_credentials
 from reprotune._documents import read_json_file
 from reprotune._jsonio import write_json_atomic
 from reprotune._run.record import Status
@@ -78,7 +79,8 @@ class StudyTracker:
         self.client = open_client(self.uri)
         if self.state_file.is_file():
             state = read_json_file(self.state_file, what="study MLflow state", fix="remove it")
-            if state.get("tracking_uri") == self.uri and state.get("parent_run_id"):
+            shown = mask_url_credentials(self.uri)  # as mlflow.json holds it: never a password
+            if state.get("tracking_uri") in (shown, self.uri) and state.get("parent_run_id"):
                 self.client.get_run(state["parent_run_id"])  # raises if it is gone
                 self.parent_run_id = str(state["parent_run_id"])
                 return
@@ -87,7 +89,11 @@ class StudyTracker:
         )
         write_json_atomic(
             self.state_file,
-            {"tracking_uri": self.uri, "experiment": self.experiment, "parent_run_id": self.parent_run_id},
+            {
+                "tracking_uri": mask_url_credentials(self.uri),
+                "experiment": self.experiment,
+                "parent_run_id": self.parent_run_id,
+            },
         )
 
     def adopt(self, child_run_id: str, tags: Mapping[str, str]) -> None:

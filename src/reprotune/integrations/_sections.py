@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from reprotune._config.secrets import mask_data
 from reprotune._data.loaders import table_from_dataset
 from reprotune._data.manifest import Manifest
 from reprotune._data.row_hashes import RowHashes
@@ -74,7 +75,9 @@ def run_config(trainer: Any, args: Mapping[str, Any], model_name: str | None, lo
     cls = type(trainer)
     section: dict[str, Any] = {
         "class": f"{cls.__module__}.{cls.__qualname__}",
-        "args": {k: v for k, v in sorted(args.items()) if k not in PLACE_ARGS},
+        # masked as the rest of the record is (a TRL config's model_init_kwargs may hold a token):
+        # a Trainer's arguments never passed the config file's check for secrets
+        "args": {k: mask_data(v) for k, v in sorted(args.items()) if k not in PLACE_ARGS},
     }
     found = getattr(trainer, "_train_batch_size", None)
     if args.get("auto_find_batch_size") and found != getattr(trainer.args, "train_batch_size", found):
