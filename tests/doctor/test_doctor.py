@@ -466,3 +466,24 @@ def test_nccl_variables_are_not_asked_for_where_there_is_no_gpu(
     args = ["doctor", "--no-probe", "--code-dir", str(tmp_path), "--set", "determinism.device=cuda"]
     _, found = _codes(capsys, args)
     assert "device-unavailable" in found and "nccl-algo-unpinned" not in found
+
+
+def test_split_columns_are_ignored_beside_a_manifest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """split.manifest set: the split options are ignored (docs/config.md), so a stale
+    split.stratify_by naming no column is no finding (doctor said error, run refused it)."""
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(f'{{"prompt": "p{i}", "response": "r", "category": "c"}}\n' for i in range(20)))
+    assert main(["split", str(data), "--out", str(tmp_path / "split.json")]) == 0
+    capsys.readouterr()
+    sets = [f"data.path={data}", f"split.manifest={tmp_path / 'split.json'}", "split.stratify_by=categ"]
+    _, found = _codes(
+        capsys,
+        ["doctor", "--no-probe", "--code-dir", str(tmp_path), *(a for s in sets for a in ("--set", s))],
+    )
+    assert "config-column-missing" not in found
+    found_without = config_from_dict({}, overrides=[sets[0], sets[2]])
+    from reprotune._data.columns import config_columns
+
+    assert ("split.stratify_by", "categ") in config_columns(found_without)

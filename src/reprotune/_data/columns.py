@@ -12,13 +12,14 @@ from reprotune._errors import InputError
 
 
 def config_columns(cfg: ExperimentConfig) -> list[tuple[str, str]]:
-    """``(config key, column name)`` for every column the config names (unset keys left out)."""
-    values = {
+    """``(config key, column name)`` for every column the config names (unset keys left out; the
+    split's columns only when the run makes its split: with ``split.manifest`` they are ignored)."""
+    values: dict[str, str | None] = {
         "data.prompt_field": cfg.data.prompt_field,
         "data.response_field": cfg.data.response_field,
-        "split.stratify_by": cfg.split.stratify_by,
-        "split.group_by": cfg.split.group_by,
     }
+    if cfg.split.manifest is None:
+        values |= {"split.stratify_by": cfg.split.stratify_by, "split.group_by": cfg.split.group_by}
     return [(key, value) for key, value in values.items() if value is not None]
 
 
