@@ -503,3 +503,28 @@ def test_a_resume_on_other_rows_is_refused_and_on_another_base_model_notes_the_d
     drift = load_record(tmp_path / "run")["attempts"][-1]["drift"]
     assert any(line.startswith("model.weights_sha256: recorded ") for line in drift), drift
     assert "warning: differs from the run's start: model.weights_sha256" in capsys.readouterr().err
+
+
+def test_a_branch_made_within_its_sources_second_gets_a_run_id_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run id is the second and the config's hash: a branch made within the second its source
+    run was made in took the source's id ("run X branches from run X"), and checks by run id then
+    took the two for one. The branch waits for the next second's id. (The clock is the one thing
+    stood in for here: the ids it gives in turn.)"""
+    from reprotune._config.schema import ExperimentConfig
+    from reprotune._run.layout import RunLayout
+    from reprotune._run.record import make_run_id, start_record, write_record
+    from reprotune.integrations import _resumable
+
+    source, branch_dir = tmp_path / "source", tmp_path / "branch"
+    source.mkdir()
+    branch_dir.mkdir()
+    same = make_run_id("a" * 64)
+    record = start_record(same, ExperimentConfig(), {"root": 0})
+    record.update(status="completed", error=None, attempts=[{"started_at": "now", "resumed": False}])
+    write_record(source / "record.json", record)
+    ids = iter([same, same, "20991231-235959-aaaaaaaa"])
+    monkeypatch.setattr(_resumable, "make_run_id", lambda sha: next(ids))
+    _resumable.branch(source, RunLayout(branch_dir), "a" * 64)
+    assert load_record(branch_dir)["run_id"] == "20991231-235959-aaaaaaaa"

@@ -5,6 +5,7 @@ another run's checkpoint, its history copied). Each refusal names the directory 
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -128,7 +129,11 @@ def branch(source: Path, paths: RunLayout, config_sha256: str) -> dict[str, Any]
             shutil.copyfile(source / name, paths.root / name)
     if RunLayout(source).manifest.is_file():
         copy_manifest(RunLayout(source).manifest, paths.manifest)
-    record = {**theirs, "run_id": make_run_id(config_sha256), "status": "stopped"}
+    run_id = make_run_id(config_sha256)
+    while run_id == theirs["run_id"]:  # made within the second the run it branches from was
+        time.sleep(0.05)  # (a run id is the second and the config's hash): the next second's
+        run_id = make_run_id(config_sha256)
+    record = {**theirs, "run_id": run_id, "status": "stopped"}
     record.pop("outputs", None)
     write_json_atomic(paths.record, record)
     report(f"reprotune: run {record['run_id']} branches from run {theirs['run_id']} ({source})")
