@@ -44,7 +44,7 @@ from reprotune._proof.record_diff import record_differences
 from reprotune._proof.resumed_attempts import as_computed, resumes_of
 from reprotune._proof.split_diff import compare_manifests
 from reprotune._proof.world import same_world_throughout, without_rank_batches
-from reprotune._run.ledger import differing_fields
+from reprotune._run.ledger import differing_fields, val_by_place
 from reprotune._run.rundir import RunDir, open_run_dir
 
 # Numeric ledger fields a tolerance applies to; every other field must match exactly.
@@ -228,15 +228,16 @@ def _compare_ledgers(run_a: RunDir, run_b: RunDir, *, prefix: bool = False) -> W
             first["other"], other_fields = step, others
 
     largest_val: NumberDiff | None = None
-    val_a, val_b = {e.step: e for e in la.val}, {e.step: e for e in lb.val}
+    val_a, val_b = val_by_place(la.val), val_by_place(lb.val)
     last = min(la.train[-1].step if la.train else 0, lb.train[-1].step if lb.train else 0)
-    for step in sorted(s for s in val_a.keys() | val_b.keys() if s <= last):
-        if step not in val_a or step not in val_b:  # validated where the other run did not
+    for key in sorted(k for k in val_a.keys() | val_b.keys() if k[0] <= last):
+        step = key[0]
+        if key not in val_a or key not in val_b:  # validated where the other run did not
             lines_differing += 0 if prefix else 1
             if not prefix and (first["other"] is None or step < first["other"]):
                 first["other"], other_fields = step, ("validation schedule",)
             continue
-        ea, eb = val_a[step], val_b[step]
+        ea, eb = val_a[key], val_b[key]
         if ea.fields == eb.fields:
             continue
         lines_differing += 1

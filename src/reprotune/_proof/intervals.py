@@ -14,7 +14,7 @@ from typing import Any
 
 from reprotune._proof.verification import Leg, LegVerdict
 from reprotune._run.layout import RunLayout
-from reprotune._run.ledger import read_ledger
+from reprotune._run.ledger import read_ledger, val_by_place
 from reprotune._run.record import read_record
 
 DEFAULT_BUDGET = 0.2
@@ -70,7 +70,9 @@ def interval_lines(run_dir: Path, start: int, end: int) -> dict[tuple[str, int],
     is 0), by (kind, step)."""
     ledger = read_ledger(RunLayout(run_dir).ledger)
     out = {("train", e.step): dict(e.fields) for e in ledger.train if start < e.step <= end}
-    out.update({("val", e.step): dict(e.fields) for e in ledger.val if start < e.step <= end})
+    for (step, place), e in val_by_place(ledger.val).items():  # a Trainer's named eval sets: "val 2"
+        if start < step <= end:
+            out[("val" if place == 0 else f"val {place + 1}", step)] = dict(e.fields)
     if start == 0 and ledger.init is not None:
         out[("init", 0)] = dict(ledger.init.fields)
     return out

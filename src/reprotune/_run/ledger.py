@@ -21,7 +21,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -205,6 +205,17 @@ class LedgerEntry:
     def number(self, key: str) -> float:
         """The float stored as ``float.hex`` under ``key``."""
         return float.fromhex(self.fields[key])
+
+
+def val_by_place(lines: Iterable[LedgerEntry]) -> dict[tuple[int, int], LedgerEntry]:
+    """Val lines by (step, place among that step's val lines, from 0): a Trainer's dict of eval
+    datasets writes one a set at each evaluation, always in one order."""
+    places: dict[int, int] = {}
+    keyed = {}
+    for entry in lines:
+        places[entry.step] = places.get(entry.step, -1) + 1
+        keyed[(entry.step, places[entry.step])] = entry
+    return keyed
 
 
 def differing_fields(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[str, ...]:
