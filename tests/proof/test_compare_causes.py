@@ -282,3 +282,17 @@ def test_two_val_lines_at_a_step_are_each_compared(tmp_path: Path) -> None:
     assert result.verdict.value == "DIVERGED" and result.where.first_val_step == 4
     lines = interval_lines(a, 0, 8)
     assert ("val", 4) in lines and ("val 2", 4) in lines and lines[("val", 4)] != lines[("val 2", 4)]
+
+
+def test_a_resume_onto_what_the_other_run_ran_with_is_no_cause(tmp_path: Path) -> None:
+    """Run A started on one torch and was resumed at step 4 on run B's: both computed step 5 on the
+    same torch, so torch is not the cause where they part at 5 (it was named, as the runs'
+    starting environments differ); what is left is A's resume."""
+    ref = write_run_dir(tmp_path / "ref", RunSpec(noise_from_step=5))
+    other = write_run_dir(tmp_path / "other")
+    _edit_record(other, lambda r: r["environment"]["torch"].update(version="2.14.1"))
+    _resumed(ref, 4, environment_drift=["environment.torch.version: recorded '2.13.0', now '2.14.1'"])
+    result = compare_runs(ref, other)
+    assert any(d.key == "environment.torch.version" for d in result.differences)  # listed, as started
+    assert not any("torch" in cause for cause in result.causes), result.causes
+    assert any("run A was resumed from its step-4 checkpoint" in cause for cause in result.causes)

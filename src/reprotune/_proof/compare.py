@@ -41,7 +41,7 @@ from reprotune._proof.microscope import (
     trace_refusals,
 )
 from reprotune._proof.record_diff import record_differences
-from reprotune._proof.resumed_attempts import as_computed, resumes_of
+from reprotune._proof.resumed_attempts import as_computed, compared_drifts, resumes_of
 from reprotune._proof.split_diff import compare_manifests
 from reprotune._proof.world import same_world_throughout, without_rank_batches
 from reprotune._run.ledger import differing_fields, val_by_place
@@ -127,11 +127,15 @@ def compare_opened(
     at = where.first_divergence_step
     (run_a_at, drift_a), (run_b_at, drift_b) = as_computed(run_a, "A", at), as_computed(run_b, "B", at)
     kernels = compared_kernels(run_a_at, run_b_at)
+    # the causes: the runs as they computed that step (the listing: as they started)
+    computed, drifts = (
+        compared_drifts((drift_a, drift_b), run_a_at, run_b_at) if drift_a or drift_b else (differences, [])
+    )
     edited = [label for label, run in (("A", run_a), ("B", run_b)) if _ledger_edited(run)]
     causes = explain(
         where,
         adapter,
-        differences,
+        computed,
         split,
         resumes,
         ledgers_equal=ledgers_equal,
@@ -139,7 +143,7 @@ def compare_opened(
         edited=edited,
         trainer=any(made_by_trainer(run) for run in (run_a, run_b)),
         traceable=not trace_refusals(run_a, run_b, where.first_divergence_step or 0),
-        drifts=[drift for drift in (drift_a, drift_b) if drift is not None],
+        drifts=drifts,
     )
     seed_findings = (
         seed_finding_causes({"A": run_a.record, "B": run_b.record})

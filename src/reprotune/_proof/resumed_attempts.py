@@ -9,11 +9,11 @@ import ast
 import copy
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from reprotune._proof.cause_texts import ResumeDrift
-from reprotune._proof.differences import Resume
+from reprotune._proof.differences import Difference, Resume
 from reprotune._proof.record_diff import record_differences
 from reprotune._run.rundir import RunDir
 
@@ -47,7 +47,8 @@ _DRIFT_LINE = re.compile(r"(?P<key>[^\s:]+): recorded (?P<then>.*), now (?P<now>
 def as_computed(run: RunDir, label: Literal["A", "B"], step: int | None) -> tuple[RunDir, ResumeDrift | None]:
     """``run`` as it computed ``step``: where the last attempt to resume before that step noted
     values that differ from the run's start, the run with those in its record, and how they differ
-    from it (as run A against run B: the resumed values on ``label``'s side); else ``run`` and None."""
+    from its start (the resumed values on ``label``'s side); else ``run`` and None. Narrowed to
+    what differs from the other run as it computed the step by :func:`compared_drifts`."""
     attempts = run.record.get("attempts")
     resumed = [
         attempt
@@ -95,3 +96,19 @@ def _literal(text: str) -> Any:
 
 def _names(value: Any) -> tuple[str, ...]:
     return tuple(str(v) for v in value) if isinstance(value, list) else ()
+
+
+def compared_drifts(
+    drifts: Sequence[ResumeDrift | None], run_a: RunDir, run_b: RunDir
+) -> tuple[tuple[Difference, ...], list[ResumeDrift]]:
+    """The differences of two runs as they computed the first divergent step (each as
+    :func:`as_computed` made it), and each resume's drift narrowed to those, as run A against run
+    B: a resume onto what the other run computed with is no cause (both ran the step alike)."""
+    at = tuple(record_differences(run_a, run_b))
+    by_key = {d.key: d for d in at}
+    narrowed = []
+    for drift in drifts:
+        kept = tuple(by_key[d.key] for d in drift.differences if d.key in by_key) if drift else ()
+        if drift is not None and kept:
+            narrowed.append(ResumeDrift(drift.run, drift.from_step, kept))
+    return at, narrowed
