@@ -198,14 +198,25 @@ def test_a_nan_validation_loss_is_the_largest_difference(tmp_path: Path) -> None
             RunSpec(noise_from_step=3, noise=1e-5, environment={"torch": {"version": "2.14.1"}}),
             Verdict.WITHIN_TOLERANCE,
         ),
+        (
+            RunSpec(
+                noise_from_step=3, noise=1e-5, config={"train": {"save_every": 2, "keep_checkpoints": 5}}
+            ),
+            Verdict.WITHIN_TOLERANCE,
+        ),
+        (
+            RunSpec(noise_from_step=3, noise=1e-5, config={"eval": {"generate_max_rows": 3}}),
+            Verdict.WITHIN_TOLERANCE,
+        ),
     ],
-    ids=["learning-rate", "dropout-seed", "threads", "torch"],
+    ids=["learning-rate", "dropout-seed", "threads", "torch", "checkpointing", "generation"],
 )
 def test_a_tolerance_never_forgives_another_experiment(
     tmp_path: Path, spec: RunSpec, verdict: Verdict
 ) -> None:
     """`--tolerance 1` over another learning rate or seed: DIVERGED, saying why (it was WITHIN
-    TOLERANCE); the same experiment on another machine or torch stays within it."""
+    TOLERANCE); the same experiment on another machine or torch, or checkpointed or generating
+    otherwise (its books, not its numbers), stays within it."""
     ref = write_run_dir(tmp_path / "ref", RunSpec(config={"determinism": {"threads": 2}}))
     result = compare_runs(ref, write_run_dir(tmp_path / "other", spec), tolerance=1.0)
     assert result.verdict is verdict

@@ -33,6 +33,7 @@ from reprotune._proof.differences import (
     Where,
     short_value,
 )
+from reprotune._proof.inert import TOLERATED_CONFIG
 from reprotune._proof.microscope import (
     compared_kernels,
     kernels_of,
@@ -340,17 +341,15 @@ def _within_tolerance(
     return True
 
 
-#: Config keys that say how a run computes on its machine, not what: a tolerance forgives them.
-_MACHINE_CONFIG = ("config.determinism.", "config.distributed.")
-
-
 def _experiment_differences(differences: Sequence[Difference]) -> list[str]:
     """The keys of the config, seed and data differences that can change the numbers: another
     experiment, which no tolerance forgives (one is for the same experiment on other hardware)."""
     return [
         d.key
         for d in differences
-        if not d.inert and d.category in ("config", "seeds", "data") and not d.key.startswith(_MACHINE_CONFIG)
+        if not d.inert
+        and d.category in ("config", "seeds", "data")
+        and not d.key.startswith(TOLERATED_CONFIG)
     ]
 
 

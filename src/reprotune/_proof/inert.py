@@ -54,6 +54,15 @@ INERT_VARIABLE_PREFIXES: tuple[str, ...] = (
 #: not the ledger's; tests/integrations show two runs apart in them alone give the same bits).
 INERT_TRAINER_ARG_PREFIXES: tuple[str, ...] = ("logging_", "save_", "hub_", "push_to_hub")
 
+#: Config keys a ``--tolerance`` forgives, where any other config, seed or data difference makes
+#: the runs another experiment: how a run computes on its machine rather than what, and its books
+#: (its checkpoints, what it generates once trained, a Trainer's loader workers and launch rank).
+TOLERATED_CONFIG: tuple[str, ...] = (
+    "config.determinism.", "config.distributed.", "config.train.save_every",
+    "config.train.keep_checkpoints", "config.eval.", "config.trainer.args.dataloader_",
+    "config.trainer.args.local_rank", "config.trainer.args.ddp_",
+)  # fmt: skip
+
 #: Untracked files that are neither code that runs nor an input: logs and tracker output. A
 #: difference in ``code.untracked`` is inert when every file it adds or removes is one of these.
 INERT_UNTRACKED_SUFFIXES: tuple[str, ...] = (".log", ".out", ".err", ".wandb", ".lock", ".pyc")
