@@ -33,7 +33,8 @@ record keeps the resolved config with every default written out. Start from
 - The YAML dialect is YAML 1.2's core schema where YAML 1.1 surprises people: `off`, `no`, `yes`
   stay strings (so `determinism.mode: off` works), `2e-4` is a number, `1:30` and `2024-02-30`
   are text (not 90 and a date), `0o17` is octal, `_` may group digits (`1_000`), and a number with
-  a leading zero (`0123`: octal 83 in YAML 1.1, 123 in 1.2) is refused as ambiguous: write `123`,
+  a leading zero that YAML 1.1 and 1.2 read otherwise (`0123`: octal 83 in 1.1, 123 in 1.2) is refused
+  as ambiguous (`07` is 7 in both, and taken): write `123`,
   or quote it. A flow mapping needs a space after each colon (`{lora_init: 7}`). Merge keys
   (`<<: *common`) work; a merged value is located where it is written ("merged in by << at ...").
 - A `--set` value is YAML too: one with a `#` comment, which YAML would drop (`#1 rule` would be

@@ -119,6 +119,15 @@ def test_a_number_with_a_leading_zero_is_refused(tmp_path: Path, text: str, expe
     assert problem.startswith(f"--set seed.root: {text} has a leading zero") and "line 1" not in problem
 
 
+@pytest.mark.parametrize(("text", "value"), [("00", 0), ("07", 7), ("0_1", 1), ("-05", -5)])
+def test_a_leading_zero_both_yamls_read_alike_is_the_number(tmp_path: Path, text: str, value: int) -> None:
+    """One octal digit after the zeros is the same number in YAML 1.1 and 1.2: no ambiguity to
+    refuse (`07 has a leading zero: YAML 1.1 reads it as octal 7, YAML 1.2 as 7`, before)."""
+    assert parse_yaml_value(text) == value
+    if value >= 0:
+        assert load_config(_write(tmp_path, f"seed: {{root: {text}}}\n")).seed.root == value
+
+
 def test_sexagesimal_is_text_and_fails_as_a_number(tmp_path: Path) -> None:
     """`max_steps: 1:30` was 90 (YAML 1.1 base 60): it is the text '1:30', refused as a number."""
     with pytest.raises(ConfigError) as caught:

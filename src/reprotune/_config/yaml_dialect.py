@@ -72,9 +72,16 @@ def _cut(text: str) -> str:
     return text if len(text) <= 24 else f"{text[:12]}..."
 
 
+def _same_either_way(text: str) -> bool:
+    """Whether YAML 1.1 (octal) and 1.2 (decimal) read a leading-zero number alike: ``00``,
+    ``07``, ``0_1`` (one octal digit after the zeros)."""
+    digits = text.lstrip("+-").replace("_", "").lstrip("0")
+    return len(digits) <= 1 and digits in ("", *"01234567")
+
+
 def number_problem(text: str) -> tuple[str, str] | None:
     """(problem, fix) for a plain scalar that resolves as an int but stands for no one number."""
-    if _LEADING_ZERO.fullmatch(text):
+    if _LEADING_ZERO.fullmatch(text) and not _same_either_way(text):
         body = text.lstrip("+-")
         sign, digits = text[: len(text) - len(body)], body.replace("_", "")
         decimal = _cut(sign + (digits.lstrip("0") or "0"))

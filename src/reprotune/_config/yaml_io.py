@@ -3,7 +3,8 @@
 The dialect is YAML 1.2's core schema where YAML 1.1 surprises people: ``off``/``no``/``yes``
 stay strings (``determinism.mode: off`` means the string ``off``), ``2e-4`` is a float, ``1:30``
 and ``2024-02-30`` are strings (1.1 reads 90 and a date), ``0o17`` is octal and a number with a
-leading zero (``0123``, octal 83 in 1.1, 123 in 1.2) is refused as ambiguous. ``_`` may group
+leading zero that 1.1 and 1.2 read otherwise (``0123``, octal 83 in 1.1, 123 in 1.2; not ``07``) is
+refused as ambiguous. ``_`` may group
 digits (``1_000``). Merge keys (``<<: *common``) work, and a merged key is located where its value
 is written ("merged in by << at ...").
 
