@@ -292,3 +292,20 @@ def test_reading_the_code_writes_nothing_in_the_repository(repo: Path) -> None:
     info = code_fingerprint(repo)
     assert (index.read_bytes(), index.stat().st_mtime_ns) == before
     assert info.dirty and b"-x = 1\n+x = 2\n" in info.diff
+
+
+@needs_git
+def test_no_room_for_the_index_copy_still_reads_the_code(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The private index copy cannot be written (a full temporary directory): the code is read
+    from the real index, as before (the record said the code was in no git tree)."""
+    import errno
+
+    from reprotune._run import git as _git_module
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    (repo / "new.py").write_text("x = 1\n")
+    monkeypatch.setattr(_git_module.shutil, "copyfile", full)
+    info = code_fingerprint(repo)
+    assert info.in_git and info.commit is not None and info.untracked == ("new.py",)

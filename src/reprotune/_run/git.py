@@ -17,7 +17,7 @@ def index_copy(root: Path) -> Iterator[dict[str, str]]:
     """The variables that point git at a private copy of the repository's index: ``git diff HEAD``
     refreshes the index it reads and writes it back (GIT_OPTIONAL_LOCKS or not), under the feet of
     the user's own git commands, as a file reprotune does not say it writes. No copy where there is
-    no index yet."""
+    no index yet, or no room for one (then git reads, and may refresh, the real one)."""
     where = git(["rev-parse", "--git-path", "index"], root)
     index = root / os.fsdecode(where.stdout.strip()) if where.returncode == 0 else None
     if index is None or not index.is_file():
@@ -25,7 +25,11 @@ def index_copy(root: Path) -> Iterator[dict[str, str]]:
         return
     with tempfile.TemporaryDirectory(prefix="reprotune-index-") as folder:
         copy = Path(folder) / "index"
-        shutil.copyfile(index, copy)
+        try:
+            shutil.copyfile(index, copy)
+        except OSError:  # no room for it (a small tmpfs): the real index, as git alone would
+            yield {}
+            return
         yield {"GIT_INDEX_FILE": str(copy)}
 
 
