@@ -307,3 +307,24 @@ def test_a_resume_onto_what_the_other_run_ran_with_is_no_cause(tmp_path: Path) -
     assert any(d.key == "environment.torch.version" for d in result.differences)  # listed, as started
     assert not any("torch" in cause for cause in result.causes), result.causes
     assert any("run A was resumed from its step-4 checkpoint" in cause for cause in result.causes)
+
+
+def test_save_arguments_choose_the_adapter_under_load_best_model_at_end(tmp_path: Path) -> None:
+    """A Trainer's save_* arguments cannot change the numbers, but with load_best_model_at_end they
+    choose which checkpoint becomes the adapter: inert without it, a possible cause with it."""
+    from reprotune._proof.record_diff import record_differences
+    from reprotune._run.rundir import open_run_dir
+
+    def pair(best: bool) -> dict[str, bool]:
+        runs = [
+            write_run_dir(
+                tmp_path / f"{best}-{steps}",
+                RunSpec(config={"trainer": {"args": {"save_steps": steps, "load_best_model_at_end": best}}}),
+            )
+            for steps in (2, 4)
+        ]
+        found = record_differences(*(open_run_dir(run) for run in runs))
+        return {d.key: d.inert for d in found if d.key.startswith("config.trainer.args.")}
+
+    assert pair(best=False) == {"config.trainer.args.save_steps": True}
+    assert pair(best=True) == {"config.trainer.args.save_steps": False}

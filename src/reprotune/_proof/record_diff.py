@@ -58,9 +58,14 @@ def record_differences(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
     defaults = _lora_defaults(run_a), _lora_defaults(run_b)
     for section, section_category in _SECTIONS.items():
         flat_a, flat_b = _flat(run_a, section, kernels[0]), _flat(run_b, section, kernels[1])
+        # load_best_model_at_end: the save_* arguments choose which checkpoint is the adapter
+        best = any(flat.get("config.trainer.args.load_best_model_at_end") for flat in (flat_a, flat_b))
         for key in sorted(set(flat_a) | set(flat_b)):
             inert = (
-                is_inert(key, flat_a.get(key), flat_b.get(key))
+                (
+                    is_inert(key, flat_a.get(key), flat_b.get(key))
+                    and not (best and key.startswith("config.trainer.args.save_"))
+                )
                 or (section == "lora" and _off_beside_absent(key, (flat_a, flat_b), defaults))
                 or key in unused_gpu
             )
