@@ -20,6 +20,7 @@ from reprotune._run.layout import RunLayout
 from reprotune._run.outputs import refuse_inside_run, refuse_nonempty_dir
 from reprotune._run.record import load_record, make_run_id, status_of
 from reprotune._train.writer import report
+from reprotune.integrations._sections import is_eval_loss
 from reprotune.integrations.controls import BRANCH_FROM
 
 #: How the callback's run directory is named in messages (it is no command-line option).
@@ -156,12 +157,7 @@ def validated_at(log_history: Sequence[Mapping[str, Any]], step: int) -> bool:
     """Whether the Trainer evaluated at ``step`` (an eval loss in the checkpoint's
     ``log_history``): the run's ledger then holds a ``val`` line there, written before the
     checkpoint was saved and synced with it (the Trainer evaluates, then saves)."""
-    return any(e.get("step") == step and any(_a_loss(key) for key in e) for e in log_history)
-
-
-def _a_loss(key: str) -> bool:
-    """An eval loss the Trainer logs: ``eval_loss``, or ``eval_{name}_loss`` of a dict of sets."""
-    return key == "eval_loss" or (key.startswith("eval_") and key.endswith("_loss"))
+    return any(e.get("step") == step and any(map(is_eval_loss, e)) for e in log_history)
 
 
 #: What a resume's data section may lack that the start's holds: the manifest's hash is written

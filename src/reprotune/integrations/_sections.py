@@ -231,11 +231,16 @@ def eval_sets(eval_dataset: Any) -> dict[str, Any]:
     return {} if eval_dataset is None else {"": eval_dataset}
 
 
+def is_eval_loss(key: str) -> bool:
+    """An eval loss the Trainer logs: ``eval_loss``, or ``eval_{name}_loss`` of a dict of sets."""
+    return key == "eval_loss" or (key.startswith("eval_") and key.endswith("_loss"))
+
+
 def eval_loss(metrics: Mapping[str, Any], eval_dataset: Any) -> tuple[float, int] | None:
     """The validation loss one ``on_evaluate`` reports and how many rows it covers (the Trainer
     evaluates a dict of eval datasets one at a time, each under its name); None: no loss there."""
     for name, dataset in eval_sets(eval_dataset).items():
-        loss = metrics.get(f"eval_{name}_loss" if name else "eval_loss")
+        loss = metrics.get(f"eval_{name}_loss" if name else "eval_loss")  # an is_eval_loss key
         if isinstance(loss, int | float) and not isinstance(loss, bool):
             return float(loss), len(dataset) if hasattr(dataset, "__len__") else 0
     return None
