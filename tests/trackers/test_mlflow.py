@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -104,29 +105,31 @@ def test_mlflow_sqlite_store_gets_everything(tmp_path: Path) -> None:
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["record.json"]
 
 
-def _policies(pid: int) -> dict[int, int]:
-    """Each thread of process ``pid``: its scheduling policy."""
-    policies = {}
+def _threads(pid: int) -> dict[int, tuple[int, int]]:
+    """Each thread of process ``pid``: its scheduling policy and nice value."""
+    threads = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError):  # a thread that ended meanwhile
-            policies[int(task.name)] = os.sched_getscheduler(int(task.name))
-    return policies
+            tid = int(task.name)
+            threads[tid] = (os.sched_getscheduler(tid), os.getpriority(os.PRIO_PROCESS, tid))
+    return threads
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")
 def test_mlflow_child_yields_to_the_loop(tmp_path: Path) -> None:
-    """While the run trains, the thread of the MLflow child that serves it runs at idle priority,
-    its main thread never: that one drains at normal priority once the loop is over (a process
-    cannot raise itself back from SCHED_IDLE without privileges, so it drained at idle priority
-    behind every busy process). It stores everything."""
+    """While the run trains, the thread of the MLflow child that serves it runs at nice 19, its
+    main thread at normal priority, and no thread at SCHED_IDLE (there it got no CPU while other
+    processes kept the cores busy, and the main thread, waiting for it to end the run, was stopped
+    at the deadline: no MLflow run at all). It stores everything."""
     tracker = MlflowTracker(seed_mlflow_store(tmp_path / "mlflow.db"), tmp_path / "artifacts", "unit")
     trackers = TrackerSet([tracker])
     trackers.start(_run(tmp_path))
     pid, deadline = tracker._proc.pid, time.monotonic() + 60
-    while os.SCHED_IDLE not in _policies(pid).values() and time.monotonic() < deadline:
-        time.sleep(0.05)  # the child sets its policy as it starts serving
-    policies = _policies(pid)
-    assert os.SCHED_IDLE in policies.values() and policies[pid] == os.SCHED_OTHER, policies
+    while (19 not in {nice for _, nice in _threads(pid).values()}) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the child lowers the thread as the start reaches it
+    threads = _threads(pid)
+    assert {nice for _, nice in threads.values()} == {0, 19} and threads[pid] == (os.SCHED_OTHER, 0), threads
+    assert {policy for policy, _ in threads.values()} == {os.SCHED_OTHER}, threads
     trackers.log_metrics(1, {"train_loss": 0.5})
     assert trackers.finish("completed")["mlflow"]["metrics_logged"] == 1
 
@@ -225,10 +228,14 @@ def test_the_record_says_where_the_artifacts_went_when_the_experiment_kept_its_o
     assert not (tmp_path / "asked").exists()
 
 
-def test_a_tracker_that_fails_after_its_run_exists_ends_it_failed_and_names_it(tmp_path: Path) -> None:
+def test_artifacts_that_cannot_be_stored_leave_the_run_finished_with_its_metrics(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Artifacts that cannot be stored (the artifact folder replaced by a file): the MLflow run
-    ends FAILED and the record's summary names it beside the error (before, it stayed RUNNING and
-    the record lost its id, so nothing could find it)."""
+    of a completed run ends FINISHED with its metrics, and the summary stays ok, naming the run
+    and the artifacts' error, which is said once on stderr (before, the run ended FAILED and the
+    record called the tracker failed: nothing read the run back, not an eval, a study or a
+    verdict)."""
     import shutil
 
     from mlflow.tracking import MlflowClient
@@ -245,9 +252,32 @@ def test_a_tracker_that_fails_after_its_run_exists_ends_it_failed_and_names_it(t
     (tmp_path / "artifacts").write_text("not a folder")
     trackers.log_artifacts({"": tmp_path / "record.json"})
     summary = trackers.finish("completed")["mlflow"]
-    assert summary["ok"] is False and summary["mlflow_run_id"] and len(lines) == 1, (summary, lines)
+    assert summary["ok"] is True and summary["metrics_logged"] == 1 and lines == [], (summary, lines)
+    assert "artifacts" in summary["artifacts_error"], summary
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and summary["mlflow_run_id"] in warned[0] and "FINISHED" in warned[0], warned
     run = MlflowClient(uri).get_run(summary["mlflow_run_id"])
-    assert run.info.status == "FAILED" and run.data.metrics["train_loss"] == 0.5
+    assert run.info.status == "FINISHED" and run.data.metrics["train_loss"] == 0.5
+
+
+def test_a_tracker_that_fails_after_its_run_exists_ends_it_failed_and_names_it(tmp_path: Path) -> None:
+    """Metrics that cannot be stored (the MLflow run deleted meanwhile): the tracker is switched
+    off and the record's summary names the run beside the error (before, it lost its id, so
+    nothing could find it)."""
+    from mlflow.tracking import MlflowClient
+
+    uri = seed_mlflow_store(tmp_path / "mlflow.db")
+    lines: list[str] = []
+    trackers = TrackerSet([MlflowTracker(uri, tmp_path / "artifacts", "deleted")], report=lines.append)
+    trackers.start(_run(tmp_path))
+    _wait_for_the_run(uri, "deleted")
+    client = MlflowClient(uri)
+    (made,) = client.search_runs([client.get_experiment_by_name("deleted").experiment_id])
+    client.delete_run(made.info.run_id)
+    trackers.log_metrics(1, {"train_loss": 0.5})
+    summary = trackers.finish("completed")["mlflow"]
+    assert summary["ok"] is False and summary["mlflow_run_id"] == made.info.run_id, summary
+    assert len(lines) == 1 and "switched off" in lines[0], lines
 
 
 def test_mlflow_failure_does_not_raise_into_the_run(tmp_path: Path) -> None:

@@ -120,3 +120,35 @@ def test_tracking_wandb_without_the_package_names_the_extra(
     config = project.config(tracking={"mlflow": False, "wandb": True})
     assert main(["run", str(config), "--run-dir", str(tmp_path / "run")]) == 2
     assert not (tmp_path / "run").exists()
+
+
+def test_a_resumed_run_does_not_log_again_the_steps_its_w_and_b_run_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interrupted after step 5, resumed from the checkpoint at step 3: the second attempt
+    continues the W&B run and logs steps 6 and 7 alone, as MLflow does, not 4-5 again (before, it
+    logged them twice: W&B's metrics_logged 8 where MLflow's was 4). The record's ``last_step``
+    says how far the W&B run goes; offline, W&B cannot tell it (each attempt writes its own
+    folder)."""
+    from dataclasses import replace
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run = RunDescription(run_id="r1", run_dir=tmp_path, params={}, tags={})
+    first = TrackerSet([WandbTracker("resumed", directory=tmp_path / "first")])
+    first.start(run)
+    for step in range(1, 6):
+        first.log_metrics(step, {"train_loss": float(step), "lr": 0.1})
+    before = first.finish("interrupted")
+    assert before["wandb"]["metrics_logged"] == 10, before
+    second = TrackerSet([WandbTracker("resumed", directory=tmp_path / "second")])
+    second.start(replace(run, continues=before))
+    for step in range(4, 8):
+        second.log_metrics(step, {"train_loss": float(step), "lr": 0.1})
+    after = second.finish("completed")["wandb"]
+    assert after["wandb_run_id"] == before["wandb"]["wandb_run_id"], (before, after)
+    assert after["metrics_logged"] == 4, after
+    assert (before["wandb"]["last_step"], after["last_step"]) == (5, 7), (before, after)
+    records = [
+        json.loads(line) for line in _leet(Path(after["run_dir"]), "--json").splitlines() if line.strip()
+    ]
+    assert sorted(r["history"]["step"]["num"] for r in records if r["type"] == "history") == [6, 7]

@@ -17,10 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from reprotune._config.secrets import mask_url_credentials
 from reprotune._errors import InputError
 from reprotune._run.record import Status
 from reprotune._trackers.base import RunDescription, TrackerFailed
-from reprotune._trackers.mlflow_worker import sqlite_file
+from reprotune._trackers.mlflow_worker import MLFLOW_STATUS, sqlite_file
 
 #: MLflow's HTTP settings for the child, where the environment sets none: MLflow's own (7 retries
 #: with exponential backoff) hold the end of a run about four minutes when its server refuses
@@ -89,21 +90,31 @@ class MlflowTracker:
     a line written to a pipe. The child is started when the tracker is made, so importing mlflow
     (about a second) overlaps loading the model. It uses ``MlflowClient`` with an explicit run id
     (no active-run state). Metrics are buffered and cross the pipe, and reach MLflow in batches, at
-    most once per ``flush_interval_s``. Until the loop is over the child runs at Linux's idle
-    priority (``SCHED_IDLE``), on cores the loop leaves free.
+    most once per ``flush_interval_s``. While the loop trains, the child's thread that serves
+    the run runs at ``nice`` 19 (Linux), mostly on cores the loop leaves free; once it is over, the
+    child's main thread, at normal priority, ends the run.
 
     Args:
         uri: tracking URI, e.g. ``sqlite:///mlflow.db`` (relative paths resolve against the cwd).
         artifact_location: folder for the experiment's artifacts (created if missing).
         experiment: experiment name (created if missing).
         flush_interval_s: how often the child sends what has queued up.
+        resumed: a resume of a run: where its record names no MLflow run (the attempt before was
+            killed outright), the run the attempts before opened is found by its tags.
     """
 
     name = "mlflow"
 
     def __init__(
-        self, uri: str, artifact_location: str | Path, experiment: str, *, flush_interval_s: float = 1.0
+        self,
+        uri: str,
+        artifact_location: str | Path,
+        experiment: str,
+        *,
+        flush_interval_s: float = 1.0,
+        resumed: bool = False,
     ) -> None:
+        self._resumed = resumed
         self._deadline_s = finish_timeout_s(os.environ)  # checked before the run, not at its end
         self.uri = resolve_tracking_uri(uri)
         self.artifact_location = Path(artifact_location).resolve()
@@ -178,6 +189,7 @@ class MlflowTracker:
                 "tags": dict(run.tags),
                 # a resumed run continues its MLflow run (in this store) rather than open another
                 "continue_run_id": before.get("mlflow_run_id") if same_store else None,
+                "find_by_tags": self._resumed,
             }
         )
 
@@ -256,10 +268,21 @@ class MlflowTracker:
             raise
         finally:
             self._log.close()
-        return {
+        summary = {
             "tracking_uri": self.uri,
             "experiment": self.experiment,
             "mlflow_run_id": result["mlflow_run_id"],
             "metrics_logged": result["metrics_logged"],
             "artifact_uri": result.get("artifact_uri"),
         }
+        if result.get("artifacts_error"):
+            # The run is usable (its params, tags and every metric, ended with the run's status):
+            # the tracker is not failed, but what it could not store is said, and recorded.
+            summary["artifacts_error"] = result["artifacts_error"]
+            line = (
+                f"warning: tracker 'mlflow' could not store the run's artifacts in MLflow run "
+                f"{result['mlflow_run_id']} ({result['artifacts_error']}); it holds the metrics and "
+                f"ended {MLFLOW_STATUS.get(status, 'KILLED')}"
+            )
+            print(mask_url_credentials(line), file=sys.stderr, flush=True)
+        return summary

@@ -1,12 +1,14 @@
 """The MLflow tracker's child process: reads JSON lines on stdin, writes to MLflow, answers on stdout.
 
 Messages (one JSON object a line): ``start`` (uri, artifact_location, experiment, run_name,
-params, tags, continue_run_id: a resumed run's MLflow run, continued), ``metrics`` (rows of
-[step, timestamp, {name: value}]), ``artifacts`` (paths: artifact path -> local path),
-``finish`` (status). On stdout: ``{"started": true, "mlflow_run_id": ...}`` once the run exists,
-and last the outcome:
-``{"ok": true, "mlflow_run_id": ..., "metrics_logged": N}`` or ``{"ok": false, "error": ...}``.
-Started by :class:`reprotune._trackers.mlflow.MlflowTracker`; not meant to be run by hand.
+params, tags, continue_run_id: a resumed run's MLflow run, continued; find_by_tags: a resumed
+run's, found by its tags where the record names none), ``metrics`` (rows of [step, timestamp,
+{name: value}]), ``artifacts`` (paths: artifact path -> local path), ``finish`` (status). On
+stdout: ``{"started": true, "mlflow_run_id": ...}`` once the run exists, and last the outcome:
+``{"ok": true, "mlflow_run_id": ..., "metrics_logged": N}`` (``artifacts_error``: the artifacts
+could not be stored) or ``{"ok": false, "error": ...}``; stdin closed before ``finish`` (the
+parent died): what came is stored, the run ended KILLED. Started by
+:class:`reprotune._trackers.mlflow.MlflowTracker`; not meant to be run by hand.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import json
+import os
 import queue
 import sys
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,13 +30,6 @@ from reprotune._run.stack import mlflow_store_problem
 MAX_METRICS_PER_BATCH = 1000  # MLflow's limit per log_batch call
 _MAX_PARAMS_PER_BATCH = 100
 MLFLOW_STATUS = {"completed": "FINISHED", "failed": "FAILED"}
-
-
-def _read_stdin(lines: queue.Queue[dict[str, Any] | None]) -> None:
-    for raw in sys.stdin.buffer:
-        if raw.strip():
-            lines.put(json.loads(raw))
-    lines.put(None)  # the parent closed the pipe
 
 
 def sqlite_file(uri: str) -> Path | None:
@@ -100,25 +95,49 @@ def _versions(*names: str) -> dict[str, str | None]:
     return found
 
 
-def _start(message: dict[str, Any]) -> tuple[Any, str, dict[str, int]]:
+def _start(message: dict[str, Any]) -> tuple[Any, str, dict[str, set[int]]]:
     """The client, the run (a resumed run's own, RUNNING again, where it is in the store), and
-    the last step of each metric it holds already (the resumed steps up to it are not logged
-    twice)."""
+    the steps of each metric it holds already (the resumed steps among them are not logged
+    twice; those it lacks are)."""
     client = open_client(message["uri"])
-    continued = _continued(client, message.get("continue_run_id"), message["experiment"], message["tags"])
+    experiment, tags = message["experiment"], message["tags"]
+    earlier = message.get("continue_run_id")
+    if not earlier and message.get("find_by_tags"):
+        earlier = _earlier_run(client, experiment, tags)
+    continued = _continued(client, earlier, experiment, tags)
     if continued is not None:
         return client, continued[0], continued[1]
     where = Path(message["artifact_location"])
-    run_name, tags, params = message["run_name"], message["tags"], message["params"]
-    return client, open_run(client, message["experiment"], where, run_name, tags, params), {}
+    run_name, params = message["run_name"], message["params"]
+    return client, open_run(client, experiment, where, run_name, tags, params), {}
+
+
+#: The tags of a run that its resume finds it by where the record names none (the attempt before
+#: was killed outright, before its end could write it).
+_RUN_TAGS = ("reprotune.run_id", "reprotune.run_dir", "config.sha256")
+
+
+def _earlier_run(client: Any, experiment: str, tags: Mapping[str, str]) -> str | None:
+    """The newest active run of ``experiment`` with these :data:`_RUN_TAGS`; None if there is
+    none (or the run id holds a ``'``, which MLflow's filters cannot quote)."""
+    found, run_id = client.get_experiment_by_name(experiment), tags.get("reprotune.run_id")
+    if found is None or run_id is None or "'" in run_id:
+        return None
+    query = f"tags.`reprotune.run_id` = '{run_id}'"
+    for candidate in client.search_runs(
+        [found.experiment_id], query, order_by=["attributes.start_time DESC"]
+    ):
+        if all(candidate.data.tags.get(key) == tags.get(key) for key in _RUN_TAGS):
+            return str(candidate.info.run_id)
+    return None
 
 
 def _continued(
     client: Any, run_id: str | None, experiment: str, tags: Mapping[str, str]
-) -> tuple[str, dict[str, int]] | None:
-    """The run ``run_id`` set RUNNING again, with this attempt's ``tags``, and the last step of
-    each of its metrics, when it is an active run of ``experiment`` in this store; else None (a
-    new run is opened)."""
+) -> tuple[str, dict[str, set[int]]] | None:
+    """The run ``run_id`` set RUNNING again, with this attempt's ``tags``, and the steps of each
+    of its metrics, when it is an active run of ``experiment`` in this store; else None (a new
+    run is opened)."""
     if not run_id:
         return None
     try:
@@ -128,15 +147,13 @@ def _continued(
             or client.get_experiment(found.info.experiment_id).name != experiment
         ):
             return None  # deleted since, or of another experiment: a new run
-        last = {
-            key: max(m.step for m in client.get_metric_history(run_id, key)) for key in found.data.metrics
-        }
+        stored = {key: {m.step for m in client.get_metric_history(run_id, key)} for key in found.data.metrics}
         client.update_run(run_id, status="RUNNING")
         for key, value in sorted(tags.items()):  # this attempt's (its run directory may have moved)
             client.set_tag(run_id, key, value)
     except Exception:  # gone from the store, or another store: a new run
         return None
-    return run_id, last
+    return run_id, stored
 
 
 def open_run(
@@ -164,21 +181,44 @@ def open_run(
     return run_id
 
 
-def _idle_priority() -> None:
-    """Run the calling thread only on a core the loop leaves idle (``SCHED_IDLE``); Linux only.
+#: The nice value of the thread that serves the run while the loop trains.
+TRAINING_NICE = 19
+
+
+def _set_nice(thread_id: int | None, nice: int) -> None:
+    """Give one thread of this process the nice value ``nice`` where allowed (Linux, where
+    ``PRIO_PROCESS`` with a thread's id is that thread alone).
 
     An observer must not slow what it observes: with the loop's intra-op threads on every core,
     MLflow's start-up and SQLAlchemy work at normal priority cost the quickstart's steps about
-    10 %. Nothing is lost by waiting: metrics queue, and a full pipe makes the loop wait. The
-    policy is the thread's own: only the thread that serves the run while it trains takes it, and
-    the main thread, never lowered, drains what is left once the loop is over (a process cannot
-    raise itself back from ``SCHED_IDLE`` without privileges: it drained at idle priority, for
-    minutes behind other busy processes).
+    10 %. So the thread that serves the run is lowered to :data:`TRAINING_NICE` as the loop
+    begins, and the main thread, never lowered, does what is left once it is over. Not
+    ``SCHED_IDLE``: there a thread got no CPU while other processes kept the cores busy, and the
+    end of the run, waiting for it, was lost at the deadline; a nice thread keeps a small share
+    (the fair scheduler starves none), and is raised back at the loop's end where that is
+    allowed (``CAP_SYS_NICE`` or ``RLIMIT_NICE``; lowering always is).
     """
-    import os
+    if thread_id is not None and sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, thread_id, nice)
 
-    with contextlib.suppress(OSError, AttributeError):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: the calling thread
+
+def _say(line: Mapping[str, Any]) -> None:
+    """One JSON line to the parent. A parent gone (its end of the pipe closed) hears nothing, and
+    the run is served to its end all the same: stdout then goes to ``/dev/null`` (else the
+    interpreter's last flush would fail again)."""
+    try:
+        sys.stdout.write(json.dumps(line) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        with contextlib.suppress(OSError, ValueError):
+            nowhere = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(nowhere, sys.stdout.fileno())
+            os.close(nowhere)
+
+
+#: The messages of a loop that trains: those the serving thread takes.
+_WHILE_TRAINING = frozenset({"start", "metrics"})
 
 
 @dataclass
@@ -190,14 +230,18 @@ class _Run:
     lines: queue.Queue[dict[str, Any] | None]
     client: Any = None
     run_id: str = ""
-    logged_through: dict[str, int] = field(default_factory=dict)  # a continued run's last steps
+    stored: dict[str, set[int]] = field(default_factory=dict)  # a continued run's steps, by metric
     pending: list[Any] = field(default_factory=list)
     sent: int = 0
     handoff: list[dict[str, Any] | None] = field(default_factory=list)
     error: BaseException | None = None
+    artifacts_error: str | None = None
+    serving: int | None = None  # the native id of the thread that serves the run while it trains
+    over: threading.Event = field(default_factory=threading.Event)  # the main thread's turn
 
-    def flush(self) -> None:
-        while self.pending:
+    def flush(self, until: threading.Event | None = None) -> None:
+        """Send what is pending, a batch at a time (stopping between batches once ``until`` is set)."""
+        while self.pending and not (until is not None and until.is_set()):
             chunk = self.pending[:MAX_METRICS_PER_BATCH]
             self.client.log_batch(self.run_id, metrics=chunk, synchronous=True)
             del self.pending[: len(chunk)]
@@ -208,48 +252,85 @@ class _Run:
         from mlflow.entities import Metric
 
         if message["op"] == "start":
-            self.client, self.run_id, self.logged_through = _start(message)
+            self.client, self.run_id, self.stored = _start(message)
             # said at once, so that a worker stopped before its outcome line still names its run
-            sys.stdout.write(json.dumps({"started": True, "mlflow_run_id": self.run_id}) + "\n")
-            sys.stdout.flush()
+            _say({"started": True, "mlflow_run_id": self.run_id})
         else:
             for step, stamp, values in message["rows"]:
                 self.pending.extend(
                     Metric(k, float(v), stamp, step)
                     for k, v in sorted(values.items())
-                    if step > self.logged_through.get(k, -1)
+                    if step not in self.stored.get(k, ())
                 )
+
+    def log_artifacts(self, paths: Mapping[str, str]) -> None:
+        """Store the artifacts; one that cannot be stored is noted (``artifacts_error``), not
+        raised: the run keeps its metrics and ends with its own status."""
+        self.flush()
+        try:
+            for artifact_path, local in paths.items():
+                if Path(local).is_dir():
+                    self.client.log_artifacts(self.run_id, local, artifact_path=artifact_path)
+                else:
+                    self.client.log_artifact(self.run_id, local, artifact_path=artifact_path or None)
+        except Exception as exc:
+            self.artifacts_error = f"{type(exc).__name__}: {exc}"
+
+
+def _read_stdin(run: _Run) -> None:
+    """Queue each message of the parent: lower the serving thread as the loop begins (``start``),
+    and give the main thread its turn once the loop is over (any other message, or the parent
+    went away: the pipe closed)."""
+    try:
+        for raw in sys.stdin.buffer:
+            if raw.strip():
+                message = json.loads(raw)
+                run.lines.put(message)
+                if message["op"] == "start":
+                    _set_nice(run.serving, TRAINING_NICE)
+                elif message["op"] not in _WHILE_TRAINING:
+                    run.over.set()
+    finally:
+        run.lines.put(None)
+        run.over.set()
 
 
 def _while_training(run: _Run) -> None:
-    """Serve ``start`` and ``metrics`` at idle priority until the loop is over (``artifacts``,
-    ``finish``, or the pipe closed): that message, and what follows, are the main thread's."""
-    _idle_priority()
+    """Serve ``start`` and ``metrics`` until the loop is over; what is left then is the main
+    thread's. Its waits end at once when the loop does, and it stops between two of its pieces
+    of work (a message, a batch sent)."""
     try:
         from mlflow.entities import Metric  # noqa: F401 (slow; overlaps the parent's model loading)
 
-        while True:
+        while not run.over.is_set():
             batch = [run.lines.get()]
             with contextlib.suppress(queue.Empty):
                 while True:
                     batch.append(run.lines.get_nowait())
             for k, message in enumerate(batch):
-                if message is None or message["op"] not in ("start", "metrics"):
+                if message is None or message["op"] not in _WHILE_TRAINING or run.over.is_set():
                     run.handoff = batch[k:]
                     return
                 run.take(message)
             if run.client is not None:
-                run.flush()
-            time.sleep(run.flush_interval_s)
+                run.flush(until=run.over)
+            run.over.wait(run.flush_interval_s)
     except BaseException as exc:  # raised again by the main thread
         run.error = exc
+    finally:
+        run.over.set()
 
 
 def serve(run: _Run) -> dict[str, Any]:
     """Serve one run; return the outcome line."""
-    threading.Thread(target=_read_stdin, args=(run.lines,), daemon=True).start()
-    training = threading.Thread(target=_while_training, args=(run,))
+    training = threading.Thread(target=_while_training, args=(run,), name="mlflow-serving")
     training.start()
+    run.serving = training.native_id
+    threading.Thread(target=_read_stdin, args=(run,), daemon=True).start()
+    run.over.wait()
+    # The loop is over: what the serving thread is doing it finishes at normal priority where
+    # this may be raised, and at its nice value elsewhere (a share of a core, never none).
+    _set_nice(run.serving, 0)
     training.join()
     if run.error is not None:
         raise run.error
@@ -257,42 +338,35 @@ def serve(run: _Run) -> dict[str, Any]:
     while True:  # at normal priority: the loop is over, or the parent went away
         message = pending.pop(0) if pending else run.lines.get()
         if message is None:
-            if run.client is not None:
-                run.flush()
-            return {
-                "ok": run.client is not None,
-                "mlflow_run_id": run.run_id or None,
-                "metrics_logged": run.sent,
-                "error": None if run.client is not None else "the run never started",
-            }
+            return _ended(run, None)
         op = message["op"]
-        if op in ("start", "metrics"):
+        if op in _WHILE_TRAINING:
             run.take(message)
         elif op == "artifacts":
-            run.flush()
-            for artifact_path, local in message["paths"].items():
-                if Path(local).is_dir():
-                    run.client.log_artifacts(run.run_id, local, artifact_path=artifact_path)
-                else:
-                    run.client.log_artifact(run.run_id, local, artifact_path=artifact_path or None)
+            run.log_artifacts(message["paths"])
         elif op == "finish":
-            if run.client is None:
-                return {
-                    "ok": False,
-                    "error": "finished before the run started",
-                    "mlflow_run_id": None,
-                    "metrics_logged": 0,
-                }
-            run.flush()
-            run.client.set_terminated(run.run_id, status=MLFLOW_STATUS.get(message["status"], "KILLED"))
-            # where its artifacts went: an experiment that existed keeps its own location
-            artifact_uri = run.client.get_run(run.run_id).info.artifact_uri
-            return {
-                "ok": True,
-                "mlflow_run_id": run.run_id,
-                "metrics_logged": run.sent,
-                "artifact_uri": artifact_uri,
-            }
+            return _ended(run, message["status"])
+
+
+def _ended(run: _Run, status: str | None) -> dict[str, Any]:
+    """End the run with its ``status`` (``finish``), or (None: the parent went away before it)
+    KILLED, once what was handed over is stored; the outcome, ``artifacts_error`` included."""
+    if run.client is None:
+        return {"ok": False, "error": "the run never started", "mlflow_run_id": None, "metrics_logged": 0}
+    run.flush()
+    run.client.set_terminated(run.run_id, status=MLFLOW_STATUS.get(status or "", "KILLED"))
+    outcome: dict[str, Any] = {
+        "ok": status is not None,
+        "mlflow_run_id": run.run_id,
+        "metrics_logged": run.sent,
+    }
+    if status is None:
+        outcome["error"] = "the run's process went away before its end; its MLflow run was ended KILLED"
+    else:  # where its artifacts went: an experiment that existed keeps its own location
+        outcome["artifact_uri"] = run.client.get_run(run.run_id).info.artifact_uri
+    if run.artifacts_error is not None:
+        outcome["artifacts_error"] = run.artifacts_error
+    return outcome
 
 
 def _ended_failed(run: _Run) -> None:
@@ -303,13 +377,13 @@ def _ended_failed(run: _Run) -> None:
 
 
 def main() -> int:
-    import os
     import signal
 
     # The parent ends this process: a terminal's Ctrl-C, a hang-up or a scheduler's SIGTERM sent
     # to the whole group must not kill it before the parent has told it how the run ended (the
-    # run stayed RUNNING, its last metrics lost); a parent that dies closes the pipe, which ends it.
-    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    # run stayed RUNNING, its last metrics lost); a parent that dies closes the pipe, which ends it,
+    # and a write to it fails (EPIPE: _say) without a SIGPIPE (a launcher's fork may restore it).
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(number, signal.SIG_IGN)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     run = _Run(float(sys.argv[1]) if len(sys.argv) > 1 else 1.0, queue.Queue())
@@ -318,8 +392,7 @@ def main() -> int:
     except Exception as exc:
         _ended_failed(run)
         outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "mlflow_run_id": run.run_id or None}
-    sys.stdout.write(json.dumps(outcome) + "\n")
-    sys.stdout.flush()
+    _say(outcome)
     return 0 if outcome.get("ok") else 1
 
 

@@ -88,6 +88,8 @@ class WandbTracker:
         self._run: Any = None
         self._run_dir: str | None = None
         self._metrics_logged = 0
+        self._held_through = -1  # a continued run's last step: its steps up to it are not logged again
+        self._last_step = -1
 
     def start(self, run: RunDescription) -> None:
         directory = (self._directory if self._directory is not None else run.run_dir).resolve()
@@ -111,12 +113,21 @@ class WandbTracker:
         )
         files_dir = getattr(self._run, "dir", None)
         self._run_dir = str(Path(files_dir).parent) if files_dir else None
+        if continued:
+            # The steps it holds: through the last step the attempt before logged (its record
+            # says; offline, W&B itself cannot know, each attempt writing its own folder), and
+            # online before the step W&B resumes the run at.
+            starting = int(getattr(self._run, "starting_step", 0) or 0)
+            held = before.get("last_step")
+            self._held_through = max(int(held) if held is not None else -1, starting - 1)
+        self._last_step = self._held_through
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        if self._run is None:
+        if self._run is None or step <= self._held_through:
             return
         self._run.log(dict(metrics), step=step)
         self._metrics_logged += len(metrics)
+        self._last_step = max(self._last_step, step)
 
     def log_artifacts(self, paths: Mapping[str, Path]) -> None:
         """One ``reprotune-run`` artifact: each path under its key (files at the top for ``""``)."""
@@ -145,6 +156,7 @@ class WandbTracker:
             "wandb_run_id": run_id,
             "run_dir": self._run_dir,
             "metrics_logged": self._metrics_logged,
+            "last_step": self._last_step if self._last_step >= 0 else None,
         }
 
     def close(self) -> None:

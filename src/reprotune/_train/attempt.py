@@ -40,7 +40,7 @@ from reprotune._run.drift import (
 )
 from reprotune._run.fingerprint import attention_of, code_fingerprint, environment_fingerprint, own_outputs
 from reprotune._run.layout import RunLayout
-from reprotune._run.ledger import LedgerWriter, hexf
+from reprotune._run.ledger import LedgerWriter, hexf, read_ledger
 from reprotune._run.live_record import LiveRecord
 from reprotune._run.lock import holding_run_dir
 from reprotune._run.nospace import no_space_in_run
@@ -126,7 +126,7 @@ def resume_attempt(run_dir: Path, options: RunOptions, rank0: RankZero | None = 
         world_size = rank0.world_size if rank0 is not None else None
         run.world_change = resume_world_change(record.typed, world_size, allow_change=allow, run_dir=run_dir)
         with run.closed_if_unrecorded():
-            run.trackers = build_trackers(cfg, options, run.report)
+            run.trackers = build_trackers(cfg, options, run.report, resumed=True)
             return _execute(cfg, run, options, resume=True)
 
 
@@ -170,6 +170,8 @@ def _execute(
             # Dropout (and anything else drawing from torch's global generator) gets its own seed.
             seed_generators(setup)
         run.start_trackers()
+        if start_step > 0:
+            _earlier_steps_to_trackers(run, start_step)
         run.write_record()
 
         progress = ProgressHook(setup.total_steps, start_step, options.progress)
@@ -308,8 +310,37 @@ def _outputs(run: _Run, setup: Setup, loop: LoopResult | None) -> dict[str, Any]
     return run.adapter_outputs(files, final_val_loss=hexf(final) if final is not None else None)
 
 
-def build_trackers(cfg: ExperimentConfig, options: RunOptions, report: Callable[[str], None]) -> TrackerSet:
-    """The trackers the config enables (none with ``options.tracking`` off). Add new ones here."""
+def _earlier_steps_to_trackers(run: _Run, start_step: int) -> None:
+    """Send a resumed run's trackers the ledger's steps up to the checkpoint it resumes from, as
+    the step hook sent them: each keeps those it lacks (an attempt killed outright never stored
+    its last ones, nor told the record its MLflow run) and skips those it holds. The ledger is
+    the truth; one that cannot be read here leaves the trackers as they are, with a warning."""
+    if not run.trackers.trackers:
+        return
+    try:
+        ledger = read_ledger(run.paths.ledger)
+    except Exception as exc:  # the trackers are observers: never the resume's business
+        run.report(f"warning: the trackers do not get the steps before the resume: {exc}")
+        return
+    val = {entry.step: entry.number("loss") for entry in ledger.val}
+    for entry in ledger.train:
+        if entry.step > start_step:
+            break
+        metrics = {key: entry.number(field) for key, field in _TRACKED.items()}
+        if entry.step in val:
+            metrics["val_loss"] = val[entry.step]
+        run.trackers.log_metrics(entry.step, metrics)
+
+
+#: The tracker's metric for each number of a ledger's train line (as ``TrackerHook`` sends them).
+_TRACKED = {"train_loss": "loss", "lr": "lr", "grad_norm": "grad_norm"}
+
+
+def build_trackers(
+    cfg: ExperimentConfig, options: RunOptions, report: Callable[[str], None], *, resumed: bool = False
+) -> TrackerSet:
+    """The trackers the config enables (none with ``options.tracking`` off). Add new ones here.
+    ``resumed``: for a resume, whose MLflow run may be found by its tags."""
     trackers: list[Tracker] = []
     if options.tracking and cfg.tracking.wandb:
         # First: without wandb installed this raises (naming the extra) before any child starts.
@@ -318,5 +349,6 @@ def build_trackers(cfg: ExperimentConfig, options: RunOptions, report: Callable[
         # A record's config holds the URI with its user-info masked (a resumed run): connect
         # without it, with MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD from the environment.
         uri = without_masked_credentials(cfg.tracking.uri)
-        trackers.append(MlflowTracker(uri, cfg.tracking.artifact_location, cfg.tracking.experiment))
+        where, experiment = cfg.tracking.artifact_location, cfg.tracking.experiment
+        trackers.append(MlflowTracker(uri, where, experiment, resumed=resumed))
     return TrackerSet(trackers, report=report)
