@@ -126,9 +126,11 @@ def test_mlflow_child_yields_to_the_loop(tmp_path: Path) -> None:
     trackers.start(_run(tmp_path))
     pid, deadline = tracker._proc.pid, time.monotonic() + 60
     while (19 not in {nice for _, nice in _threads(pid).values()}) and time.monotonic() < deadline:
-        time.sleep(0.05)  # the child lowers the thread as the start reaches it
-    threads = _threads(pid)
-    assert {nice for _, nice in threads.values()} == {0, 19} and threads[pid] == (os.SCHED_OTHER, 0), threads
+        time.sleep(0.05)  # the child lowers the thread once it has made the run
+    threads, own = _threads(pid), os.getpriority(os.PRIO_PROCESS, 0)  # the suite may run niced
+    assert {nice for _, nice in threads.values()} == {own, 19} and threads[pid] == (os.SCHED_OTHER, own), (
+        threads
+    )
     assert {policy for policy, _ in threads.values()} == {os.SCHED_OTHER}, threads
     trackers.log_metrics(1, {"train_loss": 0.5})
     assert trackers.finish("completed")["mlflow"]["metrics_logged"] == 1

@@ -94,3 +94,41 @@ def test_a_run_killed_outright_and_resumed_has_every_step_in_its_one_mlflow_run(
     assert sorted((m.step, m.value) for m in history) == [(e.step, e.number("loss")) for e in ledger.train]
     assert _steps(uri, mirrored["mlflow_run_id"], "val_loss") == [4, 8]
     assert client.get_run(mirrored["mlflow_run_id"]).info.status == "FINISHED"
+
+
+def test_only_trackers_that_keep_what_they_lack_get_a_resumes_earlier_steps() -> None:
+    """The ledger's steps before a resume go to MLflow, whose child skips the steps its run holds;
+    not to W&B, which cannot tell offline and would log them twice (found by a review)."""
+    from reprotune._trackers.base import TrackerSet
+    from reprotune._trackers.mlflow import MlflowTracker
+    from reprotune._trackers.wandb import WandbTracker
+
+    class Recording:
+        def __init__(self, name: str, fills_gaps: bool) -> None:
+            self.name, self.fills_gaps, self.steps = name, fills_gaps, []
+
+        def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+            self.steps.append(step)
+
+    mlflow, wandb = Recording("mlflow", True), Recording("wandb", False)
+    TrackerSet([mlflow, wandb]).log_earlier_metrics(3, {"train_loss": 1.0})  # type: ignore[list-item]
+    assert (mlflow.steps, wandb.steps) == ([3], [])
+    assert MlflowTracker.fills_gaps and not getattr(WandbTracker, "fills_gaps", False)
+
+
+def test_a_store_that_refuses_the_tag_search_means_a_new_run() -> None:
+    """The search for a killed attempt's run failing (a filter refused, no permission) made the
+    whole mirror fail; it is a run not found: the resume opens a new one."""
+    from types import SimpleNamespace
+
+    from reprotune._trackers.mlflow_worker import _earlier_run
+
+    class Refusing:
+        def get_experiment_by_name(self, name: str) -> SimpleNamespace:
+            return SimpleNamespace(experiment_id="1")
+
+        def search_runs(self, *args: object, **kwargs: object) -> list[object]:
+            raise PermissionError("search refused")
+
+    tags = {"reprotune.run_id": "20261206-000000-abcdef12", "reprotune.run_dir": "/r", "config.sha256": "c"}
+    assert _earlier_run(Refusing(), "exp", tags) is None

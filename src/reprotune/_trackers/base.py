@@ -87,6 +87,13 @@ class TrackerSet:
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         self._each("log_metrics", lambda t: t.log_metrics(step, metrics))
 
+    def log_earlier_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        """A step from before a resume, to the trackers that keep only the steps they lack
+        (``fills_gaps``: MLflow, which reads what its run holds); others would log it twice."""
+        self._each(
+            "log_metrics", lambda t: t.log_metrics(step, metrics) if getattr(t, "fills_gaps", False) else None
+        )
+
     def log_artifacts(self, paths: Mapping[str, Path]) -> None:
         self._each("log_artifacts", lambda t: t.log_artifacts(paths))
 

@@ -104,6 +104,7 @@ class MlflowTracker:
     """
 
     name = "mlflow"
+    fills_gaps = True  # a resume's earlier steps: its child keeps those its run lacks
 
     def __init__(
         self,

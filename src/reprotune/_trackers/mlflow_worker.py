@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from reprotune._run.stack import mlflow_store_problem
+from reprotune._trackers.priority import TRAINING_NICE, nice_of, set_nice
 
 MAX_METRICS_PER_BATCH = 1000  # MLflow's limit per log_batch call
 _MAX_PARAMS_PER_BATCH = 100
@@ -124,9 +125,11 @@ def _earlier_run(client: Any, experiment: str, tags: Mapping[str, str]) -> str |
     if found is None or run_id is None or "'" in run_id:
         return None
     query = f"tags.`reprotune.run_id` = '{run_id}'"
-    for candidate in client.search_runs(
-        [found.experiment_id], query, order_by=["attributes.start_time DESC"]
-    ):
+    try:  # a store that refuses the search: a new run, as for any run not found
+        candidates = client.search_runs([found.experiment_id], query, order_by=["attributes.start_time DESC"])
+    except Exception:
+        return None
+    for candidate in candidates:
         if all(candidate.data.tags.get(key) == tags.get(key) for key in _RUN_TAGS):
             return str(candidate.info.run_id)
     return None
@@ -179,28 +182,6 @@ def open_run(
     for i in range(0, len(items), _MAX_PARAMS_PER_BATCH):
         client.log_batch(run_id, params=items[i : i + _MAX_PARAMS_PER_BATCH], synchronous=True)
     return run_id
-
-
-#: The nice value of the thread that serves the run while the loop trains.
-TRAINING_NICE = 19
-
-
-def _set_nice(thread_id: int | None, nice: int) -> None:
-    """Give one thread of this process the nice value ``nice`` where allowed (Linux, where
-    ``PRIO_PROCESS`` with a thread's id is that thread alone).
-
-    An observer must not slow what it observes: with the loop's intra-op threads on every core,
-    MLflow's start-up and SQLAlchemy work at normal priority cost the quickstart's steps about
-    10 %. So the thread that serves the run is lowered to :data:`TRAINING_NICE` as the loop
-    begins, and the main thread, never lowered, does what is left once it is over. Not
-    ``SCHED_IDLE``: there a thread got no CPU while other processes kept the cores busy, and the
-    end of the run, waiting for it, was lost at the deadline; a nice thread keeps a small share
-    (the fair scheduler starves none), and is raised back at the loop's end where that is
-    allowed (``CAP_SYS_NICE`` or ``RLIMIT_NICE``; lowering always is).
-    """
-    if thread_id is not None and sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, thread_id, nice)
 
 
 def _say(line: Mapping[str, Any]) -> None:
@@ -286,9 +267,7 @@ def _read_stdin(run: _Run) -> None:
             if raw.strip():
                 message = json.loads(raw)
                 run.lines.put(message)
-                if message["op"] == "start":
-                    _set_nice(run.serving, TRAINING_NICE)
-                elif message["op"] not in _WHILE_TRAINING:
+                if message["op"] not in _WHILE_TRAINING:
                     run.over.set()
     finally:
         run.lines.put(None)
@@ -312,6 +291,8 @@ def _while_training(run: _Run) -> None:
                     run.handoff = batch[k:]
                     return
                 run.take(message)
+                if message["op"] == "start":  # made at the priority it started with: lowered now
+                    set_nice(run.serving, TRAINING_NICE)
             if run.client is not None:
                 run.flush(until=run.over)
             run.over.wait(run.flush_interval_s)
@@ -327,10 +308,11 @@ def serve(run: _Run) -> dict[str, Any]:
     training.start()
     run.serving = training.native_id
     threading.Thread(target=_read_stdin, args=(run,), daemon=True).start()
+    started_at = nice_of(None)
     run.over.wait()
-    # The loop is over: what the serving thread is doing it finishes at normal priority where
-    # this may be raised, and at its nice value elsewhere (a share of a core, never none).
-    _set_nice(run.serving, 0)
+    # The loop is over: what the serving thread is doing it finishes at the priority it started
+    # with where it may be raised back, and at its nice value elsewhere (a share, never none).
+    set_nice(run.serving, started_at)
     training.join()
     if run.error is not None:
         raise run.error

@@ -311,9 +311,10 @@ def _outputs(run: _Run, setup: Setup, loop: LoopResult | None) -> dict[str, Any]
 
 
 def _earlier_steps_to_trackers(run: _Run, start_step: int) -> None:
-    """Send a resumed run's trackers the ledger's steps up to the checkpoint it resumes from, as
-    the step hook sent them: each keeps those it lacks (an attempt killed outright never stored
-    its last ones, nor told the record its MLflow run) and skips those it holds. The ledger is
+    """Send a resumed run's trackers that can tell what they hold (MLflow) the ledger's steps up
+    to the checkpoint it resumes from, as the step hook sent them: each keeps those it lacks (an
+    attempt killed outright never stored its last ones, nor told the record its MLflow run) and
+    skips those it holds. The ledger is
     the truth; one that cannot be read here leaves the trackers as they are, with a warning."""
     if not run.trackers.trackers:
         return
@@ -329,7 +330,7 @@ def _earlier_steps_to_trackers(run: _Run, start_step: int) -> None:
         metrics = {key: entry.number(field) for key, field in _TRACKED.items()}
         if entry.step in val:
             metrics["val_loss"] = val[entry.step]
-        run.trackers.log_metrics(entry.step, metrics)
+        run.trackers.log_earlier_metrics(entry.step, metrics)
 
 
 #: The tracker's metric for each number of a ledger's train line (as ``TrackerHook`` sends them).
