@@ -271,7 +271,7 @@ def _base_train() -> dict[str, Any]:
         (["--set", "lora.r=2"], "an eval cannot change"),
         (["--set", "seed.overrides.split=3"], "changes nothing in an eval: it takes the run's own split"),
         (["--set", "seed.overrides={split: 5, lora_init: 3}"], "changes seed.overrides of lora_init, split"),
-        (["--set", "foo"], "--set 'foo': expected KEY.PATH=VALUE"),
+        (["--set", "foo"], "--set 'foo': expected KEY.PATH=VALUE; fix: e.g. --set eval.max_rows=8"),
         (["--set", "eval.batch_sise=2"], "record.json (the run's config) with --set: invalid config"),
     ],
     ids=[

@@ -108,7 +108,7 @@ def _apply_overrides(
         key, sep, raw = item.partition("=")
         parts = tuple(p.strip() for p in key.split("."))
         if not sep or not key.strip() or any(not p for p in parts):
-            problems.append(f"--set {item!r}: expected KEY.PATH=VALUE; fix: e.g. --set train.max_steps=50")
+            problems.append(f"--set {item!r}: expected KEY.PATH=VALUE; fix: e.g. --set eval.max_rows=8")
             continue
         problem = _check_key_path(parts)
         if problem is not None:
