@@ -309,3 +309,19 @@ def test_no_room_for_the_index_copy_still_reads_the_code(repo: Path, monkeypatch
     monkeypatch.setattr(_git_module.shutil, "copyfile", full)
     info = code_fingerprint(repo)
     assert info.in_git and info.commit is not None and info.untracked == ("new.py",)
+
+
+@needs_git
+def test_the_private_index_copy_keeps_the_indexs_time(repo: Path) -> None:
+    """git checks an entry by content, not by its stat, when the entry is not older than the index
+    file (a "racily clean" entry: a same-size edit within the second of a commit). The private
+    copy had its own, later time, so git trusted the stat and such an edit read clean (CI caught
+    it, in doctor's git-dirty test, once in a while). The copy keeps the index's time."""
+    from reprotune._run.git import index_copy
+
+    index = repo / ".git" / "index"
+    os.utime(index, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
+    with index_copy(repo) as private:
+        copy = Path(private["GIT_INDEX_FILE"])
+        assert copy.read_bytes() == index.read_bytes()
+        assert copy.stat().st_mtime_ns == index.stat().st_mtime_ns

@@ -26,7 +26,7 @@ def index_copy(root: Path) -> Iterator[dict[str, str]]:
     with tempfile.TemporaryDirectory(prefix="reprotune-index-") as folder:
         copy = Path(folder) / "index"
         try:
-            shutil.copyfile(index, copy)
+            shutil.copy2(index, copy)  # its time too: git's racy-entry check compares against it
         except OSError:  # no room for it (a small tmpfs): the real index, as git alone would
             yield {}
             return
