@@ -44,11 +44,22 @@ _DRIFT_KEYS = ("drift", "environment_drift", "code_drift", "distributed_drift")
 _DRIFT_LINE = re.compile(r"(?P<key>[^\s:]+): recorded (?P<then>.*), now (?P<now>.*)", re.S)
 
 
-def as_computed(run: RunDir, label: Literal["A", "B"], step: int | None) -> tuple[RunDir, ResumeDrift | None]:
+@dataclasses.dataclass(frozen=True)
+class DriftedResume:
+    """The resume that computed the first divergent step, and the keys its attempt noted as
+    differing from its run's start (narrowed to a :class:`ResumeDrift` by :func:`compared_drifts`)."""
+
+    run: Literal["A", "B"]
+    from_step: int
+    keys: frozenset[str]
+
+
+def as_computed(
+    run: RunDir, label: Literal["A", "B"], step: int | None
+) -> tuple[RunDir, DriftedResume | None]:
     """``run`` as it computed ``step``: where the last attempt to resume before that step noted
-    values that differ from the run's start, the run with those in its record, and how they differ
-    from its start (the resumed values on ``label``'s side); else ``run`` and None. Narrowed to
-    what differs from the other run as it computed the step by :func:`compared_drifts`."""
+    values that differ from the run's start, the run with those in its record, and which keys it
+    noted; else ``run`` and None."""
     attempts = run.record.get("attempts")
     resumed = [
         attempt
@@ -61,17 +72,18 @@ def as_computed(run: RunDir, label: Literal["A", "B"], step: int | None) -> tupl
     ]
     if not resumed:
         return run, None
-    record = copy.deepcopy(dict(run.record))
+    record, keys = copy.deepcopy(dict(run.record)), set()
     for key in _DRIFT_KEYS:
         lines = resumed[-1].get(key)
         for line in lines if isinstance(lines, list) else []:
             if isinstance(line, str) and (found := _DRIFT_LINE.fullmatch(line)):
                 _put(record, found["key"], _literal(found["now"]))
+                keys.add(found["key"])
     if record == run.record:
         return run, None
-    computed = dataclasses.replace(run, record=record)
-    pair = (computed, run) if label == "A" else (run, computed)
-    return computed, ResumeDrift(label, resumed[-1]["from_step"], tuple(record_differences(*pair)))
+    return dataclasses.replace(run, record=record), DriftedResume(
+        label, resumed[-1]["from_step"], frozenset(keys)
+    )
 
 
 def _put(record: dict[str, Any], key: str, value: Any) -> None:
@@ -99,16 +111,14 @@ def _names(value: Any) -> tuple[str, ...]:
 
 
 def compared_drifts(
-    drifts: Sequence[ResumeDrift | None], run_a: RunDir, run_b: RunDir
+    drifts: Sequence[DriftedResume | None], run_a: RunDir, run_b: RunDir
 ) -> tuple[tuple[Difference, ...], list[ResumeDrift]]:
     """The differences of two runs as they computed the first divergent step (each as
     :func:`as_computed` made it), and each resume's drift narrowed to those, as run A against run
     B: a resume onto what the other run computed with is no cause (both ran the step alike)."""
     at = tuple(record_differences(run_a, run_b))
-    by_key = {d.key: d for d in at}
     narrowed = []
-    for drift in drifts:
-        kept = tuple(by_key[d.key] for d in drift.differences if d.key in by_key) if drift else ()
-        if drift is not None and kept:
+    for drift in filter(None, drifts):
+        if kept := tuple(d for d in at if d.key in drift.keys):
             narrowed.append(ResumeDrift(drift.run, drift.from_step, kept))
     return at, narrowed
