@@ -325,3 +325,29 @@ def truncate_ledger(run_dir: Path, drop_bytes: int) -> None:
     path = run_dir / "ledger.jsonl"
     data = path.read_bytes()
     path.write_bytes(data[:-drop_bytes])
+
+
+def two_eval_sets(
+    run_dir: Path, *, first_loss_at_4: str | None = None, names: list[str] | None = None
+) -> None:
+    """Each val line of the run twice, as a Trainer's dict of two eval datasets writes them (the
+    second set's loss its own), the first set's loss at step 4 made ``first_loss_at_4``; ``names``:
+    the sets' names in the record's ``data.eval_sets``, as the callback writes them."""
+    path = run_dir / "ledger.jsonl"
+    out = []
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        if entry["kind"] != "val":
+            out.append(canonical_dumps(entry, indent=None))
+            continue
+        first = dict(entry)
+        if first_loss_at_4 is not None and entry["step"] == 4:
+            first["loss"] = first_loss_at_4
+        second = {**entry, "loss": float.hex(float.fromhex(entry["loss"]) + 1.0)}
+        out += [canonical_dumps(first, indent=None), canonical_dumps(second, indent=None)]
+    path.write_text("".join(out))
+    record = json.loads((run_dir / "record.json").read_text())
+    record["outputs"]["ledger_sha256"] = sha256_file(path)
+    if names is not None:
+        record["data"]["eval_sets"] = names
+    (run_dir / "record.json").write_text(canonical_dumps(record))

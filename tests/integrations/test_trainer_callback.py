@@ -928,8 +928,8 @@ def test_runs_apart_in_logging_and_saving_alone_give_the_same_bits(model_dir: Pa
 def test_named_eval_datasets_each_write_a_val_line_and_are_hashed(model_dir: Path, tmp_path: Path) -> None:
     """``eval_dataset={"val": ..., "test": ...}``: the Trainer logs ``eval_val_loss`` and
     ``eval_test_loss``; each is a val line of its set's rows, in the dict's order, and the data
-    section counts and hashes both sets (before: no val line at all, ``eval_rows`` the number of
-    keys, no hash)."""
+    section counts and hashes both sets and names them in their order (before: no val line at all,
+    ``eval_rows`` the number of keys, no hash)."""
     made = lambda: ReprotuneCallback(tmp_path / "run", code_dir=tmp_path)  # noqa: E731
     sets = {"val": tiny_rows(8, seed=2), "test": tiny_rows(6, seed=3)}
     trainer = tiny_trainer(
@@ -953,6 +953,7 @@ def test_named_eval_datasets_each_write_a_val_line_and_are_hashed(model_dir: Pat
     ]
     data = load_record(tmp_path / "run")["data"]
     assert data["eval_rows"] == 14 and isinstance(data["eval_rows_sha256"], str)
+    assert data["eval_sets"] == ["val", "test"]  # the report names each set's curve
 
 
 def test_a_token_in_the_trainers_arguments_is_masked_in_the_config(model_dir: Path, tmp_path: Path) -> None:

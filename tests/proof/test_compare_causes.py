@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from reprotune._jsonio import canonical_dumps, sha256_file
+from reprotune._jsonio import canonical_dumps
 from reprotune._proof.compare import compare_runs
 from reprotune._proof.differences import Verdict
-from rundirs import RunSpec, edit_ledger, write_run_dir
+from rundirs import RunSpec, edit_ledger, two_eval_sets, write_run_dir
 
 KERNELS = {
     "kernels": {
@@ -258,27 +258,6 @@ def test_a_record_value_taken_from_the_config_is_said_once(
     assert not any(re.search(rf"[:;] {re.escape(restated)} ", c) for c in result.causes), result.causes
 
 
-def _two_eval_sets(run_dir: Path, *, first_loss_at_4: str | None = None) -> None:
-    """Each val line of the run twice, as a Trainer's dict of two eval datasets writes them (the
-    second set's loss its own), the first set's loss at step 4 made ``first_loss_at_4``."""
-    path = run_dir / "ledger.jsonl"
-    out = []
-    for line in path.read_text().splitlines():
-        entry = json.loads(line)
-        if entry["kind"] != "val":
-            out.append(canonical_dumps(entry, indent=None))
-            continue
-        first = dict(entry)
-        if first_loss_at_4 is not None and entry["step"] == 4:
-            first["loss"] = first_loss_at_4
-        second = {**entry, "loss": float.hex(float.fromhex(entry["loss"]) + 1.0)}
-        out += [canonical_dumps(first, indent=None), canonical_dumps(second, indent=None)]
-    path.write_text("".join(out))
-    record = json.loads((run_dir / "record.json").read_text())
-    record["outputs"]["ledger_sha256"] = sha256_file(path)
-    (run_dir / "record.json").write_text(canonical_dumps(record))
-
-
 def test_two_val_lines_at_a_step_are_each_compared(tmp_path: Path) -> None:
     """A Trainer's dict of eval datasets writes one val line a set at each evaluation: compare and
     spot's intervals keyed them by step, so the first set's line went unseen (a changed loss there
@@ -287,8 +266,8 @@ def test_two_val_lines_at_a_step_are_each_compared(tmp_path: Path) -> None:
 
     a = write_run_dir(tmp_path / "a")
     b = write_run_dir(tmp_path / "b")
-    _two_eval_sets(a)
-    _two_eval_sets(b, first_loss_at_4=float.hex(2.5))
+    two_eval_sets(a)
+    two_eval_sets(b, first_loss_at_4=float.hex(2.5))
     result = compare_runs(a, b)
     assert result.verdict.value == "DIVERGED" and result.where.first_val_step == 4
     lines = interval_lines(a, 0, 8)

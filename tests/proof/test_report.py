@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import subprocess
+from html import unescape
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 
 from reprotune._errors import InputError
 from reprotune._proof.report import write_report
-from rundirs import RunSpec, write_run_dir
+from rundirs import RunSpec, two_eval_sets, write_run_dir
 
 CHROMIUM = Path("/usr/bin/chromium")
 _SVG = re.compile(r"<figure><svg [^>]*>(.*?)</svg>", re.S)
@@ -476,3 +477,27 @@ def test_another_validation_schedule_at_a_glance_is_its_config_value(tmp_path: P
     glance = html[: html.index("<h2>Runs</h2>")]
     assert "every number both recorded agrees: config.train.eval_every 4 vs 8</li>" in glance
     assert "edited" not in glance
+
+
+@pytest.mark.parametrize(
+    ("names", "curves"),
+    [(None, ("A (ref), eval set 1", "A (ref), eval set 2")), (["dev", "test"], ("A (ref), eval set 'dev'",))],
+)
+def test_each_eval_set_is_a_curve_of_its_own(
+    tmp_path: Path, names: list[str] | None, curves: tuple[str, ...]
+) -> None:
+    """A Trainer's dict of eval datasets writes one val line a set at each evaluation: the chart
+    drew them as one zigzag curve; each set is a curve now, named where the record names it, in a
+    style of its own, and a run of one set keeps its plain curve."""
+    runs = [write_run_dir(tmp_path / "ref"), write_run_dir(tmp_path / "other")]
+    two_eval_sets(runs[0], names=names)
+    val = _SVG.findall(write_report(runs, tmp_path / "report.html").read_text(encoding="utf-8"))[1]
+    polylines = re.findall(
+        r'<polyline points="([^"]*)"[^>]*stroke="([^"]*)"[^>]*><title>([^<]*)</title>', val
+    )
+    titles = [unescape(title) for _, _, title in polylines]
+    assert all(curve in titles for curve in curves) and "B (other)" in titles and len(titles) == 3
+    for points, _, _ in polylines:
+        xs = [float(point.split(",")[0]) for point in points.split()]
+        assert xs == sorted(set(xs))  # one point a step: no zigzag
+    assert len({(stroke, title.split(",")[0]) for _, stroke, title in polylines}) == 3  # sets apart

@@ -21,6 +21,7 @@ from reprotune._jsonio import write_bytes_atomic
 from reprotune._proof.compare import compare_opened
 from reprotune._proof.differences import Comparison, largest_differences, show_value
 from reprotune._proof.summary import LegView, expand
+from reprotune._run.ledger import LedgerEntry, val_by_place
 from reprotune._run.rundir import RunDir, open_run_dir
 from reprotune._version import __version__
 
@@ -163,8 +164,12 @@ def _plot(
     parts there (run ``i + 1`` for the ``i``-th divergence)."""
     series = []
     for i, (label, run) in enumerate(zip(labels, runs, strict=True)):
-        entries = run.ledger.train if kind == "train" else run.ledger.val
-        series.append(Series(label, [e.step for e in entries], [e.number("loss") for e in entries], i))
+        curves = [list(run.ledger.train)] if kind == "train" else _eval_sets(run)
+        for place, entries in enumerate(curves):
+            # a second set's curve takes a style no run's takes (a run's own: its first set's)
+            named = label if len(curves) == 1 else f"{label}, {_set_name(run, place)}"
+            xs, ys = [e.step for e in entries], [e.number("loss") for e in entries]
+            series.append(Series(named, xs, ys, i + place * len(runs)))
     marks = [
         Mark(step, f"{label.split()[0]} parts from A at step {step}", i)
         for i, (label, step) in enumerate(divergences, start=1)
@@ -172,6 +177,25 @@ def _plot(
     ]
     name = "training loss" if kind == "train" else "validation loss"
     return line_chart(series, title=name.capitalize(), x_label="optimizer step", y_label=name, marks=marks)
+
+
+def _eval_sets(run: RunDir) -> list[list[LedgerEntry]]:
+    """A run's val lines as one curve per eval set: a Trainer's dict of eval datasets writes one
+    line a set at each evaluation, in the dict's order, so a set is a line's place at its step
+    (drawn as one curve, the sets' losses made a zigzag). At least one curve, maybe empty."""
+    curves: list[list[LedgerEntry]] = [[]]
+    for (_, place), entry in val_by_place(run.ledger.val).items():
+        curves.extend([] for _ in range(place + 1 - len(curves)))
+        curves[place].append(entry)
+    return curves
+
+
+def _set_name(run: RunDir, place: int) -> str:
+    """The eval set at ``place``: its name where the record lists the sets, else its number."""
+    names = (run.record.get("data") or {}).get("eval_sets")
+    if isinstance(names, list) and place < len(names) and isinstance(names[place], str):
+        return f"eval set {names[place]!r}"
+    return f"eval set {place + 1}"
 
 
 def _comparison_html(ref: str, label: str, c: Comparison, view: LegView | None = None) -> Iterable[str]:

@@ -275,6 +275,8 @@ def data_section(
         "eval_rows": n_eval,
         "eval_rows_sha256": eval_sha,
     }
+    if isinstance(eval_dataset, Mapping):  # the names of a dict's sets, in the order of its val lines
+        section["eval_sets"] = list(eval_sets(eval_dataset))
     return section
 
 
