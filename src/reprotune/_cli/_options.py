@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from reprotune._config.locate import is_key_path, key_location
+from reprotune._config.locate import is_key_path, value_source
 from reprotune._errors import ReprotuneError
 
 #: The data formats and rare-class policies the split commands take, spelled here so that parsing
@@ -58,13 +58,12 @@ def locate_config_source(exc: ReprotuneError, args: argparse.Namespace) -> None:
     if not is_key_path(key):
         return
     assert key is not None
-    for override in reversed(getattr(args, "overrides", None) or []):  # the last one is in force
-        if override.partition("=")[0].strip() == key:
-            exc.source = f"--set {override}"
-            return
     config = getattr(args, "config", None)  # a Path, or doctor's text
-    if isinstance(config, str | Path) and str(config) and Path(config).is_file():
-        exc.source = key_location(Path(config), key)
+    where = value_source(
+        key, getattr(args, "overrides", None) or [], config if isinstance(config, str | Path) else None
+    )
+    if where is not None:
+        exc.source = where
 
 
 def add_watch_options(parser: argparse.ArgumentParser) -> None:

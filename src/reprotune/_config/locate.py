@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from reprotune._config.schema import ExperimentConfig, model_at
@@ -20,6 +21,17 @@ def is_key_path(text: str | None) -> bool:
     *sections, leaf = text.split(".")
     model = model_at(sections)
     return model is not None and model is not ExperimentConfig and leaf in model.model_fields
+
+
+def value_source(key: str, overrides: Sequence[str], config: str | Path | None) -> str | None:
+    """Where ``key``'s value came from: the last ``--set`` of it (the one in force), else the
+    config file's line (:func:`key_location`); None when neither applies."""
+    given = next((o for o in reversed(overrides) if o.partition("=")[0].strip() == key), None)
+    if given is not None:
+        return f"--set {given}"
+    if config is not None and str(config) and Path(config).is_file():
+        return key_location(Path(config), key)
+    return None
 
 
 def key_location(config: Path, key: str) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reprotune._config.locate import key_location
+from reprotune._config.locate import value_source
 from reprotune._config.schema import ExperimentConfig
 from reprotune._formats import DOCTOR
 from reprotune._run.findings import SEVERITIES, Finding
@@ -71,12 +71,7 @@ class Context:
     def where(self, key: str) -> str:
         """Where ``key``'s value came from: the ``--set`` that gave it, the config file's line, or
         just the key."""
-        # the last --set of a key is the one in force
-        given = next((o for o in reversed(self.overrides) if o.partition("=")[0].strip() == key), None)
-        if given is not None:
-            return f"--set {given}"
-        config = Path(self.config_source) if self.config_source else None
-        return key_location(config, key) if config is not None and config.is_file() else f"key {key}"
+        return value_source(key, self.overrides, self.config_source) or f"key {key}"
 
 
 Check = Callable[[Context], list[Finding]]
