@@ -47,6 +47,33 @@ def test_quickstart_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["probe"]["loss"][0] == report["probe"]["loss"][1]
 
 
+def test_the_json_holds_the_kernel_facts_read_back_under_the_config_s_mode(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A script reading ``--json`` had the CPU kernel mode only inside a finding's title: the
+    report holds the kernel facts a run's record would (``environment.kernels``), read back while
+    the config's mode was in force (strict: deterministic algorithms on), not after doctor
+    restored torch's flags."""
+    import torch
+
+    assert not torch.are_deterministic_algorithms_enabled()
+    main(
+        [
+            "doctor",
+            str(REPO / "examples" / "quickstart.yaml"),
+            "--json",
+            "--no-probe",
+            "--code-dir",
+            str(REPO),
+        ]
+    )
+    kernels = json.loads(capsys.readouterr().out)["kernels"]
+    assert kernels["portable"]["cpu_isa"] == "native"
+    assert kernels["cpu"]["aten_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert kernels["algorithms"]["deterministic_algorithms"] is True
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
 @pytest.mark.parametrize(
     ("overrides", "code", "severity"),
     [

@@ -23,6 +23,7 @@ from reprotune._doctor.findings import Context, DoctorReport
 from reprotune._doctor.probe import run_probe
 from reprotune._errors import InputError
 from reprotune._run.findings import SEVERITIES, Finding
+from reprotune._run.kernels import kernel_facts
 
 # --- the doctor ----------------------------------------------------------------------------------
 
@@ -113,6 +114,7 @@ def run_doctor(
             config_source=None if config_source is None else str(config_source),
             overrides=tuple(overrides),
         )
+        ctx.kernels = kernel_facts(env=ctx.env)  # under the mode's flags: a run's record reads the same
         findings = [finding for check in CHECKS for finding in check(ctx)]
         probe_result: dict[str, Any] | None = None
         if probe and device_ok:
@@ -137,4 +139,5 @@ def run_doctor(
         device=device,
         flags=flags,
         probe=probe_result,
+        kernels=ctx.kernels,
     )

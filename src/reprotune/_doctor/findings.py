@@ -26,6 +26,7 @@ class DoctorReport:
     device: str
     flags: dict[str, Any]
     probe: dict[str, Any] | None = None
+    kernels: dict[str, Any] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -48,6 +49,7 @@ class DoctorReport:
                 "counts": counts,
                 "findings": [f.to_dict() for f in self.findings],
                 "determinism_flags": self.flags,
+                "kernels": self.kernels,
                 "probe": self.probe,
             }
         )
@@ -67,6 +69,8 @@ class Context:
     config_source: str | None = None
     overrides: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    #: what selects a kernel here, read back under the config's mode (``_run.kernels.kernel_facts``)
+    kernels: dict[str, Any] = field(default_factory=dict)
 
     def where(self, key: str) -> str:
         """Where ``key``'s value came from: the ``--set`` that gave it, the config file's line, or
