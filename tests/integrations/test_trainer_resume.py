@@ -528,3 +528,54 @@ def test_a_branch_made_within_its_sources_second_gets_a_run_id_of_its_own(
     monkeypatch.setattr(_resumable, "make_run_id", lambda sha: next(ids))
     _resumable.branch(source, RunLayout(branch_dir), "a" * 64)
     assert load_record(branch_dir)["run_id"] == "20991231-235959-aaaaaaaa"
+
+
+def test_a_resume_may_change_when_the_trainer_logs_or_saves_never_what_it_computes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A resume with other ``save_steps`` and ``logging_steps`` was refused on the config hash
+    (naming only the two hashes), though they cannot change the numbers: it goes on now, each
+    change warned and noted in the attempt's ``drift``, and equals the run made without a stop
+    bit for bit. Another learning rate is still refused, naming the key and both values, and
+    nothing of the run is touched."""
+    from trainer_scripts import tiny_trainer
+
+    from reprotune._errors import InputError
+    from reprotune.integrations.transformers import ReprotuneCallback
+    from reprotune.testing import tiny_rows
+    from tinyrun import TinyProject
+
+    model_dir = TinyProject.create(tmp_path / "project").root / "tiny-model"
+
+    def trainer(name: str, **args: Any) -> Any:
+        return tiny_trainer(
+            model_dir,
+            tiny_rows(40, seed=1),
+            tmp_path / f"out-{name}",
+            lambda: ReprotuneCallback(tmp_path / name, code_dir=tmp_path),
+            **{"save_strategy": "steps", "save_steps": 2, **args},
+        )
+
+    trainer("whole").train()
+    monkeypatch.setenv(controls.STOP_AFTER, "4")
+    trainer("cut").train()
+    monkeypatch.delenv(controls.STOP_AFTER)
+    checkpoint = str(tmp_path / "out-cut" / "checkpoint-4")
+    before = {name: (tmp_path / "cut" / name).read_bytes() for name in ("record.json", "ledger.jsonl")}
+
+    with pytest.raises(InputError) as refused:
+        trainer("cut", learning_rate=2e-2, save_steps=1).train(resume_from_checkpoint=checkpoint)
+    assert "config.trainer.args.learning_rate: recorded 0.01, now 0.02" in str(refused.value)
+    assert "save_steps" not in str(refused.value)  # the change that matters is the one named
+    assert {name: (tmp_path / "cut" / name).read_bytes() for name in before} == before
+
+    capsys.readouterr()
+    trainer("cut", save_steps=1, logging_steps=3).train(resume_from_checkpoint=checkpoint)
+    drift = load_record(tmp_path / "cut")["attempts"][-1]["drift"]
+    assert "config.trainer.args.save_steps: recorded 2, now 1" in drift
+    assert any(line.startswith("config.trainer.args.logging_steps: recorded ") for line in drift), drift
+    assert "config.trainer.args.save_steps: recorded 2, now 1" in capsys.readouterr().err
+    assert compare_runs(tmp_path / "whole", tmp_path / "cut").verdict.value == "IDENTICAL"
+    assert (tmp_path / "whole" / "adapter" / "adapter_model.safetensors").read_bytes() == (
+        tmp_path / "cut" / "adapter" / "adapter_model.safetensors"
+    ).read_bytes()

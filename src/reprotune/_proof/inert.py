@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from reprotune._run.drift import TRAINER_ARGS, inert_trainer_arg
+
 #: Recorded values that cannot change the numbers: where an input came from and how it was
 #: described, never what it is (its content is covered by a hash that is compared in its own key).
 #: A key is inert when it equals one of these or lies under one of them. docs/compare.md lists them.
@@ -48,12 +50,6 @@ INERT_VARIABLE_PREFIXES: tuple[str, ...] = (
     "DISABLE_MLFLOW_INTEGRATION", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
 )  # fmt: skip
 
-#: TrainingArguments (a Trainer-made run's ``config.trainer.args``) that say when the Trainer logs,
-#: saves and pushes, never what it computes: ``config.trainer.args.<NAME>`` is inert when NAME
-#: starts with one of these (the Trainer's own loss log, ``logging_nan_inf_filter`` included, is
-#: not the ledger's; tests/integrations show two runs apart in them alone give the same bits).
-INERT_TRAINER_ARG_PREFIXES: tuple[str, ...] = ("logging_", "save_", "hub_", "push_to_hub")
-
 #: Config keys a ``--tolerance`` forgives, where any other config, seed or data difference makes
 #: the runs another experiment: how a run computes on its machine rather than what, and its books
 #: (its checkpoints, what it generates once trained, a Trainer's loader workers and launch rank).
@@ -75,14 +71,14 @@ INERT_UNTRACKED_DIRS: tuple[str, ...] = (
 def is_inert(key: str, a: Any = None, b: Any = None) -> bool:
     """Whether the recorded value at ``key`` cannot change the numbers: one of
     :data:`INERT_KEYS`, a tracker or logging variable (:data:`INERT_VARIABLE_PREFIXES`), a Trainer's
-    logging, saving or hub argument (:data:`INERT_TRAINER_ARG_PREFIXES`), or
+    logging, saving or hub argument (``_run.drift.INERT_TRAINER_ARG_PREFIXES``), or
     untracked files of runs ``a`` and ``b`` that differ only in logs and tracker output."""
     if any(key == inert or key.startswith(inert + ".") for inert in INERT_KEYS):
         return True
     if key.startswith("environment.env."):
         return key[len("environment.env.") :].startswith(INERT_VARIABLE_PREFIXES)
-    if key.startswith("config.trainer.args."):
-        return key[len("config.trainer.args.") :].startswith(INERT_TRAINER_ARG_PREFIXES)
+    if key.startswith(TRAINER_ARGS):
+        return inert_trainer_arg(key, load_best=False)
     if key == "code.untracked" and isinstance(a, list) and isinstance(b, list):
         changed = set(map(str, a)) ^ set(map(str, b))
         return all(_log_file(name) for name in changed)

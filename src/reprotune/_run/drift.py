@@ -120,11 +120,37 @@ def environment_drift(
 
 def section_drift(old: Mapping[str, Any], new: Mapping[str, Any], *, prefix: str) -> list[str]:
     """Every leaf of two record sections that differs, as ``prefix.path: recorded X, now Y``."""
-    drift: list[str] = []
+    return [f"{key}: recorded {a!r}, now {b!r}" for key, a, b in leaf_changes(old, new, prefix=prefix)]
+
+
+def leaf_changes(
+    old: Mapping[str, Any], new: Mapping[str, Any], *, prefix: str
+) -> list[tuple[str, Any, Any]]:
+    """Every leaf of two record sections that differs: its key path under ``prefix``, its value
+    in ``old`` and in ``new`` (None where a section lacks it), in key order."""
+    changes: list[tuple[str, Any, Any]] = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key), new.get(key)
         if isinstance(a, Mapping) and isinstance(b, Mapping):
-            drift.extend(section_drift(a, b, prefix=f"{prefix}.{key}"))
+            changes.extend(leaf_changes(a, b, prefix=f"{prefix}.{key}"))
         elif a != b:
-            drift.append(f"{prefix}.{key}: recorded {a!r}, now {b!r}")
-    return drift
+            changes.append((f"{prefix}.{key}", a, b))
+    return changes
+
+
+#: A Trainer's arguments that choose what it logs, saves and pushes, never what it computes: a
+#: run's ``config.trainer.args.<NAME>`` cannot change the numbers when NAME starts with one of
+#: these (the Trainer's own loss log, ``logging_nan_inf_filter`` included, is not the ledger's;
+#: tests/integrations show two runs apart in them alone give the same bits).
+INERT_TRAINER_ARG_PREFIXES: tuple[str, ...] = ("logging_", "save_", "hub_", "push_to_hub")
+TRAINER_ARGS = "config.trainer.args."
+
+
+def inert_trainer_arg(key: str, *, load_best: bool) -> bool:
+    """Whether the config key path ``key`` is a Trainer argument that cannot change the numbers
+    (:data:`INERT_TRAINER_ARG_PREFIXES`); under ``load_best_model_at_end`` (``load_best``) the
+    ``save_*`` arguments choose which checkpoint becomes the adapter, so they can."""
+    if not key.startswith(TRAINER_ARGS):
+        return False
+    name = key[len(TRAINER_ARGS) :]
+    return name.startswith(INERT_TRAINER_ARG_PREFIXES) and not (load_best and name.startswith("save_"))

@@ -12,10 +12,16 @@ from typing import Any
 
 from reprotune._data.manifest import copy_manifest
 from reprotune._errors import InputError
-from reprotune._jsonio import write_json_atomic
+from reprotune._jsonio import canonical_sha256, write_json_atomic
 from reprotune._run import layout
 from reprotune._run.checkpoint_files import TRAINER_CHECKPOINT_MARKER as CHECKPOINT_MARKER
-from reprotune._run.drift import refuse_code_drift, refuse_completed, section_drift
+from reprotune._run.drift import (
+    inert_trainer_arg,
+    leaf_changes,
+    refuse_code_drift,
+    refuse_completed,
+    section_drift,
+)
 from reprotune._run.layout import RunLayout
 from reprotune._run.outputs import refuse_inside_run, refuse_nonempty_dir
 from reprotune._run.record import load_record, make_run_id, status_of
@@ -58,7 +64,7 @@ def branch_source(
     paths: RunLayout,
     marker: Mapping[str, Any],
     from_step: int,
-    config_sha256: str,
+    config: Mapping[str, Any],
     code: Mapping[str, Any],
     branch_from: Path | None = None,
     trainer_output: str | None = None,
@@ -114,17 +120,17 @@ def branch_source(
         )
     refuse_inside_run(paths.root, option=OPTION)
     refuse_unclaimable(paths.root, trainer_output)
-    check_resumable(RunLayout(source), theirs, config_sha256, code, branching=True)
+    check_resumable(RunLayout(source), theirs, config, code, branching=True)
     return source
 
 
-def branch(source: Path, paths: RunLayout, config_sha256: str) -> dict[str, Any]:
+def branch(source: Path, paths: RunLayout, config: Mapping[str, Any]) -> dict[str, Any]:
     """Start ``paths`` as a branch of the completed run in ``source``: a resume from one of that
     run's checkpoints into a new run directory (its own directory cannot resume a completed run).
     Its history (config, ledger, patch, split manifest with its row-hash file, then the record
     under a new run id, as a run stopped there, last) is copied; returns what the attempt records
     of the run it branched from. The caller removes the directory's files when the resume fails."""
-    theirs = load_record(RunLayout(source).record)
+    theirs, config_sha256 = load_record(RunLayout(source).record), canonical_sha256(dict(config))
     for name in _BRANCHED_FILES:
         if (source / name).is_file():
             shutil.copyfile(source / name, paths.root / name)
@@ -203,13 +209,15 @@ def setup_drift(
 def check_resumable(
     paths: RunLayout,
     record: Mapping[str, Any],
-    config_sha256: str,
+    config: Mapping[str, Any],
     code: Mapping[str, Any],
     *,
     branching: bool = False,
-) -> None:
+) -> list[str]:
     """Refuse to resume the run in ``paths`` when it completed (unless ``branching`` from it), or
-    with other settings or code than the run's."""
+    with other settings (``config``: the run config now) or code than the run's. A Trainer
+    argument that says only when it logs, saves or pushes may differ (``inert_trainer_arg``):
+    returned as drift lines, for the attempt, each said as a warning."""
     if not branching:
         refuse_completed(
             status_of(record),
@@ -217,14 +225,32 @@ def check_resumable(
             fix="resume from its checkpoint into a new run_dir (a branch of this run, its history "
             "copied), or run the script again into a new run directory",
         )
-    if record.get("config_sha256") != config_sha256:
+    recorded, now = record.get("config") or {}, canonical_sha256(dict(config))
+    changes = leaf_changes(recorded, config, prefix="config") if record.get("config_sha256") != now else []
+    best = any(_args(c).get("load_best_model_at_end") for c in (recorded, config))
+    computing = [change for change in changes if not inert_trainer_arg(change[0], load_best=best)]
+    if computing or (record.get("config_sha256") != now and not changes):
+        named = "; ".join(f"{key}: recorded {a!r}, now {b!r}" for key, a, b in computing[:3])
+        more = f" (and {len(computing) - 3} more)" if len(computing) > 3 else ""
+        hashes = f"config_sha256 {str(record.get('config_sha256'))[:12]} recorded, {now[:12]} now"
         raise InputError(
-            "the Trainer's settings, model or LoRA config differ from the run's (config_sha256 "
-            f"{str(record.get('config_sha256'))[:12]} recorded, {config_sha256[:12]} now)",
+            f"the Trainer's settings, model or LoRA config differ from the run's: {named or hashes}{more}",
             source=str(paths.record),
-            fix="resume with the same script and arguments as the run that wrote the checkpoint",
+            fix="resume with the same script and arguments as the run that wrote the checkpoint "
+            "(only when it logs, saves or pushes may change: logging_*, save_*, hub_*)",
         )
     refuse_code_drift(record.get("code") or {}, code, paths.root, what="resuming", override=None)
+    drift = [f"{key}: recorded {a!r}, now {b!r}" for key, a, b in changes]
+    for line in drift:
+        report(f"warning: differs from the run's start (when the Trainer logs or saves): {line}")
+    return drift
+
+
+def _args(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A run config's Trainer arguments (``trainer.args``), empty where it has none."""
+    trainer = config.get("trainer")
+    args = trainer.get("args") if isinstance(trainer, Mapping) else None
+    return args if isinstance(args, Mapping) else {}
 
 
 def check_own_checkpoint(

@@ -124,7 +124,7 @@ class TrainerRun(RunWriter):
         *,
         from_step: int,
         checkpoint: str | None,
-        config_sha256: str,
+        config: Mapping[str, Any],
         code: Mapping[str, Any],
         environment: Mapping[str, Any],
         weights_sha256: str,
@@ -146,22 +146,22 @@ class TrainerRun(RunWriter):
         ``setup``: the ``data`` and ``model`` sections now, checked against the run's start.
 
         Raises:
-            InputError: no run there, a completed run, other settings, code or train rows than
-                the run's, or a checkpoint that does not fit the ledger (it stops before the
-                checkpoint's step, or holds other weights there: another run's, spliced in).
+            InputError: no run there, a completed run, other settings (but when it logs, saves or
+                pushes), code or train rows than the run's, or a checkpoint that does not fit the
+                ledger (it stops before its step, or holds another run's weights there).
         """
         paths = RunLayout(run_dir)
         marker = checkpoint_marker(checkpoint)
-        source = branch_source(paths, marker, from_step, config_sha256, code, branch_from, trainer_output)
+        source = branch_source(paths, marker, from_step, config, code, branch_from, trainer_output)
         attempt: dict[str, Any] = {"from_step": from_step, "from_checkpoint": checkpoint}
         writer: TrainerRun | None = None
         lock = lock_run_dir(run_dir, report=report, option=OPTION)
         try:
             if source is not None:
-                attempt["branched_from"] = branch(source, paths, config_sha256)
+                attempt["branched_from"] = branch(source, paths, config)
             record = LiveRecord.load(paths.record)
-            check_resumable(paths, record, config_sha256, code)
-            if drift := setup_drift(paths, record, setup or {}, report):
+            drift = check_resumable(paths, record, config, code)
+            if drift := drift + setup_drift(paths, record, setup or {}, report):
                 attempt["drift"] = drift
             if source is None:
                 check_own_checkpoint(paths, record["run_id"], checkpoint, marker)

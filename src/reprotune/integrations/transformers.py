@@ -193,7 +193,7 @@ class ReprotuneCallback(TrainerCallback):
                 self._resume_dir(args, resumed_from),
                 from_step=resumed_from,
                 checkpoint=self._checkpoint_path(args, resumed_from),
-                config_sha256=config_sha,
+                config=config,
                 code=code_record,
                 environment=environment,
                 weights_sha256=self._hasher(),
