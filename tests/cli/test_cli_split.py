@@ -335,3 +335,33 @@ def test_the_cli_choices_are_the_data_modules_own() -> None:
     from reprotune._data.split_options import RARE_POLICIES
 
     assert (DATA_FORMATS, RARE_CLASS_POLICIES) == (FORMATS, RARE_POLICIES)
+
+
+def test_an_out_that_is_a_link_or_a_pipe_is_refused_and_left_as_it_was(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The manifest is written beside ``--out`` and renamed over it: a symbolic link was replaced
+    by a file (its target, the manifest meant, left as it was, exit 0), and a pipe or a device
+    node by a plain file (``/dev/null`` as root). Each is refused now, naming what it is."""
+    import os
+    import stat
+
+    shared = tmp_path / "shared.json"
+    assert main(["split", str(data), "--seed", "1", "--out", str(shared)]) == 0
+    before = shared.read_bytes()
+    link = tmp_path / "link.json"
+    link.symlink_to(shared)
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    capsys.readouterr()
+
+    assert main(["split", str(data), "--seed", "2", "--out", str(link)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {str(link)!r} is a symbolic link (to {shared})" in err
+    assert f"fix: give --out the file itself ({shared}) or a new path" in err
+    assert link.is_symlink() and shared.read_bytes() == before
+
+    assert main(["split", str(data), "--seed", "2", "--out", str(pipe)]) == 2
+    assert f"--out {str(pipe)!r} is a pipe, not a file" in capsys.readouterr().err
+    assert stat.S_ISFIFO(pipe.lstat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl", "link.json", "pipe", "shared.json"]

@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tarfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -143,6 +144,8 @@ def refuse_overwrite(
         if kind is not None:
             raise _refusal(out, option, f"is inside the {kind} directory {parent}, whose files belong to it")
     refuse_unwritable_parent(out, source=option)
+    if own is not None:
+        _refuse_special(out, option)
     if own is not None and target.is_dir():
         raise InputError(
             f"{option} {str(out)!r} is a directory; {option} names the file to write ({own.name})",
@@ -154,6 +157,36 @@ def refuse_overwrite(
             f"{option} {str(out)!r} exists and is not {own.name}: writing it would replace what it holds",
             source=option,
             fix=f"give {option} a new path (or remove {out} first, if it should go)",
+        )
+
+
+def _refuse_special(out: Path, option: str) -> None:
+    """Refuse an ``out`` that is a symbolic link, a pipe, a device or a socket: the file is
+    written beside it and renamed over it, which replaces the link (its target left as it was),
+    the pipe or the device node itself (``/dev/null`` as root) with a plain file."""
+    try:
+        mode = out.lstat().st_mode
+    except OSError:
+        return  # nothing there yet (or nothing this user can see): a new file
+    if stat.S_ISLNK(mode):
+        raise InputError(
+            f"{option} {str(out)!r} is a symbolic link (to {os.readlink(out)}): writing would replace "
+            "the link with a file and leave what it points to as it was",
+            source=option,
+            fix=f"give {option} the file itself ({out.resolve()}) or a new path",
+        )
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        kind = (
+            "a pipe"
+            if stat.S_ISFIFO(mode)
+            else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket"
+        )
+        raise InputError(
+            f"{option} {str(out)!r} is {kind}, not a file: writing would replace it with a plain file",
+            source=option,
+            fix=f"give {option} a file path (a new file, or a file it wrote before)",
         )
 
 
