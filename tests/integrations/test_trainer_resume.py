@@ -579,3 +579,47 @@ def test_a_resume_may_change_when_the_trainer_logs_or_saves_never_what_it_comput
     assert (tmp_path / "whole" / "adapter" / "adapter_model.safetensors").read_bytes() == (
         tmp_path / "cut" / "adapter" / "adapter_model.safetensors"
     ).read_bytes()
+
+
+def test_a_resume_sends_mlflow_the_steps_before_its_checkpoint_it_lacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Trainer run stopped at step 4 before MLflow mirrored it (no MLflow for its first attempt;
+    as for an attempt killed before its worker stored its steps), resumed with ``mlflow=True``:
+    the MLflow run holds every step the ledger holds, 1-8, the ledger's values (before, steps 5-8
+    alone: ``reprotune resume`` sent the ledger's earlier steps, a Trainer resume did not)."""
+    from mlflow.tracking import MlflowClient
+    from trainer_scripts import tiny_trainer
+
+    from mlflowstore import seed_mlflow_store
+    from reprotune._run.ledger import read_ledger
+    from reprotune.integrations.transformers import ReprotuneCallback
+    from reprotune.testing import tiny_rows
+    from tinyrun import TinyProject
+
+    model_dir = TinyProject.create(tmp_path / "project").root / "tiny-model"
+    uri = seed_mlflow_store(tmp_path / "mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "resumed")
+
+    def trainer(mlflow: bool) -> Any:
+        return tiny_trainer(
+            model_dir,
+            tiny_rows(40, seed=1),
+            tmp_path / "out",
+            lambda: ReprotuneCallback(tmp_path / "run", code_dir=tmp_path, mlflow=mlflow),
+            save_strategy="steps",
+            save_steps=2,
+        )
+
+    monkeypatch.setenv(controls.STOP_AFTER, "4")
+    trainer(mlflow=False).train()
+    monkeypatch.delenv(controls.STOP_AFTER)
+    trainer(mlflow=True).train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-4"))
+
+    mirrored = load_record(tmp_path / "run")["trackers"]["mlflow"]
+    assert mirrored["ok"] is True, mirrored
+    history = MlflowClient(uri).get_metric_history(mirrored["mlflow_run_id"], "train_loss")
+    ledger = read_ledger(tmp_path / "run" / "ledger.jsonl")
+    assert sorted((m.step, m.value) for m in history) == [(e.step, e.number("loss")) for e in ledger.train]
+    assert [e.step for e in ledger.train] == list(range(1, 9))

@@ -40,7 +40,7 @@ from reprotune._run.drift import (
 )
 from reprotune._run.fingerprint import attention_of, code_fingerprint, environment_fingerprint, own_outputs
 from reprotune._run.layout import RunLayout
-from reprotune._run.ledger import LedgerWriter, hexf, read_ledger
+from reprotune._run.ledger import LedgerWriter, hexf
 from reprotune._run.live_record import LiveRecord
 from reprotune._run.lock import holding_run_dir
 from reprotune._run.nospace import no_space_in_run
@@ -171,7 +171,7 @@ def _execute(
             seed_generators(setup)
         run.start_trackers()
         if start_step > 0:
-            _earlier_steps_to_trackers(run, start_step)
+            run.send_earlier_steps(start_step)
         run.write_record()
 
         progress = ProgressHook(setup.total_steps, start_step, options.progress)
@@ -308,33 +308,6 @@ def _outputs(run: _Run, setup: Setup, loop: LoopResult | None) -> dict[str, Any]
     )
     final = loop.final_val_loss if loop is not None else None
     return run.adapter_outputs(files, final_val_loss=hexf(final) if final is not None else None)
-
-
-def _earlier_steps_to_trackers(run: _Run, start_step: int) -> None:
-    """Send a resumed run's trackers that can tell what they hold (MLflow) the ledger's steps up
-    to the checkpoint it resumes from, as the step hook sent them: each keeps those it lacks (an
-    attempt killed outright never stored its last ones, nor told the record its MLflow run) and
-    skips those it holds. The ledger is
-    the truth; one that cannot be read here leaves the trackers as they are, with a warning."""
-    if not run.trackers.trackers:
-        return
-    try:
-        ledger = read_ledger(run.paths.ledger)
-    except Exception as exc:  # the trackers are observers: never the resume's business
-        run.report(f"warning: the trackers do not get the steps before the resume: {exc}")
-        return
-    val = {entry.step: entry.number("loss") for entry in ledger.val}
-    for entry in ledger.train:
-        if entry.step > start_step:
-            break
-        metrics = {key: entry.number(field) for key, field in _TRACKED.items()}
-        if entry.step in val:
-            metrics["val_loss"] = val[entry.step]
-        run.trackers.log_earlier_metrics(entry.step, metrics)
-
-
-#: The tracker's metric for each number of a ledger's train line (as ``TrackerHook`` sends them).
-_TRACKED = {"train_loss": "loss", "lr": "lr", "grad_norm": "grad_norm"}
 
 
 def build_trackers(

@@ -23,9 +23,13 @@ from typing import Any
 from reprotune._config.secrets import mask_config, mask_url_credentials
 from reprotune._jsonio import sha256_file
 from reprotune._run.layout import RunLayout
+from reprotune._run.ledger import read_ledger
 from reprotune._run.live_record import LiveRecord
 from reprotune._run.record import Status
 from reprotune._trackers.base import RunDescription, TrackerSet, flatten_params, tracker_tags
+
+#: The tracker's metric for each number of a ledger's train line (as a run's steps send them).
+TRACKED = {"train_loss": "loss", "lr": "lr", "grad_norm": "grad_norm"}
 
 
 def report(line: str) -> None:
@@ -63,6 +67,28 @@ class RunWriter:
                 continues=self.record.get("trackers") or {},  # a resumed run's, from the attempt before
             )
         )
+
+    def send_earlier_steps(self, through_step: int) -> None:
+        """Send a resumed run's trackers that can tell what they hold (MLflow) the ledger's steps
+        through the checkpoint it resumes from, as the steps sent them: each keeps those it lacks
+        (an attempt killed outright never stored its last ones, nor told the record its MLflow
+        run; one run without MLflow never sent any) and skips those it holds. The ledger is the
+        truth; one that cannot be read here leaves the trackers as they are, with a warning."""
+        if not self.trackers.trackers:
+            return
+        try:
+            ledger = read_ledger(self.paths.ledger)
+        except Exception as exc:  # the trackers are observers: never the resume's business
+            self.report(f"warning: the trackers do not get the steps before the resume: {exc}")
+            return
+        val = {entry.step: entry.number("loss") for entry in ledger.val}  # a step's last set's
+        for entry in ledger.train:
+            if entry.step > through_step:
+                break
+            metrics = {key: entry.number(name) for key, name in TRACKED.items()}
+            if entry.step in val:
+                metrics["val_loss"] = val[entry.step]
+            self.trackers.log_earlier_metrics(entry.step, metrics)
 
     def adapter_outputs(self, adapter_files: Mapping[str, str], **extra: Any) -> dict[str, Any]:
         """The record's ``outputs`` of a completed run: the adapter's files and the ledger, hashed."""

@@ -188,6 +188,7 @@ class TrainerRun(RunWriter):
             writer.record.begin_attempt(resumed=True, **attempt)
             writer.write_record()
             writer.start_trackers()
+            writer.send_earlier_steps(from_step)  # what the attempts before did not send
         except BaseException:
             if writer is not None:
                 writer.abandon_trackers()
