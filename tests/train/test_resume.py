@@ -342,3 +342,23 @@ def test_a_damaged_ledger_line_after_the_checkpoint_does_not_block_the_resume(
     lines[5] = b"\0" * len(lines[5])  # line 6: the val line of step 4
     (val_lost / LEDGER_FILE).write_bytes(b"\n".join(lines))
     assert main(["resume", str(val_lost), *QUIET]) == 2
+
+
+def test_a_resume_refused_before_it_trains_keeps_the_steps_the_run_did(
+    project: TinyProject, stopped: Path, tmp_path: Path
+) -> None:
+    """A resume refused before its checkpoint is restored (here: a damaged split.json) records the
+    failed attempt, but the run has still done its 4 steps: ``timings.steps_done`` stays 4 (it
+    was written 0, as if nothing had trained), and the resume after the split is put back is
+    IDENTICAL to the stopped run resumed at once."""
+    run_dir = _copy(stopped, tmp_path / "run")
+    split = run_dir / "split.json"
+    kept = split.read_bytes()
+    split.write_bytes(kept[: len(kept) // 2])
+    refused = project.run_cli("resume", str(run_dir), *QUIET, check=False)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    record = load_record(run_dir / "record.json")
+    assert record["status"] == "failed" and record["timings"]["steps_done"] == 4
+    split.write_bytes(kept)
+    project.run_cli("resume", str(run_dir), *QUIET)
+    assert load_record(run_dir / "record.json")["timings"]["steps_done"] == 8

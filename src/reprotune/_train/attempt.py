@@ -147,6 +147,8 @@ def _execute(
     setup: Setup | None = None,
 ) -> RunResult:
     paths = run.paths
+    # Until a resume restores its checkpoint, the run has done what its last attempt did.
+    reached_before = int((run.record.get("timings") or {}).get("steps_done") or 0) if resume else 0
     run.record.begin_attempt(resumed=resume)
     progress: ProgressHook | None = None
     ledger_hook: LedgerHook | None = None
@@ -164,7 +166,7 @@ def _execute(
         else:
             setup = with_saved_manifest(setup, paths.manifest)
         _fill_record(run, setup, options, resume=resume)
-        start_step = _restore(run, setup, options) if resume else 0
+        start_step = reached_before = _restore(run, setup, options) if resume else 0
         if start_step == 0:
             paths.ledger.unlink(missing_ok=True)  # a clean ledger for a run from the start
             # Dropout (and anything else drawing from torch's global generator) gets its own seed.
@@ -202,7 +204,11 @@ def _execute(
             error = run.rank0.lost_rank(exc)  # another rank left: say so, not gloo's words
         if run.recorded:
             try:
-                reached = max(progress.step if progress else 0, ledger_hook.last_step if ledger_hook else 0)
+                reached = max(
+                    reached_before,
+                    progress.step if progress else 0,
+                    ledger_hook.last_step if ledger_hook else 0,
+                )
                 with recording_the_end():
                     _finish(run, status, loop, stopwatch, save_times, error=error or exc, reached=reached)
             except Exception as second:  # e.g. the disk is still full: the first error is the news
