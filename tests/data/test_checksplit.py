@@ -65,6 +65,42 @@ def test_text_without_spaces_is_text_and_a_time_stamp_is_not(tmp_path: Path) -> 
     assert report.leak_columns == ("prompt", "response") and report.leaked
 
 
+#: Time stamps in shapes other than ISO's, each with a space in it; ``{s}`` is a second.
+STAMPS = {
+    "zone-name": "2024-01-01 10:00:{s:02d} UTC",
+    "day-month-year": "12/01/2024 10:{s:02d}",
+    "spaced-offset": "2024-01-01 10:00:{s:02d} +0000",
+    "rfc-2822": "Mon, 06 Dec 2024 17:32:{s:02d} GMT",
+    "ctime": "Fri Dec  6 17:32:{s:02d} 2024",
+    "year-slashes": "2024/01/01 10:00:{s:02d}",
+    "month-name": "December 6, 2024 10:{s:02d} PM",
+    "unix-date": "Fri Dec  6 17:32:{s:02d} UTC 2024",
+}
+
+
+@pytest.mark.parametrize("stamp", list(STAMPS.values()), ids=list(STAMPS))
+def test_a_time_stamp_in_a_common_shape_does_not_hide_copies(tmp_path: Path, stamp: str) -> None:
+    """A column of time stamps written as logs and spreadsheets write them names moments: copies of
+    a prompt and response under other stamps leak (before, only ISO's shape was known, the stamps
+    were taken for text, made every row unique and the report said "leakage: none")."""
+    rows = [
+        {"prompt": f"question {i % 5}", "response": f"answer {i % 5}", "ts": stamp.format(s=i)}
+        for i in range(40)
+    ]
+    table = load_table(str(write_jsonl(tmp_path / "d.jsonl", rows)))
+    report = check_split(split_table(table, seed=1), table)
+    assert report.leak_columns == ("prompt", "response") and report.leaked
+
+
+def test_text_that_holds_a_date_is_text(tmp_path: Path) -> None:
+    """A column of words is kept even when some of its values are dates and times: one value
+    that says something makes it text."""
+    notes = ["Dec 6, 2024", "10:05 PM", "Met on Dec 6, 2024 at 10:05 PM", "Fri Dec  6 17:32:00 2024"]
+    rows = [{"note": notes[i % 4], "ts": f"2024-01-01 10:00:{i:02d} UTC"} for i in range(40)]
+    table = load_table(str(write_jsonl(tmp_path / "d.jsonl", rows)))
+    assert check_split(split_table(table, seed=1), table).leak_columns == ("note",)
+
+
 def test_chat_messages_are_compared_by_their_text(tmp_path: Path) -> None:
     """A column of chat messages (lists of role/content mappings) is text: its copies leak (before,
     a value that was no string compared as empty, and the report said "not checked" or "none")."""

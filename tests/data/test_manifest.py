@@ -196,6 +196,54 @@ def test_every_problem_of_a_manifest_is_named_at_once(tmp_path: Path) -> None:
         assert key in str(info.value)
 
 
+def _refusal(tmp_path: Path, obj: dict[str, Any]) -> InputError:
+    """The error loading the manifest ``obj`` (written to m.json) raises."""
+    (tmp_path / "m.json").write_text(json.dumps(obj))
+    with pytest.raises(InputError) as info:
+        load_manifest(tmp_path / "m.json")
+    return info.value
+
+
+@pytest.mark.parametrize(("row", "value"), [(0, False), (1, True)], ids=["false", "true"])
+def test_true_or_false_is_no_row_index(tmp_path: Path, row: int, value: bool) -> None:
+    """JSON's true and false are no integers (the docs say so), also among integers, where NumPy
+    reads them as 1 and 0 (before, a list holding false for row 0 loaded)."""
+    obj = make_manifest(50).to_json_obj()
+    name = next(name for name in _manifest.LISTS if row in obj[name])
+    position = obj[name].index(row)
+    obj[name][position] = value
+    said = f"{name}[{position}] is {json.dumps(value)}, not a row index (an integer)"
+    assert _refusal(tmp_path, obj).message == f"invalid manifest (1 problem(s)): {said}"
+
+
+def test_the_keys_and_the_index_lists_are_named_in_one_error(tmp_path: Path) -> None:
+    """A key of the wrong type and a row in no list are named together (before, the index lists
+    were checked only once every key was valid: the missing row was named on the next try)."""
+    obj = make_manifest(50).to_json_obj()
+    obj.update(seed="x")
+    obj["classes"][0]["decision"] = "keep"
+    missing = obj["train"].pop(0)
+    refused = _refusal(tmp_path, obj)
+    assert refused.message == (
+        "invalid manifest (4 problem(s)): seed: input should be a valid integer (got 'x'); "
+        "classes[0].decision: input should be 'split', 'train' or 'drop' (got 'keep'); "
+        f"row {missing} is in no list (train, validation, test, dropped); "
+        f"sizes.train is {len(obj['train']) + 1}, but 'train' lists {len(obj['train'])} rows"
+    )
+    assert refused.source == str(tmp_path / "m.json")
+
+
+def test_the_index_lists_are_checked_when_the_row_count_is_unreadable(tmp_path: Path) -> None:
+    """Without a readable dataset.n_rows the lists' own problems are still named, with it."""
+    obj = make_manifest(50).to_json_obj()
+    obj["dataset"]["n_rows"] = "50"
+    obj["validation"][0] = 1.5
+    assert _refusal(tmp_path, obj).message == (
+        "invalid manifest (2 problem(s)): dataset.n_rows: input should be a valid integer (got '50'); "
+        "key 'validation' holds something other than integers"
+    )
+
+
 def test_missing_manifest(tmp_path: Path) -> None:
     """A manifest path that does not exist is an InputError."""
     with pytest.raises(InputError, match="does not exist"):

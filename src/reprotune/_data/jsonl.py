@@ -1,11 +1,13 @@
 """Reading a JSONL file into columns: one JSON object a line, each line checked and named on
-error (not UTF-8, not JSON, not an object, nested too deep, a lone surrogate, a key given twice).
+error (not UTF-8, not JSON, not an object, nested too deep, a lone surrogate, a key given twice,
+an integer too long for Python to read).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from typing import Any
 
 from reprotune._data.table import Column
@@ -57,6 +59,14 @@ def parse_jsonl(data: bytes, source: str) -> dict[str, Column]:
                 f"{text[:80]!r}",
                 source=f"{source}:{lineno}:{exc.colno}",
                 fix="make every non-blank line one JSON object",
+            ) from exc
+        except ValueError as exc:  # json.loads's one other: int() refuses a number of too many digits
+            where = f", column {key!r}," if (key := _long_integer_key(text)) is not None else ""
+            raise InputError(
+                f"line {lineno}{where} holds an integer of more than {sys.get_int_max_str_digits():,} "
+                "digits, the most Python reads as a number",
+                source=f"{source}:{lineno}",
+                fix="write the number as a string (in quotes)",
             ) from exc
         if not isinstance(row, dict):
             raise InputError(
@@ -117,6 +127,24 @@ def _surrogate_column(row: dict[str, Any]) -> str | None:
                 stack.extend(item.values())
             elif isinstance(item, list):
                 stack.extend(item)
+    return None
+
+
+def _long_integer_key(text: str) -> str | None:
+    """The first key of the line's object whose value holds an integer of more digits than
+    ``int()`` reads (``sys.get_int_max_str_digits``), or None (the line is no object)."""
+    limit, too_long = sys.get_int_max_str_digits(), object()
+    row = json.loads(text, parse_int=lambda digits: too_long if len(digits.lstrip("-")) > limit else 0)
+    if not isinstance(row, dict):
+        return None
+    for key, value in row.items():
+        stack: list[Any] = [value]
+        while stack:
+            item = stack.pop()
+            if item is too_long:
+                return str(key)
+            if isinstance(item, dict | list):
+                stack.extend(item.values() if isinstance(item, dict) else item)
     return None
 
 

@@ -21,13 +21,34 @@ from reprotune._data.manifest import SPLITS, Manifest
 from reprotune._data.table import Table
 from reprotune._errors import InputError
 
-#: A value that names or counts rather than says: an id, a uuid, a number, a label, an e-mail or
-#: URL, a date or time (with a space or a T between them). Text in a script written without
-#: spaces (Chinese, Japanese, Thai) is none of these.
-_NAMING = re.compile(
-    r"\s*(?:[A-Za-z0-9_.:/+@#%=?&~-]*"
-    r"|\d{4}-\d\d-\d\d[ T]\d\d:\d\d(?::\d\d(?:\.\d+)?)?(?:Z|[+-]\d\d:?\d\d)?)\s*"
+#: A time of day: ``17:32``, ``9:05:00.123``, ``10:05 PM``.
+_TIME = r"\d{1,2}:\d\d(?::\d\d(?:[.,]\d+)?)?(?:\s?(?i:[ap]\.?m\.?))?"
+#: A time zone after a time: ``Z``, a named zone (``UTC``, ``GMT``, ``CEST``, ``UTC+1``) or an
+#: offset (``+0000``, ``-05:00``).
+_ZONE = r"(?:Z|[A-Z]{2,5}(?:[+-]\d{1,2}(?::?\d\d)?)?|[+-]\d\d:?\d\d)"
+_MONTH = (
+    r"(?i:(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?"
+    r"|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.?)"
 )
+_WEEKDAY = r"(?i:(?:mon|tues?|wed(?:nes)?|thu(?:rs?)?|fri|sat(?:ur)?|sun)(?:day)?\.?,?)"
+#: A date: numeric in Y-M-D, Y/M/D, D/M/Y or M/D/Y order (with -, / or . between), or with the
+#: month's name (RFC 2822's ``Mon, 06 Dec 2024``, ``Dec 6, 2024``).
+_DATE = (
+    r"(?:\d{4}[-/.]\d{1,2}[-/.]\d{1,2}|\d{1,2}[-/.]\d{1,2}[-/.]\d{2,4}"
+    rf"|(?:{_WEEKDAY}\s+)?\d{{1,2}}\s+{_MONTH}\s+\d{{2,4}}"
+    rf"|(?:{_WEEKDAY}\s+)?{_MONTH}\s+\d{{1,2}}(?:st|nd|rd|th)?,?\s+\d{{4}})"
+)
+#: A date, a time or both, with a zone or none; or C's ``ctime`` (``Fri Dec  6 17:32:00 2024``,
+#: and ``date``'s ``Fri Dec  6 17:32:00 UTC 2024``).
+_STAMP = (
+    rf"(?:{_DATE}(?:(?:T|,?\s+){_TIME}(?:\s*{_ZONE})?)?|{_TIME}(?:\s*{_ZONE})?"
+    rf"|{_WEEKDAY}\s+{_MONTH}\s+\d{{1,2}}\s+{_TIME}\s+(?:{_ZONE}\s+)?\d{{4}})"
+)
+#: A value that names or counts rather than says: an id, a uuid, a number, a label, an e-mail or
+#: URL, a date or time stamp in a common shape (:data:`_STAMP`; written with spaces, it would
+#: otherwise be taken for words). Text in a script written without spaces (Chinese, Japanese,
+#: Thai) is none of these.
+_NAMING = re.compile(rf"\s*(?:[A-Za-z0-9_.:/+@#%=?&~-]*|{_STAMP})\s*")
 
 
 @functools.cache

@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reprotune._data.index_render import render_into, rendered_size
+from reprotune._data.manifest_lists import index_arrays
 from reprotune._data.row_hashes import RowHashes
 from reprotune._data.table import canonical_value
-from reprotune._documents import read_json_file, validated
+from reprotune._documents import read_json_file, validation_problems
 from reprotune._errors import InputError
 from reprotune._formats import SPLIT_MANIFEST
 from reprotune._jsonio import canonical_dumps, sha256_bytes, sha256_file, write_bytes_atomic
@@ -372,30 +373,15 @@ class _Checker:
         self.source = source
         self.problems: list[str] = []
 
+    def error(self) -> InputError:
+        body = "; ".join(self.problems)
+        return InputError(
+            f"invalid manifest ({len(self.problems)} problem(s)): {body}", source=self.source, fix=_FIX
+        )
+
     def raise_if_any(self) -> None:
         if self.problems:
-            body = "; ".join(self.problems)
-            raise InputError(
-                f"invalid manifest ({len(self.problems)} problem(s)): {body}", source=self.source, fix=_FIX
-            )
-
-
-def _index_array(values: Any, name: str, n_rows: int, check: _Checker) -> np.ndarray:
-    if not isinstance(values, list):
-        check.problems.append(f"key {name!r} is not a list of row indices")
-        return np.zeros(0, dtype=np.int64)
-    # Let NumPy infer the type, so 1.5 or true are caught rather than cast to an integer.
-    array = np.array(values) if values else np.zeros(0, dtype=np.int64)
-    if array.ndim != 1 or array.dtype.kind not in "iu":
-        check.problems.append(f"key {name!r} holds something other than integers")
-        return np.zeros(0, dtype=np.int64)
-    array = array.astype(np.int64, copy=False)
-    if array.size and (array.min() < 0 or array.max() >= n_rows):
-        bad = int(array[(array < 0) | (array >= n_rows)][0])
-        check.problems.append(f"{name!r} holds row index {bad}, outside 0..{n_rows - 1}")
-    if array.size > 1 and not bool(np.all(np.diff(array) > 0)):
-        check.problems.append(f"{name!r} is not strictly ascending")
-    return array
+            raise self.error()
 
 
 def load_manifest(path: str | Path) -> Manifest:
@@ -403,7 +389,10 @@ def load_manifest(path: str | Path) -> Manifest:
 
     Checks the schema and version, every field's type, that the index lists are ascending,
     in range, disjoint and cover every row once, that the keys agree with each other, and the
-    sidecar's sha256 when there is one.
+    sidecar's sha256 when there is one. Every problem of the keys and of the index lists is named
+    in one error: the lists are checked against ``dataset.n_rows`` whenever that can be read. The
+    row hashes are checked once the rest is sound (a missing or altered sidecar is an error of its
+    own).
 
     Raises:
         InputError: missing file, not JSON (with line and column), or any invalid field.
@@ -411,12 +400,16 @@ def load_manifest(path: str | Path) -> Manifest:
     """
     path = Path(path)
     obj = _manifest_object(path)
-    shape = validated(_ManifestFile, obj, what="manifest", source=str(path), fix=_FIX)
-    dataset = shape.dataset
     check = _Checker(str(path))
-    arrays = _index_arrays(obj, dataset.n_rows, check)
+    shape = _shape(obj, check)
+    n_rows = shape.dataset.n_rows if shape is not None else _stated_rows(obj)
+    arrays = index_arrays(obj, LISTS, n_rows, check.problems)
+    if arrays is not None:
+        _check_consistent(obj, arrays, check)
+    if shape is None or arrays is None:
+        raise check.error()
+    dataset = shape.dataset
     row_hashes = _load_row_hashes(shape.row_hashes, path, dataset.n_rows, check)
-    _check_consistent(shape, obj, arrays, check)
     check.raise_if_any()
     return Manifest(
         dataset_source=dataset.source,
@@ -441,23 +434,45 @@ def load_manifest(path: str | Path) -> Manifest:
     )
 
 
-def _check_consistent(
-    shape: _ManifestFile, obj: Mapping[str, Any], arrays: Mapping[str, Any], check: _Checker
-) -> None:
+def _shape(obj: dict[str, Any], check: _Checker) -> _ManifestFile | None:
+    """The manifest's keys as their model, or None with every problem in ``check``."""
+    try:
+        return _ManifestFile.model_validate(obj)
+    except ValidationError as exc:
+        check.problems.extend(validation_problems(exc))
+        return None
+
+
+def _stated_rows(obj: Mapping[str, Any]) -> int | None:
+    """``dataset.n_rows`` where it is a count though other keys are invalid, else None."""
+    dataset = obj.get("dataset")
+    n_rows = dataset.get("n_rows") if isinstance(dataset, dict) else None
+    return n_rows if isinstance(n_rows, int) and not isinstance(n_rows, bool) and n_rows >= 0 else None
+
+
+_STRATEGY_COLUMNS = {"stratified": "stratify_by", "grouped": "group_by"}
+
+
+def _check_consistent(obj: Mapping[str, Any], arrays: Mapping[str, Any], check: _Checker) -> None:
     """What the keys say of each other: ``sizes`` the lengths of the lists, the strategy its
-    column, the ratios a sum of 1 (a hand-edited manifest contradicts itself here)."""
+    column, the ratios a sum of 1 (a hand-edited manifest contradicts itself here). Read from the
+    JSON, so these are named with the keys' other problems; a key of the wrong type is left to the
+    schema to name."""
     given = obj.get("sizes")
     sizes: Mapping[str, Any] = given if isinstance(given, dict) else {}
     for name in LISTS:
         listed = len(arrays[name])
         if name in sizes and sizes[name] != listed:
             check.problems.append(f"sizes.{name} is {sizes[name]!r}, but {name!r} lists {listed} rows")
-    needs = {"stratified": "stratify_by", "grouped": "group_by"}.get(shape.strategy)
-    if needs is not None and getattr(shape, needs) is None:
-        check.problems.append(f"strategy {shape.strategy!r} without its column ({needs} is null)")
-    ratios = (shape.ratios.train, shape.ratios.validation, shape.ratios.test)
-    if any(not 0 <= r <= 1 for r in ratios) or abs(sum(ratios) - 1) > 1e-9:
-        check.problems.append(f"ratios {list(ratios)} are not fractions that sum to 1")
+    strategy = obj.get("strategy")
+    needs = _STRATEGY_COLUMNS.get(strategy) if isinstance(strategy, str) else None
+    if needs is not None and needs in obj and obj[needs] is None:
+        check.problems.append(f"strategy {strategy!r} without its column ({needs} is null)")
+    given = obj.get("ratios")
+    shares = [given.get(name) for name in SPLITS] if isinstance(given, dict) else []
+    ratios = [float(r) for r in shares if isinstance(r, int | float) and not isinstance(r, bool)]
+    if len(ratios) == 3 and (any(not 0 <= r <= 1 for r in ratios) or abs(sum(ratios) - 1) > 1e-9):
+        check.problems.append(f"ratios {ratios} are not fractions that sum to 1")
 
 
 def _manifest_object(path: Path) -> dict[str, Any]:
@@ -468,19 +483,6 @@ def _manifest_object(path: Path) -> dict[str, Any]:
         fix="pass a manifest written by `reprotune split DATA --out MANIFEST`",
         version_fix="use the reprotune version that wrote it, or make it again with `reprotune split`",
     )
-
-
-def _index_arrays(obj: Mapping[str, Any], n_rows: int, check: _Checker) -> dict[str, Any]:
-    """The index lists, each checked, and together covering every row exactly once."""
-    arrays = {name: _index_array(obj.get(name), name, n_rows, check) for name in LISTS}
-    check.raise_if_any()
-    counts = np.bincount(np.concatenate(list(arrays.values())), minlength=n_rows) if n_rows else np.zeros(0)
-    if n_rows and int(counts.max()) > 1:
-        check.problems.append(f"row {int(np.argmax(counts > 1))} is in more than one list")
-    if n_rows and int(counts.min()) == 0:
-        missing = int(np.argmin(counts))
-        check.problems.append(f"row {missing} is in no list (train, validation, test, dropped)")
-    return arrays
 
 
 def _load_row_hashes(info: Mapping[str, Any], path: Path, n_rows: int, check: _Checker) -> RowHashes:
