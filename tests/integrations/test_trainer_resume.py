@@ -454,14 +454,14 @@ def test_a_checkpoint_of_another_run_without_a_marker_is_refused_before_the_ledg
     assert {name: (tmp_path / "a" / name).read_bytes() for name in before} == before
 
 
-def test_a_resume_on_other_rows_is_refused_and_on_another_base_model_notes_the_drift(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_a_resume_on_other_rows_or_another_base_model_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``reprotune resume`` refuses a changed data file and notes every other change to the setup;
-    a Trainer resume now does the same (before, it checked the config hash and the code alone, and
-    both changes went through without a word, the record still naming the first rows and model):
-    other train rows are refused before anything is written; another base model's weights (same
-    path) are warned, and noted in the attempt's ``drift``."""
+    """``reprotune resume`` refuses a changed data file or base model; a Trainer resume now does
+    the same (before, it checked the config hash and the code alone, and both changes went through
+    without a word, the record still naming the first rows and model; then the model's was only
+    warned): other train rows, or another base model's weights at the same path, are refused
+    before anything is written."""
     from safetensors.torch import load_file, save_file
     from trainer_scripts import tiny_trainer
 
@@ -498,11 +498,11 @@ def test_a_resume_on_other_rows_is_refused_and_on_another_base_model_notes_the_d
         {k: v * 1.01 if v.is_floating_point() else v for k, v in weights.items()},
         model_dir / "model.safetensors",
     )
-    capsys.readouterr()
-    trainer(1).train(resume_from_checkpoint=checkpoint)
-    drift = load_record(tmp_path / "run")["attempts"][-1]["drift"]
-    assert any(line.startswith("model.weights_sha256: recorded ") for line in drift), drift
-    assert "warning: differs from the run's start: model.weights_sha256" in capsys.readouterr().err
+    with pytest.raises(InputError, match="is not the one the run started with") as refused:
+        trainer(1).train(resume_from_checkpoint=checkpoint)
+    assert "model.weights_sha256: recorded " in str(refused.value)
+    assert "load the base model the run started with in the script" in str(refused.value)
+    assert {name: (tmp_path / "run" / name).read_bytes() for name in before} == before
 
 
 def test_a_branch_made_within_its_sources_second_gets_a_run_id_of_its_own(
@@ -526,7 +526,7 @@ def test_a_branch_made_within_its_sources_second_gets_a_run_id_of_its_own(
     write_record(source / "record.json", record)
     ids = iter([same, same, "20991231-235959-aaaaaaaa"])
     monkeypatch.setattr(_resumable, "make_run_id", lambda sha: next(ids))
-    _resumable.branch(source, RunLayout(branch_dir), "a" * 64)
+    _resumable.branch(source, RunLayout(branch_dir), {"a": 1})  # the run config now
     assert load_record(branch_dir)["run_id"] == "20991231-235959-aaaaaaaa"
 
 

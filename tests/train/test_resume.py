@@ -362,3 +362,27 @@ def test_a_resume_refused_before_it_trains_keeps_the_steps_the_run_did(
     split.write_bytes(kept)
     project.run_cli("resume", str(run_dir), *QUIET)
     assert load_record(run_dir / "record.json")["timings"]["steps_done"] == 8
+
+
+def test_a_resume_on_another_base_model_is_refused(tmp_path: Path) -> None:
+    """The base model's files changed at the same path between the stop and the resume: refused
+    (exit 2), naming the hash recorded and the hash now, before any step (before, a warning, and
+    the run completed having trained two models: compare then parted from the resume's step)."""
+    from reprotune.testing import build_tiny_model
+
+    project = TinyProject.create(tmp_path / "p")
+    run_dir = project.root / "runs" / "x"
+    config = str(project.config())
+    project.run_cli("run", config, "--run-dir", str(run_dir), "--stop-after-step", "4", *QUIET)
+    ledger = (run_dir / LEDGER_FILE).read_bytes()
+    recorded = load_record(run_dir / "record.json")["model"]["weights_sha256"]
+    shutil.rmtree(project.root / "tiny-model")
+    build_tiny_model(project.root / "tiny-model", seed=7)
+
+    refused = project.run_cli("resume", str(run_dir), *QUIET, check=False)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "is not the one the run started with" in refused.stderr
+    assert f"model.weights_sha256: recorded {recorded[:12]}..." in refused.stderr
+    assert "fix: put the files the run started with back in place" in refused.stderr
+    assert (run_dir / LEDGER_FILE).read_bytes() == ledger
+    assert load_record(run_dir / "record.json")["timings"]["steps_done"] == 4

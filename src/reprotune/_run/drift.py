@@ -64,6 +64,38 @@ def refuse_code_drift(
     return drift
 
 
+#: What a base model is: the sha256 of its weight, tokenizer and config files. A resume on other
+#: ones trains another model from its checkpoint on; where it lies and how it was named may move.
+MODEL_IDENTITY: tuple[str, ...] = ("weights_sha256", "tokenizer_sha256", "config_sha256")
+
+
+def refuse_model_drift(
+    recorded: Mapping[str, Any], now: Mapping[str, Any], record: Path, *, fix: str
+) -> None:
+    """Raise when the base model's files (:data:`MODEL_IDENTITY`) hash to others than the run
+    started with; a hash one side could not take (None: files not found) is let be.
+
+    Args:
+        recorded: the record's ``model`` section.
+        now: the ``model`` section of the model loaded now.
+        record: the run's ``record.json``, for the message.
+        fix: what to do instead.
+    """
+    differing = [
+        f"model.{key}: recorded {str(recorded[key])[:12]}..., now {str(now[key])[:12]}..."
+        for key in MODEL_IDENTITY
+        if isinstance(recorded.get(key), str) and isinstance(now.get(key), str) and recorded[key] != now[key]
+    ]
+    if differing:
+        where = now.get("resolved_path") or now.get("source")
+        raise InputError(
+            f"the base model ({where}) is not the one the run started with: the steps after the "
+            "checkpoint would train another model:\n  " + "\n  ".join(differing),
+            source=str(record),
+            fix=fix,
+        )
+
+
 def refuse_completed(status: Status | None, run_dir: Path, *, fix: str | None = None) -> None:
     """Raise when the run to resume has completed: there is nothing to resume.
 

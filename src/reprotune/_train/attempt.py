@@ -35,6 +35,7 @@ from reprotune._run.drift import (
     environment_drift,
     refuse_code_drift,
     refuse_completed,
+    refuse_model_drift,
     refuse_trainer_run,
     section_drift,
 )
@@ -229,7 +230,16 @@ _FIRST_ATTEMPT_ONLY = frozenset({"lora_defaults"})
 def _fill_record(run: _Run, setup: Setup, options: RunOptions, *, resume: bool) -> None:
     """The record's sections from the setup, and the code and environment it runs with."""
     record = run.record
-    for key, section in setup.record_sections().items():
+    sections = setup.record_sections()
+    if resume and "model" in record:
+        refuse_model_drift(
+            record["model"],
+            sections["model"],
+            run.paths.record,
+            fix=f"put the files the run started with back in place ({record['model'].get('source')}), "
+            "or start a new run with reprotune run",
+        )
+    for key, section in sections.items():
         if resume and key in _FIRST_ATTEMPT_ONLY:
             continue
         if not resume or key not in record:

@@ -20,6 +20,7 @@ from reprotune._run.drift import (
     leaf_changes,
     refuse_code_drift,
     refuse_completed,
+    refuse_model_drift,
     section_drift,
 )
 from reprotune._run.layout import RunLayout
@@ -181,8 +182,9 @@ def setup_drift(
     as a warning, for the attempt's ``drift`` (compare names them from the resume's step).
 
     Raises:
-        InputError: the rows the Trainer trains on are others (as ``reprotune resume`` refuses a
-            changed data file: the steps after the checkpoint would train on other data).
+        InputError: the base model's files are others (``refuse_model_drift``), or the rows the
+            Trainer trains on are (as ``reprotune resume`` refuses a changed data file): the steps
+            after the checkpoint would train another model, or on other data.
     """
     before, after = (
         (section or {}).get("train_rows_sha256") for section in (record.get("data"), now.get("data"))
@@ -194,6 +196,14 @@ def setup_drift(
             source=str(paths.record),
             fix="resume with the train_dataset the run started with (the same rows in the same "
             "order), or run the script into a new run directory",
+        )
+    if isinstance(record.get("model"), Mapping) and "model" in now:
+        refuse_model_drift(
+            record["model"],
+            now["model"],
+            paths.record,
+            fix="load the base model the run started with in the script (the same files, or the same "
+            "revision), or run the script into a new run directory",
         )
     drift: list[str] = []
     for name, section in now.items():
