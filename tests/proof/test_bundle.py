@@ -13,6 +13,7 @@ import pytest
 from reprotune._cli import main
 from reprotune._jsonio import sha256_file
 from reprotune._proof.bundle import MANIFEST
+from reprotune._run.checkpoint_files import DATA_FILES, STATE_FILE
 from tinyrun import TinyProject
 
 
@@ -427,6 +428,37 @@ def test_pack_packs_only_the_adapter_files_the_record_lists(
             n.removeprefix("run/adapter/") for n in tar.getnames() if n.startswith("run/adapter/")
         )
     assert adapter == sorted(listed) and "adapter_model.safetensors" in adapter
+
+
+def test_pack_packs_only_the_checkpoint_files_their_state_lists(
+    packed: tuple[TinyProject, Path, Path], tmp_path: Path
+) -> None:
+    """A stray checkpoints/step-00000002/.env holding a token is not packed with --checkpoints:
+    of each checkpoint, only state.json and the files it lists, as of adapter/ only the files the
+    record lists (before: every file there)."""
+    run = _copy_of_the_run(packed, tmp_path / "run")
+    checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert "step-00000002" in checkpoints
+    (run / "checkpoints" / "step-00000002" / ".env").write_text(
+        "HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123456789\n"
+    )
+    assert main(["pack", str(run), "-o", str(tmp_path / "b.tar.gz"), "--checkpoints"]) == 0
+    with tarfile.open(tmp_path / "b.tar.gz") as tar:
+        packed_files = sorted(n for n in tar.getnames() if n.startswith("run/checkpoints/"))
+    expected = [f"run/checkpoints/{c}/{f}" for c in checkpoints for f in sorted([STATE_FILE, *DATA_FILES])]
+    assert packed_files == expected
+
+
+def test_pack_to_a_path_that_cannot_be_written_is_refused_naming_it(
+    packed: tuple[TinyProject, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-o in /proc, which takes no new file whatever its permissions say (to root): exit 2 naming
+    the path, with a fix (before: "internal error (please report it)" and a traceback, exit 1)."""
+    capsys.readouterr()
+    assert main(["pack", str(packed[0].root / "runs" / "r"), "-o", "/proc/x.tar.gz"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("reprotune pack: error: ") and "/proc/x.tar.gz" in err and "\nfix: " in err
+    assert "internal error" not in err and "Traceback" not in err
 
 
 def test_pack_refuses_a_linked_checkpoints_directory(

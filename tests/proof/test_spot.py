@@ -6,12 +6,14 @@ SQLite store: states 0, 4, 8, 12, 16 and the end, so 5 intervals of 4 steps.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -164,23 +166,82 @@ def test_an_edited_optimizer_state_fails_the_intervals_that_touch_it(
     assert "covered: 2 of 5 intervals, 8 of 20 steps" in lucky.stdout
 
 
-def test_an_edited_ledger_line_fails_naming_the_step(tiny_project: TinyProject, reference: Path) -> None:
-    """The loss of step 18 edited in the ledger (the last interval is always replayed): FAIL, the
-    last interval DIVERGED from step 18 in its train loss."""
-    run = _copy(reference, "spot-edited-ledger")
+def _edit_loss(run: Path, step: int) -> None:
+    """Add 1e-6 to the train loss of ``step`` in the run's ledger, as a hand would (the record's
+    ``outputs.ledger_sha256`` left as it was)."""
     ledger = run / "ledger.jsonl"
     lines = ledger.read_text().splitlines()
-    index = next(i for i, line in enumerate(lines) if '"kind":"train"' in line and '"step":18,' in line)
+    index = next(i for i, line in enumerate(lines) if '"kind":"train"' in line and f'"step":{step},' in line)
     entry = json.loads(lines[index])
     entry["loss"] = float.fromhex(entry["loss"]).__add__(1e-6).hex()
     lines[index] = json.dumps(entry, separators=(",", ":"), sort_keys=True)
     ledger.write_text("\n".join(lines) + "\n")
+
+
+def test_an_edited_ledger_line_fails_naming_the_step(tiny_project: TinyProject, reference: Path) -> None:
+    """The loss of step 18 edited in the ledger (the last interval is always replayed): FAIL, the
+    last interval DIVERGED from step 18 in its train loss."""
+    run = _copy(reference, "spot-edited-ledger")
+    _edit_loss(run, 18)
     failed = tiny_project.run_cli("verify", str(run), "--spot", "--out", "spot-ledger", check=False)
     assert failed.returncode == 1
     last = _legs(tiny_project.root / "spot-ledger")["steps 17-20"]
     assert last["verdict"] == "DIVERGED" and last["evidence"]["first_divergence"] == 18
     assert last["evidence"]["differing"] == ["train loss"]
     assert last["evidence"]["end_state"] == "adapter sha256 identical"
+
+
+def test_an_edited_ledger_line_outside_the_intervals_drawn_fails(
+    tiny_project: TinyProject, reference: Path
+) -> None:
+    """The loss of step 10 edited (the default budget replays steps 1-4 and 17-20 only): FAIL, the
+    ledger a failed leg of its own naming both sha256, every replay IDENTICAL (before: PASS)."""
+    run = _copy(reference, "spot-edited-unreplayed")
+    recorded = sha256_file(run / "ledger.jsonl")
+    _edit_loss(run, 10)
+    edited = sha256_file(run / "ledger.jsonl")
+    failed = tiny_project.run_cli("verify", str(run), "--spot", "--out", "spot-unreplayed", check=False)
+    assert failed.returncode == 1 and "verify: FAIL  (spot" in failed.stdout
+    problem = (
+        f"is not the file the run wrote: its sha256 is {edited}, the record's outputs.ledger_sha256 "
+        f"is {recorded}"
+    )
+    assert f"warning: {(run / 'ledger.jsonl').resolve()} {problem}\n" in failed.stdout
+    legs = _legs(tiny_project.root / "spot-unreplayed")
+    leg = legs["run file ledger.jsonl"]
+    assert (leg["verdict"], leg["passed"]) == (None, False)
+    assert leg["note"] == f"ledger.jsonl {problem}: the run does not hold what its record says it made"
+    assert [legs[name]["verdict"] for name in ("steps 1-4", "steps 17-20")] == ["IDENTICAL", "IDENTICAL"]
+
+
+def test_a_changed_adapter_fails_though_every_replay_matches(
+    tiny_project: TinyProject, reference: Path
+) -> None:
+    """One byte of the run's adapter weights flipped: FAIL, the file a failed leg of its own naming
+    both sha256, and the last interval's end state the replay's adapter against the run's file
+    (before: PASS, "adapter sha256 identical": the two records' claims compared, not the file)."""
+    run = _copy(reference, "spot-changed-adapter")
+    weights = run / "adapter" / "adapter_model.safetensors"
+    recorded = sha256_file(weights)
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 1
+    weights.write_bytes(bytes(data))
+    changed = sha256_file(weights)
+    failed = tiny_project.run_cli("verify", str(run), "--spot", "--out", "spot-adapter", check=False)
+    assert failed.returncode == 1 and "verify: FAIL  (spot" in failed.stdout
+    legs = _legs(tiny_project.root / "spot-adapter")
+    leg = legs["run file adapter/adapter_model.safetensors"]
+    assert (leg["verdict"], leg["passed"]) == (None, False)
+    assert leg["note"] == (
+        f"adapter/adapter_model.safetensors is not the file the run wrote: its sha256 is {changed}, the "
+        f"record's outputs.adapter_files['adapter_model.safetensors'] is {recorded}: the run does not "
+        "hold what its record says it made"
+    )
+    last = legs["steps 17-20"]
+    assert (last["verdict"], last["passed"]) == ("DIVERGED", False) and "first_divergence" not in last[
+        "evidence"
+    ]
+    assert last["evidence"]["end_state"] == f"adapter sha256 {recorded} vs {changed}"
 
 
 def test_a_damaged_checkpoint_fails_and_bad_input_is_refused_before_any_replay(
@@ -274,6 +335,88 @@ def test_a_bundle_with_checkpoints_is_spot_checked_elsewhere(
     assert refused.returncode == 2 and "holds no checkpoints" in refused.stderr
     assert "--checkpoints" in refused.stderr
     assert not (bundle.parent / "spot-bare").exists()  # nothing unpacked is left behind
+
+
+@contextlib.contextmanager
+def _model_away(project: TinyProject) -> Iterator[None]:
+    """The project's tiny-model moved away for the block, as on a machine the run was not made on."""
+    model = project.root / "tiny-model"
+    model.rename(model.with_name("tiny-model.away"))
+    try:
+        yield
+    finally:
+        model.with_name("tiny-model.away").rename(model)
+
+
+def test_a_bundle_whose_base_model_is_not_here_is_refused_before_anything_is_written(
+    tiny_project: TinyProject, reference: Path, tmp_path: Path
+) -> None:
+    """verify BUNDLE --spot where the run's base model is not: exit 2 naming the model, the bundle's
+    record and where the run loaded it, and no --out left (before: exit 1 with the replay's
+    traceback, "fix the run itself first", and plan.json, verify.log and recorded/ left)."""
+    bundle = tmp_path / "run.tar.gz"
+    tiny_project.run_cli("pack", str(reference), "-o", str(bundle), "--checkpoints", "--with-data")
+    model = json.loads((reference / "record.json").read_text())["model"]
+    with _model_away(tiny_project):
+        refused = tiny_project.run_cli(
+            "verify", str(bundle), "--spot", "--out", str(tmp_path / "spot"), check=False
+        )
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert (
+        f"reprotune verify: error: {bundle}: run/record.json (key config.model.name): the run's base model "
+        "is not here: model 'tiny-model' is neither a local directory nor in the local Hugging Face cache"
+    ) in refused.stderr
+    assert (
+        f"fix: copy the base model the run was made from (the record's model.weights_sha256 is "
+        f"{model['weights_sha256']}) to {model['resolved_path']}, where the run loaded it\n"
+    ) in refused.stderr
+    assert "Traceback" not in refused.stderr and "fix the run itself" not in refused.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.tar.gz"]
+
+
+def test_bad_input_only_the_replay_meets_is_refused_as_bad_input(
+    tiny_project: TinyProject,
+    reference: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Bad input that only the replay process meets (its model, with the check before it switched
+    off): its error and fix as they are, exit 2, and --out removed (before: exit 1, the replay's
+    traceback, "fix the run itself first", plan.json and verify.log left)."""
+    from reprotune._cli import main
+    from reprotune._proof import spot
+
+    monkeypatch.setattr(spot, "check_base_model", lambda *args: None)
+    monkeypatch.chdir(tmp_path)  # outside git, as the run was made
+    with _model_away(tiny_project):
+        code = main(["verify", str(reference), "--spot", "--out", "spot"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert (
+        "reprotune verify: error: model.name: model 'tiny-model' is neither a local directory nor in "
+        "the local Hugging Face cache"
+    ) in err
+    assert "fix: download it once where there is network (`hf download tiny-model --local-dir DIR`)" in err
+    assert "Traceback" not in err and "fix the run itself" not in err and not (tmp_path / "spot").exists()
+
+
+def test_a_missing_run_or_bundle_is_said_to_be_neither(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """verify nope.tar.gz --spot, where nothing is: exit 2, "neither a run directory nor a bundle
+    file", both named in the fix (before: "RUN_DIR: no such directory", a run directory's fix)."""
+    from reprotune._cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["verify", "nope.tar.gz", "--spot", "--out", "spot"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "reprotune verify: error: --spot: nope.tar.gz is neither a run directory nor a bundle file: "
+        "nothing is there\nfix: give the directory `reprotune run` wrote (runs/<run-id>/, which holds "
+        "record.json), or a bundle of it: `reprotune pack RUN_DIR -o run.tar.gz --checkpoints --with-data`"
+    ), err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_run_made_in_a_portable_mode_is_spot_checked_in_that_mode(tiny_project: TinyProject) -> None:

@@ -222,6 +222,14 @@ def _run_spot(args: argparse.Namespace) -> int:
             f"verify the config in full: `reprotune verify {target}`",
         )
     refuse_unwritable_parent(out, source="--out")  # as verify's other forms, before the run is read
+    if not target.is_dir() and not target.is_file():
+        raise InputError(
+            f"{target} is neither a run directory nor a bundle file: "
+            + ("nothing is there" if not target.exists() else "it is another kind of file"),
+            source="--spot",
+            fix="give the directory `reprotune run` wrote (runs/<run-id>/, which holds record.json), or a "
+            "bundle of it: `reprotune pack RUN_DIR -o run.tar.gz --checkpoints --with-data`",
+        )
     # (an --out inside the run checked is refused by the spot check itself, saying it reads there)
     # The replays inherit the mode the run was made in, put in force before torch loads here.
     if target.is_file():

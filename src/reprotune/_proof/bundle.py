@@ -24,9 +24,9 @@ from typing import Any
 from reprotune._config.secrets import credential_in
 from reprotune._errors import InputError
 from reprotune._formats import BUNDLE
-from reprotune._jsonio import canonical_dumps, publishing_file, sha256_file
+from reprotune._jsonio import canonical_dumps, publishing_file, sha256_file, write_error
 from reprotune._run import layout
-from reprotune._run.checkpoint_files import list_checkpoints, verify_checkpoint
+from reprotune._run.checkpoint_files import STATE_FILE, list_checkpoints, read_state_file, verify_checkpoint
 from reprotune._run.drift import RUN_THE_SCRIPT_AGAIN, refuse_trainer_run
 from reprotune._run.outputs import refuse_overwrite, tar_archive
 from reprotune._run.record import RunRecord, read_record, record_config
@@ -128,26 +128,46 @@ def pack(
 def _check_outputs(paths: layout.RunLayout, record: RunRecord) -> None:
     """Refuse a run whose ledger or adapter files are missing or not the ones its record hashed:
     its bundle would rerun, elsewhere and at length, to a verdict about damaged files."""
-    outputs = record.outputs
-    expected: dict[Path, str | None] = {paths.ledger: outputs.ledger_sha256 if outputs else None}
-    for name, sha256 in (outputs.adapter_files if outputs else {}).items():
-        expected[paths.adapter_dir / name] = sha256
-    if len(expected) == 1:
-        expected[paths.adapter_dir / "adapter_model.safetensors"] = (
-            outputs.adapter_sha256 if outputs else None
-        )
-    for path, recorded in expected.items():
-        if not path.is_file():
-            problem = "is missing"
-        elif recorded is not None and sha256_file(path) != recorded:
-            problem = f"is not the file the run wrote (its record holds sha256 {recorded[:12]})"
-        else:
-            continue
+    problems = output_problems(paths, record)
+    if problems:
+        path, problem = problems[0]
         raise InputError(
             f"{path} {problem}: a bundle of this run would not reproduce what the run recorded",
             source=str(paths.record),
             fix="pack a run whose files are whole (copy the run directory again from where it was made)",
         )
+
+
+def output_problems(paths: layout.RunLayout, record: RunRecord) -> list[tuple[Path, str]]:
+    """Each ledger or adapter file of the run that is missing or not the one its record hashed
+    (``outputs``: the ledger, the adapter files it lists, or the weights alone for a record without
+    the list), with what is wrong, both sha256 named: ``pack`` refuses such a run, and
+    ``verify --spot`` fails it (its replays are judged against these very files). A listed name
+    that is no file name in ``adapter/`` is not followed (``pack`` refuses it by name)."""
+    outputs = record.outputs
+    expected = {paths.ledger: ("outputs.ledger_sha256", outputs.ledger_sha256 if outputs else None)}
+    for name, sha256 in (outputs.adapter_files if outputs else {}).items():
+        if _is_file_name(name):
+            expected[paths.adapter_dir / name] = (f"outputs.adapter_files[{name!r}]", sha256)
+    if len(expected) == 1:
+        weights = outputs.adapter_sha256 if outputs else None
+        expected[paths.adapter_weights] = ("outputs.adapter_sha256", weights)
+    problems = []
+    for path, (key, recorded) in expected.items():
+        found = sha256_file(path) if path.is_file() else None
+        if found is None:
+            problems.append((path, "is missing"))
+        elif recorded is not None and found != recorded:
+            problem = (
+                f"is not the file the run wrote: its sha256 is {found}, the record's {key} is {recorded}"
+            )
+            problems.append((path, problem))
+    return problems
+
+
+def _is_file_name(name: str) -> bool:
+    """Whether ``name`` names a file in its directory (no separator, not ``.`` or ``..``)."""
+    return name not in ("", ".", "..") and Path(name).name == name and "\\" not in name
 
 
 def _check_patch(paths: layout.RunLayout, record: RunRecord) -> None:
@@ -212,7 +232,7 @@ def _run_files(paths: layout.RunLayout, record: RunRecord) -> list[Path]:
     found += sorted(p for p in paths.root.glob(f"{layout.MANIFEST}.*rowhashes") if p.is_file())
     listed = sorted(record.outputs.adapter_files) if record.outputs and record.outputs.adapter_files else []
     for name in listed:
-        if name in ("", ".", "..") or Path(name).name != name or "\\" in name:
+        if not _is_file_name(name):
             raise InputError(
                 f"the record lists adapter file {name!r}, which is no file name in adapter/",
                 source=f"{paths.record} (key outputs.adapter_files)",
@@ -231,10 +251,12 @@ def _run_files(paths: layout.RunLayout, record: RunRecord) -> list[Path]:
 
 
 def _checkpoint_files(paths: layout.RunLayout) -> list[Path]:
-    """Every file of every checkpoint of the run, each checkpoint verified first.
+    """The files of every checkpoint of the run, each checkpoint verified first: its ``state.json``
+    and the files it lists (and hashes), never a stray file beside them (a ``.env``), as of the
+    adapter directory only the files the record lists.
 
     Raises:
-        InputError: a checkpoint does not verify, or holds a symbolic link.
+        InputError: a checkpoint does not verify, or one of its files is a symbolic link.
     """
     if paths.checkpoints.is_symlink():
         raise InputError(
@@ -247,15 +269,16 @@ def _checkpoint_files(paths: layout.RunLayout) -> list[Path]:
     found: list[Path] = []
     for checkpoint in list_checkpoints(paths.checkpoints):
         problem = verify_checkpoint(checkpoint)
-        links = [p for p in (checkpoint, *checkpoint.iterdir()) if p.is_symlink()]
-        if problem is not None or links:
+        listed = [] if problem is not None else [STATE_FILE, *sorted(read_state_file(checkpoint).files)]
+        files = [checkpoint / name for name in listed]
+        if problem is not None or any(p.is_symlink() for p in (checkpoint, *files)):
             raise InputError(
                 f"checkpoint {checkpoint} {problem or 'holds a symbolic link'}: a bundle carries only "
                 "whole, verified checkpoints",
                 source=str(checkpoint),
                 fix="pack without --checkpoints, or remove that checkpoint",
             )
-        found += sorted(p for p in checkpoint.iterdir() if p.is_file())
+        found += files
     if not found:
         raise InputError(
             f"the run in {paths.root} has no checkpoint to pack",
@@ -345,15 +368,26 @@ def _data_file(record: RunRecord, run_dir: Path) -> Path | None:
 
 
 def _write_archive(out: Path, files: dict[str, Path], manifest: bytes) -> None:
-    with (
-        publishing_file(out) as raw,
-        # mtime 0 and no file name in the gzip header: the same run packs to the same bytes.
-        gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz,
-        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
-    ):
-        _add(tar, MANIFEST, manifest)
-        for name in sorted(files):
-            _add(tar, name, files[name].read_bytes())
+    """Write the archive to ``out`` (the old file or the new one, never a part).
+
+    Raises:
+        InputError: ``out`` cannot be written (a directory that takes no new file, as ``/proc``,
+            even where its permissions say it is writable; a full disk), naming it.
+    """
+    try:
+        with (
+            publishing_file(out) as raw,
+            # mtime 0 and no file name in the gzip header: the same run packs to the same bytes.
+            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz,
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+        ):
+            _add(tar, MANIFEST, manifest)
+            for name in sorted(files):
+                _add(tar, name, files[name].read_bytes())
+    except OSError as exc:
+        if exc.filename is not None and Path(exc.filename) in files.values():
+            raise  # reading one of the run's files (hashed a moment ago): not about -o
+        raise write_error(out, exc, needed=None) from None
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:

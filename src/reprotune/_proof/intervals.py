@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reprotune._jsonio import sha256_file
 from reprotune._proof.verification import Leg, LegVerdict
 from reprotune._run.layout import RunLayout
 from reprotune._run.ledger import read_ledger, val_by_place
-from reprotune._run.record import read_record
 
 DEFAULT_BUDGET = 0.2
 
@@ -121,15 +121,18 @@ def judge_interval(
 
 
 def adapter_state(reference: Path, leg_dir: Path) -> tuple[str, bool]:
-    """The end state of an interval that ends the run: the adapter's sha256 against the reference's."""
+    """The end state of an interval that ends the run: the replay's adapter weights file against
+    the reference's, both hashed here. The files, not their records' claims: an adapter changed
+    since its run (what a user would load) matches its record's sha256 no more than the replay's."""
     ours, theirs = (_adapter_sha256(run) for run in (leg_dir, reference))
-    ok = ours is not None and ours == theirs
-    return f"adapter sha256 {'identical' if ok else f'{ours} vs {theirs}'}", ok
+    if ours is not None and ours == theirs:
+        return "adapter sha256 identical", True
+    return f"adapter sha256 {ours or 'missing'} vs {theirs or 'missing'}", False
 
 
 def _adapter_sha256(run_dir: Path) -> str | None:
-    outputs = read_record(RunLayout(run_dir).record).outputs
-    return None if outputs is None else outputs.adapter_sha256
+    weights = RunLayout(run_dir).adapter_weights
+    return sha256_file(weights) if weights.is_file() else None
 
 
 def coverage(

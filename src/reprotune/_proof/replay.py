@@ -23,6 +23,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from reprotune._errors import ReprotuneError
 from reprotune._proof.spot_plan import SeedControl, SpotPlan
 from reprotune._run.checkpoint_files import checkpoint_dir
 from reprotune._run.layout import RunLayout
@@ -86,9 +87,15 @@ def replay(plan: SpotPlan) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m reprotune._proof.replay SPOT_DIR``."""
-    spot_dir = Path(argv[0])
-    replay(SpotPlan.read(spot_dir))
+    """``python -m reprotune._proof.replay SPOT_DIR``; its exit code. A reprotune error (a base
+    model not found, data refused) is said as the CLI says it, ``error:`` and ``fix:`` lines and no
+    traceback, with its exit code (2: bad input), which ``verify --spot`` turns back into the same
+    refusal (``run_logged(bad_input=True)``)."""
+    try:
+        replay(SpotPlan.read(Path(argv[0])))
+    except ReprotuneError as exc:
+        print(f"reprotune verify --spot: error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
     return 0
 
 

@@ -39,8 +39,9 @@ from reprotune._proof.intervals import (
 )
 from reprotune._proof.processes import run_logged
 from reprotune._proof.rerun import checked_before_rerun
+from reprotune._proof.spot_inputs import check_base_model, run_file_legs
 from reprotune._proof.spot_plan import PlannedControl, PlannedInterval, ResumeControl, SeedControl, SpotPlan
-from reprotune._proof.unpack import unpack
+from reprotune._proof.unpack import named_in_the_bundle, unpack
 from reprotune._proof.verification import (
     Leg,
     Verification,
@@ -81,7 +82,8 @@ def spot_verify(
 
     Before anything is replayed, as ``rerun`` does: the data is checked against the run's split
     manifest, the code here (``code_dir``, default the current directory) against the record
-    (refused unless ``allow_code_drift``), and environment differences are reported.
+    (refused unless ``allow_code_drift``), environment differences are reported; and the base
+    model and the run's ledger and adapter files, as ``_proof.spot_inputs`` says.
 
     Args:
         data: the data file (or ``builtin:`` name) to train on instead of the recorded path (a
@@ -89,8 +91,8 @@ def spot_verify(
         bundle: the bundle ``run_dir`` was unpacked from (into ``out_dir``), for the record.
 
     Raises:
-        InputError: not a completed single-process run directory, a bad budget, ``out_dir``
-            not new (unless ``bundle``: the caller unpacked it there), or code drift.
+        InputError: not a completed single-process run directory, a bad budget, ``out_dir`` not
+            new (unless ``bundle``), code drift, a base model not here, or the replay's refusal.
         RunFailedError: the data is not the run's, or the replay process failed.
     """
     reference = run_dir.resolve()
@@ -109,6 +111,7 @@ def spot_verify(
     )
     total = recorded_total_steps(reference)
     states, refused = _checkpoints(reference, total, progress)
+    refused += run_file_legs(reference, progress)
     intervals = plan_intervals(states, total, budget=budget, seed=seed)
     if bundle is None:
         _new_dir(out_dir)
@@ -121,7 +124,7 @@ def spot_verify(
         f"(budget {budget:g}, seed {seed}), replayed in one fresh process"
     )
     started = time.perf_counter()
-    run_logged([str(out_dir)], layout.log, module="reprotune._proof.replay")
+    run_logged([str(out_dir)], layout.log, module="reprotune._proof.replay", bad_input=True)
     legs = [_judge_interval(reference, i, plan, total) for i in intervals]
     legs += [_judge_control(reference, c) for c in plan.controls] + _skipped(plan) + refused
     for leg in legs:
@@ -172,6 +175,7 @@ def _check_run(run_dir: Path, budget: float) -> dict[str, Any]:
             if trainer
             else "verify it in full: `reprotune verify CONFIG --reference RUN_DIR`",
         )
+    check_base_model(record, run_dir)  # every replay loads it: refused before anything is written
     return record
 
 
@@ -338,13 +342,18 @@ def spot_verify_bundle(
             fix=f"pack the run with --with-data as well: `reprotune pack RUN_DIR -o {bundle.name} "
             "--checkpoints --with-data`",
         )
-    return spot_verify(
-        unpacked.run_dir,
-        out_dir,
-        budget=budget,
-        seed=seed,
-        progress=progress,
-        data=data,
-        bundle=bundle,
-        allow_code_drift=allow_code_drift,
-    )
+    try:
+        return spot_verify(
+            unpacked.run_dir,
+            out_dir,
+            budget=budget,
+            seed=seed,
+            progress=progress,
+            data=data,
+            bundle=bundle,
+            allow_code_drift=allow_code_drift,
+        )
+    except InputError as exc:  # what it names was unpacked into out_dir, removed on a refusal
+        if type(exc) is not InputError:
+            raise
+        raise named_in_the_bundle(exc, unpacked.run_dir.resolve(), bundle) from None
