@@ -177,11 +177,15 @@ def human_bytes(n: int) -> str:
     return f"{size:.1f} TiB"  # pragma: no cover
 
 
-def no_space_error(path: str | os.PathLike[str], *, needed: int | None, fix: str) -> NoSpaceError:
-    """The error for a full disk: the path, the space free and needed, and what to do."""
+def no_space_error(
+    path: str | os.PathLike[str], *, needed: int | None, fix: str, what: str = "the write takes"
+) -> NoSpaceError:
+    """The error for a full disk: the path, the space free now and what ``what`` (the write, a
+    checkpoint) takes, and what to do. Free is read once the failed write's part is removed, so it
+    may be more than the write takes (the disk filled while it was under way, file system blocks)."""
     free = free_bytes(path)
-    have = f"{human_bytes(free)} free" if free is not None else "free space unknown"
-    want = f"; it needs about {human_bytes(needed)} more" if needed else ""
+    have = f"{human_bytes(free)} free now" if free is not None else "free space unknown"
+    want = f"; {what} about {human_bytes(needed)}" if needed else ""
     return NoSpaceError(f"no space left on the device of {path} ({have}{want})", source=str(path), fix=fix)
 
 

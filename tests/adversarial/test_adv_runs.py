@@ -246,7 +246,8 @@ def test_a_full_disk_during_a_run_is_exit_2_and_resume_finishes_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """ENOSPC at the first checkpoint: exit 2 naming the path and the space needed, status failed with
-    the error, no temporary files; with space again, `resume` finishes it IDENTICAL."""
+    the error, no temporary files; a resume with no space at all is exit 2 naming the run, its
+    record untouched; with space again, `resume` finishes it IDENTICAL."""
     monkeypatch.chdir(project.root)  # not a git tree: no code.patch to write
     disk = small_disk(1 << 20)
     run_dir = disk / "run"
@@ -260,14 +261,31 @@ def test_a_full_disk_during_a_run_is_exit_2_and_resume_finishes_it(
     fill_leaving(disk, before_checkpoint + checkpoint // 2)
     assert main(args) == 2
     err = _clean_exit_2(
-        capsys, "no space left on the device of", "it needs about", f"reprotune resume {run_dir}"
+        capsys,
+        "no space left on the device of",
+        "free now; a checkpoint takes about",
+        f"reprotune resume {run_dir}",
     )
     assert "checkpoints" in err
     record = load_record(run_dir / "record.json")
     assert record["status"] == "failed" and "no space left" in record["error"]["message"]
     leftovers = [p for p in run_dir.rglob("*") if p.name.startswith(".") and p.name != ".writer.lock"]
     assert leftovers == []
-    (disk / "filler").unlink()
+    # A resume on a disk without room for its record, or with nothing free (its lock's write
+    # fails), names the run (it said "No space left on device" alone) and leaves the record be.
+    before = (run_dir / "record.json").read_bytes()
+    (disk / "filler").rename(disk / "filler-1")
+    fill_leaving(disk, 4096)  # a page: the lock's, not the record's
+    assert main(["resume", str(run_dir), *QUIET]) == 2
+    _clean_exit_2(capsys, f"no space left on the device of {run_dir}", "the run's record is as it was")
+    assert (run_dir / "record.json").read_bytes() == before
+    (disk / "filler").rename(disk / "filler-2")
+    fill_leaving(disk, 0)
+    assert main(["resume", str(run_dir), *QUIET]) == 2
+    _clean_exit_2(capsys, f"no space left on the device of {run_dir} (", "the run's files are as they were")
+    assert (run_dir / "record.json").read_bytes() == before
+    for filler in ("filler", "filler-1", "filler-2"):
+        (disk / filler).unlink()
     assert main(["resume", str(run_dir), *QUIET]) == 0
     assert (run_dir / "ledger.jsonl").read_bytes() == (reference / "ledger.jsonl").read_bytes()
     assert sha256_file(run_dir / ADAPTER) == sha256_file(reference / ADAPTER)

@@ -131,6 +131,7 @@ def save_checkpoint(
             raise no_space_error(
                 final,
                 needed=_checkpoint_size(directory, model),
+                what="a checkpoint takes",  # and the older ones stay until it is whole
                 fix=f"free space on that device, then `reprotune resume {directory.parent}` "
                 "continues the run",
             ) from None

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from reprotune._errors import InputError
-from reprotune._jsonio import read_json_object
+from reprotune._jsonio import is_no_space, no_space_error, read_json_object
 from reprotune._run.layout import RunLayout
 
 try:  # POSIX; elsewhere every lock is "not supported" and said so
@@ -62,7 +62,18 @@ class RunDirLock:
 
 def _hold(fd: int, path: Path, report: Callable[[str], None], *, locked: bool) -> RunDirLock:
     _note_stale(fd, path, report)
-    _write_holder(fd)
+    try:
+        _write_holder(fd)
+    except OSError as exc:  # the first write of a run or resume: nothing of the run changed yet
+        os.close(fd)  # the flock goes with it
+        if is_no_space(exc):
+            raise no_space_error(
+                path.parent,
+                needed=None,
+                fix="free space on that device, then give the command again (the run's files are as "
+                "they were)",
+            ) from None
+        raise
     return RunDirLock(path, locked, fd)
 
 

@@ -11,10 +11,13 @@ from pathlib import Path
 
 from reprotune._errors import NoSpaceError
 from reprotune._jsonio import free_bytes, human_bytes, is_no_space
+from reprotune._run.layout import RunLayout
 
 
-def no_space_in_run(exc: BaseException, run_dir: Path) -> NoSpaceError | None:
-    """A full disk during a run, as the error that names it and says how to go on (else None)."""
+def no_space_in_run(exc: BaseException, run_dir: Path, *, recorded: bool = True) -> NoSpaceError | None:
+    """A full disk during a run, as the error that names it and says how to go on (else None).
+    ``recorded``: this attempt's record is on disk (it is then ended as failed); when not, the
+    run's record, if it has one, is as the attempt before left it."""
     if isinstance(exc, KeyboardInterrupt):
         return None
     # torch.save says only "file write failed": a device with next to nothing free explains it.
@@ -27,9 +30,16 @@ def no_space_in_run(exc: BaseException, run_dir: Path) -> NoSpaceError | None:
     message = exc.message if isinstance(exc, NoSpaceError) else f"no space left on the device of {where}"
     free = free_bytes(run_dir)
     have = f" ({human_bytes(free)} free)" if free is not None and "free" not in message else ""
+    if recorded or RunLayout(run_dir).record.is_file():
+        said = "the run stopped and is recorded as failed" if recorded else "the run's record is as it was"
+        return NoSpaceError(
+            f"{message}{have}; {said}",
+            source=where,
+            fix=f"free space on that device (a checkpoint of this run is about the size of the last one "
+            f"in {run_dir / 'checkpoints'}), then `reprotune resume {run_dir}` continues the run",
+        )
     return NoSpaceError(
-        f"{message}{have}; the run stopped and is recorded as failed",
+        f"{message}{have}; nothing of the run was written",
         source=where,
-        fix=f"free space on that device (a checkpoint of this run is about the size of the last one in "
-        f"{run_dir / 'checkpoints'}), then `reprotune resume {run_dir}` continues the run",
+        fix="free space on that device, then start the run again",
     )

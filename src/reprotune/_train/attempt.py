@@ -200,7 +200,7 @@ def _execute(
         if progress is not None:
             progress.close()
         status = ended_status(exc)
-        error: BaseException | None = no_space_in_run(exc, paths.root) if run.recorded else None
+        error: BaseException | None = no_space_in_run(exc, paths.root, recorded=run.recorded)
         if error is None and run.rank0 is not None:
             error = run.rank0.lost_rank(exc)  # another rank left: say so, not gloo's words
         if run.recorded:
