@@ -161,7 +161,9 @@ def test_where_flock_does_not_work_it_says_so_and_checks_the_holder(
 def test_two_runs_started_together_leave_one_whole_run(project: TinyProject, tmp_path: Path) -> None:
     """Two `run --run-dir D` at once: one completes, the other exits 2; the ledger has each step once."""
     run_dir = tmp_path / "run"
-    procs = [project.start_cli("run", str(project.config()), "--run-dir", str(run_dir), *QUIET) for _ in "ab"]
+    # The config written once: written again while the first run read it, that run read it empty.
+    config = str(project.config())
+    procs = [project.start_cli("run", config, "--run-dir", str(run_dir), *QUIET) for _ in "ab"]
     results = [(p.wait(timeout=600), p.result().stderr) for p in procs]
     assert sorted(code for code, _ in results) == [0, 2], results
     loser = next(err for code, err in results if code == 2)
