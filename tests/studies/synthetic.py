@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from reprotune._config.loading import config_from_dict
+from reprotune._studies.directory import new_study
 from reprotune._studies.layout import StudyLayout
 from reprotune._studies.plan import plan_study
-from reprotune._studies.study import new_study, summarise_runs
+from reprotune._studies.study import summarise_runs
 from reprotune._studies.studyfile import write_study
 
 MODEL = {"source": "tiny-model", "weights_sha256": "a" * 64, "tokenizer_sha256": "b" * 64}

@@ -99,14 +99,20 @@ def test_rerun_keeps_verified_runs_and_refuses_changed_ones(reference: StudyResu
 def test_a_damaged_study_json_is_rebuilt_from_its_runs(reference: StudyResult, tmp_path: Path) -> None:
     """study.json edited by hand: refused with a fix that works (its old fix, "run the same command
     again", gave the same refusal); removing it as told, the same command keeps every run and
-    writes the same study.json bytes (before, the directory was "not a study directory")."""
+    writes the same study.json bytes (before, the directory was "not a study directory"). A number
+    edited within the schema is no refusal: the same command writes study.json anew from the runs
+    (as docs/seed-studies.md says; it said such a file "is refused")."""
     copy = tmp_path / "copy"
     shutil.copytree(reference.directory, copy)
     cfg = load_config(copy / "config.yaml")
+    options = StudyOptions(out=copy, tracking=False, name="cfg")
     study = json.loads((copy / "study.json").read_text(encoding="utf-8"))
+    study["runs"][0]["metrics"]["final_val_loss"] = 1.0
+    (copy / "study.json").write_text(json.dumps(study), encoding="utf-8")
+    assert set(run_study(cfg, n=N, vary="all", options=options).actions.values()) == {"kept"}
+    assert (copy / "study.json").read_bytes() == (reference.directory / "study.json").read_bytes()
     del study["runs"]
     (copy / "study.json").write_text(json.dumps(study), encoding="utf-8")
-    options = StudyOptions(out=copy, tracking=False, name="cfg")
     with pytest.raises(InputError) as info:
         run_study(cfg, n=N, vary="all", options=options)
     assert info.value.fix is not None and info.value.fix.startswith(f"remove {copy / 'study.json'} and run")
@@ -213,8 +219,8 @@ def test_a_study_refused_at_its_first_run_leaves_nothing(project: TinyProject, t
     with pytest.raises(InputError, match="nosuchcol"):
         _study(project, out, "split.stratify_by=nosuchcol", n=2)
     assert not out.exists()
+    from reprotune._studies.directory import new_study
     from reprotune._studies.plan import plan_study
-    from reprotune._studies.study import new_study
     from reprotune._studies.studyfile import write_study
 
     bad = load_config(project.root / "cfg.yaml", ["split.stratify_by=nosuchcol"])
@@ -316,14 +322,20 @@ def test_eval_metrics_reach_the_study_in_this_process(tmp_path: Path) -> None:
     assert "test/exact_match" in study["summary"]["all"]
 
 
+def _record(**sections: dict[str, Any]) -> Any:
+    """A run's record with ``sections`` (``data``, ``model``), as a study reads it."""
+    from reprotune._run.record import new_record, typed_record
+
+    return typed_record({**new_record("r", {}, "0" * 64, {}), **sections})
+
+
 def test_runs_on_other_data_are_said_in_the_study() -> None:
     """A study continued after its data file was edited holds runs on two data files: study.json's
     data says they disagree, with a note (before, nothing was said)."""
-    from reprotune._run.record import RunRecord, new_record, typed_record
     from reprotune._studies.sources import data_identity as _data
 
-    def on(data_sha256: str) -> RunRecord:
-        return typed_record({**new_record("r", {}, "0" * 64, {}), "data": {"file_sha256": data_sha256}})
+    def on(data_sha256: str) -> Any:
+        return _record(data={"file_sha256": data_sha256})
 
     same, notes = _data([on("a" * 64)] * 3)
     assert same == {"file_sha256": "a" * 64, "runs_agree": True} and notes == []
@@ -335,13 +347,66 @@ def test_runs_on_other_data_are_said_in_the_study() -> None:
     )
 
 
+def test_runs_from_other_model_files_are_said_in_the_study() -> None:
+    """A study whose runs started from different model files (the model replaced while it was
+    made): base_model says they disagree (runs_agree false, which significance refuses), with a
+    note; the model found at another path is the same model (before, only a note, and
+    significance compared the first run's model alone)."""
+    from reprotune._studies.sources import base_model
+
+    def on(source: str, weights: str) -> Any:
+        return _record(model={"source": source, "weights_sha256": weights, "tokenizer_sha256": "t" * 64})
+
+    model = {"source": "m", "weights_sha256": "a" * 64, "tokenizer_sha256": "t" * 64}
+    moved, notes = base_model([on("m", "a" * 64), on("./m", "a" * 64)])
+    assert moved == {**model, "runs_agree": True}
+    assert notes == ["the runs found the base model at different sources; base_model is the first run's"]
+    mixed, notes = base_model([on("m", "a" * 64), on("m", "b" * 64), on("m", "b" * 64)])
+    assert mixed == {**model, "runs_agree": False}
+    assert len(notes) == 1 and notes[0].startswith(
+        "the runs did not all start from the same base model files (2 weights and tokenizer sha256 pairs"
+    )
+
+
+@pytest.mark.parametrize("jobs", [1, 2], ids=["jobs1", "jobs2"])
+@pytest.mark.parametrize("given", ["new", "empty"], ids=["new-out", "empty-out"])
+def test_a_config_refused_at_its_first_run_is_refused_alike_and_leaves_out_as_it_was(
+    jobs: int,
+    given: str,
+    project: TinyProject,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--set split.stratify_by=nosuchcol: exit 2 naming the --set, with --jobs 2 as with --jobs 1
+    (before, --jobs 2 exited 1, "2 runs failed", pointing at the study's copy of the config and
+    telling to run the same command again, and left the study directory); --out as it was: no
+    directory when it was new, an empty one when it was given empty (before, config.yaml and
+    study.json were left in it)."""
+    assert jobs == 1 or fork_legs_here(monkeypatch) or os.environ.get("REPROTUNE_TESTS_COLD")
+    out = tmp_path / "out"
+    if given == "empty":
+        out.mkdir()
+    args = ["--n", "2", "--jobs", str(jobs), "--out", str(out), "--no-tracking"]
+    code = main(["seeds", str(project.root / "cfg.yaml"), *args, "--set", "split.stratify_by=nosuchcol"])
+    columns = ["category", "prompt", "response"]
+    assert (code, capsys.readouterr().err) == (
+        2,
+        "reprotune seeds: error: --set split.stratify_by=nosuchcol: split.stratify_by names column "
+        f"'nosuchcol': no such column in {project.root / 'data.jsonl'}; its columns are {columns}\n"
+        f"fix: set split.stratify_by to one of {columns}\n",
+    )
+    assert (sorted(out.iterdir()) if out.exists() else None) == ([] if given == "empty" else None)
+
+
 def test_a_metric_evaluated_otherwise_in_some_runs_is_left_out_and_said() -> None:
     """Run 0 evaluated on its test split's first 3 rows, runs 1-2 on all of it: test/bleu is not
     one sample (the study mixed them, and significance tested on them), so it is left out of the
     summary with a note naming both setups; final_val_loss stays."""
     from reprotune._config.loading import config_from_dict
+    from reprotune._studies.directory import new_study
     from reprotune._studies.plan import plan_study
-    from reprotune._studies.study import new_study, summarise_runs
+    from reprotune._studies.study import summarise_runs
 
     plan = plan_study(config_from_dict({"seed": {"root": 1}}), n=3, vary="all", name="s")
     runs = [

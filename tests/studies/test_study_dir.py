@@ -71,10 +71,10 @@ def test_a_study_refused_as_busy_leaves_the_other_s_directory(
     and the other's directory stays (before, a refusal before any run began removed it, the
     other's lock and study.json with it)."""
     from reprotune._run.lock import holding_run_dir
-    from reprotune._studies import study as _study
+    from reprotune._studies import directory as _directory
 
     out = tmp_path / "s"
-    monkeypatch.setattr(_study, "first_missing", lambda path: out)  # as if this call were to make it
+    monkeypatch.setattr(_directory, "first_missing", lambda path: out)  # as if this call were to make it
     with holding_run_dir(out, report=lambda _: None, what="study directory", option="--out"):
         (out / "study.json").write_text("{}")
         with pytest.raises(InputError, match="study directory"):

@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from reprotune._config.loading import config_from_dict
+from reprotune._config.schema import config_sha256
 from reprotune._jsonio import sha256_bytes
+from reprotune._run.record import new_record, typed_record
+from reprotune._studies import study as study_module
+from reprotune._studies.execute import RunOutcome
+from reprotune._studies.layout import StudyLayout
 from reprotune._studies.metrics import eval_setup, run_metrics
+from reprotune._studies.plan import PlannedRun
+from reprotune._studies.study import StudyOptions, run_study
 
 FINAL = (5.4375).hex()  # the record's outputs.final_val_loss
 
@@ -123,3 +134,39 @@ def test_a_diverged_run_leaves_its_loss_out_with_a_note(tmp_path: Path) -> None:
         assert "final_val_loss" not in metrics and notes == [
             f"{tmp_path.name}: final validation loss {value}, the run diverged: left out"
         ]
+
+
+def test_an_extra_eval_of_one_run_leaves_the_metric_every_run_shares(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every run evaluated with sampling, run 0 also greedily (a setup that sorts first): the
+    study names test/bleu by the setup all three share, and run 0's greedy eval apart, measured
+    by it alone (before, run 0's greedy eval took the plain name, and the study left test/bleu out:
+    "the runs' evaluations differ")."""
+
+    def body(decoding: str, value: float) -> dict[str, Any]:
+        generation = _generation(decoding=decoding, temperature=0.7 if decoding == "sampling" else None)
+        return {"split": "test", "metrics": {"bleu": value}, "generation": generation}
+
+    def execute(runs: Sequence[PlannedRun], paths: StudyLayout, *, on_done: Any, **_: Any) -> None:
+        for planned in runs:  # each run as if trained: its record and evals, made here
+            run_dir = paths.run_dir(planned.name)
+            _eval(run_dir, "20261201-sampling", body("sampling", 10.0 + planned.index))
+            if planned.index == 0:
+                _eval(run_dir, "20261202-greedy", body("greedy", 30.0))
+            record = {**new_record("r", {}, config_sha256(planned.config), {}), "status": "completed"}
+            record["outputs"] = {"final_val_loss": (1.0 + planned.index).hex()}
+            on_done(RunOutcome(planned, run_dir, typed_record(record), "ran", 0.0))
+
+    monkeypatch.setattr(study_module, "execute_runs", execute)
+    cfg = config_from_dict({"seed": {"root": 1}})
+    study = run_study(cfg, n=3, vary="all", options=StudyOptions(out=tmp_path / "s", tracking=False)).study
+    greedy = f"test/bleu@{sha256_bytes(eval_setup(body('greedy', 30.0)).encode())[:8]}"
+    assert study["metrics"] == ["final_val_loss", "test/bleu"]
+    assert study["summary"]["all"]["test/bleu"]["values"] == [10.0, 11.0, 12.0]
+    assert [run["metrics"] for run in study["runs"]] == [
+        {"final_val_loss": 1.0, "test/bleu": 10.0, greedy: 30.0},
+        {"final_val_loss": 2.0, "test/bleu": 11.0},
+        {"final_val_loss": 3.0, "test/bleu": 12.0},
+    ]
+    assert study["metric_notes"] == [f"{greedy}: measured in 1 of 3 runs only, left out of the summary"]

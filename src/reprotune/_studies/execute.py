@@ -13,12 +13,14 @@ with more, each run is ``python -m reprotune run|resume`` in its own process, ``
 its output in ``logs/<name>.log``, started as verify starts its legs (``_proof.processes``): it ends
 with the study (SIGTERM from the kernel, even when the study is SIGKILLed: the run records itself
 interrupted, and the same command resumes it), never training on as an orphan. The runs are the
-same either way.
+same either way, and so are the refusals: a run's process that exits 2 (bad input, such as a
+stratify column the data lacks) is refused here with its message, as a run in this process is.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from reprotune._config.locate import is_key_path
 from reprotune._config.schema import config_sha256
 from reprotune._errors import InputError, RunFailedError
 from reprotune._eval.at_end import evaluate_at_end
@@ -67,7 +70,8 @@ def execute_runs(
 
     Raises:
         InputError: a run directory holds a run of another config, or a completed run whose
-            files changed since (the message names it and how to redo it).
+            files changed since (the message names it and how to redo it); a run in its own
+            process refused its input (exit 2: its message, as a run in this process raises it).
         RunFailedError: a run in its own process failed (the tail of its log is in the message).
     """
     todo: list[PlannedRun] = []
@@ -172,6 +176,8 @@ def _subprocess(planned: PlannedRun, paths: StudyLayout, tracking: bool) -> RunO
             [sys.executable, "-m", "reprotune", *args], out, dict(os.environ), own_group=False
         ).wait()
     seconds = time.perf_counter() - started
+    if code == 2:  # bad input: the refusal `--jobs 1` gives, not a run that failed
+        raise _refusal(log, args[0], paths.config)
     if code != 0:
         tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-12:]
         raise RunFailedError(
@@ -181,6 +187,22 @@ def _subprocess(planned: PlannedRun, paths: StudyLayout, tracking: bool) -> RunO
         )
     run_dir = paths.run_dir(planned.name)
     return RunOutcome(planned, run_dir, _verify_completed(planned, run_dir), action, seconds)
+
+
+def _refusal(log: Path, command: str, config: Path) -> InputError:
+    """The refusal a run's process printed (``reprotune run: error: SOURCE: MESSAGE``, then
+    ``fix: FIX``) as this process's own. Where it names a key of the study's config.yaml (the
+    config every run's process reads), the key is the source again, as a run in this process
+    gives it, so that the CLI points at the user's ``--set`` or config line, not at a copy."""
+    said = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    head = f"reprotune {command}: error: "
+    starts = [i for i, line in enumerate(said) if line.startswith(head)]
+    text = "\n".join(said[starts[-1] :] if starts else said[-12:]).removeprefix(head)
+    text, _, fix = text.partition("\nfix: ")
+    located = re.match(rf"{re.escape(str(config))}(?:, [^()]*)? \(key ([^,)]+)[^)]*\): ", text)
+    if located is not None and is_key_path(located.group(1)):
+        return InputError(text[located.end() :], source=located.group(1), fix=fix or None)
+    return InputError(text, source=None if starts else str(log), fix=fix or None)
 
 
 def _run_in_processes(
@@ -208,9 +230,17 @@ def _run_in_processes(
                 future.cancel()
             raise
     if failures:
-        if len(failures) == 1:
-            raise failures[0]
-        raise RunFailedError(
-            f"{len(failures)} runs failed:\n" + "\n\n".join(str(f) for f in failures),
-            fix="fix what the logs say, then run the same `reprotune seeds` command again to continue",
-        )
+        raise _one_error(failures)
+
+
+def _one_error(failures: Sequence[BaseException]) -> BaseException:
+    """The error of runs that failed or were refused: one refusal that every run gave alike (a
+    config the runs refuse refuses them all) is raised as it is, exit 2 as with ``--jobs 1``;
+    several are listed, a refusal making the whole bad input."""
+    refusals = list({str(f): f for f in failures if isinstance(f, InputError)}.values())
+    others = [f for f in failures if not isinstance(f, InputError)]
+    if len(refusals) + len(others) == 1:
+        return (refusals or others)[0]
+    listed = f"{len(failures)} runs failed:\n" + "\n\n".join(map(str, [*refusals, *others]))
+    fix = "fix what the logs say, then run the same `reprotune seeds` command again to continue"
+    return InputError(listed, fix=fix) if refusals else RunFailedError(listed, fix=fix)

@@ -1,4 +1,4 @@
-"""What one run of a study measured: its final validation loss and the metrics of its evaluations.
+"""What the runs of a study measured: the final validation loss and the metrics of evaluations.
 
 - ``final_val_loss``: the record's ``outputs.final_val_loss`` (exact ``float.hex`` bits).
 - Evaluations (``reprotune eval``): every ``RUN_DIR/evals/<id>/eval.json`` whose ``metrics`` maps
@@ -6,9 +6,13 @@
   They are read defensively: an eval that is unfinished, unreadable or without numbers is left
   out and said why, and so is one of the base model alone (``--base-only``: it does not measure
   the run). Each metric carries its eval's setup (rows, decoding, prompt): a study summarises a
-  metric only when every run's setup is the same. When two evals of one run give one name, one
-  over the whole split comes first; the other is kept apart as ``<split>/<name>@<eval id>`` when
-  its value or setup differs.
+  metric only when every run's setup is the same.
+
+Names are chosen for the study, not run by run (:func:`name_metrics`): of the setups one name was
+measured with, the one every run has takes the plain name, so one run's extra eval of another
+setup cannot take it from the metric all runs share. The others are kept apart as
+``<split>/<name>@<setup id>`` (8 hex of the setup's sha256: each run's eval of one setup is one
+metric), or ``<split>/<name>@<eval id>`` for a second eval of one setup that gives another value.
 
 Never imports torch.
 """
@@ -17,7 +21,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -27,19 +32,55 @@ from reprotune._jsonio import sha256_bytes
 FINAL_VAL_LOSS: Final = "final_val_loss"
 
 
+@dataclass(frozen=True)
+class Measured:
+    """One number of one evaluation of a run, before the study names it."""
+
+    name: str
+    """``<split>/<name>``: the plain name."""
+    value: float
+    setup: str
+    """:func:`eval_setup` of its eval."""
+    eval_id: str
+    whole: bool
+    """Measured over the whole split (not its first rows)."""
+
+    @property
+    def order(self) -> tuple[bool, str, str]:
+        """Whole split first, then by setup, then by eval id: the same order in every run, whatever
+        order its evals were made in (their directory names start with the time)."""
+        return (not self.whole, self.setup, self.eval_id)
+
+
+@dataclass(frozen=True)
+class RunMeasures:
+    """What one run measured (:func:`read_run`), and one line for each thing left out and why."""
+
+    final_val_loss: float | None
+    evals: tuple[Measured, ...]
+    notes: tuple[str, ...]
+
+
 def run_metrics(
     run_dir: Path, final_val_loss: str | None
 ) -> tuple[dict[str, float], list[str], dict[str, str]]:
-    """The metrics of the completed run in ``run_dir``: its record's ``outputs.final_val_loss``
-    (``float.hex``, or None where none was measured) and its evaluations.
+    """The metrics of the completed run in ``run_dir`` named as a study of this one run would
+    name them (:func:`read_run`, :func:`name_metrics`).
 
     Returns:
         ``(metrics, notes, setups)``: name -> value, one line for each thing left out and why, and
         each eval metric's setup (:func:`eval_setup`).
     """
-    metrics: dict[str, float] = {}
+    measures = read_run(run_dir, final_val_loss)
+    ((metrics, setups),) = name_metrics([measures])
+    return metrics, list(measures.notes), setups
+
+
+def read_run(run_dir: Path, final_val_loss: str | None) -> RunMeasures:
+    """What the completed run in ``run_dir`` measured: its record's ``outputs.final_val_loss``
+    (``float.hex``, or None where none was measured) and every number of its evaluations."""
+    loss: float | None = None
     notes: list[str] = []
-    setups: dict[str, str] = {}
     if final_val_loss is not None:
         try:
             value = float.fromhex(final_val_loss)
@@ -49,22 +90,56 @@ def run_metrics(
             )
         else:
             if math.isfinite(value):
-                metrics[FINAL_VAL_LOSS] = value
+                loss = value
             else:  # a run that diverged: no number a mean or a test can take
                 notes.append(f"{run_dir.name}: final validation loss {value}, the run diverged: left out")
     else:
         notes.append(f"{run_dir.name}: no final validation loss in its record")
-    evals = evals_dir(run_dir)
-    if evals.is_dir():
-        read = [(d, _read_eval(d, notes)) for d in sorted(p for p in evals.iterdir() if p.is_dir())]
-        usable = [(d, data) for d, data in read if data is not None]
-        # the whole split's first, then by setup: the same choice in every run, whatever order
-        # the evals were made in (their directory names start with the time)
-        for eval_dir, data in sorted(
-            usable, key=lambda e: (not _whole_split(e[1]), eval_setup(e[1]), e[0].name)
-        ):
-            _add_metrics(eval_dir, data, metrics, setups, notes)
-    return metrics, notes, setups
+    evals: list[Measured] = []
+    directory = evals_dir(run_dir)
+    if directory.is_dir():
+        for eval_dir in sorted(p for p in directory.iterdir() if p.is_dir()):
+            data = _read_eval(eval_dir, notes)
+            if data is not None:
+                evals += _measured(eval_dir, data, notes)
+    return RunMeasures(loss, tuple(evals), tuple(notes))
+
+
+def name_metrics(runs: Sequence[RunMeasures]) -> list[tuple[dict[str, float], dict[str, str]]]:
+    """Each run's metrics by the names the study gives them, and each eval metric's setup.
+
+    Per plain name: the setup every run measured it with takes the plain name (the first such by
+    :attr:`Measured.order` when several are); where no setup is in every run, each run's first
+    takes it, so that a summary says the runs' evaluations differ. Every other setup is named
+    ``<name>@<setup id>``; a second eval of one setup giving another value ``<name>@<eval id>``.
+
+    Returns:
+        ``(metrics, setups)`` per run, in the order of ``runs``.
+    """
+    named: list[tuple[dict[str, float], dict[str, str]]] = [
+        ({FINAL_VAL_LOSS: r.final_val_loss} if r.final_val_loss is not None else {}, {}) for r in runs
+    ]
+    for name in sorted({m.name for r in runs for m in r.evals}):
+        each = [sorted((m for m in r.evals if m.name == name), key=lambda m: m.order) for r in runs]
+        shared = set.intersection(*({m.setup for m in measured} for measured in each))
+        for (metrics, setups), measured in zip(named, each, strict=True):
+            _name_one(name, measured, shared, metrics, setups)
+    return named
+
+
+def _name_one(
+    name: str, measured: list[Measured], shared: set[str], metrics: dict[str, float], setups: dict[str, str]
+) -> None:
+    """Name one run's evals of ``name`` (in :attr:`Measured.order`) into ``metrics`` and ``setups``."""
+    if not measured:
+        return
+    plain = next((m.setup for m in measured if m.setup in shared), measured[0].setup)
+    for m in sorted(measured, key=lambda m: m.setup != plain):  # stable: the order within stays
+        key = name if m.setup == plain else f"{name}@{sha256_bytes(m.setup.encode())[:8]}"
+        if key in metrics and metrics[key] != m.value:
+            key = f"{name}@{m.eval_id}"  # the same setup giving another value: this eval's own
+        if key not in metrics:  # else the same number twice: one metric
+            metrics[key], setups[key] = m.value, m.setup
 
 
 def _read_eval(eval_dir: Path, notes: list[str]) -> dict[str, Any] | None:
@@ -88,27 +163,13 @@ def _read_eval(eval_dir: Path, notes: list[str]) -> dict[str, Any] | None:
     return data
 
 
-def _add_metrics(
-    eval_dir: Path,
-    data: Mapping[str, Any],
-    metrics: dict[str, float],
-    setups: dict[str, str],
-    notes: list[str],
-) -> None:
+def _measured(eval_dir: Path, data: Mapping[str, Any], notes: list[str]) -> list[Measured]:
     found: dict[str, float] = {}
     _numbers(data["metrics"], _split_name(data.get("split")) + "/", found)
     if not found:
         notes.append(f"{_where(eval_dir)}: left out, no numeric metrics")
-    setup = eval_setup(data)
-    for name, value in sorted(found.items()):
-        if name in metrics and (metrics[name] != value or setups.get(name) != setup):
-            # another setup: named by it, so every run's eval of that setup is one metric; the
-            # same setup giving another value is this eval's own (named by its directory)
-            apart = f"{name}@{sha256_bytes(setup.encode())[:8]}"
-            taken = setups[name] == setup or (apart in metrics and metrics[apart] != value)
-            name = f"{name}@{eval_dir.name}" if taken else apart
-        if name not in metrics:
-            metrics[name], setups[name] = value, setup
+    setup, whole = eval_setup(data), _whole_split(data)
+    return [Measured(name, value, setup, eval_dir.name, whole) for name, value in sorted(found.items())]
 
 
 def _where(eval_dir: Path) -> str:

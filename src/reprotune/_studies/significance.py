@@ -1,13 +1,13 @@
 """``reprotune significance``: do two studies differ beyond seed noise?
 
-The test itself (Welch's t-test, a permutation test, effect size, power) is ``_studies.twosample``.
-``significance`` reads two ``study.json`` files, refuses what cannot be compared (exit 2), and
-lists what differs between the studies' configs. Never imports torch.
+The test itself (Welch's t-test, a permutation test, effect size, power) is ``_studies.twosample``;
+what makes one study a sample to test is ``_studies.sample``. ``significance`` reads two
+``study.json`` files, refuses what cannot be compared (exit 2), and lists what differs between
+the studies' configs. Never imports torch.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,7 +21,7 @@ from reprotune._jsonio import empty_beside_keys, flattened
 from reprotune._proof.inert import is_inert
 from reprotune._studies.metrics import FINAL_VAL_LOSS
 from reprotune._studies.plan import one_config_and_seeds
-from reprotune._studies.studyfile import load_study
+from reprotune._studies.sample import load_checked
 from reprotune._studies.twosample import (
     MAX_SEEDS,
     TestResult,
@@ -139,8 +139,9 @@ def significance(
 
     Raises:
         InputError: ``alpha`` out of range; a study unfinished, of ``--vary each``, with fewer than
-            2 runs, or of another base model (without the allowance); metric sets that differ; an
-            unknown metric.
+            2 runs or no metric, whose study.json does not hold together, or of another base model
+            or runs of different ones (without the allowance); metric sets that differ; an unknown
+            metric (:func:`~reprotune._studies.sample.load_checked`).
 
     Example:
         >>> result = significance("studies/a", "studies/b")  # doctest: +SKIP
@@ -148,8 +149,8 @@ def significance(
         B is lower than A by 0.12 (95% CI 0.07..0.17), beyond seed noise (p = 0.002, 5 seeds each)
     """
     seed = _check_options(alpha, seed)
-    a = _checked(load_study(study_a, option="STUDY_A"), "STUDY_A", study_a)
-    b = _checked(load_study(study_b, option="STUDY_B"), "STUDY_B", study_b)
+    a = load_checked(study_a, "STUDY_A", allow_different_models=allow_different_models)
+    b = load_checked(study_b, "STUDY_B", allow_different_models=allow_different_models)
     common = [m for m in a["metrics"] if m in b["metrics"]]
     if metric not in a["metrics"] and metric not in b["metrics"]:
         known = common or sorted(set(a["metrics"]) | set(b["metrics"]))
@@ -249,62 +250,6 @@ def _check_options(alpha: float, seed: int) -> int:
     return check_seed(seed, "the permutation test's seed", source="--seed", fix="e.g. --seed 0")
 
 
-def _checked(study: dict[str, Any], option: str, path: str | Path) -> dict[str, Any]:
-    if study["status"] != "completed":
-        done = sum(run["status"] == "completed" for run in study["runs"])
-        raise InputError(
-            f"{option} {path} is not complete ({done} of {len(study['runs'])} runs)",
-            source=option,
-            fix="run the same `reprotune seeds` command again to finish it",
-        )
-    if study["vary"] == "each":
-        raise InputError(
-            f"{option} {path} is a --vary each study (one group per source of randomness), not one sample",
-            source=option,
-            fix="compare studies made with --vary all (or one seed consumer)",
-        )
-    if len(study["runs"]) < 2:
-        raise InputError(
-            f"{option} {path} has {len(study['runs'])} run(s); a spread needs at least 2",
-            source=option,
-            fix="run the study with --n 2 or more (5 or more for a useful test)",
-        )
-    problem = _inconsistency(study)
-    if problem:
-        raise InputError(
-            f"{option} {path}: study.json does not hold together: {problem}",
-            source=option,
-            fix="run the `reprotune seeds` command that made it again: it rewrites study.json from its runs",
-        )
-    return study
-
-
-def _inconsistency(study: Mapping[str, Any]) -> str | None:
-    """What makes a completed study.json (edited, or damaged) no sample to test, or None: runs
-    neither one per planned seed nor completed, a listed metric without a finite value in every
-    run or without its summary."""
-    runs, groups = study["runs"], study.get("groups") or []
-    names = [run.get("name") for run in runs]
-    if len(set(names)) != len(names) or len(runs) != study.get("n", 0) * len(groups):
-        planned = f"--n {study.get('n')} of {len(groups)} group(s)"
-        return f"{len(runs)} runs, {len(set(names))} of them named apart, for {planned}"
-    for run in runs:
-        metrics = run.get("metrics")
-        if run.get("status") != "completed":
-            return f"run {run.get('name')!r} is {run.get('status')!r}, not completed"
-        if not isinstance(metrics, Mapping):
-            return f"run {run.get('name')!r} has no metrics mapping"
-        for metric in study["metrics"]:
-            value = metrics.get(metric)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                return f"run {run.get('name')!r} gives {metric} {value!r}, not a finite number"
-    for group in groups:
-        missing = [m for m in study["metrics"] if m not in ((study.get("summary") or {}).get(group) or {})]
-        if missing:
-            return f"its summary of {group!r} lacks {', '.join(missing)}"
-    return None
-
-
 #: What makes two base models different for ``significance`` (their source, as written, does not).
 MODEL_IDENTITY: Final = ("base_model.weights_sha256", "base_model.tokenizer_sha256")
 
@@ -318,7 +263,10 @@ def study_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[s
         {
             **flattened(study["config"]),
             "study.vary": study["vary"],
-            **flattened(study.get("base_model") or {}, "base_model"),
+            # whether its runs agree is the study's own matter (load_checked), not a difference
+            **flattened(
+                {k: v for k, v in (study.get("base_model") or {}).items() if k != "runs_agree"}, "base_model"
+            ),
             **flattened(study.get("data") or {}, "study.data"),  # config keys have no prefix
         }
         for study in (a, b)
@@ -344,6 +292,15 @@ def _inert(key: str, hashed: Mapping[str, bool]) -> bool:
     return is_inert(f"config.{key}")
 
 
+#: A study whose runs disagree on what they started from (compared with ``--allow``, for a model).
+_MIXED: Final = {
+    "data": "train on the same data (the data file changed while it was made): its spread mixes data "
+    "with seed noise",
+    "base_model": "start from the same base model files (the model changed while it was made): its "
+    "spread mixes models with seed noise",
+}
+
+
 def _notes(a: Mapping[str, Any], b: Mapping[str, Any], t: TestResult) -> list[str]:
     notes = [t.note] if t.note else []
     if (t.permutation_p < t.alpha) != t.beyond_noise:
@@ -356,11 +313,9 @@ def _notes(a: Mapping[str, Any], b: Mapping[str, Any], t: TestResult) -> list[st
         else:
             notes.append(f"the permutation test disagrees with Welch's t-test (p = {t.permutation_p:.3g})")
     for label, study in (("A", a), ("B", b)):
-        if (study.get("data") or {}).get("runs_agree") is False:
-            notes.append(
-                f"study {label}'s runs did not all train on the same data (the data file changed while "
-                "it was made): its spread mixes data with seed noise"
-            )
+        for key, said in _MIXED.items():
+            if (study.get(key) or {}).get("runs_agree") is False:
+                notes.append(f"study {label}'s runs did not all {said}")
         if study["vary"] != "all":
             notes.append(
                 f"study {label} moves only the {study['vary']} seed: the other seeds stay at one value, "

@@ -1,6 +1,6 @@
 """What a study's runs started from, as ``study.json`` keeps it: the base model and the data file
-(their hashes, from the runs' records), and a note when the runs do not all agree. Never imports
-torch."""
+(their hashes, from the runs' records), whether every run agrees, and a note when they do not.
+Never imports torch."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from reprotune._run.record import RunRecord
 
 
 def base_model(records: Sequence[RunRecord]) -> tuple[dict[str, Any] | None, list[str]]:
-    """The base model every run started from (source and hashes), and a note if runs disagree."""
+    """The base model the runs started from (the first run's source and hashes), whether every run
+    did (``runs_agree``: ``significance`` refuses a study whose runs did not, as it refuses two
+    studies of different models), and a note when they did not."""
     seen = [
         {
             "source": r.model.source if r.model else None,
@@ -22,12 +24,19 @@ def base_model(records: Sequence[RunRecord]) -> tuple[dict[str, Any] | None, lis
     ]
     if not seen:
         return None, []
+    # The files, not where they were found: a model given by another path is the same model.
+    files = [(s["weights_sha256"], s["tokenizer_sha256"]) for s in seen]
+    agree = all(f == files[0] for f in files[1:])
     notes = []
-    if any(s != seen[0] for s in seen[1:]):
+    if not agree:
         notes.append(
-            "the runs did not all start from the same base model files; base_model is the first run's"
+            f"the runs did not all start from the same base model files ({len(set(files))} weights and "
+            "tokenizer sha256 pairs: the model changed while the study was made); the spread mixes "
+            "models with seed noise: make the study again in a new --out; base_model is the first run's"
         )
-    return seen[0], notes
+    elif any(s != seen[0] for s in seen[1:]):
+        notes.append("the runs found the base model at different sources; base_model is the first run's")
+    return {**seen[0], "runs_agree": agree}, notes
 
 
 def data_identity(records: Sequence[RunRecord]) -> tuple[dict[str, Any] | None, list[str]]:

@@ -1,18 +1,19 @@
 """``reprotune seeds``: a study's life, from its plan to its ``study.json`` and report.
 
-1. plan the runs (``_studies.plan``: the seed rule) and open the study directory: a new one, or
-   the same study begun before (same config and vary; a larger ``--n`` extends it);
+1. plan the runs (``_studies.plan``: the seed rule) and open the study directory
+   (``_studies.directory``): a new one, or the same study begun before (same config and vary; a
+   larger ``--n`` extends it); refused before a run began, the directory is put back as it was;
 2. bring every run to completion (``_studies.execute``: kept, resumed or run), writing
    ``study.json`` after each and tagging its MLflow run as a child of the study's;
-3. summarise every metric all runs have (``_studies.stats``), write the final ``study.json`` and
-   ``report.html``, and close the MLflow parent run.
+3. name every metric across the runs (``_studies.metrics``), summarise each one all runs have
+   (``_studies.stats``), write the final ``study.json`` and ``report.html``, and close the MLflow
+   parent run.
 """
 
 from __future__ import annotations
 
-import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,27 +21,20 @@ from typing import Any
 from reprotune._config.loading import dump_config_yaml
 from reprotune._config.schema import ExperimentConfig, config_sha256
 from reprotune._determinism.seeds import derive_seed
-from reprotune._errors import InputError, SchemaVersionError
+from reprotune._errors import InputError
 from reprotune._jsonio import write_bytes_atomic
-from reprotune._run.layout import LOCK
 from reprotune._run.lock import holding_run_dir
-from reprotune._run.outputs import first_missing, refuse_inside_run, refuse_unwritable_parent
+from reprotune._run.outputs import refuse_inside_run, refuse_unwritable_parent
 from reprotune._run.record import RunRecord, ended_status
-from reprotune._studies import layout
+from reprotune._studies.directory import Before, open_study, planned_entry, put_back, runs_made
 from reprotune._studies.execute import Action, RunOutcome, execute_runs
 from reprotune._studies.layout import StudyLayout
-from reprotune._studies.metrics import FINAL_VAL_LOSS, run_metrics
-from reprotune._studies.plan import SEED_RULE, PlannedRun, StudyPlan, plan_study
+from reprotune._studies.metrics import FINAL_VAL_LOSS, RunMeasures, name_metrics, read_run
+from reprotune._studies.plan import StudyPlan, plan_study
 from reprotune._studies.report import write_study_report
 from reprotune._studies.sources import base_model, data_identity
-from reprotune._studies.stats import (
-    BOOTSTRAP_METHOD,
-    BOOTSTRAP_RESAMPLES,
-    CONFIDENCE,
-    describe,
-    variance_shares,
-)
-from reprotune._studies.studyfile import load_study, write_study
+from reprotune._studies.stats import describe, variance_shares
+from reprotune._studies.studyfile import write_study
 from reprotune._studies.tracking import StudyTracker
 from reprotune._trackers.base import flatten_params
 from reprotune._version import __version__
@@ -103,8 +97,8 @@ def run_study(
     paths = StudyLayout(options.out or Path("studies") / plan.study_id)
     refuse_inside_run(paths.root, option="--out")
     refuse_unwritable_parent(paths.root, source="--out")
-    created = first_missing(paths.root)
-    undo = False  # refused, holding the directory this call made, before a run began: as it was
+    before = Before.look(paths.root)
+    undo = False  # refused before a run began: the directory as this call found it
     try:
         # One writer: a second `seeds` on the same directory is refused while this one runs (that
         # refusal, before the lock is held, removes nothing: the directory is the other's).
@@ -112,47 +106,36 @@ def run_study(
             try:
                 return _run_locked(cfg, plan, paths, options)
             except InputError:
-                undo = created is not None and not _runs_made(paths)
+                undo = not runs_made(paths)
                 raise
     finally:
-        if undo and created is not None:
-            shutil.rmtree(created, ignore_errors=True)
-
-
-def _never_began(study: dict[str, Any], paths: StudyLayout) -> bool:
-    """A study every run of which is still planned, none with a directory (one refused at its
-    first run, by a reprotune before such a refusal removed it)."""
-    return all(run.get("status") == "planned" for run in study["runs"]) and not _runs_made(paths)
-
-
-def _runs_made(paths: StudyLayout) -> bool:
-    """Whether a run of the study has begun (its directory exists)."""
-    runs = paths.root / layout.RUNS
-    return runs.is_dir() and any(runs.iterdir())
+        if undo:
+            put_back(paths.root, before)
 
 
 def _run_locked(
     cfg: ExperimentConfig, plan: StudyPlan, paths: StudyLayout, options: StudyOptions
 ) -> StudyResult:
     before = paths.study.read_bytes() if paths.study.is_file() else None
-    study = _open(paths, plan)
+    study = open_study(paths, plan)
     dump_config_yaml(cfg, paths.config)
     tracker = _tracker(cfg, plan, paths, options)
     actions: dict[str, Action] = {}
-    notes: dict[str, list[str]] = {}
     records: dict[str, RunRecord] = {}
+    measured: dict[str, RunMeasures] = {}
     entries = {entry["name"]: entry for entry in study["runs"]}
     seconds = 0.0
 
     def on_done(outcome: RunOutcome) -> None:
         nonlocal seconds
         seconds += outcome.seconds
-        entry, run_notes = _entry(outcome)
-        entries[outcome.planned.name] = entry
-        notes[outcome.planned.name] = run_notes
+        entries[outcome.planned.name] = _entry(outcome)
+        outputs = outcome.record.outputs
+        loss = outputs.final_val_loss if outputs is not None else None
+        measured[outcome.planned.name] = read_run(outcome.run_dir, loss)
         records[outcome.planned.name] = outcome.record
         actions[outcome.planned.name] = outcome.action
-        write_study(paths.study, {**study, "runs": [entries[r.name] for r in plan.runs]})
+        write_study(paths.study, {**study, "runs": _named_runs(plan, entries, measured)})
         if tracker is not None:
             _adopt(tracker, plan, outcome)
         options.progress(_progress_line(plan, outcome, len(actions)))
@@ -166,7 +149,8 @@ def _run_locked(
             status = ended_status(exc)
             tracker.finish({}, [paths.study], status)
         raise
-    runs = [entries[r.name] for r in plan.runs]
+    runs = _named_runs(plan, entries, measured)
+    notes = {name: list(m.notes) for name, m in measured.items()}
     final = {**study, "status": "completed", "runs": runs, **summarise_runs(plan, runs, notes)}
     final["base_model"], model_notes = base_model([records[r.name] for r in plan.runs])
     final["data"], data_notes = data_identity([records[r.name] for r in plan.runs])
@@ -179,123 +163,32 @@ def _run_locked(
     return StudyResult(paths.root, final, actions, seconds, summary)
 
 
-def _open(paths: StudyLayout, plan: StudyPlan) -> dict[str, Any]:
-    """The study's ``study.json`` content to start from: new, or the one begun before (checked)."""
-    fresh = new_study(plan)
-    rebuild = (
-        f"remove {paths.study} and run the same command again: its run directories are checked "
-        "against the plan and kept, and study.json is written anew"
-    )
-    if paths.study.is_file():
-        try:
-            old = load_study(paths.study)
-        except SchemaVersionError:
-            raise
-        except InputError as exc:  # damaged: rewriting it needs the runs alone
-            raise InputError(exc.message, source=exc.source, fix=rebuild) from None
-        for key, what in (("config_sha256", "config"), ("vary", "--vary")):
-            if old[key] != fresh[key] and _never_began(old, paths):  # nothing of it to keep
-                paths.mlflow.unlink(missing_ok=True)  # its MLflow parent run is the other config's
-                write_study(paths.study, fresh)
-                return fresh
-            if old[key] != fresh[key]:
-                raise InputError(
-                    f"study directory {paths.root} holds a study of another {what} "
-                    f"({old[key]!r} there, {fresh[key]!r} now)",
-                    source=str(paths.study),
-                    fix="give this study another --out directory, or run the command that began that one",
-                )
-        if old["n"] > plan.n:
-            raise InputError(
-                f"study directory {paths.root} holds a study of --n {old['n']}; --n {plan.n} would drop runs",
-                source="--n",
-                fix=f"pass --n {old['n']} (or more, to add runs), or another --out directory",
-            )
-        return fresh
-    if paths.root.is_dir():
-        for leftover in paths.root.glob(f".{layout.STUDY}.*.tmp"):
-            leftover.unlink()  # a first study.json killed before it landed: nothing was run
-    if paths.root.exists() and not _only_this_studys_runs(paths, plan):
-        raise InputError(
-            f"{paths.root} exists and is not a study directory (it has no {layout.STUDY})",
-            source="--out",
-            fix="choose a new --out directory, or an empty one",
-        )
-    paths.root.mkdir(parents=True, exist_ok=True)
-    write_study(paths.study, fresh)
-    return fresh
-
-
-def _only_this_studys_runs(paths: StudyLayout, plan: StudyPlan) -> bool:
-    """Whether ``paths.root`` is empty, or holds only what this study writes besides study.json
-    (its runs, by their planned names, logs, report): a study whose study.json was removed, which
-    a rerun rebuilds from its runs (each checked against the plan)."""
-    if not paths.root.is_dir():
-        return False
-    known = {LOCK, layout.RUNS, layout.LOGS, layout.REPORT, layout.MLFLOW, layout.CONFIG}
-    if any(p.name not in known for p in paths.root.iterdir()):
-        return False
-    runs = paths.root / layout.RUNS
-    planned = {r.name for r in plan.runs}
-    return not runs.exists() or (runs.is_dir() and all(p.name in planned for p in runs.iterdir()))
-
-
-def new_study(plan: StudyPlan) -> dict[str, Any]:
-    """The ``study.json`` content of a study about to start: the plan, every run ``planned``."""
-    cfg = plan.config
-    return {
-        "study_id": plan.study_id,
-        "status": "running",
-        "config": cfg.resolved(),
-        "config_sha256": config_sha256(cfg),
-        "vary": plan.vary,
-        "n": plan.n,
-        "groups": list(plan.groups),
-        "seed_rule": SEED_RULE,
-        "notes": list(plan.notes),
-        "base_model": None,
-        "bootstrap": {
-            "seed": derive_seed(cfg.seed.root, "study/bootstrap"),
-            "seed_rule": "derive_seed(R, 'study/bootstrap'); a new numpy Generator from it per interval",
-            "method": f"scipy.stats.bootstrap, {BOOTSTRAP_METHOD} (percentile when BCa cannot be computed)",
-            "n_resamples": BOOTSTRAP_RESAMPLES,
-            "confidence_level": CONFIDENCE,
-        },
-        "runs": [_planned_entry(r) for r in plan.runs],
-        "metrics": [],
-        "summary": {},
-        "variance": None,
-        "metric_notes": [],
-    }
-
-
-def _planned_entry(planned: PlannedRun) -> dict[str, Any]:
-    return {
-        "name": planned.name,
-        "dir": f"{layout.RUNS}/{planned.name}",
-        "group": planned.group,
-        "varied": planned.varied,
-        "index": planned.index,
-        "seed": planned.seed,
-        "status": "planned",
-        "config_sha256": config_sha256(planned.config),
-    }
-
-
-def _entry(outcome: RunOutcome) -> tuple[dict[str, Any], list[str]]:
+def _entry(outcome: RunOutcome) -> dict[str, Any]:
+    """A completed run's entry in ``study.json``, but for its metrics (:func:`_named_runs`)."""
     record = outcome.record
     outputs = record.outputs
-    metrics, notes, setups = run_metrics(outcome.run_dir, outputs.final_val_loss if outputs else None)
-    entry = {
-        **_planned_entry(outcome.planned),
+    return {
+        **planned_entry(outcome.planned),
         "status": "completed",
         "seeds": dict(record.seeds),
         "adapter_sha256": outputs.adapter_sha256 if outputs else None,
         "ledger_sha256": outputs.ledger_sha256 if outputs else None,
-        "metrics": metrics,
-        "metric_setups": setups,
     }
-    return entry, notes
+
+
+def _named_runs(
+    plan: StudyPlan, entries: Mapping[str, dict[str, Any]], measured: Mapping[str, RunMeasures]
+) -> list[dict[str, Any]]:
+    """Every run's entry in plan order, each completed one with its metrics named across the
+    completed runs (:func:`name_metrics`): the names one run's evals get depend on the others'."""
+    done = [r.name for r in plan.runs if r.name in measured]
+    named = dict(zip(done, name_metrics([measured[name] for name in done]), strict=True))
+    return [
+        {**entries[r.name], "metrics": named[r.name][0], "metric_setups": named[r.name][1]}
+        if r.name in named
+        else entries[r.name]
+        for r in plan.runs
+    ]
 
 
 def summarise_runs(

@@ -9,8 +9,9 @@
   is reported beside the verdict, which says when the two disagree.
 - Effect size: Cohen's d (difference of means over the pooled standard deviation), and the seeds
   per side the verdict's test (Welch's, two-sided, at ``alpha``) needs to detect that d with 80 %
-  power, with the two studies' variances in the ratio they show (noncentral t at Welch's degrees
-  of freedom; equal variances give the textbook Student values).
+  power, with the two studies' variances in the ratio they show (:func:`welch_power`: the test's
+  power integrated over the sample variances, whose degrees of freedom the test estimates from
+  them; equal variances give the textbook Student values).
 
 Never imports torch.
 """
@@ -150,31 +151,12 @@ def seeds_for_power(
     d: float, alpha: float, power: float = POWER, *, variance_ratio: float = 1.0
 ) -> int | None:
     """The smallest n per side at which Welch's two-sided test at ``alpha`` detects an effect of
-    Cohen's d ``d`` with probability ``power``; None for d = 0 or beyond 10**7.
+    Cohen's d ``d`` with probability ``power`` (:func:`welch_power`); None for d = 0 or beyond 10**7.
 
-    ``variance_ratio`` (the smaller variance over the larger, in [0, 1]) sets Welch's degrees of
-    freedom at n per side, ``(n - 1)(1 + r)**2 / (1 + r**2)``: ``2n - 2`` (Student's) for equal
-    variances, down to ``n - 1`` when one study has no spread. With n per side the statistic is
-    Student's, so only the degrees of freedom change (noncentral t, ``|d| * sqrt(n / 2)``).
+    ``variance_ratio``: the smaller variance over the larger, in [0, 1].
     """
     if d == 0 or not math.isfinite(d):
         return None
-    ratio = min(max(variance_ratio, 0.0), 1.0)
-
-    def achieved(n: int) -> float:
-        from scipy import stats
-
-        df = (n - 1) * (1 + ratio) ** 2 / (1 + ratio**2)
-        noncentrality = abs(d) * math.sqrt(n / 2)
-        critical = stats.t.ppf(1 - alpha / 2, df)
-        # SciPy's noncentral t gives NaN far out in a tail (a large effect at a small alpha): the
-        # lower tail is then 0, the upper one its normal approximation. A NaN compared with the
-        # target power is False, which returned the starting guess, too few seeds.
-        upper = float(stats.nct.sf(critical, df, noncentrality))
-        lower = float(stats.nct.cdf(-critical, df, noncentrality))
-        upper = upper if math.isfinite(upper) else float(stats.norm.sf(critical - noncentrality))
-        return upper + (lower if math.isfinite(lower) else 0.0)
-
     from scipy import stats
 
     # The normal approximation is within a seed or two of the t-test's answer: start there and
@@ -183,11 +165,45 @@ def seeds_for_power(
     n = max(2, math.ceil(2 * (z / abs(d)) ** 2))
     if n > MAX_SEEDS:
         return None
-    while n > 2 and achieved(n - 1) >= power:
+    while n > 2 and welch_power(d, n - 1, alpha, variance_ratio=variance_ratio) >= power:
         n -= 1
-    while achieved(n) < power:
+    while welch_power(d, n, alpha, variance_ratio=variance_ratio) < power:
         n += 1
     return int(n)
+
+
+#: Gauss-Legendre nodes per sample variance in :func:`welch_power`. Against 300 nodes, 48 are
+#: within 1e-4 wherever the power is between 0.6 and 0.95 (where :func:`seeds_for_power` decides),
+#: and within 1e-3 anywhere (a few seeds, a large effect at alpha 0.001, power under 0.1); 32 were
+#: off by 1e-3 near 0.8.
+_NODES: Final = 48
+
+
+def welch_power(d: float, n: int, alpha: float, *, variance_ratio: float = 1.0) -> float:
+    """The probability that Welch's two-sided test at ``alpha``, with ``n`` values per side, finds
+    an effect of Cohen's d ``d`` when the variances are in ``variance_ratio`` (smaller over larger).
+
+    Exact up to quadrature, for every n >= 2. The test estimates its degrees of freedom from the
+    sample variances; at few seeds they are far below the value the population variances give
+    (Welch-Satterthwaite), so a noncentral t at that value overstates the power: d = 8.61, ratio
+    0.27, n = 2 passed for 80 %, where the test's power is 0.68. Given both sample variances the
+    difference of means is normal and independent of them, so the power is an integral of two
+    normal tails over the two variances' scaled chi-square distributions (with n - 1 degrees of
+    freedom each), taken by Gauss-Legendre quadrature in their quantiles.
+    """
+    from scipy import special, stats
+
+    ratio = min(max(variance_ratio, 0.0), 1.0)
+    nodes, weights = np.polynomial.legendre.leggauss(_NODES)
+    k = n - 1
+    scaled = stats.chi2.ppf((nodes + 1) / 2, k) / k  # a sample variance over its population's
+    var_a, var_b = scaled[:, None], ratio * scaled[None, :]
+    shift = abs(d) * math.sqrt((1 + ratio) / 2)  # d times the pooled deviation (variances 1, ratio)
+    spread = math.sqrt((1 + ratio) / n)  # the difference of means' deviation
+    df = (var_a + var_b) ** 2 * k / (var_a**2 + var_b**2)
+    margin = special.stdtrit(df, 1 - alpha / 2) * np.sqrt((var_a + var_b) / n)
+    found = special.ndtr((shift - margin) / spread) + special.ndtr((-shift - margin) / spread)
+    return float(np.einsum("i,j,ij->", weights / 2, weights / 2, found))
 
 
 def percent(level: float) -> str:
