@@ -78,6 +78,20 @@ def test_the_amd_baseline_is_refused_on_an_intel_cpu(monkeypatch: pytest.MonkeyP
     assert "avx2 (the same bits on Intel CPUs with AVX2)" in (info.value.fix or "")
 
 
+@pytest.mark.parametrize("in_force", [5, None, ["avx2-amd"]], ids=["number", "null", "list"])
+def test_a_damaged_mode_in_force_falls_back_to_the_config_s(in_force: object) -> None:
+    """The mode a command pins before torch loads is the record's: a kernel fact that is no text
+    (a damaged record) took the config's mode for none at all, and the command then refused,
+    telling the user to run it through the CLI they had run it through."""
+    from reprotune._cli._options import _mode_in_record
+
+    record = {
+        "environment": {"kernels": {"portable": {"cpu_isa": in_force}}},
+        "config": {"determinism": {"cpu_isa": "avx2-compatible"}},
+    }
+    assert _mode_in_record(record) == "avx2-compatible"
+
+
 def test_a_mode_not_in_force_in_this_process_is_refused() -> None:
     """torch is loaded here with this CPU's own kernels: a baseline cannot be claimed now, and the
     refusal names each knob that differs and how to set it before Python starts."""

@@ -149,3 +149,36 @@ def test_a_step_is_traced_from_the_runs_trainer_checkpoint_as_from_the_scripts_s
     assert "replayed from     the checkpoint of step 4" in shown
     assert moved.header["reproduced"]["step"] and moved.header["reproduced"]["before"]
     assert moved.ops == started.ops
+
+
+def test_a_sigterm_while_the_script_runs_stops_it_and_leaves_no_folder(
+    project: ScriptProject, tmp_path: Path
+) -> None:
+    """SIGTERM (a scheduler, `kill`) while the script runs: the trace ends as Ctrl-C ends it, exit
+    143, the script stopped, its temporary folder removed (it was left behind, empty) and no
+    trace written."""
+    import signal
+    import subprocess
+    import sys
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    # a script that never ends on its own: the signal surely comes while it runs
+    command = shlex.join([sys.executable, "-c", "import time; time.sleep(600)"])
+    out = tmp_path / "term.jsonl"
+    args = ["trace", "native", "--step", "3", "--command", command, "--out", str(out), "--no-progress"]
+    env = {**os.environ, **OFFLINE_ENV, "TMPDIR": str(temp)}
+    trace = subprocess.Popen([sys.executable, "-m", "reprotune", *args], cwd=project.root, env=env)
+    log = out.with_name("term.jsonl.log")
+    try:
+        # the script has started once its command line is in the log, its folder made before it
+        while not (log.is_file() and log.read_bytes().startswith(b"$ ")):
+            with pytest.raises(subprocess.TimeoutExpired):  # still running: it has not ended early
+                trace.wait(timeout=0.05)
+        assert [p.name[:16] for p in temp.iterdir()] == ["reprotune-trace-"]
+        trace.send_signal(signal.SIGTERM)
+        assert trace.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        trace.kill()
+        trace.wait()
+    assert list(temp.iterdir()) == [] and not out.exists()

@@ -228,7 +228,8 @@ def test_a_weight_edited_in_a_checkpoint_shows_where_it_is_first_read(
 
 
 def test_a_trace_holds_hashes_only(project: TinyProject) -> None:
-    """A trace holds no row of the data and no secret from the environment: hashes, shapes, names."""
+    """A trace holds no row of the data, no secret from the environment and no absolute path:
+    hashes, shapes, names."""
     out = project.root / "secret-check.jsonl"
     token = "hf_" + "Q" * 34
     project.run_cli(
@@ -238,6 +239,8 @@ def test_a_trace_holds_hashes_only(project: TinyProject) -> None:
     rows = [json.loads(line) for line in (project.root / "data.jsonl").read_text().splitlines()]
     assert token not in text
     assert not any(row["prompt"] in text or row["response"] in text for row in rows)
+    # the run directory as given ("native"): where the project lies (a home directory) is not said
+    assert str(project.root) not in text and json.loads(text.splitlines()[0])["run_dir"] == "native"
 
 
 def test_trace_refuses_bad_input_clearly(project: TinyProject) -> None:

@@ -16,6 +16,7 @@ import pytest
 from reprotune._config.secrets import (
     REDACTED,
     is_secret_name,
+    mask_command,
     mask_url_credentials,
     redact_env,
     token_problem,
@@ -73,6 +74,34 @@ def test_planted_secrets_never_reach_the_fingerprint(monkeypatch: pytest.MonkeyP
 def test_redact_value(value: str, expected: str) -> None:
     """Credentials inside URLs and secret query parameters are masked; other text is kept."""
     assert mask_url_credentials(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        (
+            "env HF_TOKEN=hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789 WANDB_API_KEY=0123456789abcdef python t.py",
+            "env 'HF_TOKEN=***' 'WANDB_API_KEY=***' python t.py",
+        ),
+        (
+            "MLFLOW_TRACKING_PASSWORD=hunter2 python t.py --max-steps 6",
+            "'MLFLOW_TRACKING_PASSWORD=***' python t.py --max-steps 6",
+        ),
+        ("python t.py --hub_token s3cr3tvalue --lr 1e-3", "python t.py --hub_token '***' --lr 1e-3"),
+        ("python t.py --api-key=Zx9Qw8 --x 1", "python t.py '--api-key=***' --x 1"),
+        ("python t.py --use-auth-token --max-steps 3", "python t.py --use-auth-token --max-steps 3"),
+        ('python "my script.py" --out x', 'python "my script.py" --out x'),
+        (
+            'python t.py "unclosed --token hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789',
+            'python t.py "unclosed --token ***',
+        ),
+    ],
+    ids=["variables", "password", "option", "option-equals", "flag", "nothing", "unsplittable"],
+)
+def test_a_command_written_down_keeps_no_secret(command: str, expected: str) -> None:
+    """A trace's or a verification's command: the values of secret-named variables and options
+    have no shape of their own (a W&B key is 40 hex digits): they went into the files verbatim."""
+    assert mask_command(command) == expected
 
 
 def test_a_masked_url_connects_without_the_mask() -> None:

@@ -120,6 +120,8 @@ def _mode_in_record(record: Any) -> str | None:
     try:
         kernels = (record.get("environment") or {}).get("kernels") or {}
         in_force = (kernels.get("portable") or {}).get("cpu_isa")
+        if not isinstance(in_force, str):  # a damaged record's: the config's mode is the run's too
+            in_force = None
         cpu_isa = in_force or record["config"]["determinism"].get("cpu_isa", "native")
     except (KeyError, TypeError, AttributeError):
         return None

@@ -57,15 +57,18 @@ def run(args: argparse.Namespace) -> int:
     report = None if args.no_progress else progress
     if args.script_command is not None:
         from reprotune._proof.trace_command import trace_script_step
+        from reprotune._run.signals import interrupt_on_signals
 
-        result = trace_script_step(
-            args.run_dir,
-            args.step,
-            args.script_command,
-            out=args.out,
-            report=report,
-            from_start=args.from_start,
-        )
+        # SIGTERM or SIGHUP ends it as Ctrl-C does: the script's group stopped, its folder removed
+        with interrupt_on_signals():
+            result = trace_script_step(
+                args.run_dir,
+                args.step,
+                args.script_command,
+                out=args.out,
+                report=report,
+                from_start=args.from_start,
+            )
     else:
         with hf_progress_bars(not args.no_progress):  # without a report, trace_step still warns
             result = trace_step(

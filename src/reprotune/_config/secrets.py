@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -151,6 +152,29 @@ def mask_secrets(value: str) -> str:
     parameters and token-shaped strings masked. (A config's own values are masked by
     :func:`mask_config`, which keeps token-shaped text a config marked ``!not-secret``.)"""
     return mask_tokens(mask_url_credentials(value, loose=True))
+
+
+def mask_command(command: str) -> str:
+    """A shell command as reprotune writes it down (a trace's header, a verification): what
+    :func:`mask_secrets` masks, and the value of every secret-named variable set on it
+    (``WANDB_API_KEY=...``) and of every secret-named option (``--hub_token X``,
+    ``--api-key=X``), whose values have no shape of their own to be found by. A command that does
+    not split as a shell splits it keeps only :func:`mask_secrets`'s masking."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return mask_secrets(command)
+    masked, hide_next = [], False
+    for word in words:
+        name, equals, value = word.partition("=")
+        option = name.startswith("-") and name.lstrip("-")
+        if hide_next and not word.startswith("-"):
+            word = MASK
+        elif equals and value and is_secret_name(option or name) and (option or name.isidentifier()):
+            word = f"{name}={MASK}"
+        hide_next = bool(option) and not equals and is_secret_name(name.lstrip("-"))
+        masked.append(word)
+    return mask_secrets(shlex.join(masked)) if masked != words else mask_secrets(command)
 
 
 def token_shape(value: str) -> str | None:

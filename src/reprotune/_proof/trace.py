@@ -197,7 +197,7 @@ def _header(
     return TRACE.stamp(
         {
             "run_id": run.run_id,
-            "run_dir": str(run.path.resolve()),
+            "run_dir": str(run.path),  # as given: no local path beyond what the user typed
             "config_sha256": run.record.get("config_sha256"),
             "step": step,
             "replayed_from": start,

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from reprotune._config.secrets import mask_secrets
+from reprotune._config.secrets import mask_command
 from reprotune._errors import RunFailedError
 from reprotune._jsonio import read_json_object
 from reprotune._proof.command_legs import Runner, parse_command
@@ -200,10 +200,10 @@ def _judged(
     differs = differing_fields(theirs[step - 1].fields, line)
     header.update(
         run_id=run.run_id,
-        run_dir=str(run.path.resolve()),
+        run_dir=str(run.path),  # as given: no local path beyond what the user typed
         replayed_from=start,
         config_sha256=made.record.get("config_sha256"),
-        command=mask_secrets(command),  # a trace is fit to send: no token from the command line
+        command=mask_command(command),  # a trace is fit to send: no secret from the command line
         reproduced={
             "step": not differs,
             "before": not before,

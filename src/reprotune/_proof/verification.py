@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from reprotune._config.secrets import mask_command
 from reprotune._errors import InputError
 from reprotune._formats import COMMAND_VERIFICATION, VERIFICATION
 from reprotune._proof.compare import compare_runs
@@ -304,7 +305,7 @@ def command_verification(
         machine=machine_summary(),
         wall_s=wall_s,
         spot=spot,
-        command=command,
+        command=mask_command(command),  # verification.json may be sent: no secret of the command line
         resume_at=resume_at,
     )
 
