@@ -378,7 +378,11 @@ INERT_ROWS = [
     ("data.manifest_source", "made", "given"),
     ("data.source", "a.jsonl", "b.jsonl"),
     ("data.split_warnings", [], ["rare"]),
-    ("distributed.ranks", [], [{"rank": 0}]),
+    ("distributed.ranks[1]", None, {"rank": 1}),
+    ("distributed.ranks[1].host", "node-a", "node-b"),
+    ("distributed.ranks[1].device", "cuda:1", "cuda:0"),
+    ("distributed.ranks[1].environment_sha256", "a" * 64, "b" * 64),
+    ("distributed.ranks[1].environment.python.executable", "/a/bin/python", "/b/bin/python"),
     ("distributed.timeout_s", 60, 120),
     ("environment.cpu.logical_cores", 2, 8),
     ("environment.kernels.version", 1, 2),
@@ -412,6 +416,8 @@ CAUSE_ROWS = [
     ("config.train.learning_rate", 0.1, 0.2),
     ("config.trainer.args.eval_steps", 4, 2),  # an evaluation may draw from the RNG the steps use
     ("config.trainer.args.learning_rate", 0.1, 0.2),
+    ("distributed.ranks[1].environment.kernels.cpu.aten_capability", "AVX512", "DEFAULT"),
+    ("distributed.ranks[1].environment.threads.torch_intra_op", 1, 2),
 ]
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from reprotune._proof.differences import Difference, Resume, SplitDiff, Where
+from reprotune._proof.world import TRAINER_WORLD_SIZE
 from reprotune._run.checkpoint_files import TRAINER_PIECES
 
 MAX_SHOWN = 3
@@ -40,6 +41,7 @@ _DRIFT_NOUNS = {
     "lora": "LoRA config",
     "seeds": "seeds",
     "distributed": "distributed setup",
+    "rank_environment": "rank environments",
 }
 
 
@@ -86,6 +88,11 @@ def headline(stage: Stage, where: Where) -> str:
 
 def fields_text(where: Where) -> str:
     """The ledger fields that differ at the first divergent step, comma-separated."""
+    return ", ".join(fields_at(where))
+
+
+def fields_at(where: Where) -> list[str]:
+    """The ledger fields that differ at the first divergent step (``batch_sha256``, ``loss``...)."""
     names = []
     if where.first_batch_step == where.first_divergence_step:
         names.append("batch_sha256")
@@ -97,7 +104,7 @@ def fields_text(where: Where) -> str:
         names.append("validation loss")
     if where.first_other_step == where.first_divergence_step:
         names.extend(where.other_fields)
-    return ", ".join(names)
+    return names
 
 
 def resume_text(resume: Resume) -> str:
@@ -142,7 +149,10 @@ def _ranks(files: tuple[str, ...]) -> str:
 def distributed_text(diffs: list[Difference]) -> str | None:
     """'dropout is seeded another way ...' when one run was made under torchrun and the other not
     (or under another seeding scheme); 'world size 1 vs 2: gradients are summed in another order
-    ...' when the world size differs (a run made outside torchrun counts as world size 1)."""
+    ...' when the world size differs (a run made outside torchrun counts as world size 1), and for
+    two Trainer-made runs (``trainer.world_size``) 'world size 2 vs 1: the global batch and the
+    sampler's sharding differ ...'; 'strategy ddp vs fsdp: ...' when two torchrun runs' strategies
+    differ (a run made outside torchrun has none, and reduces nothing)."""
     by_key = {d.key: d for d in diffs}
     parts = []
     if (seeding := by_key.get("distributed.dropout_seeding")) is not None:
@@ -161,6 +171,22 @@ def distributed_text(diffs: list[Difference]) -> str | None:
             f"world size {a} vs {b}: the gradients and losses of a step are summed in another order "
             "(another reduction tree), so the last bits differ; runs at different world sizes agree "
             "within a tolerance, not bit for bit (compare with --tolerance)"
+        )
+    if (trainer := by_key.get(TRAINER_WORLD_SIZE)) is not None:
+        parts.append(
+            f"world size {trainer.a} vs {trainer.b}: the global batch and the sampler's sharding differ: "
+            "each rank trains a batch of its own at every step, the sampler deals the rows among the "
+            "ranks and the gradients are averaged over them, so the steps train on other rows; a "
+            "Trainer script reproduces at its own world size (launch both with the same torchrun "
+            "--nproc_per_node)"
+        )
+    strategy = by_key.get("distributed.strategy")
+    if strategy is not None and strategy.change == "changed":  # a plain run reduces nothing
+        parts.append(
+            f"strategy {strategy.a} vs {strategy.b}: the gradients are reduced another way and the "
+            "gradient norm is summed in another order (distributed.reductions), so their last bits can "
+            "differ; runs of two "
+            "strategies agree within a tolerance, not bit for bit (compare with --tolerance)"
         )
     return "; and ".join(parts) or None
 

@@ -9,7 +9,7 @@ defines its computation (``config.json``, custom code), and a resume that skippe
 before the divergence. What a resume before it noted as different from its run's start (another
 environment, code or kernels) is a difference of that kind, said with the resume. Recorded
 values that cannot change the numbers (``inert.INERT_KEYS``: where a manifest came from, a
-warning's text, a path) are never causes, and one fact is one cause (``_drop_restatements``).
+warning's text, a path) are never causes, and one fact is one cause (``restatements``).
 
 Kernel facts (``environment.kernels``: CPU capability, MKL's code path, GPU and CUDA libraries,
 attention) are a numbers cause of their own, in words a user can act on; a record made before
@@ -29,6 +29,7 @@ from reprotune._proof.cause_texts import (
     Stage,
     distributed_text,
     drift_text,
+    fields_at,
     fields_text,
     headline,
     resume_text,
@@ -38,6 +39,8 @@ from reprotune._proof.cause_texts import (
 )
 from reprotune._proof.differences import AdapterDiff, Difference, Resume, SplitDiff, Where
 from reprotune._proof.kernel_cause import KERNEL_CAUSE, KernelAdvice, kernel_text
+from reprotune._proof.rank_diff import rank_environment_key, rank_environment_text
+from reprotune._proof.restatements import drop_restatements
 from reprotune._proof.stack_causes import (
     BUFFER_CAUSE,
     LIBRARIES_CAUSE,
@@ -48,7 +51,6 @@ from reprotune._proof.stack_causes import (
     libraries_text,
     model_files_text,
 )
-from reprotune._run.kernels import STEERING_ENV
 
 # Seeds that act at each stage; the root seed acts on all of them.
 _STAGE_SEEDS: dict[Stage, frozenset[str]] = {
@@ -58,6 +60,8 @@ _STAGE_SEEDS: dict[Stage, frozenset[str]] = {
 }
 # Evidence kinds, most direct first, for each stage. "model_files" (config.json, custom code)
 # and "resume_rng" (a resume that skipped the RNG restore) lead every stage they can occur in.
+# "distributed" is the world size (a Trainer's deals other rows, so it moves the order too) and
+# the strategy; "rank_environment" what one torchrun rank ran with besides rank 0's environment.
 _RANKING: dict[Stage, tuple[str, ...]] = {
     "init": (
         "model_files",
@@ -66,6 +70,7 @@ _RANKING: dict[Stage, tuple[str, ...]] = {
         "model",
         "config",
         "kernels",
+        "rank_environment",
         "code",
         "environment",
         "split",
@@ -79,9 +84,11 @@ _RANKING: dict[Stage, tuple[str, ...]] = {
         "seeds",
         "data",
         "config",
+        "distributed",
         "resume",
         "code",
         "environment",
+        "rank_environment",
         "other_seeds",
         "lora",
         "model",
@@ -94,6 +101,7 @@ _RANKING: dict[Stage, tuple[str, ...]] = {
         "seeds",
         "config",
         "kernels",
+        "rank_environment",
         "data",
         "resume",
         "code",
@@ -107,34 +115,16 @@ _RANKING: dict[Stage, tuple[str, ...]] = {
 # Record keys of the model that define its computation besides weights and tokenizer: its
 # config files, and the buffers the library computed from them at load.
 _MODEL_FILE_KEYS = ("model.config_sha256", "model.config_files", "model.buffers")
+#: Ledger fields a torchrun run reduces across its ranks, and the config keys besides the
+#: ``distributed`` section's that choose how (a Trainer's DDP and FSDP arguments): ``_isolated``.
+_REDUCED_FIELDS = frozenset({"loss", "grad_norm"})
+_REDUCTION_CONFIG = ("config.distributed.", "config.trainer.args.ddp_", "config.trainer.args.fsdp")
 #: How each kernel cause, unknown kernel facts and nondeterminism begin: ``is_traceable_cause``.
 _UNKNOWN = "kernel facts are unknown"
 _NONDETERMINISM = "yet nothing recorded differs"
 #: Config keys that only choose which kernels run: told as the kernel facts they change.
 _KERNEL_CONFIG_KEYS = frozenset({"config.determinism.cpu_isa"})
 Kernels = tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]
-#: Keys of the record's model, data and LoRA sections that a run takes from config values: where
-#: one of those differs too, the record's key restates it and is no cause of its own.
-_RESTATED_CONFIG: dict[str, tuple[str, ...]] = {
-    "model.max_length": ("config.model.max_length",),
-    "model.dtype": ("config.model.dtype",),
-    "model.padding_side": ("config.model.padding_side",),
-    "model.pad_token_id": ("config.model.pad_token_id",),
-    "data.prompt_field": ("config.data.prompt_field",),
-    "data.response_field": ("config.data.response_field",),
-    "data.order.total_steps": (
-        "config.train.max_steps",
-        "config.train.epochs",
-        "config.train.batch_size",
-        "config.train.grad_accum_steps",
-    ),
-    "data.order.rows_per_step": ("config.train.batch_size", "config.train.grad_accum_steps"),
-    "lora.r": ("config.lora.r",),
-    "lora.lora_alpha": ("config.lora.alpha",),
-    "lora.lora_dropout": ("config.lora.dropout",),
-    "lora.target_modules": ("config.lora.target_modules",),
-    "lora.bias": ("config.lora.bias",),
-}
 
 
 def is_unexplained(cause: str) -> bool:
@@ -234,12 +224,17 @@ def _isolated(where: Where, adapter: AdapterDiff | None, differences: Sequence[D
     before the last with every later step equal, or the last step with its weights hash and the
     adapter equal (a loss that differs beside equal weights was written, not trained); None
     otherwise. Another validation schedule that a config difference explains
-    (``train.eval_every``) is that difference, not an edit."""
+    (``train.eval_every``) is that difference, not an edit; so is a lone loss or gradient norm
+    beside another way of reducing them across ranks (the strategy, the world size, a rank's
+    environment): a sum in another order can differ in its last bit at one step alone."""
     at = where.first_divergence_step
     if where.lines_differing != 1 or at is None:
         return None
     schedule = where.other_fields == ("validation schedule",) and where.first_other_step == at
     if schedule and any(d.category == "config" and not d.inert for d in differences):
+        return None
+    fields = set(fields_at(where))
+    if fields and fields <= _REDUCED_FIELDS and any(_reduces(d) for d in differences):
         return None
     if at < where.steps_compared:
         later = "every later step agrees"
@@ -253,6 +248,11 @@ def _isolated(where: Where, adapter: AdapterDiff | None, differences: Sequence[D
         f"only the ledger line of step {at} differs ({fields_text(where)}) and {later}: "
         "the ledger looks edited or corrupted, not trained differently"
     )
+
+
+def _reduces(diff: Difference) -> bool:
+    """Whether ``diff`` can change how a torchrun run reduces its numbers across ranks."""
+    return not diff.inert and (diff.category == "distributed" or diff.key.startswith(_REDUCTION_CONFIG))
 
 
 def _evidence(
@@ -292,14 +292,31 @@ def _evidence(
             # Changed row content changes numbers directly; moved rows change the order.
             texts["split_content" if split.content_changed else "split"] = said
     drifted = _drift_texts(drifts, texts, kernels, made or KernelAdvice())
+    torchrun = _torchrun_runs(differences)
     for resume in resumes:
         if resume.exact and (resume.run, resume.from_step) in drifted:
             continue  # it restored everything; what it ran with is the cause, told above
+        if resume.run in torchrun and not (resume.rng_missing or resume.rng_changed or resume.state_missing):
+            continue  # its dropout is seeded per micro-batch: no RNG state carries over a resume
         texts.setdefault("resume" if resume.exact else "resume_rng", resume_text(resume))
     ranking = _RANKING[stage]
     ordered = [texts[k] for k in ranking if k in texts]
     ordered.extend(text for kind, text in texts.items() if kind not in ranking)
     return ordered
+
+
+def _torchrun_runs(differences: Sequence[Difference]) -> set[str]:
+    """The runs ("A", "B") whose record shows they ran under torchrun: a value of their
+    ``distributed`` section on their side of a difference. Such a run seeds every micro-batch's
+    dropout anew from the dropout seed, the step and the micro-batch (docs/distributed.md): a
+    resume that restores no RNG state draws the same masks."""
+    runs: set[str] = set()
+    for diff in differences:
+        if diff.category == "distributed" and diff.key.startswith("distributed."):
+            runs.update(
+                label for label, absent in (("A", "added"), ("B", "removed")) if diff.change != absent
+            )
+    return runs
 
 
 def _grouped(differences: Sequence[Difference], split: SplitDiff | None) -> dict[str, list[Difference]]:
@@ -309,8 +326,10 @@ def _grouped(differences: Sequence[Difference], split: SplitDiff | None) -> dict
         if diff.inert:
             continue  # cannot change the numbers: listed under "what differs", never a cause
         group = "model_files" if diff.key.startswith(_MODEL_FILE_KEYS) else str(diff.category)
+        if rank_environment_key(diff.key) is not None:
+            group = "rank_environment"
         by_category.setdefault(group, []).append(diff)
-    _drop_restatements(by_category, split)
+    drop_restatements(by_category, split)
     return by_category
 
 
@@ -318,8 +337,9 @@ def _drift_texts(
     drifts: Sequence[ResumeDrift], texts: dict[str, str], kernels: Kernels, made: KernelAdvice
 ) -> set[tuple[str, int]]:
     """Add to ``texts`` each kind of difference a resume noted, beside the records' own (the kernel
-    cause anew: ``kernels`` are already the facts each run computed the step with); return the
-    resumes, by run and step, that noted one."""
+    cause anew: ``kernels`` are already the facts each run computed the step with; the records'
+    own sentence of a kind too where it says no more than the resume noted: one fact, one cause);
+    return the resumes, by run and step, that noted one."""
     told: set[tuple[str, int]] = set()
     for drift in drifts:
         for kind, diffs in _grouped(drift.differences, None).items():
@@ -330,42 +350,11 @@ def _drift_texts(
                     continue  # facts of a GPU the run did not use, say
                 texts[kind] = drift_text(drift, kind, said)
             else:
-                said = drift_text(drift, kind, _summarize(kind, diffs))
-                texts[kind] = f"{texts[kind]}; and {said}" if kind in texts else said
+                summary = _summarize(kind, diffs)
+                said = drift_text(drift, kind, summary)
+                texts[kind] = f"{texts[kind]}; and {said}" if texts.get(kind, summary) != summary else said
             told.add((drift.run, drift.from_step))
     return told
-
-
-def _drop_restatements(by_category: dict[str, list[Difference]], split: SplitDiff | None) -> None:
-    """One fact, one cause: the config's seed keys restate the recorded seeds, the manifest's
-    sha256 restates the split difference that names its rows, the recorded environment
-    variables that steer kernels restate the kernel facts, and what the record's model, data and
-    LoRA sections took from a config value that differs (``_RESTATED_CONFIG``) restates it."""
-    if by_category.get("seeds"):
-        _keep(by_category, "config", lambda d: d.key.split(".")[:2] != ["config", "seed"])
-    config = {d.key for d in by_category.get("config", [])}
-    for kind in ("model", "data", "lora"):
-        _keep(by_category, kind, lambda d: config.isdisjoint(_RESTATED_CONFIG.get(d.key, ())))
-    if split is not None and split_text(split):
-        _keep(by_category, "data", lambda d: d.key != "data.manifest_sha256")
-    if by_category.get("kernels"):  # the kernel facts' steering_env names these variables already
-        _keep(by_category, "environment", lambda d: _restated_variable(d.key) not in STEERING_ENV)
-
-
-def _restated_variable(key: str) -> str:
-    """The variable an environment key records: ``environment.env.OMP_NUM_THREADS``, and
-    ``environment.threads.omp_num_threads`` (the thread variables again, beside torch's own)."""
-    if key.startswith("environment.threads."):
-        return key.removeprefix("environment.threads.").upper()
-    return key.removeprefix("environment.env.")
-
-
-def _keep(by_category: dict[str, list[Difference]], kind: str, wanted: Callable[[Difference], bool]) -> None:
-    kept = [d for d in by_category.get(kind, []) if wanted(d)]
-    if kept:
-        by_category[kind] = kept
-    else:
-        by_category.pop(kind, None)
 
 
 def _summarize(kind: str, diffs: list[Difference]) -> str:
@@ -375,6 +364,8 @@ def _summarize(kind: str, diffs: list[Difference]) -> str:
         return world
     if kind == "model_files":
         return model_files_text(diffs, None)
+    if kind == "rank_environment":
+        return rank_environment_text(diffs)
     if kind == "environment":
         diffs = sorted(diffs, key=env_rank)
         if any(is_computing_library(d) for d in diffs):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from reprotune._proof.rank_diff import RANKS, rank_environment_key
 from reprotune._run.drift import TRAINER_ARGS, inert_trainer_arg
 
 #: Recorded values that cannot change the numbers: where an input came from and how it was
@@ -24,7 +25,6 @@ INERT_KEYS: tuple[str, ...] = (
     "data.manifest_source",
     "data.source",
     "data.split_warnings",
-    "distributed.ranks",
     "distributed.timeout_s",
     "environment.cpu.logical_cores",
     "environment.kernels.version",
@@ -71,10 +71,15 @@ INERT_UNTRACKED_DIRS: tuple[str, ...] = (
 def is_inert(key: str, a: Any = None, b: Any = None) -> bool:
     """Whether the recorded value at ``key`` cannot change the numbers: one of
     :data:`INERT_KEYS`, a tracker or logging variable (:data:`INERT_VARIABLE_PREFIXES`), a Trainer's
-    logging, saving or hub argument (``_run.drift.INERT_TRAINER_ARG_PREFIXES``), or
-    untracked files of runs ``a`` and ``b`` that differ only in logs and tracker output."""
+    logging, saving or hub argument (``_run.drift.INERT_TRAINER_ARG_PREFIXES``),
+    untracked files of runs ``a`` and ``b`` that differ only in logs and tracker output, or a torchrun
+    rank's fact other than the environment it ran with (its host, device, the environment's
+    sha256: ``_proof.rank_diff``), or an environment value of a rank that is inert as such."""
     if any(key == inert or key.startswith(inert + ".") for inert in INERT_KEYS):
         return True
+    if key.startswith(RANKS):
+        environment = rank_environment_key(key)
+        return environment is None or is_inert(environment, a, b)
     if key.startswith("environment.env."):
         return key[len("environment.env.") :].startswith(INERT_VARIABLE_PREFIXES)
     if key.startswith(TRAINER_ARGS):

@@ -9,7 +9,9 @@ from reprotune._jsonio import empty_beside_keys, flattened
 from reprotune._proof.differences import Category, Difference
 from reprotune._proof.inert import is_inert
 from reprotune._proof.microscope import compared_kernels, computed_on_gpu
+from reprotune._proof.rank_diff import RANKS, Inert, rank_differences
 from reprotune._proof.stack_causes import BUFFERS_PREFIX
+from reprotune._proof.world import TRAINER_WORLD_SIZE, trainer_world_sizes
 from reprotune._run.kernel_compare import CUDA_VARIABLES
 from reprotune._run.rundir import RunDir
 
@@ -30,6 +32,8 @@ _SECTIONS: dict[str, Category] = {
 
 
 _KERNELS = "environment.kernels."
+_CUDA_KERNELS = f"{_KERNELS}cuda"
+_STEERING = f"{_KERNELS}steering_env."
 #: ``environment.determinism`` flags that only a GPU reads.
 _GPU_FLAGS = (
     "cuda_available",
@@ -50,7 +54,9 @@ def record_differences(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
     both records hold them (older records do not: unknown). A key one record lacks because it
     predates it, at the value that meant the same (``NEUTRAL_DEFAULTS``), is no difference; a
     LoRA config field one PEFT version writes and the other's lacks, its feature off where it is
-    written (:func:`_off_beside_absent`), is listed and inert."""
+    written (:func:`_off_beside_absent`), is listed and inert. A torchrun run's ranks are compared
+    rank by rank (``rank_diff``: what each ran with can change the numbers, where it ran cannot),
+    and two Trainer-made runs' world sizes as ``trainer.world_size`` (:func:`_trainer_world`)."""
     kernels = compared_kernels(run_a, run_b)
     both_kernels = kernels[0] is not None and kernels[1] is not None
     unused_gpu = _unused_gpu_keys(run_a, run_b, both_kernels)
@@ -61,6 +67,10 @@ def record_differences(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
         # load_best_model_at_end: the save_* arguments choose which checkpoint is the adapter
         best = any(flat.get("config.trainer.args.load_best_model_at_end") for flat in (flat_a, flat_b))
         for key in sorted(set(flat_a) | set(flat_b)):
+            if key == RANKS:
+                yield from rank_differences(run_a, run_b, _rank_inert(run_a, run_b, unused_gpu))
+            if key == RANKS or key.startswith(f"{RANKS}["):  # a resume's rank values: rank_differences
+                continue
             inert = (
                 (
                     is_inert(key, flat_a.get(key), flat_b.get(key))
@@ -84,6 +94,17 @@ def record_differences(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
                 yield Difference(category, key, None, flat_b[key], "added", inert)
             elif flat_a[key] != flat_b[key] or type(flat_a[key]) is not type(flat_b[key]):
                 yield Difference(category, key, flat_a[key], flat_b[key], "changed", inert)
+    yield from _trainer_world(run_a, run_b)
+
+
+def _trainer_world(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
+    """The world sizes of two Trainer-made runs, where they differ: such a record has no
+    ``distributed`` section, and its ``trainer`` section (arguments the config restates, the ranks,
+    steps per epoch) is not compared otherwise; at another world size every step trains on another
+    global batch, dealt to the ranks by the sampler."""
+    sizes = trainer_world_sizes(run_a, run_b)
+    if sizes is not None and sizes[0] != sizes[1]:
+        yield Difference("distributed", TRAINER_WORLD_SIZE, sizes[0], sizes[1], "changed")
 
 
 def _flat(run: RunDir, section: str, kernels: Mapping[str, object] | None) -> dict[str, object]:
@@ -118,6 +139,19 @@ def _unused_gpu_keys(run_a: RunDir, run_b: RunDir, both_kernels: bool) -> frozen
     if computed_on_gpu(run_a) is False and computed_on_gpu(run_b) is False:
         keys = (*keys, "environment.torch.gpus", "environment.nvidia_smi_gpus", *_GPU_USE)
     return frozenset(keys)
+
+
+def _rank_inert(run_a: RunDir, run_b: RunDir, unused_gpu: frozenset[str]) -> Inert:
+    """Whether an environment value a torchrun rank ran with cannot change the numbers: as the
+    record's own value could not (``is_inert``, :func:`_unused_gpu_keys`), and where neither run
+    computed on a GPU, a CUDA kernel fact or variable (``kernel_compare.comparable``)."""
+    on_cpu = computed_on_gpu(run_a) is False and computed_on_gpu(run_b) is False
+
+    def inert(key: str, a: object, b: object) -> bool:
+        cuda = key.startswith(_CUDA_KERNELS) or key.removeprefix(_STEERING) in CUDA_VARIABLES
+        return is_inert(key, a, b) or key in unused_gpu or (on_cpu and cuda)
+
+    return inert
 
 
 def _lora_defaults(run: RunDir) -> dict[str, object] | None:

@@ -13,6 +13,10 @@ from reprotune._run.ranks import current_world
 from reprotune._run.record_sections import DistributedRecord
 from reprotune._run.rundir import RunDir
 
+#: How a Trainer-made run's world size, the number of ranks its callback saw (``trainer.ranks``),
+#: is keyed among the differences of two runs: its record holds no ``distributed`` section.
+TRAINER_WORLD_SIZE = "trainer.world_size"
+
 
 def world_size(run: RunDir) -> int:
     """How many processes trained the run: its ``distributed`` section's, else the ranks a Trainer
@@ -22,6 +26,18 @@ def world_size(run: RunDir) -> int:
     if not isinstance(size, int) and isinstance(ranks, list):
         size = len(ranks)
     return size if isinstance(size, int) and size > 0 else 1
+
+
+def trainer_world_sizes(run_a: RunDir, run_b: RunDir) -> tuple[int, int] | None:
+    """Both runs' world sizes (:func:`world_size`) where each record's Trainer callback listed its
+    ranks and neither record holds a ``distributed`` world size (compared in that section); None
+    otherwise (a record made before the callback listed them: unknown, not one rank)."""
+    runs = (run_a, run_b)
+    if any("world_size" in run.section("distributed") for run in runs):
+        return None
+    if not all(isinstance(run.section("trainer").get("ranks"), list) for run in runs):
+        return None
+    return world_size(run_a), world_size(run_b)
 
 
 def world_sizes(run: RunDir) -> set[int]:
