@@ -13,7 +13,22 @@ import torch
 from reprotune._config.loading import config_from_dict
 from reprotune._determinism.rng import capture_rng_state, ranks_rng_from_tensors, ranks_rng_to_tensors
 from reprotune._errors import ConfigError, InputError
-from reprotune._run.ranks import check_ranks_agree, check_resume_world, ranks_section
+from reprotune._jsonio import sha256_file, write_json_atomic
+from reprotune._run.checkpoint_files import (
+    DATA_FILES,
+    STATE_FILE,
+    _state_sha256,
+    checkpoint_dir,
+    verify_checkpoint,
+)
+from reprotune._run.ranks import (
+    check_ranks_agree,
+    check_resume_world,
+    rank_environment_drift,
+    ranks_section,
+    resume_world_change,
+)
+from reprotune._run.record import RunRecord, typed_record
 from reprotune._run.record_sections import DistributedRecord
 from reprotune._train.distributed import (
     check_placement,
@@ -221,3 +236,114 @@ def test_an_unfinished_torchrun_run_is_told_to_resume_under_torchrun(tmp_path: P
         with pytest.raises(InputError) as refused:
             check_run_dir_free(tmp_path / name)
         assert words + f"{tmp_path / name}`" in str(refused.value)
+
+
+# --- a resume's world size, against its checkpoint's -----------------------------------------------
+
+
+def _checkpoint(run_dir: Path, step: int, world_size: int) -> None:
+    """A checkpoint of ``step`` that verifies, saved at ``world_size`` (its files' bytes stand in
+    for the states: the check reads ``state.json`` alone)."""
+    path = checkpoint_dir(run_dir / "checkpoints", step)
+    path.mkdir(parents=True)
+    for name in DATA_FILES:
+        (path / name).write_bytes(name.encode())
+    state: dict[str, Any] = {
+        "schema": "reprotune/checkpoint",
+        "schema_version": 2,
+        "step": step,
+        "epoch": 0,
+        "position": [0, 8 * step],
+        "files": {name: sha256_file(path / name) for name in DATA_FILES},
+        "distributed": {"world_size": world_size, "backend": "gloo", "strategy": "ddp"},
+    }
+    state["state_sha256"] = _state_sha256(state)
+    write_json_atomic(path / STATE_FILE, state)
+    assert verify_checkpoint(path) is None
+
+
+def _record(distributed: dict[str, Any]) -> RunRecord:
+    """A stopped run's record (4 micro-batches a step) with this ``distributed`` section."""
+    config = {"train": {"grad_accum_steps": 4}}
+    base = {"run_id": "r", "status": "stopped", "config": config, "config_sha256": "0" * 64, "seeds": {}}
+    return typed_record(
+        {**base, "timings": {"started_at": "2026-12-06T00:00:00Z"}, "distributed": distributed}
+    )
+
+
+#: Started at world size 2, resumed at 1 from step 4 by an attempt that saved no checkpoint.
+_CHANGED = {"world_size": 2, "world_size_changes": [{"from": 2, "to": 1, "at_step": 4, "attempt": 2}]}
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "now", "allow", "expected"),
+    [
+        (2, 2, False, None),
+        (2, 1, True, {"from": 2, "to": 1}),
+        (2, 2, True, {"from": 2, "to": 2}),
+        (None, 2, False, None),
+    ],
+    ids=["back-at-the-checkpoints", "allowed-change", "allowed-none-needed", "no-checkpoint-starts-over"],
+)
+def test_a_resume_is_checked_against_the_world_size_its_checkpoint_was_saved_at(
+    tmp_path: Path, checkpoint: int | None, now: int, allow: bool, expected: dict[str, int] | None
+) -> None:
+    """The step-4 checkpoint was saved at 2: a resume at 2 changes nothing, whatever the attempt
+    that trained at 1 and left no checkpoint recorded (before: refused, "trains at world size 1");
+    allowed, the change returned is measured from the checkpoint's world size; with no checkpoint
+    left the run starts over, at the world size it started at."""
+    if checkpoint is not None:
+        _checkpoint(tmp_path, 4, checkpoint)
+    assert resume_world_change(_record(_CHANGED), now, allow_change=allow, run_dir=tmp_path) == expected
+
+
+def test_a_resume_at_another_world_size_than_its_checkpoints_is_refused_naming_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    _checkpoint(tmp_path, 4, 2)
+    _checkpoint(tmp_path, 8, 1)  # saved by the attempt at world size 1
+    with pytest.raises(InputError) as refused:
+        resume_world_change(_record(_CHANGED), 2, allow_change=False, run_dir=tmp_path)
+    assert str(refused.value) == (
+        f"{tmp_path}/checkpoints/step-00000008/state.json (key distributed.world_size): the run in "
+        f"{tmp_path} resumes from its checkpoint step-00000008, saved at world size 1; this resume runs "
+        "at world size 2, which sums the gradients in another order, so the result would not be bitwise "
+        "what an uninterrupted run gives\n"
+        "fix: launch 1 processes in all (torchrun --nproc_per_node / --nnodes), or pass "
+        "--allow-world-size-change to go on anyway (the change is recorded and compare names it)"
+    )
+
+
+@pytest.mark.parametrize("allow", [False, True], ids=["plain", "allowed"])
+def test_a_resume_at_a_world_size_that_does_not_divide_the_micro_batches_names_those_that_do(
+    tmp_path: Path, allow: bool
+) -> None:
+    """A resume keeps the run's config: the fix is a world size, not a --set (which resume lacks)."""
+    _checkpoint(tmp_path, 4, 2)
+    with pytest.raises(InputError) as refused:
+        resume_world_change(_record({"world_size": 2}), 3, allow_change=allow, run_dir=tmp_path)
+    assert str(refused.value) == (
+        f"{tmp_path}/record.json (key config.train.grad_accum_steps): train.grad_accum_steps 4 is not a "
+        "multiple of the world size 3: each rank must train the same number of the step's micro-batches\n"
+        "fix: resume at a world size that divides 4: 1, 2 or 4 (a resume keeps the run's config)"
+    )
+
+
+def test_each_ranks_environment_is_compared_with_its_own_at_the_start() -> None:
+    """Rank 1 differed from rank 0 at the start and still does: nothing to say. Rank 2 moved to
+    ATen's kernels without vector instructions: said, with its value then and now. A rank the run
+    did not have (3) has nothing to compare to; rank 0's move is the attempt's environment_drift."""
+    start = {"python": {"version": "3.11.9"}, "kernels": {"cpu": {"aten_capability": "AVX512"}}}
+    avx2 = copy.deepcopy(start)
+    avx2["kernels"]["cpu"]["aten_capability"] = "AVX2"
+    plain = copy.deepcopy(start)
+    plain["kernels"]["cpu"]["aten_capability"] = "DEFAULT"
+    recorded = ranks_section([{"rank": r, "environment": e} for r, e in enumerate((start, avx2, start))])
+    now = [{"rank": r, "environment": e} for r, e in enumerate((avx2, avx2, plain, plain))]
+    assert rank_environment_drift(recorded, start, now) == [
+        "distributed.ranks[2].environment.kernels.cpu.aten_capability: recorded 'AVX512', now 'DEFAULT'"
+    ]
+    now[1] = {"rank": 1, "environment": start}  # rank 1 back on rank 0's kernels
+    assert rank_environment_drift(recorded, start, now)[0] == (
+        "distributed.ranks[1].environment.kernels.cpu.aten_capability: recorded 'AVX2', now 'AVX512'"
+    )

@@ -6,18 +6,22 @@ logs a missing file at INFO level at most, and restores another RNG file without
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from trainer_scripts import ScriptProject
+from trainer_scripts import OFFLINE_ENV, ScriptProject
 
-from reprotune._jsonio import sha256_file
+from reprotune._errors import InputError
+from reprotune._jsonio import sha256_file, write_json_atomic
 from reprotune._proof.compare import compare_runs
 from reprotune._run.checkpoint_files import TRAINER_CHECKPOINT_MARKER as CHECKPOINT_MARKER
 from reprotune._run.record import load_record
 from reprotune.integrations import controls
+from reprotune.integrations._resumable import refuse_another_world_size
+from warm import run_module, run_script
 
 pytestmark = pytest.mark.slow  # Trainer runs, four of them in fresh processes
 
@@ -623,3 +627,64 @@ def test_a_resume_sends_mlflow_the_steps_before_its_checkpoint_it_lacks(
     ledger = read_ledger(tmp_path / "run" / "ledger.jsonl")
     assert sorted((m.step, m.value) for m in history) == [(e.step, e.number("loss")) for e in ledger.train]
     assert [e.step for e in ledger.train] == list(range(1, 9))
+
+
+@pytest.mark.distributed
+def test_a_resume_in_another_number_of_processes_than_the_run_is_refused_before_the_ledger_is_cut(
+    tmp_path: Path,
+) -> None:
+    """The example script at world size 2 (torchrun), stopped after step 3 with a checkpoint, then
+    resumed from it in one process: refused before the run directory is touched, naming both
+    world sizes and the launch to use (before: it went on silently with half the global batch,
+    the record still holding two ranks and the attempt no note)."""
+    project = ScriptProject.create(tmp_path)
+    argv = project.argv("hf_trainer.py", "--run-dir", "cut", "--output-dir", "out/cut")
+    env = {**os.environ, **OFFLINE_ENV, "OMP_NUM_THREADS": "1"}
+    torchrun = ["--standalone", "--nproc_per_node", "2", *argv[1:]]
+    stopped = run_module(
+        "torch.distributed.run",
+        torchrun,
+        cwd=project.root,
+        env={**env, controls.STOP_AFTER: "3"},
+        timeout=900,
+    )
+    assert stopped.returncode == 0, stopped.stderr[-4000:]
+    run_dir, checkpoint = project.root / "cut", project.root / "out" / "cut" / "checkpoint-3"
+    assert [r["rank"] for r in load_record(run_dir)["trainer"]["ranks"]] == [0, 1]
+    before = {name: (run_dir / name).read_bytes() for name in ("record.json", "ledger.jsonl")}
+
+    resumed = run_script(
+        str(project.root / "hf_trainer.py"),
+        argv[2:],
+        cwd=project.root,
+        env={**env, controls.RESUME_FROM: str(checkpoint)},
+        timeout=900,
+    )
+    assert resumed.returncode != 0
+    assert (
+        "cut/record.json (key trainer.ranks): the run in cut trained in 2 process(es) (world size 2); "
+        "this resume runs in 1 (world size 1): each process trains its own rows of every step, so the "
+        "step's batch would be another and the steps after the checkpoint another run's\n"
+        "fix: launch the same number of processes as the run: 2 in all "
+        "(e.g. `torchrun --nproc_per_node 2 SCRIPT ...`)"
+    ) in resumed.stderr
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
+    assert not (run_dir / ".writer.lock").exists()
+
+
+def test_a_branch_in_another_number_of_processes_than_its_checkpoints_is_refused(tmp_path: Path) -> None:
+    """A resume into a new directory (a branch) holds no record yet: the number of processes is the
+    one that saved the checkpoint, as its marker names them; the same number goes on."""
+    checkpoint = tmp_path / "out" / "checkpoint-4"
+    checkpoint.mkdir(parents=True)
+    write_json_atomic(checkpoint / CHECKPOINT_MARKER, {"run_id": "r", "ranks": [{"rank": 0}]})
+    refuse_another_world_size(tmp_path / "branch", str(checkpoint), 1)
+    with pytest.raises(InputError) as refused:
+        refuse_another_world_size(tmp_path / "branch", str(checkpoint), 2)
+    assert str(refused.value) == (
+        f"{checkpoint}/{CHECKPOINT_MARKER} (key ranks): the run in {tmp_path / 'branch'} trained in 1 "
+        "process(es) (world size 1); this resume runs in 2 (world size 2): each process trains its own "
+        "rows of every step, so the step's batch would be another and the steps after the checkpoint "
+        "another run's\nfix: launch the same number of processes as the run: 1 in all (e.g. `python "
+        "SCRIPT ...`, without torchrun)"
+    )

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from reprotune._errors import InputError
+from reprotune._proof.rerun import refuse_another_launch
 from tinyrun import TinyProject
 
 
@@ -103,6 +105,36 @@ def test_resume_refuses_code_drift(recorded: tuple[TinyProject, Path]) -> None:
     assert (
         json.loads((project.root / "runs" / "stopped" / "record.json").read_text())["status"] == "completed"
     )
+
+
+def test_a_run_whose_world_size_changed_reruns_only_within_a_tolerance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run started at world size 2 and resumed at 1 trained at both: no launch reruns it bit for
+    bit, so a rerun at 2, as it started, is refused before it trains, naming the change and a
+    comparison within a tolerance (before: it trained the whole run to print DIVERGED). With a
+    tolerance it goes on; a world-size invariant run reruns at any world size."""
+    launch = {"TORCHELASTIC_RUN_ID": "rerun-test", "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+    for name, value in launch.items():
+        monkeypatch.setenv(name, value)
+    change = {"from": 2, "to": 1, "at_step": 4, "attempt": 2}
+    record = {
+        "config": {"train": {}},
+        "distributed": {"world_size": 2, "nodes": 1, "world_size_changes": [change]},
+    }
+    with pytest.raises(InputError) as refused:
+        refuse_another_launch(record, rerun_args="runs/a", source="runs/a/record.json")
+    assert str(refused.value) == (
+        "runs/a/record.json (key distributed.world_size_changes): the run changed its world size when "
+        "it resumed (2 -> 1 at step 4): its gradients were summed in the order of each world size in "
+        "turn, so a rerun at any one world size would train the whole run to report a difference that "
+        "is no change\nfix: compare within a tolerance instead: `torchrun --standalone --nproc_per_node 2 "
+        "-m reprotune rerun runs/a --tolerance 1e-6` (it reruns at the world size the run started at), or "
+        "`reprotune compare RUN_A RUN_B --tolerance 1e-6` with a run of your own (docs/distributed.md)"
+    )
+    refuse_another_launch(record, rerun_args="runs/a", source="runs/a/record.json", tolerance=1e-6)
+    invariant = {**record, "config": {"train": {"world_size_invariant": True}}}
+    refuse_another_launch(invariant, rerun_args="runs/a", source="runs/a/record.json")
 
 
 @pytest.mark.distributed

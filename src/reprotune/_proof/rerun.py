@@ -14,7 +14,7 @@ import platform
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,8 +32,8 @@ from reprotune._jsonio import sha256_file, write_json_atomic
 from reprotune._proof.bundle import builtin_data, check_split_file, run_member
 from reprotune._proof.compare import check_tolerance, compare_runs
 from reprotune._proof.differences import Comparison
+from reprotune._proof.rerun_launch import refuse_another_launch
 from reprotune._proof.unpack import Unpacked, named_in_the_bundle, unpack
-from reprotune._proof.world import same_launch
 from reprotune._run.claim import unused_path
 from reprotune._run.drift import (
     RUN_THE_SCRIPT_AGAIN,
@@ -153,54 +153,9 @@ def checked_before_rerun(
 RECORD_MEMBER = run_member(RECORD)
 
 
-def _launched_world_size() -> int | None:
-    """The world size of this process's torchrun launch; None outside torchrun."""
-    return launch_variables("rerun")[1] if under_torchrun() else None  # a stale TORCHELASTIC_RUN_ID: refused
-
-
 def _is_rank_zero() -> bool:
     """Whether this process writes and compares: always outside torchrun, rank 0 under it."""
     return not under_torchrun() or launch_variables("rerun")[0] == 0
-
-
-def refuse_another_launch(record: Mapping[str, Any], *, rerun_args: str, source: str) -> None:
-    """Refuse a rerun launched otherwise than its run (under torchrun or not, at another world
-    size), as ``resume`` and ``verify --spot`` do: dropout is seeded per micro-batch under torchrun
-    and from one stream outside it, and the gradients add up in another order at another world
-    size, so it would train the whole run to report a difference that is no change. A run in the
-    world-size invariant mode reruns under torchrun at any world size (docs/distributed.md).
-    ``rerun_args``: what follows ``reprotune rerun`` in the command the fix names.
-
-    Raises:
-        InputError: naming both launches and the command that reruns the run the way it ran.
-    """
-    distributed = record.get("distributed") or {}
-    recorded, launched = distributed.get("world_size"), _launched_world_size()
-    invariant = ((record.get("config") or {}).get("train") or {}).get("world_size_invariant") is True
-    if same_launch(recorded, launched, invariant=invariant):
-        return
-    now = "in one process" if launched is None else f"under torchrun at world size {launched}"
-    if recorded is None:
-        raise InputError(
-            f"the run was made in one process without torchrun; this rerun runs {now}, which seeds "
-            "dropout another way: it would train the whole run to report a difference that is no change",
-            source=f"{source} (no distributed section)",
-            fix=f"rerun it the way it ran, without torchrun: `reprotune rerun {rerun_args}`",
-        )
-    nodes = distributed.get("nodes") or 1
-    per_node = (
-        recorded // nodes if isinstance(nodes, int) and nodes > 0 and recorded % nodes == 0 else recorded
-    )
-    several = f" --nnodes {nodes}" if nodes != 1 else " --standalone"
-    command = f"torchrun{several} --nproc_per_node {per_node} -m reprotune rerun {rerun_args}"
-    rendezvous = " on every node, with the run's rendezvous" if nodes != 1 else ""
-    raise InputError(
-        f"the run was made under torchrun at world size {recorded}; this rerun runs {now}, which "
-        "seeds dropout or adds the gradients another way: it would train the whole run to report a "
-        "difference that is no change",
-        source=f"{source} (key distributed.world_size)",
-        fix=f"rerun it under torchrun at world size {recorded}: `{command}`{rendezvous}",
-    )
 
 
 def rerun(
@@ -253,7 +208,7 @@ def rerun(
     args, source = str(run_dir), str(paths.record)
     if bundle is not None and new_run_dir is not None:
         args, source = f"{bundle} --out {new_run_dir.parent}", f"{bundle}: {RECORD_MEMBER}"
-    refuse_another_launch(record, rerun_args=args, source=source)
+    refuse_another_launch(record, rerun_args=args, source=source, tolerance=tolerance)
     main = _is_rank_zero()  # under torchrun the other ranks train alongside, and say nothing
     cfg, checks = checked_before_rerun(
         run_dir,

@@ -76,11 +76,14 @@ def save_distributed_checkpoint(
 
 @dataclass(frozen=True)
 class Restored:
-    """What a distributed restore found, as every rank learns it."""
+    """What a distributed restore found, as every rank learns it: the checkpoint's name, where
+    the run stood, whether every rank's RNG state came back, and the world size the checkpoint
+    was saved at (None: it does not say), which a resume at another world size records."""
 
     name: str
     state: CheckpointState
     rng_restored: bool
+    world_size: int | None = None
 
 
 def restore_distributed(
@@ -90,6 +93,7 @@ def restore_distributed(
     restore_rng: bool,
     report: Callable[[str], None],
     fits: Callable[[CheckpointState, Mapping[str, torch.Tensor]], str | None] = lambda state, weights: None,
+    accept: Callable[[str | None, int | None], None] = lambda name, world_size: None,
 ) -> Restored | None:
     """Restore the newest valid checkpoint in ``directory`` (read on rank 0) into every rank.
 
@@ -98,14 +102,19 @@ def restore_distributed(
     checkpoint has one and keeps its own otherwise. ``fits`` (rank 0, given the checkpoint's state
     and whole trainable weights): None, or why the run cannot go on from it (the ledger does not
     reach it); such a checkpoint is refused and the previous one tried, as one that cannot be read.
+    ``accept`` (rank 0, given the checkpoint picked, None when none is, and the world size it was
+    saved at): raises InputError to refuse the resume, which every rank then raises.
 
     Returns:
         What was restored, the same on every rank; None when no checkpoint verifies (start over).
+
+    Raises:
+        InputError: what ``accept`` raised, on every rank.
     """
     ctx = _context(setup)
     read: RankCheckpoint | None = None
 
-    def pick() -> tuple[str, CheckpointState, dict[str, Any], dict[str, Any] | None] | None:
+    def pick() -> tuple[str, CheckpointState, dict[str, Any], dict[str, Any] | None, int | None] | None:
         nonlocal read
         assert directory is not None
         shapes = trainable_shapes(setup.model)
@@ -121,13 +130,17 @@ def restore_distributed(
                 read = None
                 report(refused_warning(found, why))
                 continue
-            return found.name, read.state, read.scheduler, read.scaler
+            saved = read.ranks.distributed.get("world_size")
+            world = saved if isinstance(saved, int) else None
+            accept(found.name, world)
+            return found.name, read.state, read.scheduler, read.scaler, world
+        accept(None, None)
         return None
 
     picked = decided_by_main(ctx, pick)
     if picked is None:
         return None
-    name, state, scheduler, scaler = picked
+    name, state, scheduler, scaler, saved_world = picked
     load_full_state(
         _train_module(setup),
         setup.optimizer,
@@ -137,20 +150,7 @@ def restore_distributed(
     setup.scheduler.load_state_dict(scheduler)
     if setup.scaler is not None and scaler is not None:
         setup.scaler.load_state_dict(scaler)
-    states = None
-    if read is not None:
-        states = (read.ranks.rng + [None] * ctx.world_size)[: ctx.world_size]
-        made = len(read.ranks.rng)
-        if restore_rng and made < ctx.world_size:
-            which = (
-                f"rank {made} has"
-                if made == ctx.world_size - 1
-                else f"ranks {made} to {ctx.world_size - 1} have"
-            )
-            report(
-                f"{which} no RNG state in {name} (made at world size {made}): seeded as at a run's "
-                "start, each rank with its own seed"
-            )
+    states = _rng_states(ctx, read, name, restore_rng=restore_rng, report=report)
     own = scatter_objects(ctx, states)
     if restore_rng and own is not None:
         restore_rng_state(own)
@@ -158,4 +158,28 @@ def restore_distributed(
         seed_generators(setup)
     # on rank 0, what the record says: every rank's state restored (not only its own)
     every = states is None or all(s is not None for s in states)
-    return Restored(name, state, restore_rng and own is not None and every)
+    return Restored(name, state, restore_rng and own is not None and every, saved_world)
+
+
+def _rng_states(
+    ctx: DistContext,
+    read: RankCheckpoint | None,
+    name: str,
+    *,
+    restore_rng: bool,
+    report: Callable[[str], None],
+) -> list[dict[str, Any] | None] | None:
+    """Rank 0's list of each rank's RNG state from the checkpoint ``read`` (None on the other
+    ranks), a rank it holds none for (the world grew) given None, and said when ``restore_rng``."""
+    if read is None:
+        return None
+    made = len(read.ranks.rng)
+    if restore_rng and made < ctx.world_size:
+        which = (
+            f"rank {made} has" if made == ctx.world_size - 1 else f"ranks {made} to {ctx.world_size - 1} have"
+        )
+        report(
+            f"{which} no RNG state in {name} (made at world size {made}): seeded as at a run's "
+            "start, each rank with its own seed"
+        )
+    return (read.ranks.rng + [None] * ctx.world_size)[: ctx.world_size]

@@ -25,7 +25,7 @@ from reprotune._run.ranks import resume_world_change
 from reprotune._run.record import Status, read_record
 from reprotune._train.attempt import RankZero, resume_attempt, start_run
 from reprotune._train.dist_checkpoint import restore_distributed
-from reprotune._train.dist_record import distributed_section
+from reprotune._train.dist_record import gather_identities
 from reprotune._train.dist_strategy import distribute_setup
 from reprotune._train.distributed import (
     DistContext,
@@ -64,7 +64,7 @@ def follow_run(cfg: ExperimentConfig, ctx: DistContext, options: RunOptions, *, 
     try:
         with hf_progress_bars(False):
             setup = distribute_setup(build_setup(cfg, manifest=options.manifest), ctx)
-        distributed_section(setup, environment_fingerprint(attention=attention_of(setup.model)))
+        gather_identities(setup, environment_fingerprint(attention=attention_of(setup.model)))
         restored = None
         if resume:
             restore_rng = options.restore_rng_on_resume

@@ -20,7 +20,12 @@ from reprotune._run.checkpoint import CheckpointState
 from reprotune._run.live_record import LiveRecord
 from reprotune._train import sharding
 from reprotune._train.dist_checkpoint import save_distributed_checkpoint
-from reprotune._train.dist_record import distributed_section, restore_on_main, store_distributed
+from reprotune._train.dist_record import (
+    distributed_section,
+    gather_identities,
+    restore_on_main,
+    store_distributed,
+)
 from reprotune._train.dist_step import RankStep, gather_validation, rank_validation_batches
 from reprotune._train.distributed import (
     DistContext,
@@ -82,8 +87,9 @@ class Distributed:
         resume: bool,
         report: Callable[[str], None],
     ) -> None:
-        section = distributed_section(setup, environment) or {}  # every rank's, checked on rank 0
-        store_distributed(record, section, resume=resume, report=report)
+        identities = gather_identities(setup, environment) or []  # every rank's, checked on rank 0
+        section = distributed_section(setup, identities)
+        store_distributed(record, section, identities, resume=resume, report=report)
 
     def restore(self, setup: Setup, resume: Resume) -> int:
         return restore_on_main(setup, resume)  # every rank restores together; rank 0 reads the checkpoint

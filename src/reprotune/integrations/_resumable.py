@@ -27,6 +27,7 @@ from reprotune._run.layout import RunLayout
 from reprotune._run.outputs import refuse_inside_run, refuse_nonempty_dir
 from reprotune._run.record import load_record, make_run_id, status_of
 from reprotune._train.writer import report
+from reprotune.integrations._ranks import checkpoint_marker
 from reprotune.integrations._sections import is_eval_loss
 from reprotune.integrations.controls import BRANCH_FROM
 
@@ -214,6 +215,43 @@ def setup_drift(
     for line in drift:
         say(f"warning: differs from the run's start: {line}")
     return drift
+
+
+def refuse_another_world_size(run_dir: Path, checkpoint: str | None, world_size: int) -> None:
+    """Refuse a Trainer resume by another number of processes (``world_size``) than the run's.
+
+    Each process trains its own ``per_device_train_batch_size`` rows of every micro-batch, so at
+    another number the step's batch and the rows each step draws are others, and the steps after
+    the checkpoint another run's; the Trainer goes on without a word. The run's number is its
+    record's ``trainer.ranks`` (one entry per process); for a branch, whose directory holds no
+    record yet, the one the marker of ``checkpoint`` names (the ranks that saved it). Checked
+    before the run directory is touched (its lock, the ledger's cut, a branch's copy).
+
+    Raises:
+        InputError: naming both numbers and the fix.
+    """
+    paths = RunLayout(run_dir)
+    if paths.is_run_dir():
+        ranks = (load_record(paths.record).get("trainer") or {}).get("ranks")
+        source = f"{paths.record} (key trainer.ranks)"
+    else:
+        ranks = checkpoint_marker(checkpoint).get("ranks")
+        source = f"{checkpoint}/{CHECKPOINT_MARKER} (key ranks)"
+    if not isinstance(ranks, list) or not ranks or len(ranks) == world_size:
+        return
+    run = len(ranks)
+    how = (
+        f"`torchrun --nproc_per_node {run} SCRIPT ...`"
+        if run > 1
+        else "`python SCRIPT ...`, without torchrun"
+    )
+    raise InputError(
+        f"the run in {run_dir} trained in {run} process(es) (world size {run}); this resume runs in "
+        f"{world_size} (world size {world_size}): each process trains its own rows of every step, so "
+        "the step's batch would be another and the steps after the checkpoint another run's",
+        source=source,
+        fix=f"launch the same number of processes as the run: {run} in all (e.g. {how})",
+    )
 
 
 def check_resumable(

@@ -59,6 +59,7 @@ from reprotune.integrations._probes import (
     trainer_made_adapter,
     trainer_or_refuse,
 )
+from reprotune.integrations._resumable import refuse_another_world_size
 from reprotune.integrations._tracing import StepTrace
 from reprotune.integrations._writer import (
     TrainerRun,
@@ -189,8 +190,10 @@ class ReprotuneCallback(TrainerCallback):
         mlflow_run = run_to_link(self._mlflow, report)
         trackers = make_trackers(self._wandb, self._wandb_project, mlflow_run=mlflow_run)
         if resumed_from:
+            run_dir = self._resume_dir(args, resumed_from)
+            refuse_another_world_size(run_dir, self._checkpoint_path(args, resumed_from), len(ranks))
             self._run = TrainerRun.resume(
-                self._resume_dir(args, resumed_from),
+                run_dir,
                 from_step=resumed_from,
                 checkpoint=self._checkpoint_path(args, resumed_from),
                 config=config,
