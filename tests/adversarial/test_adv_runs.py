@@ -283,7 +283,11 @@ def test_a_full_disk_during_a_run_is_exit_2_and_resume_finishes_it(
     fill_leaving(disk, 0)
     assert main(["resume", str(run_dir), *QUIET]) == 2
     _clean_exit_2(capsys, f"no space left on the device of {run_dir} (", "the run's files are as they were")
-    assert (run_dir / "record.json").read_bytes() == before
+    assert (run_dir / "record.json").read_bytes() == before and not (run_dir / ".writer.lock").exists()
+    fresh = disk / "fresh" / "run"  # a new run there: the directories it made are gone again
+    assert main(["run", str(project.config()), "--run-dir", str(fresh), *QUIET]) == 2
+    _clean_exit_2(capsys, "no space left on the device of", "the run's files are as they were")
+    assert not (disk / "fresh").exists()
     for filler in ("filler", "filler-1", "filler-2"):
         (disk / filler).unlink()
     assert main(["resume", str(run_dir), *QUIET]) == 0

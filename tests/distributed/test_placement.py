@@ -318,15 +318,21 @@ def test_a_resume_at_another_world_size_than_its_checkpoints_is_refused_naming_t
 def test_a_resume_at_a_world_size_that_does_not_divide_the_micro_batches_names_those_that_do(
     tmp_path: Path, allow: bool
 ) -> None:
-    """A resume keeps the run's config: the fix is a world size, not a --set (which resume lacks)."""
+    """A resume keeps the run's config: the fix is a world size, not a --set (which resume lacks);
+    and those world sizes only once another is allowed (before, a plain resume at 3 was told 1, 2
+    or 4, and at 4 then refused: launch 2 processes)."""
     _checkpoint(tmp_path, 4, 2)
     with pytest.raises(InputError) as refused:
         resume_world_change(_record({"world_size": 2}), 3, allow_change=allow, run_dir=tmp_path)
-    assert str(refused.value) == (
-        f"{tmp_path}/record.json (key config.train.grad_accum_steps): train.grad_accum_steps 4 is not a "
-        "multiple of the world size 3: each rank must train the same number of the step's micro-batches\n"
-        "fix: resume at a world size that divides 4: 1, 2 or 4 (a resume keeps the run's config)"
-    )
+    said = str(refused.value)
+    if allow:
+        assert said == (
+            f"{tmp_path}/record.json (key config.train.grad_accum_steps): train.grad_accum_steps 4 is not a "
+            "multiple of the world size 3: each rank must train the same number of the step's micro-batches\n"
+            "fix: resume at a world size that divides 4: 1, 2 or 4 (a resume keeps the run's config)"
+        )
+    else:
+        assert "fix: launch 2 processes in all" in said and "divides 4" not in said
 
 
 def test_each_ranks_environment_is_compared_with_its_own_at_the_start() -> None:
@@ -347,3 +353,20 @@ def test_each_ranks_environment_is_compared_with_its_own_at_the_start() -> None:
     assert rank_environment_drift(recorded, start, now)[0] == (
         "distributed.ranks[1].environment.kernels.cpu.aten_capability: recorded 'AVX2', now 'AVX512'"
     )
+
+
+def test_a_section_a_rank_lost_since_the_start_is_said_too() -> None:
+    """A whole section of rank 1's environment gone (its kernel facts) and a thread count moved:
+    both said (the section went unsaid: it has no leaf on one side to compare)."""
+    from reprotune._jsonio import canonical_sha256
+
+    start = {"threads": {"torch": 4}, "kernels": {"cpu": {"aten_capability": "AVX512"}}}
+    recorded = [
+        {"rank": 0},
+        {"rank": 1, "environment_sha256": canonical_sha256(start), "environment_differs": []},
+    ]
+    now = [{"rank": 0, "environment": start}, {"rank": 1, "environment": {"threads": {"torch": 8}}}]
+    assert rank_environment_drift(recorded, start, now) == [
+        "distributed.ranks[1].environment.kernels: recorded {'cpu': {'aten_capability': 'AVX512'}}, now None",
+        "distributed.ranks[1].environment.threads.torch: recorded 4, now 8",
+    ]

@@ -530,7 +530,7 @@ def test_a_branch_made_within_its_sources_second_gets_a_run_id_of_its_own(
     write_record(source / "record.json", record)
     ids = iter([same, same, "20991231-235959-aaaaaaaa"])
     monkeypatch.setattr(_resumable, "make_run_id", lambda sha: next(ids))
-    _resumable.branch(source, RunLayout(branch_dir), {"a": 1})  # the run config now
+    _resumable.branch(source, RunLayout(branch_dir))
     assert load_record(branch_dir)["run_id"] == "20991231-235959-aaaaaaaa"
 
 

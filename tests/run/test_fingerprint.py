@@ -90,13 +90,25 @@ def test_redact_value(value: str, expected: str) -> None:
         ("python t.py --hub_token s3cr3tvalue --lr 1e-3", "python t.py --hub_token '***' --lr 1e-3"),
         ("python t.py --api-key=Zx9Qw8 --x 1", "python t.py '--api-key=***' --x 1"),
         ("python t.py --use-auth-token --max-steps 3", "python t.py --use-auth-token --max-steps 3"),
+        ('bash -c "HF_TOKEN=abc python t.py --x 1"', "bash -c 'HF_TOKEN=*** python t.py --x 1'"),
+        ("python t.py --num_key_value_heads 4", "python t.py --num_key_value_heads 4"),
         ('python "my script.py" --out x', 'python "my script.py" --out x'),
         (
             'python t.py "unclosed --token hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789',
             'python t.py "unclosed --token ***',
         ),
     ],
-    ids=["variables", "password", "option", "option-equals", "flag", "nothing", "unsplittable"],
+    ids=[
+        "variables",
+        "password",
+        "option",
+        "option-equals",
+        "flag",
+        "bash-c",
+        "not-a-secret",
+        "nothing",
+        "unsplittable",
+    ],
 )
 def test_a_command_written_down_keeps_no_secret(command: str, expected: str) -> None:
     """A trace's or a verification's command: the values of secret-named variables and options

@@ -157,24 +157,39 @@ def mask_secrets(value: str) -> str:
 def mask_command(command: str) -> str:
     """A shell command as reprotune writes it down (a trace's header, a verification): what
     :func:`mask_secrets` masks, and the value of every secret-named variable set on it
-    (``WANDB_API_KEY=...``) and of every secret-named option (``--hub_token X``,
-    ``--api-key=X``), whose values have no shape of their own to be found by. A command that does
-    not split as a shell splits it keeps only :func:`mask_secrets`'s masking."""
+    (``WANDB_API_KEY=...``, also inside a ``bash -c`` string) and of every option whose name ends
+    in a secret word (``--hub_token X``, ``--api-key=X``; not ``--num_key_value_heads``), whose
+    values have no shape of their own to be found by. A command that does not split as a shell
+    splits it keeps only :func:`mask_secrets`'s masking."""
     try:
         words = shlex.split(command)
     except ValueError:
         return mask_secrets(command)
     masked, hide_next = [], False
     for word in words:
-        name, equals, value = word.partition("=")
-        option = name.startswith("-") and name.lstrip("-")
-        if hide_next and not word.startswith("-"):
+        name, equals, _ = word.partition("=")
+        option = name.startswith("-")
+        if hide_next and not option:
             word = MASK
-        elif equals and value and is_secret_name(option or name) and (option or name.isidentifier()):
+        elif option and equals and _secret_option(name):
             word = f"{name}={MASK}"
-        hide_next = bool(option) and not equals and is_secret_name(name.lstrip("-"))
+        elif not option:
+            word = _ASSIGNMENT.sub(lambda m: f"{m[1]}={MASK}" if is_secret_name(m[1]) else m[0], word)
+        hide_next = option and not equals and _secret_option(name)
         masked.append(word)
     return mask_secrets(shlex.join(masked)) if masked != words else mask_secrets(command)
+
+
+#: ``NAME=value`` in a word of a command: a variable set for it (or in a ``bash -c`` string).
+_ASSIGNMENT = re.compile(r"(?<![\w.-])([A-Za-z_][A-Za-z0-9_]*)=(\S+)")
+
+
+def _secret_option(option: str) -> bool:
+    """Whether a command-line option takes a secret: the last word of its name says so
+    (``--hub_token``, ``--api-key``; ``--use-auth-token`` too, a flag whose next word is an option
+    then, left as it is)."""
+    words = [w for w in re.split(r"[_\-]", option.lstrip("-")) if w]
+    return bool(words) and is_secret_name(words[-1])
 
 
 def token_shape(value: str) -> str | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from reprotune._proof.rank_diff import RANKS, rank_environment_key
-from reprotune._run.drift import TRAINER_ARGS, inert_trainer_arg
+from reprotune._run.drift import MODEL_PLACE_KEYS, TRAINER_ARGS, inert_trainer_arg
 
 #: Recorded values that cannot change the numbers: where an input came from and how it was
 #: described, never what it is (its content is covered by a hash that is compared in its own key).
@@ -17,8 +17,7 @@ INERT_KEYS: tuple[str, ...] = (
     "code.patch_file",
     "config.config_dir",
     "config.data.path",
-    "config.lora.base_model_name_or_path",
-    "config.model.name",
+    *MODEL_PLACE_KEYS,
     "config.split.manifest",
     "config.tracking",
     "data.manifest_file",

@@ -64,16 +64,21 @@ def refuse_code_drift(
     return drift
 
 
-#: What a base model is: the sha256 of its weight, tokenizer and config files. A resume on other
-#: ones trains another model from its checkpoint on; where it lies and how it was named may move.
-MODEL_IDENTITY: tuple[str, ...] = ("weights_sha256", "tokenizer_sha256", "config_sha256")
+#: What a base model is: the sha256 of its weight and tokenizer files; for reprotune's builtin
+#: model, of the GGUF it is converted from (its converted files are rebuilt, by whatever
+#: transformers is installed, wherever the cache is missing). A resume on others trains another
+#: model from its checkpoint on; where it lies, how it is named and its config.json's bookkeeping
+#: (``transformers_version``) may change: those are warned, not refused.
+MODEL_IDENTITY: tuple[str, ...] = ("weights_sha256", "tokenizer_sha256")
+BUILTIN_IDENTITY: tuple[str, ...] = ("gguf_sha256",)
 
 
 def refuse_model_drift(
     recorded: Mapping[str, Any], now: Mapping[str, Any], record: Path, *, fix: str
 ) -> None:
-    """Raise when the base model's files (:data:`MODEL_IDENTITY`) hash to others than the run
-    started with; a hash one side could not take (None: files not found) is let be.
+    """Raise when the base model's files (:data:`MODEL_IDENTITY`, or :data:`BUILTIN_IDENTITY` for
+    the builtin model) hash to others than the run started with; a hash one side could not take
+    (None: files not found) is let be.
 
     Args:
         recorded: the record's ``model`` section.
@@ -81,9 +86,10 @@ def refuse_model_drift(
         record: the run's ``record.json``, for the message.
         fix: what to do instead.
     """
+    keys = BUILTIN_IDENTITY if recorded.get("kind") == "builtin" == now.get("kind") else MODEL_IDENTITY
     differing = [
         f"model.{key}: recorded {str(recorded[key])[:12]}..., now {str(now[key])[:12]}..."
-        for key in MODEL_IDENTITY
+        for key in keys
         if isinstance(recorded.get(key), str) and isinstance(now.get(key), str) and recorded[key] != now[key]
     ]
     if differing:
@@ -94,6 +100,11 @@ def refuse_model_drift(
             source=str(record),
             fix=fix,
         )
+
+
+#: Config keys that say where a base model lies and how it is named, not what it is (its files'
+#: hashes do): a resume may find it moved.
+MODEL_PLACE_KEYS: tuple[str, ...] = ("config.model.name", "config.lora.base_model_name_or_path")
 
 
 def refuse_completed(status: Status | None, run_dir: Path, *, fix: str | None = None) -> None:

@@ -15,6 +15,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -22,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reprotune._errors import InputError
+from reprotune._errors import InputError, NoSpaceError
 from reprotune._jsonio import is_no_space, no_space_error, read_json_object
 from reprotune._run.layout import RunLayout
+from reprotune._run.outputs import first_missing
 
 try:  # POSIX; elsewhere every lock is "not supported" and said so
     import fcntl
@@ -65,6 +67,9 @@ def _hold(fd: int, path: Path, report: Callable[[str], None], *, locked: bool) -
     try:
         _write_holder(fd)
     except OSError as exc:  # the first write of a run or resume: nothing of the run changed yet
+        with contextlib.suppress(OSError):
+            if _same_file(fd, path):
+                path.unlink()  # ours, emptied: as a release removes it
         os.close(fd)  # the flock goes with it
         if is_no_space(exc):
             raise no_space_error(
@@ -97,6 +102,7 @@ def lock_run_dir(
             directory cannot be created or written.
     """
     path = RunLayout(run_dir).lock
+    made = first_missing(run_dir)  # removed again when not even the lock can be written
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
@@ -119,6 +125,10 @@ def lock_run_dir(
         return _take(path, run_dir, report)
     except _Busy as busy:
         raise _busy(run_dir, busy.holder, what, option) from None
+    except NoSpaceError:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        raise
 
 
 class _Busy(Exception):

@@ -160,13 +160,17 @@ def rank_environment_drift(
             continue
         was = {line.partition(": recorded ")[0]: line for line in entry.get("environment_differs") or []}
         now = _leaves(environment, "environment")
-        differing = {key for key, _, _ in leaf_changes(start_environment, environment, prefix="environment")}
+        # a whole section one side lacks is one change, keyed where it is (no leaf under it)
+        changes = {
+            k: (a, b) for k, a, b in leaf_changes(start_environment, environment, prefix="environment")
+        }
         lines = []
-        for key in sorted(set(was) | differing):
-            zero = repr(start.get(key))
+        for key in sorted(set(was) | set(changes)):
+            zero = repr(start[key] if key in start else changes.get(key, (None, None))[0])
+            value = now[key] if key in now else changes.get(key, (None, None))[1]
             before = was[key].removeprefix(f"{key}: recorded {zero}, now ") if key in was else zero
-            if before != repr(now.get(key)):
-                lines.append(f"distributed.ranks[{rank}].{key}: recorded {before}, now {now.get(key)!r}")
+            if before != repr(value):
+                lines.append(f"distributed.ranks[{rank}].{key}: recorded {before}, now {value!r}")
         if not lines:  # it moved where no key says (a section of another shape): its hash
             key, recorded = f"distributed.ranks[{rank}].environment_sha256", entry.get("environment_sha256")
             lines.append(f"{key}: recorded {recorded!r}, now {sha256!r}")
@@ -315,21 +319,24 @@ def resume_world_change(
 ) -> dict[str, int] | None:
     """:func:`check_resume_world` for a resume of the run ``record`` holds at ``world_size`` ranks
     (None: a plain process), against the world size of the checkpoint it restores (the run's
-    start's when none is left: it starts over), after :func:`check_resume_placement`: checked
-    before anything is written. A run in the world-size invariant mode may change its world size
-    without being told: the result is bitwise what the uninterrupted run gives (the change is
-    recorded all the same)."""
+    start's when none is left: it starts over), then, for an allowed change,
+    :func:`check_resume_placement`: checked before anything is written. A run in the world-size
+    invariant mode may change its world size without being told: the result is bitwise what the
+    uninterrupted run gives (the change is recorded all the same)."""
     train = record.config.get("train") or {}
     recorded = record.distributed
     saved_at: tuple[str | None, int] | None = None
     if recorded is not None:
-        if isinstance(train.get("grad_accum_steps"), int):
-            check_resume_placement(train["grad_accum_steps"], world_size, str(run_dir))
         saved_at = checkpoint_world(RunLayout(run_dir).checkpoints) or (None, recorded.world_size)
-    return check_resume_world(
+    change = check_resume_world(
         recorded,
         world_size,
         allow_change=allow_change or train.get("world_size_invariant") is True,
         run_dir=str(run_dir),
         saved_at=saved_at,
     )
+    # once another world size is allowed (a refusal of it names the run's own first): can it place
+    # the micro-batches?
+    if change is not None and isinstance(train.get("grad_accum_steps"), int):
+        check_resume_placement(train["grad_accum_steps"], world_size, str(run_dir))
+    return change

@@ -16,6 +16,7 @@ from reprotune._jsonio import canonical_sha256, write_json_atomic
 from reprotune._run import layout
 from reprotune._run.checkpoint_files import TRAINER_CHECKPOINT_MARKER as CHECKPOINT_MARKER
 from reprotune._run.drift import (
+    MODEL_PLACE_KEYS,
     inert_trainer_arg,
     leaf_changes,
     refuse_code_drift,
@@ -122,17 +123,18 @@ def branch_source(
         )
     refuse_inside_run(paths.root, option=OPTION)
     refuse_unclaimable(paths.root, trainer_output)
-    check_resumable(RunLayout(source), theirs, config, code, branching=True)
+    check_resumable(RunLayout(source), theirs, config, code, branching=True, say=lambda _: None)
     return source
 
 
-def branch(source: Path, paths: RunLayout, config: Mapping[str, Any]) -> dict[str, Any]:
+def branch(source: Path, paths: RunLayout) -> dict[str, Any]:
     """Start ``paths`` as a branch of the completed run in ``source``: a resume from one of that
     run's checkpoints into a new run directory (its own directory cannot resume a completed run).
     Its history (config, ledger, patch, split manifest with its row-hash file, then the record
     under a new run id, as a run stopped there, last) is copied; returns what the attempt records
     of the run it branched from. The caller removes the directory's files when the resume fails."""
-    theirs, config_sha256 = load_record(RunLayout(source).record), canonical_sha256(dict(config))
+    theirs = load_record(RunLayout(source).record)
+    config_sha256 = str(theirs.get("config_sha256"))  # the record's config: the run id's too
     for name in _BRANCHED_FILES:
         if (source / name).is_file():
             shutil.copyfile(source / name, paths.root / name)
@@ -261,11 +263,13 @@ def check_resumable(
     code: Mapping[str, Any],
     *,
     branching: bool = False,
+    say: Callable[[str], None] = report,
 ) -> list[str]:
     """Refuse to resume the run in ``paths`` when it completed (unless ``branching`` from it), or
     with other settings (``config``: the run config now) or code than the run's. A Trainer
-    argument that says only when it logs, saves or pushes may differ (``inert_trainer_arg``):
-    returned as drift lines, for the attempt, each said as a warning."""
+    argument that says only when it logs, saves or pushes may differ (``inert_trainer_arg``), and
+    where the base model lies (its files are checked by their hashes): returned as drift lines,
+    for the attempt, each said on ``say`` as a warning."""
     if not branching:
         refuse_completed(
             status_of(record),
@@ -276,22 +280,38 @@ def check_resumable(
     recorded, now = record.get("config") or {}, canonical_sha256(dict(config))
     changes = leaf_changes(recorded, config, prefix="config") if record.get("config_sha256") != now else []
     best = any(_args(c).get("load_best_model_at_end") for c in (recorded, config))
-    computing = [change for change in changes if not inert_trainer_arg(change[0], load_best=best)]
+    computing = [change for change in changes if not _may_move(change[0], best)]
     if computing or (record.get("config_sha256") != now and not changes):
-        named = "; ".join(f"{key}: recorded {a!r}, now {b!r}" for key, a, b in computing[:3])
+        named = "; ".join(_named(key, a, b, recorded) for key, a, b in computing[:3])
         more = f" (and {len(computing) - 3} more)" if len(computing) > 3 else ""
         hashes = f"config_sha256 {str(record.get('config_sha256'))[:12]} recorded, {now[:12]} now"
+        saves = "" if best else "save_*, "
         raise InputError(
             f"the Trainer's settings, model or LoRA config differ from the run's: {named or hashes}{more}",
             source=str(paths.record),
             fix="resume with the same script and arguments as the run that wrote the checkpoint "
-            "(only when it logs, saves or pushes may change: logging_*, save_*, hub_*)",
+            f"(only when it logs, saves or pushes may change: logging_*, {saves}hub_*, push_to_hub)",
         )
     refuse_code_drift(record.get("code") or {}, code, paths.root, what="resuming", override=None)
     drift = [f"{key}: recorded {a!r}, now {b!r}" for key, a, b in changes]
     for line in drift:
-        report(f"warning: differs from the run's start (when the Trainer logs or saves): {line}")
+        say(f"warning: differs from the run's start (it cannot change what is computed): {line}")
     return drift
+
+
+def _may_move(key: str, load_best: bool) -> bool:
+    """Whether a resume may find the config key ``key`` changed: when the Trainer logs, saves or
+    pushes, or where the base model lies and how it is named (its files' hashes say what it is)."""
+    return inert_trainer_arg(key, load_best=load_best) or key in MODEL_PLACE_KEYS
+
+
+def _named(key: str, a: Any, b: Any, recorded: Mapping[str, Any]) -> str:
+    """A refused change as the message names it: ``eval_steps``, which the Trainer fills in from
+    ``logging_steps`` when it is not given, says so where it holds the recorded logging_steps."""
+    said = f"{key}: recorded {a!r}, now {b!r}"
+    if key == "config.trainer.args.eval_steps" and a == _args(recorded).get("logging_steps"):
+        said += " (the Trainer sets eval_steps to logging_steps when it is not given: give it)"
+    return said
 
 
 def _args(config: Mapping[str, Any]) -> Mapping[str, Any]:

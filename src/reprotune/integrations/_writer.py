@@ -158,7 +158,7 @@ class TrainerRun(RunWriter):
         lock = lock_run_dir(run_dir, report=report, option=OPTION)
         try:
             if source is not None:
-                attempt["branched_from"] = branch(source, paths, config)
+                attempt["branched_from"] = branch(source, paths)
             record = LiveRecord.load(paths.record)
             drift = check_resumable(paths, record, config, code)
             if drift := drift + setup_drift(paths, record, setup or {}, report):
