@@ -98,16 +98,24 @@ def run_logged(
         RunFailedError: it exited with another code than 0 (the message holds its output's tail).
     """
     wall, code = _run_into(args, log, module)
-    if code == 2 and bad_input:  # "reprotune run: error: SOURCE: MESSAGE\nfix: FIX"
-        said = log.read_bytes().decode("utf-8", errors="replace").splitlines()
-        errors = [i for i, line in enumerate(said) if ": error: " in line]
-        text = "\n".join(said[errors[-1] :] if errors else said[-15:]).split(": error: ", 1)[-1]
-        message, _, fix = text.partition("\nfix: ")
-        raise InputError(message, fix=fix or None)
+    if code == 2 and bad_input:
+        message, fix, _ = logged_refusal(log)
+        raise InputError(message, fix=fix)
     if code != 0:
         shown = "reprotune" if module == "reprotune" else f"python -m {module}"
         raise _failed(args, code, log.read_bytes(), log, program=shown)
     return wall
+
+
+def logged_refusal(log: Path) -> tuple[str, str | None, bool]:
+    """The refusal a process wrote last into ``log`` (``reprotune run: error: SOURCE: MESSAGE``,
+    then ``fix: FIX``): its message (the source in it), its fix, and whether an error line was
+    found (when not, the message is the log's last lines)."""
+    said = log.read_bytes().decode("utf-8", errors="replace").splitlines()
+    errors = [i for i, line in enumerate(said) if ": error: " in line]
+    text = "\n".join(said[errors[-1] :] if errors else said[-15:]).split(": error: ", 1)[-1]
+    message, _, fix = text.partition("\nfix: ")
+    return message, fix or None, bool(errors)
 
 
 def _run_into(args: Sequence[str], log: Path, module: str = "reprotune") -> tuple[float, int]:

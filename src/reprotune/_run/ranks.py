@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reprotune._errors import InputError
-from reprotune._jsonio import canonical_sha256
+from reprotune._jsonio import canonical_sha256, flattened
 from reprotune._run.checkpoint_files import list_checkpoints, read_state_file, verify_checkpoint
 from reprotune._run.drift import leaf_changes, section_drift
 from reprotune._run.layout import RunLayout
@@ -122,15 +122,6 @@ def ranks_section(identities: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
     return out
 
 
-def _leaves(section: Mapping[str, Any], prefix: str) -> dict[str, Any]:
-    """Every leaf of a record section by its key path, as ``leaf_changes`` names them."""
-    out: dict[str, Any] = {}
-    for key, value in section.items():
-        path = f"{prefix}.{key}"
-        out.update(_leaves(value, path) if isinstance(value, Mapping) else {path: value})
-    return out
-
-
 def rank_environment_drift(
     recorded_ranks: Sequence[Mapping[str, Any]],
     start_environment: Mapping[str, Any],
@@ -150,7 +141,7 @@ def rank_environment_drift(
         start_environment: the record's ``environment``.
         identities: every rank's report now (``rank``, ``environment``), in rank order.
     """
-    start = _leaves(start_environment, "environment")
+    start = flattened(start_environment, "environment")
     drift: list[str] = []
     for identity in identities[1:]:
         rank, environment = identity.get("rank"), identity.get("environment") or {}
@@ -159,7 +150,7 @@ def rank_environment_drift(
         if entry is None or entry.get("environment_sha256") == sha256:
             continue
         was = {line.partition(": recorded ")[0]: line for line in entry.get("environment_differs") or []}
-        now = _leaves(environment, "environment")
+        now = flattened(environment, "environment")
         # a whole section one side lacks is one change, keyed where it is (no leaf under it)
         changes = {
             k: (a, b) for k, a, b in leaf_changes(start_environment, environment, prefix="environment")

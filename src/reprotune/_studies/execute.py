@@ -36,7 +36,7 @@ from reprotune._eval.at_end import evaluate_at_end
 from reprotune._eval.layout import run_evals
 from reprotune._eval.settings import wants_eval_at_end
 from reprotune._jsonio import sha256_file
-from reprotune._proof.processes import start_leg
+from reprotune._proof.processes import logged_refusal, start_leg
 from reprotune._run.layout import RunLayout
 from reprotune._run.record import RunRecord, read_record
 from reprotune._studies.layout import StudyLayout
@@ -177,7 +177,7 @@ def _subprocess(planned: PlannedRun, paths: StudyLayout, tracking: bool) -> RunO
         ).wait()
     seconds = time.perf_counter() - started
     if code == 2:  # bad input: the refusal `--jobs 1` gives, not a run that failed
-        raise _refusal(log, args[0], paths.config)
+        raise _refusal(log, paths.config)
     if code != 0:
         tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-12:]
         raise RunFailedError(
@@ -189,20 +189,16 @@ def _subprocess(planned: PlannedRun, paths: StudyLayout, tracking: bool) -> RunO
     return RunOutcome(planned, run_dir, _verify_completed(planned, run_dir), action, seconds)
 
 
-def _refusal(log: Path, command: str, config: Path) -> InputError:
-    """The refusal a run's process printed (``reprotune run: error: SOURCE: MESSAGE``, then
-    ``fix: FIX``) as this process's own. Where it names a key of the study's config.yaml (the
-    config every run's process reads), the key is the source again, as a run in this process
-    gives it, so that the CLI points at the user's ``--set`` or config line, not at a copy."""
-    said = log.read_text(encoding="utf-8", errors="replace").splitlines()
-    head = f"reprotune {command}: error: "
-    starts = [i for i, line in enumerate(said) if line.startswith(head)]
-    text = "\n".join(said[starts[-1] :] if starts else said[-12:]).removeprefix(head)
-    text, _, fix = text.partition("\nfix: ")
+def _refusal(log: Path, config: Path) -> InputError:
+    """The refusal a run's process printed (``_proof.processes.logged_refusal``) as this process's
+    own. Where it names a key of the study's config.yaml (the config every run's process reads),
+    the key is the source again, as a run in this process gives it, so that the CLI points at the
+    user's ``--set`` or config line, not at a copy."""
+    text, fix, found = logged_refusal(log)
     located = re.match(rf"{re.escape(str(config))}(?:, [^()]*)? \(key ([^,)]+)[^)]*\): ", text)
     if located is not None and is_key_path(located.group(1)):
-        return InputError(text[located.end() :], source=located.group(1), fix=fix or None)
-    return InputError(text, source=None if starts else str(log), fix=fix or None)
+        return InputError(text[located.end() :], source=located.group(1), fix=fix)
+    return InputError(text, source=None if found else str(log), fix=fix)
 
 
 def _run_in_processes(
