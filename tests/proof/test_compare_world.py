@@ -221,6 +221,22 @@ def test_a_torchrun_resume_without_the_rng_states_is_no_cause(tmp_path: Path) ->
     )
 
 
+def test_a_torchrun_resume_without_rng_states_is_no_cause_beside_the_same_launch(tmp_path: Path) -> None:
+    """Both runs trained under torchrun at world size 2 on the same hosts and devices (nothing in
+    their ``distributed`` sections differs); run A was resumed at step 4 without its RNG states.
+    Its dropout is seeded per micro-batch, so that resume is no cause (it was ranked first, where
+    only runs whose distributed facts differed were known to be torchrun runs)."""
+    resumed = write_run_dir(tmp_path / "resumed", RunSpec(environment=KERNELS, noise_from_step=5))
+    whole = write_run_dir(tmp_path / "whole", RunSpec(environment=KERNELS))
+    _launched(resumed, 2)
+    _launched(whole, 2)
+    attempt = {"resumed": True, "from_step": 4, "rng_restored": False, "distributed_drift": []}
+    _edit_record(resumed, lambda record: record.update(attempts=[{"resumed": False}, attempt]))
+    causes = compare_runs(resumed, whole).causes
+    assert not any("RNG" in cause for cause in causes), causes
+    assert len(causes) == 1 and "nothing recorded differs" in causes[0], causes
+
+
 def test_a_lone_gradient_norm_beside_another_strategy_is_the_strategy_not_an_edit(tmp_path: Path) -> None:
     """DDP against FSDP at world size 2: only step 1's grad_norm differs, by one ulp, and the
     adapters agree. The strategy reduces the gradient norm in another order; compare said first

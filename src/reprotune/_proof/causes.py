@@ -292,31 +292,16 @@ def _evidence(
             # Changed row content changes numbers directly; moved rows change the order.
             texts["split_content" if split.content_changed else "split"] = said
     drifted = _drift_texts(drifts, texts, kernels, made or KernelAdvice())
-    torchrun = _torchrun_runs(differences)
     for resume in resumes:
         if resume.exact and (resume.run, resume.from_step) in drifted:
             continue  # it restored everything; what it ran with is the cause, told above
-        if resume.run in torchrun and not (resume.rng_missing or resume.rng_changed or resume.state_missing):
+        if resume.reseeds_dropout and not (resume.rng_missing or resume.rng_changed or resume.state_missing):
             continue  # its dropout is seeded per micro-batch: no RNG state carries over a resume
         texts.setdefault("resume" if resume.exact else "resume_rng", resume_text(resume))
     ranking = _RANKING[stage]
     ordered = [texts[k] for k in ranking if k in texts]
     ordered.extend(text for kind, text in texts.items() if kind not in ranking)
     return ordered
-
-
-def _torchrun_runs(differences: Sequence[Difference]) -> set[str]:
-    """The runs ("A", "B") whose record shows they ran under torchrun: a value of their
-    ``distributed`` section on their side of a difference. Such a run seeds every micro-batch's
-    dropout anew from the dropout seed, the step and the micro-batch (docs/distributed.md): a
-    resume that restores no RNG state draws the same masks."""
-    runs: set[str] = set()
-    for diff in differences:
-        if diff.category == "distributed" and diff.key.startswith("distributed."):
-            runs.update(
-                label for label, absent in (("A", "added"), ("B", "removed")) if diff.change != absent
-            )
-    return runs
 
 
 def _grouped(differences: Sequence[Difference], split: SplitDiff | None) -> dict[str, list[Difference]]:

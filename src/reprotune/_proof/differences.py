@@ -143,6 +143,9 @@ class Resume:
     """The Trainer's RNG files found, but other than the ones saved at that checkpoint."""
     state_missing: tuple[str, ...] = ()
     """Other state the Trainer's resume did not find (``optimizer.pt``, ``scheduler.pt``...)."""
+    reseeds_dropout: bool = False
+    """The run seeds every micro-batch's dropout anew from its dropout seed, step and micro-batch
+    (a torchrun run: its record's ``distributed.dropout_seeding``), so no RNG state carries over."""
 
     @property
     def exact(self) -> bool:

@@ -22,6 +22,7 @@ def resumes_of(run: RunDir, label: Literal["A", "B"]) -> Iterable[Resume]:
     """The resumed attempts of a run, from its record's ``attempts`` (the last one to resume wins
     over earlier ones from a later step: each resume restarts from its own checkpoint)."""
     attempts = run.record.get("attempts")
+    reseeds = reseeds_dropout(run)
     for attempt in attempts if isinstance(attempts, list) else []:
         if (
             isinstance(attempt, Mapping)
@@ -35,7 +36,16 @@ def resumes_of(run: RunDir, label: Literal["A", "B"]) -> Iterable[Resume]:
                 _names(attempt.get("rng_missing")),
                 _names(attempt.get("rng_changed")),
                 _names(attempt.get("state_missing")),
+                reseeds_dropout=reseeds,
             )
+
+
+def reseeds_dropout(run: RunDir) -> bool:
+    """Whether the run seeds every micro-batch's dropout anew (a torchrun run, its record's
+    ``distributed.dropout_seeding``: docs/distributed.md), so a resume draws the same masks
+    whether or not it restored the RNG states."""
+    seeding = run.section("distributed").get("dropout_seeding")
+    return isinstance(seeding, str) and seeding.startswith("per global micro-batch")
 
 
 #: The lists a resumed attempt notes of what differs from its run's start (``_train.attempt``),
