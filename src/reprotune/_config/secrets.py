@@ -186,10 +186,19 @@ _ASSIGNMENT = re.compile(r"(?<![\w.-])([A-Za-z_][A-Za-z0-9_]*)=(\S+)")
 
 def _secret_option(option: str) -> bool:
     """Whether a command-line option takes a secret: the last word of its name says so
-    (``--hub_token``, ``--api-key``; ``--use-auth-token`` too, a flag whose next word is an option
-    then, left as it is)."""
-    words = [w for w in re.split(r"[_\-]", option.lstrip("-")) if w]
-    return bool(words) and is_secret_name(words[-1])
+    (``--hub_token``, ``--api-key``), but not a tokenizer's special token (``--pad_token``) or a
+    switch (``--use-auth-token``, whose next word is the script's own, not a value: a token
+    given there is still masked by its shape)."""
+    words = [w.upper() for w in re.split(r"[_\-]", option.lstrip("-")) if w]
+    if not words or words[0] in _SWITCH_WORDS or (len(words) > 1 and words[-2] in _TOKENIZER_WORDS):
+        return False
+    return is_secret_name(words[-1])
+
+
+#: First words of an option that turns something on or off: it takes no value.
+_SWITCH_WORDS = frozenset({"USE", "NO", "ENABLE", "DISABLE", "WITH", "WITHOUT", "PUSH"})
+#: Words before ``token`` in a tokenizer's special tokens (``--pad_token``, ``--eos-token``).
+_TOKENIZER_WORDS = frozenset({"PAD", "BOS", "EOS", "UNK", "SEP", "CLS", "MASK", "SPECIAL"})
 
 
 def token_shape(value: str) -> str | None:
