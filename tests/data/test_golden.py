@@ -2,7 +2,7 @@
 
 The manifest bytes of a fixed small table (random, stratified, grouped) and the data order of a
 fixed seed are pinned. If one of these fails, the algorithm changed: bump ``ALGORITHM_VERSION``
-(``_data/manifest.py``) or ``ORDER_VERSION`` (``_data/order.py``), say so in the changelog of the
+(``_data/manifest_format.py``) or ``ORDER_VERSION`` (``_data/order.py``), say so in the changelog of the
 commit, and only then update the pinned value. The derived seeds are pinned in
 ``tests/determinism/test_seeds.py``.
 """
