@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from synthetic import write_study_dir
 
 from reprotune._cli import main
-from reprotune._config.loading import config_from_dict
+from reprotune._config.loading import config_from_dict, dump_config_yaml, load_config
+from reprotune._config.schema import config_sha256
 from reprotune._errors import InputError
+from reprotune._studies.directory import new_study, open_study
+from reprotune._studies.layout import StudyLayout
+from reprotune._studies.plan import plan_study
 from reprotune._studies.study import StudyOptions, run_study
+from reprotune._studies.studyfile import load_study, write_study
+from tinyrun import TinyProject
+from warm import fork_legs_here
 
 CFG = config_from_dict({"seed": {"root": 1}})  # the config synthetic studies are made of
 
@@ -110,3 +118,61 @@ def test_a_studys_mlflow_state_never_holds_the_stores_password(
         and json.loads(state.read_text())["parent_run_id"] == "parent-1"
     )
     assert opened == ["parent-1"]  # the second start reopened it
+
+
+def _files(root: Path) -> dict[str, bytes | None]:
+    """Every entry under ``root``: a file's bytes, None for a directory."""
+    return {
+        p.relative_to(root).as_posix(): None if p.is_dir() else p.read_bytes()
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def _never_begun(root: Path, cfg_path: Path, *sets: str) -> StudyLayout:
+    """Make ``root`` a study of ``cfg_path`` with ``sets`` that never began, as an older reprotune
+    left one whose first run was refused: every run planned, its config.yaml, an MLflow parent
+    run and a log."""
+    paths = StudyLayout(root)
+    other = load_config(cfg_path, list(sets))
+    root.mkdir()
+    write_study(paths.study, new_study(plan_study(other, n=2, vary="all", name="cfg")))
+    dump_config_yaml(other, paths.config)
+    paths.mlflow.write_text('{"parent_run_id": "the other config\'s parent run"}', encoding="utf-8")
+    (root / "logs").mkdir()
+    (root / "logs" / "all-000.log").write_bytes(b"the other config's first run, refused\n")
+    return paths
+
+
+@pytest.mark.parametrize(
+    "jobs", [pytest.param(1, id="jobs1"), pytest.param(2, id="jobs2", marks=pytest.mark.slow)]
+)
+def test_a_study_taken_over_and_refused_leaves_the_directory_byte_for_byte(
+    jobs: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A directory holding a study of another config that never began (config.yaml, study.json,
+    mlflow.json, a log): `seeds` takes it over for this config and is refused at its first run
+    (exit 2). Every file is as it was: before, study.json was put back but config.yaml was this
+    config's (the directory's config no longer matched its study.json), mlflow.json was gone and
+    --jobs 2 left its logs."""
+    assert jobs == 1 or fork_legs_here(monkeypatch) or os.environ.get("REPROTUNE_TESTS_COLD")
+    project = TinyProject.create(tmp_path / "project")
+    cfg = project.config("cfg.yaml")
+    paths = _never_begun(tmp_path / "out", cfg, "split.stratify_by=nosuchcol")
+    before = _files(paths.root)
+    args = ["--n", "2", "--jobs", str(jobs), "--out", str(paths.root), "--no-tracking"]
+    code = main(["seeds", str(cfg), *args, "--set", "split.stratify_by=othercol"])
+    assert (code, "'othercol'" in capsys.readouterr().err) == (2, True)  # its own refusal
+    assert _files(paths.root) == before
+
+
+def test_a_study_taken_over_drops_the_other_configs_mlflow_parent(tmp_path: Path) -> None:
+    """A study of another config none of whose runs began is taken over: study.json is this
+    config's, and the other's MLflow parent run (mlflow.json) is not this study's."""
+    paths = StudyLayout(tmp_path / "s")
+    paths.root.mkdir()
+    other = plan_study(config_from_dict({"seed": {"root": 2}}), n=2, vary="all", name="s")
+    write_study(paths.study, new_study(other))
+    paths.mlflow.write_text('{"parent_run_id": "the other config\'s"}', encoding="utf-8")
+    open_study(paths, plan_study(CFG, n=2, vary="all", name="s"))
+    assert load_study(paths.study)["config_sha256"] == config_sha256(CFG)
+    assert not paths.mlflow.exists()

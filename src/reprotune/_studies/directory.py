@@ -3,15 +3,17 @@
 - :func:`open_study`: the ``study.json`` content to start from, a new study or the one begun
   there before (same config and ``--vary``, no smaller ``--n``), refusing a directory that holds
   something else;
-- :class:`Before` and :func:`put_back`: a call refused before any run began leaves the directory
-  as it found it: removed when the call made it, else without the files the call added (an
-  empty ``--out`` given by the user stays, empty).
+- :class:`Before`, :class:`Rewritten` and :func:`put_back`: a call refused before any run began
+  leaves the directory as it found it, byte for byte: removed when the call made it, else with
+  the files it rewrote (study.json, config.yaml, mlflow.json, the logs it appended to) as they
+  were and without the files it added (an empty ``--out`` given by the user stays, empty).
 
 Never imports torch.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 from reprotune._config.schema import config_sha256
 from reprotune._determinism.seeds import derive_seed
 from reprotune._errors import InputError, SchemaVersionError
+from reprotune._jsonio import write_bytes_atomic
 from reprotune._run.layout import LOCK
 from reprotune._run.outputs import first_missing
 from reprotune._studies import layout
@@ -42,6 +45,46 @@ class Before:
         created = first_missing(root)
         entries = frozenset(root.iterdir()) if created is None and root.is_dir() else frozenset()
         return cls(created, entries)
+
+
+@dataclass(frozen=True)
+class Rewritten:
+    """What the files a call rewrites before its runs held when it took the directory's lock: the
+    bytes of study.json, config.yaml and mlflow.json (None: absent) and the size of each file in
+    ``logs/`` (a run in its own process appends to ``logs/<name>.log``)."""
+
+    files: dict[Path, bytes | None]
+    logs: Path
+    sizes: dict[Path, int]
+
+    @classmethod
+    def read(cls, paths: StudyLayout) -> Rewritten:
+        files = {
+            p: p.read_bytes() if p.is_file() else None for p in (paths.study, paths.config, paths.mlflow)
+        }
+        logs = paths.root / layout.LOGS
+        return cls(files, logs, _sizes(logs))
+
+    def restore(self) -> None:
+        """Each file as :meth:`read` found it, where it differs: rewritten, removed, or a log cut
+        back to its old size (appended to, so its first bytes are as they were)."""
+        for path, data in self.files.items():
+            if (path.read_bytes() if path.is_file() else None) == data:
+                continue
+            if data is None:
+                path.unlink(missing_ok=True)
+            else:
+                write_bytes_atomic(path, data)
+        for log, size in _sizes(self.logs).items():
+            if log not in self.sizes:
+                log.unlink(missing_ok=True)
+            elif size > self.sizes[log]:
+                os.truncate(log, self.sizes[log])
+
+
+def _sizes(folder: Path) -> dict[Path, int]:
+    """The size of each file in ``folder`` (none where it is no directory)."""
+    return {p: p.stat().st_size for p in folder.iterdir() if p.is_file()} if folder.is_dir() else {}
 
 
 def put_back(root: Path, before: Before) -> None:

@@ -2,7 +2,8 @@
 
 1. plan the runs (``_studies.plan``: the seed rule) and open the study directory
    (``_studies.directory``): a new one, or the same study begun before (same config and vary; a
-   larger ``--n`` extends it); refused before a run began, the directory is put back as it was;
+   larger ``--n`` extends it); refused before a run began, the directory is put back as it was,
+   byte for byte;
 2. bring every run to completion (``_studies.execute``: kept, resumed or run), writing
    ``study.json`` after each and tagging its MLflow run as a child of the study's;
 3. name every metric across the runs (``_studies.metrics``), summarise each one all runs have
@@ -26,7 +27,7 @@ from reprotune._jsonio import write_bytes_atomic
 from reprotune._run.lock import holding_run_dir
 from reprotune._run.outputs import refuse_inside_run, refuse_unwritable_parent
 from reprotune._run.record import RunRecord, ended_status
-from reprotune._studies.directory import Before, open_study, planned_entry, put_back, runs_made
+from reprotune._studies.directory import Before, Rewritten, open_study, planned_entry, put_back, runs_made
 from reprotune._studies.execute import Action, RunOutcome, execute_runs
 from reprotune._studies.layout import StudyLayout
 from reprotune._studies.metrics import FINAL_VAL_LOSS, RunMeasures, name_metrics, read_run
@@ -103,10 +104,13 @@ def run_study(
         # One writer: a second `seeds` on the same directory is refused while this one runs (that
         # refusal, before the lock is held, removes nothing: the directory is the other's).
         with holding_run_dir(paths.root, report=options.progress, what="study directory", option="--out"):
+            rewritten = Rewritten.read(paths)
             try:
                 return _run_locked(cfg, plan, paths, options)
             except InputError:
                 undo = not runs_made(paths)
+                if undo:  # the files it rewrote, under the lock: a study taken over is the other's again
+                    rewritten.restore()
                 raise
     finally:
         if undo:
