@@ -440,6 +440,9 @@ def test_a_checkpoint_of_another_run_without_a_marker_is_refused_before_the_ledg
             seed=seed,
             save_strategy="steps",
             save_steps=2,
+            eval_rows={"val": tiny_rows(8, seed=2), "test": tiny_rows(6, seed=3)},
+            eval_strategy="steps",
+            eval_steps=4,
         )
 
     monkeypatch.setenv(controls.STOP_AFTER, "4")
@@ -484,6 +487,9 @@ def test_a_resume_on_other_rows_or_another_base_model_is_refused(
             lambda: ReprotuneCallback(tmp_path / "run", code_dir=tmp_path),
             save_strategy="steps",
             save_steps=2,
+            eval_rows={"val": tiny_rows(8, seed=2), "test": tiny_rows(6, seed=3)},
+            eval_strategy="steps",
+            eval_steps=4,
         )
 
     monkeypatch.setenv(controls.STOP_AFTER, "4")
@@ -591,7 +597,9 @@ def test_a_resume_sends_mlflow_the_steps_before_its_checkpoint_it_lacks(
     """A Trainer run stopped at step 4 before MLflow mirrored it (no MLflow for its first attempt;
     as for an attempt killed before its worker stored its steps), resumed with ``mlflow=True``:
     the MLflow run holds every step the ledger holds, 1-8, the ledger's values (before, steps 5-8
-    alone: ``reprotune resume`` sent the ledger's earlier steps, a Trainer resume did not)."""
+    alone: ``reprotune resume`` sent the ledger's earlier steps, a Trainer resume did not). Its two
+    named eval sets are a metric each, ``val_loss/val`` and ``val_loss/test``, sent live and from
+    the ledger alike (they were both ``val_loss``, two values at a step, the backfill keeping one)."""
     from mlflow.tracking import MlflowClient
     from trainer_scripts import tiny_trainer
 
@@ -614,6 +622,9 @@ def test_a_resume_sends_mlflow_the_steps_before_its_checkpoint_it_lacks(
             lambda: ReprotuneCallback(tmp_path / "run", code_dir=tmp_path, mlflow=mlflow),
             save_strategy="steps",
             save_steps=2,
+            eval_rows={"val": tiny_rows(8, seed=2), "test": tiny_rows(6, seed=3)},
+            eval_strategy="steps",
+            eval_steps=4,
         )
 
     monkeypatch.setenv(controls.STOP_AFTER, "4")
@@ -627,6 +638,14 @@ def test_a_resume_sends_mlflow_the_steps_before_its_checkpoint_it_lacks(
     ledger = read_ledger(tmp_path / "run" / "ledger.jsonl")
     assert sorted((m.step, m.value) for m in history) == [(e.step, e.number("loss")) for e in ledger.train]
     assert [e.step for e in ledger.train] == list(range(1, 9))
+    client = MlflowClient(uri)
+    sent = {
+        name: sorted((m.step, m.value) for m in client.get_metric_history(mirrored["mlflow_run_id"], name))
+        for name in ("val_loss/val", "val_loss/test", "val_loss")
+    }
+    val = [(e.step, e.number("loss")) for e in ledger.val]
+    assert [step for step, _ in val] == [4, 4, 8, 8]
+    assert sent == {"val_loss/val": val[0::2], "val_loss/test": val[1::2], "val_loss": []}
 
 
 @pytest.mark.distributed

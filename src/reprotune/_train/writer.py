@@ -13,6 +13,7 @@ operations and validated when written.
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -23,13 +24,20 @@ from typing import Any
 from reprotune._config.secrets import mask_config, mask_url_credentials
 from reprotune._jsonio import sha256_file
 from reprotune._run.layout import RunLayout
-from reprotune._run.ledger import read_ledger
+from reprotune._run.ledger import read_ledger, val_by_place
 from reprotune._run.live_record import LiveRecord
 from reprotune._run.record import Status
 from reprotune._trackers.base import RunDescription, TrackerSet, flatten_params, tracker_tags
 
 #: The tracker's metric for each number of a ledger's train line (as a run's steps send them).
 TRACKED = {"train_loss": "loss", "lr": "lr", "grad_norm": "grad_norm"}
+
+
+def val_metric(eval_set: str | None) -> str:
+    """The tracker's metric for a validation loss: ``val_loss``, or for one of a Trainer's dict
+    of eval sets ``val_loss/<its name>`` (each set a curve of its own; they shared one, several
+    values at a step), the characters a tracker refuses in a name replaced by ``_``."""
+    return "val_loss" if eval_set is None else "val_loss/" + re.sub(r"[^\w\-. /]", "_", eval_set)
 
 
 def report(line: str) -> None:
@@ -81,14 +89,18 @@ class RunWriter:
         except Exception as exc:  # the trackers are observers: never the resume's business
             self.report(f"warning: the trackers do not get the steps before the resume: {exc}")
             return
-        val = {entry.step: entry.number("loss") for entry in ledger.val}  # a step's last set's
+        names = (self.record.get("data") or {}).get("eval_sets")  # a Trainer's dict of eval sets
+        val: dict[int, dict[str, float]] = {}
+        for (step, place), entry in val_by_place(ledger.val).items():
+            name = names[place] if isinstance(names, list) and place < len(names) else None
+            val.setdefault(step, {})[val_metric(name if isinstance(name, str) else None)] = entry.number(
+                "loss"
+            )
         for entry in ledger.train:
             if entry.step > through_step:
                 break
             metrics = {key: entry.number(name) for key, name in TRACKED.items()}
-            if entry.step in val:
-                metrics["val_loss"] = val[entry.step]
-            self.trackers.log_earlier_metrics(entry.step, metrics)
+            self.trackers.log_earlier_metrics(entry.step, {**metrics, **val.get(entry.step, {})})
 
     def adapter_outputs(self, adapter_files: Mapping[str, str], **extra: Any) -> dict[str, Any]:
         """The record's ``outputs`` of a completed run: the adapter's files and the ledger, hashed."""

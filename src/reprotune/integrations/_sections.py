@@ -236,13 +236,14 @@ def is_eval_loss(key: str) -> bool:
     return key == "eval_loss" or (key.startswith("eval_") and key.endswith("_loss"))
 
 
-def eval_loss(metrics: Mapping[str, Any], eval_dataset: Any) -> tuple[float, int] | None:
-    """The validation loss one ``on_evaluate`` reports and how many rows it covers (the Trainer
-    evaluates a dict of eval datasets one at a time, each under its name); None: no loss there."""
+def eval_loss(metrics: Mapping[str, Any], eval_dataset: Any) -> tuple[float, int, str | None] | None:
+    """The validation loss one ``on_evaluate`` reports, how many rows it covers and the name of
+    its set in a dict of them (None for one eval dataset; the Trainer evaluates a dict one set at
+    a time, each under its name); None: no loss there."""
     for name, dataset in eval_sets(eval_dataset).items():
         loss = metrics.get(f"eval_{name}_loss" if name else "eval_loss")  # an is_eval_loss key
         if isinstance(loss, int | float) and not isinstance(loss, bool):
-            return float(loss), len(dataset) if hasattr(dataset, "__len__") else 0
+            return float(loss), len(dataset) if hasattr(dataset, "__len__") else 0, name or None
     return None
 
 

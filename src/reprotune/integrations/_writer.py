@@ -211,15 +211,17 @@ class TrainerRun(RunWriter):
         self._last_step = step
         self._recording_s += time.perf_counter() - since
 
-    def validation(self, line: Entry, step: int, loss: float, *, on_start: bool = False) -> None:
-        """Queue one validation line and send its loss; none for ``eval_on_start``'s evaluation
-        (``on_start``: the setting is on) at the step a resume starts from, before it trains one:
-        the run it continues evaluated there or not, and the ledger kept through that step
-        already says which."""
+    def validation(
+        self, line: Entry, step: int, loss: Mapping[str, float], *, on_start: bool = False
+    ) -> None:
+        """Queue one validation line and send its loss (``{metric: value}``); none for
+        ``eval_on_start``'s evaluation (``on_start``: the setting is on) at the step a resume
+        starts from, before it trains one: the run it continues evaluated there or not, and the
+        ledger kept through that step already says which."""
         if on_start and step and step == self._last_step and not self._step_times:
             return
         self.ledger.write(line)
-        self.trackers.log_metrics(step, {"val_loss": loss})
+        self.trackers.log_metrics(step, loss)
 
     # -- the end ---------------------------------------------------------------------------------
 

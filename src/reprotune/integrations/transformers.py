@@ -37,7 +37,7 @@ from reprotune._run.record import Status, ended_status, make_run_id, new_record,
 from reprotune._run.signals import interrupt_on_signals, raise_if_interrupted, recording_the_end
 from reprotune._trackers.mlflow_link import require_mlflow, run_to_link
 from reprotune._trackers.wandb import import_wandb
-from reprotune._train.writer import report
+from reprotune._train.writer import report, val_metric
 from reprotune.integrations import _ranks as ranks_of
 from reprotune.integrations import _sections as sections
 from reprotune.integrations._findings import (
@@ -291,8 +291,9 @@ class ReprotuneCallback(TrainerCallback):
         if self._run is None or self._run.finished or found is None:
             return
         # The Trainer reports no token count for its mean eval loss: n_tokens is 0.
-        (loss, n_rows), step = found, int(state.global_step)
-        self._run.validation(val_line(step, loss, n_rows, 0), step, loss, on_start=args.eval_on_start)
+        (loss, n_rows, name), step = found, int(state.global_step)
+        line = val_line(step, loss, n_rows, 0)
+        self._run.validation(line, step, {val_metric(name): loss}, on_start=args.eval_on_start)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
