@@ -5,7 +5,6 @@ change its gradients, and through their sum every rank's update. No torch."""
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
@@ -14,14 +13,13 @@ from reprotune._jsonio import flattened
 from reprotune._proof.cause_texts import MAX_SHOWN, value_text
 from reprotune._proof.differences import Difference
 from reprotune._proof.stack_causes import key_label
+from reprotune._run.drift import read_drift_line
 from reprotune._run.kernel_compare import is_gpu_difference, kernel_differences
 from reprotune._run.rundir import RunDir
 
 RANKS = "distributed.ranks"
 #: Where a rank's entry keeps the lines in which its environment differs from rank 0's.
 _DIFFERS = "environment_differs"
-#: One such line (``_run.drift.section_drift``): ``KEY: recorded X, now Y``, Python's reprs.
-_LINE = re.compile(r"(?P<key>[^\s:]+): recorded (?P<then>.*), now (?P<now>.*)", re.S)
 _KERNELS = "environment.kernels."
 _RANK_KEY = re.compile(r"distributed\.ranks\[(?P<rank>\d+)\]\.(?P<key>.+)", re.S)
 Inert = Callable[[str, Any, Any], bool]
@@ -118,17 +116,9 @@ def _ran_with(entry: Mapping[str, Any]) -> dict[str, Any]:
     lines = entry.get(_DIFFERS)
     out: dict[str, Any] = {}
     for line in lines if isinstance(lines, list) else []:
-        if isinstance(line, str) and (found := _LINE.fullmatch(line)):
-            out[found["key"]] = _literal(found["now"])
+        if (found := read_drift_line(line)) is not None:
+            out[found[0]] = found[1]
     return out
-
-
-def _literal(text: str) -> Any:
-    """A value as a line shows it (its repr), else the text itself."""
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return text
 
 
 def _change(name: str, a: _Rank, b: _Rank) -> Change:

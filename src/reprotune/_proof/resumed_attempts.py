@@ -5,16 +5,15 @@ Never imports torch."""
 
 from __future__ import annotations
 
-import ast
 import copy
 import dataclasses
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from reprotune._proof.cause_texts import ResumeDrift
 from reprotune._proof.differences import Difference, Resume
 from reprotune._proof.record_diff import record_differences
+from reprotune._run.drift import read_drift_line
 from reprotune._run.rundir import RunDir
 
 
@@ -51,7 +50,6 @@ def reseeds_dropout(run: RunDir) -> bool:
 #: The lists a resumed attempt notes of what differs from its run's start (``_train.attempt``),
 #: each line ``KEY: recorded X, now Y`` with Python's reprs of the values.
 _DRIFT_KEYS = ("drift", "environment_drift", "code_drift", "distributed_drift")
-_DRIFT_LINE = re.compile(r"(?P<key>[^\s:]+): recorded (?P<then>.*), now (?P<now>.*)", re.S)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,9 +84,9 @@ def as_computed(
     for key in _DRIFT_KEYS:
         lines = resumed[-1].get(key)
         for line in lines if isinstance(lines, list) else []:
-            if isinstance(line, str) and (found := _DRIFT_LINE.fullmatch(line)):
-                _put(record, found["key"], _literal(found["now"]))
-                keys.add(found["key"])
+            if (found := read_drift_line(line)) is not None:
+                _put(record, *found)
+                keys.add(found[0])
     if record == run.record:
         return run, None
     return dataclasses.replace(run, record=record), DriftedResume(
@@ -106,14 +104,6 @@ def _put(record: dict[str, Any], key: str, value: Any) -> None:
             node[".".join(parts)] = value
             return
         node, parts = node[name], parts[name.count(".") + 1 :]
-
-
-def _literal(text: str) -> Any:
-    """A value as a drift line shows it (its repr), else the text itself."""
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return text
 
 
 def _names(value: Any) -> tuple[str, ...]:

@@ -8,6 +8,8 @@ made (:func:`refuse_trainer_run`).
 
 from __future__ import annotations
 
+import ast
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -164,6 +166,22 @@ def environment_drift(
 def section_drift(old: Mapping[str, Any], new: Mapping[str, Any], *, prefix: str) -> list[str]:
     """Every leaf of two record sections that differs, as ``prefix.path: recorded X, now Y``."""
     return [f"{key}: recorded {a!r}, now {b!r}" for key, a, b in leaf_changes(old, new, prefix=prefix)]
+
+
+#: A drift line as :func:`section_drift` (and every note of what moved) writes it.
+_DRIFT_LINE = re.compile(r"(?P<key>[^\s:]+): recorded (?P<then>.*), now (?P<now>.*)", re.S)
+
+
+def read_drift_line(line: object) -> tuple[str, Any] | None:
+    """A drift line's key and the value it says is in force now, read back from its repr (a value
+    that is no Python literal, such as a hash cut short, as its text); None for any other line."""
+    found = _DRIFT_LINE.fullmatch(line) if isinstance(line, str) else None
+    if found is None:
+        return None
+    try:
+        return found["key"], ast.literal_eval(found["now"])
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return found["key"], found["now"]
 
 
 def leaf_changes(
