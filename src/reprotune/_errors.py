@@ -72,10 +72,13 @@ class Interrupted(KeyboardInterrupt):
 
     Args:
         signum: the signal's number; the CLI exits with ``128 + signum``, as a shell does.
+        then: what the CLI says to do next, in place of its resume hint (the run completed, what
+            came after it did not).
     """
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, *, then: str | None = None) -> None:
         self.signum = signum
+        self.then = then
         try:
             self.signal_name = signal.Signals(signum).name
         except ValueError:

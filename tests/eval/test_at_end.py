@@ -69,3 +69,55 @@ def test_what_the_eval_at_the_end_would_refuse_is_refused_before_training(
     assert "completed" not in done.stderr + done.stdout
     ledger = project.root / "run" / "ledger.jsonl"
     assert not ledger.exists() or '"kind":"train"' not in ledger.read_text()
+
+
+def test_an_eval_at_the_end_lost_after_the_run_completed_is_made_by_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run completed, then its end-of-run eval was interrupted (Ctrl-C) or killed: the CLI
+    said "interrupted (resumable: `reprotune resume run`)" and resume refused the completed run,
+    so the eval and its MLflow metrics were lost for good. Interrupted, the CLI says the run
+    completed and resume makes the eval; resume makes it (the same predictions as the eval that
+    was lost, its metrics mirrored to MLflow), and a second resume has nothing left to do."""
+    from mlflow.tracking import MlflowClient
+
+    from reprotune._cli import main
+    from tinyrun import TinyProject
+
+    project = TinyProject.create(tmp_path, n_rows=40)
+    cfg = project.config(
+        train={"batch_size": 4, "max_steps": 2, "eval_every": 0, "save_every": 0},
+        eval={"batch_size": 8, "max_new_tokens": 4, "generate_at_end": True},
+        tracking={"mlflow": True, "uri": "sqlite:///mlflow.db", "artifact_location": "mlartifacts"},
+    )
+    project.run_cli("run", str(cfg), "--run-dir", "run", "--no-progress")
+    run_dir = project.root / "run"
+    (first,) = list((run_dir / "evals").iterdir())
+    predictions = (first / "predictions.jsonl").read_bytes()
+    first.rename(run_dir / "evals" / f".{first.name}.tmp")  # as a kill leaves it: never published
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr("reprotune._eval.at_end.evaluate_at_end", interrupted)
+        assert main(["resume", str(run_dir), "--no-progress"]) == 130
+    said = capsys.readouterr().err
+    assert said.endswith(
+        "reprotune resume: interrupted by SIGINT: the run completed; its end-of-run eval did not: "
+        f"make it with `reprotune resume {run_dir}`\n"
+    ), said
+    assert "resumable" not in said
+
+    made = project.run_cli("resume", "run", "--no-progress")
+    assert "completed; making its end-of-run eval" in made.stderr
+    (eval_dir,) = [p for p in (run_dir / "evals").iterdir() if not p.name.startswith(".")]
+    assert (eval_dir / "predictions.jsonl").read_bytes() == predictions
+    record = json.loads((eval_dir / "eval.json").read_text())
+    mlflow = json.loads((run_dir / "record.json").read_text())["trackers"]["mlflow"]
+    logged = MlflowClient(tracking_uri=mlflow["tracking_uri"]).get_run(mlflow["mlflow_run_id"]).data.metrics
+    assert {k: v for k, v in logged.items() if k.startswith("test/")} == {
+        f"test/{name}": value for name, value in record["metrics"].items()
+    }
+    again = project.run_cli("resume", "run", "--no-progress", check=False)
+    assert again.returncode == 2 and "already complete; nothing to resume" in again.stderr, again.stderr

@@ -124,8 +124,11 @@ def _main(argv: Sequence[str] | None) -> int:
         # Ctrl-C, or SIGTERM/SIGHUP during a run (reprotune._errors.Interrupted): 128 + the signal.
         signum = getattr(exc, "signum", 2)
         how = f" by {exc.signal_name}" if isinstance(exc, Interrupted) else ""
+        then = getattr(exc, "then", None)
         resumable = f" (resumable: {_resume_hint(args)})" if args.command in ("run", "resume") else ""
-        print(f"reprotune {args.command}: interrupted{how}{resumable}", file=sys.stderr)
+        print(
+            f"reprotune {args.command}: interrupted{how}{f': {then}' if then else resumable}", file=sys.stderr
+        )
         return 128 + int(signum)
     except BrokenPipeError:
         # The reader of stdout went away (`| head`, `| true`): nothing is wrong with the work, and

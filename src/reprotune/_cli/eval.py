@@ -4,13 +4,16 @@ eval directory that another process reproduces byte for byte (docs/eval.md)."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reprotune._cli._options import add_set_option, path_value, pin_cpu_isa_of_run
+from reprotune._errors import InputError, Interrupted
 
 if TYPE_CHECKING:
+    from reprotune._run.record import RunRecord
     from reprotune._train.options import RunResult
 
 
@@ -82,12 +85,27 @@ def eval_at_end(result: RunResult, *, progress: bool) -> None:
     record = result.typed  # None on a distributed run's ranks other than 0
     if record is None or result.status != "completed" or not wants_eval_at_end(record):
         return
+    make_eval_at_end(result.run_dir, record, progress=progress)
+
+
+def make_eval_at_end(run_dir: Path, record: RunRecord, *, progress: bool) -> None:
+    """Evaluate a completed run as ``eval.generate_at_end`` asks, and print its summary. Stopped
+    or failed, it says that the run completed and that ``reprotune resume`` makes the eval."""
     from reprotune._eval.at_end import evaluate_at_end
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    done = evaluate_at_end(result.run_dir, record, report=say, progress=say if progress else None)
+    then = f"the run completed; its end-of-run eval did not: make it with `reprotune resume {run_dir}`"
+    try:
+        done = evaluate_at_end(run_dir, record, report=say, progress=say if progress else None)
+    except KeyboardInterrupt as exc:
+        raise Interrupted(getattr(exc, "signum", signal.SIGINT), then=then) from None
+    except InputError:
+        raise  # it says the run completed, and its fix ends with the resume
+    except Exception:
+        say(f"reprotune: {then}")
+        raise
     print(summary(done.eval_dir, done.record), end="")
 
 

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from reprotune._cli._options import add_watch_options, path_value, pin_cpu_isa_of_run, watch_hooks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=path_value, help="the run directory of an unfinished run")
+    parser.add_argument(
+        "run_dir",
+        type=path_value,
+        help="the run directory of an unfinished run (or of a completed one whose "
+        "eval.generate_at_end eval did not finish)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-tracking", action="store_true", help="do not mirror the run to MLflow")
     parser.add_argument(
@@ -24,6 +30,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     pin_cpu_isa_of_run(args.run_dir)  # before torch loads
+    from reprotune._cli.eval import make_eval_at_end
+    from reprotune._eval.at_end import missing_eval_at_end
+    from reprotune._proof.processes import launched_by_torchrun
+
+    finished = None if launched_by_torchrun() else missing_eval_at_end(args.run_dir)
+    if finished is not None:  # the run completed; what came after it (eval.generate_at_end) did not
+        print(
+            f"reprotune resume: the run in {args.run_dir} completed; making its end-of-run eval "
+            "(eval.generate_at_end), which it lacks",
+            file=sys.stderr,
+        )
+        make_eval_at_end(args.run_dir, finished, progress=not args.no_progress)
+        return 0
     from reprotune._cli.run import print_summary
     from reprotune._train.options import RunOptions
     from reprotune._train.run import resume_run

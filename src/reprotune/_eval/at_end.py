@@ -9,13 +9,17 @@ record names. A failure there is reported and the eval stands.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from reprotune._errors import InputError, ReprotuneError
 from reprotune._eval.evaluate import EvalResult, run_eval
-from reprotune._run.record import RunRecord
+from reprotune._eval.layout import EvalLayout, run_evals
+from reprotune._eval.settings import wants_eval_at_end
+from reprotune._run.layout import RunLayout
+from reprotune._run.record import RunRecord, read_record
 
 
 def evaluate_at_end(
@@ -39,10 +43,11 @@ def evaluate_at_end(
     try:
         result = run_eval(run_dir, split="test", report=progress)
     except ReprotuneError as exc:
+        make = f"make the eval with `reprotune resume {run_dir}`"
         raise InputError(
             f"the run in {run_dir} completed, but eval.generate_at_end failed: {exc.message}",
             source=exc.source,
-            fix=exc.fix,
+            fix=f"{exc.fix}; then {make}" if exc.fix else make,
         ) from exc
     mlflow = record.tracker("mlflow")
     if mlflow is not None and mlflow.ok and mlflow.mlflow_run_id and mlflow.tracking_uri:
@@ -51,6 +56,30 @@ def evaluate_at_end(
         except Exception as exc:  # an observer must not undo the eval
             report(f"warning: could not log the eval's metrics to MLflow ({type(exc).__name__}: {exc})")
     return result
+
+
+def missing_eval_at_end(run_dir: Path) -> RunRecord | None:
+    """The record of a completed run that asks for ``eval.generate_at_end`` and has no eval of its
+    test split (stopped or failed after the run completed): what ``reprotune resume`` finishes.
+    None for any other run directory, or one whose record cannot be read (resume says why)."""
+    try:
+        record = read_record(RunLayout(run_dir).record)
+    except ReprotuneError:
+        return None
+    if record.status != "completed" or not wants_eval_at_end(record):
+        return None
+    for eval_dir in run_evals(run_dir):
+        try:
+            made = json.loads(EvalLayout(eval_dir).eval_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if (
+            isinstance(made, dict)
+            and (made.get("split") or {}).get("name") == "test"
+            and not made.get("base_only")
+        ):
+            return None
+    return record
 
 
 def log_to_mlflow(tracking_uri: str, run_id: str, result: EvalResult, *, step: int) -> None:
