@@ -54,3 +54,26 @@ def test_a_bad_plan_is_refused_naming_every_problem(tmp_path: Path) -> None:
     assert "controls[1].control-resume.start: field required" in message
     assert "controls[0]" in message and "control-other" in message
     assert str(tmp_path / SPOT_PLAN) in message
+
+
+def test_a_seed_control_of_the_largest_seed_wraps_to_a_seed(tmp_path: Path) -> None:
+    """The seed controls of verify and verify --spot perturb a derived seed by one: for a run whose
+    seed is 2**63 - 1 (an override may say so) that was 2**63, no seed, and the control leg's
+    config was refused, failing the leg. It wraps to 0."""
+    from reprotune._config.loading import config_from_dict
+    from reprotune._proof import spot, verify
+    from reprotune._proof.intervals import Interval
+    from reprotune._run.layout import VerifyLayout
+    from tinyrun import BASE_CONFIG, merge
+
+    largest = 2**63 - 1
+    cfg = config_from_dict(merge(BASE_CONFIG, {"seed": {"overrides": {"data_order": largest}}}))
+    context = verify._Context(cfg, VerifyLayout(tmp_path), tmp_path / "reference", print)
+    assert verify._seed_control(context, "data_order", bound=None).note == "seed.overrides.data_order=0"
+
+    record = {"seeds": {"data_order": largest}, "config": {"seed": {"overrides": {"data_order": largest}}}}
+    plan = spot._plan(
+        tmp_path / "ref", tmp_path / "out", [Interval(0, 4, "first")], 4, record, None, tmp_path, False
+    )
+    (control, *_) = plan.controls
+    assert isinstance(control, SeedControl) and control.overrides == {"data_order": 0}

@@ -26,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from reprotune._determinism.seeds import SEED_LIMIT
 from reprotune._errors import InputError
 from reprotune._jsonio import write_json_atomic
 from reprotune._proof.bundle import builtin_data
@@ -232,7 +233,7 @@ def _plan(
     ]
     seeds = record.get("seeds") or {}
     overrides = {**((record.get("config") or {}).get("seed", {}).get("overrides") or {})}
-    overrides["data_order"] = int(seeds.get("data_order", 0)) + 1
+    overrides["data_order"] = (int(seeds.get("data_order", 0)) + 1) % SEED_LIMIT  # 2**63 - 1 wraps to 0
     bound = min(intervals[0].end, 3)
     controls: list[PlannedControl] = [
         SeedControl(run_dir=str(root / "control-seed"), overrides=overrides, bound=bound)

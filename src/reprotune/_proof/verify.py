@@ -42,7 +42,7 @@ from pathlib import Path
 
 from reprotune._config.loading import dump_config_yaml
 from reprotune._config.schema import ExperimentConfig, config_sha256
-from reprotune._determinism.seeds import CONSUMERS, derive_seeds
+from reprotune._determinism.seeds import CONSUMERS, SEED_LIMIT, derive_seeds
 from reprotune._errors import InputError
 from reprotune._jsonio import write_json_atomic
 from reprotune._proof.differences import Comparison
@@ -265,7 +265,7 @@ def _seed_control(ctx: _Context, consumer: str, *, bound: int | None) -> LegPlan
     """The seed control: one derived seed perturbed; streamed and stopped once it parts within
     ``bound`` steps (to the end when ``bound`` is None); blind when nothing parted."""
     seeds = derive_seeds(ctx.cfg.seed.root, dict(ctx.cfg.seed.overrides))
-    perturbed = seeds[consumer] + 1
+    perturbed = (seeds[consumer] + 1) % SEED_LIMIT  # a seed still: 2**63 - 1 wraps to 0
     override = f"seed.overrides.{consumer}={perturbed}"
     run_dir = ctx.paths.leg("control-seed")
     command = ["run", str(ctx.paths.config), "--run-dir", str(run_dir), "--set", override]
