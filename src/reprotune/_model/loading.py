@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from reprotune._builtins import BUILTIN_MODELS, BUILTIN_PREFIX
-from reprotune._compat import load_tokenizer
 from reprotune._determinism.device import resolve_device
 from reprotune._errors import InputError
 from reprotune._model.builtin import (
@@ -33,6 +32,7 @@ from reprotune._model.builtin import (
 )
 from reprotune._model.identity import config_file_names, files_sha256, tokenizer_file_names, weight_file_names
 from reprotune._model.lora import buffer_hashes
+from reprotune._model.pretrained import load_pretrained
 from reprotune._model.rope_keys import rope_read_otherwise
 
 if TYPE_CHECKING:
@@ -254,7 +254,7 @@ def load_base_model(
     resolve_device(device, source="device")
     kind, directory, resolved_revision = resolve_source(name, revision)
     hashes = _hashed_files(kind, directory)
-    tokenizer, model = _from_pretrained(directory, torch_dtype)
+    tokenizer, model = load_pretrained(directory, torch_dtype)
     misread = rope_read_otherwise(directory / "config.json", model.config)
     if misread:
         log.warning("%s", misread)
@@ -311,55 +311,6 @@ def _hashed_files(kind: str, directory: Path) -> dict[str, Any]:
                 fix=f"delete {directory}; the next run converts the model again",
             )
     return hashes
-
-
-def _from_pretrained(directory: Path, torch_dtype: Any) -> tuple[Any, Any]:
-    """(tokenizer, model) from a local folder; nothing downloaded. A damaged weights file is named."""
-    from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM
-
-    try:
-        tokenizer = load_tokenizer(directory)
-        # trust_remote_code False, never None: with None transformers asks on stdin whether to run
-        # the directory's own Python code, and a "y" (piped, or typed) runs it.
-        model: Any = AutoModelForCausalLM.from_pretrained(
-            directory, dtype=torch_dtype, local_files_only=True, trust_remote_code=False
-        )
-    except (OSError, ValueError, KeyError) as exc:
-        if "trust_remote_code" in str(exc):
-            raise InputError(
-                f"{directory} needs its own Python code to load (config.json's auto_map names it), "
-                "and reprotune never runs a model's code",
-                source="model.name",
-                fix="use a model whose architecture transformers ships (config.json model_type such as "
-                "'llama'), or save this one as such where its code is trusted",
-            ) from None
-        raise InputError(
-            f"cannot load a causal LM and tokenizer from {directory}: {exc}",
-            source="model.name",
-            fix="check that the folder is a complete Hugging Face causal-LM checkpoint with its tokenizer",
-        ) from exc
-    except SafetensorError as exc:  # a weights file cut short, or not safetensors at all
-        raise InputError(
-            f"cannot read the model's weights: {', '.join(map(str, _unreadable_weights(directory)))}: "
-            f"damaged, or not a whole safetensors file ({exc})",
-            source="model.name",
-            fix="restore the file: copy the model again, or save it again with save_pretrained",
-        ) from None
-    return tokenizer, model
-
-
-def _unreadable_weights(directory: Path) -> list[Path]:
-    """The safetensors files whose header does not read (a file cut short), else all of them."""
-    from safetensors import SafetensorError, safe_open
-
-    files, bad = sorted(directory.glob("*.safetensors")), []
-    for path in files:
-        try:
-            safe_open(str(path), framework="pt")  # reads and checks the header, nothing more
-        except (SafetensorError, OSError):
-            bad.append(path)
-    return bad or files
 
 
 #: Files of which a Hugging Face tokenizer needs one: the fast tokenizer, a SentencePiece model,
