@@ -121,3 +121,26 @@ def test_an_eval_at_the_end_lost_after_the_run_completed_is_made_by_resume(
     }
     again = project.run_cli("resume", "run", "--no-progress", check=False)
     assert again.returncode == 2 and "already complete; nothing to resume" in again.stderr, again.stderr
+
+
+def test_rerun_makes_the_eval_at_the_end_and_compare_pairs_it(tmp_path: Path) -> None:
+    """`reprotune rerun` of a run whose config asks for eval.generate_at_end made no eval (only run
+    and resume called it): now the rerun makes it, as run does (its summary printed), with the
+    same predictions as the run's, and `compare RUN RERUN` pairs the two evals: IDENTICAL."""
+    from tinyrun import TinyProject
+
+    project = TinyProject.create(tmp_path, n_rows=40)
+    cfg = project.config(
+        train={"batch_size": 4, "max_steps": 2, "eval_every": 0, "save_every": 0},
+        eval={"batch_size": 8, "max_new_tokens": 4, "generate_at_end": True},
+    )
+    project.run_cli("run", str(cfg), "--run-dir", "run", "--no-progress", "--no-tracking")
+    done = project.run_cli("rerun", "run", "--run-dir", "again", "--no-progress")
+    assert done.stdout.startswith("rerun of run -> again\nIDENTICAL"), done.stdout
+    (made,) = list((project.root / "run" / "evals").iterdir())
+    (remade,) = list((project.root / "again" / "evals").iterdir())
+    record = json.loads((remade / "eval.json").read_text())
+    assert record["split"]["name"] == "test" and f"eval {record['eval_id']}" in done.stdout
+    assert (remade / "predictions.jsonl").read_bytes() == (made / "predictions.jsonl").read_bytes()
+    compared = project.run_cli("compare", "run", "again")
+    assert "\nevals of the two runs: IDENTICAL" in compared.stdout, compared.stdout

@@ -209,6 +209,60 @@ def test_predictions_that_are_not_the_ones_eval_json_lists_are_refused(run_a: Pa
         open_eval_dir(doubled)
 
 
+def test_an_eval_pair_emptied_with_its_listing_deleted_is_refused(
+    run_a: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two copies of an eval, each with eval.json's predictions key deleted and predictions.jsonl
+    emptied, compared IDENTICAL over 0 rows (exit 0); so did a file rewritten to match its
+    listing but not the rows the split names. Now exit 2 naming the file, what it holds, what the
+    record says, and the fix: make the eval again."""
+    from reprotune._jsonio import sha256_file
+
+    made = _eval(run_a, tmp_path / "made", "eval.max_new_tokens=2").eval_dir
+    n_rows = open_eval_dir(made).record["split"]["n_rows"]
+    pair = [shutil.copytree(made, tmp_path / name) for name in ("d1", "d2")]
+    for copy in pair:
+        record = json.loads((copy / "eval.json").read_text(encoding="utf-8"))
+        del record["predictions"]
+        (copy / "eval.json").write_text(json.dumps(record), encoding="utf-8")
+        (copy / "predictions.jsonl").write_text("", encoding="utf-8")
+    assert main(["compare", str(pair[0]), str(pair[1])]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"{pair[0] / 'eval.json'} (key predictions): eval.json has no predictions, so predictions.jsonl "
+        in err
+    )
+    assert f"(it holds 0 rows) cannot be checked against it; the record's split lists {n_rows} rows" in err
+    assert f"fix: make the eval again (`reprotune eval {run_a.resolve()}`" in err, err
+
+    lines = (made / "predictions.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    first, second = (json.loads(line) for line in lines[:2])
+    for case, content, said in (
+        ("emptied", "", f"it holds 0 rows, the split lists {n_rows}"),
+        (
+            "swapped",
+            "".join([lines[1], lines[0], *lines[2:]]),
+            f"its line 1 is row {second['index']} (row sha256 {second['row_sha256'][:12]}...), the split "
+            f"lists row {first['index']} (row sha256 {first['row_sha256'][:12]}...) there",
+        ),
+    ):
+        copy = shutil.copytree(made, tmp_path / case)
+        (copy / "predictions.jsonl").write_text(content, encoding="utf-8")
+        record = json.loads((copy / "eval.json").read_text(encoding="utf-8"))
+        record["predictions"] |= {
+            "sha256": sha256_file(copy / "predictions.jsonl"),
+            "n_rows": content.count("\n"),
+        }
+        (copy / "eval.json").write_text(json.dumps(record), encoding="utf-8")
+        assert main(["compare", str(copy), str(made)]) == 2
+        err = capsys.readouterr().err
+        assert (
+            f"{copy / 'predictions.jsonl'}: predictions.jsonl does not hold the rows eval.json's split "
+            in err
+        )
+        assert said in err and "fix: make the eval again" in err, err
+
+
 def test_a_changed_tokenizer_is_refused(project: Any, run_a: Path, restored: None) -> None:
     """A tokenizer file that differs from the run's is refused (exit 2, both hashes and the file
     named, nothing written) unless --allow-tokenizer-change, which the eval record says."""

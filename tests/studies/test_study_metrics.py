@@ -95,7 +95,9 @@ def test_evals_that_do_not_measure_the_run_alike_are_told_apart(tmp_path: Path) 
     assert setups["test/bleu"] == (
         "test all rows, greedy, 64 new tokens, format 'chat_template', max_length 64"
     )
-    assert setups[quick].startswith("test first 3 rows, greedy")
+    assert setups[quick].startswith("test first 3 rows, greedy")  # an eval made before rows were drawn
+    drawn = {**body(3), "split": {**body(3)["split"], "sample": {"max_rows": 3, "seed": 5}}}
+    assert eval_setup(drawn).startswith("test 3 rows drawn with the eval seed, greedy")
     sampled = body(7, decoding="sampling", temperature=0.7)
     assert "sampling, temperature 0.7" in eval_setup(sampled) != eval_setup(body(7))
     assert eval_setup({**body(7), "generation": {**body(7)["generation"], "eval_seed": 99}}) == eval_setup(

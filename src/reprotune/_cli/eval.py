@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="evaluate the split's first N rows (manifest order)",
+        help="evaluate N rows of the split, drawn with the eval seed (seed.overrides.eval) and kept in "
+        "manifest order: the same N and seed give the same rows (default eval.generate_max_rows: all)",
     )
     parser.add_argument(
         "--batch-size",

@@ -1,4 +1,6 @@
-"""``reprotune rerun RUN_DIR|BUNDLE``: reproduce a recorded run from its record alone and compare."""
+"""``reprotune rerun RUN_DIR|BUNDLE``: reproduce a recorded run from its record alone and compare;
+then, as ``reprotune run`` does, make the end-of-run eval its config asks for
+(``eval.generate_at_end``, docs/eval.md), which ``reprotune compare RUN RERUN`` pairs with the run's."""
 
 from __future__ import annotations
 
@@ -81,7 +83,21 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"rerun of {args.run_dir} -> {done.run_dir}")
     print(done.comparison.format())
+    _eval_at_end(done.run_dir, progress=not args.no_progress)
     return 0 if done.comparison.verdict in ("IDENTICAL", "WITHIN_TOLERANCE") else 1
+
+
+def _eval_at_end(run_dir: Path, *, progress: bool) -> None:
+    """The eval ``eval.generate_at_end`` asks for, of the completed rerun (rank 0 alone: the other
+    ranks returned before), as ``reprotune run`` makes it (``_cli.eval.eval_at_end``). The rerun
+    call returns its directory, not the run's result: its record, read back, says whether it
+    completed and asks for one (and a new run directory holds no eval yet)."""
+    from reprotune._cli.eval import make_eval_at_end
+    from reprotune._eval.at_end import missing_eval_at_end
+
+    record = missing_eval_at_end(run_dir)
+    if record is not None:
+        make_eval_at_end(run_dir, record, progress=progress)
 
 
 def _refuse_the_other_forms_option(args: argparse.Namespace) -> None:

@@ -323,7 +323,12 @@ class EvalConfig(_Section):
         default=8, ge=1, description="rows per generation batch (`reprotune eval --batch-size`)"
     )
     generate_max_rows: Int | None = Field(
-        default=None, ge=1, description="evaluate the split's first N rows (manifest order); null = all"
+        default=None,
+        ge=1,
+        description=(
+            "evaluate N rows of the split, drawn with the eval seed "
+            "(seed.overrides.eval) and kept in manifest order (docs/eval.md); null = all"
+        ),
     )
     generate_at_end: Bool = Field(
         default=False,

@@ -3,7 +3,9 @@ differ, which (row index, first differing token), the metric deltas, and why.
 
 Verdicts, as for runs (docs/compare.md): ``IDENTICAL`` (exit 0), ``DIVERGED`` (exit 1: the same
 rows gave other tokens), ``INCOMPARABLE`` (exit 1: the evals cover other rows, or other data).
-Causes, most likely first: the base model, the adapter, the tokenizer, the generation settings,
+Causes, most likely first: the base model, the adapter (its weights, then its other files:
+``adapter_config.json``'s scaling and target modules change the outputs of the same weights), the
+tokenizer, the generation settings,
 the eval seed (sampling), the batch size (only where an eval does not claim batch invariance),
 and when nothing recorded differs, the environment (or nondeterminism in this one).
 
@@ -23,9 +25,12 @@ from reprotune._eval.layout import run_evals
 from reprotune._eval.settings import GENERATION_IDENTITY
 from reprotune._formats import EVAL_COMPARISON
 from reprotune._run.drift import section_drift
+from reprotune._run.layout import ADAPTER_WEIGHTS
 
 EvalVerdict = Literal["IDENTICAL", "DIVERGED", "INCOMPARABLE"]
 _SHOWN_ROWS = 10
+#: ``generation`` keys that evals made before them lack: unknown there, so no difference.
+_LATER_GENERATION_KEYS: tuple[str, ...] = ("prompt_truncation",)
 
 
 @dataclass(frozen=True)
@@ -140,7 +145,7 @@ def _causes(
     recorded explains it."""
     if rows_differ:
         yield (
-            f"the evals cover different rows: {_split_text(ea)} vs {_split_text(eb)}; "
+            f"the evals cover different rows: {_split_text(ea)} vs {_split_text(eb)}{_sampled_text(ea, eb)}; "
             "only the rows both hold are compared"
         )
     if data_differs:
@@ -150,10 +155,10 @@ def _causes(
         if _get(ea, "model", key) != _get(eb, "model", key):
             found = True
             yield f"{what} differ: {_short(_get(ea, 'model', key))} vs {_short(_get(eb, 'model', key))}"
-    adapter_a, adapter_b = adapter_label(ea), adapter_label(eb)
-    if adapter_a != adapter_b:
+    adapter = _adapter_cause(ea, eb)
+    if adapter is not None:
         found = True
-        yield f"adapter differs: {adapter_a} vs {adapter_b}"
+        yield adapter
     if _get(ea, "model", "tokenizer_sha256") != _get(eb, "model", "tokenizer_sha256"):
         found = True
         yield (
@@ -162,7 +167,7 @@ def _causes(
         )
     ga, gb = ea.section("generation"), eb.section("generation")
     changed = [k for k in GENERATION_IDENTITY if ga.get(k) != gb.get(k)]
-    if adapter_a != adapter_b and "gemm_blocks" in changed:
+    if adapter is not None and "gemm_blocks" in changed:
         changed.remove("gemm_blocks")  # the adapter's own layers are probed: it follows the adapter
     if changed:
         found = True
@@ -208,6 +213,8 @@ def _differences(ea: EvalDir, eb: EvalDir) -> Iterable[str]:
         if key in skip:
             continue
         old, new = ea.record.get(key), eb.record.get(key)
+        if key == "generation" and isinstance(old, Mapping) and isinstance(new, Mapping):
+            old, new = _known_to_both(old, new, _LATER_GENERATION_KEYS)
         if isinstance(old, Mapping) and isinstance(new, Mapping):
             # whether the block plan came from the cache, and how long probing took: no fact of the eval
             yield from (
@@ -220,6 +227,36 @@ def _differences(ea: EvalDir, eb: EvalDir) -> Iterable[str]:
     yield from section_drift(ea.section("environment"), eb.section("environment"), prefix="environment")
 
 
+def _known_to_both(
+    old: Mapping[str, Any], new: Mapping[str, Any], keys: Sequence[str]
+) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """Both sections without the ``keys`` one of them lacks (written by an older reprotune): unknown
+    there, not a difference."""
+    gone = {k for k in keys if (k in old) != (k in new)}
+    return {k: v for k, v in old.items() if k not in gone}, {k: v for k, v in new.items() if k not in gone}
+
+
+def _adapter_cause(ea: EvalDir, eb: EvalDir) -> str | None:
+    """How the adapters differ: their weights, or else their other files (``adapter_config.json``:
+    its lora_alpha scales the same weights otherwise, its target_modules apply them elsewhere; the
+    eval's identity holds the weights' sha256 alone); None when they do not."""
+    adapter_a, adapter_b = adapter_label(ea), adapter_label(eb)
+    if adapter_a != adapter_b:
+        return f"adapter differs: {adapter_a} vs {adapter_b}"
+    if ea.record.get("base_only") or eb.record.get("base_only"):
+        return None
+    fa, fb = (_get(e, "adapter", "files") for e in (ea, eb))
+    fa, fb = (f if isinstance(f, Mapping) else {} for f in (fa, fb))
+    files = [
+        f"{name} {_short(fa.get(name))} vs {_short(fb.get(name))}"
+        for name in sorted(set(fa) | set(fb))
+        if name != ADAPTER_WEIGHTS and fa.get(name) != fb.get(name)
+    ]
+    if not files:
+        return None
+    return f"adapter files differ, with the same weights {adapter_a}: {'; '.join(files)}"
+
+
 def adapter_label(e: EvalDir) -> str:
     """The adapter an eval scored, as its sha256's first 12 characters, or the base model alone."""
     if e.record.get("base_only"):
@@ -230,6 +267,15 @@ def adapter_label(e: EvalDir) -> str:
 def _split_text(e: EvalDir) -> str:
     split = e.section("split")
     return f"{split.get('n_rows')} {split.get('name')} rows"
+
+
+def _sampled_text(ea: EvalDir, eb: EvalDir) -> str:
+    """Where both evals drew their rows from the split (a cap) with other eval seeds, say so."""
+    samples = [e.section("split").get("sample") for e in (ea, eb)]
+    seeds = [s.get("seed") if isinstance(s, Mapping) else None for s in samples]
+    if None in seeds or seeds[0] == seeds[1]:
+        return ""
+    return f", drawn with eval seeds {seeds[0]} vs {seeds[1]}"
 
 
 def _short(value: Any) -> str:

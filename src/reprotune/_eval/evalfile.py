@@ -7,8 +7,9 @@ key). Its ``metrics`` is a flat mapping of corpus metric name to number, which s
 ``output_ids_sha256``, ``stopped_at_eos``, ``text``, ``scores``. It holds nothing that depends on
 time, place or batch size, so two evals of the same thing give the same bytes.
 
-Readers refuse another schema or version and malformed lines (``InputError`` naming the file,
-line and fix). Never imports torch.
+Readers refuse another schema or version, malformed lines, and a ``predictions.jsonl`` that is not
+the file ``eval.json`` lists (its ``predictions`` section is required) or does not hold the rows its
+``split`` names (``InputError`` naming the file, line and fix). Never imports torch.
 """
 
 from __future__ import annotations
@@ -85,7 +86,9 @@ def open_eval_dir(path: str | Path) -> EvalDir:
     """Read and check the eval directory at ``path``.
 
     Raises:
-        InputError: not an eval directory, a file missing or malformed (naming file and line).
+        InputError: not an eval directory, a file missing or malformed (naming file and line), a
+            ``predictions.jsonl`` that is not the one ``eval.json`` lists (its ``predictions``:
+            sha256 and row count, required) or does not hold the rows its ``split`` names.
         SchemaVersionError: ``eval.json`` is not a ``reprotune/eval`` of a known version.
     """
     paths = EvalLayout(Path(path))
@@ -102,7 +105,7 @@ def open_eval_dir(path: str | Path) -> EvalDir:
     _check_sections(record, paths.eval_file, fix)
     raw = _predictions_file(paths.predictions)
     predictions = _parsed(raw, paths.predictions)
-    _check_predictions(record, paths.predictions, predictions, sha256_bytes(raw))
+    _check_predictions(record, paths, predictions, sha256_bytes(raw))
     return EvalDir(paths.root, record, predictions)
 
 
@@ -134,21 +137,22 @@ def _check_sections(record: Mapping[str, Any], path: Path, fix: str) -> None:
 
 
 def _check_predictions(
-    record: Mapping[str, Any], path: Path, predictions: tuple[Prediction, ...], sha256: str
+    record: Mapping[str, Any], paths: EvalLayout, predictions: tuple[Prediction, ...], sha256: str
 ) -> None:
-    """The predictions are the ones ``eval.json`` lists (its sha256 and row count), each row once:
-    an emptied or cut file compared as it was read ("IDENTICAL, 0 rows")."""
-    fix = "restore the eval directory from a copy, or run the eval again"
-    listed = record.get("predictions")
-    listed = listed if isinstance(listed, Mapping) else {}
-    if isinstance(listed.get("sha256"), str) and sha256 != listed["sha256"]:
+    """The predictions are the ones ``eval.json`` lists (its ``predictions``: sha256 and row count,
+    required), each row once, and the rows its ``split`` names (count, indices in order, row
+    hashes): an emptied or cut file, or one whose listing was deleted with it, compared as it was
+    read ("IDENTICAL, 0 rows")."""
+    path, fix = paths.predictions, _remake_fix(record)
+    listed = _listing(record, paths.eval_file, len(predictions), fix)
+    if sha256 != listed["sha256"]:
         raise InputError(
             f"{PREDICTIONS} is not the file eval.json lists (sha256 {listed['sha256'][:12]}..., "
-            f"{listed.get('n_rows')} rows; it holds {len(predictions)}): it was changed or cut",
+            f"{listed['n_rows']} rows; it holds {len(predictions)}): it was changed or cut",
             source=str(path),
             fix=fix,
         )
-    if isinstance(listed.get("n_rows"), int) and listed["n_rows"] != len(predictions):
+    if listed["n_rows"] != len(predictions):
         raise InputError(
             f"{PREDICTIONS} holds {len(predictions)} rows, eval.json lists {listed['n_rows']}",
             source=str(path),
@@ -161,6 +165,76 @@ def _check_predictions(
                 f"row {prediction.index} is in {PREDICTIONS} twice", source=f"{path}:{number}", fix=fix
             )
         seen.add(prediction.index)
+    _check_split_rows(record, paths, predictions, fix)
+
+
+def _remake_fix(record: Mapping[str, Any]) -> str:
+    run = record.get("run")
+    run_dir = run.get("run_dir") if isinstance(run, Mapping) else None
+    again = f"reprotune eval {run_dir}" if isinstance(run_dir, str) and run_dir else "reprotune eval RUN_DIR"
+    return (
+        f"make the eval again (`{again}`, with the settings eval.json records), or restore the eval "
+        "directory from a copy"
+    )
+
+
+def _listing(record: Mapping[str, Any], eval_file: Path, held: int, fix: str) -> Mapping[str, Any]:
+    """``eval.json``'s ``predictions`` with its ``sha256`` and ``n_rows`` (their types are checked
+    by :func:`_check_sections`); refused when absent, as the file could not be checked."""
+    listed = record.get("predictions")
+    if isinstance(listed, Mapping) and "sha256" in listed and "n_rows" in listed:
+        return listed
+    missing = "predictions"
+    if isinstance(listed, Mapping):
+        missing += ".sha256" if "sha256" not in listed else ".n_rows"
+    split = record.get("split")
+    said = split.get("n_rows") if isinstance(split, Mapping) else None
+    raise InputError(
+        f"eval.json has no {missing}, so {PREDICTIONS} (it holds {held} rows) cannot be checked "
+        f"against it; the record's split lists {said if isinstance(said, int) else 'no'} rows",
+        source=f"{eval_file} (key {missing})",
+        fix=fix,
+    )
+
+
+def _check_split_rows(
+    record: Mapping[str, Any], paths: EvalLayout, predictions: tuple[Prediction, ...], fix: str
+) -> None:
+    """The predictions' rows are the rows ``eval.json``'s ``split`` names, in its order."""
+    split = record.get("split")
+    rows = split.get("rows") if isinstance(split, Mapping) else None
+    if not isinstance(rows, list) or not all(
+        isinstance(r, Mapping) and type(r.get("index")) is int and isinstance(r.get("sha256"), str)
+        for r in rows
+    ):
+        raise InputError(
+            f"eval.json's split.rows is {rows!r:.60}, not the list of the rows evaluated "
+            "(each its index and sha256)",
+            source=f"{paths.eval_file} (key split.rows)",
+            fix=fix,
+        )
+    said = split.get("n_rows") if isinstance(split, Mapping) else None
+    held = [(p.index, p.row_sha256) for p in predictions]
+    named = [(int(r["index"]), str(r["sha256"])) for r in rows]
+    if said == len(named) == len(held) and held == named:
+        return
+    if said != len(named):
+        what = f"split.n_rows is {said!r}, split.rows lists {len(named)} rows"
+    elif len(held) != len(named):
+        what = f"it holds {len(held)} rows, the split lists {len(named)}"
+    else:
+        line, (got, want) = next(
+            (n, pair) for n, pair in enumerate(zip(held, named, strict=True), 1) if pair[0] != pair[1]
+        )
+        what = (
+            f"its line {line} is row {got[0]} (row sha256 {got[1][:12]}...), the split lists row "
+            f"{want[0]} (row sha256 {want[1][:12]}...) there"
+        )
+    raise InputError(
+        f"{PREDICTIONS} does not hold the rows eval.json's split lists: {what}",
+        source=str(paths.predictions),
+        fix=fix,
+    )
 
 
 def read_predictions(path: Path) -> tuple[Prediction, ...]:

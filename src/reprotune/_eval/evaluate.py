@@ -3,7 +3,8 @@
 1. check the run, its adapter, data and rows (``_eval.inputs``), before anything heavy;
 2. set the run's determinism flags and thread count, load the base model and the adapter,
    verified against the record (``_eval.model``);
-3. encode each row's prompt exactly as training did, generate batch-invariantly
+3. encode each row's prompt exactly as training did (a prompt too long is cut from its start, as
+   in training: the rows cut are counted, recorded and said), generate batch-invariantly
    (``_eval.decode``), score (``_eval.metrics``);
 4. write ``predictions.jsonl`` and ``eval.json`` into a temporary directory beside the target and
    rename it into place: an eval directory is complete or absent. A default name (no ``--out``)
@@ -33,6 +34,7 @@ from reprotune._eval.layout import (
 )
 from reprotune._eval.metrics import Scores, score_rows
 from reprotune._eval.model import EvalModel, load_eval_model
+from reprotune._eval.prompts import encode_prompt, prompt_truncation
 from reprotune._eval.settings import (
     GenerationSettings,
     generation_identity,
@@ -45,7 +47,6 @@ from reprotune._run.fingerprint import environment_fingerprint
 from reprotune._run.layout import RunLayout
 from reprotune._run.outputs import refuse_inside_run, refuse_unwritable_parent
 from reprotune._run.record import utc_now
-from reprotune._train.batches import IGNORE_INDEX, encode_example
 from reprotune._train.hooks import hf_progress_bars
 from reprotune._version import __version__
 
@@ -84,7 +85,8 @@ def run_eval(
     Args:
         run_dir: a completed run directory (any run with ``base_only``).
         split: ``test`` (default) or ``validation``.
-        max_rows: evaluate the split's first N rows; None: ``eval.generate_max_rows`` (all).
+        max_rows: evaluate N rows of the split, drawn with the eval seed and kept in manifest
+            order (``_eval.inputs.sample_rows``); None: ``eval.generate_max_rows`` (null: all).
         batch_size: rows per generation batch; None: ``eval.generate_batch_size``. On CPU in
             float32 the predictions do not depend on it.
         overrides: ``eval.KEY=VALUE`` / ``seed.KEY=VALUE`` changes to the run's config.
@@ -92,7 +94,7 @@ def run_eval(
         base_only: evaluate the base model without the adapter.
         allow_tokenizer_change: go on (and say so in the record) when the tokenizer files differ
             from those the run recorded.
-        report: called with progress lines; None is silent.
+        report: called with progress lines and warnings (prompts cut to fit); None is silent.
 
     Returns:
         The eval directory, its record and metrics.
@@ -113,10 +115,7 @@ def run_eval(
     )
     cfg = inputs.cfg
     size, target = _checked_size_and_target(batch_size, out, cfg.eval.generate_batch_size)
-    if target is not None:
-        refuse_inside_run(target, option="--out", own=evals_dir(inputs.run_dir))
-    else:
-        refuse_unwritable_evals_dir(inputs.run_dir)
+    _refuse_unwritable(target, inputs.run_dir)
     device = resolve_device(cfg.determinism.device)
     flags = apply_determinism(
         cfg.determinism.mode, cfg.determinism.threads, device.type, cpu_isa=cfg.determinism.cpu_isa
@@ -131,7 +130,9 @@ def run_eval(
             record_path=RunLayout(inputs.run_dir).record,
         )
     settings = GenerationSettings.from_config(cfg, inputs.seeds)
-    prompts = [_encode_prompt(loaded.tokenizer, row, inputs) for row in inputs.rows]
+    encoded = [encode_prompt(loaded.tokenizer, row, inputs.cfg) for row in inputs.rows]
+    prompts = [prompt.ids for prompt in encoded]
+    truncation = prompt_truncation(encoded, inputs.cfg.model.max_length, report)
     t0 = time.perf_counter()
     generated = _generate(loaded, inputs, prompts, settings, size, report)
     generate_s = time.perf_counter() - t0
@@ -140,11 +141,20 @@ def run_eval(
     lines = _prediction_lines(inputs.rows, prompts, generated, texts, scores)
     data = predictions_bytes(lines)
     generation = _generation_section(settings, loaded, inputs, size, str(device), flags)
+    generation["prompt_truncation"] = truncation
     record = _record(inputs, loaded, generation, scores, data, flags)
     _identify_and_time(record, inputs.split, created_at, started, generate_s, generated)
     final = target if target is not None else evals_dir(inputs.run_dir) / record["eval_id"]
     final = publish_eval_dir(final, data, record, unique=target is None)
     return EvalResult(final, record, dict(scores.metrics), sha256_bytes(data))
+
+
+def _refuse_unwritable(target: Path | None, run_dir: Path) -> None:
+    """``--out`` inside a run is refused; without it, the run's ``evals/`` must be writable."""
+    if target is not None:
+        refuse_inside_run(target, option="--out", own=evals_dir(run_dir))
+    else:
+        refuse_unwritable_evals_dir(run_dir)
 
 
 def _identify_and_time(
@@ -206,34 +216,6 @@ def _generate(
         pad_token_id=int(loaded.info["pad_token_id"]),
         on_batch=lambda done, total: say(f"eval: {done}/{total} rows"),
     )
-
-
-def _encode_prompt(tokenizer: Any, row: EvalRow, inputs: EvalInputs) -> list[int]:
-    """The row's prompt ids exactly as training encoded them (chat template or prompt template,
-    system prompt, truncated from the start to ``model.max_length``): the tokens before the
-    response, taken from the training encoder with an empty response."""
-    cfg = inputs.cfg
-    ids, labels = encode_example(
-        tokenizer,
-        row.prompt,
-        "",
-        system_prompt=cfg.data.system_prompt,
-        prompt_template=cfg.data.prompt_template,
-        max_length=cfg.model.max_length,
-        row_index=row.index,
-        source=str(cfg.data.path),
-        prompt_field=cfg.data.prompt_field,
-        response_field=cfg.data.response_field,
-    )
-    prompt = [int(t) for t, label in zip(ids, labels, strict=True) if label == IGNORE_INDEX]
-    if not prompt:
-        raise InputError(
-            f"row {row.index}: the prompt encodes to no tokens within model.max_length "
-            f"{cfg.model.max_length}",
-            source=f"{cfg.data.path}, row {row.index}",
-            fix="train with a larger model.max_length",
-        )
-    return prompt
 
 
 def _text(tokenizer: Any, generated: Generated, eos: Sequence[int]) -> str:
@@ -346,6 +328,7 @@ def _record(
                 "n_rows": len(rows),
                 "rows_sha256": canonical_sha256(rows),
                 "rows": rows,
+                "sample": dict(inputs.sample) if inputs.sample is not None else None,
             },
             "generation": generation,
             "metrics": dict(scores.metrics),

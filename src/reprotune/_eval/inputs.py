@@ -3,7 +3,8 @@
 The run's record (its resolved config, checked against its ``config_sha256``, seeds and hashes),
 its adapter (present, and the bytes the record names), its own ``split.json`` (the file the record
 hashed, verified against the data file now: the rows evaluated are the rows the run held out), and
-the rows of the chosen split. Bad input raises
+the rows of the chosen split (all, or ``max_rows`` of them drawn with the eval seed:
+:func:`sample_rows`). Bad input raises
 ``InputError`` naming the value, where it came from and the fix, before anything is written.
 Never imports torch.
 """
@@ -14,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from reprotune._config.schema import ExperimentConfig, config_sha256
 from reprotune._data.checksplit import check_split
@@ -32,6 +35,33 @@ from reprotune._run.rundir import check_is_run_dir
 EVAL_SPLITS: tuple[str, ...] = ("test", "validation")
 #: Config sections ``reprotune eval --set`` may change: the others describe the run, not the eval.
 SETTABLE_SECTIONS: tuple[str, ...] = ("eval", "seed")
+#: How :func:`sample_rows` draws a capped eval's rows; records depend on it, so it never changes meaning.
+SAMPLE_RULE = (
+    "numpy.random.Generator(PCG64(eval seed)).choice(split rows, max_rows, replace=False), "
+    "kept in manifest order (as eval.max_rows draws the validation rows)"
+)
+
+
+def sample_rows(indices: Sequence[int], cap: int | None, seed: int) -> list[int]:
+    """The rows of a split an eval generates for: all of ``indices`` when ``cap`` is None or
+    reaches their number, else ``cap`` of them drawn without replacement by a generator of its
+    own seeded with ``seed`` (the ``eval`` derived seed), kept in manifest order.
+
+    The draw is the one ``eval.max_rows`` makes of the validation rows during training
+    (``_train.data.RunData.eval_rows``): a split whose rows are grouped by class gives a sample of
+    every part of it, where its first N rows cover its first classes only.
+
+    Example:
+        >>> sample_rows(range(10), 3, seed=7) == sample_rows(range(10), 3, seed=7)
+        True
+        >>> sample_rows([4, 8, 9], None, seed=7)
+        [4, 8, 9]
+    """
+    rows = [int(i) for i in indices]
+    if cap is None or cap >= len(rows):
+        return rows
+    chosen = np.random.Generator(np.random.PCG64(seed)).choice(len(rows), size=cap, replace=False)
+    return [rows[i] for i in sorted(int(c) for c in chosen)]
 
 
 @dataclass(frozen=True)
@@ -55,7 +85,9 @@ class EvalInputs:
         seeds: every derived seed of ``cfg`` (``eval`` seeds the sampling).
         split: ``test`` or ``validation``.
         split_size: rows in that split.
-        rows: the rows evaluated (the split's first ``max_rows``, in manifest order).
+        rows: the rows evaluated (all the split's, or ``max_rows`` of them drawn with the eval
+            seed by :func:`sample_rows`), in manifest order.
+        sample: how the rows were drawn (``max_rows``, ``seed``, ``rule``), or None for the whole split.
         manifest_sha256: sha256 of the run's ``split.json``.
         data: what the data check found (``identical`` or ``formatting_only``), and the file's sha256.
         adapter_dir: the run's ``adapter/``, or None for ``--base-only``.
@@ -69,6 +101,7 @@ class EvalInputs:
     split: str
     split_size: int
     rows: tuple[EvalRow, ...]
+    sample: Mapping[str, Any] | None
     manifest_sha256: str
     data: Mapping[str, Any]
     adapter_dir: Path | None
@@ -93,7 +126,8 @@ def prepare_inputs(
     Args:
         run_dir: a directory written by ``reprotune run``.
         split: ``test`` or ``validation``.
-        max_rows: evaluate the split's first N rows (manifest order); None: ``eval.generate_max_rows``.
+        max_rows: evaluate N rows of the split drawn with the eval seed (:func:`sample_rows`);
+            None: ``eval.generate_max_rows`` (null: every row).
         overrides: ``eval.KEY=VALUE`` / ``seed.KEY=VALUE`` changes to the recorded config.
         base_only: evaluate the base model alone (the run needs no adapter).
 
@@ -134,8 +168,11 @@ def prepare_inputs(
             fix=f"evaluate another split (--split {other}), or train a run whose split gives {split} rows",
         )
     cap = max_rows if max_rows is not None else cfg.eval.generate_max_rows
-    chosen = indices[:cap] if cap is not None else indices
+    chosen = sample_rows(indices, cap, seeds["eval"])
     rows = tuple(_row(table, manifest, i, cfg) for i in chosen)
+    sample = (
+        None if len(chosen) == len(indices) else {"max_rows": cap, "seed": seeds["eval"], "rule": SAMPLE_RULE}
+    )
     return EvalInputs(
         run_dir=paths.root,
         record=record,
@@ -144,6 +181,7 @@ def prepare_inputs(
         split=split,
         split_size=len(indices),
         rows=rows,
+        sample=sample,
         manifest_sha256=manifest_sha256,
         data=data,
         adapter_dir=adapter_dir,

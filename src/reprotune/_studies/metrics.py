@@ -184,13 +184,20 @@ def _whole_split(data: Mapping[str, Any]) -> bool:
 
 
 def eval_setup(data: Mapping[str, Any]) -> str:
-    """What an eval's numbers depend on besides the run: the split and its rows (all, or the
-    first N), and the generation settings (decoding, sampling parameters, new tokens, prompt).
-    Not the rows' identity (a study that varies the split evaluates other rows by design), nor the
-    eval seed (derived from each run's seeds)."""
+    """What an eval's numbers depend on besides the run: the split and its rows (all, N drawn with
+    the eval seed, or, in an eval made before that rule, the first N), and the generation settings
+    (decoding, sampling parameters, new tokens, prompt). Not the rows' identity (a study that
+    varies the split or the eval seed evaluates other rows by design), nor the eval seed (derived
+    from each run's seeds)."""
     split, gen = _mapping(data.get("split")), _mapping(data.get("generation"))
     prompt = _mapping(gen.get("prompt"))
-    rows = "all rows" if _whole_split(data) else f"first {split.get('n_rows')} rows"
+    n = split.get("n_rows")
+    drawn = (
+        f"{n} rows drawn with the eval seed"
+        if isinstance(split.get("sample"), Mapping)
+        else f"first {n} rows"
+    )
+    rows = "all rows" if _whole_split(data) else drawn
     parts = [f"{_split_name(data.get('split'))} {rows}", str(gen.get("decoding"))]
     parts += [f"{k} {gen[k]}" for k in ("temperature", "top_k", "top_p") if gen.get(k) is not None]
     parts.append(f"{gen.get('max_new_tokens')} new tokens")
