@@ -69,6 +69,28 @@ def test_a_section_an_older_record_lacks_is_unknown_not_a_cause(tmp_path: Path) 
     assert not any("algorithms" in d.key for d in result.differences)
 
 
+def test_precision_settings_an_older_record_lacks_are_unknown_not_a_cause(tmp_path: Path) -> None:
+    """B was recorded before reprotune read torch's fp32_precision settings: unknown, so nothing
+    recorded differs; the same settings at other values are a difference."""
+    flags = {"deterministic_algorithms": True, "float32_matmul_precision": "highest"}
+    new = {"fp32_precision": "ieee", "fp32_precision_mkldnn_matmul": "ieee", "fp32_precision_mixed": []}
+    one = write_run_dir(
+        tmp_path / "a", RunSpec(environment={"kernels": _kernels(), "determinism": {**flags, **new}})
+    )
+    older = write_run_dir(
+        tmp_path / "b", RunSpec(noise_from_step=1, environment={"kernels": _kernels(), "determinism": flags})
+    )
+    result = compare_runs(one, older)
+    assert NOTHING in result.causes[0], result.causes
+    assert not any("fp32_precision" in d.key for d in result.differences)
+    bf16 = {**flags, **new, "fp32_precision_mkldnn_matmul": "bf16"}
+    other = write_run_dir(
+        tmp_path / "c", RunSpec(noise_from_step=1, environment={"kernels": _kernels(), "determinism": bf16})
+    )
+    keys = [d.key for d in compare_runs(one, other).differences]
+    assert "environment.determinism.fp32_precision_mkldnn_matmul" in keys, keys
+
+
 def test_a_gpu_a_cpu_run_did_not_use_is_no_cause(tmp_path: Path) -> None:
     """Both runs computed on the CPU (determinism.device cpu); A's machine has an H100. With the
     CPUs alike nothing recorded differs; with B's CPU narrower, the cause is the CPU's, advising

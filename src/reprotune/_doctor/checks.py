@@ -190,15 +190,17 @@ def check_threads(ctx: Context) -> list[Finding]:
 
 
 def check_workers(ctx: Context) -> list[Finding]:
-    """DataLoader worker seeding: reprotune's own loader is seeded; say what other code needs."""
+    """DataLoader worker seeding: reprotune uses no DataLoader (its data order has its own
+    generator); say what other code needs."""
     return [
         Finding(
             "dataloader-workers",
             "info",
             "reprotune draws the data order from its own generator (seed data_order); it uses no "
             "DataLoader workers",
-            "a DataLoader with workers but no worker_init_fn or generator gives each worker the same "
-            "NumPy/Python RNG stream, or an unseeded one",
+            "torch seeds each DataLoader worker from a base seed drawn from the loader's generator, "
+            "torch's global one when none is given: the workers' seeds then repeat only while every "
+            "draw from it before the loader starts does",
             "in your own loaders pass worker_init_fn=reprotune.seed_worker and "
             "generator=reprotune.torch_generator(seed)",
         )

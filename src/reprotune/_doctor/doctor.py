@@ -3,7 +3,8 @@
 Static checks (``_doctor.checks``) look at the config, the determinism flags the config's mode puts
 in force, the environment variables, git and the data; the probe (``_doctor.probe``) runs a tiny
 model's forward and backward twice under that mode. The doctor leaves torch's global flags, RNG
-state and environment as it found them.
+state and environment as it found them, but for a ``CUBLAS_WORKSPACE_CONFIG`` it set that its probe
+on a GPU may have put in force (kept: it is then this process's).
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from typing import Any
 from reprotune._config.loading import config_from_dict
 from reprotune._config.schema import ExperimentConfig
 from reprotune._determinism.device import resolve_device
-from reprotune._determinism.flags import CUBLAS_ENV, apply_determinism
+from reprotune._determinism.flags import (
+    CUBLAS_ENV,
+    apply_determinism,
+    cublas_may_be_in_use,
+    restore_precision,
+    save_precision,
+)
 from reprotune._doctor.checks import CHECKS
 from reprotune._doctor.findings import Context, DoctorReport
 from reprotune._doctor.probe import run_probe
@@ -30,7 +37,10 @@ from reprotune._run.kernels import kernel_facts
 
 @contextmanager
 def _torch_state_preserved() -> Iterator[None]:
-    """Restore torch's determinism flags, thread count and CUBLAS_WORKSPACE_CONFIG afterwards."""
+    """Restore torch's determinism flags, float32 precision, thread count and
+    CUBLAS_WORKSPACE_CONFIG afterwards; the variable stays as the doctor set it where torch may
+    have made a cuBLAS handle under it meanwhile (the probe on a GPU): that value is then the one
+    in force in this process (``_determinism.flags.cublas_may_be_in_use``)."""
     import torch
 
     saved = (
@@ -38,27 +48,25 @@ def _torch_state_preserved() -> Iterator[None]:
         torch.is_deterministic_algorithms_warn_only_enabled(),
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
-        torch.backends.cudnn.allow_tf32,
-        torch.backends.cuda.matmul.allow_tf32,
-        torch.get_float32_matmul_precision(),
         torch.get_num_threads(),
         os.environ.get(CUBLAS_ENV),
     )
+    precision = save_precision()
+    cublas_in_use = cublas_may_be_in_use()
     try:
         yield
     finally:
-        det, warn_only, cudnn_det, bench, cudnn_tf32, mm_tf32, precision, threads, cublas = saved
+        det, warn_only, cudnn_det, bench, threads, cublas = saved
         torch.use_deterministic_algorithms(det, warn_only=warn_only)
         torch.backends.cudnn.deterministic = cudnn_det
         torch.backends.cudnn.benchmark = bench
-        torch.backends.cudnn.allow_tf32 = cudnn_tf32
-        torch.backends.cuda.matmul.allow_tf32 = mm_tf32
-        torch.set_float32_matmul_precision(precision)
+        restore_precision(precision)
         torch.set_num_threads(threads)
-        if cublas is None:
-            os.environ.pop(CUBLAS_ENV, None)
-        else:
-            os.environ[CUBLAS_ENV] = cublas
+        if cublas_in_use or not cublas_may_be_in_use():  # else a handle may have taken the doctor's
+            if cublas is None:
+                os.environ.pop(CUBLAS_ENV, None)
+            else:
+                os.environ[CUBLAS_ENV] = cublas
 
 
 def run_doctor(
