@@ -36,9 +36,8 @@ def test_the_checks_are_installed_and_documented() -> None:
 
 
 def test_nccl_order_unpinned_on_cuda_is_a_warning(tmp_path: Path) -> None:
-    """On CUDA without NCCL_ALGO/NCCL_PROTO, for a distributed run (its config has a distributed
-    section): a warning naming both and the values to pin (tests/doctor: only for distributed runs)."""
-    (finding,) = check_nccl(_context(tmp_path, distributed={"backend": "nccl"}))
+    """On CUDA without NCCL_ALGO/NCCL_PROTO: a warning naming both and the values to pin."""
+    (finding,) = check_nccl(_context(tmp_path))
     assert (finding.code, finding.severity) == ("nccl-algo-unpinned", "warning")
     assert "NCCL_ALGO and NCCL_PROTO" in finding.title
     assert "NCCL_ALGO=Ring NCCL_PROTO=Simple" in finding.fix

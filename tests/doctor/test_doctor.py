@@ -21,7 +21,6 @@ from reprotune._data.split import split_table
 from reprotune._determinism.flags import CUBLAS_ENV, precision_flags
 from reprotune._doctor import doctor as doctor_module
 from reprotune._doctor import probe as _probe
-from reprotune._doctor.dist_checks import check_nccl
 from reprotune._doctor.doctor import run_doctor
 from reprotune._doctor.findings import FINDING_CODES, Context, DoctorReport
 from reprotune._run.findings import Finding
@@ -480,7 +479,6 @@ def test_a_manifest_of_other_data_names_the_split_command_of_the_config(
 
 def test_the_last_set_of_a_key_is_named_where_its_value_came_from(tmp_path: Path) -> None:
     """Two --set of one key: the last is in force, and named (the first was)."""
-    from reprotune._doctor.findings import Context
 
     ctx = Context.__new__(Context)
     object.__setattr__(ctx, "overrides", ("split.stratify_by=category", "split.stratify_by=nope"))
@@ -518,48 +516,6 @@ def test_split_columns_are_ignored_beside_a_manifest(
     from reprotune._data.columns import config_columns
 
     assert ("split.stratify_by", "categ") in config_columns(found_without)
-
-
-def _nccl_codes(settings: dict[str, Any], tmp_path: Path, env: dict[str, str] | None = None) -> list[str]:
-    """The NCCL findings of a config on a machine said to have a GPU (the check alone)."""
-    ctx = Context(
-        cfg=config_from_dict(settings).resolve_paths(),
-        has_config=True,
-        device="cuda",
-        device_ok=True,
-        flags={},
-        env=env or {},
-        code_dir=tmp_path,
-    )
-    return [finding.code for finding in check_nccl(ctx)]
-
-
-@pytest.mark.parametrize(
-    ("settings", "torchrun", "expected"),
-    [
-        ({}, False, []),
-        ({}, True, ["nccl-algo-unpinned"]),
-        ({"distributed": {"strategy": "fsdp"}}, False, ["nccl-algo-unpinned"]),
-        ({"distributed": {"backend": "gloo"}}, True, []),
-    ],
-    ids=["plain-run", "under-torchrun", "distributed-section", "gloo"],
-)
-def test_nccl_pinning_is_asked_of_distributed_runs_only(
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
-    settings: dict[str, Any],
-    torchrun: bool,
-    expected: list[str],
-) -> None:
-    """nccl-algo-unpinned on CUDA only where the run is distributed (the doctor under torchrun, or
-    a config with a distributed section): a single-GPU run outside torchrun uses no NCCL."""
-    monkeypatch.setattr(torch.distributed, "is_torchelastic_launched", lambda: torchrun)
-    assert _nccl_codes(settings, tmp_path) == expected
-
-
-def test_nccl_tuning_set_is_still_noted_on_a_plain_run(tmp_path: Path) -> None:
-    """NCCL variables set are named (info) on CUDA whatever the launch; nothing asks to pin them."""
-    assert _nccl_codes({}, tmp_path, {"NCCL_ALGO": "Ring"}) == ["nccl-env-set"]
 
 
 @pytest.fixture

@@ -108,6 +108,16 @@ def test_max_rows_evaluates_a_seeded_sample_of_the_split(project: Any, run_a: Pa
     comparison = compare_evals(project.root / "e1", other.eval_dir)
     assert comparison.verdict == "INCOMPARABLE"
     assert f"drawn with eval seeds {seed} vs 5" in comparison.causes[0]
+    # an eval made before rows were drawn (no split.sample: it took the first N): the cause says so
+    older = shutil.copytree(project.root / "e1", tmp_path / "older")
+    record = json.loads((older / "eval.json").read_text())
+    del record["split"]["sample"]
+    (older / "eval.json").write_text(json.dumps(record))
+    cause = compare_evals(older, other.eval_dir).causes[0]
+    assert (
+        "(A: the split's first rows (made before reprotune drew" in cause
+        and "B: drawn with eval seed 5)" in cause
+    )
     whole = run_eval(run_a, out=tmp_path / "whole")
     assert [r["index"] for r in whole.record["split"]["rows"]] == test and whole.record["split"][
         "sample"
@@ -175,12 +185,16 @@ def test_prompts_cut_to_fit_are_counted_recorded_and_said(project: Any, tmp_path
 def test_an_eval_made_before_prompt_truncation_was_recorded_still_compares(
     run_a: Path, tmp_path: Path
 ) -> None:
-    """An eval.json without generation.prompt_truncation (made before it) opens, and compares
-    IDENTICAL with one that has it, the key unknown there, not a difference."""
+    """An eval.json without generation.prompt_truncation and torch's fp32_precision settings (made
+    before them) opens, and compares IDENTICAL with one that has them, unknown there, not a
+    difference."""
     made = run_eval(run_a, out=tmp_path / "new", max_rows=2).eval_dir
     old = shutil.copytree(made, tmp_path / "old")
     record = json.loads((old / "eval.json").read_text(encoding="utf-8"))
     assert record["generation"].pop("prompt_truncation") == {"truncated_rows": 0, "rows": []}
+    for flags in (record["determinism"], record["environment"]["determinism"]):  # read since 2026-12-06
+        for key in [k for k in flags if k.startswith("fp32_precision")]:
+            del flags[key]
     (old / "eval.json").write_text(json.dumps(record), encoding="utf-8")
     assert "prompt_truncation" not in open_eval_dir(old).section("generation")
     for a, b in ((old, made), (made, old)):

@@ -46,6 +46,29 @@ def test_every_differing_leaf_is_named_with_both_values() -> None:
     ]
 
 
+def test_precision_settings_a_record_made_before_lacks_are_no_drift() -> None:
+    """torch's fp32_precision settings, read since 2026-12-06: where the recorded determinism
+    section lacks them, a rerun, a resume and an eval compare said "environment differs" for each
+    (10 lines); unknown now. At other values on both sides they are drift."""
+    old = {"determinism": {"deterministic_algorithms": True}}
+    new = {
+        "determinism": {
+            "deterministic_algorithms": True,
+            "fp32_precision": "ieee",
+            "fp32_precision_mixed": [],
+        }
+    }
+    assert section_drift(old, new, prefix="environment") == []
+    assert section_drift(old["determinism"], new["determinism"], prefix="determinism") == []
+    other = {"determinism": {**new["determinism"], "fp32_precision": "tf32"}}
+    assert section_drift(new, other, prefix="environment") == [
+        "environment.determinism.fp32_precision: recorded 'ieee', now 'tf32'"
+    ]
+    assert (
+        section_drift({"x": 1}, {"x": 1, "fp32_precision": "ieee"}, prefix="config") != []
+    )  # not a determinism section
+
+
 def test_the_builtin_model_is_the_gguf_it_is_converted_from(tmp_path: Path) -> None:
     """The builtin model's converted files are rebuilt wherever its cache is missing, by the
     transformers installed (config.json names its version): a resume is refused on another GGUF

@@ -12,10 +12,13 @@ import pytest
 import torch
 
 from reprotune._determinism.cpu import cbwr_name, cpu_flags, cpu_vendor, mkl_cbwr
+from reprotune._determinism.flags import precision_flags, restore_precision, save_precision
 from reprotune._run import kernels
 from reprotune._run.fingerprint import environment_fingerprint
 from reprotune._run.kernel_compare import kernel_differences
 from reprotune._run.kernels import ISA_FLAGS_X86, STEERING_ENV, kernel_facts
+
+PRECISION_KEYS = ("matmul_allow_tf32", "cudnn_allow_tf32", "float32_matmul_precision")
 
 
 def test_facts_are_read_back_from_the_libraries() -> None:
@@ -109,6 +112,14 @@ def test_the_cuda_section_as_far_as_a_cpu_machine_can_show_it(monkeypatch: pytes
         "bf16_reduced_precision_reduction",
         "float32_matmul_precision",
     }
+    if hasattr(torch.backends, "fp32_precision"):  # torch >= 2.9: transformers' tf32 sets it
+        saved = save_precision()
+        torch.backends.fp32_precision = "tf32"  # torch may now refuse to read a legacy flag
+        try:
+            math = kernels._cuda_section()["math"]  # type: ignore[index]  # raised before
+            assert {k: math[k] for k in PRECISION_KEYS} == {k: precision_flags()[k] for k in PRECISION_KEYS}
+        finally:
+            restore_precision(saved)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -31,13 +31,12 @@ NCCL_TUNING_VARS = (
 
 
 def check_nccl(ctx: Context) -> list[Finding]:
-    """On CUDA (a GPU here): in a distributed run on NCCL (:func:`runs_distributed`), NCCL_ALGO
-    and NCCL_PROTO pinned; NCCL tuning variables noted."""
+    """On CUDA (a GPU here): NCCL_ALGO and NCCL_PROTO pinned, other tuning variables noted."""
     if ctx.device != "cuda" or not ctx.device_ok or ctx.cfg.distributed.backend == "gloo":
         return []
     found = []
     unset = [name for name in NCCL_ORDER_VARS if not ctx.env.get(name)]
-    if unset and runs_distributed(ctx):
+    if unset:
         found.append(
             Finding(
                 "nccl-algo-unpinned",
@@ -64,15 +63,6 @@ def check_nccl(ctx: Context) -> list[Finding]:
             )
         )
     return found
-
-
-def runs_distributed(ctx: Context) -> bool:
-    """Whether the audited run is a distributed one: the doctor runs under ``torchrun`` (as the
-    run will), or the config has a ``distributed`` section (written or ``--set``: a plain run
-    ignores it). A plain run uses no process group, so no NCCL."""
-    import torch.distributed as dist
-
-    return bool(dist.is_torchelastic_launched()) or "distributed" in ctx.cfg.model_fields_set
 
 
 def check_ranks(ctx: Context) -> list[Finding]:

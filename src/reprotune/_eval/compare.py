@@ -270,12 +270,31 @@ def _split_text(e: EvalDir) -> str:
 
 
 def _sampled_text(ea: EvalDir, eb: EvalDir) -> str:
-    """Where both evals drew their rows from the split (a cap) with other eval seeds, say so."""
-    samples = [e.section("split").get("sample") for e in (ea, eb)]
-    seeds = [s.get("seed") if isinstance(s, Mapping) else None for s in samples]
-    if None in seeds or seeds[0] == seeds[1]:
+    """How two capped evals chose their rows, where that tells why the rows differ: drawn with
+    other eval seeds, or one the split's first rows (made before rows were drawn: the rerun of an
+    older run draws them)."""
+    drawn = [_drawn_with(e) for e in (ea, eb)]
+    if drawn[0] is None or drawn[1] is None or drawn[0] == drawn[1]:
         return ""
-    return f", drawn with eval seeds {seeds[0]} vs {seeds[1]}"
+    if "first" in (drawn[0], drawn[1]):
+        said = [
+            "the split's first rows (made before reprotune drew a capped eval's rows)"
+            if d == "first"
+            else f"drawn with eval seed {d}"
+            for d in drawn
+        ]
+        return f" (A: {said[0]}; B: {said[1]})"
+    return f", drawn with eval seeds {drawn[0]} vs {drawn[1]}"
+
+
+def _drawn_with(e: EvalDir) -> Any:
+    """A capped eval's eval seed, "first" for one made before rows were drawn, None uncapped."""
+    split = e.section("split")
+    sample = split.get("sample")
+    if isinstance(sample, Mapping):
+        return sample.get("seed")
+    capped = isinstance(split.get("n_rows"), int) and split.get("n_rows") != split.get("split_rows")
+    return "first" if capped and "sample" not in split else None
 
 
 def _short(value: Any) -> str:

@@ -12,6 +12,7 @@ from reprotune._proof.microscope import compared_kernels, computed_on_gpu
 from reprotune._proof.rank_diff import RANKS, Inert, rank_differences
 from reprotune._proof.stack_causes import BUFFERS_PREFIX
 from reprotune._proof.world import TRAINER_WORLD_SIZE, trainer_world_sizes
+from reprotune._run.drift import added_later
 from reprotune._run.kernel_compare import CUDA_VARIABLES
 from reprotune._run.rundir import RunDir
 
@@ -48,9 +49,6 @@ _GPU_FLAGS = (
     "fp32_precision_cudnn_conv",
     "fp32_precision_cudnn_rnn",
 )
-#: torch's ``fp32_precision`` settings (``_determinism.flags.precision_flags``), which records made
-#: before reprotune read them (2026-12-06) lack: unknown there, not a difference.
-_PRECISION = "environment.determinism.fp32_precision"
 _NO_DEFAULT = object()
 _NEUTRAL = {f"config.{key}": value for key, value in NEUTRAL_DEFAULTS.items()}
 
@@ -95,8 +93,8 @@ def record_differences(run_a: RunDir, run_b: RunDir) -> Iterable[Difference]:
                 continue
             if empty_beside_keys(key, flat_a, flat_b):
                 continue
-            if key.startswith(_PRECISION) and (key in flat_a) != (key in flat_b):
-                continue  # a record made before they were read: unknown
+            if (key in flat_a) != (key in flat_b) and added_later(*key.rpartition(".")[::2]):
+                continue  # a record made before it was read: unknown
             if key not in flat_b:
                 yield Difference(category, key, flat_a[key], None, "removed", inert)
             elif key not in flat_a:

@@ -184,13 +184,23 @@ def read_drift_line(line: object) -> tuple[str, Any] | None:
         return found["key"], found["now"]
 
 
+def added_later(prefix: str, key: str) -> bool:
+    """Whether ``prefix.key`` is a leaf records gained later, unknown where one record lacks it:
+    torch's ``fp32_precision`` settings under a ``determinism`` section (read since 2026-12-06,
+    ``_determinism.flags.precision_flags``)."""
+    return prefix.rsplit(".", 1)[-1] == "determinism" and key.startswith("fp32_precision")
+
+
 def leaf_changes(
     old: Mapping[str, Any], new: Mapping[str, Any], *, prefix: str
 ) -> list[tuple[str, Any, Any]]:
     """Every leaf of two record sections that differs: its key path under ``prefix``, its value
-    in ``old`` and in ``new`` (None where a section lacks it), in key order."""
+    in ``old`` and in ``new`` (None where a section lacks it), in key order; a leaf one section
+    lacks because it was recorded later (:func:`added_later`) is unknown, not a change."""
     changes: list[tuple[str, Any, Any]] = []
     for key in sorted(set(old) | set(new)):
+        if (key in old) != (key in new) and added_later(prefix, key):
+            continue
         a, b = old.get(key), new.get(key)
         if isinstance(a, Mapping) and isinstance(b, Mapping):
             changes.extend(leaf_changes(a, b, prefix=f"{prefix}.{key}"))

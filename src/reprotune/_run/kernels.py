@@ -25,7 +25,7 @@ from functools import lru_cache
 from typing import Any
 
 from reprotune._determinism.cpu import cpu_flags, cpuinfo, is_arm, mkl_cbwr, mkl_code_path
-from reprotune._determinism.flags import determinism_flags
+from reprotune._determinism.flags import determinism_flags, precision_flags
 from reprotune._determinism.isa import isa_in_force
 
 #: The schema of the ``environment.kernels`` section.
@@ -179,6 +179,9 @@ def _cuda_section() -> dict[str, Any] | None:
     except Exception:  # no NCCL in this build
         nccl = None
     matmul = torch.backends.cuda.matmul
+    # read through precision_flags: torch >= 2.9 refuses to read a legacy TF32 flag that its
+    # fp32_precision settings contradict (set by transformers' tf32 argument)
+    precision = precision_flags()
     return {
         "devices": devices,
         "cuda_runtime": torch.version.cuda,
@@ -186,11 +189,11 @@ def _cuda_section() -> dict[str, Any] | None:
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "nccl": nccl,
         "math": {
-            "matmul_allow_tf32": bool(matmul.allow_tf32),
-            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+            "matmul_allow_tf32": bool(precision["matmul_allow_tf32"]),
+            "cudnn_allow_tf32": bool(precision["cudnn_allow_tf32"]),
             "fp16_reduced_precision_reduction": bool(matmul.allow_fp16_reduced_precision_reduction),
             "bf16_reduced_precision_reduction": bool(matmul.allow_bf16_reduced_precision_reduction),
-            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "float32_matmul_precision": precision["float32_matmul_precision"],
         },
     }
 

@@ -30,6 +30,7 @@ from reprotune._data.loaders import table_from_dataset
 from reprotune._data.manifest import Manifest
 from reprotune._data.row_hashes import RowHashes
 from reprotune._data.table import canonical_value, row_sha256
+from reprotune._determinism.flags import precision_flags
 from reprotune._determinism.seeds import last_seeding
 from reprotune._errors import InputError
 from reprotune._jsonio import canonical_sha256, json_safe
@@ -350,3 +351,10 @@ def code_and_environment(
     code = code_fingerprint(code_dir, outputs=outputs)
     variables = {k: v for k, v in os.environ.items() if k not in UNRECORDED_VARIABLES}
     return code, environment_fingerprint(variables, attention=attention_of(model))
+
+
+def tf32_matmul() -> bool:
+    """Whether TF32 matmuls are on for CUDA (False without CUDA), read through
+    ``precision_flags``: torch >= 2.9 refuses to read the legacy flag once its fp32_precision
+    settings contradict it, as transformers' ``tf32`` argument sets them."""
+    return torch.cuda.is_available() and bool(precision_flags()["matmul_allow_tf32"])

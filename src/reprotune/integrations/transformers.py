@@ -367,7 +367,7 @@ class ReprotuneCallback(TrainerCallback):
         facts = TrainerFacts(
             args=args,
             deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
-            tf32_matmul=torch.cuda.is_available() and bool(torch.backends.cuda.matmul.allow_tf32),
+            tf32_matmul=sections.tf32_matmul(),
             workers_seeded=getattr(loader, "worker_init_fn", None) is not None,
             seedable_sampler=isinstance(getattr(sampler, "initial_seed", None), int),
             is_peft=getattr(model, "peft_config", None) is not None,
