@@ -180,6 +180,11 @@ def test_prompts_cut_to_fit_are_counted_recorded_and_said(project: Any, tmp_path
         }
         for p in lines
     )
+    # the closing summary says it too, also with --no-progress, where no progress line is printed
+    done = project.run_cli("eval", str(run), "--out", str(tmp_path / "quiet"), "--no-progress")
+    assert (
+        f"{len(cut)} of {len(whole)} prompts were cut from their start to fit model.max_length" in done.stdout
+    )
 
 
 def test_an_eval_made_before_prompt_truncation_was_recorded_still_compares(

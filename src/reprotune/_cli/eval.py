@@ -136,6 +136,12 @@ def summary(eval_dir: Path, record: dict[str, Any]) -> str:
     ]
     if record["tokenizer"].get("allowed"):
         lines.append("  WARNING             the tokenizer differs from the run's (--allow-tokenizer-change)")
+    cut = (generation.get("prompt_truncation") or {}).get("truncated_rows")
+    if cut:  # said here too: with --no-progress the progress line's warning is not printed
+        lines.append(
+            f"  WARNING             {cut} of {split['n_rows']} prompts were cut from their start to fit "
+            "model.max_length (generation.prompt_truncation)"
+        )
     metrics = record["metrics"]
     lines.append("  metrics             " + ", ".join(f"{k} {metrics[k]:.4f}" for k in sorted(metrics)))
     rate = record.get("timings", {}).get("tokens_per_s")
