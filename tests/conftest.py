@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import torch
 
+from precision import put_fresh_precision
+
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -69,6 +71,16 @@ def _restore_global_state() -> Iterator[None]:
     _restore_torch_flags(flags)
     os.environ.clear()
     os.environ.update(env)
+
+
+@pytest.fixture
+def fresh_precision() -> Iterator[None]:
+    """torch's float32 precision as a fresh process has it, before the test and after (a run in an
+    earlier test leaves other fp32_precision settings, from which the doctor's restore is not
+    exact: docs/doctor.md)."""
+    put_fresh_precision()
+    yield
+    put_fresh_precision()
 
 
 @pytest.fixture(scope="session")

@@ -7,12 +7,12 @@ import os
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 
+from precision import FRESH_PRECISION
 from reprotune._determinism import flags as flags_module
 from reprotune._determinism.flags import CUBLAS_ENV, Mode, apply_determinism, determinism_flags
 from reprotune._errors import InputError
@@ -82,32 +82,6 @@ def test_cuda_strict_sets_cublas_workspace(monkeypatch: pytest.MonkeyPatch) -> N
 needs_new_precision_api = pytest.mark.skipif(
     not hasattr(torch.backends, "fp32_precision"), reason="torch before 2.9 has no fp32_precision"
 )
-#: Each fp32_precision setting and the value a fresh process reads (torch 2.9 and later).
-FRESH_PRECISION = (
-    ("fp32_precision", lambda: torch.backends, "none"),
-    ("fp32_precision_cuda_matmul", lambda: torch.backends.cuda.matmul, "none"),
-    ("fp32_precision_cudnn", lambda: torch.backends.cudnn, "none"),
-    ("fp32_precision_cudnn_conv", lambda: torch.backends.cudnn.conv, "tf32"),
-    ("fp32_precision_cudnn_rnn", lambda: torch.backends.cudnn.rnn, "tf32"),
-    ("fp32_precision_mkldnn", lambda: torch.backends.mkldnn, "none"),
-    ("fp32_precision_mkldnn_matmul", lambda: torch.backends.mkldnn.matmul, "none"),
-    ("fp32_precision_mkldnn_conv", lambda: torch.backends.mkldnn.conv, "none"),
-    ("fp32_precision_mkldnn_rnn", lambda: torch.backends.mkldnn.rnn, "none"),
-)
-
-
-@pytest.fixture
-def fresh_precision() -> Iterator[None]:
-    """Put torch's float32 precision back as a fresh process has it after the test (the suite's
-    fixture restores the legacy flags only), with torch's own setters: legacy first, as each of
-    them also sets some of the new settings."""
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = True
-    torch.set_float32_matmul_precision("highest")
-    if hasattr(torch.backends, "fp32_precision"):
-        for _, holder, value in FRESH_PRECISION:
-            holder().fp32_precision = value
 
 
 def _fresh_process_precision() -> dict[str, Any]:

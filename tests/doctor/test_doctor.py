@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -516,30 +515,6 @@ def test_split_columns_are_ignored_beside_a_manifest(
     from reprotune._data.columns import config_columns
 
     assert ("split.stratify_by", "categ") in config_columns(found_without)
-
-
-@pytest.fixture
-def fresh_precision() -> Iterator[None]:
-    """Torch's float32 precision as a fresh process has it, before the test and after (the suite's
-    fixture restores the legacy flags only, and a run in an earlier test leaves other new settings,
-    from which the doctor's restore is not exact: noted in docs/doctor.md)."""
-    _fresh_precision()
-    yield
-    _fresh_precision()
-
-
-def _fresh_precision() -> None:
-    """Legacy setters first, as each also sets new settings."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = True
-    torch.set_float32_matmul_precision("highest")
-    if hasattr(torch.backends, "fp32_precision"):
-        torch.backends.fp32_precision = "none"
-        for holder in (torch.backends.cuda.matmul, torch.backends.cudnn, torch.backends.mkldnn):
-            holder.fp32_precision = "none"
-        for holder in (torch.backends.mkldnn.matmul, torch.backends.mkldnn.conv, torch.backends.mkldnn.rnn):
-            holder.fp32_precision = "none"
-        torch.backends.cudnn.conv.fp32_precision = torch.backends.cudnn.rnn.fp32_precision = "tf32"
 
 
 @pytest.mark.skipif(not hasattr(torch.backends, "fp32_precision"), reason="torch before 2.9")

@@ -29,8 +29,6 @@ from reprotune._run.layout import ADAPTER_WEIGHTS
 
 EvalVerdict = Literal["IDENTICAL", "DIVERGED", "INCOMPARABLE"]
 _SHOWN_ROWS = 10
-#: ``generation`` keys that evals made before them lack: unknown there, so no difference.
-_LATER_GENERATION_KEYS: tuple[str, ...] = ("prompt_truncation",)
 
 
 @dataclass(frozen=True)
@@ -213,8 +211,6 @@ def _differences(ea: EvalDir, eb: EvalDir) -> Iterable[str]:
         if key in skip:
             continue
         old, new = ea.record.get(key), eb.record.get(key)
-        if key == "generation" and isinstance(old, Mapping) and isinstance(new, Mapping):
-            old, new = _known_to_both(old, new, _LATER_GENERATION_KEYS)
         if isinstance(old, Mapping) and isinstance(new, Mapping):
             # whether the block plan came from the cache, and how long probing took: no fact of the eval
             yield from (
@@ -225,15 +221,6 @@ def _differences(ea: EvalDir, eb: EvalDir) -> Iterable[str]:
         elif old != new:
             yield f"{key}: {old!r} vs {new!r}"
     yield from section_drift(ea.section("environment"), eb.section("environment"), prefix="environment")
-
-
-def _known_to_both(
-    old: Mapping[str, Any], new: Mapping[str, Any], keys: Sequence[str]
-) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
-    """Both sections without the ``keys`` one of them lacks (written by an older reprotune): unknown
-    there, not a difference."""
-    gone = {k for k in keys if (k in old) != (k in new)}
-    return {k: v for k, v in old.items() if k not in gone}, {k: v for k, v in new.items() if k not in gone}
 
 
 def _adapter_cause(ea: EvalDir, eb: EvalDir) -> str | None:

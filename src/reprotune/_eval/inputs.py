@@ -16,12 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from reprotune._config.schema import ExperimentConfig, config_sha256
 from reprotune._data.checksplit import check_split
 from reprotune._data.loaders import CONFIG_FORMAT, load_table
 from reprotune._data.manifest import Manifest, load_manifest
+from reprotune._data.sampling import SAMPLE_RULE, sample_rows
 from reprotune._data.table import Table, not_text
 from reprotune._determinism.seeds import derive_seeds
 from reprotune._errors import InputError
@@ -35,33 +34,6 @@ from reprotune._run.rundir import check_is_run_dir
 EVAL_SPLITS: tuple[str, ...] = ("test", "validation")
 #: Config sections ``reprotune eval --set`` may change: the others describe the run, not the eval.
 SETTABLE_SECTIONS: tuple[str, ...] = ("eval", "seed")
-#: How :func:`sample_rows` draws a capped eval's rows; records depend on it, so it never changes meaning.
-SAMPLE_RULE = (
-    "numpy.random.Generator(PCG64(eval seed)).choice(split rows, max_rows, replace=False), "
-    "kept in manifest order (as eval.max_rows draws the validation rows)"
-)
-
-
-def sample_rows(indices: Sequence[int], cap: int | None, seed: int) -> list[int]:
-    """The rows of a split an eval generates for: all of ``indices`` when ``cap`` is None or
-    reaches their number, else ``cap`` of them drawn without replacement by a generator of its
-    own seeded with ``seed`` (the ``eval`` derived seed), kept in manifest order.
-
-    The draw is the one ``eval.max_rows`` makes of the validation rows during training
-    (``_train.data.RunData.eval_rows``): a split whose rows are grouped by class gives a sample of
-    every part of it, where its first N rows cover its first classes only.
-
-    Example:
-        >>> sample_rows(range(10), 3, seed=7) == sample_rows(range(10), 3, seed=7)
-        True
-        >>> sample_rows([4, 8, 9], None, seed=7)
-        [4, 8, 9]
-    """
-    rows = [int(i) for i in indices]
-    if cap is None or cap >= len(rows):
-        return rows
-    chosen = np.random.Generator(np.random.PCG64(seed)).choice(len(rows), size=cap, replace=False)
-    return [rows[i] for i in sorted(int(c) for c in chosen)]
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ Training cuts a sequence too long for ``model.max_length`` from the prompt's sta
 the end-of-turn tokens the template puts after it (the chat template's end of turn, or the eos
 token after a plain template). So a prompt keeps at most ``model.max_length`` less those tokens,
 and a longer one loses its start: the system turn and the user header first. The eval encodes
-each prompt that way, and also without a limit, to count the rows that were cut.
+each prompt without a limit and cuts it with training's own cut, counting the rows that were cut.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 from reprotune._config.schema import ExperimentConfig
 from reprotune._errors import InputError
 from reprotune._eval.inputs import EvalRow
-from reprotune._train.batches import IGNORE_INDEX, encode_example
+from reprotune._train.batches import IGNORE_INDEX, encode_example, truncate
 
-#: The limit of the uncut encoding, which only counts what the cut one lost.
+#: No limit: the prompt whole, before training's cut (``_train.batches.truncate``).
 _NO_LIMIT = 2**62
 _SHOWN_ROWS = 10
 
@@ -44,29 +44,28 @@ class EncodedPrompt:
 def encode_prompt(tokenizer: Any, row: EvalRow, cfg: ExperimentConfig) -> EncodedPrompt:
     """The row's prompt ids exactly as training encoded them (chat template or prompt template,
     system prompt, cut from the start to fit): the tokens before the response, taken from the
-    training encoder with an empty response; encoded once more without a limit to count the cut.
+    training encoder with an empty response and no limit, then cut by the training cut
+    (``_train.batches.truncate``, which ``encode_example`` applies), so the cut is counted.
 
     Raises:
         InputError: the prompt keeps no token within ``model.max_length``.
     """
 
-    def encoded(max_length: int) -> tuple[list[int], int]:
-        ids, labels = encode_example(
-            tokenizer,
-            row.prompt,
-            "",
-            system_prompt=cfg.data.system_prompt,
-            prompt_template=cfg.data.prompt_template,
-            max_length=max_length,
-            row_index=row.index,
-            source=str(cfg.data.path),
-            prompt_field=cfg.data.prompt_field,
-            response_field=cfg.data.response_field,
-        )
-        prompt = [int(t) for t, label in zip(ids, labels, strict=True) if label == IGNORE_INDEX]
-        return prompt, len(ids) - len(prompt)
-
-    prompt, _ = encoded(cfg.model.max_length)
+    ids, labels = encode_example(
+        tokenizer,
+        row.prompt,
+        "",
+        system_prompt=cfg.data.system_prompt,
+        prompt_template=cfg.data.prompt_template,
+        max_length=_NO_LIMIT,
+        row_index=row.index,
+        source=str(cfg.data.path),
+        prompt_field=cfg.data.prompt_field,
+        response_field=cfg.data.response_field,
+    )
+    whole = [int(t) for t, label in zip(ids, labels, strict=True) if label == IGNORE_INDEX]
+    end_of_turn = [int(t) for t, label in zip(ids, labels, strict=True) if label != IGNORE_INDEX]
+    prompt, _ = truncate(whole, end_of_turn, cfg.model.max_length)  # as encode_example cuts it
     if not prompt:
         raise InputError(
             f"row {row.index}: the prompt encodes to no tokens within model.max_length "
@@ -74,9 +73,8 @@ def encode_prompt(tokenizer: Any, row: EvalRow, cfg: ExperimentConfig) -> Encode
             source=f"{cfg.data.path}, row {row.index}",
             fix="train with a larger model.max_length",
         )
-    whole, end_of_turn = encoded(_NO_LIMIT)
     return EncodedPrompt(
-        row.index, tuple(prompt), len(whole) - len(prompt), cfg.model.max_length - end_of_turn
+        row.index, tuple(prompt), len(whole) - len(prompt), cfg.model.max_length - len(end_of_turn)
     )
 
 

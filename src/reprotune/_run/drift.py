@@ -184,11 +184,21 @@ def read_drift_line(line: object) -> tuple[str, Any] | None:
         return found["key"], found["now"]
 
 
+#: Leaves records gained later, by the name of the section that holds them and how their keys
+#: begin: torch's ``fp32_precision`` settings in a ``determinism`` section (a run's or an eval's,
+#: ``_determinism.flags.precision_flags``) and an eval's ``generation.prompt_truncation``, both
+#: recorded since 2026-12-06.
+_ADDED_LATER: tuple[tuple[str, str], ...] = (
+    ("determinism", "fp32_precision"),
+    ("generation", "prompt_truncation"),
+)
+
+
 def added_later(prefix: str, key: str) -> bool:
-    """Whether ``prefix.key`` is a leaf records gained later, unknown where one record lacks it:
-    torch's ``fp32_precision`` settings under a ``determinism`` section (read since 2026-12-06,
-    ``_determinism.flags.precision_flags``)."""
-    return prefix.rsplit(".", 1)[-1] == "determinism" and key.startswith("fp32_precision")
+    """Whether ``prefix.key`` is a leaf records gained later (:data:`_ADDED_LATER`), unknown where
+    one record lacks it."""
+    section = prefix.rsplit(".", 1)[-1]
+    return any(section == name and key.startswith(start) for name, start in _ADDED_LATER)
 
 
 def leaf_changes(

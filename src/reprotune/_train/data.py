@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from reprotune._config.schema import ExperimentConfig
 from reprotune._data.columns import check_config_columns
 from reprotune._data.loaders import CONFIG_FORMAT, load_table
 from reprotune._data.manifest import Manifest, copy_manifest, load_manifest, write_manifest
+from reprotune._data.sampling import sample_rows
 from reprotune._data.split import RareClassWarning, holds_same_rows, split_table
 from reprotune._data.table import Table, not_text
 from reprotune._errors import InputError
@@ -51,12 +50,7 @@ class RunData:
 
     def eval_rows(self, seed: int) -> list[int]:
         """Validation rows, capped at ``eval.max_rows`` by a seeded draw (kept in manifest order)."""
-        rows = self.split_rows("validation")
-        cap = self.eval_max_rows
-        if cap is None or cap >= len(rows):
-            return rows
-        chosen = np.random.Generator(np.random.PCG64(seed)).choice(len(rows), size=cap, replace=False)
-        return [rows[i] for i in sorted(int(c) for c in chosen)]
+        return sample_rows(self.split_rows("validation"), self.eval_max_rows, seed)
 
     def describe(self) -> dict[str, Any]:
         """The record's ``data`` section."""
